@@ -1,0 +1,134 @@
+"""The one graph object of the library: a stack of latent graphs over a batch."""
+from __future__ import annotations
+
+from typing import Iterator, List, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from glomo_pyg.nn.inputs import SequenceBatch
+
+LayerEdges = Tuple[Tensor, Tensor, Tensor]
+
+
+class LatentGraphs:
+    r"""Sparse weighted graphs emitted by a :class:`~glomo_pyg.GraphPredictor`.
+
+    For every graph layer ``l`` the edges of all heads and all sequences of the
+    batch are stored together:
+
+    * ``edge_index[l]``: ``[2, E_l]`` int64, row 0 the source ``i``, row 1 the
+      target ``j``, as flat node ids ``0..N-1`` (PyG's ``source_to_target``);
+    * ``edge_weight[l]``: ``[E_l]``, :math:`G^{l,h}_{ij} > 0`;
+    * ``edge_head[l]``: ``[E_l]`` head id of each edge.
+
+    Edges are sorted by ``(head, target, source)``, so a CSR adjacency needs no
+    sort. Per (layer, head, target) the incoming weights sum to 1, or the
+    target has no incoming edge. No edge touches padding or crosses sequences.
+
+    Args:
+        edge_index, edge_weight, edge_head: one tensor per layer.
+        num_heads: heads per layer.
+        direction: ``'forward'`` (sources precede targets) or ``'backward'``.
+        ptr: ``[B + 1]`` offsets of the sequences in the flat node order.
+        include_self: whether ``i = j`` edges were allowed.
+    """
+
+    def __init__(self, edge_index: List[Tensor], edge_weight: List[Tensor], edge_head: List[Tensor],
+                 *, num_heads: int, direction: str, ptr: Tensor, include_self: bool = False):
+        if not (len(edge_index) == len(edge_weight) == len(edge_head)):
+            raise ValueError("edge_index, edge_weight and edge_head need one entry per layer each")
+        if direction not in ("forward", "backward"):
+            raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
+        for l, (ei, ew, eh) in enumerate(zip(edge_index, edge_weight, edge_head)):
+            if ei.dim() != 2 or ei.size(0) != 2 or ew.shape != (ei.size(1),) or eh.shape != ew.shape:
+                raise ValueError(f"layer {l}: expected edge_index [2, E], edge_weight [E], "
+                                 f"edge_head [E]; got {tuple(ei.shape)}, {tuple(ew.shape)}, "
+                                 f"{tuple(eh.shape)}")
+        self.edge_index = list(edge_index)
+        self.edge_weight = list(edge_weight)
+        self.edge_head = list(edge_head)
+        self.num_heads = int(num_heads)
+        self.direction = direction
+        self.include_self = include_self
+        self.sequences = SequenceBatch.from_ptr(ptr)
+
+    # --- layout -------------------------------------------------------------------
+    @property
+    def ptr(self) -> Tensor:
+        return self.sequences.ptr
+
+    @property
+    def batch(self) -> Tensor:
+        return self.sequences.batch
+
+    @property
+    def lengths(self) -> Tensor:
+        return self.sequences.lengths
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.edge_index)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.sequences.num_nodes
+
+    @property
+    def num_sequences(self) -> int:
+        return self.sequences.num_sequences
+
+    @property
+    def num_edges(self) -> List[int]:
+        return [ei.size(1) for ei in self.edge_index]
+
+    @property
+    def device(self) -> torch.device:
+        return self.ptr.device
+
+    def layer(self, l: int) -> LayerEdges:
+        """``(edge_index, edge_weight, edge_head)`` of graph layer ``l``."""
+        return self.edge_index[l], self.edge_weight[l], self.edge_head[l]
+
+    def __iter__(self) -> Iterator[LayerEdges]:
+        return (self.layer(l) for l in range(self.num_layers))
+
+    def density(self) -> List[float]:
+        """Fraction of allowed (source, target) pairs that carry an edge, per layer."""
+        n = self.lengths.double()
+        pairs = (n * (n + 1) / 2) if self.include_self else (n * (n - 1) / 2)
+        total = float(pairs.sum()) * self.num_heads
+        return [e / total if total else 0.0 for e in self.num_edges]
+
+    # --- conversion ---------------------------------------------------------------
+    def _map(self, fn) -> "LatentGraphs":
+        return LatentGraphs([fn(t) for t in self.edge_index], [fn(t) for t in self.edge_weight],
+                            [fn(t) for t in self.edge_head], num_heads=self.num_heads,
+                            direction=self.direction, ptr=fn(self.ptr), include_self=self.include_self)
+
+    def to(self, device: Union[str, torch.device]) -> "LatentGraphs":
+        return self._map(lambda t: t.to(device))
+
+    def detach(self) -> "LatentGraphs":
+        return self._map(lambda t: t.detach())
+
+    def to_dense(self, layer: Optional[int] = None) -> Tensor:
+        """Dense affinities ``[L, B, H, T_max, T_max]`` with ``[l, b, h, i, j] = G_ij``.
+
+        Zero at padding and at pruned pairs. Differentiable w.r.t. the edge
+        weights. With ``layer`` given, returns that layer's ``[B, H, T, T]``.
+        """
+        layers = range(self.num_layers) if layer is None else [layer]
+        b_, t_ = self.num_sequences, self.sequences.max_len
+        out = []
+        for l in layers:
+            (src, tgt), w, h = self.layer(l)
+            seq = self.batch[tgt]
+            dense = w.new_zeros(b_, self.num_heads, t_, t_)
+            out.append(dense.index_put((seq, h, src - self.ptr[seq], tgt - self.ptr[seq]), w))
+        return out[0] if layer is not None else torch.stack(out)
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}(layers={self.num_layers}, heads={self.num_heads}, "
+                f"direction='{self.direction}', sequences={self.num_sequences}, "
+                f"nodes={self.num_nodes}, edges={self.num_edges})")

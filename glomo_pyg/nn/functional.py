@@ -1,0 +1,261 @@
+"""Functional kernels behind the GLoMo layers.
+
+Two operations carry all the arithmetic of the library:
+
+* :func:`latent_graph_edges` turns per-head keys and queries into the pruned,
+  column-normalised graphs of paper Eq. 1, emitted as target-sorted edge lists.
+  It works block by block (never more than ``block_size`` dense scores per
+  head at a time) and its backward recomputes scores block by block, so memory
+  is O(E + block) in training as well as in inference.
+* :func:`weighted_spmm` multiplies a sparse row-sorted matrix by dense
+  features as one CSR spmm, with gradients to both the edge weights (a sampled
+  dense-dense product) and the features, never materialising ``[E, C]``
+  messages.
+
+Orientation (used everywhere in glomo_pyg): ``G[i, j]`` is the weight of the
+edge from source ``i`` to target ``j``; each target's incoming weights sum to 1
+or it has no incoming edge at all.
+"""
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+DIRECTIONS = ("forward", "backward")
+NORMALIZATIONS = ("relu2", "softmax")
+
+
+def _block_plan(num_seqs: int, max_len: int, block_size: int) -> Tuple[int, int]:
+    """Sequences per block and targets per block so a block holds at most
+    ``block_size`` scores. Target tiling only happens one sequence at a time,
+    which keeps emission sorted by flat target id without a global sort."""
+    if max_len * max_len <= block_size:
+        return max(1, min(num_seqs, block_size // (max_len * max_len))), max_len
+    return 1, max(1, block_size // max_len)
+
+
+def _allowed(j0: int, j1: int, i0: int, i1: int, lengths: Tensor, direction: str,
+             include_self: bool) -> Tensor:
+    """``[Bg, tj, ti]`` mask of allowed (target j, source i) pairs in a block."""
+    device = lengths.device
+    j = torch.arange(j0, j1, device=device).view(1, -1, 1)
+    i = torch.arange(i0, i1, device=device).view(1, 1, -1)
+    if direction == "forward":
+        order = i <= j if include_self else i < j
+    else:
+        order = i >= j if include_self else i > j
+    length = lengths.view(-1, 1, 1)
+    return order & (j < length) & (i < length)
+
+
+def _normalise(scores: Tensor, allowed: Tensor, normalization: str):
+    """Column-normalised weights of one block (last dim = sources).
+
+    Squared ReLU is computed relative to each target's largest score, which is
+    the same quantity (the ratio cancels) but can neither overflow nor turn a
+    non-empty column into 0/0. Returns the weights and what backward needs.
+    """
+    if normalization == "relu2":
+        a = torch.where(allowed, scores.clamp_min(0.0), torch.zeros((), device=scores.device))
+        m = a.amax(-1, keepdim=True)
+        u = a / torch.where(m > 0, m, torch.ones((), device=m.device))
+        r = u * u
+        d = r.sum(-1, keepdim=True)
+        g = r / torch.where(d > 0, d, torch.ones((), device=d.device))
+        return g, (u, m, d)
+    masked = scores.masked_fill(~allowed, float("-inf"))
+    g = torch.softmax(masked, dim=-1)
+    g = torch.where(allowed, g, torch.zeros((), device=g.device))  # rows without sources: NaN -> 0
+    return g, None
+
+
+def _block_ranges(direction: str, j0: int, j1: int, max_len: int) -> Tuple[int, int]:
+    """Source range that can feed targets ``[j0, j1)``."""
+    return (0, j1) if direction == "forward" else (j0, max_len)
+
+
+class _LatentGraphEdges(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, key: Tensor, query: Tensor, lengths: Tensor, ptr: Tensor, direction: str,
+                include_self: bool, normalization: str, block_size: int):
+        num_seqs, heads, max_len, _ = key.shape
+        dtype = torch.promote_types(key.dtype, torch.float32)  # fp32 for half types
+        k, q = key.to(dtype), query.to(dtype)
+        group, tile = _block_plan(num_seqs, max_len, block_size)
+        lengths_list = lengths.tolist()
+        srcs: List[Tensor] = []
+        tgts: List[Tensor] = []
+        weights: List[Tensor] = []
+        head_ids: List[Tensor] = []
+        blocks: List[Tuple[int, int, int, int, int, int]] = []  # (h, b0, b1, j0, j1, num_edges)
+        with torch.autocast(key.device.type, enabled=False):
+            for h in range(heads):
+                for b0 in range(0, num_seqs, group):
+                    b1 = min(num_seqs, b0 + group)
+                    group_len = max(lengths_list[b0:b1], default=0)
+                    for j0 in range(0, group_len, tile):
+                        j1 = min(group_len, j0 + tile)
+                        i0, i1 = _block_ranges(direction, j0, j1, group_len)
+                        scores = q[b0:b1, h, j0:j1] @ k[b0:b1, h, i0:i1].transpose(-1, -2)
+                        allowed = _allowed(j0, j1, i0, i1, lengths[b0:b1], direction, include_self)
+                        g, _ = _normalise(scores, allowed, normalization)
+                        keep = g > 0  # prune exact zeros only
+                        b, j, i = keep.nonzero(as_tuple=True)  # sorted by (b, j, i)
+                        offset = ptr[b0 + b]
+                        srcs.append(offset + (i0 + i))
+                        tgts.append(offset + (j0 + j))
+                        weights.append(g[keep])
+                        head_ids.append(torch.full_like(b, h))
+                        blocks.append((h, b0, b1, j0, j1, b.numel()))
+        device = key.device
+        if weights:
+            edge_index = torch.stack([torch.cat(srcs), torch.cat(tgts)])
+            edge_weight = torch.cat(weights)
+            edge_head = torch.cat(head_ids)
+        else:
+            edge_index = torch.empty(2, 0, dtype=torch.long, device=device)
+            edge_weight = torch.empty(0, dtype=dtype, device=device)
+            edge_head = torch.empty(0, dtype=torch.long, device=device)
+        ctx.save_for_backward(key, query, lengths, ptr, edge_index)
+        ctx.blocks = blocks
+        ctx.config = (direction, include_self, normalization)
+        ctx.mark_non_differentiable(edge_index, edge_head)
+        return edge_index, edge_weight, edge_head
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, _grad_index, grad_weight, _grad_head):
+        key, query, lengths, ptr, edge_index = ctx.saved_tensors
+        direction, include_self, normalization = ctx.config
+        dtype = torch.promote_types(key.dtype, torch.float32)
+        k, q = key.to(dtype), query.to(dtype)
+        dk = torch.zeros_like(k)
+        dq = torch.zeros_like(q)
+        if grad_weight is None:
+            return None, None, None, None, None, None, None, None
+        grad_weight = grad_weight.to(dtype)
+        src, tgt = edge_index
+        start = 0
+        with torch.autocast(key.device.type, enabled=False):
+            for h, b0, b1, j0, j1, count in ctx.blocks:
+                group_len = int(lengths[b0:b1].max())
+                i0, i1 = _block_ranges(direction, j0, j1, group_len)
+                kb, qb = k[b0:b1, h, i0:i1], q[b0:b1, h, j0:j1]
+                scores = qb @ kb.transpose(-1, -2)
+                allowed = _allowed(j0, j1, i0, i1, lengths[b0:b1], direction, include_self)
+                g, aux = _normalise(scores, allowed, normalization)
+                grad_g = torch.zeros_like(g)
+                if count:
+                    e_src, e_tgt = src[start:start + count], tgt[start:start + count]
+                    seq = torch.searchsorted(ptr, e_tgt, right=True) - 1
+                    grad_g[seq - b0, e_tgt - ptr[seq] - j0, e_src - ptr[seq] - i0] = \
+                        grad_weight[start:start + count]
+                start += count
+                centred = grad_g - (grad_g * g).sum(-1, keepdim=True)
+                if normalization == "relu2":
+                    u, m, d = aux
+                    scale = m * d
+                    grad_s = 2.0 * u / torch.where(scale > 0, scale, torch.ones((), device=scale.device)) * centred
+                else:
+                    grad_s = g * centred
+                dq[b0:b1, h, j0:j1] += grad_s @ kb
+                dk[b0:b1, h, i0:i1] += grad_s.transpose(-1, -2) @ qb
+        return dk.to(key.dtype), dq.to(query.dtype), None, None, None, None, None, None
+
+
+def latent_graph_edges(key: Tensor, query: Tensor, lengths: Tensor, ptr: Tensor, *,
+                       direction: str = "forward", include_self: bool = False,
+                       normalization: str = "relu2",
+                       block_size: int = 1 << 22) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""Emit the pruned, normalised graphs of paper Eq. 1 as edge lists.
+
+    With :math:`s_{ij} = k_i^\top q_j` (a bias is folded into ``key``/``query``
+    by the caller) and the allowed sources :math:`\mathcal{A}(j)` of target
+    :math:`j` (``i < j`` forward, ``i > j`` backward, ``=`` admitted with
+    ``include_self``; same sequence, not padding):
+
+    .. math::
+        G_{ij} = \frac{\mathrm{ReLU}(s_{ij})^2}
+                 {\sum_{i' \in \mathcal{A}(j)} \mathrm{ReLU}(s_{i'j})^2}
+
+    or a softmax over :math:`\mathcal{A}(j)` for ``normalization='softmax'``.
+    Only strictly positive weights become edges; a target whose allowed scores
+    are all non-positive gets no edge (never NaN). Computed in fp32 (fp64 for
+    fp64 inputs) whatever the input dtype or autocast state.
+
+    Args:
+        key, query: ``[B, H, T, D]`` padded per-head keys and queries.
+        lengths: ``[B]`` valid length of each sequence.
+        ptr: ``[B + 1]`` flat offset of each sequence (``ptr[b] + t`` is the
+            flat node id of position ``t`` of sequence ``b``).
+        block_size: at most this many dense scores are held per block.
+
+    Returns:
+        ``(edge_index [2, E], edge_weight [E], edge_head [E])`` sorted by
+        ``(head, target, source)``; gradients flow from ``edge_weight`` to
+        ``key`` and ``query``.
+    """
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+    if key.dim() != 4 or key.shape != query.shape:
+        raise ValueError(f"key and query must both be [B, H, T, D], got {tuple(key.shape)} "
+                         f"and {tuple(query.shape)}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    return _LatentGraphEdges.apply(key, query, lengths, ptr, direction, include_self,
+                                   normalization, block_size)
+
+
+def _csr(row_ptr: Tensor, col: Tensor, value: Tensor, size: Tuple[int, int]) -> Tensor:
+    return torch.sparse_csr_tensor(row_ptr, col, value, size, check_invariants=False)
+
+
+class _WeightedSpMM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, weight: Tensor, x: Tensor, row: Tensor, col: Tensor, num_rows: int):
+        row_ptr = torch._convert_indices_from_coo_to_csr(row, num_rows)
+        out = _csr(row_ptr, col, weight.to(x.dtype), (num_rows, x.size(0))) @ x
+        ctx.save_for_backward(weight, x, row, col, row_ptr)
+        ctx.num_rows = num_rows
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        weight, x, row, col, row_ptr = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        grad_weight = grad_x = None
+        if ctx.needs_input_grad[0]:
+            # d out[r] / d w_e = x[col_e]: a sampled dense-dense product on the pattern.
+            pattern = _csr(row_ptr, col, torch.zeros_like(weight, dtype=x.dtype),
+                           (ctx.num_rows, x.size(0)))
+            grad_weight = torch.sparse.sampled_addmm(pattern, grad_out, x.t().contiguous(),
+                                                     beta=0.0).values().to(weight.dtype)
+        if ctx.needs_input_grad[1]:
+            perm = torch.argsort(col, stable=True)
+            col_ptr = torch._convert_indices_from_coo_to_csr(col[perm], x.size(0))
+            transposed = _csr(col_ptr, row[perm], weight[perm].to(x.dtype), (x.size(0), ctx.num_rows))
+            grad_x = transposed @ grad_out
+        return grad_weight, grad_x, None, None, None
+
+
+def weighted_spmm(row: Tensor, col: Tensor, weight: Tensor, x: Tensor, num_rows: int) -> Tensor:
+    r"""``out[r] = sum_e [row_e = r] * weight_e * x[col_e]`` as one CSR spmm.
+
+    ``row`` must be sorted ascending (edges emitted by glomo_pyg are). Gradients
+    flow to ``weight`` and ``x``; peak memory is O(E + rows * C): no per-edge
+    message tensor is formed in the forward or the backward pass. Half
+    precision features on CPU are computed in fp32 (CPU sparse kernels lack
+    them) and cast back.
+    """
+    out_dtype = x.dtype
+    if x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16):
+        x = x.float()
+    if row.numel() == 0:
+        return x.new_zeros(num_rows, x.size(1), dtype=out_dtype)
+    return _WeightedSpMM.apply(weight, x, row, col, num_rows).to(out_dtype)
