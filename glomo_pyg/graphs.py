@@ -6,7 +6,7 @@ from typing import Iterator, List, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from glomo_pyg.nn.inputs import SequenceBatch
+from glomo_pyg.sequences import SequenceBatch
 
 LayerEdges = Tuple[Tensor, Tensor, Tensor]
 

@@ -1,0 +1,15 @@
+"""Neural network modules of glomo_pyg (no training loops, no file I/O)."""
+from glomo_pyg.nn.cnn import CausalCNN, MaskedNorm
+from glomo_pyg.nn.conv import GlomoConv
+from glomo_pyg.nn.decoder import ContextDecoder
+from glomo_pyg.nn.encoder import UnitEncoder
+from glomo_pyg.nn.feature_predictor import FeaturePredictor
+from glomo_pyg.nn.functional import latent_graph_edges, weighted_spmm
+from glomo_pyg.nn.glomo import DirectionalGraphs, Glomo, GlomoOutput
+from glomo_pyg.nn.graph_predictor import GraphPredictor, GraphScorer
+
+__all__ = [
+    "CausalCNN", "ContextDecoder", "DirectionalGraphs", "FeaturePredictor", "Glomo", "GlomoConv",
+    "GlomoOutput", "GraphPredictor", "GraphScorer", "MaskedNorm", "UnitEncoder",
+    "latent_graph_edges", "weighted_spmm",
+]

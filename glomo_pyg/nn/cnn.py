@@ -1,0 +1,89 @@
+"""Causal (or anti-causal) 1-D CNN over padded sequences: the key and query
+networks of the graph predictor (SPEC 3.1)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+NORMS = (None, "layer", "batch")
+
+
+class MaskedNorm(torch.nn.Module):
+    """LayerNorm or BatchNorm over the real positions of ``[B, T, C]`` input.
+
+    BatchNorm statistics come from real positions only (padding would bias
+    them). Note that BatchNorm in training mode mixes statistics over the whole
+    batch, hence across positions: it is the reference implementation's choice,
+    but only LayerNorm keeps the network strictly causal while training.
+    """
+
+    def __init__(self, channels: int, norm: Optional[str]):
+        super().__init__()
+        if norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
+        self.norm = norm
+        if norm == "layer":
+            self.module = torch.nn.LayerNorm(channels)
+        elif norm == "batch":
+            self.module = torch.nn.BatchNorm1d(channels)
+        else:
+            self.module = None
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        if self.norm is None:
+            return x
+        if self.norm == "layer":
+            return self.module(x)
+        out = torch.zeros_like(x)
+        out[mask] = self.module(x[mask])
+        return out
+
+
+class CausalCNN(torch.nn.Module):
+    r"""Stack of ``Conv1d -> norm -> ReLU`` layers that only look one way.
+
+    ``direction='forward'``: position :math:`t` sees positions :math:`\le t`
+    (left zero padding of ``kernel_size - 1``, as in WaveNet/PixelCNN);
+    ``'backward'``: positions :math:`\ge t`. Padding positions are zeroed
+    before every convolution so they never leak into real ones.
+
+    Shapes:
+        - **input:** :math:`(B, T, C)` and mask :math:`(B, T)`
+        - **output:** :math:`(B, T, C)`, zero at padding
+    """
+
+    def __init__(self, channels: int, num_layers: int = 4, kernel_size: int = 3,
+                 direction: str = "forward", norm: Optional[str] = "layer", dropout: float = 0.0):
+        super().__init__()
+        if direction not in ("forward", "backward"):
+            raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
+        if num_layers < 0 or kernel_size < 1:
+            raise ValueError("num_layers must be >= 0 and kernel_size >= 1")
+        self.channels, self.kernel_size, self.direction = channels, kernel_size, direction
+        self.convs = torch.nn.ModuleList(
+            torch.nn.Conv1d(channels, channels, kernel_size) for _ in range(num_layers))
+        self.norms = torch.nn.ModuleList(MaskedNorm(channels, norm) for _ in range(num_layers))
+        self.dropout = dropout
+
+    def reset_parameters(self):
+        for conv in self.convs:
+            conv.reset_parameters()
+        for norm in self.norms:
+            if norm.module is not None:
+                norm.module.reset_parameters()
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        keep = mask.unsqueeze(-1).to(x.dtype)
+        pad = (self.kernel_size - 1, 0) if self.direction == "forward" else (0, self.kernel_size - 1)
+        for conv, norm in zip(self.convs, self.norms):
+            h = F.pad((x * keep).transpose(1, 2), pad)
+            x = F.relu(norm(conv(h).transpose(1, 2), mask))
+            x = F.dropout(x, self.dropout, self.training)
+        return x * keep
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}({self.channels}, num_layers={len(self.convs)}, "
+                f"kernel_size={self.kernel_size}, direction='{self.direction}')")

@@ -1,0 +1,75 @@
+"""The context decoder of the pretraining objective (paper Eq. 3, SPEC 3.5)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+IGNORE = -100  # target id of positions past the end of a sequence
+
+
+class ContextDecoder(torch.nn.Module):
+    r"""Predicts the next :math:`D` units after a position from its feature.
+
+    An RNN decoder whose layers are all initialised with the position's
+    top-layer feature :math:`f^L_t` reads
+    :math:`[0, \mathrm{emb}(x_{t+1}), \dots, \mathrm{emb}(x_{t+D-1})]` and
+    predicts :math:`x_{t+1}, \dots, x_{t+D}` autoregressively, maximising
+    :math:`\log P(x_{t+1..t+D} \mid f^L_t)`. The output layer is tied to the
+    input embedding (weight shared; a projection is added when the feature and
+    embedding widths differ). For the backward direction the caller passes
+    :math:`x_{t-1}, \dots, x_{t-D}` as the targets.
+
+    Args:
+        embedding (torch.nn.Embedding): the feature predictor's input embedding.
+        hidden_channels (int): width of :math:`f^L_t` and of the GRU.
+        context_length (int): :math:`D`. (default: :obj:`3`)
+        num_layers (int): GRU layers. (default: :obj:`2`)
+        dropout (float): dropout between GRU layers. (default: :obj:`0.`)
+
+    Shapes:
+        - **input:** states :math:`(P, C)`, targets :math:`(P, D)` ids
+          (``-100`` where the context runs past the sequence)
+        - **output:** logits :math:`(P, D, V)`
+    """
+
+    def __init__(self, embedding: torch.nn.Embedding, hidden_channels: int, context_length: int = 3,
+                 num_layers: int = 2, dropout: float = 0.0):
+        super().__init__()
+        if context_length < 1:
+            raise ValueError(f"context_length must be >= 1, got {context_length}")
+        self.embedding = embedding
+        self.context_length = context_length
+        dim = embedding.embedding_dim
+        self.rnn = torch.nn.GRU(dim, hidden_channels, num_layers, batch_first=True,
+                                dropout=dropout if num_layers > 1 else 0.0)
+        self.proj = torch.nn.Linear(hidden_channels, dim) if hidden_channels != dim else None
+        self.out_bias = torch.nn.Parameter(torch.zeros(embedding.num_embeddings))
+
+    def reset_parameters(self):
+        self.rnn.reset_parameters()
+        if self.proj is not None:
+            self.proj.reset_parameters()
+        torch.nn.init.zeros_(self.out_bias)
+
+    def forward(self, state: Tensor, targets: Tensor) -> Tensor:
+        if targets.dim() != 2 or targets.size(1) != self.context_length:
+            raise ValueError(f"targets must be [P, {self.context_length}], got {tuple(targets.shape)}")
+        inputs = self.embedding(targets[:, :-1].clamp_min(0))  # padded targets only feed ignored steps
+        inputs = torch.cat([inputs.new_zeros(inputs.size(0), 1, inputs.size(2)), inputs], 1)
+        h0 = state.unsqueeze(0).expand(self.rnn.num_layers, -1, -1).contiguous()
+        out, _ = self.rnn(inputs, h0)
+        if self.proj is not None:
+            out = self.proj(out)
+        return F.linear(out, self.embedding.weight, self.out_bias)
+
+    def loss(self, state: Tensor, targets: Tensor):
+        """Mean cross-entropy over real targets, and the number of correct argmax predictions."""
+        logits = self(state, targets)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+        correct = ((logits.argmax(-1) == targets) & (targets != IGNORE)).sum()
+        return loss, correct
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}(context_length={self.context_length}, "
+                f"rnn_layers={self.rnn.num_layers}, vocab={self.embedding.num_embeddings})")

@@ -1,0 +1,115 @@
+"""The feature predictor f of GLoMo (paper Eq. 2, SPEC 3.4)."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from glomo_pyg.graphs import LatentGraphs
+from glomo_pyg.nn.conv import GlomoConv
+from glomo_pyg.nn.encoder import UnitEncoder
+from glomo_pyg.nn.graph_predictor import GraphScorer
+from glomo_pyg.sequences import SequenceBatch, sequence_batch
+
+
+class FeaturePredictor(torch.nn.Module):
+    r"""Propagates unit features along the graphs of a graph predictor:
+
+    .. math::
+        F^0 = \mathrm{emb}(x), \qquad
+        f^l_j = v\Big(\sum_i G^l_{ij} f^{l-1}_i,\; f^{l-1}_j\Big), \quad l = 1..L
+
+    one :class:`GlomoConv` per layer (multi-head: head :math:`h` aggregates
+    the :math:`h`-th chunk of the channels with :math:`G^{l,h}`).
+
+    With ``decouple=False`` (the "-decouple" ablation of paper Table 2) the
+    graphs are not given but computed from the network's own states, layer by
+    layer, self-attention style: :math:`G^l` is scored from :math:`F^{l-1}`.
+
+    Args:
+        num_tokens / in_channels: input kind, as for :class:`GraphPredictor`.
+        hidden_channels (int): feature width, divisible by ``heads``.
+        num_layers (int): number of graph layers :math:`L`.
+        heads (int): graphs per layer.
+        update (str): ``'gru'`` or ``'residual'`` (see :class:`GlomoConv`).
+        decouple (bool): graphs come from a separate predictor (the paper).
+            ``False`` makes this module score its own graphs.
+        scorer_kwargs: options of the internal :class:`GraphScorer` when
+            ``decouple=False`` (``direction``, ``sparse``, ``bias``, ...).
+
+    Shapes:
+        - **input:** units :math:`(N)` or :math:`(N, F_{in})`, batch :math:`(N)`,
+          graphs with :math:`L` layers (unless ``decouple=False``)
+        - **output:** :math:`(N, C)` top-layer features, and the graphs used
+    """
+
+    def __init__(self, num_tokens: Optional[int] = None, in_channels: Optional[int] = None,
+                 hidden_channels: int = 512, num_layers: int = 3, heads: int = 8,
+                 update: str = "gru", decouple: bool = True, padding_idx: Optional[int] = None,
+                 dropout: float = 0.0, **scorer_kwargs):
+        super().__init__()
+        if update not in ("gru", "residual"):
+            raise ValueError(f"update must be 'gru' or 'residual', got {update!r}")
+        self.hidden_channels, self.num_layers, self.heads = hidden_channels, num_layers, heads
+        self.encoder = UnitEncoder(hidden_channels, num_tokens, in_channels, padding_idx)
+        self.convs = torch.nn.ModuleList(GlomoConv(hidden_channels, heads, update=update)
+                                         for _ in range(num_layers))
+        self.dropout = dropout
+        self.decouple = decouple
+        self.scorer = None
+        if not decouple:
+            scorer_kwargs.setdefault("head_channels", hidden_channels // heads)
+            self.scorer = GraphScorer(hidden_channels, num_layers, heads, **scorer_kwargs)
+
+    @property
+    def embedding(self) -> Optional[torch.nn.Embedding]:
+        return self.encoder.embedding
+
+    def reset_parameters(self):
+        self.encoder.reset_parameters()
+        for conv in self.convs:
+            conv.reset_parameters()
+        if self.scorer is not None:
+            self.scorer.reset_parameters()
+
+    def forward(self, x: Tensor, graphs: Optional[LatentGraphs] = None,
+                batch: Optional[Tensor] = None) -> Tuple[Tensor, LatentGraphs]:
+        self.encoder.check(x)
+        sequences = sequence_batch(x.size(0), batch, x.device)
+        return self.from_sequences(x, sequences, graphs)
+
+    def from_sequences(self, x: Tensor, sequences: SequenceBatch,
+                       graphs: Optional[LatentGraphs] = None) -> Tuple[Tensor, LatentGraphs]:
+        if self.decouple:
+            if graphs is None:
+                raise ValueError("this FeaturePredictor propagates along given graphs: pass "
+                                 "graphs=GraphPredictor(...)(x, batch)")
+            if graphs.num_layers != self.num_layers or graphs.num_heads != self.heads:
+                raise ValueError(f"graphs have {graphs.num_layers} layers x {graphs.num_heads} "
+                                 f"heads, this network needs {self.num_layers} x {self.heads}")
+            if graphs.num_nodes != x.size(0):
+                raise ValueError(f"graphs cover {graphs.num_nodes} units, x has {x.size(0)}")
+        elif graphs is not None:
+            raise ValueError("decouple=False computes its own graphs; do not pass graphs")
+        f = torch.nn.functional.dropout(self.encoder(x), self.dropout, self.training)
+        emitted = []
+        for l, conv in enumerate(self.convs):
+            if self.scorer is not None:
+                padded = sequences.to_padded(f)
+                emitted.append(self.scorer(l, padded, padded, sequences))
+                edge_index, edge_weight, edge_head = emitted[-1]
+            else:
+                edge_index, edge_weight, edge_head = graphs.layer(l)
+            f = conv(f, edge_index, edge_weight, edge_head)
+            f = torch.nn.functional.dropout(f, self.dropout, self.training)
+        if self.scorer is not None:
+            graphs = LatentGraphs(*map(list, zip(*emitted)), num_heads=self.heads,
+                                  direction=self.scorer.direction, ptr=sequences.ptr,
+                                  include_self=self.scorer.include_self)
+        return f, graphs
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}({self.encoder!r}, hidden_channels="
+                f"{self.hidden_channels}, num_layers={self.num_layers}, heads={self.heads}, "
+                f"decouple={self.decouple})")

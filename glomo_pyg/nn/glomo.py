@@ -1,0 +1,207 @@
+"""The GLoMo pretraining model: graph predictor + feature predictor + context
+decoder, for both directions (paper Sec. 2.1, SPEC 3.5-3.6)."""
+from __future__ import annotations
+
+from typing import Dict, NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+from glomo_pyg.graphs import LatentGraphs
+from glomo_pyg.nn.decoder import IGNORE, ContextDecoder
+from glomo_pyg.nn.feature_predictor import FeaturePredictor
+from glomo_pyg.nn.graph_predictor import GraphPredictor
+from glomo_pyg.sequences import SequenceBatch, sequence_batch
+
+OBJECTIVES = ("unit", "sequence")
+_KEY = {"forward": "fw", "backward": "bw"}  # ModuleDict keys ('forward' is a Module method)
+
+
+class GlomoOutput(NamedTuple):
+    """Loss to minimise and detached metrics (per direction and averaged)."""
+
+    loss: Tensor
+    metrics: Dict[str, Tensor]
+
+
+class DirectionalGraphs(NamedTuple):
+    """Graphs of the forward and the backward predictor (``None`` if absent)."""
+
+    forward: Optional[LatentGraphs]
+    backward: Optional[LatentGraphs]
+
+
+class Glomo(torch.nn.Module):
+    r"""Unsupervised GLoMo pretraining by context prediction.
+
+    For each direction a graph predictor :math:`g` emits graphs, a feature
+    predictor :math:`f` propagates embeddings along them (paper Eq. 2), and a
+    :class:`ContextDecoder` initialised with :math:`f^L_t` predicts the next
+    :math:`D` units (forward) or the previous :math:`D` units (backward) at
+    ``num_positions`` sampled positions per sequence (all positions in eval
+    mode). The loss is the mean of the two directions' cross-entropies
+    (paper Eq. 3). Everything that feeds position :math:`t` of the forward
+    network depends only on units :math:`\le t` (mirror for backward).
+
+    Ablations of paper Table 2 are switches on this one model:
+    ``decouple=False`` (graphs from :math:`f`'s own states), ``sparse=False``
+    (softmax), ``num_layers=1`` (not hierarchical), ``objective='sequence'``
+    (decode from the mean-pooled prefix, resp. suffix, instead of the unit's
+    own feature: a sequence-level objective) and ``context_length=1``.
+
+    Args:
+        num_tokens (int): vocabulary size.
+        hidden_channels (int): width of embeddings, CNNs and features.
+        num_layers (int): graph layers :math:`L`. heads (int): graphs per layer.
+        context_length (int): :math:`D`. num_positions (int): positions
+            sampled per sequence and step while training.
+        update (str): feature update ``'gru'`` or ``'residual'``.
+        bidirectional (bool): train the backward network too.
+        Others as in :class:`GraphPredictor` and :class:`ContextDecoder`.
+
+    Shapes:
+        - **input:** token ids :math:`(N)`, sorted batch vector :math:`(N)`
+        - **output:** :class:`GlomoOutput` (scalar loss, metrics)
+    """
+
+    def __init__(self, num_tokens: int, hidden_channels: int = 512, num_layers: int = 3,
+                 heads: int = 8, head_channels: Optional[int] = None, context_length: int = 3,
+                 num_positions: int = 20, update: str = "gru", decoder_layers: int = 2,
+                 cnn_layers: int = 4, kernel_size: int = 3, norm: Optional[str] = "layer",
+                 bias: str = "scalar", include_self: bool = False, sparse: bool = True,
+                 decouple: bool = True, objective: str = "unit", bidirectional: bool = True,
+                 dropout: float = 0.0, padding_idx: Optional[int] = None,
+                 block_size: int = 1 << 22):
+        super().__init__()
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+        if num_positions < 1:
+            raise ValueError(f"num_positions must be >= 1, got {num_positions}")
+        if head_channels is None:
+            if hidden_channels % heads:
+                raise ValueError(f"hidden_channels ({hidden_channels}) must be divisible by heads "
+                                 f"({heads})")
+            head_channels = hidden_channels // heads
+        self.num_tokens, self.num_positions, self.objective = num_tokens, num_positions, objective
+        self.context_length, self.decouple = context_length, decouple
+        self.directions = ("forward", "backward") if bidirectional else ("forward",)
+        graph_kwargs = dict(num_layers=num_layers, heads=heads, head_channels=head_channels,
+                            include_self=include_self, sparse=sparse, bias=bias,
+                            block_size=block_size)
+        self.graph_predictors = torch.nn.ModuleDict()
+        self.feature_predictors = torch.nn.ModuleDict()
+        self.decoders = torch.nn.ModuleDict()
+        for d in self.directions:
+            if decouple:
+                self.graph_predictors[_KEY[d]] = GraphPredictor(
+                    num_tokens=num_tokens, hidden_channels=hidden_channels, direction=d,
+                    cnn_layers=cnn_layers, kernel_size=kernel_size, norm=norm,
+                    padding_idx=padding_idx, dropout=dropout, **graph_kwargs)
+                scorer_kwargs = {}
+            else:
+                scorer_kwargs = dict(graph_kwargs, direction=d)
+                scorer_kwargs.pop("num_layers")
+                scorer_kwargs.pop("heads")
+            self.feature_predictors[_KEY[d]] = FeaturePredictor(
+                num_tokens=num_tokens, hidden_channels=hidden_channels, num_layers=num_layers,
+                heads=heads, update=update, decouple=decouple, padding_idx=padding_idx,
+                dropout=dropout, **scorer_kwargs)
+            self.decoders[_KEY[d]] = ContextDecoder(
+                self.feature_predictors[_KEY[d]].embedding, hidden_channels, context_length,
+                decoder_layers, dropout)
+
+    # --- graphs -------------------------------------------------------------------
+    def graphs(self, x: Tensor, batch: Optional[Tensor] = None) -> DirectionalGraphs:
+        """Forward and backward :class:`LatentGraphs` for the units ``x``."""
+        sequences = self._sequences(x, batch)
+        out = {}
+        for d in self.directions:
+            if self.decouple:
+                out[d] = self.graph_predictors[_KEY[d]].from_sequences(x, sequences)
+            else:
+                out[d] = self.feature_predictors[_KEY[d]].from_sequences(x, sequences)[1]
+        return DirectionalGraphs(out.get("forward"), out.get("backward"))
+
+    def features(self, x: Tensor, batch: Optional[Tensor] = None, direction: str = "forward"):
+        """Top-layer features :math:`f^L` ``[N, C]`` and the graphs they used."""
+        sequences = self._sequences(x, batch)
+        return self._features(x, sequences, direction)
+
+    # --- objective ----------------------------------------------------------------
+    def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> GlomoOutput:
+        sequences = self._sequences(x, batch)
+        losses, metrics = [], {}
+        for d in self.directions:
+            f, graphs = self._features(x, sequences, d)
+            positions = self._positions(sequences, d)
+            if positions.numel() == 0:
+                raise ValueError("nothing to predict: every sequence in the batch has length 1 "
+                                 "(context prediction needs at least two units per sequence)")
+            targets = self._targets(x, sequences, positions, d)
+            state = f if self.objective == "unit" else self._pooled(f, sequences, d)
+            loss, correct = self.decoders[_KEY[d]].loss(state[positions], targets)
+            losses.append(loss)
+            metrics[f"{d}/loss"] = loss.detach()
+            metrics[f"{d}/accuracy"] = correct / (targets != IGNORE).sum()
+            metrics[f"{d}/density"] = torch.tensor(sum(graphs.density()) / graphs.num_layers)
+        loss = torch.stack(losses).mean()
+        metrics["loss"] = loss.detach()
+        return GlomoOutput(loss, metrics)
+
+    def _sequences(self, x: Tensor, batch: Optional[Tensor]) -> SequenceBatch:
+        encoder = self.feature_predictors[_KEY[self.directions[0]]].encoder
+        encoder.check(x)
+        return sequence_batch(x.size(0), batch, x.device)
+
+    def _features(self, x: Tensor, sequences: SequenceBatch, direction: str):
+        if direction not in self.directions:
+            raise ValueError(f"direction must be one of {self.directions}, got {direction!r}")
+        graphs = None
+        if self.decouple:
+            graphs = self.graph_predictors[_KEY[direction]].from_sequences(x, sequences)
+        return self.feature_predictors[_KEY[direction]].from_sequences(x, sequences, graphs)
+
+    def _positions(self, sequences: SequenceBatch, direction: str) -> Tensor:
+        """Flat ids of the positions to predict from: ones with at least one unit of
+        context ahead; ``num_positions`` random ones per sequence while training."""
+        pos, length = sequences.position, sequences.lengths[sequences.batch]
+        eligible = pos < length - 1 if direction == "forward" else pos > 0
+        if not self.training:
+            return eligible.nonzero().view(-1)
+        # Random rank within each sequence: sort by (sequence, eligible first, random).
+        noise = torch.rand(pos.shape, device=pos.device)
+        key = sequences.batch.double() + torch.where(eligible, noise, noise.new_full((), 1.5)) / 2
+        order = torch.argsort(key)
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(order.numel(), device=order.device)
+        rank = rank - sequences.ptr[sequences.batch]
+        return (eligible & (rank < self.num_positions)).nonzero().view(-1)
+
+    def _targets(self, x: Tensor, sequences: SequenceBatch, positions: Tensor, direction: str) -> Tensor:
+        step = 1 if direction == "forward" else -1
+        offsets = step * torch.arange(1, self.context_length + 1, device=x.device)
+        local = sequences.position[positions].view(-1, 1) + offsets
+        length = sequences.lengths[sequences.batch[positions]].view(-1, 1)
+        valid = (local >= 0) & (local < length)
+        flat = (positions.view(-1, 1) + offsets).clamp(0, x.numel() - 1)
+        return torch.where(valid, x[flat], torch.full_like(flat, IGNORE))
+
+    @staticmethod
+    def _pooled(f: Tensor, sequences: SequenceBatch, direction: str) -> Tensor:
+        """Mean of ``f`` over each position's prefix (forward) or suffix (backward)."""
+        csum = torch.cat([f.new_zeros(1, f.size(1)), f.cumsum(0)])
+        n = torch.arange(f.size(0), device=f.device)
+        start = sequences.ptr[sequences.batch]
+        if direction == "forward":
+            total, count = csum[n + 1] - csum[start], sequences.position + 1
+        else:
+            end = start + sequences.lengths[sequences.batch]
+            total, count = csum[end] - csum[n], sequences.lengths[sequences.batch] - sequences.position
+        return total / count.view(-1, 1).to(f.dtype)
+
+    def __repr__(self) -> str:
+        fp = self.feature_predictors[_KEY[self.directions[0]]]
+        return (f"{self.__class__.__name__}(num_tokens={self.num_tokens}, hidden_channels="
+                f"{fp.hidden_channels}, num_layers={fp.num_layers}, heads={fp.heads}, "
+                f"directions={self.directions}, context_length={self.context_length}, "
+                f"objective='{self.objective}', decouple={self.decouple})")

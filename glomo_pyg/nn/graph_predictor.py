@@ -1,0 +1,201 @@
+"""The graph predictor g of GLoMo (paper Sec. 2.1, SPEC 3.1-3.3)."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from glomo_pyg.graphs import LatentGraphs
+from glomo_pyg.nn.cnn import CausalCNN
+from glomo_pyg.nn.encoder import UnitEncoder
+from glomo_pyg.nn.functional import DIRECTIONS, latent_graph_edges
+from glomo_pyg.sequences import SequenceBatch, sequence_batch
+
+BIASES = ("scalar", "threshold")
+
+
+class GraphScorer(torch.nn.Module):
+    r"""Per-layer, per-head projections and the normalisation of paper Eq. 1.
+
+    For graph layer :math:`l` and head :math:`h`,
+    :math:`k^{l,h}_i = W_k^{l,h} k_i`, :math:`q^{l,h}_j = W_q^{l,h} q_j` and
+
+    .. math::
+        s_{ij} = k^{l,h}_i \cdot q^{l,h}_j + b, \qquad
+        G^{l,h}_{ij} = \frac{\mathrm{ReLU}(s_{ij})^2}{\sum_{i'} \mathrm{ReLU}(s_{i'j})^2}
+
+    over the allowed sources (a softmax instead with ``sparse=False``). The
+    bias is a learned scalar per layer (``bias='scalar'``, the paper) or a
+    learned per-target threshold :math:`b_j = -(w_l \cdot q^{l,h}_j + c_l)`
+    (``bias='threshold'``, the reference code). Both are folded into an
+    augmented dot product, so a single kernel serves every variant.
+
+    Used by :class:`GraphPredictor` on its CNN states and, for the
+    ``decouple=False`` ablation, by the feature predictor on its own states.
+    """
+
+    def __init__(self, in_channels: int, num_layers: int, heads: int, head_channels: int,
+                 bias: str = "scalar", sparse: bool = True, direction: str = "forward",
+                 include_self: bool = False, block_size: int = 1 << 22):
+        super().__init__()
+        if bias not in BIASES:
+            raise ValueError(f"bias must be one of {BIASES}, got {bias!r}")
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+        if min(in_channels, num_layers, heads, head_channels) <= 0:
+            raise ValueError("in_channels, num_layers, heads and head_channels must be positive")
+        self.num_layers, self.heads, self.head_channels = num_layers, heads, head_channels
+        self.bias_kind, self.sparse, self.direction = bias, sparse, direction
+        self.include_self, self.block_size = include_self, block_size
+        width = heads * head_channels
+        self.key = torch.nn.ModuleList(torch.nn.Linear(in_channels, width) for _ in range(num_layers))
+        self.query = torch.nn.ModuleList(torch.nn.Linear(in_channels, width) for _ in range(num_layers))
+        if bias == "scalar":
+            self.bias = torch.nn.Parameter(torch.zeros(num_layers))
+            self.threshold = None
+        else:
+            self.bias = None
+            self.threshold = torch.nn.ModuleList(torch.nn.Linear(head_channels, 1)
+                                                 for _ in range(num_layers))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        for lin in (*self.key, *self.query):
+            lin.reset_parameters()
+        if self.bias is not None:
+            torch.nn.init.zeros_(self.bias)
+        else:
+            for lin in self.threshold:
+                lin.reset_parameters()
+
+    def augmented(self, layer: int, key_states: Tensor, query_states: Tensor) -> Tuple[Tensor, Tensor]:
+        """Per-head ``[B, H, T, D + 1]`` keys and queries with the bias folded in,
+        so that ``key_aug[i] . query_aug[j] = s_ij``."""
+        b, t, _ = key_states.shape
+        k = self.key[layer](key_states).view(b, t, self.heads, -1).transpose(1, 2)
+        q = self.query[layer](query_states).view(b, t, self.heads, -1).transpose(1, 2)
+        ones = k.new_ones(b, self.heads, t, 1)
+        if self.bias is not None:
+            return torch.cat([k, ones], -1), torch.cat([q, self.bias[layer].expand_as(ones)], -1)
+        thr = self.threshold[layer]  # s = (k - w) . q - c
+        return (torch.cat([k - thr.weight.view(-1), ones], -1),
+                torch.cat([q, (-thr.bias).expand_as(ones)], -1))
+
+    def forward(self, layer: int, key_states: Tensor, query_states: Tensor,
+                sequences: SequenceBatch) -> Tuple[Tensor, Tensor, Tensor]:
+        """Edges ``(edge_index, edge_weight, edge_head)`` of graph layer ``layer``
+        from padded ``[B, T, C]`` states."""
+        k, q = self.augmented(layer, key_states, query_states)
+        return latent_graph_edges(k, q, sequences.lengths, sequences.ptr,
+                                  direction=self.direction, include_self=self.include_self,
+                                  normalization="relu2" if self.sparse else "softmax",
+                                  block_size=self.block_size)
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}(layers={self.num_layers}, heads={self.heads}, "
+                f"head_channels={self.head_channels}, bias='{self.bias_kind}', "
+                f"sparse={self.sparse}, direction='{self.direction}')")
+
+
+class GraphPredictor(torch.nn.Module):
+    r"""The GLoMo graph predictor :math:`g`: reads a batch of sequences and
+    emits a stack of sparse weighted graphs over their units.
+
+    Units are embedded (token ids) or linearly projected (features), read by
+    two separate causal CNNs (key and query), and turned into graphs per
+    layer and head by :class:`GraphScorer` (paper Eq. 1). Forward graphs
+    connect each source to later targets (:math:`i < j`), backward graphs to
+    earlier ones (:math:`i > j`); the CNNs look the same way, so nothing in a
+    forward graph's column :math:`j` depends on units after :math:`j`.
+
+    Args:
+        num_tokens (int, optional): vocabulary size, for token-id input.
+        in_channels (int, optional): feature size, for ``[N, F]`` input.
+        hidden_channels (int): CNN width :math:`d`. (default: :obj:`512`)
+        num_layers (int): graph layers :math:`L`. (default: :obj:`3`)
+        heads (int): graphs per layer. (default: :obj:`8`)
+        head_channels (int, optional): key/query size per head (default:
+            ``hidden_channels // heads``; the reference used 256).
+        direction (str): ``'forward'`` or ``'backward'``.
+        include_self (bool): admit :math:`i = j` edges. (default: :obj:`False`)
+        sparse (bool): squared-ReLU normalisation; ``False`` is the softmax
+            ablation (dense graphs). (default: :obj:`True`)
+        cnn_layers (int): convolutions per CNN. (default: :obj:`4`)
+        kernel_size (int): convolution width. (default: :obj:`3`)
+        norm (str, optional): ``'layer'``, ``'batch'`` (the reference; its
+            training-mode statistics mix positions) or ``None``.
+            (default: :obj:`'layer'`)
+        bias (str): ``'scalar'`` (paper) or ``'threshold'`` (reference code).
+        padding_idx (int, optional): embedding padding index.
+        dropout (float): dropout after each convolution. (default: :obj:`0.`)
+        block_size (int): maximum dense scores held per head while emitting.
+
+    Shapes:
+        - **input:** token ids :math:`(N)` or features :math:`(N, F_{in})`,
+          batch vector :math:`(N)` (sorted; ``None`` for one sequence)
+        - **output:** :class:`~glomo_pyg.LatentGraphs` with ``num_layers``
+          layers of ``heads`` graphs over the :math:`N` units
+    """
+
+    def __init__(self, num_tokens: Optional[int] = None, in_channels: Optional[int] = None,
+                 hidden_channels: int = 512, num_layers: int = 3, heads: int = 8,
+                 head_channels: Optional[int] = None, direction: str = "forward",
+                 include_self: bool = False, sparse: bool = True, cnn_layers: int = 4,
+                 kernel_size: int = 3, norm: Optional[str] = "layer", bias: str = "scalar",
+                 padding_idx: Optional[int] = None, dropout: float = 0.0,
+                 block_size: int = 1 << 22):
+        super().__init__()
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+        if head_channels is None:
+            if hidden_channels % heads:
+                raise ValueError(f"hidden_channels ({hidden_channels}) is not divisible by heads "
+                                 f"({heads}); pass head_channels explicitly")
+            head_channels = hidden_channels // heads
+        self.hidden_channels, self.direction = hidden_channels, direction
+        self.encoder = UnitEncoder(hidden_channels, num_tokens, in_channels, padding_idx)
+        cnn = dict(num_layers=cnn_layers, kernel_size=kernel_size, direction=direction, norm=norm,
+                   dropout=dropout)
+        self.key_cnn = CausalCNN(hidden_channels, **cnn)
+        self.query_cnn = CausalCNN(hidden_channels, **cnn)
+        self.scorer = GraphScorer(hidden_channels, num_layers, heads, head_channels, bias, sparse,
+                                  direction, include_self, block_size)
+
+    @property
+    def num_tokens(self) -> Optional[int]:
+        return self.encoder.num_tokens
+
+    @property
+    def num_layers(self) -> int:
+        return self.scorer.num_layers
+
+    @property
+    def heads(self) -> int:
+        return self.scorer.heads
+
+    def reset_parameters(self):
+        self.encoder.reset_parameters()
+        self.key_cnn.reset_parameters()
+        self.query_cnn.reset_parameters()
+        self.scorer.reset_parameters()
+
+    def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> LatentGraphs:
+        self.encoder.check(x)
+        sequences = sequence_batch(x.size(0), batch, x.device)
+        return self.from_sequences(x, sequences)
+
+    def from_sequences(self, x: Tensor, sequences: SequenceBatch) -> LatentGraphs:
+        """Graphs for an already validated batch layout."""
+        h = sequences.to_padded(self.encoder(x))
+        mask = sequences.mask
+        keys, queries = self.key_cnn(h, mask), self.query_cnn(h, mask)
+        edges = [self.scorer(l, keys, queries, sequences) for l in range(self.num_layers)]
+        return LatentGraphs(*map(list, zip(*edges)), num_heads=self.heads,
+                            direction=self.direction, ptr=sequences.ptr,
+                            include_self=self.scorer.include_self)
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}({self.encoder!r}, hidden_channels="
+                f"{self.hidden_channels}, num_layers={self.num_layers}, heads={self.heads}, "
+                f"direction='{self.direction}', sparse={self.scorer.sparse})")
