@@ -1,0 +1,52 @@
+"""Independent dense implementations of the paper's equations, for the tests only.
+
+Written directly from the equations (SPEC 3.3, 3.4) over padded ``[B, H, T, T]``
+tensors, sharing no code with the library.
+"""
+import torch
+
+
+def allowed_pairs(lengths, max_len, direction="forward", include_self=False):
+    """``[B, 1, T, T]`` bool, ``[b, 0, i, j]`` = source i may feed target j."""
+    i = torch.arange(max_len).view(-1, 1)
+    j = torch.arange(max_len).view(1, -1)
+    if direction == "forward":
+        order = (i <= j) if include_self else (i < j)
+    else:
+        order = (i >= j) if include_self else (i > j)
+    valid = torch.arange(max_len).view(1, -1) < torch.as_tensor(lengths).view(-1, 1)
+    return (order & valid[:, :, None] & valid[:, None, :]).unsqueeze(1)
+
+
+def dense_graph(scores, allowed, normalization="relu2"):
+    """Eq. 1 on scores ``[B, H, T(i), T(j)]``: normalise over sources i (dim 2)."""
+    if normalization == "relu2":
+        r = torch.where(allowed, torch.relu(scores) ** 2, torch.zeros(()))
+        total = r.sum(2, keepdim=True)
+        return torch.where(total > 0, r / torch.where(total > 0, total, torch.ones(())), torch.zeros(()))
+    masked = scores.masked_fill(~allowed, float("-inf"))
+    soft = torch.softmax(masked, dim=2)
+    return torch.where(allowed, soft, torch.zeros(()))
+
+
+def dense_aggregate(graph, x_padded, heads):
+    """``out[b, j, chunk h] = sum_i G[b, h, i, j] x[b, i, chunk h]`` (A @ X with A = G^T)."""
+    b, t, c = x_padded.shape
+    xh = x_padded.view(b, t, heads, c // heads).permute(0, 2, 1, 3)  # [B, H, T, c]
+    out = graph.transpose(-1, -2) @ xh
+    return out.permute(0, 2, 1, 3).reshape(b, t, c)
+
+
+def pad(x, lengths):
+    """Flat ``[N, ...]`` -> padded ``[B, T, ...]``."""
+    lengths = list(map(int, lengths))
+    out = x.new_zeros((len(lengths), max(lengths)) + tuple(x.shape[1:]))
+    start = 0
+    for b, n in enumerate(lengths):
+        out[b, :n] = x[start:start + n]
+        start += n
+    return out
+
+
+def batch_vector(lengths):
+    return torch.repeat_interleave(torch.arange(len(lengths)), torch.as_tensor(lengths))

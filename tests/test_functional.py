@@ -1,0 +1,156 @@
+"""Graph emission and weighted spmm against the dense reference (values and gradients)."""
+import itertools
+
+import pytest
+import torch
+
+from glomo_pyg import LatentGraphs
+from glomo_pyg.nn.functional import latent_graph_edges, weighted_spmm
+from reference import allowed_pairs, dense_graph
+
+LENGTHS = [5, 1, 9, 3, 0, 7]  # includes a length-1 and an empty sequence
+
+
+def _ptr(lengths):
+    return torch.cat([torch.zeros(1, dtype=torch.long), torch.tensor(lengths).cumsum(0)])
+
+
+def _inputs(lengths=LENGTHS, heads=3, dim=4, dtype=torch.float64):
+    t = max(lengths)
+    key = torch.randn(len(lengths), heads, t, dim, dtype=dtype, requires_grad=True)
+    query = torch.randn(len(lengths), heads, t, dim, dtype=dtype, requires_grad=True)
+    return key, query, torch.tensor(lengths), _ptr(lengths)
+
+
+def _emit_dense(key, query, lengths, ptr, **kw):
+    ei, w, h = latent_graph_edges(key, query, lengths, ptr, **kw)
+    graphs = LatentGraphs([ei], [w], [h], num_heads=key.size(1),
+                          direction=kw.get("direction", "forward"), ptr=ptr)
+    return graphs.to_dense(0), (ei, w, h)
+
+
+CASES = list(itertools.product(["forward", "backward"], [False, True], ["relu2", "softmax"],
+                               [1 << 22, 20, 3]))
+
+
+@pytest.mark.parametrize("direction,include_self,normalization,block_size", CASES)
+def test_emission_matches_dense_reference(direction, include_self, normalization, block_size):
+    key, query, lengths, ptr = _inputs()
+    kw = dict(direction=direction, include_self=include_self, normalization=normalization,
+              block_size=block_size)
+    dense, (ei, w, h) = _emit_dense(key, query, lengths, ptr, **kw)
+    scores = torch.einsum("bhid,bhjd->bhij", key, query)
+    ref = dense_graph(scores, allowed_pairs(lengths, key.size(2), direction, include_self),
+                      normalization)
+    torch.testing.assert_close(dense, ref)
+    # Gradients w.r.t. keys and queries through the pruned edges.
+    probe = torch.randn_like(ref)
+    got = torch.autograd.grad((dense * probe).sum(), (key, query))
+    want = torch.autograd.grad((ref * probe).sum(), (key, query))
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r)
+
+
+@pytest.mark.parametrize("direction,include_self,normalization", [c[:3] for c in CASES[::3]])
+def test_emission_invariants(direction, include_self, normalization):
+    key, query, lengths, ptr = _inputs(dtype=torch.float32)
+    ei, w, h = latent_graph_edges(key, query, lengths, ptr, direction=direction,
+                                  include_self=include_self, normalization=normalization,
+                                  block_size=7)
+    src, tgt = ei
+    assert ei.dtype == torch.long and h.dtype == torch.long
+    assert bool((w > 0).all()) and bool(torch.isfinite(w).all())
+    order = (h * 1000 + tgt) * 1000 + src
+    assert bool((order[1:] > order[:-1]).all()), "edges must be sorted by (head, target, source)"
+    batch = torch.repeat_interleave(torch.arange(len(LENGTHS)), lengths)
+    assert bool((batch[src] == batch[tgt]).all()), "no edge may cross sequences"
+    assert int(ei.max()) < int(ptr[-1]), "no edge may touch padding"
+    if direction == "forward":
+        assert bool(((src <= tgt) if include_self else (src < tgt)).all())
+    else:
+        assert bool(((src >= tgt) if include_self else (src > tgt)).all())
+    sums = torch.zeros(key.size(1), int(ptr[-1])).index_put_((h, tgt), w, accumulate=True)
+    has_edges = torch.zeros_like(sums, dtype=torch.bool).index_put_((h, tgt), torch.tensor(True))
+    torch.testing.assert_close(sums[has_edges], torch.ones(int(has_edges.sum())))
+    if normalization == "softmax":  # dense: every allowed pair is an edge
+        allowed = allowed_pairs(lengths, key.size(2), direction, include_self)
+        assert ei.size(1) == int(allowed.sum()) * key.size(1)
+
+
+def test_first_token_and_negative_scores_give_empty_columns_not_nan():
+    key, query, lengths, ptr = _inputs(dtype=torch.float32)
+    key = (key.detach().abs() + 0.1).requires_grad_()  # positive keys ...
+    query = (-torch.ones_like(key)).requires_grad_()  # ... negative queries: every score < 0
+    ei, w, h = latent_graph_edges(key, query, lengths, ptr)
+    assert ei.size(1) == 0 and w.numel() == 0
+    w.sum().backward()
+    assert bool(torch.isfinite(key.grad).all()) and bool(torch.isfinite(query.grad).all())
+    # The first unit of each sequence never receives a forward edge.
+    key, query, lengths, ptr = _inputs(dtype=torch.float32)
+    ei, w, h = latent_graph_edges(key, query, lengths, ptr)
+    assert not bool(torch.isin(ei[1], ptr[:-1]).any())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_and_huge_scores_stay_finite(dtype):
+    key, query, lengths, ptr = _inputs(dtype=torch.float32)
+    ref = latent_graph_edges(key, query, lengths, ptr)
+    ei, w, h = latent_graph_edges(key.to(dtype), query.to(dtype), lengths, ptr)
+    assert w.dtype == torch.float32 and bool(torch.isfinite(w).all())
+    common = torch.isin(ei[0] * 10**6 + ei[1] * 10 + h, ref[0][0] * 10**6 + ref[0][1] * 10 + ref[2])
+    assert common.float().mean() > 0.9  # rounding can flip signs of scores near 0
+    # Scores around 1e30: squaring overflows fp32, the normalisation must not.
+    big_k = (key.detach() * 1e15).requires_grad_()
+    big_q = (query.detach() * 1e15).requires_grad_()
+    ei, w, h = latent_graph_edges(big_k, big_q, lengths, ptr)
+    assert ei.size(1) > 0 and bool(torch.isfinite(w).all())
+    w.sum().backward()
+    assert bool(torch.isfinite(big_k.grad).all())
+
+
+def test_block_size_bounds_dense_scores():
+    """Tiling must not change anything: one block per sequence and target tile."""
+    key, query, lengths, ptr = _inputs(lengths=[40], heads=2)
+    full = latent_graph_edges(key, query, lengths, ptr, block_size=1 << 22)
+    tiled = latent_graph_edges(key, query, lengths, ptr, block_size=40 * 3)
+    for a, b in zip(full, tiled):
+        torch.testing.assert_close(a, b)
+
+
+def test_emission_rejects_bad_arguments():
+    key, query, lengths, ptr = _inputs()
+    with pytest.raises(ValueError, match="direction"):
+        latent_graph_edges(key, query, lengths, ptr, direction="sideways")
+    with pytest.raises(ValueError, match="normalization"):
+        latent_graph_edges(key, query, lengths, ptr, normalization="sparsemax")
+    with pytest.raises(ValueError, match=r"\[B, H, T, D\]"):
+        latent_graph_edges(key, query[..., :2], lengths, ptr)
+    with pytest.raises(ValueError, match="block_size"):
+        latent_graph_edges(key, query, lengths, ptr, block_size=0)
+
+
+def test_weighted_spmm_matches_dense_values_and_gradients():
+    n, e, c = 30, 120, 5
+    row = torch.sort(torch.randint(0, n, (e,)))[0]
+    col = torch.randint(0, n, (e,))
+    w = torch.rand(e, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(n, c, dtype=torch.float64, requires_grad=True)
+    out = weighted_spmm(row, col, w, x, n)
+    dense = torch.zeros(n, n, dtype=torch.float64).index_put((row, col), w, accumulate=True)
+    ref = dense @ x
+    torch.testing.assert_close(out, ref)
+    probe = torch.randn_like(ref)
+    got = torch.autograd.grad((out * probe).sum(), (w, x))
+    want = torch.autograd.grad((ref * probe).sum(), (w, x))
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r)
+
+
+def test_weighted_spmm_without_edges_and_in_half_precision():
+    x = torch.randn(4, 3)
+    empty = torch.empty(0, dtype=torch.long)
+    assert torch.equal(weighted_spmm(empty, empty, torch.empty(0), x, 4), torch.zeros(4, 3))
+    row, col, w = torch.tensor([1, 2]), torch.tensor([0, 1]), torch.tensor([0.5, 2.0])
+    out = weighted_spmm(row, col, w, x.bfloat16(), 4)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float()[1], 0.5 * x[0], atol=2e-2, rtol=2e-2)
