@@ -110,6 +110,13 @@ class Glomo(torch.nn.Module):
                 self.feature_predictors[_KEY[d]].embedding, hidden_channels, context_length,
                 decoder_layers, dropout)
 
+    def graph_parameters(self):
+        """Parameters that only shape the graphs (g's, or the scorers with
+        ``decouple=False``): training recipes give them their own learning rate."""
+        for module in (*self.graph_predictors.values(),
+                       *(fp.scorer for fp in self.feature_predictors.values() if fp.scorer is not None)):
+            yield from module.parameters()
+
     # --- graphs -------------------------------------------------------------------
     def graphs(self, x: Tensor, batch: Optional[Tensor] = None) -> DirectionalGraphs:
         """Forward and backward :class:`LatentGraphs` for the units ``x``."""

@@ -1,0 +1,78 @@
+"""Lightning module for unsupervised GLoMo pretraining."""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import lightning.pytorch as pl
+import torch
+
+from glomo_pyg.nn.glomo import Glomo
+
+
+class GlomoPretraining(pl.LightningModule):
+    """Trains a :class:`~glomo_pyg.Glomo` model on PyG-style token batches.
+
+    Batches are :class:`torch_geometric.data.Batch` objects (or anything with
+    ``x`` token ids and a sorted ``batch`` vector), as produced by
+    :class:`torch_geometric.loader.DataLoader` over per-sequence ``Data``.
+
+    Optimiser: Adam. The graph predictor's parameters are frozen for the first
+    ``graph_warmup_steps`` steps and then get ``graph_lr_scale`` times the
+    learning rate (1 by default). Why: their gradients are orders of magnitude smaller than
+    the rest of the model's, so the reference recipe (plain SGD with
+    global-norm clipping) moved them orders of magnitude more slowly. Adam's
+    per-parameter normalisation removes that gap, and the squared-ReLU graphs
+    then collapse in the first few dozen steps: whole columns' scores drift
+    below zero together (descent on the loss sharpens columns by pruning) and,
+    being exactly zero, never receive a gradient again. Letting the feature
+    predictor first learn to use the initial (random, dense) graphs before g
+    trains avoids it: g's gradients then favour keeping context rather than
+    pruning it (measurements in docs/training.md).
+
+    Args:
+        model_kwargs: arguments of :class:`~glomo_pyg.Glomo`.
+        lr (float): Adam learning rate. (default: :obj:`3e-3`)
+        graph_lr_scale (float): learning-rate factor for the graph
+            predictor after warm-up. (default: :obj:`1.0`)
+        graph_warmup_steps (int): steps during which the graph predictor
+            is frozen. (default: :obj:`200`)
+        weight_decay (float): Adam weight decay. (default: :obj:`0.`)
+    """
+
+    def __init__(self, model_kwargs: Dict[str, Any], lr: float = 3e-3, graph_lr_scale: float = 1.0,
+                 graph_warmup_steps: int = 200, weight_decay: float = 0.0):
+        super().__init__()
+        if lr <= 0 or graph_lr_scale < 0 or graph_warmup_steps < 0:
+            raise ValueError("lr must be positive, graph_lr_scale and graph_warmup_steps "
+                             "non-negative")
+        self.save_hyperparameters()
+        self.model = Glomo(**model_kwargs)
+
+    def forward(self, x: torch.Tensor, batch: Optional[torch.Tensor] = None):
+        return self.model(x, batch)
+
+    def _step(self, data, stage: str) -> torch.Tensor:
+        out = self.model(data.x, data.batch)
+        self.log_dict({f"{stage}/{k}": v for k, v in out.metrics.items()},
+                      batch_size=int(data.num_graphs), prog_bar=False)
+        self.log(f"{stage}_loss", out.loss.detach(), batch_size=int(data.num_graphs),
+                 prog_bar=True)
+        return out.loss
+
+    def training_step(self, data, batch_idx: int) -> torch.Tensor:
+        return self._step(data, "train")
+
+    def validation_step(self, data, batch_idx: int) -> torch.Tensor:
+        return self._step(data, "val")
+
+    def configure_optimizers(self):
+        graph = list(self.model.graph_parameters())
+        ids = {id(p) for p in graph}
+        rest = [p for p in self.model.parameters() if id(p) not in ids]
+        lr, warmup = self.hparams.lr, self.hparams.graph_warmup_steps
+        optimizer = torch.optim.Adam([dict(params=rest, lr=lr),
+                                      dict(params=graph, lr=lr * self.hparams.graph_lr_scale)],
+                                     weight_decay=self.hparams.weight_decay)
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, [lambda step: 1.0, lambda step: float(step >= warmup)])
+        return dict(optimizer=optimizer, lr_scheduler=dict(scheduler=schedule, interval="step"))
