@@ -18,11 +18,15 @@ or it has no incoming edge at all.
 """
 from __future__ import annotations
 
+import warnings
 from typing import List, Tuple
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+
+# CSR matrices are only an internal vehicle for spmm here; the beta notice is noise to users.
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 
 DIRECTIONS = ("forward", "backward")
 NORMALIZATIONS = ("relu2", "softmax")

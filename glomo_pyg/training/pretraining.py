@@ -62,8 +62,6 @@ class GlomoPretraining(pl.LightningModule):
     def training_step(self, data, batch_idx: int) -> torch.Tensor:
         return self._step(data, "train")
 
-    def validation_step(self, data, batch_idx: int) -> torch.Tensor:
-        return self._step(data, "val")
 
     def configure_optimizers(self):
         graph = list(self.model.graph_parameters())

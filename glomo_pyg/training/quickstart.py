@@ -2,7 +2,9 @@
 how well the learned graphs recover the planted sources."""
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import time
 import warnings
@@ -86,6 +88,20 @@ class QuickstartResult:
                     recovery_untrained=rep(self.recovery_untrained), seconds=self.seconds)
 
 
+@contextlib.contextmanager
+def _quiet_lightning():
+    """Hide Lightning's informational banners (device summary, tips) in this job's output."""
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 @torch.no_grad()
 def _evaluate(model, test_batch):
     model.eval()
@@ -111,18 +127,20 @@ def run_quickstart(config: QuickstartConfig = QuickstartConfig()) -> QuickstartR
                               graph_lr_scale=config.graph_lr_scale,
                               graph_warmup_steps=config.graph_warmup_steps)
     initial_loss, untrained = _evaluate(module.model, test_batch)
+    module.model.train()  # Lightning keeps the modes it finds
     logger = False
     if config.output_dir:
         logger = pl.loggers.CSVLogger(config.output_dir, name="quickstart")
-    trainer = pl.Trainer(max_steps=config.steps, accelerator=config.accelerator, devices=1,
-                         gradient_clip_val=config.grad_clip, logger=logger,
-                         enable_checkpointing=False, enable_model_summary=False,
-                         enable_progress_bar=config.progress_bar, log_every_n_steps=10,
-                         num_sanity_val_steps=0)
+    with _quiet_lightning():
+        trainer = pl.Trainer(max_steps=config.steps, accelerator=config.accelerator, devices=1,
+                             gradient_clip_val=config.grad_clip, logger=logger,
+                             enable_checkpointing=False, enable_model_summary=False,
+                             enable_progress_bar=config.progress_bar, log_every_n_steps=10,
+                             num_sanity_val_steps=0)
     start = time.perf_counter()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _quiet_lightning():
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
-        warnings.filterwarnings("ignore", ".*Sparse CSR tensor support is in beta.*")
+        warnings.filterwarnings("ignore", ".*isinstance.treespec, LeafSpec.*")
         trainer.fit(module, DataLoader(train, batch_size=config.batch_size, shuffle=True))
     seconds = time.perf_counter() - start
     final_loss, recovery = _evaluate(module.model, test_batch)
