@@ -17,6 +17,7 @@ from torch_geometric.loader import DataLoader
 
 from glomo_pyg.data.synthetic import PlantedDependencyCorpus
 from glomo_pyg.evaluation import RecoveryReport, planted_source_recovery
+from glomo_pyg.nn.glomo import Glomo
 from glomo_pyg.training.pretraining import GlomoPretraining
 
 # Validation and test items: disjoint index ranges of the training corpus's language.
@@ -58,6 +59,8 @@ class QuickstartResult:
     recovery: RecoveryReport
     recovery_untrained: RecoveryReport
     seconds: float
+    density: Tuple[float, ...] = ()
+    model: Optional[Glomo] = field(default=None, repr=False)  # the trained model, eval mode
 
     def format(self) -> str:
         r, u = self.recovery, self.recovery_untrained
@@ -75,6 +78,8 @@ class QuickstartResult:
             f"  baseline, previous unit:                    {r.previous_token:.3f}",
             f"  before training (same graph; head-averaged): "
             f"{float(u.per_graph[l, h]):.3f}; {before}",
+            "forward graph density (edges / allowed pairs) per layer: "
+            + ", ".join(f"{d:.3f}" for d in self.density),
         ])
 
     def to_dict(self) -> Dict[str, Any]:
@@ -85,7 +90,8 @@ class QuickstartResult:
         return dict(initial_test_loss=self.initial_test_loss, final_test_loss=self.final_test_loss,
                     chosen_layer=self.chosen[0], chosen_head=self.chosen[1],
                     chosen_precision=self.chosen_precision, recovery=rep(self.recovery),
-                    recovery_untrained=rep(self.recovery_untrained), seconds=self.seconds)
+                    recovery_untrained=rep(self.recovery_untrained), seconds=self.seconds,
+                    density=list(self.density))
 
 
 @contextlib.contextmanager
@@ -107,7 +113,7 @@ def _evaluate(model, test_batch):
     model.eval()
     loss = float(model(test_batch.x, test_batch.batch).loss)
     graphs = model.graphs(test_batch.x, test_batch.batch).forward
-    return loss, planted_source_recovery(graphs, test_batch.source)
+    return loss, planted_source_recovery(graphs, test_batch.source), tuple(graphs.density())
 
 
 def run_quickstart(config: QuickstartConfig = QuickstartConfig()) -> QuickstartResult:
@@ -126,7 +132,7 @@ def run_quickstart(config: QuickstartConfig = QuickstartConfig()) -> QuickstartR
     module = GlomoPretraining(dict(num_tokens=train.num_tokens, **config.model), lr=config.lr,
                               graph_lr_scale=config.graph_lr_scale,
                               graph_warmup_steps=config.graph_warmup_steps)
-    initial_loss, untrained = _evaluate(module.model, test_batch)
+    initial_loss, untrained, _ = _evaluate(module.model, test_batch)
     module.model.train()  # Lightning keeps the modes it finds
     logger = False
     if config.output_dir:
@@ -143,10 +149,11 @@ def run_quickstart(config: QuickstartConfig = QuickstartConfig()) -> QuickstartR
         warnings.filterwarnings("ignore", ".*isinstance.treespec, LeafSpec.*")
         trainer.fit(module, DataLoader(train, batch_size=config.batch_size, shuffle=True))
     seconds = time.perf_counter() - start
-    final_loss, recovery = _evaluate(module.model, test_batch)
+    final_loss, recovery, density = _evaluate(module.model, test_batch)
     layer, head, _ = _evaluate(module.model, valid_batch)[1].best
     result = QuickstartResult(initial_loss, final_loss, (layer, head),
-                              float(recovery.per_graph[layer, head]), recovery, untrained, seconds)
+                              float(recovery.per_graph[layer, head]), recovery, untrained, seconds,
+                              density, module.model.eval())
     if config.output_dir:
         os.makedirs(config.output_dir, exist_ok=True)
         with open(os.path.join(config.output_dir, "quickstart.json"), "w") as fh:
