@@ -26,6 +26,7 @@ import time
 import torch
 import torch_geometric
 
+from benchmarks.common import append_results, hardware
 from glomo_pyg import GlomoConv
 
 
@@ -91,18 +92,9 @@ def main(argv=None) -> None:
         cases = [(4, 8, t, 256, d) for t in (128, 256) for d in (0.01, 0.1, 0.5)]
     else:
         cases = [(16, 8, t, 512, d) for t in (128, 256, 512, 1024) for d in (0.01, 0.1, 0.5, 1.0)]
-    if args.device == "cpu":
-        hardware = f"CPU, {torch.get_num_threads()} threads"
-        try:
-            hardware = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                            if line.startswith("model name")) + f", {torch.get_num_threads()} threads"
-        except (OSError, StopIteration):
-            pass
-    else:
-        hardware = torch.cuda.get_device_name()
     lines = [f"\n## {datetime.date.today().isoformat()}, {args.device}",
              "", f"- command: `python -m benchmarks.conv_speed {' '.join(sys.argv[1:])}`".rstrip(),
-             f"- hardware: {hardware}; torch {torch.__version__}, PyG {torch_geometric.__version__}",
+             f"- hardware: {hardware(args.device)}; torch {torch.__version__}, PyG {torch_geometric.__version__}",
              "- times: median ms; ratio = other / glomo (> 1 means glomo is faster)", "",
              "| B | H | T | C | density | edges | glomo fwd | pyg fwd (x) | dense fwd (x) | sdpa fwd (x) "
              "| glomo fwd+bwd | pyg (x) | dense (x) | sdpa (x) |",
@@ -116,10 +108,7 @@ def main(argv=None) -> None:
             f"{r['sdpa_fwd']:.2f} ({r['sdpa_fwd'] / f:.1f}) | {fb:.2f} | {r['pyg_fwdbwd'] / fb:.1f} | "
             f"{r['dense_fwdbwd'] / fb:.1f} | {r['sdpa_fwdbwd'] / fb:.1f} |")
         print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    with open(args.output, "a") as fh:
-        fh.write(text)
-    print(text)
+    print(append_results(args.output, lines))
 
 
 if __name__ == "__main__":

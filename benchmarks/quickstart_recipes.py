@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import platform
 import statistics
 import sys
 
 import torch
 
+from benchmarks.common import append_results, hardware
 from glomo_pyg.training.quickstart import QuickstartConfig, run_quickstart
 
 RECIPES = {
@@ -27,23 +27,12 @@ RECIPES = {
 }
 
 
-def _cpu() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--output", default="benchmarks/results/quickstart.md")
     args = parser.parse_args(argv)
-    torch.set_num_threads(torch.get_num_threads())
     rows = []
     for name, (scale, warmup) in RECIPES.items():
         results = []
@@ -67,7 +56,7 @@ def main(argv=None) -> None:
         f"\n## Recipes, {datetime.date.today().isoformat()}",
         "",
         f"- command: `python -m benchmarks.quickstart_recipes {' '.join(sys.argv[1:])}`".rstrip(),
-        f"- hardware: {_cpu()}, {torch.get_num_threads()} torch threads; torch {torch.__version__}",
+        f"- hardware: {hardware()}; torch {torch.__version__}",
         f"- {args.steps} steps, seeds {args.seeds}; mean ± std over seeds; test split of "
         f"{QuickstartConfig().test_sequences} held-out sequences",
         "",
@@ -83,10 +72,7 @@ def main(argv=None) -> None:
             f"{', '.join(f'{d:.3f}' for d in results[-1].density)} | "
             f"{cell(r.final_test_loss for r in results)} | "
             f"{cell(r.seconds for r in results)} |")
-    text = "\n".join(lines) + "\n"
-    with open(args.output, "a") as fh:
-        fh.write(text)
-    print(text)
+    print(append_results(args.output, lines))
 
 
 if __name__ == "__main__":

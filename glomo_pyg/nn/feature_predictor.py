@@ -9,7 +9,7 @@ from torch import Tensor
 from glomo_pyg.graphs import LatentGraphs
 from glomo_pyg.nn.conv import GlomoConv
 from glomo_pyg.nn.encoder import UnitEncoder
-from glomo_pyg.nn.graph_predictor import GraphScorer
+from glomo_pyg.nn.graph_predictor import GraphScorer, resolve_head_channels
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
 
@@ -59,7 +59,8 @@ class FeaturePredictor(torch.nn.Module):
         self.decouple = decouple
         self.scorer = None
         if not decouple:
-            scorer_kwargs.setdefault("head_channels", hidden_channels // heads)
+            scorer_kwargs["head_channels"] = resolve_head_channels(
+                hidden_channels, heads, scorer_kwargs.get("head_channels"))
             self.scorer = GraphScorer(hidden_channels, num_layers, heads, **scorer_kwargs)
 
     @property

@@ -10,7 +10,7 @@ from torch import Tensor
 from glomo_pyg.graphs import LatentGraphs
 from glomo_pyg.nn.decoder import IGNORE, ContextDecoder
 from glomo_pyg.nn.feature_predictor import FeaturePredictor
-from glomo_pyg.nn.graph_predictor import GraphPredictor
+from glomo_pyg.nn.graph_predictor import GraphPredictor, resolve_head_channels
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
 OBJECTIVES = ("unit", "sequence")
@@ -77,11 +77,7 @@ class Glomo(torch.nn.Module):
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
         if num_positions < 1:
             raise ValueError(f"num_positions must be >= 1, got {num_positions}")
-        if head_channels is None:
-            if hidden_channels % heads:
-                raise ValueError(f"hidden_channels ({hidden_channels}) must be divisible by heads "
-                                 f"({heads})")
-            head_channels = hidden_channels // heads
+        head_channels = resolve_head_channels(hidden_channels, heads, head_channels)
         self.num_tokens, self.num_positions, self.objective = num_tokens, num_positions, objective
         self.context_length, self.decouple = context_length, decouple
         self.directions = ("forward", "backward") if bidirectional else ("forward",)

@@ -15,6 +15,16 @@ from glomo_pyg.sequences import SequenceBatch, sequence_batch
 BIASES = ("scalar", "threshold")
 
 
+def resolve_head_channels(hidden_channels: int, heads: int, head_channels: Optional[int]) -> int:
+    """``head_channels`` or, when ``None``, ``hidden_channels // heads`` (which must divide)."""
+    if head_channels is not None:
+        return head_channels
+    if heads <= 0 or hidden_channels % heads:
+        raise ValueError(f"hidden_channels ({hidden_channels}) is not divisible by heads "
+                         f"({heads}); pass head_channels explicitly")
+    return hidden_channels // heads
+
+
 class GraphScorer(torch.nn.Module):
     r"""Per-layer, per-head projections and the normalisation of paper Eq. 1.
 
@@ -148,11 +158,7 @@ class GraphPredictor(torch.nn.Module):
         super().__init__()
         if direction not in DIRECTIONS:
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-        if head_channels is None:
-            if hidden_channels % heads:
-                raise ValueError(f"hidden_channels ({hidden_channels}) is not divisible by heads "
-                                 f"({heads}); pass head_channels explicitly")
-            head_channels = hidden_channels // heads
+        head_channels = resolve_head_channels(hidden_channels, heads, head_channels)
         self.hidden_channels, self.direction = hidden_channels, direction
         self.encoder = UnitEncoder(hidden_channels, num_tokens, in_channels, padding_idx)
         cnn = dict(num_layers=cnn_layers, kernel_size=kernel_size, direction=direction, norm=norm,
