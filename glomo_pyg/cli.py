@@ -11,7 +11,8 @@ def _quickstart(args: argparse.Namespace) -> int:
 
     from glomo_pyg.training.quickstart import QuickstartConfig, run_quickstart
 
-    torch.set_num_threads(args.threads) if args.threads else None
+    if args.threads:
+        torch.set_num_threads(args.threads)
     config = QuickstartConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed,
                               lr=args.lr, graph_lr_scale=args.graph_lr_scale,
                               graph_warmup_steps=args.graph_warmup_steps,

@@ -18,16 +18,16 @@ class GlomoPretraining(pl.LightningModule):
 
     Optimiser: Adam. The graph predictor's parameters are frozen for the first
     ``graph_warmup_steps`` steps and then get ``graph_lr_scale`` times the
-    learning rate (1 by default). Why: their gradients are orders of magnitude smaller than
-    the rest of the model's, so the reference recipe (plain SGD with
-    global-norm clipping) moved them orders of magnitude more slowly. Adam's
-    per-parameter normalisation removes that gap, and the squared-ReLU graphs
-    then collapse in the first few dozen steps: whole columns' scores drift
-    below zero together (descent on the loss sharpens columns by pruning) and,
+    learning rate (1 by default). Why: their gradients are orders of magnitude
+    smaller than the rest of the model's, so the reference recipe (plain SGD
+    with global-norm clipping) moved them orders of magnitude more slowly.
+    Adam's per-parameter normalisation removes that gap, and the squared-ReLU
+    graphs can then collapse early in training: whole columns' scores drift
+    below zero together (descent sharpens a column by pruning its tail) and,
     being exactly zero, never receive a gradient again. Letting the feature
     predictor first learn to use the initial (random, dense) graphs before g
-    trains avoids it: g's gradients then favour keeping context rather than
-    pruning it (measurements in docs/training.md).
+    trains avoids it. It gave the best recovery of planted dependencies in
+    both measured settings (docs/training.md).
 
     Args:
         model_kwargs: arguments of :class:`~glomo_pyg.Glomo`.
