@@ -50,3 +50,13 @@ def pad(x, lengths):
 
 def batch_vector(lengths):
     return torch.repeat_interleave(torch.arange(len(lengths)), torch.as_tensor(lengths))
+
+
+def assert_same_values_and_grads(got, want, inputs):
+    """``got`` equals ``want``, and so do their vector-Jacobian products w.r.t. ``inputs``."""
+    torch.testing.assert_close(got, want)
+    probe = torch.randn_like(want)
+    grads_got = torch.autograd.grad((got * probe).sum(), inputs, retain_graph=True)
+    grads_want = torch.autograd.grad((want * probe).sum(), inputs, retain_graph=True)
+    for g, w in zip(grads_got, grads_want):
+        torch.testing.assert_close(g, w)

@@ -6,7 +6,7 @@ import torch
 
 from glomo_pyg import LatentGraphs
 from glomo_pyg.nn.functional import latent_graph_edges, weighted_spmm
-from reference import allowed_pairs, dense_graph
+from reference import allowed_pairs, assert_same_values_and_grads, dense_graph
 
 LENGTHS = [5, 1, 9, 3, 0, 7]  # includes a length-1 and an empty sequence
 
@@ -42,13 +42,8 @@ def test_emission_matches_dense_reference(direction, include_self, normalization
     scores = torch.einsum("bhid,bhjd->bhij", key, query)
     ref = dense_graph(scores, allowed_pairs(lengths, key.size(2), direction, include_self),
                       normalization)
-    torch.testing.assert_close(dense, ref)
-    # Gradients w.r.t. keys and queries through the pruned edges.
-    probe = torch.randn_like(ref)
-    got = torch.autograd.grad((dense * probe).sum(), (key, query))
-    want = torch.autograd.grad((ref * probe).sum(), (key, query))
-    for g, r in zip(got, want):
-        torch.testing.assert_close(g, r)
+    # values, and gradients w.r.t. keys and queries through the pruned edges
+    assert_same_values_and_grads(dense, ref, (key, query))
 
 
 @pytest.mark.parametrize("direction,include_self,normalization", [c[:3] for c in CASES[::3]])
@@ -138,12 +133,7 @@ def test_weighted_spmm_matches_dense_values_and_gradients():
     out = weighted_spmm(row, col, w, x, n)
     dense = torch.zeros(n, n, dtype=torch.float64).index_put((row, col), w, accumulate=True)
     ref = dense @ x
-    torch.testing.assert_close(out, ref)
-    probe = torch.randn_like(ref)
-    got = torch.autograd.grad((out * probe).sum(), (w, x))
-    want = torch.autograd.grad((ref * probe).sum(), (w, x))
-    for g, r in zip(got, want):
-        torch.testing.assert_close(g, r)
+    assert_same_values_and_grads(out, ref, (w, x))
 
 
 def test_weighted_spmm_without_edges_and_in_half_precision():
