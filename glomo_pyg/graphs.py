@@ -1,7 +1,7 @@
 """The one graph object of the library: a stack of latent graphs over a batch."""
 from __future__ import annotations
 
-from typing import Iterator, List, Optional, Tuple, Union
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -127,6 +127,68 @@ class LatentGraphs:
             dense = w.new_zeros(b_, self.num_heads, t_, t_)
             out.append(dense.index_put((seq, h, src - self.ptr[seq], tgt - self.ptr[seq]), w))
         return out[0] if layer is not None else torch.stack(out)
+
+    # --- analysis -----------------------------------------------------------------
+    def _sample_edges(self, sample: int, layer: int, head: Optional[int] = None):
+        """Local (source, target, head, weight) of one sequence's edges in one layer."""
+        if not 0 <= sample < self.num_sequences:
+            raise ValueError(f"sample must lie in [0, {self.num_sequences}), got {sample}")
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer must lie in [0, {self.num_layers}), got {layer}")
+        if head is not None and not 0 <= head < self.num_heads:
+            raise ValueError(f"head must lie in [0, {self.num_heads}), got {head}")
+        (src, tgt), weight, heads = self.layer(layer)
+        lo, hi = int(self.ptr[sample]), int(self.ptr[sample + 1])
+        keep = (tgt >= lo) & (tgt < hi)
+        if head is not None:
+            keep &= heads == head
+        return src[keep] - lo, tgt[keep] - lo, heads[keep], weight[keep].detach()
+
+    def to_networkx(self, sample: int, layer: Optional[int] = None, head: Optional[int] = None,
+                    labels: Optional[Sequence] = None):
+        """One sequence's graphs as a networkx graph.
+
+        Nodes are the positions ``0..T-1`` of sequence ``sample``, with attributes
+        ``position`` and, if ``labels`` (one per unit, e.g. token strings) is given,
+        ``label``. Edges run source -> target with attribute ``weight``. With both
+        ``layer`` and ``head`` given the result is a ``networkx.DiGraph``; otherwise a
+        ``networkx.MultiDiGraph`` whose edge keys are ``(layer, head)`` over the
+        unspecified layers and/or heads.
+        """
+        import networkx as nx
+
+        length = int(self.lengths[sample]) if 0 <= sample < self.num_sequences else 0
+        if labels is not None and len(labels) != length:
+            raise ValueError(f"labels must have one entry per unit of sample {sample} "
+                             f"({length}), got {len(labels)}")
+        single = layer is not None and head is not None
+        graph = nx.DiGraph() if single else nx.MultiDiGraph()
+        layers = [layer] if layer is not None else list(range(self.num_layers))
+        for l in layers:
+            src, tgt, heads, weight = self._sample_edges(sample, l, head)
+            for i, j, h, w in zip(src.tolist(), tgt.tolist(), heads.tolist(), weight.tolist()):
+                if single:
+                    graph.add_edge(i, j, weight=w)
+                else:
+                    graph.add_edge(i, j, key=(l, h), weight=w, layer=l, head=h)
+        for t in range(length):
+            graph.add_node(t, position=t, **({"label": labels[t]} if labels is not None else {}))
+        return graph
+
+    def adjacency(self, sample: int, layer: int, head: int) -> Tensor:
+        """``G`` of one sequence, layer and head as a sparse COO ``[T, T]`` (``[i, j] = G_ij``)."""
+        src, tgt, _, weight = self._sample_edges(sample, layer, head)
+        t = int(self.lengths[sample])
+        return torch.sparse_coo_tensor(torch.stack([src, tgt]), weight, (t, t)).coalesce()
+
+    def hierarchical(self, sample: int, layer: int, head: int) -> Tensor:
+        """Explicit :math:`\Lambda^l = G^1 G^2 \cdots G^l` of one sequence and head, as a
+        sparse ``[T, T]`` (sparse-sparse products). For analysis only: transfer
+        computes :math:`H\Lambda^l` by chained propagation and never forms it."""
+        out = self.adjacency(sample, 0, head)
+        for l in range(1, layer + 1):
+            out = torch.sparse.mm(out, self.adjacency(sample, l, head)).coalesce()
+        return out
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}(layers={self.num_layers}, heads={self.num_heads}, "
