@@ -182,7 +182,7 @@ class LatentGraphs:
         return torch.sparse_coo_tensor(torch.stack([src, tgt]), weight, (t, t)).coalesce()
 
     def hierarchical(self, sample: int, layer: int, head: int) -> Tensor:
-        """Explicit :math:`\Lambda^l = G^1 G^2 \cdots G^l` of one sequence and head, as a
+        r"""Explicit :math:`\Lambda^l = G^1 G^2 \cdots G^l` of one sequence and head, as a
         sparse ``[T, T]`` (sparse-sparse products). For analysis only: transfer
         computes :math:`H\Lambda^l` by chained propagation and never forms it."""
         out = self.adjacency(sample, 0, head)
