@@ -53,6 +53,35 @@ class LatentGraphs:
         self.include_self = include_self
         self.sequences = SequenceBatch.from_ptr(ptr)
 
+    @classmethod
+    def uniform(cls, ptr: Tensor, *, num_layers: int, num_heads: int, direction: str,
+                include_self: bool = False) -> "LatentGraphs":
+        """The uniform baseline: every allowed source of a target gets the same weight
+        (``1 / number of allowed sources``), the same graph for every layer and head.
+        Same layout and conventions as emitted graphs (a target with no allowed
+        source, e.g. the first unit going forward, gets no edge)."""
+        if direction not in ("forward", "backward"):
+            raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
+        if num_layers < 1 or num_heads < 1:
+            raise ValueError("num_layers and num_heads must be positive")
+        seqs = SequenceBatch.from_ptr(ptr)
+        pos, length = seqs.position, seqs.lengths[seqs.batch]
+        node = torch.arange(seqs.num_nodes, device=ptr.device)
+        extra = int(include_self)
+        if direction == "forward":  # sources ptr[b] .. j - 1 (or .. j)
+            count, first = pos + extra, node - pos
+        else:  # sources j + 1 .. end (or j ..)
+            count, first = length - pos - 1 + extra, node + 1 - extra
+        tgt = torch.repeat_interleave(node, count)
+        offset = torch.arange(tgt.numel(), device=ptr.device) - (torch.cumsum(count, 0) - count)[tgt]
+        src = first[tgt] + offset
+        weight = (1.0 / count.clamp(min=1).double()).float()[tgt]
+        edges = torch.stack([src, tgt]).repeat(1, num_heads)
+        heads = torch.arange(num_heads, device=ptr.device).repeat_interleave(tgt.numel())
+        weight = weight.repeat(num_heads)
+        return cls([edges] * num_layers, [weight] * num_layers, [heads] * num_layers,
+                   num_heads=num_heads, direction=direction, ptr=ptr, include_self=include_self)
+
     # --- layout -------------------------------------------------------------------
     @property
     def ptr(self) -> Tensor:

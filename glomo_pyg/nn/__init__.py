@@ -4,12 +4,17 @@ from glomo_pyg.nn.conv import GlomoConv
 from glomo_pyg.nn.decoder import ContextDecoder
 from glomo_pyg.nn.encoder import UnitEncoder
 from glomo_pyg.nn.feature_predictor import FeaturePredictor
-from glomo_pyg.nn.functional import latent_graph_edges, weighted_spmm
+from glomo_pyg.nn.functional import head_propagate, latent_graph_edges, weighted_spmm
+from glomo_pyg.nn.fusion import GatedFusion
 from glomo_pyg.nn.glomo import DirectionalGraphs, Glomo, GlomoOutput
 from glomo_pyg.nn.graph_predictor import GraphPredictor, GraphScorer
+from glomo_pyg.nn.mixer import GraphMixer
+from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
+from glomo_pyg.nn.transfer import GlomoTransfer
 
 __all__ = [
-    "CausalCNN", "ContextDecoder", "DirectionalGraphs", "FeaturePredictor", "Glomo", "GlomoConv",
-    "GlomoOutput", "GraphPredictor", "GraphScorer", "MaskedNorm", "UnitEncoder",
+    "CausalCNN", "ContextDecoder", "DirectionalGraphs", "FeaturePredictor", "GatedFusion", "Glomo",
+    "GlomoConv", "GlomoOutput", "GlomoTransfer", "GraphMixer", "GraphPredictor", "GraphScorer",
+    "MaskedNorm", "PretrainedGraphPredictor", "UnitEncoder", "head_propagate",
     "latent_graph_edges", "weighted_spmm",
 ]

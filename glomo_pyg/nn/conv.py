@@ -8,13 +8,9 @@ from torch import Tensor
 from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.utils import is_torch_sparse_tensor
 
-from glomo_pyg.nn.functional import weighted_spmm
+from glomo_pyg.nn.functional import _is_compiling, head_blocked_edges, head_propagate, weighted_spmm
 
 UPDATES = (None, "gru", "residual")
-
-
-def _is_compiling() -> bool:
-    return torch.compiler.is_compiling()
 
 
 class GlomoConv(MessagePassing):
@@ -110,23 +106,21 @@ class GlomoConv(MessagePassing):
 
     def _aggregate(self, x: Tensor, edge_index: Tensor, edge_weight: Tensor,
                    edge_head: Optional[Tensor]) -> Tensor:
-        n, src, tgt = x.size(0), edge_index[0], edge_index[1]
+        n = x.size(0)
         if edge_head is None:  # one graph for all channels
-            xb, rows, cols, size = x, tgt, src, n
+            edge_head = torch.zeros_like(edge_index[0])
+            xb = x.view(1, n, -1)
+            heads = 1
         else:  # block-diagonal over heads: node (h, v) has id h * N + v
-            xb = x.view(n, self.heads, -1).transpose(0, 1).reshape(self.heads * n, -1)
-            rows, cols, size = edge_head * n + tgt, edge_head * n + src, self.heads * n
-        if not _is_compiling() and rows.numel() > 1 and bool((rows[1:] < rows[:-1]).any()):
-            perm = torch.argsort(rows * size + cols)
-            rows, cols, edge_weight = rows[perm], cols[perm], edge_weight[perm]
+            xb = x.view(n, self.heads, -1).transpose(0, 1)
+            heads = self.heads
         if self.fused:
-            out = self.message_and_aggregate(torch.stack([cols, rows]), xb, edge_weight)
+            out = head_propagate(xb, edge_index, edge_weight, edge_head, heads)
         else:
-            out = self.propagate(torch.stack([cols, rows]), x=xb, edge_weight=edge_weight,
-                                 size=(size, size))
-        if edge_head is None:
-            return out
-        return out.view(self.heads, n, -1).transpose(0, 1).reshape(n, -1)
+            rows, cols, weight = head_blocked_edges(edge_index, edge_weight, edge_head, n)
+            out = self.propagate(torch.stack([cols, rows]), x=xb.reshape(heads * n, -1),
+                                 edge_weight=weight, size=(heads * n, heads * n))
+        return out.view(heads, n, -1).transpose(0, 1).reshape(n, -1)
 
     def message(self, x_j: Tensor, edge_weight: Tensor) -> Tensor:
         return edge_weight.view(-1, 1).to(x_j.dtype) * x_j

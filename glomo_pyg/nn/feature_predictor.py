@@ -51,6 +51,10 @@ class FeaturePredictor(torch.nn.Module):
         super().__init__()
         if update not in ("gru", "residual"):
             raise ValueError(f"update must be 'gru' or 'residual', got {update!r}")
+        self.init_kwargs = dict(num_tokens=num_tokens, in_channels=in_channels,
+                                hidden_channels=hidden_channels, num_layers=num_layers,
+                                heads=heads, update=update, decouple=decouple,
+                                padding_idx=padding_idx, dropout=dropout, **scorer_kwargs)
         self.hidden_channels, self.num_layers, self.heads = hidden_channels, num_layers, heads
         self.encoder = UnitEncoder(hidden_channels, num_tokens, in_channels, padding_idx)
         self.convs = torch.nn.ModuleList(GlomoConv(hidden_channels, heads, update=update)

@@ -263,3 +263,40 @@ def weighted_spmm(row: Tensor, col: Tensor, weight: Tensor, x: Tensor, num_rows:
     if row.numel() == 0:
         return x.new_zeros(num_rows, x.size(1), dtype=out_dtype)
     return _WeightedSpMM.apply(weight, x, row, col, num_rows).to(out_dtype)
+
+
+def _is_compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def head_blocked_edges(edge_index: Tensor, edge_weight: Tensor, edge_head: Tensor,
+                       num_nodes: int, shared_input: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
+    """Rows, columns and weights of the block-diagonal ``[H*N, H*N]`` matrix that
+    holds one ``[N, N]`` aggregation matrix ``A = G^T`` per head: node ``(h, v)``
+    has id ``h * N + v``. With ``shared_input`` the columns stay ``0..N-1``
+    (every head reads the same ``[N, C]`` input). Rows come out sorted."""
+    src, tgt = edge_index[0], edge_index[1]
+    rows = edge_head * num_nodes + tgt
+    cols = src if shared_input else edge_head * num_nodes + src
+    if not _is_compiling() and rows.numel() > 1 and bool((rows[1:] < rows[:-1]).any()):
+        width = num_nodes if shared_input else int(edge_head.max()) * num_nodes + num_nodes
+        perm = torch.argsort(rows * width + cols)  # emitted graphs are already sorted
+        rows, cols, edge_weight = rows[perm], cols[perm], edge_weight[perm]
+    return rows, cols, edge_weight
+
+
+def head_propagate(x: Tensor, edge_index: Tensor, edge_weight: Tensor, edge_head: Tensor,
+                   num_heads: int) -> Tensor:
+    r"""Per-head propagation :math:`P^{(h)}_j = \sum_i G^{(h)}_{ij} x^{(h)}_i`.
+
+    ``x`` is ``[N, C]`` (every head propagates the same features: ``G^{(h)}``
+    applied to all of ``x``) or head-blocked ``[H, N, C]`` (head ``h``
+    propagates its own ``x[h]``, as in a chain :math:`G^1 G^2 \cdots`).
+    Returns ``[H, N, C]``. One CSR spmm over the head-blocked graph (see
+    :func:`weighted_spmm`); gradients reach ``x`` and ``edge_weight``.
+    """
+    shared = x.dim() == 2
+    n, c = x.shape[-2], x.shape[-1]
+    rows, cols, weight = head_blocked_edges(edge_index, edge_weight, edge_head, n, shared)
+    flat = x if shared else x.reshape(num_heads * n, c)
+    return weighted_spmm(rows, cols, weight, flat, num_heads * n).view(num_heads, n, c)

@@ -159,6 +159,13 @@ class GraphPredictor(torch.nn.Module):
         if direction not in DIRECTIONS:
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
         head_channels = resolve_head_channels(hidden_channels, heads, head_channels)
+        # Constructor arguments, enough to rebuild this module (saved with its weights).
+        self.init_kwargs = dict(
+            num_tokens=num_tokens, in_channels=in_channels, hidden_channels=hidden_channels,
+            num_layers=num_layers, heads=heads, head_channels=head_channels, direction=direction,
+            include_self=include_self, sparse=sparse, cnn_layers=cnn_layers,
+            kernel_size=kernel_size, norm=norm, bias=bias, padding_idx=padding_idx,
+            dropout=dropout, block_size=block_size)
         self.hidden_channels, self.direction = hidden_channels, direction
         self.encoder = UnitEncoder(hidden_channels, num_tokens, in_channels, padding_idx)
         cnn = dict(num_layers=cnn_layers, kernel_size=kernel_size, direction=direction, norm=norm,
@@ -179,6 +186,10 @@ class GraphPredictor(torch.nn.Module):
     @property
     def heads(self) -> int:
         return self.scorer.heads
+
+    @property
+    def include_self(self) -> bool:
+        return self.scorer.include_self
 
     def reset_parameters(self):
         self.encoder.reset_parameters()

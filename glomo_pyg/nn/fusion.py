@@ -1,0 +1,74 @@
+"""GatedFusion: concatenates features with a gated transform of their graph mixtures
+(paper Sec. 2.3, SPEC 4)."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from glomo_pyg.sequences import check_features
+
+
+class GatedFusion(torch.nn.Module):
+    r"""Fuses features :math:`H` with their mixtures :math:`M_1 H, \dots, M_K H`
+    (one per graph direction):
+
+    .. math::
+        \mathbf{z}_j = [\mathbf{h}_j ; (M_1 H)_j ; \dots ; (M_K H)_j], \qquad
+        \mathbf{h}'_j = \big[\mathbf{h}_j ;\;
+        \mathbf{W}_1 \mathbf{z}_j \odot \sigma(\mathbf{W}_2 \mathbf{z}_j)\big]
+
+    (the reference implementation's fusion, with both directions stacked in
+    the gate input). :math:`\mathbf{W}_1, \mathbf{W}_2` are affine maps to
+    ``fusion_channels``.
+
+    Args:
+        in_channels (int): width :math:`d` of :math:`H` and of each mixture.
+        num_mixtures (int): number :math:`K` of mixtures. (default: :obj:`2`)
+        fusion_channels (int, optional): width of the gated part
+            (default: ``in_channels``).
+
+    Shapes:
+        - **input:** features :math:`(N, d)`, a sequence of :math:`K`
+          mixtures :math:`(N, d)`
+        - **output:** :math:`(N, d + \text{fusion\_channels})`
+    """
+
+    def __init__(self, in_channels: int, num_mixtures: int = 2,
+                 fusion_channels: Optional[int] = None):
+        super().__init__()
+        fusion_channels = in_channels if fusion_channels is None else fusion_channels
+        if min(in_channels, num_mixtures, fusion_channels) <= 0:
+            raise ValueError("in_channels, num_mixtures and fusion_channels must be positive")
+        self.in_channels, self.num_mixtures, self.fusion_channels = \
+            in_channels, num_mixtures, fusion_channels
+        gate_in = in_channels * (1 + num_mixtures)
+        self.transform = torch.nn.Linear(gate_in, fusion_channels)
+        self.gate = torch.nn.Linear(gate_in, fusion_channels)
+        self.reset_parameters()
+
+    @property
+    def out_channels(self) -> int:
+        return self.in_channels + self.fusion_channels
+
+    def reset_parameters(self):
+        self.transform.reset_parameters()
+        self.gate.reset_parameters()
+
+    def forward(self, x: Tensor, mixed: Sequence[Tensor]) -> Tensor:
+        check_features(x, self.in_channels)
+        if isinstance(mixed, Tensor):
+            mixed = [mixed]
+        if len(mixed) != self.num_mixtures:
+            raise ValueError(f"expected {self.num_mixtures} mixtures, got {len(mixed)}")
+        for k, m in enumerate(mixed):
+            if not isinstance(m, Tensor) or m.shape != x.shape:
+                raise ValueError(f"mixture {k} must have the shape of x {tuple(x.shape)}, got "
+                                 f"{tuple(m.shape) if isinstance(m, Tensor) else type(m).__name__}")
+        z = torch.cat([x, *mixed], dim=-1)
+        return torch.cat([x, self.transform(z) * torch.sigmoid(self.gate(z))], dim=-1)
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}({self.in_channels}, num_mixtures={self.num_mixtures}, "
+                f"fusion_channels={self.fusion_channels})")

@@ -1,0 +1,185 @@
+"""GraphMixer: mixes features along a weighted combination of latent graphs
+(paper Sec. 2.2, SPEC 4)."""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from glomo_pyg.graphs import LatentGraphs
+from glomo_pyg.nn.functional import DIRECTIONS, head_propagate
+from glomo_pyg.sequences import check_features
+
+MIXINGS = ("free", "conditioned")
+PROPAGATIONS = ("both", "graph", "hierarchical")
+GraphsArg = Union[LatentGraphs, Sequence[Optional[LatentGraphs]]]
+
+
+class GraphMixer(torch.nn.Module):
+    r"""Propagates features :math:`H` along a learned mixture of the graphs of a
+    frozen graph predictor, separately for each direction.
+
+    With components :math:`c = (l, h)` over the selected graph layers and all
+    heads, and :math:`\Lambda^{l,h} = G^{1,h} G^{2,h} \cdots G^{l,h}`
+    (hierarchical propagation, paper Sec. 2.2), each direction computes
+
+    .. math::
+        (HM)_j = \gamma \Big( \sum_c m_c\, (H G_c)_j
+                 + \sum_c m'_c\, (H \Lambda_c)_j \Big), \qquad
+        (H G)_j = \sum_i G_{ij}\, \mathbf{h}_i
+
+    with mixture weights that sum to 1 over all components:
+
+    * ``mixing='free'``: :math:`(m, m') = \mathrm{softmax}(\mathbf{w})` of free
+      logits initialised at 0 (ELMo's ScalarMix), one set per direction;
+    * ``mixing='conditioned'``: per target unit,
+      :math:`(m, m')_j = \mathrm{softmax}(\mathbf{W} \mathbf{h}_j + \mathbf{b})`
+      (the reference implementation), zero-initialised so training starts
+      from the uniform mixture.
+
+    :math:`\gamma` is a learned scale per direction (initialised at 1).
+
+    Every component propagates *all* channels of :math:`H`, so :math:`H` may
+    have any width, unrelated to the predictor's. :math:`H\Lambda^l` is
+    computed by chained propagation, :math:`P^1 = HG^1`,
+    :math:`P^l = P^{l-1} G^l`, with :func:`~glomo_pyg.nn.functional.head_propagate`
+    (the aggregation of :class:`GlomoConv`), never by multiplying or
+    densifying graphs. All heads of a layer run as one sparse product.
+
+    Args:
+        in_channels (int): width :math:`d` of the features :math:`H`.
+        num_layers (int): graph layers of the predictor.
+        heads (int): heads per graph layer of the predictor.
+        directions (sequence of str): directions mixed, in output order.
+            (default: ``('forward', 'backward')``)
+        mixing (str): ``'free'`` or ``'conditioned'``. (default: :obj:`'free'`)
+        propagation (str): ``'both'`` (:math:`G` and :math:`\Lambda` components,
+            the paper), ``'graph'`` (:math:`G` only, the "-hierarchical"
+            ablation) or ``'hierarchical'`` (:math:`\Lambda` only).
+            (default: :obj:`'both'`)
+        layers (sequence of int, optional): graph layers whose components are
+            mixed (default: all). :math:`\Lambda^l` still chains through every
+            layer up to :math:`l`.
+
+    Shapes:
+        - **input:** features :math:`(N, d)`; graphs: one
+          :class:`~glomo_pyg.LatentGraphs` per direction over the same
+          :math:`N` units (a :class:`~glomo_pyg.DirectionalGraphs` or a
+          sequence; a single :class:`~glomo_pyg.LatentGraphs` for one direction)
+        - **output:** a list with one :math:`(N, d)` tensor per direction
+    """
+
+    def __init__(self, in_channels: int, num_layers: int, heads: int,
+                 directions: Sequence[str] = DIRECTIONS, mixing: str = "free",
+                 propagation: str = "both", layers: Optional[Sequence[int]] = None):
+        super().__init__()
+        if min(in_channels, num_layers, heads) <= 0:
+            raise ValueError("in_channels, num_layers and heads must be positive")
+        directions = tuple(directions)
+        if not directions or len(set(directions)) != len(directions) or \
+                any(d not in DIRECTIONS for d in directions):
+            raise ValueError(f"directions must be distinct values of {DIRECTIONS}, got {directions}")
+        if mixing not in MIXINGS:
+            raise ValueError(f"mixing must be one of {MIXINGS}, got {mixing!r}")
+        if propagation not in PROPAGATIONS:
+            raise ValueError(f"propagation must be one of {PROPAGATIONS}, got {propagation!r}")
+        layers = tuple(range(num_layers)) if layers is None else tuple(sorted(set(int(l) for l in layers)))
+        if not layers or layers[0] < 0 or layers[-1] >= num_layers:
+            raise ValueError(f"layers must be a non-empty subset of 0..{num_layers - 1}, got {layers}")
+        self.in_channels, self.num_layers, self.heads = in_channels, num_layers, heads
+        self.directions, self.mixing, self.propagation, self.layers = directions, mixing, propagation, layers
+        self.kinds = ("graph", "hierarchical") if propagation == "both" else (propagation,)
+        self.num_components = len(self.kinds) * len(layers) * heads
+        if mixing == "free":
+            self.logits = torch.nn.Parameter(torch.empty(len(directions), self.num_components))
+            self.weight_lins = None
+        else:
+            self.logits = None
+            self.weight_lins = torch.nn.ModuleList(
+                torch.nn.Linear(in_channels, self.num_components) for _ in directions)
+        self.gamma = torch.nn.Parameter(torch.empty(len(directions)))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        if self.logits is not None:
+            torch.nn.init.zeros_(self.logits)
+        else:
+            for lin in self.weight_lins:
+                torch.nn.init.zeros_(lin.weight)
+                torch.nn.init.zeros_(lin.bias)
+        torch.nn.init.ones_(self.gamma)
+
+    def components(self) -> List[Tuple[str, int, int]]:
+        """``(kind, layer, head)`` of each mixture component, in weight order."""
+        return [(k, l, h) for k in self.kinds for l in self.layers for h in range(self.heads)]
+
+    def mixture_weights(self, x: Optional[Tensor] = None) -> Tensor:
+        """Mixture weights: ``[D, K]`` (free) or ``[D, N, K]`` (conditioned on
+        ``x``), ``D`` directions, ``K`` components; they sum to 1 over ``K``."""
+        if self.logits is not None:
+            return torch.softmax(self.logits, dim=-1)
+        if x is None:
+            raise ValueError("conditioned mixture weights depend on the features: pass x")
+        return torch.stack([torch.softmax(lin(x), dim=-1) for lin in self.weight_lins])
+
+    def forward(self, x: Tensor, graphs: GraphsArg) -> List[Tensor]:
+        check_features(x, self.in_channels)
+        graphs = self._check_graphs(x, graphs)
+        weights = self.mixture_weights(x)
+        return [self.gamma[d] * self._mix(x, g, weights[d]) for d, g in enumerate(graphs)]
+
+    def _mix(self, x: Tensor, graphs: LatentGraphs, weights: Tensor) -> Tensor:
+        # weights [K] or [N, K] -> [..., kinds, selected layers, heads]
+        w = weights.view(*weights.shape[:-1], len(self.kinds), len(self.layers), self.heads)
+        spec = "nh,hnc->nc" if w.dim() == 4 else "h,hnc->nc"
+        use_graph, use_chain = "graph" in self.kinds, "hierarchical" in self.kinds
+        last = self.layers[-1]
+        out = x.new_zeros(x.shape)
+        chain: Optional[Tensor] = None
+        for l in range(last + 1):
+            selected = l in self.layers
+            if not selected and not use_chain:
+                continue
+            edge_index, edge_weight, edge_head = graphs.layer(l)
+            edge_weight = edge_weight.to(x.dtype)
+            direct = None  # [H, N, C]: H G^{l,h} for every head
+            if use_graph and selected or use_chain and l == 0:
+                direct = head_propagate(x, edge_index, edge_weight, edge_head, self.heads)
+            if use_chain:  # P^l = P^{l-1} G^l, per head
+                chain = direct if l == 0 else head_propagate(chain, edge_index, edge_weight,
+                                                             edge_head, self.heads)
+            if selected:
+                i = self.layers.index(l)
+                if use_graph:
+                    out = out + torch.einsum(spec, w[..., 0, i, :], direct)
+                if use_chain:
+                    out = out + torch.einsum(spec, w[..., len(self.kinds) - 1, i, :], chain)
+        return out
+
+    def _check_graphs(self, x: Tensor, graphs: GraphsArg) -> List[LatentGraphs]:
+        if isinstance(graphs, LatentGraphs):
+            graphs = [graphs]
+        graphs = list(graphs)
+        by_direction = {g.direction: g for g in graphs if g is not None}
+        missing = [d for d in self.directions if d not in by_direction]
+        if missing:
+            raise ValueError(f"this mixer needs graphs for directions {self.directions}; "
+                             f"missing {missing}")
+        out = []
+        for d in self.directions:
+            g = by_direction[d]
+            if g.num_layers != self.num_layers or g.num_heads != self.heads:
+                raise ValueError(f"{d} graphs have {g.num_layers} layers x {g.num_heads} heads, "
+                                 f"this mixer was built for {self.num_layers} x {self.heads}")
+            if g.num_nodes != x.size(0):
+                raise ValueError(f"{d} graphs cover {g.num_nodes} units, x has {x.size(0)} rows")
+            if g.device != x.device:
+                raise ValueError(f"{d} graphs are on {g.device}, x is on {x.device}")
+            out.append(g)
+        return out
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}({self.in_channels}, layers={list(self.layers)}, "
+                f"heads={self.heads}, directions={self.directions}, mixing='{self.mixing}', "
+                f"propagation='{self.propagation}')")

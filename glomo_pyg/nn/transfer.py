@@ -1,0 +1,143 @@
+"""GlomoTransfer: the module a user drops into a downstream model (paper Sec. 2.2-2.3)."""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from glomo_pyg.graphs import LatentGraphs
+from glomo_pyg.nn.fusion import GatedFusion
+from glomo_pyg.nn.glomo import DirectionalGraphs
+from glomo_pyg.nn.mixer import GraphMixer
+from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
+from glomo_pyg.sequences import check_features, sequence_batch
+
+GRAPHS = ("learned", "uniform", "none")
+
+
+class GlomoTransfer(torch.nn.Module):
+    r"""Fuses downstream features :math:`H` with their propagation along the
+    graphs of a frozen pretrained predictor:
+
+    .. math::
+        H' = \big[H ;\; \mathbf{W}_1 \mathbf{z} \odot \sigma(\mathbf{W}_2 \mathbf{z})\big],
+        \qquad \mathbf{z} = [H ; M_{fw} H ; M_{bw} H]
+
+    where :math:`M_{dir} H` is a :class:`GraphMixer` mixture of the
+    direction's graphs :math:`G` and hierarchical products :math:`\Lambda`, and
+    the fusion is :class:`GatedFusion`.
+
+    The predictor is frozen: its parameters never require gradients, graphs
+    are computed under ``torch.no_grad()``, and it stays in eval mode even when
+    this module is trained (no dropout, no BatchNorm statistics updates).
+    Only the mixture weights, :math:`\gamma` and the gate are trained.
+
+    ``graph`` switches the graphs without changing anything else of the
+    model (same parameters, same output width), for the baselines every
+    experiment needs:
+
+    * ``'learned'``: the predictor's graphs for the raw units ``x``;
+    * ``'uniform'``: equal weights over the same allowed sources
+      (:meth:`LatentGraphs.uniform`); the predictor is not run;
+    * ``'none'``: :math:`M = I` (each :math:`M_{dir} H = H`), the feature-only
+      baseline with the same gate; no graph is computed.
+
+    Args:
+        predictor (PretrainedGraphPredictor): frozen graph predictor.
+        in_channels (int): width :math:`d` of :math:`H` (any width; unrelated to
+            the predictor's).
+        fusion_channels (int, optional): width of the gated part
+            (default: ``in_channels``); the output has
+            ``in_channels + fusion_channels`` channels.
+        graph (str): ``'learned'``, ``'uniform'`` or ``'none'``.
+        mixing, propagation, layers: options of :class:`GraphMixer`.
+
+    Shapes:
+        - **input:** features :math:`H` :math:`(N, d)`; the predictor's input
+          for the same units ``x`` (:math:`(N)` token ids or :math:`(N, F)`) and
+          sorted ``batch`` :math:`(N)`; or precomputed ``graphs``
+        - **output:** :math:`(N, d + \text{fusion\_channels})`
+    """
+
+    def __init__(self, predictor: PretrainedGraphPredictor, in_channels: int,
+                 fusion_channels: Optional[int] = None, graph: str = "learned",
+                 mixing: str = "free", propagation: str = "both",
+                 layers: Optional[Sequence[int]] = None):
+        super().__init__()
+        if not isinstance(predictor, PretrainedGraphPredictor):
+            raise TypeError("predictor must be a PretrainedGraphPredictor (from "
+                            "PretrainedGraphPredictor.from_pretrained(...) or .from_glomo(...)), "
+                            f"got {type(predictor).__name__}")
+        if graph not in GRAPHS:
+            raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
+        self.graph = graph
+        self.predictor = predictor.requires_grad_(False).eval()
+        self.mixer = GraphMixer(in_channels, predictor.num_layers, predictor.heads,
+                                predictor.directions, mixing, propagation, layers)
+        self.fusion = GatedFusion(in_channels, len(predictor.directions), fusion_channels)
+
+    @property
+    def in_channels(self) -> int:
+        return self.fusion.in_channels
+
+    @property
+    def out_channels(self) -> int:
+        return self.fusion.out_channels
+
+    def reset_parameters(self):
+        self.mixer.reset_parameters()
+        self.fusion.reset_parameters()
+
+    def train(self, mode: bool = True) -> "GlomoTransfer":
+        super().train(mode)
+        self.predictor.eval()  # frozen: never dropout or BatchNorm updates
+        return self
+
+    @torch.no_grad()
+    def graphs(self, x: Optional[Tensor] = None, batch: Optional[Tensor] = None,
+               num_nodes: Optional[int] = None) -> Optional[DirectionalGraphs]:
+        """The graphs :meth:`forward` uses under the current ``graph`` setting, for
+        computing them once and passing them to several transfer modules (e.g.
+        at the embeddings and after the first RNN layer). ``None`` for
+        ``graph='none'``. ``'uniform'`` needs only ``batch`` and ``num_nodes``
+        (or ``x``)."""
+        if self.graph == "none":
+            return None
+        if self.graph == "learned":
+            if x is None:
+                raise ValueError("graph='learned' computes graphs from the predictor's input: "
+                                 "pass x (the units' token ids or features) with batch")
+            self.predictor.eval()
+            return self.predictor(x, batch)
+        if num_nodes is None:
+            if x is None:
+                raise ValueError("graph='uniform' needs the number of units: pass x or num_nodes")
+            num_nodes = x.size(0)
+        device = batch.device if batch is not None else (x.device if x is not None else
+                                                         self.fusion.gate.weight.device)
+        ptr = sequence_batch(num_nodes, batch, device).ptr
+        p = self.predictor
+        return DirectionalGraphs(*(
+            LatentGraphs.uniform(ptr, num_layers=p.num_layers, num_heads=p.heads, direction=d,
+                                 include_self=p.include_self) if d in p.directions else None
+            for d in ("forward", "backward")))
+
+    def forward(self, h: Tensor, x: Optional[Tensor] = None, batch: Optional[Tensor] = None,
+                graphs: Optional[DirectionalGraphs] = None) -> Tensor:
+        """``graphs``, when given, are used as they are (e.g. from :meth:`graphs`);
+        otherwise they are computed from ``x`` and ``batch``."""
+        check_features(h, self.in_channels, name="h")
+        if self.graph == "none":
+            mixed: List[Tensor] = [h] * len(self.mixer.directions)
+        else:
+            if graphs is None:
+                graphs = self.graphs(x, batch, num_nodes=h.size(0))
+            mixed = self.mixer(h, graphs)
+        return self.fusion(h, mixed)
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}({self.in_channels}, out_channels={self.out_channels}, "
+                f"graph='{self.graph}', directions={self.mixer.directions}, "
+                f"layers={list(self.mixer.layers)}, heads={self.mixer.heads}, "
+                f"mixing='{self.mixer.mixing}', propagation='{self.mixer.propagation}')")
