@@ -60,3 +60,42 @@ def assert_same_values_and_grads(got, want, inputs):
     grads_want = torch.autograd.grad((want * probe).sum(), inputs, retain_graph=True)
     for g, w in zip(grads_got, grads_want):
         torch.testing.assert_close(g, w)
+
+
+def unpad(padded, lengths):
+    """Padded ``[B, T, ...]`` -> flat ``[N, ...]``."""
+    return torch.cat([padded[b, :int(n)] for b, n in enumerate(lengths)])
+
+
+def dense_from_edges(edge_index, edge_weight, edge_head, lengths, heads):
+    """``[B, H, T, T]`` with ``[b, h, i, j] = G_ij``, built edge by edge (no library code)."""
+    lengths = [int(n) for n in lengths]
+    starts = [sum(lengths[:b]) for b in range(len(lengths))]
+    out = torch.zeros(len(lengths), heads, max(lengths), max(lengths), dtype=edge_weight.dtype)
+    for (i, j), w, h in zip(edge_index.t().tolist(), edge_weight.tolist(), edge_head.tolist()):
+        b = max(k for k, s in enumerate(starts) if s <= j)
+        assert starts[b] <= i < starts[b] + lengths[b], "edge crosses sequences"
+        out[b, h, i - starts[b], j - starts[b]] += w
+    return out
+
+
+def dense_mixture(x, graphs, lengths, weights, gamma, kinds, layers, heads):
+    """``gamma * sum_c m_c (H C_c)`` with ``C = G^{l,h}`` (kind 'graph') or
+    ``G^{0,h} G^{1,h} ... G^{l,h}`` (kind 'hierarchical'), components ordered
+    (kind, layer, head); ``graphs`` is a list of dense ``[B, H, T, T]`` per layer,
+    ``weights`` ``[K]`` or ``[N, K]``."""
+    xp = pad(x, lengths)
+    comps = []
+    for kind in kinds:
+        for l in layers:
+            for h in range(heads):
+                if kind == "graph":
+                    a = graphs[l][:, h]
+                else:
+                    a = graphs[0][:, h]
+                    for k in range(1, l + 1):
+                        a = a @ graphs[k][:, h]
+                comps.append(unpad(a.transpose(-1, -2) @ xp, lengths))  # out_j = sum_i C_ij x_i
+    comps = torch.stack(comps)  # [K, N, C]
+    w = weights if weights.dim() == 2 else weights.expand(x.size(0), -1)
+    return gamma * torch.einsum("nk,knc->nc", w, comps)
