@@ -16,7 +16,7 @@ def _quickstart(args: argparse.Namespace) -> int:
     config = QuickstartConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed,
                               lr=args.lr, graph_lr_scale=args.graph_lr_scale,
                               graph_warmup_steps=args.graph_warmup_steps,
-                              accelerator=args.accelerator, output_dir=args.output_dir,
+                              accelerator=args.accelerator, output_dir=args.output_dir or None,
                               progress_bar=not args.no_progress)
     print(f"glomo quickstart: pretraining GLoMo for {config.steps} steps on a synthetic corpus "
           f"with planted long-range dependencies (seed {config.seed})", flush=True)
@@ -26,6 +26,10 @@ def _quickstart(args: argparse.Namespace) -> int:
     ratio = result.chosen_precision / baseline if baseline else float("inf")
     print(f"\nchosen graph vs best baseline: {result.chosen_precision:.3f} vs {baseline:.3f} "
           f"({ratio:.1f}x)")
+    if config.output_dir:
+        from glomo_pyg.training.quickstart import predictor_dir
+        print(f"\npretrained graph predictor saved to {predictor_dir(config.output_dir)}; load it "
+              "with PretrainedGraphPredictor.from_pretrained (see examples/transfer.py)")
     return 0
 
 
@@ -42,7 +46,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     q.add_argument("--graph-warmup-steps", type=int, default=150,
                    help="steps during which the graph predictor is frozen")
     q.add_argument("--accelerator", default="cpu", help="Lightning accelerator: cpu, gpu, auto")
-    q.add_argument("--output-dir", default=None, help="write CSV logs and quickstart.json here")
+    q.add_argument("--output-dir", default="runs/quickstart",
+                   help="write CSV logs, quickstart.json and the pretrained predictor "
+                        "(predictor/) here; '' writes nothing (default: runs/quickstart)")
     q.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
     q.add_argument("--no-progress", action="store_true", help="no progress bar")
     q.set_defaults(func=_quickstart)

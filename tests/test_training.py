@@ -3,8 +3,11 @@ import json
 
 import pytest
 import torch
+from torch_geometric.loader import DataLoader
 
+from glomo_pyg import PretrainedGraphPredictor
 from glomo_pyg.cli import main
+from glomo_pyg.data import PlantedDependencyCorpus
 from glomo_pyg.training import GlomoPretraining
 from glomo_pyg.training.quickstart import QuickstartConfig, run_quickstart
 
@@ -44,16 +47,27 @@ def test_quickstart_runs_lowers_the_loss_and_writes_its_results(tmp_path):
     saved = json.loads((tmp_path / "quickstart.json").read_text())
     assert saved["result"]["final_test_loss"] == pytest.approx(result.final_test_loss)
     assert saved["config"]["steps"] == 40
+    loaded = PretrainedGraphPredictor.from_pretrained(tmp_path / "predictor")
+    batch = next(iter(DataLoader(PlantedDependencyCorpus(8, seed=0, **config.corpus), batch_size=8)))
+    for got, want in zip(loaded(batch.x, batch.batch), result.model.graphs(batch.x, batch.batch)):
+        for l in range(got.num_layers):
+            assert torch.equal(got.edge_weight[l], want.edge_weight[l])
     text = result.format()
     assert "graph chosen on validation" in text and "baseline, uniform" in text
     assert 0.0 < result.recovery.uniform < 1.0
 
 
-def test_cli_quickstart(capsys):
+def test_cli_quickstart_saves_a_loadable_predictor(capsys, tmp_path):
     assert main(["quickstart", "--steps", "3", "--batch-size", "4", "--no-progress",
-                 "--graph-warmup-steps", "1"]) == 0
+                 "--graph-warmup-steps", "1", "--output-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "precision@1" in out and "chosen graph vs best baseline" in out
+    assert f"saved to {tmp_path / 'predictor'}" in out
+    predictor = PretrainedGraphPredictor.from_pretrained(tmp_path / "predictor")
+    assert predictor.directions == ("forward", "backward")
+    assert predictor.vocabulary[:2] == ["filler0", "filler1"] and "cue0" in predictor.vocabulary
+    graphs = predictor(predictor.encode(["filler0", "trigger0=1", "filler2", "cue0", "dep1"]))
+    assert graphs.forward.num_layers == 2
 
 
 def test_bad_settings_are_rejected():

@@ -26,6 +26,7 @@ the trigger: with GLoMo's objective (position ``t`` predicts
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import List
 
 import numpy as np
 import torch
@@ -53,6 +54,14 @@ class Vocabulary:
 
     def dependent(self, value: int) -> int:
         return self.num_filler + self.num_slots * self.num_values + self.num_slots + value
+
+    def tokens(self) -> List[str]:
+        """A readable string per token id (``filler3``, ``trigger1=2``, ``cue1``, ``dep2``),
+        e.g. node labels for :meth:`~glomo_pyg.LatentGraphs.to_networkx`."""
+        out = [f"filler{f}" for f in range(self.num_filler)]
+        out += [f"trigger{s}={v}" for s in range(self.num_slots) for v in range(self.num_values)]
+        out += [f"cue{s}" for s in range(self.num_slots)]
+        return out + [f"dep{v}" for v in range(self.num_values)]
 
 
 class PlantedDependencyCorpus(torch.utils.data.Dataset):

@@ -17,11 +17,18 @@ from torch_geometric.loader import DataLoader
 
 from glomo_pyg.data.synthetic import PlantedDependencyCorpus
 from glomo_pyg.evaluation import RecoveryReport, planted_source_recovery
+from glomo_pyg.io.pretrained import save_pretrained
 from glomo_pyg.nn.glomo import Glomo
+from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 from glomo_pyg.training.pretraining import GlomoPretraining
 
 # Validation and test items: disjoint index ranges of the training corpus's language.
 VALID_START, TEST_START = 10**7, 2 * 10**7
+
+
+def predictor_dir(output_dir: str) -> str:
+    """Where the quickstart saves its pretrained graph predictor."""
+    return os.path.join(output_dir, "predictor")
 
 
 @dataclass
@@ -43,7 +50,7 @@ class QuickstartConfig:
         hidden_channels=48, num_layers=2, heads=4, cnn_layers=2, num_positions=32,
         context_length=3))
     accelerator: str = "cpu"
-    output_dir: Optional[str] = None
+    output_dir: Optional[str] = None  # CSV logs, quickstart.json and the predictor (predictor/)
     progress_bar: bool = True
 
 
@@ -158,4 +165,6 @@ def run_quickstart(config: QuickstartConfig = QuickstartConfig()) -> QuickstartR
         os.makedirs(config.output_dir, exist_ok=True)
         with open(os.path.join(config.output_dir, "quickstart.json"), "w") as fh:
             json.dump(dict(config=asdict(config), result=result.to_dict()), fh, indent=2)
+        predictor = PretrainedGraphPredictor.from_glomo(module.model, train.vocab.tokens())
+        save_pretrained(predictor, predictor_dir(config.output_dir))
     return result
