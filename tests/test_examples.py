@@ -37,3 +37,28 @@ def test_transfer_example_trains_with_a_saved_predictor(tmp_path, monkeypatch, c
 def test_transfer_example_explains_a_missing_predictor(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="run `glomo quickstart` first"):
         run_example(monkeypatch, str(tmp_path / "absent"))
+
+
+def readme_blocks():
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    return [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
+
+
+def test_readme_code_blocks_run(tmp_path):
+    blocks = readme_blocks()
+    assert len(blocks) == 2
+    exec(compile(blocks[0], "README usage", "exec"), {})
+    c = QuickstartConfig().corpus
+    tokens = Vocabulary(c["num_filler"], c["num_slots"], c["num_values"]).tokens()
+    PretrainedGraphPredictor(
+        *(GraphPredictor(num_tokens=len(tokens), hidden_channels=16, num_layers=2, heads=2,
+                         direction=d, cnn_layers=1) for d in ("forward", "backward")),
+        tokens).save_pretrained(tmp_path)
+    transfer = blocks[1].replace("runs/quickstart/predictor", str(tmp_path))
+    env = {}
+    exec(compile(transfer, "README transfer", "exec"), env)
+    import torch
+    model = env["Classifier"](len(tokens))
+    x = torch.randint(0, len(tokens), (12,))
+    batch = torch.tensor([0] * 5 + [1] * 7)
+    assert model(x, batch).shape == (2, 2)
