@@ -369,3 +369,17 @@ def test_pretrained_predictor_from_glomo_and_checks():
     with pytest.raises(TypeError, match="decouple=False"):
         PretrainedGraphPredictor(FeaturePredictor(num_tokens=TOKENS, hidden_channels=16,
                                                   num_layers=2, heads=2))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_transfer_under_cpu_autocast_is_finite_and_close(setting, dtype):
+    predictor, x, batch, _, _ = setting
+    transfer = GlomoTransfer(predictor, in_channels=8, mixing="conditioned")
+    h = torch.randn(sum(LENGTHS), 8, requires_grad=True)
+    want = transfer(h, x, batch)
+    with torch.autocast("cpu", dtype=dtype):
+        got = transfer(h, x, batch)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.float(), want, atol=0.05, rtol=0.05)
+    got.float().sum().backward()
+    assert torch.isfinite(h.grad).all() and transfer.mixer.gamma.grad is not None

@@ -232,7 +232,12 @@ class _WeightedSpMM(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
         weight, x, row, col, row_ptr = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
+        with torch.autocast(x.device.type, enabled=False):
+            return _WeightedSpMM._backward(ctx, weight, x, row, col, row_ptr, grad_out)
+
+    @staticmethod
+    def _backward(ctx, weight, x, row, col, row_ptr, grad_out):
+        grad_out = grad_out.to(x.dtype).contiguous()
         grad_weight = grad_x = None
         if ctx.needs_input_grad[0]:
             # d out[r] / d w_e = x[col_e]: a sampled dense-dense product on the pattern.
@@ -262,7 +267,10 @@ def weighted_spmm(row: Tensor, col: Tensor, weight: Tensor, x: Tensor, num_rows:
         x = x.float()
     if row.numel() == 0:
         return x.new_zeros(num_rows, x.size(1), dtype=out_dtype)
-    return _WeightedSpMM.apply(weight, x, row, col, num_rows).to(out_dtype)
+    # Autocast would recast the sparse product's operands (to bf16 on CPU, where no
+    # sparse kernel exists for it): the product runs in the dtype of x, as given.
+    with torch.autocast(x.device.type, enabled=False):
+        return _WeightedSpMM.apply(weight, x, row, col, num_rows).to(out_dtype)
 
 
 def _is_compiling() -> bool:
