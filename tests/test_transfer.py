@@ -3,7 +3,7 @@ against dense references written from SPEC 4."""
 import pytest
 import torch
 from reference import (allowed_pairs, assert_same_values_and_grads, batch_vector,
-                       dense_from_edges, dense_mixture, pad)
+                       dense_from_edges, dense_mixture)
 
 from glomo_pyg import (DirectionalGraphs, GatedFusion, Glomo, GlomoTransfer, GraphMixer,
                        GraphPredictor, LatentGraphs, PretrainedGraphPredictor)
