@@ -26,6 +26,15 @@ class LatentGraphs:
     sort. Per (layer, head, target) the incoming weights sum to 1, or the
     target has no incoming edge. No edge touches padding or crosses sequences.
 
+    Two layouts hold the same graphs (:attr:`layout`): ``'sparse'``, the pruned
+    edge lists above, and ``'dense'`` (:meth:`from_dense`), one padded
+    ``[B, H, T, T]`` block per layer with ``[b, h, i, j] = G_ij``, which is
+    faster to aggregate over short sequences and dense graphs.
+    :meth:`to_sparse` / :meth:`to_dense_layout` convert; the layers of
+    glomo_pyg accept both and give the same results. Export and analysis
+    (``edge_index``, :meth:`layer`, :meth:`to_networkx`, ...) always see
+    sparse edges, converted on demand.
+
     Args:
         edge_index, edge_weight, edge_head: one tensor per layer.
         num_heads: heads per layer.
@@ -45,13 +54,89 @@ class LatentGraphs:
                 raise ValueError(f"layer {l}: expected edge_index [2, E], edge_weight [E], "
                                  f"edge_head [E]; got {tuple(ei.shape)}, {tuple(ew.shape)}, "
                                  f"{tuple(eh.shape)}")
-        self.edge_index = list(edge_index)
-        self.edge_weight = list(edge_weight)
-        self.edge_head = list(edge_head)
+        self._edges: Optional[List[LayerEdges]] = list(zip(edge_index, edge_weight, edge_head))
+        self._dense: Optional[List[Tensor]] = None
         self.num_heads = int(num_heads)
         self.direction = direction
         self.include_self = include_self
         self.sequences = SequenceBatch.from_ptr(ptr)
+
+    @classmethod
+    def from_dense(cls, dense: Union[Tensor, Sequence[Tensor]], *, direction: str, ptr: Tensor,
+                   include_self: bool = False) -> "LatentGraphs":
+        """Graphs in the dense layout: one ``[B, H, T, T]`` block per layer with
+        ``[b, h, i, j] = G_ij`` (``T`` the longest sequence), zero at padding and
+        at absent edges. ``dense`` is a list of blocks or an ``[L, B, H, T, T]``
+        tensor."""
+        blocks = list(dense.unbind(0)) if isinstance(dense, Tensor) else list(dense)
+        if not blocks:
+            raise ValueError("dense graphs need at least one layer")
+        seqs = SequenceBatch.from_ptr(ptr)
+        shape = blocks[0].shape
+        for l, block in enumerate(blocks):
+            if not isinstance(block, Tensor) or not block.dtype.is_floating_point or \
+                    block.dim() != 4 or block.shape != shape or \
+                    block.shape[0] != seqs.num_sequences or \
+                    block.shape[2:] != (seqs.max_len, seqs.max_len):
+                raise ValueError(f"layer {l}: dense graphs must be float [B, H, T, T] with B = "
+                                 f"{seqs.num_sequences}, T = {seqs.max_len}, the same for every "
+                                 f"layer; got {tuple(getattr(block, 'shape', ()))}")
+        graphs = cls([], [], [], num_heads=shape[1], direction=direction, ptr=ptr,
+                     include_self=include_self)
+        graphs._edges, graphs._dense = None, blocks
+        return graphs
+
+    # --- storage ------------------------------------------------------------------
+    @property
+    def layout(self) -> str:
+        """``'sparse'`` (pruned edge lists) or ``'dense'`` (per-sequence blocks)."""
+        return "dense" if self._dense is not None else "sparse"
+
+    def _sparse_edges(self) -> List[LayerEdges]:
+        if self._edges is None:  # dense layout: converted once, on demand (export, analysis)
+            self._edges = [self._block_to_edges(block) for block in self._dense]
+        return self._edges
+
+    def _block_to_edges(self, block: Tensor) -> LayerEdges:
+        # (h, b, j, i) order = (head, flat target, source) order, as emitted graphs are sorted
+        h, b, j, i = (block.transpose(-1, -2).transpose(0, 1) != 0).nonzero(as_tuple=True)
+        offset = self.ptr[b]
+        return torch.stack([offset + i, offset + j]), block[b, h, i, j], h
+
+    @property
+    def edge_index(self) -> List[Tensor]:
+        return [e[0] for e in self._sparse_edges()]
+
+    @property
+    def edge_weight(self) -> List[Tensor]:
+        return [e[1] for e in self._sparse_edges()]
+
+    @property
+    def edge_head(self) -> List[Tensor]:
+        return [e[2] for e in self._sparse_edges()]
+
+    def dense_layer(self, l: int) -> Tensor:
+        """``[B, H, T, T]`` block of layer ``l`` (``[b, h, i, j] = G_ij``), converted
+        from the edges in the sparse layout (differentiable either way)."""
+        if self._dense is not None:
+            return self._dense[l]
+        return self.to_dense(layer=l)
+
+    def to_sparse(self) -> "LatentGraphs":
+        """The same graphs in the sparse layout (``self`` if already sparse)."""
+        if self.layout == "sparse":
+            return self
+        return LatentGraphs(self.edge_index, self.edge_weight, self.edge_head,
+                            num_heads=self.num_heads, direction=self.direction, ptr=self.ptr,
+                            include_self=self.include_self)
+
+    def to_dense_layout(self) -> "LatentGraphs":
+        """The same graphs in the dense layout (``self`` if already dense)."""
+        if self.layout == "dense":
+            return self
+        return LatentGraphs.from_dense([self.dense_layer(l) for l in range(self.num_layers)],
+                                       direction=self.direction, ptr=self.ptr,
+                                       include_self=self.include_self)
 
     @classmethod
     def uniform(cls, ptr: Tensor, *, num_layers: int, num_heads: int, direction: str,
@@ -97,7 +182,7 @@ class LatentGraphs:
 
     @property
     def num_layers(self) -> int:
-        return len(self.edge_index)
+        return len(self._dense) if self._dense is not None else len(self._edges)
 
     @property
     def num_nodes(self) -> int:
@@ -109,6 +194,8 @@ class LatentGraphs:
 
     @property
     def num_edges(self) -> List[int]:
+        if self._dense is not None and self._edges is None:
+            return [int(torch.count_nonzero(block)) for block in self._dense]
         return [ei.size(1) for ei in self.edge_index]
 
     @property
@@ -116,8 +203,9 @@ class LatentGraphs:
         return self.ptr.device
 
     def layer(self, l: int) -> LayerEdges:
-        """``(edge_index, edge_weight, edge_head)`` of graph layer ``l``."""
-        return self.edge_index[l], self.edge_weight[l], self.edge_head[l]
+        """``(edge_index, edge_weight, edge_head)`` of graph layer ``l`` (converted from
+        the dense blocks in the dense layout)."""
+        return self._sparse_edges()[l]
 
     def __iter__(self) -> Iterator[LayerEdges]:
         return (self.layer(l) for l in range(self.num_layers))
@@ -131,6 +219,9 @@ class LatentGraphs:
 
     # --- conversion ---------------------------------------------------------------
     def _map(self, fn) -> "LatentGraphs":
+        if self._dense is not None:
+            return LatentGraphs.from_dense([fn(t) for t in self._dense], direction=self.direction,
+                                           ptr=fn(self.ptr), include_self=self.include_self)
         return LatentGraphs([fn(t) for t in self.edge_index], [fn(t) for t in self.edge_weight],
                             [fn(t) for t in self.edge_head], num_heads=self.num_heads,
                             direction=self.direction, ptr=fn(self.ptr), include_self=self.include_self)
@@ -148,6 +239,9 @@ class LatentGraphs:
         weights. With ``layer`` given, returns that layer's ``[B, H, T, T]``.
         """
         layers = range(self.num_layers) if layer is None else [layer]
+        if self._dense is not None:
+            out = [self._dense[l] for l in layers]
+            return out[0] if layer is not None else torch.stack(out)
         b_, t_ = self.num_sequences, self.sequences.max_len
         out = []
         for l in layers:
@@ -221,5 +315,5 @@ class LatentGraphs:
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}(layers={self.num_layers}, heads={self.num_heads}, "
-                f"direction='{self.direction}', sequences={self.num_sequences}, "
-                f"nodes={self.num_nodes}, edges={self.num_edges})")
+                f"direction='{self.direction}', layout='{self.layout}', "
+                f"sequences={self.num_sequences}, nodes={self.num_nodes}, edges={self.num_edges})")

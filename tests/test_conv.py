@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from glomo_pyg import GlomoConv, GraphPredictor
+from glomo_pyg import GlomoConv, GraphPredictor, LatentGraphs
 from reference import assert_same_values_and_grads, dense_aggregate, pad
 
 LENGTHS = [6, 1, 9, 4]
@@ -32,7 +32,9 @@ def test_matches_dense_per_head_values_and_gradients(fused, heads):
     for layer in range(graphs.num_layers):
         ei, w, h = graphs.layer(layer)
         w = w.detach().requires_grad_()
-        graphs.edge_weight[layer] = w
+        weights = [w if l == layer else graphs.edge_weight[l] for l in range(graphs.num_layers)]
+        graphs = LatentGraphs(graphs.edge_index, weights, graphs.edge_head, num_heads=heads,
+                              direction=graphs.direction, ptr=graphs.ptr)
         out = conv(x, ei, w, h)
         ref = _dense_reference(x, graphs, layer, heads)
         assert_same_values_and_grads(out, ref, (x, w))

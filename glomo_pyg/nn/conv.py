@@ -8,7 +8,9 @@ from torch import Tensor
 from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.utils import is_torch_sparse_tensor
 
-from glomo_pyg.nn.functional import _is_compiling, head_blocked_edges, head_propagate, weighted_spmm
+from glomo_pyg.nn.functional import (_is_compiling, dense_head_propagate, head_blocked_edges,
+                                     head_propagate, weighted_spmm)
+from glomo_pyg.sequences import sequence_batch
 
 UPDATES = (None, "gru", "residual")
 
@@ -57,6 +59,8 @@ class GlomoConv(MessagePassing):
           :math:`(|\mathcal{V}|, |\mathcal{V}|)` (shared by all heads) or
           :math:`(H, |\mathcal{V}|, |\mathcal{V}|)`, indexed ``[head, target, source]``
           as PyG's transposed sparse adjacencies are,
+          *or* dense per-sequence blocks :math:`(B, H, T, T)` / :math:`(B, T, T)`
+          (``[b, h, i, j] = G_ij``, the dense layout) together with ``batch``,
           edge weights :math:`(|\mathcal{E}|)` (default all ones),
           edge heads :math:`(|\mathcal{E}|)` (default: every edge feeds every head)
         - **output:** node features :math:`(|\mathcal{V}|, C)`
@@ -86,8 +90,14 @@ class GlomoConv(MessagePassing):
             self.lin.reset_parameters()
 
     def forward(self, x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor] = None,
-                edge_head: Optional[Tensor] = None) -> Tensor:
+                edge_head: Optional[Tensor] = None, batch: Optional[Tensor] = None) -> Tensor:
         num_nodes = x.size(0) if isinstance(x, Tensor) and x.dim() else 0
+        if isinstance(edge_index, Tensor) and edge_index.is_floating_point() and \
+                edge_index.dim() in (3, 4) and not is_torch_sparse_tensor(edge_index):
+            if edge_weight is not None or edge_head is not None:
+                raise ValueError("with dense graph blocks, weights and heads come from the "
+                                 "tensor itself; do not pass edge_weight or edge_head")
+            return self._update(x, self._aggregate_dense(x, edge_index, batch))
         if isinstance(edge_index, Tensor) and is_torch_sparse_tensor(edge_index):
             if edge_weight is not None or edge_head is not None:
                 raise ValueError("with a torch.sparse adjacency, weights and heads come from the "
@@ -97,7 +107,9 @@ class GlomoConv(MessagePassing):
             self._check(x, edge_index, edge_weight, edge_head)
         if edge_weight is None:
             edge_weight = x.new_ones(edge_index.size(1))
-        c = self._aggregate(x, edge_index, edge_weight, edge_head)
+        return self._update(x, self._aggregate(x, edge_index, edge_weight, edge_head))
+
+    def _update(self, x: Tensor, c: Tensor) -> Tensor:
         if self.gru is not None:
             return self.gru(torch.cat([c * x, c], dim=-1), x)
         if self.lin is not None:
@@ -121,6 +133,25 @@ class GlomoConv(MessagePassing):
             out = self.propagate(torch.stack([cols, rows]), x=xb.reshape(heads * n, -1),
                                  edge_weight=weight, size=(heads * n, heads * n))
         return out.view(heads, n, -1).transpose(0, 1).reshape(n, -1)
+
+    def _aggregate_dense(self, x: Tensor, adj: Tensor, batch: Optional[Tensor]) -> Tensor:
+        """Dense layout: per-sequence blocks ``[B, H, T, T]`` (or ``[B, T, T]``, one graph
+        for all channels) with ``[b, h, i, j] = G_ij``; batched matmuls."""
+        if not isinstance(x, Tensor) or not x.dtype.is_floating_point or x.dim() != 2 or \
+                x.size(1) != self.channels:
+            raise ValueError(f"x must be a floating-point tensor [N, {self.channels}], got "
+                             f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
+        seqs = sequence_batch(x.size(0), batch, x.device)
+        block = adj.unsqueeze(1) if adj.dim() == 3 else adj
+        heads = 1 if adj.dim() == 3 else self.heads
+        want = (seqs.num_sequences, heads, seqs.max_len, seqs.max_len)
+        if block.dim() != 4 or tuple(block.shape) != want:
+            raise ValueError(f"dense graph blocks must have shape [B, H, T, T] = {list(want)} "
+                             f"(or [B, T, T]) for this batch, got {tuple(adj.shape)}")
+        n = x.size(0)
+        xb = x.view(n, heads, -1).transpose(0, 1)
+        out = dense_head_propagate(xb, block, seqs.ptr, seqs.position, seqs.batch)
+        return out.transpose(0, 1).reshape(n, -1)
 
     def message(self, x_j: Tensor, edge_weight: Tensor) -> Tensor:
         return edge_weight.view(-1, 1).to(x_j.dtype) * x_j

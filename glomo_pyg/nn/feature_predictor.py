@@ -10,6 +10,7 @@ from glomo_pyg.graphs import LatentGraphs
 from glomo_pyg.nn.conv import GlomoConv
 from glomo_pyg.nn.encoder import UnitEncoder
 from glomo_pyg.nn.graph_predictor import GraphScorer, resolve_head_channels
+from glomo_pyg.nn.layout import LAYOUTS
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
 
@@ -35,6 +36,9 @@ class FeaturePredictor(torch.nn.Module):
         update (str): ``'gru'`` or ``'residual'`` (see :class:`GlomoConv`).
         decouple (bool): graphs come from a separate predictor (the paper).
             ``False`` makes this module score its own graphs.
+        layout (str): graph layout the ``decouple=False`` scorer emits
+            (``'sparse'``, ``'dense'`` or ``'auto'``, see :class:`GraphPredictor`);
+            given graphs are used in whichever layout they come.
         scorer_kwargs: options of the internal :class:`GraphScorer` when
             ``decouple=False`` (``direction``, ``sparse``, ``bias``, ...).
 
@@ -47,14 +51,18 @@ class FeaturePredictor(torch.nn.Module):
     def __init__(self, num_tokens: Optional[int] = None, in_channels: Optional[int] = None,
                  hidden_channels: int = 512, num_layers: int = 3, heads: int = 8,
                  update: str = "gru", decouple: bool = True, padding_idx: Optional[int] = None,
-                 dropout: float = 0.0, **scorer_kwargs):
+                 dropout: float = 0.0, layout: str = "sparse", **scorer_kwargs):
         super().__init__()
         if update not in ("gru", "residual"):
             raise ValueError(f"update must be 'gru' or 'residual', got {update!r}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        self.layout = layout
         self.init_kwargs = dict(num_tokens=num_tokens, in_channels=in_channels,
                                 hidden_channels=hidden_channels, num_layers=num_layers,
                                 heads=heads, update=update, decouple=decouple,
-                                padding_idx=padding_idx, dropout=dropout, **scorer_kwargs)
+                                padding_idx=padding_idx, dropout=dropout, layout=layout,
+                                **scorer_kwargs)
         self.hidden_channels, self.num_layers, self.heads = hidden_channels, num_layers, heads
         self.encoder = UnitEncoder(hidden_channels, num_tokens, in_channels, padding_idx)
         self.convs = torch.nn.ModuleList(GlomoConv(hidden_channels, heads, update=update)
@@ -100,18 +108,25 @@ class FeaturePredictor(torch.nn.Module):
         f = torch.nn.functional.dropout(self.encoder(x), self.dropout, self.training)
         emitted = []
         for l, conv in enumerate(self.convs):
-            if self.scorer is not None:
+            if self.scorer is not None:  # graph layer l scored from F^{l-1}
                 padded = sequences.to_padded(f)
-                emitted.append(self.scorer(l, padded, padded, sequences))
-                edge_index, edge_weight, edge_head = emitted[-1]
+                emitted.append(self.scorer.emit(padded, padded, sequences, self.layout, [l]))
+                layer, index = emitted[-1], 0
             else:
-                edge_index, edge_weight, edge_head = graphs.layer(l)
-            f = conv(f, edge_index, edge_weight, edge_head)
+                layer, index = graphs, l
+            if layer.layout == "dense":
+                f = conv(f, layer.dense_layer(index), batch=sequences.batch)
+            else:
+                f = conv(f, *layer.layer(index))
             f = torch.nn.functional.dropout(f, self.dropout, self.training)
         if self.scorer is not None:
-            graphs = LatentGraphs(*map(list, zip(*emitted)), num_heads=self.heads,
-                                  direction=self.scorer.direction, ptr=sequences.ptr,
-                                  include_self=self.scorer.include_self)
+            meta = dict(direction=self.scorer.direction, ptr=sequences.ptr,
+                        include_self=self.scorer.include_self)
+            if all(g.layout == "dense" for g in emitted):
+                graphs = LatentGraphs.from_dense([g.dense_layer(0) for g in emitted], **meta)
+            else:
+                graphs = LatentGraphs(*map(list, zip(*(g.layer(0) for g in emitted))),
+                                      num_heads=self.heads, **meta)
         return f, graphs
 
     def __repr__(self) -> str:

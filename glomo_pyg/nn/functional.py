@@ -215,6 +215,48 @@ def latent_graph_edges(key: Tensor, query: Tensor, lengths: Tensor, ptr: Tensor,
                                    normalization, block_size)
 
 
+def latent_graph_dense(key: Tensor, query: Tensor, lengths: Tensor, *,
+                       direction: str = "forward", include_self: bool = False,
+                       normalization: str = "relu2") -> Tensor:
+    r"""The graphs of :func:`latent_graph_edges` as dense per-sequence blocks.
+
+    Same arithmetic (fp32, relative to each target's largest score), but the
+    result is ``[B, H, T, T]`` with ``[b, h, i, j] = G_ij`` (zero at padding,
+    at disallowed and at pruned pairs) and gradients come from plain autograd,
+    which keeps ``O(B H T^2)`` intermediates: the dense layout, for short
+    sequences and dense graphs.
+    """
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+    if key.dim() != 4 or key.shape != query.shape:
+        raise ValueError(f"key and query must both be [B, H, T, D], got {tuple(key.shape)} "
+                         f"and {tuple(query.shape)}")
+    dtype = torch.promote_types(key.dtype, torch.float32)
+    t = key.size(2)
+    with torch.autocast(key.device.type, enabled=False):
+        scores = query.to(dtype) @ key.to(dtype).transpose(-1, -2)  # [B, H, T(j), T(i)]
+        allowed = _allowed(0, t, 0, t, lengths, direction, include_self).unsqueeze(1)
+        g, _ = _normalise(scores, allowed, normalization)
+    return g.transpose(-1, -2)
+
+
+def dense_head_propagate(x: Tensor, adj: Tensor, ptr: Tensor, position: Tensor,
+                         batch: Tensor) -> Tensor:
+    r""":func:`head_propagate` over dense per-sequence blocks ``adj`` ``[B, H, T, T]``
+    (``[b, h, i, j] = G_ij``): ``x`` is ``[N, C]`` (shared by all heads) or
+    ``[H, N, C]``; returns ``[H, N, C]``. Batched matmuls over padded blocks."""
+    b_, h_, t_, _ = adj.shape
+    shared = x.dim() == 2
+    xs = x.unsqueeze(0) if shared else x
+    padded = xs.new_zeros(xs.size(0), b_, t_, xs.size(-1))
+    padded[:, batch, position] = xs  # [H or 1, B, T, C]
+    a = adj.transpose(-1, -2).to(x.dtype)  # [B, H, T(j), T(i)]
+    out = a.transpose(0, 1) @ padded  # [H, B, T, C]
+    return out[:, batch, position]
+
+
 def _csr(row_ptr: Tensor, col: Tensor, value: Tensor, size: Tuple[int, int]) -> Tensor:
     return torch.sparse_csr_tensor(row_ptr, col, value, size, check_invariants=False)
 

@@ -57,6 +57,8 @@ class Glomo(torch.nn.Module):
             sampled per sequence and step while training.
         update (str): feature update ``'gru'`` or ``'residual'``.
         bidirectional (bool): train the backward network too.
+        layout (str): graph layout, ``'sparse'``, ``'dense'`` or ``'auto'``
+            (see :class:`GraphPredictor`); same results, different speed.
         Others as in :class:`GraphPredictor` and :class:`ContextDecoder`.
 
     Shapes:
@@ -71,7 +73,7 @@ class Glomo(torch.nn.Module):
                  bias: str = "scalar", include_self: bool = False, sparse: bool = True,
                  decouple: bool = True, objective: str = "unit", bidirectional: bool = True,
                  dropout: float = 0.0, padding_idx: Optional[int] = None,
-                 block_size: int = 1 << 22):
+                 block_size: int = 1 << 22, layout: str = "sparse"):
         super().__init__()
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
@@ -92,7 +94,7 @@ class Glomo(torch.nn.Module):
                 self.graph_predictors[_KEY[d]] = GraphPredictor(
                     num_tokens=num_tokens, hidden_channels=hidden_channels, direction=d,
                     cnn_layers=cnn_layers, kernel_size=kernel_size, norm=norm,
-                    padding_idx=padding_idx, dropout=dropout, **graph_kwargs)
+                    padding_idx=padding_idx, dropout=dropout, layout=layout, **graph_kwargs)
                 scorer_kwargs = {}
             else:
                 scorer_kwargs = dict(graph_kwargs, direction=d)
@@ -101,7 +103,7 @@ class Glomo(torch.nn.Module):
             self.feature_predictors[_KEY[d]] = FeaturePredictor(
                 num_tokens=num_tokens, hidden_channels=hidden_channels, num_layers=num_layers,
                 heads=heads, update=update, decouple=decouple, padding_idx=padding_idx,
-                dropout=dropout, **scorer_kwargs)
+                dropout=dropout, layout=layout, **scorer_kwargs)
             self.decoders[_KEY[d]] = ContextDecoder(
                 self.feature_predictors[_KEY[d]].embedding, hidden_channels, context_length,
                 decoder_layers, dropout)

@@ -9,7 +9,8 @@ from torch import Tensor
 from glomo_pyg.graphs import LatentGraphs
 from glomo_pyg.nn.cnn import CausalCNN
 from glomo_pyg.nn.encoder import UnitEncoder
-from glomo_pyg.nn.functional import DIRECTIONS, latent_graph_edges
+from glomo_pyg.nn.functional import DIRECTIONS, latent_graph_dense, latent_graph_edges
+from glomo_pyg.nn.layout import LAYOUTS, choose_layout, dense_fits
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
 BIASES = ("scalar", "threshold")
@@ -92,6 +93,33 @@ class GraphScorer(torch.nn.Module):
         return (torch.cat([k - thr.weight.view(-1), ones], -1),
                 torch.cat([q, (-thr.bias).expand_as(ones)], -1))
 
+    def dense(self, layer: int, key_states: Tensor, query_states: Tensor,
+              sequences: SequenceBatch) -> Tensor:
+        """Graph layer ``layer`` as dense ``[B, H, T, T]`` blocks (the dense layout)."""
+        k, q = self.augmented(layer, key_states, query_states)
+        return latent_graph_dense(k, q, sequences.lengths, direction=self.direction,
+                                  include_self=self.include_self,
+                                  normalization="relu2" if self.sparse else "softmax")
+
+    def emit(self, key_states: Tensor, query_states: Tensor, sequences: SequenceBatch,
+             layout: str = "sparse", layers=None) -> LatentGraphs:
+        """All (or the given) graph layers as :class:`LatentGraphs` in ``layout``
+        (``'auto'``: dense blocks when they fit and are dense enough, see
+        :mod:`glomo_pyg.nn.layout`)."""
+        layers = range(self.num_layers) if layers is None else layers
+        b, t = sequences.num_sequences, sequences.max_len
+        meta = dict(direction=self.direction, ptr=sequences.ptr, include_self=self.include_self)
+        if layout == "sparse" or (layout == "auto" and not dense_fits(b, self.heads, t)):
+            edges = [self(l, key_states, query_states, sequences) for l in layers]
+            return LatentGraphs(*map(list, zip(*edges)), num_heads=self.heads, **meta)
+        graphs = LatentGraphs.from_dense([self.dense(l, key_states, query_states, sequences)
+                                          for l in layers], **meta)
+        if layout == "auto":
+            density = sum(graphs.density()) / graphs.num_layers
+            if choose_layout(b, self.heads, t, density) == "sparse":
+                graphs = graphs.to_sparse()
+        return graphs
+
     def forward(self, layer: int, key_states: Tensor, query_states: Tensor,
                 sequences: SequenceBatch) -> Tuple[Tensor, Tensor, Tensor]:
         """Edges ``(edge_index, edge_weight, edge_head)`` of graph layer ``layer``
@@ -140,6 +168,11 @@ class GraphPredictor(torch.nn.Module):
         padding_idx (int, optional): embedding padding index.
         dropout (float): dropout after each convolution. (default: :obj:`0.`)
         block_size (int): maximum dense scores held per head while emitting.
+        layout (str): ``'sparse'`` (pruned edges), ``'dense'`` (per-sequence
+            ``[B, H, T, T]`` blocks) or ``'auto'`` (dense when the blocks fit
+            and the graphs are denser than the measured crossover, see
+            :mod:`glomo_pyg.nn.layout`). Same graphs, same results.
+            (default: :obj:`'sparse'`)
 
     Shapes:
         - **input:** token ids :math:`(N)` or features :math:`(N, F_{in})`,
@@ -154,10 +187,13 @@ class GraphPredictor(torch.nn.Module):
                  include_self: bool = False, sparse: bool = True, cnn_layers: int = 4,
                  kernel_size: int = 3, norm: Optional[str] = "layer", bias: str = "scalar",
                  padding_idx: Optional[int] = None, dropout: float = 0.0,
-                 block_size: int = 1 << 22):
+                 block_size: int = 1 << 22, layout: str = "sparse"):
         super().__init__()
         if direction not in DIRECTIONS:
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        self.layout = layout
         head_channels = resolve_head_channels(hidden_channels, heads, head_channels)
         # Constructor arguments, enough to rebuild this module (saved with its weights).
         self.init_kwargs = dict(
@@ -165,7 +201,7 @@ class GraphPredictor(torch.nn.Module):
             num_layers=num_layers, heads=heads, head_channels=head_channels, direction=direction,
             include_self=include_self, sparse=sparse, cnn_layers=cnn_layers,
             kernel_size=kernel_size, norm=norm, bias=bias, padding_idx=padding_idx,
-            dropout=dropout, block_size=block_size)
+            dropout=dropout, block_size=block_size, layout=layout)
         self.hidden_channels, self.direction = hidden_channels, direction
         self.encoder = UnitEncoder(hidden_channels, num_tokens, in_channels, padding_idx)
         cnn = dict(num_layers=cnn_layers, kernel_size=kernel_size, direction=direction, norm=norm,
@@ -207,10 +243,7 @@ class GraphPredictor(torch.nn.Module):
         h = sequences.to_padded(self.encoder(x))
         mask = sequences.mask
         keys, queries = self.key_cnn(h, mask), self.query_cnn(h, mask)
-        edges = [self.scorer(l, keys, queries, sequences) for l in range(self.num_layers)]
-        return LatentGraphs(*map(list, zip(*edges)), num_heads=self.heads,
-                            direction=self.direction, ptr=sequences.ptr,
-                            include_self=self.scorer.include_self)
+        return self.scorer.emit(keys, queries, sequences, self.layout)
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.encoder!r}, hidden_channels="

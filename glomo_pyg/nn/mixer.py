@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from glomo_pyg.graphs import LatentGraphs
-from glomo_pyg.nn.functional import DIRECTIONS, head_propagate
+from glomo_pyg.nn.functional import DIRECTIONS, dense_head_propagate, head_propagate
 from glomo_pyg.sequences import check_features
 
 MIXINGS = ("free", "conditioned")
@@ -45,7 +45,8 @@ class GraphMixer(torch.nn.Module):
     computed by chained propagation, :math:`P^1 = HG^1`,
     :math:`P^l = P^{l-1} G^l`, with :func:`~glomo_pyg.nn.functional.head_propagate`
     (the aggregation of :class:`GlomoConv`), never by multiplying or
-    densifying graphs. All heads of a layer run as one sparse product.
+    densifying graphs. All heads of a layer run as one sparse product (or,
+    for graphs in the dense layout, one batched matmul over the blocks).
 
     Args:
         in_channels (int): width :math:`d` of the features :math:`H`.
@@ -141,14 +142,12 @@ class GraphMixer(torch.nn.Module):
             selected = l in self.layers
             if not selected and not use_chain:
                 continue
-            edge_index, edge_weight, edge_head = graphs.layer(l)
-            edge_weight = edge_weight.to(x.dtype)
+            propagate = self._propagator(graphs, l, x.dtype)
             direct = None  # [H, N, C]: H G^{l,h} for every head
             if use_graph and selected or use_chain and l == 0:
-                direct = head_propagate(x, edge_index, edge_weight, edge_head, self.heads)
+                direct = propagate(x)
             if use_chain:  # P^l = P^{l-1} G^l, per head
-                chain = direct if l == 0 else head_propagate(chain, edge_index, edge_weight,
-                                                             edge_head, self.heads)
+                chain = direct if l == 0 else propagate(chain)
             if selected:
                 i = self.layers.index(l)
                 if use_graph:
@@ -156,6 +155,15 @@ class GraphMixer(torch.nn.Module):
                 if use_chain:
                     out = out + torch.einsum(spec, w[..., len(self.kinds) - 1, i, :], chain)
         return out
+
+    def _propagator(self, graphs: LatentGraphs, l: int, dtype: torch.dtype):
+        """``x [N, C] or [H, N, C] -> [H, N, C]`` along layer ``l``, in the graphs' layout."""
+        if graphs.layout == "dense":
+            block, seqs = graphs.dense_layer(l), graphs.sequences
+            return lambda x: dense_head_propagate(x, block, seqs.ptr, seqs.position, seqs.batch)
+        edge_index, edge_weight, edge_head = graphs.layer(l)
+        edge_weight = edge_weight.to(dtype)
+        return lambda x: head_propagate(x, edge_index, edge_weight, edge_head, self.heads)
 
     def _check_graphs(self, x: Tensor, graphs: GraphsArg) -> List[LatentGraphs]:
         if isinstance(graphs, LatentGraphs):
