@@ -7,11 +7,16 @@ LAYOUTS = ("sparse", "dense", "auto")
 # above this many, 'auto' always emits sparse edges.
 DENSE_MAX_WEIGHTS = 1 << 26
 
-# Density (edges / allowed pairs) above which dense blocks aggregate faster than sparse
-# edges, by longest sequence length: measured crossovers from
-# benchmarks/results/speed.md (CPU quick mode, forward + backward, width 512, 8 heads).
-# Lengths between table rows use the next longer row; beyond the last, the last row.
-CROSSOVER = ((64, 0.0), (128, 0.0), (256, 0.0), (512, 0.0))
+# Density (edges / allowed pairs) from which on dense blocks aggregate at least as fast
+# as sparse edges, by longest sequence length: the crossovers measured by
+# `python -m benchmarks.speed --quick` (2026-11-22, 2-core Intel Xeon CPU, forward +
+# backward, B=4, 8 heads, width 512; run 1 in benchmarks/results/speed.md; with it,
+# 'auto' stays within 1.04x and 1.14x of the better layout on runs 1 and 2). Lengths
+# between rows use the next longer row. Beyond 512 the last row is used: at a fixed
+# density both layouts cost O(T^2) per sequence, so the crossover density is expected to
+# stay put, but that is not measured yet. No GPU table has been measured; GPUs use this
+# CPU table until one is.
+CROSSOVER = ((64, 0.05), (128, 0.25), (256, 0.25), (512, 0.25))
 
 
 def crossover_density(max_len: int) -> float:
