@@ -261,38 +261,65 @@ def _csr(row_ptr: Tensor, col: Tensor, value: Tensor, size: Tuple[int, int]) -> 
     return torch.sparse_csr_tensor(row_ptr, col, value, size, check_invariants=False)
 
 
-class _WeightedSpMM(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, weight: Tensor, x: Tensor, row: Tensor, col: Tensor, num_rows: int):
+# The sparse product is a registered custom operator (opaque to torch.compile, which
+# cannot trace sparse-tensor construction), with its backward as a second operator.
+@torch.library.custom_op("glomo_pyg::weighted_spmm", mutates_args=())
+def _spmm_op(row: Tensor, col: Tensor, weight: Tensor, x: Tensor, num_rows: int) -> Tensor:
+    row_ptr = torch._convert_indices_from_coo_to_csr(row, num_rows)
+    with torch.autocast(x.device.type, enabled=False):  # the dtype of x, as given
+        return _csr(row_ptr, col, weight.to(x.dtype), (num_rows, x.size(0))) @ x
+
+
+@_spmm_op.register_fake
+def _(row, col, weight, x, num_rows):
+    return x.new_empty(num_rows, x.size(1))
+
+
+@torch.library.custom_op("glomo_pyg::weighted_spmm_backward", mutates_args=())
+def _spmm_backward_op(grad_out: Tensor, row: Tensor, col: Tensor, weight: Tensor, x: Tensor,
+                      num_rows: int, need_weight: bool, need_x: bool) -> Tuple[Tensor, Tensor]:
+    with torch.autocast(x.device.type, enabled=False):  # backward may run inside autocast
+        return _spmm_backward_impl(grad_out, row, col, weight, x, num_rows, need_weight, need_x)
+
+
+def _spmm_backward_impl(grad_out, row, col, weight, x, num_rows, need_weight, need_x):
+    grad_out = grad_out.to(x.dtype).contiguous()
+    grad_weight, grad_x = torch.zeros_like(weight), torch.zeros_like(x)
+    if need_weight:
+        # d out[r] / d w_e = x[col_e]: a sampled dense-dense product on the pattern.
         row_ptr = torch._convert_indices_from_coo_to_csr(row, num_rows)
-        out = _csr(row_ptr, col, weight.to(x.dtype), (num_rows, x.size(0))) @ x
-        ctx.save_for_backward(weight, x, row, col, row_ptr)
-        ctx.num_rows = num_rows
-        return out
+        pattern = _csr(row_ptr, col, torch.zeros_like(weight, dtype=x.dtype),
+                       (num_rows, x.size(0)))
+        grad_weight = torch.sparse.sampled_addmm(pattern, grad_out, x.t().contiguous(),
+                                                 beta=0.0).values().to(weight.dtype)
+    if need_x:
+        perm = torch.argsort(col, stable=True)
+        col_ptr = torch._convert_indices_from_coo_to_csr(col[perm], x.size(0))
+        transposed = _csr(col_ptr, row[perm], weight[perm].to(x.dtype), (x.size(0), num_rows))
+        grad_x = transposed @ grad_out
+    return grad_weight, grad_x
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out: Tensor):
-        weight, x, row, col, row_ptr = ctx.saved_tensors
-        with torch.autocast(x.device.type, enabled=False):
-            return _WeightedSpMM._backward(ctx, weight, x, row, col, row_ptr, grad_out)
 
-    @staticmethod
-    def _backward(ctx, weight, x, row, col, row_ptr, grad_out):
-        grad_out = grad_out.to(x.dtype).contiguous()
-        grad_weight = grad_x = None
-        if ctx.needs_input_grad[0]:
-            # d out[r] / d w_e = x[col_e]: a sampled dense-dense product on the pattern.
-            pattern = _csr(row_ptr, col, torch.zeros_like(weight, dtype=x.dtype),
-                           (ctx.num_rows, x.size(0)))
-            grad_weight = torch.sparse.sampled_addmm(pattern, grad_out, x.t().contiguous(),
-                                                     beta=0.0).values().to(weight.dtype)
-        if ctx.needs_input_grad[1]:
-            perm = torch.argsort(col, stable=True)
-            col_ptr = torch._convert_indices_from_coo_to_csr(col[perm], x.size(0))
-            transposed = _csr(col_ptr, row[perm], weight[perm].to(x.dtype), (x.size(0), ctx.num_rows))
-            grad_x = transposed @ grad_out
-        return grad_weight, grad_x, None, None, None
+@_spmm_backward_op.register_fake
+def _(grad_out, row, col, weight, x, num_rows, need_weight, need_x):
+    return torch.empty_like(weight), torch.empty_like(x)
+
+
+def _spmm_setup_context(ctx, inputs, output):
+    row, col, weight, x, num_rows = inputs
+    ctx.save_for_backward(row, col, weight, x)
+    ctx.num_rows = num_rows
+
+
+def _spmm_backward(ctx, grad_out):
+    row, col, weight, x = ctx.saved_tensors
+    need_weight, need_x = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+    grad_weight, grad_x = _spmm_backward_op(grad_out, row, col, weight, x, ctx.num_rows,
+                                            need_weight, need_x)
+    return (None, None, grad_weight if need_weight else None, grad_x if need_x else None, None)
+
+
+_spmm_op.register_autograd(_spmm_backward, setup_context=_spmm_setup_context)
 
 
 def weighted_spmm(row: Tensor, col: Tensor, weight: Tensor, x: Tensor, num_rows: int) -> Tensor:
@@ -312,7 +339,7 @@ def weighted_spmm(row: Tensor, col: Tensor, weight: Tensor, x: Tensor, num_rows:
     # Autocast would recast the sparse product's operands (to bf16 on CPU, where no
     # sparse kernel exists for it): the product runs in the dtype of x, as given.
     with torch.autocast(x.device.type, enabled=False):
-        return _WeightedSpMM.apply(weight, x, row, col, num_rows).to(out_dtype)
+        return _spmm_op(row, col, weight, x, num_rows).to(out_dtype)
 
 
 def _is_compiling() -> bool:
