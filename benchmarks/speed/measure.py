@@ -1,27 +1,47 @@
 """Timing and peak-memory measurement shared by the speed benchmarks."""
 from __future__ import annotations
 
+import ctypes
 import gc
-import os
 import statistics
-import sys
 import time
-from typing import Callable, Tuple
+from typing import Callable
 
 import torch
 
-# glibc serves large blocks from its own cache after the first frees, which would hide
-# them from the resident-set peak; a fixed mmap threshold makes every large tensor a
-# fresh mapping, so the peak RSS of a run is the peak of what it allocated.
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+# glibc serves large blocks from its heap cache after the first frees, which would hide
+# them from the resident-set peak. While a peak is measured, the mmap threshold is fixed
+# low so every large tensor is a fresh mapping (the peak RSS is the peak of what the run
+# allocated); afterwards it is set to glibc's dynamic maximum, so timings see the
+# allocator's usual steady state. (Fixing it low for the whole process instead would
+# time every allocation as an mmap plus page faults.)
+_M_MMAP_THRESHOLD = -3
+_LOW, _HIGH = 64 * 1024, 32 * 1024 * 1024
 
 
-def ensure_malloc_env() -> None:
-    """Re-execute the current command with ``MALLOC_ENV`` set (CPU memory peaks)."""
-    if all(os.environ.get(k) == v for k, v in MALLOC_ENV.items()):
-        return
-    os.environ.update(MALLOC_ENV)
-    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+def _libc():
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: peaks may then under-count reused memory
+        return None
+
+
+def _mallopt(value: int) -> None:
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(_M_MMAP_THRESHOLD, value)
+
+
+def _release_free_memory() -> None:
+    """Return glibc's cached free blocks to the OS, so reusing them shows in the RSS."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+def set_timing_allocator() -> None:
+    """Put glibc in its steady state (large blocks reused from the heap) before timing."""
+    _mallopt(_HIGH)
 
 
 def _sync(device: str) -> None:
@@ -53,7 +73,9 @@ def peak_mib(fn: Callable[[], object], device: str) -> float:
     """Peak memory allocated while ``fn`` runs, above what was held before (MiB).
 
     GPU: ``torch.cuda.max_memory_allocated``. CPU: the resident-set high-water
-    mark (reset through ``/proc/self/clear_refs``) minus the resident set before.
+    mark (reset through ``/proc/self/clear_refs``) minus the resident set before,
+    with the allocator's free blocks returned to the OS first and large
+    allocations forced to fresh mappings (see above).
     """
     gc.collect()
     if device == "cuda":
@@ -63,12 +85,13 @@ def peak_mib(fn: Callable[[], object], device: str) -> float:
         fn()
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - base) / 2**20
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")  # reset the high-water mark to the current resident set
-    base = _status_kib("VmRSS")
-    fn()
-    return (_status_kib("VmHWM") - base) / 1024
-
-
-def time_and_memory(fn: Callable[[], object], repeats: int, device: str) -> Tuple[float, float]:
-    return median_ms(fn, repeats, device), peak_mib(fn, device)
+    _mallopt(_LOW)
+    _release_free_memory()
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")  # reset the high-water mark to the current resident set
+        base = _status_kib("VmRSS")
+        fn()
+        return (_status_kib("VmHWM") - base) / 1024
+    finally:
+        _mallopt(_HIGH)

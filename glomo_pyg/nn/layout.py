@@ -3,20 +3,20 @@ from __future__ import annotations
 
 LAYOUTS = ("sparse", "dense", "auto")
 
-# A dense layer holds B * H * T^2 weights (plus autograd intermediates when training):
-# above this many, 'auto' always emits sparse edges.
-DENSE_MAX_WEIGHTS = 1 << 26
+# A dense layer holds B * H * T^2 weights, and training keeps about six tensors of that
+# size per layer and direction for the backward (scores, masks, normalisation terms):
+# above this many weights (64 MiB in fp32 per tensor), 'auto' always emits sparse edges.
+DENSE_MAX_WEIGHTS = 1 << 24
 
 # Density (edges / allowed pairs) from which on dense blocks aggregate at least as fast
 # as sparse edges, by longest sequence length: the crossovers measured by
 # `python -m benchmarks.speed --quick` (2026-11-22, 2-core Intel Xeon CPU, forward +
-# backward, B=4, 8 heads, width 512; run 1 in benchmarks/results/speed.md; with it,
-# 'auto' stays within 1.04x and 1.14x of the better layout on runs 1 and 2). Lengths
-# between rows use the next longer row. Beyond 512 the last row is used: at a fixed
-# density both layouts cost O(T^2) per sequence, so the crossover density is expected to
-# stay put, but that is not measured yet. No GPU table has been measured; GPUs use this
-# CPU table until one is.
-CROSSOVER = ((64, 0.05), (128, 0.25), (256, 0.25), (512, 0.25))
+# backward, B=4, 8 heads, width 512; run 4 in benchmarks/results/speed.md, checked
+# against the independent run 5 there). Lengths between rows use the next longer row.
+# Beyond 512 the last row is used: at a fixed density both layouts cost O(T^2) per
+# sequence, so the crossover density is expected to stay put, but that is not measured
+# yet. No GPU table has been measured; GPUs use this CPU table until one is.
+CROSSOVER = ((64, 0.1), (128, 0.1), (256, 0.25), (512, 0.25))
 
 
 def crossover_density(max_len: int) -> float:
