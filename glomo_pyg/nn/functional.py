@@ -81,41 +81,67 @@ def _block_ranges(direction: str, j0: int, j1: int, max_len: int) -> Tuple[int, 
     return (0, j1) if direction == "forward" else (j0, max_len)
 
 
+def _head_plan(num_seqs: int, heads: int, max_len: int, block_size: int):
+    """Head ranges and the (sequences, targets) per block. All heads go into one block
+    when one sequence's ``heads * T^2`` scores fit (one batched matmul per block instead
+    of a Python loop over heads); otherwise one head at a time."""
+    if heads * max_len * max_len <= block_size:
+        return [(0, heads)], max(1, min(num_seqs, block_size // (heads * max_len * max_len))), max_len
+    group, tile = _block_plan(num_seqs, max_len, block_size)
+    return [(h, h + 1) for h in range(heads)], group, tile
+
+
+def _blocks(num_seqs: int, heads: int, lengths_list: List[int], direction: str, block_size: int):
+    """``(h0, h1, b0, b1, j0, j1, i0, i1)`` of every block, in emission order."""
+    max_len = max(lengths_list, default=0)
+    head_ranges, group, tile = _head_plan(num_seqs, heads, max_len, block_size)
+    for h0, h1 in head_ranges:
+        for b0 in range(0, num_seqs, group):
+            b1 = min(num_seqs, b0 + group)
+            group_len = max(lengths_list[b0:b1], default=0)
+            for j0 in range(0, group_len, tile):
+                j1 = min(group_len, j0 + tile)
+                yield (h0, h1, b0, b1, j0, j1, *_block_ranges(direction, j0, j1, group_len))
+
+
 class _LatentGraphEdges(torch.autograd.Function):
     @staticmethod
     def forward(ctx, key: Tensor, query: Tensor, lengths: Tensor, ptr: Tensor, direction: str,
                 include_self: bool, normalization: str, block_size: int):
-        num_seqs, heads, max_len, _ = key.shape
+        num_seqs, heads, _, _ = key.shape
         dtype = torch.promote_types(key.dtype, torch.float32)  # fp32 for half types
         k, q = key.to(dtype), query.to(dtype)
-        group, tile = _block_plan(num_seqs, max_len, block_size)
-        lengths_list = lengths.tolist()
-        srcs: List[Tensor] = []
-        tgts: List[Tensor] = []
-        weights: List[Tensor] = []
-        head_ids: List[Tensor] = []
-        blocks: List[Tuple[int, int, int, int, int, int]] = []  # (h, b0, b1, j0, j1, num_edges)
+        blocks = list(_blocks(num_seqs, heads, lengths.tolist(), direction, block_size))
+        # Per head, the segments of every block in block order: concatenated head by head,
+        # they give edges sorted by (head, target, source) without a global sort.
+        segments: List[List[Tuple[int, Tensor, Tensor, Tensor]]] = [[] for _ in range(heads)]
         with torch.autocast(key.device.type, enabled=False):
-            for h in range(heads):
-                for b0 in range(0, num_seqs, group):
-                    b1 = min(num_seqs, b0 + group)
-                    group_len = max(lengths_list[b0:b1], default=0)
-                    for j0 in range(0, group_len, tile):
-                        j1 = min(group_len, j0 + tile)
-                        i0, i1 = _block_ranges(direction, j0, j1, group_len)
-                        scores = q[b0:b1, h, j0:j1] @ k[b0:b1, h, i0:i1].transpose(-1, -2)
-                        allowed = _allowed(j0, j1, i0, i1, lengths[b0:b1], direction, include_self)
-                        g, _ = _normalise(scores, allowed, normalization)
-                        keep = g > 0  # prune exact zeros only
-                        b, j, i = keep.nonzero(as_tuple=True)  # sorted by (b, j, i)
-                        offset = ptr[b0 + b]
-                        srcs.append(offset + (i0 + i))
-                        tgts.append(offset + (j0 + j))
-                        weights.append(g[keep])
-                        head_ids.append(torch.full_like(b, h))
-                        blocks.append((h, b0, b1, j0, j1, b.numel()))
+            for n, (h0, h1, b0, b1, j0, j1, i0, i1) in enumerate(blocks):
+                scores = q[b0:b1, h0:h1, j0:j1] @ k[b0:b1, h0:h1, i0:i1].transpose(-1, -2)
+                allowed = _allowed(j0, j1, i0, i1, lengths[b0:b1], direction, include_self)
+                g, _ = _normalise(scores, allowed.unsqueeze(1), normalization)
+                keep = (g > 0).transpose(0, 1)  # prune exact zeros only; [Hb, Bg, tj, ti]
+                hh, b, j, i = keep.nonzero(as_tuple=True)  # sorted by (head, b, j, i)
+                offset = ptr[b0 + b]
+                src, tgt, w = offset + (i0 + i), offset + (j0 + j), g.transpose(0, 1)[keep]
+                counts = torch.bincount(hh, minlength=h1 - h0).tolist() if h1 - h0 > 1 \
+                    else [hh.numel()]
+                for r, (s_, t_, w_) in enumerate(zip(src.split(counts), tgt.split(counts),
+                                                     w.split(counts))):
+                    segments[h0 + r].append((n, s_, t_, w_))
         device = key.device
-        if weights:
+        where: List[List[Tuple[int, int, int]]] = [[] for _ in blocks]  # (head, start, count)
+        srcs, tgts, weights, head_ids = [], [], [], []
+        start = 0
+        for h, segs in enumerate(segments):
+            for n, s_, t_, w_ in segs:
+                where[n].append((h, start, s_.numel()))
+                start += s_.numel()
+                srcs.append(s_)
+                tgts.append(t_)
+                weights.append(w_)
+                head_ids.append(torch.full_like(s_, h))
+        if srcs:
             edge_index = torch.stack([torch.cat(srcs), torch.cat(tgts)])
             edge_weight = torch.cat(weights)
             edge_head = torch.cat(head_ids)
@@ -124,7 +150,7 @@ class _LatentGraphEdges(torch.autograd.Function):
             edge_weight = torch.empty(0, dtype=dtype, device=device)
             edge_head = torch.empty(0, dtype=torch.long, device=device)
         ctx.save_for_backward(key, query, lengths, ptr, edge_index)
-        ctx.blocks = blocks
+        ctx.blocks, ctx.where = blocks, where
         ctx.config = (direction, include_self, normalization)
         ctx.mark_non_differentiable(edge_index, edge_head)
         return edge_index, edge_weight, edge_head
@@ -142,22 +168,21 @@ class _LatentGraphEdges(torch.autograd.Function):
             return None, None, None, None, None, None, None, None
         grad_weight = grad_weight.to(dtype)
         src, tgt = edge_index
-        start = 0
         with torch.autocast(key.device.type, enabled=False):
-            for h, b0, b1, j0, j1, count in ctx.blocks:
-                group_len = int(lengths[b0:b1].max())
-                i0, i1 = _block_ranges(direction, j0, j1, group_len)
-                kb, qb = k[b0:b1, h, i0:i1], q[b0:b1, h, j0:j1]
+            for (h0, h1, b0, b1, j0, j1, i0, i1), where in zip(ctx.blocks, ctx.where):
+                kb, qb = k[b0:b1, h0:h1, i0:i1], q[b0:b1, h0:h1, j0:j1]
                 scores = qb @ kb.transpose(-1, -2)
                 allowed = _allowed(j0, j1, i0, i1, lengths[b0:b1], direction, include_self)
-                g, aux = _normalise(scores, allowed, normalization)
+                g, aux = _normalise(scores, allowed.unsqueeze(1), normalization)
                 grad_g = torch.zeros_like(g)
-                if count:
-                    e_src, e_tgt = src[start:start + count], tgt[start:start + count]
+                parts = [(h, a, c) for h, a, c in where if c]
+                if parts:
+                    idx = torch.cat([torch.arange(a, a + c, device=src.device) for _, a, c in parts])
+                    hh = torch.cat([torch.full((c,), h - h0, device=src.device) for h, _, c in parts])
+                    e_src, e_tgt = src[idx], tgt[idx]
                     seq = torch.searchsorted(ptr, e_tgt, right=True) - 1
-                    grad_g[seq - b0, e_tgt - ptr[seq] - j0, e_src - ptr[seq] - i0] = \
-                        grad_weight[start:start + count]
-                start += count
+                    grad_g[seq - b0, hh, e_tgt - ptr[seq] - j0, e_src - ptr[seq] - i0] = \
+                        grad_weight[idx]
                 centred = grad_g - (grad_g * g).sum(-1, keepdim=True)
                 if normalization == "relu2":
                     u, m, d = aux
@@ -165,8 +190,8 @@ class _LatentGraphEdges(torch.autograd.Function):
                     grad_s = 2.0 * u / torch.where(scale > 0, scale, torch.ones((), device=scale.device)) * centred
                 else:
                     grad_s = g * centred
-                dq[b0:b1, h, j0:j1] += grad_s @ kb
-                dk[b0:b1, h, i0:i1] += grad_s.transpose(-1, -2) @ qb
+                dq[b0:b1, h0:h1, j0:j1] += grad_s @ kb
+                dk[b0:b1, h0:h1, i0:i1] += grad_s.transpose(-1, -2) @ qb
         return dk.to(key.dtype), dq.to(query.dtype), None, None, None, None, None, None
 
 
