@@ -29,8 +29,9 @@ def _emit_dense(key, query, lengths, ptr, **kw):
     return graphs.to_dense(0), (ei, w, h)
 
 
-# Block sizes: everything in one block; all heads with 2 or 1 sequences per block
-# (3 heads x 9^2 = 243 scores per sequence); one head at a time, with target tiling.
+# Block sizes: everything in one block; all heads of two sequences per block (3 heads x
+# 9^2 = 243 scores per sequence); one head at a time with several sequences per block,
+# and with target tiling.
 CASES = list(itertools.product(["forward", "backward"], [False, True], ["relu2", "softmax"],
                                [1 << 22, 600, 300, 20, 3]))
 

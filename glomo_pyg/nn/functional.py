@@ -81,12 +81,21 @@ def _block_ranges(direction: str, j0: int, j1: int, max_len: int) -> Tuple[int, 
     return (0, j1) if direction == "forward" else (j0, max_len)
 
 
+# Blocks that batch several heads are capped at this many scores: bigger blocks no longer
+# amortise Python overhead and lose to cache misses (side-by-side measurement on CPU,
+# benchmarks/results/speed.md, "emission blocks").
+HEAD_BATCH_SCORES = 1 << 19
+
+
 def _head_plan(num_seqs: int, heads: int, max_len: int, block_size: int):
-    """Head ranges and the (sequences, targets) per block. All heads go into one block
-    when one sequence's ``heads * T^2`` scores fit (one batched matmul per block instead
-    of a Python loop over heads); otherwise one head at a time."""
-    if heads * max_len * max_len <= block_size:
-        return [(0, heads)], max(1, min(num_seqs, block_size // (heads * max_len * max_len))), max_len
+    """Head ranges and the (sequences, targets) per block. Short sequences put all heads
+    into one block (one matmul instead of a Python loop over heads) when at least two
+    sequences' worth fit in ``HEAD_BATCH_SCORES`` scores; otherwise one head at a time."""
+    per_seq = heads * max_len * max_len  # all heads of one sequence
+    target = min(block_size, HEAD_BATCH_SCORES)
+    if heads > 1 and 2 * per_seq <= target:
+        group = max(1, min(num_seqs, target // per_seq))
+        return [(0, heads)], group, max_len
     group, tile = _block_plan(num_seqs, max_len, block_size)
     return [(h, h + 1) for h in range(heads)], group, tile
 
