@@ -179,3 +179,17 @@ def test_dense_layout_rejects_bad_input():
         conv(x, torch.zeros(2, 2, 4, 4), torch.ones(3), batch=batch)
     with pytest.raises(ValueError, match="layout must be"):
         GraphPredictor(num_tokens=5, hidden_channels=8, heads=2, layout="csr")
+
+
+def test_equal_length_sequences_take_the_unpadded_dense_path():
+    """All sequences at full length: the dense path skips padding; same results."""
+    torch.manual_seed(4)
+    x, batch = torch.randint(0, 30, (18,)), batch_vector([6, 6, 6])
+    graphs = predictor()(x, batch).detach()
+    conv = GlomoConv(8, heads=4)
+    h = torch.randn(18, 8, requires_grad=True)
+    sparse_out = conv(h, *graphs.layer(0))
+    dense_out = conv(h, graphs.to_dense_layout().dense_layer(0), batch=batch)
+    assert_same_values_and_grads(dense_out, sparse_out, [h])
+    mixer = GraphMixer(8, 2, 4, directions=["forward"])
+    assert_same_values_and_grads(mixer(h, graphs.to_dense_layout())[0], mixer(h, graphs)[0], [h])

@@ -149,6 +149,10 @@ class GlomoConv(MessagePassing):
             raise ValueError(f"dense graph blocks must have shape [B, H, T, T] = {list(want)} "
                              f"(or [B, T, T]) for this batch, got {tuple(adj.shape)}")
         n = x.size(0)
+        if n == seqs.num_sequences * seqs.max_len:  # no padding: stay in [B, T, H, c]
+            xb = x.view(seqs.num_sequences, seqs.max_len, heads, -1).transpose(1, 2)
+            out = block.transpose(-1, -2).to(x.dtype) @ xb  # [B, H, T, c]
+            return out.transpose(1, 2).reshape(n, -1)
         xb = x.view(n, heads, -1).transpose(0, 1)
         out = dense_head_propagate(xb, block, seqs.ptr, seqs.position, seqs.batch)
         return out.transpose(0, 1).reshape(n, -1)

@@ -282,13 +282,15 @@ def dense_head_propagate(x: Tensor, adj: Tensor, ptr: Tensor, position: Tensor,
     (``[b, h, i, j] = G_ij``): ``x`` is ``[N, C]`` (shared by all heads) or
     ``[H, N, C]``; returns ``[H, N, C]``. Batched matmuls over padded blocks."""
     b_, h_, t_, _ = adj.shape
-    shared = x.dim() == 2
-    xs = x.unsqueeze(0) if shared else x
-    padded = xs.new_zeros(xs.size(0), b_, t_, xs.size(-1))
-    padded[:, batch, position] = xs  # [H or 1, B, T, C]
-    a = adj.transpose(-1, -2).to(x.dtype)  # [B, H, T(j), T(i)]
-    out = a.transpose(0, 1) @ padded  # [H, B, T, C]
-    return out[:, batch, position]
+    xs = x.unsqueeze(0) if x.dim() == 2 else x  # [H or 1, N, C]
+    n, c = xs.size(1), xs.size(-1)
+    a = adj.transpose(-1, -2).to(x.dtype)  # [B, H, T(j), T(i)]: a view, no copy
+    if n == b_ * t_:  # every sequence has the full length: padding is a view
+        padded = xs.reshape(xs.size(0), b_, t_, c).transpose(0, 1)  # [B, H or 1, T, C]
+        return (a @ padded).transpose(0, 1).reshape(h_, n, c)
+    padded = xs.new_zeros(b_, xs.size(0), t_, c)
+    padded[batch, :, position] = xs.transpose(0, 1)  # [B, H or 1, T, C]
+    return (a @ padded)[batch, :, position].transpose(0, 1)
 
 
 def _csr(row_ptr: Tensor, col: Tensor, value: Tensor, size: Tuple[int, int]) -> Tensor:
