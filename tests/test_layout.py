@@ -153,12 +153,17 @@ def test_auto_picks_each_layout_where_it_should(monkeypatch):
     # graphs sparser than the crossover: sparse edges
     sparse_graphs = predictor(layout="auto")
     with torch.no_grad():
-        sparse_graphs.scorer.bias.fill_(-50.0)  # almost every score below zero
-    density = sum(predictor()(x, batch).density())
-    assert density > 0
+        sparse_graphs.scorer.bias.fill_(-0.5)  # most scores below zero: about 11% density
     graphs = sparse_graphs(x, batch)
-    assert sum(graphs.density()) / 2 < 0.5 and graphs.layout == "sparse"
-    assert layout_module.choose_layout(4, 8, 128, 1.0) in ("dense", "sparse")
+    assert 0 < sum(graphs.density()) / 2 < 0.5 and graphs.layout == "sparse"
+    same_edges(graphs, graphs.to_dense_layout())
+    # the rule itself: crossover by the next longer table row, the size limit first
+    monkeypatch.setattr(layout_module, "CROSSOVER", ((64, 0.2), (256, 0.6)))
+    assert layout_module.choose_layout(4, 8, 64, 0.2) == "dense"
+    assert layout_module.choose_layout(4, 8, 64, 0.19) == "sparse"
+    assert layout_module.choose_layout(4, 8, 65, 0.5) == "sparse"  # T=65 uses the 256 row
+    assert layout_module.choose_layout(4, 8, 1000, 0.6) == "dense"  # beyond: the last row
+    assert layout_module.choose_layout(1 << 20, 8, 64, 1.0) == "sparse"  # blocks too large
 
 
 def test_dense_layout_rejects_bad_input():

@@ -338,8 +338,21 @@ def test_transfer_with_decoupled_ablation_and_one_direction():
     x, batch = inputs()
     transfer = GlomoTransfer(predictor, in_channels=4)
     assert transfer.mixer.directions == ("forward",) and transfer.fusion.num_mixtures == 1
-    out = transfer(torch.randn(sum(LENGTHS), 4), x, batch)
-    assert out.shape == (sum(LENGTHS), 8) and torch.isfinite(out).all()
+    h = torch.randn(sum(LENGTHS), 4)
+    out = transfer(h, x, batch)
+    assert out.shape == (sum(LENGTHS), 8)
+    torch.testing.assert_close(out[:, :4], h)
+    # the graphs are the feature network's own (scored layer by layer from its states)
+    own = predictor.predictor("forward")(x, batch=batch)[1]
+    graphs = transfer.graphs(x, batch)
+    assert graphs.backward is None
+    for l in range(LAYERS):
+        assert torch.equal(graphs.forward.edge_index[l], own.edge_index[l])
+        torch.testing.assert_close(graphs.forward.edge_weight[l], own.edge_weight[l])
+    dense = [dense_from_edges(*own.layer(l), LENGTHS, HEADS) for l in range(LAYERS)]
+    want = dense_mixture(h, dense, LENGTHS, transfer.mixer.mixture_weights()[0], 1.0,
+                         transfer.mixer.kinds, transfer.mixer.layers, HEADS)
+    torch.testing.assert_close(transfer.mixer(h, graphs)[0], want)
 
 
 def test_pretrained_predictor_from_glomo_and_checks():

@@ -204,6 +204,16 @@ class _LatentGraphEdges(torch.autograd.Function):
         return dk.to(key.dtype), dq.to(query.dtype), None, None, None, None, None, None
 
 
+def _check_emission_args(key: Tensor, query: Tensor, direction: str, normalization: str) -> None:
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+    if key.dim() != 4 or key.shape != query.shape:
+        raise ValueError(f"key and query must both be [B, H, T, D], got {tuple(key.shape)} "
+                         f"and {tuple(query.shape)}")
+
+
 def latent_graph_edges(key: Tensor, query: Tensor, lengths: Tensor, ptr: Tensor, *,
                        direction: str = "forward", include_self: bool = False,
                        normalization: str = "relu2",
@@ -236,13 +246,7 @@ def latent_graph_edges(key: Tensor, query: Tensor, lengths: Tensor, ptr: Tensor,
         ``(head, target, source)``; gradients flow from ``edge_weight`` to
         ``key`` and ``query``.
     """
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-    if normalization not in NORMALIZATIONS:
-        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
-    if key.dim() != 4 or key.shape != query.shape:
-        raise ValueError(f"key and query must both be [B, H, T, D], got {tuple(key.shape)} "
-                         f"and {tuple(query.shape)}")
+    _check_emission_args(key, query, direction, normalization)
     if block_size < 1:
         raise ValueError(f"block_size must be positive, got {block_size}")
     return _LatentGraphEdges.apply(key, query, lengths, ptr, direction, include_self,
@@ -260,13 +264,7 @@ def latent_graph_dense(key: Tensor, query: Tensor, lengths: Tensor, *,
     which keeps ``O(B H T^2)`` intermediates: the dense layout, for short
     sequences and dense graphs.
     """
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-    if normalization not in NORMALIZATIONS:
-        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
-    if key.dim() != 4 or key.shape != query.shape:
-        raise ValueError(f"key and query must both be [B, H, T, D], got {tuple(key.shape)} "
-                         f"and {tuple(query.shape)}")
+    _check_emission_args(key, query, direction, normalization)
     dtype = torch.promote_types(key.dtype, torch.float32)
     t = key.size(2)
     with torch.autocast(key.device.type, enabled=False):
