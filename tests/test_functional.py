@@ -147,3 +147,43 @@ def test_weighted_spmm_without_edges_and_in_half_precision():
     out = weighted_spmm(row, col, w, x.bfloat16(), 4)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float()[1], 0.5 * x[0], atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("min_chunk", [4, 1 << 16])
+def test_weighted_spmm_backward_in_row_chunks_matches_dense(monkeypatch, index_dtype, min_chunk):
+    """The backward cuts the edges into row chunks (bounded scratch memory): with tiny
+    chunks, empty rows, a column range per chunk and int32 indices it still equals the
+    dense product's gradients."""
+    import glomo_pyg.nn.functional as F
+    monkeypatch.setattr(F, "BACKWARD_MIN_CHUNK", min_chunk)
+    gen = torch.Generator().manual_seed(3)
+    n, e, c = 40, 300, 3
+    row = torch.sort(torch.randint(5, n - 5, (e,), generator=gen))[0].to(index_dtype)
+    col = torch.randint(0, n, (e,), generator=gen).to(index_dtype)
+    w = torch.rand(e, dtype=torch.float64, generator=gen, requires_grad=True)
+    x = torch.randn(n, c, dtype=torch.float64, generator=gen, requires_grad=True)
+    row_ptr = torch._convert_indices_from_coo_to_csr(row.long(), n)
+    chunks = F._row_chunks(row_ptr, e)
+    assert len(chunks) == (16 if min_chunk == 4 else 1)
+    assert [c_[2] for c_ in chunks[1:]] == [c_[3] for c_ in chunks[:-1]]  # contiguous edges
+    out = weighted_spmm(row, col, w, x, n)
+    dense = torch.zeros(n, n, dtype=torch.float64).index_put((row.long(), col.long()), w,
+                                                             accumulate=True)
+    assert_same_values_and_grads(out, dense @ x, (w, x))
+
+
+def test_head_blocked_edges_use_int32_indices_and_keep_order():
+    from glomo_pyg.nn.functional import head_blocked_edges
+    edge_index = torch.tensor([[0, 1, 0, 2], [1, 2, 2, 3]])
+    head = torch.tensor([0, 0, 1, 1])
+    w = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    rows, cols, weight = head_blocked_edges(edge_index, w, head, 4, num_heads=2)
+    assert rows.dtype == cols.dtype == torch.int32
+    assert rows.tolist() == [1, 2, 6, 7] and cols.tolist() == [0, 1, 4, 6]
+    rows, cols, _ = head_blocked_edges(edge_index, w, head, 4, shared_input=True, num_heads=2)
+    assert cols.tolist() == [0, 1, 0, 2]
+    # unsorted input: sorted by (row, column), weights carried along
+    rows, cols, weight = head_blocked_edges(edge_index.flip(1), w.flip(0), head.flip(0), 4,
+                                            num_heads=2)
+    assert rows.tolist() == [1, 2, 6, 7] and weight.tolist() == [1.0, 2.0, 3.0, 4.0]

@@ -45,6 +45,8 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--pyg-max-edges", type=int, default=1_000_000)
+    parser.add_argument("--predictor", default="runs/quickstart/predictor",
+                        help="a saved predictor whose graphs give the trained-density case")
     parser.add_argument("--output", default="benchmarks/results/speed.md")
     parser.add_argument("--json", default=None, help="raw results (default: next to --output)")
     args = parser.parse_args(argv)

@@ -129,8 +129,9 @@ class GlomoConv(MessagePassing):
         if self.fused:
             out = head_propagate(xb, edge_index, edge_weight, edge_head, heads)
         else:
-            rows, cols, weight = head_blocked_edges(edge_index, edge_weight, edge_head, n)
-            out = self.propagate(torch.stack([cols, rows]), x=xb.reshape(heads * n, -1),
+            rows, cols, weight = head_blocked_edges(edge_index, edge_weight, edge_head, n,
+                                                    num_heads=heads)
+            out = self.propagate(torch.stack([cols, rows]).long(), x=xb.reshape(heads * n, -1),
                                  edge_weight=weight, size=(heads * n, heads * n))
         return out.view(heads, n, -1).transpose(0, 1).reshape(n, -1)
 

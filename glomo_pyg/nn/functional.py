@@ -19,7 +19,7 @@ or it has no incoming edge at all.
 from __future__ import annotations
 
 import warnings
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -295,11 +295,18 @@ def _csr(row_ptr: Tensor, col: Tensor, value: Tensor, size: Tuple[int, int]) -> 
     return torch.sparse_csr_tensor(row_ptr, col, value, size, check_invariants=False)
 
 
+def _row_ptr(row: Tensor, num_rows: int) -> Tensor:
+    """CSR row pointers of sorted rows, in the rows' index dtype (CSR needs the
+    pointers and the columns in one dtype)."""
+    return torch._convert_indices_from_coo_to_csr(row, num_rows,
+                                                  out_int32=row.dtype == torch.int32)
+
+
 # The sparse product is a registered custom operator (opaque to torch.compile, which
 # cannot trace sparse-tensor construction), with its backward as a second operator.
 @torch.library.custom_op("glomo_pyg::weighted_spmm", mutates_args=())
 def _spmm_op(row: Tensor, col: Tensor, weight: Tensor, x: Tensor, num_rows: int) -> Tensor:
-    row_ptr = torch._convert_indices_from_coo_to_csr(row, num_rows)
+    row_ptr = _row_ptr(row, num_rows)
     with torch.autocast(x.device.type, enabled=False):  # the dtype of x, as given
         return _csr(row_ptr, col, weight.to(x.dtype), (num_rows, x.size(0))) @ x
 
@@ -316,21 +323,52 @@ def _spmm_backward_op(grad_out: Tensor, row: Tensor, col: Tensor, weight: Tensor
         return _spmm_backward_impl(grad_out, row, col, weight, x, num_rows, need_weight, need_x)
 
 
+# The backward works on row chunks: its sort, its transposed copy and its sampled product
+# need about 60 bytes of scratch per edge of a chunk, so E is cut into up to
+# BACKWARD_MAX_CHUNKS chunks of at least BACKWARD_MIN_CHUNK edges (scratch about E/16 * 60
+# bytes instead of E * 60; the peak-memory target in benchmarks/results/speed.md).
+BACKWARD_MIN_CHUNK, BACKWARD_MAX_CHUNKS = 1 << 16, 16
+
+
+def _row_chunks(row_ptr: Tensor, num_edges: int) -> List[Tuple[int, int, int, int]]:
+    """``(r0, r1, e0, e1)``: row ranges of about equal edge counts (whole rows)."""
+    parts = max(1, min(BACKWARD_MAX_CHUNKS, num_edges // BACKWARD_MIN_CHUNK))
+    chunk = -(-num_edges // parts)
+    if parts == 1:
+        return [(0, row_ptr.numel() - 1, 0, num_edges)]
+    marks = torch.arange(1, parts, device=row_ptr.device, dtype=row_ptr.dtype) * chunk
+    cuts = torch.searchsorted(row_ptr, marks).tolist()
+    bounds = sorted(set([0] + cuts + [row_ptr.numel() - 1]))
+    starts = row_ptr[torch.tensor(bounds, device=row_ptr.device)].tolist()
+    return [(r0, r1, e0, e1) for r0, r1, e0, e1 in zip(bounds[:-1], bounds[1:], starts[:-1],
+                                                     starts[1:]) if e1 > e0]
+
+
 def _spmm_backward_impl(grad_out, row, col, weight, x, num_rows, need_weight, need_x):
     grad_out = grad_out.to(x.dtype).contiguous()
-    grad_weight, grad_x = torch.zeros_like(weight), torch.zeros_like(x)
-    if need_weight:
-        # d out[r] / d w_e = x[col_e]: a sampled dense-dense product on the pattern.
-        row_ptr = torch._convert_indices_from_coo_to_csr(row, num_rows)
-        pattern = _csr(row_ptr, col, torch.zeros_like(weight, dtype=x.dtype),
-                       (num_rows, x.size(0)))
-        grad_weight = torch.sparse.sampled_addmm(pattern, grad_out, x.t().contiguous(),
-                                                 beta=0.0).values().to(weight.dtype)
-    if need_x:
-        perm = torch.argsort(col, stable=True)
-        col_ptr = torch._convert_indices_from_coo_to_csr(col[perm], x.size(0))
-        transposed = _csr(col_ptr, row[perm], weight[perm].to(x.dtype), (x.size(0), num_rows))
-        grad_x = transposed @ grad_out
+    grad_weight = torch.empty_like(weight) if need_weight else torch.zeros_like(weight)
+    grad_x = torch.zeros_like(x)
+    row_ptr = _row_ptr(row, num_rows)
+    for r0, r1, e0, e1 in _row_chunks(row_ptr, row.numel()):
+        r, c, w = row[e0:e1] - r0, col[e0:e1], weight[e0:e1]
+        c0, c1 = int(c.min()), int(c.max()) + 1  # the columns this chunk touches
+        c = c - c0
+        g_out, x_part = grad_out[r0:r1], x[c0:c1]
+        if need_x:
+            # x's gradient is A^T @ grad_out. CPU and CUDA spmm want CSR, so the transposed
+            # order comes from a stable sort of the chunk's columns.
+            sorted_c, perm = torch.sort(c, stable=True)
+            transposed = _csr(_row_ptr(sorted_c, c1 - c0), r[perm], w[perm].to(x.dtype),
+                              (c1 - c0, r1 - r0))
+            del sorted_c, perm
+            grad_x[c0:c1] += transposed @ g_out
+            del transposed
+        if need_weight:
+            # d out[r] / d w_e = x[col_e]: a sampled dense-dense product on the pattern.
+            pattern = _csr(_row_ptr(r, r1 - r0), c, torch.zeros_like(w, dtype=x.dtype),
+                           (r1 - r0, c1 - c0))
+            grad_weight[e0:e1] = torch.sparse.sampled_addmm(
+                pattern, g_out, x_part.t().contiguous(), beta=0.0).values().to(weight.dtype)
     return grad_weight, grad_x
 
 
@@ -381,17 +419,27 @@ def _is_compiling() -> bool:
 
 
 def head_blocked_edges(edge_index: Tensor, edge_weight: Tensor, edge_head: Tensor,
-                       num_nodes: int, shared_input: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
+                       num_nodes: int, shared_input: bool = False,
+                       num_heads: Optional[int] = None) -> Tuple[Tensor, Tensor, Tensor]:
     """Rows, columns and weights of the block-diagonal ``[H*N, H*N]`` matrix that
     holds one ``[N, N]`` aggregation matrix ``A = G^T`` per head: node ``(h, v)``
     has id ``h * N + v``. With ``shared_input`` the columns stay ``0..N-1``
-    (every head reads the same ``[N, C]`` input). Rows come out sorted."""
+    (every head reads the same ``[N, C]`` input). Rows come out sorted.
+
+    Indices are int32 whenever ``H * N`` fits (half the memory of int64 and a
+    faster sort in the backward; CSR kernels take either), int64 otherwise."""
     src, tgt = edge_index[0], edge_index[1]
-    rows = edge_head * num_nodes + tgt
-    cols = src if shared_input else edge_head * num_nodes + src
+    if num_heads is None:
+        num_heads = int(edge_head.max()) + 1 if edge_head.numel() else 1
+    small = num_heads * num_nodes < 2**31 - 1
+    index = torch.int32 if small else edge_index.dtype
+    # in place: no int64 temporaries beside the two int32 results
+    rows = edge_head.to(index).mul_(num_nodes).add_(tgt.to(index))
+    cols = src.to(index) if shared_input else edge_head.to(index).mul_(num_nodes).add_(src.to(index))
     if not _is_compiling() and rows.numel() > 1 and bool((rows[1:] < rows[:-1]).any()):
-        width = num_nodes if shared_input else int(edge_head.max()) * num_nodes + num_nodes
-        perm = torch.argsort(rows * width + cols)  # emitted graphs are already sorted
+        # emitted graphs are already sorted; others get one sort by (row, column)
+        width = num_nodes if shared_input else num_heads * num_nodes
+        perm = torch.argsort(rows.long() * width + cols.long())
         rows, cols, edge_weight = rows[perm], cols[perm], edge_weight[perm]
     return rows, cols, edge_weight
 
@@ -408,6 +456,7 @@ def head_propagate(x: Tensor, edge_index: Tensor, edge_weight: Tensor, edge_head
     """
     shared = x.dim() == 2
     n, c = x.shape[-2], x.shape[-1]
-    rows, cols, weight = head_blocked_edges(edge_index, edge_weight, edge_head, n, shared)
+    rows, cols, weight = head_blocked_edges(edge_index, edge_weight, edge_head, n, shared,
+                                            num_heads)
     flat = x if shared else x.reshape(num_heads * n, c)
     return weighted_spmm(rows, cols, weight, flat, num_heads * n).view(num_heads, n, c)

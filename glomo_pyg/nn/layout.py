@@ -10,15 +10,16 @@ DENSE_MAX_WEIGHTS = 1 << 24
 
 # Density (edges / allowed pairs) from which on dense blocks aggregate at least as fast
 # as sparse edges, by longest sequence length: the crossovers measured by
-# `python -m benchmarks.speed --quick` (2026-11-22, 2-core Intel Xeon CPU, forward +
-# backward, B=4, 8 heads, width 512; runs 7 and 8 in benchmarks/results/speed.md, after
-# the dense path stopped copying: dense wins from 1% at T <= 64 in both runs; at T = 128
-# the runs disagree below 10% (near-ties), and dense is taken there, at most 1.16x off).
+# `python -m benchmarks.speed --quick` (2026-11-22, 2-core AMD EPYC CPU, forward +
+# backward, B=4, 8 heads, width 512; run 10 in benchmarks/results/speed.md, after the
+# sparse product moved to int32 indices and a row-chunked backward, which made it
+# 1.5-2x faster: dense wins from 5% at T <= 64 and from 25% at T = 128..512; at T = 128
+# and 25% the two are tied within 3%).
 # Lengths between rows use the next longer row.
 # Beyond 512 the last row is used: at a fixed density both layouts cost O(T^2) per
 # sequence, so the crossover density is expected to stay put, but that is not measured
 # yet. No GPU table has been measured; GPUs use this CPU table until one is.
-CROSSOVER = ((64, 0.01), (128, 0.01), (256, 0.1), (512, 0.25))
+CROSSOVER = ((64, 0.05), (128, 0.05), (256, 0.25), (512, 0.25))
 
 
 def crossover_density(max_len: int) -> float:

@@ -1,0 +1,170 @@
+"""Word-level text: a documented tokenizer, a vocabulary, and plain-text readers.
+
+Tokenizer rules (:func:`tokenize`), applied in this order:
+
+1. HTML line breaks (``<br>``, ``<br/>``, ``<br />``, any case) become spaces; IMDB
+   reviews are full of them.
+2. Text is lower-cased (``lower=True``, the default) and Unicode-normalised (NFKC), so
+   ``ﬁ`` and ``fi`` are one word.
+3. Tokens are, left to right: words of letters and digits with inner apostrophes or
+   hyphens kept (``don't``, ``well-known``, ``1990s``), and every other non-space
+   character on its own (``!``, ``.``, ``"``, ``(``). Runs of the same punctuation
+   collapse to one token (``!!!`` -> ``!``; ``...`` -> ``.``).
+
+The rules are deterministic and language-agnostic enough for English corpora of any
+size; they are what the pretraining corpus and the downstream task must share.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import unicodedata
+from collections import Counter
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Union
+
+import torch
+
+PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
+SPECIALS = (PAD, UNK, BOS, EOS)
+
+_BREAK = re.compile(r"<br\s*/?\s*>", re.IGNORECASE)
+_TOKEN = re.compile(r"[^\W_]+(?:['’-][^\W_]+)*|([^\w\s])\1*|_+", re.UNICODE)
+
+
+def tokenize(text: str, lower: bool = True) -> List[str]:
+    """Split ``text`` into word-level tokens by the rules in the module docstring."""
+    if not isinstance(text, str):
+        raise TypeError(f"tokenize expects a str, got {type(text).__name__}")
+    text = unicodedata.normalize("NFKC", _BREAK.sub(" ", text))
+    if lower:
+        text = text.lower()
+    out = []
+    for match in _TOKEN.finditer(text):
+        token = match.group(0)
+        out.append(match.group(1) or token)  # a punctuation run as one character
+    return out
+
+
+class WordVocabulary:
+    """Token strings <-> ids, with special tokens first (``<pad>`` = 0, ``<unk>`` = 1,
+    ``<bos>``, ``<eos>``), then words by descending count (ties alphabetical).
+
+    Build with :meth:`build` from token lists or a :class:`collections.Counter`; save
+    with :meth:`save` (JSON) or hand :meth:`tokens` to
+    :class:`~glomo_pyg.PretrainedGraphPredictor`, which stores it with the predictor.
+    """
+
+    def __init__(self, tokens: Sequence[str], specials: Sequence[str] = SPECIALS):
+        tokens = list(tokens)
+        if len(set(tokens)) != len(tokens):
+            raise ValueError("vocabulary tokens must be unique")
+        missing = [s for s in specials if s not in tokens]
+        if missing:
+            raise ValueError(f"vocabulary lacks the special tokens {missing}")
+        self._tokens = tokens
+        self._ids: Dict[str, int] = {t: i for i, t in enumerate(tokens)}
+        self.specials = tuple(specials)
+
+    @classmethod
+    def build(cls, documents: Union[Counter, Iterable[Sequence[str]]], min_count: int = 1,
+              max_size: Optional[int] = None, specials: Sequence[str] = SPECIALS
+              ) -> "WordVocabulary":
+        """Words seen at least ``min_count`` times, the ``max_size`` most frequent
+        (specials included in the size)."""
+        if min_count < 1:
+            raise ValueError(f"min_count must be >= 1, got {min_count}")
+        if max_size is not None and max_size <= len(specials):
+            raise ValueError(f"max_size must exceed the {len(specials)} special tokens")
+        counts = documents if isinstance(documents, Counter) else Counter(
+            t for doc in documents for t in doc)
+        words = sorted((w for w, c in counts.items() if c >= min_count and w not in specials),
+                       key=lambda w: (-counts[w], w))
+        if max_size is not None:
+            words = words[:max_size - len(specials)]
+        return cls(list(specials) + words, specials)
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def __contains__(self, token: str) -> bool:
+        return token in self._ids
+
+    @property
+    def pad_id(self) -> int:
+        return self._ids[PAD]
+
+    @property
+    def unk_id(self) -> int:
+        return self._ids[UNK]
+
+    def tokens(self) -> List[str]:
+        return list(self._tokens)
+
+    def id(self, token: str) -> int:
+        return self._ids.get(token, self._ids[UNK])
+
+    def encode(self, tokens: Sequence[str]) -> torch.Tensor:
+        """Ids of ``tokens`` (int64), unknown words as ``<unk>``."""
+        return torch.tensor([self.id(t) for t in tokens], dtype=torch.long)
+
+    def decode(self, ids: Iterable[int]) -> List[str]:
+        out = []
+        for i in ids:
+            i = int(i)
+            if not 0 <= i < len(self._tokens):
+                raise IndexError(f"token id {i} outside the vocabulary [0, {len(self._tokens)})")
+            out.append(self._tokens[i])
+        return out
+
+    def save(self, path: str) -> None:
+        """JSON ``{"format": "glomo-vocabulary", "tokens": [...], "specials": [...]}``,
+        written atomically."""
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(dict(format="glomo-vocabulary", version=1, specials=list(self.specials),
+                           tokens=self._tokens), fh, ensure_ascii=False)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str) -> "WordVocabulary":
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: not a readable vocabulary file ({err})") from err
+        if not isinstance(data, dict) or data.get("format") != "glomo-vocabulary" or \
+                not isinstance(data.get("tokens"), list):
+            raise ValueError(f"{path}: not a glomo vocabulary (format 'glomo-vocabulary')")
+        return cls(data["tokens"], data.get("specials", SPECIALS))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, WordVocabulary) and self._tokens == other._tokens
+
+    def __repr__(self) -> str:
+        return f"WordVocabulary({len(self)} tokens)"
+
+
+def read_text_documents(path: str, one_per_line: bool = False,
+                        suffixes: Sequence[str] = (".txt",)) -> Iterator[str]:
+    """Documents of a plain-text corpus: ``path`` is a file or a folder (searched
+    recursively, files with one of ``suffixes``, in sorted order). A file is one document,
+    or one document per non-empty line with ``one_per_line`` (e.g. a Wikipedia dump
+    flattened to a line per article). Files are read as UTF-8 (invalid bytes replaced)."""
+    if os.path.isfile(path):
+        files = [path]
+    elif os.path.isdir(path):
+        files = sorted(os.path.join(root, name) for root, _, names in os.walk(path)
+                       for name in names if name.endswith(tuple(suffixes)))
+        if not files:
+            raise ValueError(f"{path}: no files ending in {tuple(suffixes)}")
+    else:
+        raise FileNotFoundError(f"{path}: no such file or folder")
+    for name in files:
+        with open(name, encoding="utf-8", errors="replace") as fh:
+            if one_per_line:
+                for line in fh:
+                    if line.strip():
+                        yield line
+            else:
+                yield fh.read()

@@ -1,0 +1,265 @@
+"""Token corpora for pretraining: documents of token ids, in memory or as memory-mapped
+shards on disk, cut into training sequences the same way either way.
+
+A corpus too large for RAM is tokenised once by :func:`write_token_shards` into a folder
+of shards: ``tokens-XXXXX.bin`` (int32 token ids, little-endian, documents back to back)
+and ``docs-XXXXX.bin`` (int64 end offset of each document in its shard), described by
+``index.json``. :class:`TokenWindows` then memory-maps them: only its window index (12
+bytes per training sequence) lives in RAM, token pages are read from disk as sequences
+are asked for, so the same code serves this repository's corpora and Wikipedia-size ones.
+
+Sequences: every document is cut into consecutive windows of ``max_length`` tokens; a
+last, shorter window is kept if it has at least ``min_length`` tokens (windows never
+cross documents). :class:`ResumableSampler` orders them (a seeded permutation per epoch,
+split across distributed ranks) and can start part-way through an epoch, which is how
+an interrupted pretraining run continues exactly where it stopped.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from typing import Iterable, Iterator, List, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from torch_geometric.data import Data
+
+FORMAT, VERSION = "glomo-token-shards", 1
+TOKEN_DTYPE = np.dtype("<i4")
+OFFSET_DTYPE = np.dtype("<i8")
+
+
+def _as_array(doc) -> np.ndarray:
+    arr = doc.numpy() if isinstance(doc, torch.Tensor) else np.asarray(doc)
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"a document must be a 1-D sequence of integer token ids, got "
+                         f"shape {arr.shape} of {arr.dtype}")
+    return arr
+
+
+def write_token_shards(documents: Iterable, out_dir: str, vocab_size: int,
+                       shard_tokens: int = 1 << 26) -> dict:
+    """Write documents (sequences of token ids) as memory-mappable shards of about
+    ``shard_tokens`` tokens each. The folder is built beside ``out_dir`` and renamed into
+    place at the end, so an interrupted run never leaves a half-written corpus. Returns
+    the index (also written to ``out_dir/index.json``)."""
+    if vocab_size < 1 or vocab_size > np.iinfo(TOKEN_DTYPE).max:
+        raise ValueError(f"vocab_size must lie in [1, 2^31), got {vocab_size}")
+    if shard_tokens < 1:
+        raise ValueError(f"shard_tokens must be positive, got {shard_tokens}")
+    if os.path.exists(out_dir):
+        raise FileExistsError(f"{out_dir} exists; remove it or choose another folder")
+    tmp = f"{out_dir.rstrip(os.sep)}.partial{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    shards: List[dict] = []
+    buffer: List[np.ndarray] = []
+    filled = 0
+
+    def flush():
+        nonlocal buffer, filled
+        if not buffer:
+            return
+        k = len(shards)
+        tokens = np.concatenate(buffer).astype(TOKEN_DTYPE, copy=False)
+        ends = np.cumsum([len(b) for b in buffer]).astype(OFFSET_DTYPE)
+        tokens.tofile(os.path.join(tmp, f"tokens-{k:05d}.bin"))
+        ends.tofile(os.path.join(tmp, f"docs-{k:05d}.bin"))
+        shards.append(dict(tokens=f"tokens-{k:05d}.bin", docs=f"docs-{k:05d}.bin",
+                           num_tokens=int(tokens.size), num_documents=int(ends.size)))
+        buffer, filled = [], 0
+
+    for doc in documents:
+        arr = _as_array(doc)
+        if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
+            raise ValueError(f"token ids must lie in [0, {vocab_size}), got "
+                             f"[{arr.min()}, {arr.max()}]")
+        buffer.append(arr)
+        filled += arr.size
+        if filled >= shard_tokens:
+            flush()
+    flush()
+    index = dict(format=FORMAT, version=VERSION, vocab_size=int(vocab_size),
+                 token_dtype=TOKEN_DTYPE.str, num_tokens=sum(s["num_tokens"] for s in shards),
+                 num_documents=sum(s["num_documents"] for s in shards), shards=shards)
+    with open(os.path.join(tmp, "index.json"), "w") as fh:
+        json.dump(index, fh, indent=1)
+    os.replace(tmp, out_dir)
+    return index
+
+
+def read_shard_index(path: str) -> dict:
+    """The ``index.json`` of a shard folder, checked against the files beside it."""
+    name = os.path.join(path, "index.json")
+    try:
+        with open(name) as fh:
+            index = json.load(fh)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{name}: missing; not a token-shard folder "
+                                "(write one with glomo_pyg.data.write_token_shards)") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{name}: unreadable ({err})") from err
+    if not isinstance(index, dict) or index.get("format") != FORMAT:
+        raise ValueError(f"{name}: not a {FORMAT} index")
+    if index.get("version", 0) > VERSION:
+        raise ValueError(f"{name}: format version {index['version']} is newer than this "
+                         f"glomo_pyg reads ({VERSION})")
+    for shard in index["shards"]:
+        for key, dtype, count in (("tokens", TOKEN_DTYPE, shard["num_tokens"]),
+                                  ("docs", OFFSET_DTYPE, shard["num_documents"])):
+            file = os.path.join(path, shard[key])
+            size = os.path.getsize(file) if os.path.exists(file) else -1
+            if size != count * dtype.itemsize:
+                raise ValueError(f"{file}: expected {count * dtype.itemsize} bytes "
+                                 f"({count} values), found {max(size, 0)}"
+                                 + (" (missing)" if size < 0 else " (truncated or corrupt)"))
+    return index
+
+
+def _windows(ends: np.ndarray, max_length: int, min_length: int):
+    """Start offsets and lengths of the windows of documents ending at ``ends``."""
+    starts_doc = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+    lengths_doc = ends - starts_doc
+    per_doc = lengths_doc // max_length + ((lengths_doc % max_length) >= min_length)
+    total = int(per_doc.sum())
+    doc = np.repeat(np.arange(len(ends)), per_doc)
+    first = np.cumsum(per_doc) - per_doc  # index of each document's first window
+    k = np.arange(total) - np.repeat(first, per_doc)
+    start = starts_doc[doc] + k * max_length
+    length = np.minimum(max_length, ends[doc] - start)
+    return start.astype(np.int64), length.astype(np.int32)
+
+
+class TokenWindows(torch.utils.data.Dataset):
+    """Training sequences over documents of token ids: item ``k`` is a
+    :class:`~torch_geometric.data.Data` with ``x`` the ``[n]`` int64 ids of window
+    ``k`` (``min_length <= n <= max_length``), batched PyG-style by
+    :class:`torch_geometric.loader.DataLoader`.
+
+    Build from memory with :meth:`from_documents` or from a shard folder with
+    :meth:`from_shards` (memory-mapped); both cut documents identically.
+    """
+
+    def __init__(self, arrays: Sequence[np.ndarray], ends: Sequence[np.ndarray], vocab_size: int,
+                 max_length: int = 128, min_length: int = 8):
+        if max_length < 2 or not 2 <= min_length <= max_length:
+            raise ValueError(f"need 2 <= min_length <= max_length, got min_length={min_length}, "
+                             f"max_length={max_length} (context prediction needs >= 2 units)")
+        self.arrays, self.vocab_size = list(arrays), int(vocab_size)
+        self.max_length, self.min_length = max_length, min_length
+        starts, lengths, shard = [], [], []
+        for k, e in enumerate(ends):
+            s, n = _windows(np.asarray(e, dtype=np.int64), max_length, min_length)
+            starts.append(s)
+            lengths.append(n)
+            shard.append(np.full(s.size, k, dtype=np.int32))
+        self.starts = np.concatenate(starts) if starts else np.zeros(0, np.int64)
+        self.lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int32)
+        self.shard = np.concatenate(shard) if shard else np.zeros(0, np.int32)
+
+    @classmethod
+    def from_documents(cls, documents: Iterable, vocab_size: int, max_length: int = 128,
+                       min_length: int = 8) -> "TokenWindows":
+        docs = [_as_array(d).astype(TOKEN_DTYPE) for d in documents]
+        for d in docs:
+            if d.size and (d.min() < 0 or d.max() >= vocab_size):
+                raise ValueError(f"token ids must lie in [0, {vocab_size})")
+        tokens = np.concatenate(docs) if docs else np.zeros(0, TOKEN_DTYPE)
+        ends = np.cumsum([d.size for d in docs]).astype(np.int64)
+        return cls([tokens], [ends], vocab_size, max_length, min_length)
+
+    @classmethod
+    def from_shards(cls, path: str, max_length: int = 128, min_length: int = 8) -> "TokenWindows":
+        index = read_shard_index(path)
+        arrays, ends = [], []
+        for shard in index["shards"]:
+            arrays.append(np.memmap(os.path.join(path, shard["tokens"]), dtype=TOKEN_DTYPE,
+                                    mode="r", shape=(shard["num_tokens"],)))
+            ends.append(np.fromfile(os.path.join(path, shard["docs"]), dtype=OFFSET_DTYPE))
+        return cls(arrays, ends, index["vocab_size"], max_length, min_length)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    def __len__(self) -> int:
+        return int(self.starts.size)
+
+    def __getitem__(self, k: int) -> Data:
+        if not -len(self) <= k < len(self):
+            raise IndexError(f"window {k} outside [0, {len(self)})")
+        s, n = int(self.starts[k]), int(self.lengths[k])
+        ids = np.asarray(self.arrays[int(self.shard[k])][s:s + n], dtype=np.int64)
+        return Data(x=torch.from_numpy(ids), num_nodes=n)
+
+    def __repr__(self) -> str:
+        return (f"TokenWindows({len(self)} sequences, {self.num_tokens} tokens, "
+                f"max_length={self.max_length})")
+
+
+class ResumableSampler(torch.utils.data.Sampler):
+    """Indices ``0..n-1``: a permutation seeded by ``(seed, epoch)`` (or in order), split
+    across ``num_replicas`` distributed ranks like
+    :class:`~torch.utils.data.DistributedSampler` (padded to equal length by wrapping),
+    starting after the first ``skip`` indices of this rank's epoch. Uses its own
+    generator, never the global random state."""
+
+    def __init__(self, size: int, shuffle: bool = True, seed: int = 0, num_replicas: int = 1,
+                 rank: int = 0):
+        if size < 1:
+            raise ValueError("the dataset holds no sequences (documents shorter than "
+                             "min_length?)")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} outside [0, {num_replicas})")
+        self.size, self.shuffle, self.seed = size, shuffle, seed
+        self.num_replicas, self.rank = num_replicas, rank
+        self.epoch, self.skip = 0, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return math.ceil(self.size / self.num_replicas)
+
+    def __iter__(self) -> Iterator[int]:
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            order = torch.randperm(self.size, generator=gen)
+        else:
+            order = torch.arange(self.size)
+        total = len(self) * self.num_replicas
+        if total > self.size:  # pad by wrapping so every rank gets the same count
+            order = torch.cat([order, order[:total - self.size]])
+        mine = order[self.rank:total:self.num_replicas]
+        skip, self.skip = self.skip, 0
+        return iter(mine[skip:].tolist())
+
+
+class ResumableLoader(torch.utils.data.DataLoader):
+    """A PyG-collating :class:`~torch.utils.data.DataLoader` over a :class:`ResumableSampler`
+    that Lightning checkpoints: ``state_dict()`` holds the epoch and the batches handed to
+    training so far, ``load_state_dict()`` makes the next epoch's iteration skip them, so
+    a run resumed from a mid-epoch checkpoint sees exactly the batches it had left."""
+
+    def __init__(self, dataset, batch_size: int, sampler: ResumableSampler, **kwargs):
+        from torch_geometric.loader.dataloader import Collater
+
+        super().__init__(dataset, batch_size=batch_size, sampler=sampler,
+                         collate_fn=Collater(dataset), **kwargs)
+        self._delivered, self._resume = 0, 0
+
+    def __iter__(self):
+        self._delivered, self._resume = self._resume, 0
+        self.sampler.skip = self._delivered * self.batch_size
+        for batch in super().__iter__():
+            self._delivered += 1
+            yield batch
+
+    def state_dict(self) -> dict:
+        return dict(epoch=self.sampler.epoch, delivered=self._delivered)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.set_epoch(int(state["epoch"]))
+        self._resume = int(state["delivered"])
