@@ -33,6 +33,62 @@ def _quickstart(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_value(text: str):
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def _pretrain(args: argparse.Namespace) -> int:
+    import yaml
+
+    from glomo_pyg.training.text_pretraining import PretrainConfig, run_pretraining, set_by_path
+
+    data = {}
+    if args.config:
+        try:
+            with open(args.config) as fh:
+                data = yaml.safe_load(fh) or {}
+        except (OSError, yaml.YAMLError) as err:
+            raise SystemExit(f"glomo pretrain: cannot read {args.config}: {err}")
+        if not isinstance(data, dict):
+            raise SystemExit(f"glomo pretrain: {args.config} must hold a mapping")
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"glomo pretrain: --set expects key=value, got {item!r}")
+        set_by_path(data, key, _parse_value(value))
+    if args.output_dir:
+        data["output_dir"] = args.output_dir
+    try:
+        config = PretrainConfig.from_dict(data)
+    except (TypeError, ValueError) as err:
+        raise SystemExit(f"glomo pretrain: {err}")
+    if args.print_config:
+        print(yaml.safe_dump(config.to_dict(), sort_keys=False))
+        return 0
+    run_pretraining(config, resume=args.resume, prepare_only=args.prepare_only)
+    return 0
+
+
+def _word_vectors(args: argparse.Namespace) -> int:
+    from glomo_pyg.data.text import tokenize
+    from glomo_pyg.data.word_vectors import train_word_vectors, write_word_vectors
+    from glomo_pyg.training.text_pretraining import CorpusConfig, iter_documents
+
+    corpus = CorpusConfig(path=args.corpus, format=args.format, one_per_line=args.one_per_line,
+                          max_documents=args.max_documents)
+    docs = [tokenize(d) for d in iter_documents(corpus)]
+    print(f"glomo word-vectors: {len(docs)} documents, {sum(map(len, docs))} tokens; "
+          f"word2vec dim {args.dim}, {args.epochs} epochs", flush=True)
+    words, vectors = train_word_vectors(docs, dim=args.dim, window=args.window,
+                                        min_count=args.min_count, epochs=args.epochs,
+                                        workers=args.workers, seed=args.seed)
+    write_word_vectors(args.output, words, vectors)
+    print(f"{len(words)} vectors written to {args.output} (GloVe text format)")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="glomo", description="GLoMo latent graphs for PyG")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -52,6 +108,36 @@ def main(argv: Optional[List[str]] = None) -> int:
     q.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
     q.add_argument("--no-progress", action="store_true", help="no progress bar")
     q.set_defaults(func=_quickstart)
+
+    p = sub.add_parser("pretrain", help="pretrain GLoMo on a text corpus (Lightning)",
+                       description="Pretrain GLoMo on a text corpus. Settings come from a YAML "
+                                   "file (sections corpus, model, train; see --print-config) "
+                                   "and --set overrides.")
+    p.add_argument("--config", help="YAML configuration file")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a setting, e.g. --set train.max_steps=500 (repeatable)")
+    p.add_argument("--output-dir", help="run folder (corpus cache, checkpoints, logs, predictor)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from <output-dir>/checkpoints/last.ckpt")
+    p.add_argument("--print-config", action="store_true", help="print the resolved settings")
+    p.add_argument("--prepare-only", action="store_true",
+                   help="tokenise the corpus and build the vocabulary, then stop (run once "
+                        "before a multi-node job whose nodes share the output folder)")
+    p.set_defaults(func=_pretrain)
+
+    w = sub.add_parser("word-vectors", help="train word2vec vectors (GloVe text format)")
+    w.add_argument("--corpus", required=True, help="text file or folder, or the aclImdb folder")
+    w.add_argument("--format", default="text", choices=("text", "aclimdb"))
+    w.add_argument("--one-per-line", action="store_true")
+    w.add_argument("--output", required=True)
+    w.add_argument("--dim", type=int, default=300)
+    w.add_argument("--window", type=int, default=5)
+    w.add_argument("--min-count", type=int, default=5)
+    w.add_argument("--epochs", type=int, default=5)
+    w.add_argument("--workers", type=int, default=2)
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--max-documents", type=int, default=None)
+    w.set_defaults(func=_word_vectors)
     args = parser.parse_args(argv)
     return args.func(args)
 

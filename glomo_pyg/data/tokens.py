@@ -246,6 +246,9 @@ class ResumableLoader(torch.utils.data.DataLoader):
     def __init__(self, dataset, batch_size: int, sampler: ResumableSampler, **kwargs):
         from torch_geometric.loader.dataloader import Collater
 
+        # A private generator: iterating a DataLoader otherwise draws a worker seed from
+        # the global random state, which would shift the model's random draws on resume.
+        kwargs.setdefault("generator", torch.Generator().manual_seed(sampler.seed))
         super().__init__(dataset, batch_size=batch_size, sampler=sampler,
                          collate_fn=Collater(dataset), **kwargs)
         self._delivered, self._resume = 0, 0

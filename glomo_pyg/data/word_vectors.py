@@ -89,7 +89,8 @@ def embedding_matrix(vocabulary: Sequence[str], words: Sequence[str], vectors: n
     vocabulary found in the file."""
     index: Dict[str, int] = {w: i for i, w in enumerate(words)}
     dim = vectors.shape[1]
-    std = float(vectors.std()) if scale is None and vectors.size else (scale or 0.1)
+    std = scale if scale is not None else (float(vectors.std()) if vectors.size else 0.0)
+    std = std if std > 0 else 0.1
     gen = torch.Generator().manual_seed(seed)
     out = torch.randn(len(vocabulary), dim, generator=gen) * std
     found = 0

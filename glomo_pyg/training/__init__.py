@@ -1,4 +1,7 @@
 """Training loops (Lightning) for glomo_pyg models."""
+from glomo_pyg.training.graph_statistics import GraphStatistics, graph_statistics
 from glomo_pyg.training.pretraining import GlomoPretraining
+from glomo_pyg.training.text_pretraining import PretrainConfig, run_pretraining
 
-__all__ = ["GlomoPretraining"]
+__all__ = ["GlomoPretraining", "GraphStatistics", "PretrainConfig", "graph_statistics",
+           "run_pretraining"]

@@ -53,15 +53,18 @@ class GlomoPretraining(pl.LightningModule):
 
     def _step(self, data, stage: str) -> torch.Tensor:
         out = self.model(data.x, data.batch)
+        sync = stage != "train"  # epoch-level validation metrics: averaged over ranks
         self.log_dict({f"{stage}/{k}": v for k, v in out.metrics.items()},
-                      batch_size=int(data.num_graphs), prog_bar=False)
+                      batch_size=int(data.num_graphs), prog_bar=False, sync_dist=sync)
         self.log(f"{stage}_loss", out.loss.detach(), batch_size=int(data.num_graphs),
-                 prog_bar=True)
+                 prog_bar=True, sync_dist=sync)
         return out.loss
 
     def training_step(self, data, batch_idx: int) -> torch.Tensor:
         return self._step(data, "train")
 
+    def validation_step(self, data, batch_idx: int) -> torch.Tensor:
+        return self._step(data, "val")
 
     def configure_optimizers(self):
         graph = list(self.model.graph_parameters())

@@ -102,7 +102,7 @@ class QuickstartResult:
 
 
 @contextlib.contextmanager
-def _quiet_lightning():
+def quiet_lightning():
     """Hide Lightning's informational banners (device summary, tips) in this job's output."""
     loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
     levels = [lg.level for lg in loggers]
@@ -144,14 +144,14 @@ def run_quickstart(config: QuickstartConfig = QuickstartConfig()) -> QuickstartR
     logger = False
     if config.output_dir:
         logger = pl.loggers.CSVLogger(config.output_dir, name="quickstart")
-    with _quiet_lightning():
+    with quiet_lightning():
         trainer = pl.Trainer(max_steps=config.steps, accelerator=config.accelerator, devices=1,
                              gradient_clip_val=config.grad_clip, logger=logger,
                              enable_checkpointing=False, enable_model_summary=False,
                              enable_progress_bar=config.progress_bar, log_every_n_steps=10,
                              num_sanity_val_steps=0)
     start = time.perf_counter()
-    with warnings.catch_warnings(), _quiet_lightning():
+    with warnings.catch_warnings(), quiet_lightning():
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         warnings.filterwarnings("ignore", ".*isinstance.treespec, LeafSpec.*")
         trainer.fit(module, DataLoader(train, batch_size=config.batch_size, shuffle=True))

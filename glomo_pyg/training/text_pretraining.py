@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import random
 import time
@@ -41,6 +40,7 @@ from glomo_pyg.data.tokens import (ResumableLoader, ResumableSampler, TokenWindo
                                    read_shard_index, write_token_shards)
 from glomo_pyg.training.graph_statistics import GraphStatistics
 from glomo_pyg.training.pretraining import GlomoPretraining
+from glomo_pyg.training.quickstart import quiet_lightning
 
 CORPUS_FORMATS = ("text", "aclimdb")
 LOGGERS = ("csv", "tensorboard")
@@ -247,7 +247,8 @@ class TextPretrainingData(pl.LightningDataModule):
         if not self.val_ids:
             return []
         return DataLoader(torch.utils.data.Subset(self.windows, self.val_ids),
-                          batch_size=self.batch_size, num_workers=self.num_workers)
+                          batch_size=self.batch_size, num_workers=self.num_workers,
+                          generator=torch.Generator().manual_seed(self.seed))
 
 
 class _RandomState(pl.Callback):
@@ -310,26 +311,38 @@ def last_checkpoint(output_dir: str) -> Optional[str]:
     return path if os.path.exists(path) else None
 
 
+def _is_launcher_child() -> bool:
+    """True in the processes Lightning's DDP launcher starts besides the first (they run
+    this same command again)."""
+    return int(os.environ.get("LOCAL_RANK", 0)) > 0 or int(os.environ.get("NODE_RANK", 0)) > 0
+
+
 def run_pretraining(config: PretrainConfig, resume: bool = False,
-                    extra_callbacks: Optional[List[pl.Callback]] = None, log=print
-                    ) -> Dict[str, Any]:
+                    extra_callbacks: Optional[List[pl.Callback]] = None, log=print,
+                    prepare_only: bool = False) -> Dict[str, Any]:
     """Prepare the corpus, train, and save the predictor. Returns a summary (also written
-    to ``<output>/pretrain.json``)."""
+    to ``<output>/pretrain.json``). ``prepare_only`` stops after the corpus (tokens and
+    vocabulary): do that once before a multi-node run whose nodes share the folder."""
     from glomo_pyg.io.pretrained import save_pretrained
     from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 
     config.validate()
+    if _is_launcher_child():
+        log = lambda *args, **kwargs: None  # noqa: E731 (the first process reports)
     out = config.output_dir
     os.makedirs(out, exist_ok=True)
     ckpt = last_checkpoint(out) if resume else None
     if resume and ckpt is None:
         log(f"--resume: no checkpoint in {out}/checkpoints yet; starting from scratch")
-    if not resume and last_checkpoint(out) is not None:
+    if not resume and last_checkpoint(out) is not None and not _is_launcher_child():
         raise FileExistsError(f"{out} already holds a run (checkpoints/last.ckpt); pass "
                               "--resume to continue it or choose another output_dir")
-    with open(os.path.join(out, "config.json"), "w") as fh:
-        json.dump(config.to_dict(), fh, indent=1)
+    if not _is_launcher_child():
+        with open(os.path.join(out, "config.json"), "w") as fh:
+            json.dump(config.to_dict(), fh, indent=1)
     vocab, shards = prepare_corpus(config.corpus, out, log)
+    if prepare_only:
+        return dict(vocabulary=len(vocab), tokens=read_shard_index(shards)["num_tokens"])
     pl.seed_everything(config.train.seed, workers=True, verbose=False)
     c, t = config.corpus, config.train
     data = TextPretrainingData(shards, c.max_length, c.min_length, t.batch_size,
@@ -338,13 +351,20 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
     module = GlomoPretraining(model_kwargs, lr=t.lr, graph_lr_scale=t.graph_lr_scale,
                               graph_warmup_steps=t.graph_warmup_steps,
                               weight_decay=t.weight_decay)
-    trainer = build_trainer(config, extra_callbacks)
+    with quiet_lightning():
+        trainer = build_trainer(config, extra_callbacks)
+    log(f"trainer: {type(trainer.accelerator).__name__}, {trainer.num_devices} device(s) x "
+        f"{trainer.num_nodes} node(s), {type(trainer.strategy).__name__}, precision "
+        f"{trainer.precision}")
     log(f"pretraining: {len(data.train_ids)} training / {len(data.val_ids)} validation "
         f"sequences of <= {c.max_length} tokens, {t.max_steps} steps of {t.batch_size}"
         + (f", resuming from {ckpt}" if ckpt else ""))
     start = time.time()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), quiet_lightning():
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
+        warnings.filterwarnings("ignore", ".*isinstance.treespec, LeafSpec.*")
+        warnings.filterwarnings("ignore", ".*Checkpoint directory .* exists and is not empty.*")
+        warnings.filterwarnings("ignore", ".*Total length of .* across ranks is zero.*")
         trainer.fit(module, datamodule=data, ckpt_path=ckpt, weights_only=True)
     seconds = time.time() - start
     summary = dict(steps=trainer.global_step, seconds=round(seconds, 1),

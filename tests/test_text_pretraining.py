@@ -1,0 +1,153 @@
+"""glomo pretrain: corpus preparation, Lightning training, kill and resume, DDP, CLI."""
+import os
+import random
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from glomo_pyg import PretrainedGraphPredictor
+from glomo_pyg.cli import main
+from glomo_pyg.training import PretrainConfig, run_pretraining
+
+WORDS = "the cat sat on a mat and dog ran to park it was good bad movie film".split()
+
+
+def write_corpus(folder, documents=40, seed=0):
+    rng = random.Random(seed)
+    os.makedirs(folder, exist_ok=True)
+    for k in range(documents):
+        with open(os.path.join(folder, f"doc{k:03d}.txt"), "w") as fh:
+            fh.write(" ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 60))) + ".")
+
+
+def config(tmp_path, name, **train):
+    settings = dict(batch_size=4, max_steps=6, checkpoint_every=3, validate_every=3,
+                    log_every=1, graph_stats_every=2, progress_bar=False, accelerator="cpu",
+                    graph_warmup_steps=2, seed=1)
+    settings.update(train)
+    return PretrainConfig.from_dict(dict(
+        output_dir=str(tmp_path / name),
+        corpus=dict(path=str(tmp_path / "corpus"), min_count=1, max_length=16, min_length=4,
+                    validation_fraction=0.1),
+        model=dict(hidden_channels=16, num_layers=2, heads=2, cnn_layers=1, num_positions=4),
+        train=settings))
+
+
+def model_state(run_dir):
+    ckpt = torch.load(os.path.join(run_dir, "checkpoints", "last.ckpt"), weights_only=True)
+    return ckpt["state_dict"], ckpt["global_step"]
+
+
+class Crash(pl.Callback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == self.step:
+            raise RuntimeError("simulated crash")
+
+
+def test_pretrain_killed_and_resumed_reaches_the_uninterrupted_state(tmp_path):
+    write_corpus(tmp_path / "corpus")
+    summary = run_pretraining(config(tmp_path, "straight"), log=lambda *a: None)
+    assert summary["steps"] == 6 and summary["vocabulary"] == len(WORDS) + 5  # + "." and 4 specials
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_pretraining(config(tmp_path, "crashed"), extra_callbacks=[Crash(5)],
+                        log=lambda *a: None)
+    assert model_state(tmp_path / "crashed")[1] == 3  # the last checkpoint before the crash
+    with pytest.raises(FileExistsError, match="--resume"):
+        run_pretraining(config(tmp_path, "crashed"), log=lambda *a: None)
+    run_pretraining(config(tmp_path, "crashed"), resume=True, log=lambda *a: None)
+    straight, step_a = model_state(tmp_path / "straight")
+    resumed, step_b = model_state(tmp_path / "crashed")
+    assert step_a == step_b == 6
+    assert straight.keys() == resumed.keys()
+    for key in straight:
+        assert torch.equal(straight[key], resumed[key]), key
+    # and the run's artefacts: the predictor with its vocabulary, graph statistics in the log
+    predictor = PretrainedGraphPredictor.from_pretrained(str(tmp_path / "crashed" / "predictor"))
+    assert predictor.vocabulary[:2] == ["<pad>", "<unk>"] and "cat" in predictor.vocabulary
+    x = predictor.encode("the cat sat on the mat".split())
+    graphs = predictor(x)
+    assert graphs.forward.num_layers == 2 and graphs.backward is not None
+    metrics = open(tmp_path / "straight" / "logs" / "version_0" / "metrics.csv").readline()
+    for name in ("graphs/forward/layer1/density", "graphs/forward/layer0/out_degree",
+                 "graphs/backward/layer0/dist_1", "val_loss", "train_loss"):
+        assert name in metrics
+
+
+def test_pretrain_reuses_the_prepared_corpus_and_rejects_bad_settings(tmp_path):
+    write_corpus(tmp_path / "corpus")
+    cfg = config(tmp_path, "run", max_steps=2)
+    run_pretraining(cfg, log=lambda *a: None)
+    shards_mtime = os.path.getmtime(tmp_path / "run" / "tokens" / "index.json")
+    run_pretraining(cfg, resume=True, log=lambda *a: None)  # already at max_steps: no-op
+    assert os.path.getmtime(tmp_path / "run" / "tokens" / "index.json") == shards_mtime
+    changed = config(tmp_path, "run", max_steps=2)
+    changed.corpus.min_count = 5
+    with pytest.raises(ValueError, match="other settings"):
+        run_pretraining(changed, resume=True, log=lambda *a: None)
+    with pytest.raises(ValueError, match="unknown train settings"):
+        PretrainConfig.from_dict(dict(train=dict(learning_rate=1)))
+    with pytest.raises(ValueError, match="unknown configuration keys"):
+        PretrainConfig.from_dict(dict(trainer={}))
+    with pytest.raises(ValueError, match="corpus.format"):
+        PretrainConfig.from_dict(dict(corpus=dict(format="pdf")))
+    with pytest.raises(ValueError, match="set from the vocabulary"):
+        PretrainConfig.from_dict(dict(model=dict(num_tokens=5)))
+    with pytest.raises(ValueError, match="corpus.path is not set"):
+        run_pretraining(PretrainConfig.from_dict(dict(output_dir=str(tmp_path / "x"))),
+                        log=lambda *a: None)
+
+
+def test_pretrain_command_line(tmp_path, capsys):
+    write_corpus(tmp_path / "corpus", documents=20)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"corpus: {{path: {tmp_path / 'corpus'}, min_count: 1, max_length: 16, "
+                   "min_length: 4}\nmodel: {hidden_channels: 8, num_layers: 1, heads: 2, "
+                   "cnn_layers: 1}\ntrain: {batch_size: 4, progress_bar: false, "
+                   "accelerator: cpu}\n")
+    assert main(["pretrain", "--config", str(cfg), "--set", "train.max_steps=2",
+                 "--set", "train.lr=0.01", "--output-dir", str(tmp_path / "cli"),
+                 "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert "max_steps: 2" in printed and "lr: 0.01" in printed
+    assert main(["pretrain", "--config", str(cfg), "--set", "train.max_steps=2",
+                 "--output-dir", str(tmp_path / "cli")]) == 0
+    assert os.path.exists(tmp_path / "cli" / "predictor" / "model.safetensors")
+    with pytest.raises(SystemExit, match="key=value"):
+        main(["pretrain", "--config", str(cfg), "--set", "train.lr"])
+    with pytest.raises(SystemExit, match="cannot read"):
+        main(["pretrain", "--config", str(tmp_path / "missing.yaml")])
+    vectors = tmp_path / "vectors.txt"
+    assert main(["word-vectors", "--corpus", str(tmp_path / "corpus"), "--output", str(vectors),
+                 "--dim", "8", "--min-count", "1", "--epochs", "1", "--workers", "1"]) == 0
+    from glomo_pyg.data import read_word_vectors
+    words, array = read_word_vectors(str(vectors))
+    assert set(words) <= set(WORDS) | {"."} and array.shape == (len(words), 8)
+
+
+def test_pretrain_ddp_two_cpu_processes(tmp_path):
+    """Lightning's own DDP strategy, 2 processes on CPU (gloo), through the command line:
+    the launcher runs the same command again for rank 1."""
+    import subprocess
+    import sys
+
+    write_corpus(tmp_path / "corpus", documents=30)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"corpus: {{path: {tmp_path / 'corpus'}, min_count: 1, max_length: 16, "
+                   "min_length: 4, validation_fraction: 0.1}\nmodel: {hidden_channels: 8, "
+                   "num_layers: 1, heads: 2, cnn_layers: 1}\ntrain: {batch_size: 4, max_steps: 3, "
+                   "checkpoint_every: 3, validate_every: 3, progress_bar: false, "
+                   "accelerator: cpu, strategy: ddp, devices: 2}\n")
+    out = tmp_path / "ddp"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "glomo_pyg.cli", "pretrain", "--config",
+                           str(cfg), "--output-dir", str(out)], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 device(s) x 1 node(s), DDPStrategy" in proc.stdout
+    ckpt = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 3
+    assert os.path.exists(out / "predictor" / "model.safetensors")
