@@ -10,11 +10,12 @@ from glomo_pyg.nn.glomo import DirectionalGraphs, Glomo, GlomoOutput
 from glomo_pyg.nn.graph_predictor import GraphPredictor, GraphScorer
 from glomo_pyg.nn.mixer import GraphMixer
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
+from glomo_pyg.nn.text_classifier import GlomoTextClassifier
 from glomo_pyg.nn.transfer import GlomoTransfer
 
 __all__ = [
     "CausalCNN", "ContextDecoder", "DirectionalGraphs", "FeaturePredictor", "GatedFusion", "Glomo",
-    "GlomoConv", "GlomoOutput", "GlomoTransfer", "GraphMixer", "GraphPredictor", "GraphScorer",
+    "GlomoConv", "GlomoOutput", "GlomoTextClassifier", "GlomoTransfer", "GraphMixer", "GraphPredictor", "GraphScorer",
     "MaskedNorm", "PretrainedGraphPredictor", "UnitEncoder", "head_propagate",
     "latent_graph_edges", "weighted_spmm",
 ]

@@ -1,0 +1,122 @@
+"""Downstream text classification with Lightning: model selection on a held-out
+validation split, one evaluation on the test set."""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import lightning.pytorch as pl
+import torch
+from torch_geometric.data import Data
+from torch_geometric.loader import DataLoader
+
+from glomo_pyg.data.text import WordVocabulary, tokenize
+from glomo_pyg.training.quickstart import quiet_lightning
+
+
+def encode_documents(texts: Sequence[str], labels: Sequence[int], vocabulary: WordVocabulary,
+                     max_length: Optional[int] = None, lower: bool = True) -> List[Data]:
+    """One :class:`~torch_geometric.data.Data` per document: ``x`` its token ids (the first
+    ``max_length`` tokens; an empty document becomes one ``<unk>``) and ``y`` its label."""
+    if len(texts) != len(labels):
+        raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
+    out = []
+    for text, label in zip(texts, labels):
+        tokens = tokenize(text, lower)[:max_length] or ["<unk>"]
+        out.append(Data(x=vocabulary.encode(tokens), y=torch.tensor([int(label)])))
+    return out
+
+
+class TextClassification(pl.LightningModule):
+    """Cross-entropy training of a classifier ``model(x, batch) -> logits``; logs
+    ``train_loss``, ``val_acc``, ``test_acc``. Adam on the trainable parameters (a frozen
+    predictor and frozen word vectors have none)."""
+
+    def __init__(self, model: torch.nn.Module, lr: float = 1e-3, weight_decay: float = 0.0):
+        super().__init__()
+        self.model, self.lr, self.weight_decay = model, lr, weight_decay
+
+    def forward(self, x, batch):
+        return self.model(x, batch)
+
+    def training_step(self, data, batch_idx):
+        loss = torch.nn.functional.cross_entropy(self(data.x, data.batch), data.y)
+        self.log("train_loss", loss, batch_size=int(data.num_graphs), prog_bar=True)
+        return loss
+
+    def _accuracy(self, data, stage):
+        correct = (self(data.x, data.batch).argmax(-1) == data.y).float().mean()
+        self.log(f"{stage}_acc", correct, batch_size=int(data.num_graphs), prog_bar=True)
+
+    def validation_step(self, data, batch_idx):
+        self._accuracy(data, "val")
+
+    def test_step(self, data, batch_idx):
+        self._accuracy(data, "test")
+
+    def configure_optimizers(self):
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
+
+
+@dataclass
+class ClassificationResult:
+    val_acc: float
+    test_acc: float
+    best_epoch: int
+    seconds: float
+
+
+def train_and_test(model: torch.nn.Module, train: List[Data], val: List[Data], test: List[Data],
+                   epochs: int = 5, batch_size: int = 32, lr: float = 1e-3, seed: int = 0,
+                   accelerator: str = "auto", precision: str = "32-true",
+                   progress_bar: bool = False) -> ClassificationResult:
+    """Train for ``epochs``, keep the epoch with the best validation accuracy, and
+    evaluate that one once on ``test``."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    pl.seed_everything(seed, workers=True, verbose=False)
+    module = TextClassification(model, lr)
+    gen = torch.Generator().manual_seed(seed)
+    loaders = dict(train=DataLoader(train, batch_size=batch_size, shuffle=True, generator=gen),
+                   val=DataLoader(val, batch_size=batch_size), test=DataLoader(test, batch_size))
+    start = time.time()
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings(), quiet_lightning():
+        warnings.filterwarnings("ignore", ".*does not have many workers.*")
+        warnings.filterwarnings("ignore", ".*isinstance.treespec, LeafSpec.*")
+        warnings.filterwarnings("ignore", ".*module.s. in eval mode.*")  # the frozen predictor
+        warnings.filterwarnings("ignore", ".*smaller than the logging interval.*")
+        best = ModelCheckpoint(dirpath=tmp, monitor="val_acc", mode="max", save_top_k=1,
+                               filename="best-{epoch}", save_weights_only=True)
+        trainer = pl.Trainer(max_epochs=epochs, accelerator=accelerator, precision=precision,
+                             logger=False, callbacks=[best], enable_progress_bar=progress_bar,
+                             enable_model_summary=False, num_sanity_val_steps=0,
+                             deterministic=False)
+        trainer.fit(module, loaders["train"], loaders["val"])
+        state = torch.load(best.best_model_path, weights_only=True)["state_dict"]
+        module.load_state_dict(state)
+        test_metrics = trainer.test(module, loaders["test"], verbose=False)[0]
+        best_epoch = int(os.path.basename(best.best_model_path).split("=")[1].split(".")[0])
+    return ClassificationResult(val_acc=float(best.best_model_score), test_acc=test_metrics["test_acc"],
+                                best_epoch=best_epoch, seconds=time.time() - start)
+
+
+def split_train_validation(items: Sequence, validation: int, seed: int = 0):
+    """A seeded random hold-out of ``validation`` items (model selection only)."""
+    if not 0 < validation < len(items):
+        raise ValueError(f"validation must lie in (0, {len(items)}), got {validation}")
+    order = torch.randperm(len(items), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [items[k] for k in order[validation:]], [items[k] for k in order[:validation]]
+
+
+def summarise(results: Dict[str, List[ClassificationResult]]) -> Dict[str, Dict[str, float]]:
+    out = {}
+    for name, runs in results.items():
+        acc = torch.tensor([r.test_acc for r in runs], dtype=torch.float64) * 100
+        out[name] = dict(mean=float(acc.mean()), std=float(acc.std()) if len(runs) > 1 else 0.0,
+                         seeds=len(runs))
+    return out

@@ -1,0 +1,143 @@
+"""GlomoTextClassifier variants, the downstream training loop and the IMDB reproduction
+script end to end on a tiny aclImdb the test writes."""
+import json
+import os
+import random
+
+import pytest
+import torch
+
+from glomo_pyg import Glomo, GlomoTextClassifier, PretrainedGraphPredictor
+from glomo_pyg.data import WordVocabulary
+from glomo_pyg.training.text_classification import encode_documents, train_and_test
+
+TOKENS = ["<pad>", "<unk>", "<bos>", "<eos>"] + [f"w{k}" for k in range(16)]
+
+
+def predictor(num_layers=2, **kw):
+    torch.manual_seed(0)
+    model = Glomo(num_tokens=len(TOKENS), hidden_channels=8, num_layers=num_layers, heads=2,
+                  cnn_layers=1, padding_idx=0, **kw)
+    return PretrainedGraphPredictor.from_glomo(model, TOKENS)
+
+
+def batch_of(lengths, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(4, len(TOKENS), (sum(lengths),), generator=gen)
+    return x, torch.arange(len(lengths)).repeat_interleave(torch.tensor(lengths))
+
+
+@pytest.mark.parametrize("variant", [dict(predictor=None), dict(places=("embedding",)),
+                                     dict(places=("rnn",)), dict(places=("embedding", "rnn")),
+                                     dict(graph="uniform"), dict(graph="none"),
+                                     dict(rnn="lstm"), dict(ablation=dict(decouple=False)),
+                                     dict(ablation=dict(sparse=False, num_layers=1))])
+def test_every_variant_runs_forward_and_backward_on_a_tiny_batch(variant):
+    variant = dict(variant)
+    ablation = variant.pop("ablation", {})
+    p = variant.pop("predictor", "default")
+    p = predictor(**ablation) if p == "default" else p
+    emb = torch.randn(len(TOKENS), 6)
+    model = GlomoTextClassifier(emb, predictor=p, hidden_channels=4, attention_heads=2,
+                                **variant)
+    x, batch = batch_of([5, 1, 9, 3])  # a length-1 review included
+    logits = model(x, batch)
+    assert logits.shape == (4, 2) and torch.isfinite(logits).all()
+    logits.sum().backward()
+    trained = [n for n, q in model.named_parameters() if q.grad is not None]
+    assert "classifier.3.weight" in trained
+    assert not any(n.startswith(("embedding.", "glomo_embedding.predictor", "glomo_rnn.predictor"))
+                   for n in trained)  # frozen word vectors and frozen predictor
+    for place in ("glomo_embedding", "glomo_rnn"):  # the gate trains wherever graphs go
+        if getattr(model, place) is not None:
+            assert any(n.startswith(f"{place}.fusion") for n in trained)
+
+
+def test_reviews_do_not_see_each_other_and_graphs_matter():
+    """A review's logits do not depend on the other reviews in its batch (padding and
+    graphs never cross reviews), with learned graphs at both places."""
+    emb = torch.randn(len(TOKENS), 6)
+    model = GlomoTextClassifier(emb, predictor=predictor(), places=("embedding", "rnn"),
+                                hidden_channels=4, attention_heads=2).eval()
+    x, batch = batch_of([5, 9, 3])
+    together = model(x, batch)
+    alone = model(x[5:14], torch.zeros(9, dtype=torch.long))
+    torch.testing.assert_close(together[1:2], alone, rtol=1e-5, atol=1e-6)
+    # the same parameters with uniform graphs give other outputs: the graphs matter
+    uniform = GlomoTextClassifier(emb, predictor=predictor(), places=("embedding", "rnn"),
+                                  hidden_channels=4, attention_heads=2, graph="uniform").eval()
+    uniform.load_state_dict(model.state_dict())
+    assert not torch.allclose(uniform(x, batch), together, atol=1e-4)
+
+
+def test_classifier_rejects_bad_input():
+    emb = torch.randn(len(TOKENS), 6)
+    with pytest.raises(ValueError, match="vocabulary"):
+        GlomoTextClassifier(torch.randn(7, 6), predictor=predictor())
+    with pytest.raises(ValueError, match="rnn_layers >= 2"):
+        GlomoTextClassifier(emb, predictor=predictor(), places=("rnn",), rnn_layers=1)
+    with pytest.raises(ValueError, match="places"):
+        GlomoTextClassifier(emb, predictor=predictor(), places=("output",))
+    model = GlomoTextClassifier(emb, predictor=predictor(), hidden_channels=4, attention_heads=2)
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 20\)"):
+        model(torch.tensor([1, 25]), torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="int64"):
+        model(torch.tensor([1.0, 2.0]), torch.tensor([0, 0]))
+
+
+def test_train_and_test_selects_on_validation_and_learns_a_keyword_task():
+    vocab = WordVocabulary(TOKENS)
+    rng = random.Random(0)
+    texts, labels = [], []
+    for k in range(160):
+        label = k % 2
+        words = [f"w{rng.randrange(2, 16)}" for _ in range(rng.randint(3, 10))]
+        words.insert(rng.randrange(len(words) + 1), "w1" if label else "w0")
+        texts.append(" ".join(words))
+        labels.append(label)
+    data = encode_documents(texts, labels, vocab, max_length=12)
+    assert data[0].x.tolist()[:1] and data[0].y.item() == 0
+    torch.manual_seed(0)
+    model = GlomoTextClassifier(torch.randn(len(TOKENS), 8), predictor=None, hidden_channels=8,
+                                attention_heads=2, freeze_embedding=False, dropout=0.0)
+    result = train_and_test(model, data[:100], data[100:130], data[130:], epochs=6,
+                            batch_size=16, lr=1e-2, seed=0, accelerator="cpu")
+    assert result.test_acc > 0.9 and 0 <= result.best_epoch < 6
+    with pytest.raises(ValueError, match="labels"):
+        encode_documents(["a"], [0, 1], vocab)
+
+
+def test_imdb_reproduction_script_end_to_end(tmp_path):
+    from benchmarks.reproduce import imdb
+
+    rng = random.Random(0)
+    for split, count in (("train", 12), ("test", 8)):
+        for kind in ("pos", "neg"):
+            folder = tmp_path / "aclImdb" / split / kind
+            folder.mkdir(parents=True)
+            for k in range(count):
+                words = [rng.choice(["good", "great"] if kind == "pos" else ["bad", "awful"])
+                         for _ in range(3)] + [f"filler{rng.randrange(30)}" for _ in range(15)]
+                rng.shuffle(words)
+                (folder / f"{k}_{8 if kind == 'pos' else 2}.txt").write_text(" ".join(words))
+    unsup = tmp_path / "aclImdb" / "train" / "unsup"
+    unsup.mkdir()
+    for k in range(20):
+        (unsup / f"{k}_0.txt").write_text(" ".join(f"filler{rng.randrange(30)}"
+                                                    for _ in range(20)))
+    results = tmp_path / "imdb.md"
+    args = ["--data-dir", str(tmp_path), "--smoke", "--output-dir", str(tmp_path / "run"),
+            "--accelerator", "cpu", "--workers", "1", "--results", str(results)]
+    imdb.main(args)
+    text = results.read_text()
+    for label in ("feature only (word vectors)", "GLoMo on embeddings", "uniform graph"):
+        assert f"| {label} |" in text
+    runs = json.load(open(tmp_path / "run" / "downstream.json"))
+    assert sorted(runs) == sorted(f"{v}/{s}" for v in ("baseline", "glomo", "uniform")
+                                  for s in (0, 1))
+    assert all(0.0 <= r["test_acc"] <= 1.0 for r in runs.values())
+    # a second call reuses every cached stage and only writes the table again
+    mtime = os.path.getmtime(tmp_path / "run" / "word_vectors.txt")
+    imdb.main(args)
+    assert os.path.getmtime(tmp_path / "run" / "word_vectors.txt") == mtime
+    assert results.read_text().count("## ") == 2
