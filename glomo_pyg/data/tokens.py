@@ -20,7 +20,7 @@ import json
 import math
 import os
 import shutil
-from typing import Iterable, Iterator, List, Optional, Sequence, Union
+from typing import Iterable, Iterator, List, Sequence
 
 import numpy as np
 import torch

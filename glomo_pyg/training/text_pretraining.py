@@ -156,11 +156,12 @@ def set_by_path(data: Dict[str, Any], dotted: str, value: Any) -> None:
 def iter_documents(corpus: CorpusConfig) -> Iterator[str]:
     if corpus.path is None:
         raise ValueError("corpus.path is not set: a text file or folder, or the aclImdb folder")
+    path = os.path.expanduser(corpus.path)
     if corpus.format == "aclimdb":
         # unlabelled and labelled training reviews; the test reviews stay unseen
-        docs = (r.text for r in read_aclimdb(corpus.path, "train", ("unsup", "pos", "neg")))
+        docs = (r.text for r in read_aclimdb(path, "train", ("unsup", "pos", "neg")))
     else:
-        docs = read_text_documents(corpus.path, one_per_line=corpus.one_per_line)
+        docs = read_text_documents(path, one_per_line=corpus.one_per_line)
     for k, doc in enumerate(docs):
         if corpus.max_documents is not None and k >= corpus.max_documents:
             return
