@@ -86,8 +86,14 @@ def test_pretrain_reuses_the_prepared_corpus_and_rejects_bad_settings(tmp_path):
     assert os.path.getmtime(tmp_path / "run" / "tokens" / "index.json") == shards_mtime
     changed = config(tmp_path, "run", max_steps=2)
     changed.corpus.min_count = 5
-    with pytest.raises(ValueError, match="other settings"):
+    with pytest.raises(ValueError, match="other corpus settings"):
         run_pretraining(changed, resume=True, log=lambda *a: None)
+    wider = config(tmp_path, "run", max_steps=3)
+    wider.model["hidden_channels"] = 32  # a checkpoint of another model shape
+    with pytest.raises(ValueError, match="other model settings"):
+        run_pretraining(wider, resume=True, log=lambda *a: None)
+    longer = config(tmp_path, "run", max_steps=3)  # train settings may change on resume
+    assert run_pretraining(longer, resume=True, log=lambda *a: None)["steps"] == 3
     with pytest.raises(ValueError, match="unknown train settings"):
         PretrainConfig.from_dict(dict(train=dict(learning_rate=1)))
     with pytest.raises(ValueError, match="unknown configuration keys"):

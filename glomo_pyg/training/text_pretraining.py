@@ -338,9 +338,19 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
     if not resume and last_checkpoint(out) is not None and not _is_launcher_child():
         raise FileExistsError(f"{out} already holds a run (checkpoints/last.ckpt); pass "
                               "--resume to continue it or choose another output_dir")
+    saved_config = os.path.join(out, "config.json")
+    if ckpt is not None and os.path.exists(saved_config):
+        with open(saved_config) as fh:
+            before = json.load(fh)
+        changed = [k for k in ("model", "corpus") if before.get(k) != config.to_dict()[k]]
+        if changed:
+            raise ValueError(f"{out}: the checkpoint was trained with other {' and '.join(changed)} "
+                             f"settings ({saved_config}); resume with the same ones (only "
+                             "train settings such as max_steps may change)")
     if not _is_launcher_child():
-        with open(os.path.join(out, "config.json"), "w") as fh:
+        with open(saved_config + ".tmp", "w") as fh:
             json.dump(config.to_dict(), fh, indent=1)
+        os.replace(saved_config + ".tmp", saved_config)
     vocab, shards = prepare_corpus(config.corpus, out, log)
     if prepare_only:
         return dict(vocabulary=len(vocab), tokens=read_shard_index(shards)["num_tokens"])
