@@ -157,3 +157,16 @@ def test_pretrain_ddp_two_cpu_processes(tmp_path):
     ckpt = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 3
     assert os.path.exists(out / "predictor" / "model.safetensors")
+
+
+def test_graph_statistics_are_logged_only_at_their_interval(tmp_path):
+    import csv
+
+    write_corpus(tmp_path / "corpus")
+    run_pretraining(config(tmp_path, "stats", max_steps=6, graph_stats_every=3, log_every=1),
+                    log=lambda *a: None)
+    rows = list(csv.DictReader(open(tmp_path / "stats" / "logs" / "version_0" / "metrics.csv")))
+    steps = sorted({int(r["step"]) for r in rows if r.get("graphs/forward/layer0/density")})
+    assert steps == [3, 6]  # global_step after the optimiser steps of batches 3 and 6
+    assert all(0 < float(r["graphs/forward/layer0/density"]) <= 1 for r in rows
+               if r.get("graphs/forward/layer0/density"))

@@ -68,10 +68,11 @@ class GraphStatistics(pl.Callback):
             g = getattr(graphs, direction)
             if g is None:
                 continue
-            stats = graph_statistics(g)
-            pl_module.log_dict({f"graphs/{direction}/{k}": v for k, v in stats.items()},
-                               batch_size=int(batch.num_graphs), rank_zero_only=True)
+            stats = {f"graphs/{direction}/{k}": v for k, v in graph_statistics(g).items()}
             for logger in trainer.loggers:
+                # straight to the loggers, at this step only (values logged through
+                # LightningModule.log from a callback would be repeated at later steps)
+                logger.log_metrics(stats, step=step)
                 experiment = getattr(logger, "experiment", None)
                 if hasattr(experiment, "add_histogram"):
                     for l in range(g.num_layers):
