@@ -103,6 +103,10 @@ def test_train_and_test_selects_on_validation_and_learns_a_keyword_task():
     result = train_and_test(model, data[:100], data[100:130], data[130:], epochs=6,
                             batch_size=16, lr=1e-2, seed=0, accelerator="cpu")
     assert result.test_acc > 0.9 and 0 <= result.best_epoch < 6
+    assert len(result.val_history) == len(result.loss_history) == 6
+    assert result.val_acc == max(result.val_history)
+    assert result.val_history[result.best_epoch] == result.val_acc
+    assert result.loss_history[-1] < result.loss_history[0]
     with pytest.raises(ValueError, match="labels"):
         encode_documents(["a"], [0, 1], vocab)
 
@@ -126,15 +130,19 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
         (unsup / f"{k}_0.txt").write_text(" ".join(f"filler{rng.randrange(30)}"
                                                     for _ in range(20)))
     results = tmp_path / "imdb.md"
+    variants = ("baseline", "glomo", "uniform", "no-decouple")
     args = ["--data-dir", str(tmp_path), "--smoke", "--output-dir", str(tmp_path / "run"),
-            "--accelerator", "cpu", "--workers", "1", "--results", str(results)]
+            "--accelerator", "cpu", "--workers", "1", "--results", str(results),
+            "--variants", *variants]
     imdb.main(args)
     text = results.read_text()
-    for label in ("feature only (word vectors)", "GLoMo on embeddings", "uniform graph"):
+    for label in ("feature only (word vectors)", "GLoMo on embeddings", "uniform graph",
+                  "GLoMo, predictor -decouple"):
         assert f"| {label} |" in text
+    assert "| `no-decouple` | 0 |" in text  # graph statistics of the ablation's predictor
+    assert os.path.exists(tmp_path / "run" / "pretrain" / "no-decouple" / "predictor")
     runs = json.load(open(tmp_path / "run" / "downstream.json"))
-    assert sorted(runs) == sorted(f"{v}/{s}" for v in ("baseline", "glomo", "uniform")
-                                  for s in (0, 1))
+    assert sorted(runs) == sorted(f"{v}/{s}" for v in variants for s in (0, 1))
     assert all(0.0 <= r["test_acc"] <= 1.0 for r in runs.values())
     # a second call reuses every cached stage and only writes the table again
     mtime = os.path.getmtime(tmp_path / "run" / "word_vectors.txt")

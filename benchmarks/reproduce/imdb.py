@@ -10,8 +10,9 @@ interrupted reproduction continues where it stopped:
 1. word vectors: word2vec trained on the unlabelled + training reviews (no test text),
    written in the GloVe text format: the "transfer feature only" features;
 2. graph predictors: ``glomo pretrain`` on the same reviews, once with the default
-   settings and once per ablation the chosen variants need (``-sparse``,
-   ``-hierarchical``, ``-sequence``, ``-decouple``, ``-unit-level``);
+   settings and once per ablation the chosen variants need (``no-sparse``,
+   ``no-hierarchical``, ``no-sequence``, ``no-decouple``, ``no-unit-level``: the paper's
+   ``-sparse`` ... rows);
 3. downstream: ``GlomoTextClassifier`` (word vectors -> BiGRU -> self-attention ->
    pooling -> MLP) for every variant and seed; the epoch with the best accuracy on a
    held-out part of the 25k training reviews is evaluated once on the test reviews;
@@ -37,13 +38,13 @@ from typing import Dict, List
 import torch
 
 # Paper Tables 1-2, IMDB test accuracy (%), GloVe features.
-PAPER = {"baseline": 88.51, "glomo": 89.16, "uniform": 88.57, "-sparse": 88.96,
-         "-hierarchical": 88.71, "-unit-level": 88.49, "-sequence": 88.96}
+PAPER = {"baseline": 88.51, "glomo": 89.16, "uniform": 88.57, "no-sparse": 88.96,
+         "no-hierarchical": 88.71, "no-unit-level": 88.49, "no-sequence": 88.96}
 # What each variant changes: the predictor's pretraining (model settings) and where /
-# which graphs the classifier uses.
-ABLATIONS = {"-sparse": dict(sparse=False), "-hierarchical": dict(num_layers=1),
-             "-sequence": dict(context_length=1), "-decouple": dict(decouple=False),
-             "-unit-level": dict(objective="sequence")}
+# which graphs the classifier uses. The paper's "-sparse" row is variant "no-sparse", etc.
+ABLATIONS = {"no-sparse": dict(sparse=False), "no-hierarchical": dict(num_layers=1),
+             "no-sequence": dict(context_length=1), "no-decouple": dict(decouple=False),
+             "no-unit-level": dict(objective="sequence")}
 VARIANTS = {
     "baseline": dict(predictor=None),
     "glomo": dict(predictor="default", places=("embedding",)),
@@ -53,7 +54,7 @@ VARIANTS = {
 }
 LABELS = {"baseline": "feature only (word vectors)", "glomo": "GLoMo on embeddings",
           "glomo-rnn": "GLoMo on RNN states", "uniform": "uniform graph",
-          **{name: f"GLoMo, predictor {name}" for name in ABLATIONS}}
+          **{name: f"GLoMo, predictor -{name[3:]}" for name in ABLATIONS}}
 
 
 @dataclasses.dataclass
@@ -132,7 +133,7 @@ def word_vectors(args, setup: Setup, out: str):
 def pretrain(args, setup: Setup, out: str, name: str):
     from glomo_pyg.training import PretrainConfig, run_pretraining
 
-    folder = os.path.join(out, "pretrain", name.strip("-") or "default")
+    folder = os.path.join(out, "pretrain", name)
     model = dict(setup.model, **ABLATIONS.get(name, {}))
     config = PretrainConfig.from_dict(dict(
         output_dir=folder,
@@ -174,15 +175,39 @@ def reviews(args, setup: Setup, vocabulary):
     return encode(train_part), encode(val_part), encode(test)
 
 
-def graph_density(predictor, data) -> List[float]:
-    """Mean density per layer of the forward graphs over the first 256 test reviews."""
+def graph_profile(predictor, data, reviews: int = 256) -> Dict[str, List[float]]:
+    """Forward-graph statistics per layer on the first test reviews, for the predictor's
+    graphs and for uniform graphs over the same reviews (the reference a learned graph
+    should differ from): density, weight-averaged edge distance, and the weight the
+    graphs put on the previous 1 and 2 units."""
     from torch_geometric.loader import DataLoader
 
-    dens = []
+    from glomo_pyg import LatentGraphs
+    from glomo_pyg.training import graph_statistics
+
+    sums: Dict[str, List[float]] = {}
+    batches = 0
     with torch.no_grad():
-        for batch in DataLoader(data[:256], batch_size=32):
-            dens.append(predictor(batch.x, batch.batch).forward.density())
-    return [sum(d[l] for d in dens) / len(dens) for l in range(len(dens[0]))]
+        for batch in DataLoader(data[:reviews], batch_size=32):
+            learned = predictor(batch.x, batch.batch).forward
+            uniform = LatentGraphs.uniform(learned.ptr, num_layers=learned.num_layers,
+                                           num_heads=learned.num_heads, direction="forward")
+            for kind, graphs in (("learned", learned), ("uniform", uniform)):
+                stats = graph_statistics(graphs)
+                for l in range(graphs.num_layers):
+                    ei, w, _ = graphs.layer(l)
+                    dist = ei[1] - ei[0]
+                    columns = max(1, int((graphs.lengths - 1).clamp(min=0).sum()) *
+                                  graphs.num_heads)
+                    for name, value in (
+                            ("density", stats[f"layer{l}/density"]),
+                            ("distance", stats[f"layer{l}/distance"]),
+                            ("weight_prev1", float(w[dist == 1].sum()) / columns),
+                            ("weight_prev2", float(w[dist <= 2].sum()) / columns)):
+                        key = f"{kind}/{name}"
+                        sums.setdefault(key, [0.0] * graphs.num_layers)[l] += value
+            batches += 1
+    return {k: [v / batches for v in vals] for k, vals in sums.items()}
 
 
 def main(argv=None) -> None:
@@ -249,12 +274,12 @@ def main(argv=None) -> None:
             with open(runs_path + ".tmp", "w") as fh:
                 json.dump(runs, fh, indent=1)
             os.replace(runs_path + ".tmp", runs_path)
-    density = {name: graph_density(p, test) for name, p in loaded.items()}
-    write_results(args, setup, command, runs, pretrain_summaries, density, coverage,
+    profiles = {name: graph_profile(p, test) for name, p in loaded.items()}
+    write_results(args, setup, command, runs, pretrain_summaries, profiles, coverage,
                   len(train), len(val), len(test), time.time() - start)
 
 
-def write_results(args, setup, command, runs, pretrain_summaries, density, coverage,
+def write_results(args, setup, command, runs, pretrain_summaries, profiles, coverage,
                   n_train, n_val, n_test, seconds):
     from benchmarks.common import append_results, hardware
 
@@ -270,9 +295,18 @@ def write_results(args, setup, command, runs, pretrain_summaries, density, cover
     for name, s in pretrain_summaries.items():
         lines.append(f"- predictor `{name}`: {s['steps']} steps on {s['tokens']:,} corpus tokens "
                      f"(training sequences), vocabulary {s['vocabulary']}, "
-                     f"{s['seconds'] / 60:.1f} min, final validation loss {s['val_loss']:.3f}; "
-                     f"forward-graph density per layer on test reviews: "
-                     + ", ".join(f"{d:.3f}" for d in density[name]))
+                     f"{s['seconds'] / 60:.1f} min, final validation loss {s['val_loss']:.3f}")
+    lines += ["", "Forward graphs on the first 256 test reviews, per layer (learned / uniform "
+              "over the same allowed sources): density; weight-averaged edge distance; share "
+              "of each target's weight on the previous unit, and on the previous two units.", "",
+              "| predictor | layer | density | distance | weight on t-1 | weight on t-1, t-2 |",
+              "|---|---|---|---|---|---|"]
+    for name, prof in profiles.items():
+        for l in range(len(prof["learned/density"])):
+            cell = lambda key: f"{prof['learned/' + key][l]:.3f} / {prof['uniform/' + key][l]:.3f}"
+            lines.append(f"| `{name}` | {l} | {cell('density')} | {cell('distance')} | "
+                         f"{cell('weight_prev1')} | {cell('weight_prev2')} |")
+    lines.append("")
     lines += [f"- downstream: {n_train} training / {n_val} validation / {n_test} test reviews "
               f"(cut to {setup.review_length} tokens), {setup.epochs} epochs, best validation "
               f"epoch evaluated on test; word vectors {setup.vector_dim}-d word2vec, "

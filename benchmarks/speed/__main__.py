@@ -15,7 +15,7 @@ Sections (each module's docstring has the details):
 * ``transfer``: one ``GlomoTransfer`` forward for text (T=128..512) and 32x32 images
   (T=1024) per layout.
 
-Quick mode: CPU sizes, a few minutes on 2 cores. Full mode: the GPU sizes (B=16-128, T up
+Quick mode: CPU sizes, 3 repeats, about 3 minutes on 2 cores. Full mode: the GPU sizes (B=16-128, T up
 to 2048, width 512). Appends a section to ``benchmarks/results/speed.md`` and writes the
 raw numbers to ``benchmarks/results/speed_<device>.json``. On CPU the command re-executes
 itself with a fixed glibc mmap threshold so that peak resident memory measures tensors.
@@ -26,6 +26,7 @@ import argparse
 import datetime
 import json
 import sys
+import time
 
 import torch
 import torch_geometric
@@ -43,13 +44,16 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true", help="CPU sizes, a few minutes")
     parser.add_argument("--sections", nargs="+", choices=sorted(SECTIONS), default=list(SECTIONS))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="timed repeats per case (default: 3 with --quick, else 5)")
     parser.add_argument("--pyg-max-edges", type=int, default=1_000_000)
     parser.add_argument("--predictor", default="runs/quickstart/predictor",
                         help="a saved predictor whose graphs give the trained-density case")
     parser.add_argument("--output", default="benchmarks/results/speed.md")
     parser.add_argument("--json", default=None, help="raw results (default: next to --output)")
     args = parser.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 3 if args.quick else 5
     if args.device == "cpu":
         set_timing_allocator()
     command = " ".join(["python -m benchmarks.speed", *(sys.argv[1:] if argv is None else argv)])
@@ -60,10 +64,13 @@ def main(argv=None) -> None:
              f"PyG {torch_geometric.__version__}", ""]
     raw = dict(command=command, date=datetime.date.today().isoformat(),
                hardware=hardware(args.device))
+    start = time.time()
     for name in args.sections:
         section_lines, section_raw = SECTIONS[name].run(args)
         lines += section_lines
         raw[name] = section_raw
+    raw["seconds"] = round(time.time() - start, 1)
+    lines += [f"Whole run: {raw['seconds'] / 60:.1f} min.", ""]
     print(append_results(args.output, lines))
     path = args.json or args.output.rsplit(".", 1)[0] + f"_{args.device}.json"
     with open(path, "w") as fh:

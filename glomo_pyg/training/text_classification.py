@@ -6,7 +6,7 @@ import os
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 import lightning.pytorch as pl
@@ -45,7 +45,8 @@ class TextClassification(pl.LightningModule):
 
     def training_step(self, data, batch_idx):
         loss = torch.nn.functional.cross_entropy(self(data.x, data.batch), data.y)
-        self.log("train_loss", loss, batch_size=int(data.num_graphs), prog_bar=True)
+        self.log("train_loss", loss, batch_size=int(data.num_graphs), prog_bar=True,
+                 on_step=True, on_epoch=True)
         return loss
 
     def _accuracy(self, data, stage):
@@ -69,6 +70,21 @@ class ClassificationResult:
     test_acc: float
     best_epoch: int
     seconds: float
+    val_history: List[float] = field(default_factory=list)  # validation accuracy per epoch
+    loss_history: List[float] = field(default_factory=list)  # mean training loss per epoch
+
+
+class _History(pl.Callback):
+    def __init__(self):
+        self.val, self.loss = [], []
+
+    def on_validation_epoch_end(self, trainer, module):
+        if not trainer.sanity_checking and "val_acc" in trainer.callback_metrics:
+            self.val.append(float(trainer.callback_metrics["val_acc"]))
+
+    def on_train_epoch_end(self, trainer, module):
+        if "train_loss_epoch" in trainer.callback_metrics:
+            self.loss.append(float(trainer.callback_metrics["train_loss_epoch"]))
 
 
 def train_and_test(model: torch.nn.Module, train: List[Data], val: List[Data], test: List[Data],
@@ -92,8 +108,10 @@ def train_and_test(model: torch.nn.Module, train: List[Data], val: List[Data], t
         warnings.filterwarnings("ignore", ".*smaller than the logging interval.*")
         best = ModelCheckpoint(dirpath=tmp, monitor="val_acc", mode="max", save_top_k=1,
                                filename="best-{epoch}", save_weights_only=True)
+        history = _History()
         trainer = pl.Trainer(max_epochs=epochs, accelerator=accelerator, precision=precision,
-                             logger=False, callbacks=[best], enable_progress_bar=progress_bar,
+                             logger=False, callbacks=[best, history],
+                             enable_progress_bar=progress_bar,
                              enable_model_summary=False, num_sanity_val_steps=0,
                              deterministic=False)
         trainer.fit(module, loaders["train"], loaders["val"])
@@ -101,8 +119,10 @@ def train_and_test(model: torch.nn.Module, train: List[Data], val: List[Data], t
         module.load_state_dict(state)
         test_metrics = trainer.test(module, loaders["test"], verbose=False)[0]
         best_epoch = int(os.path.basename(best.best_model_path).split("=")[1].split(".")[0])
-    return ClassificationResult(val_acc=float(best.best_model_score), test_acc=test_metrics["test_acc"],
-                                best_epoch=best_epoch, seconds=time.time() - start)
+    return ClassificationResult(val_acc=float(best.best_model_score),
+                                test_acc=test_metrics["test_acc"], best_epoch=best_epoch,
+                                seconds=time.time() - start, val_history=history.val,
+                                loss_history=history.loss)
 
 
 def split_train_validation(items: Sequence, validation: int, seed: int = 0):
