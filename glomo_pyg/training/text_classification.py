@@ -7,7 +7,7 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 import lightning.pytorch as pl
 import torch
@@ -131,12 +131,3 @@ def split_train_validation(items: Sequence, validation: int, seed: int = 0):
         raise ValueError(f"validation must lie in (0, {len(items)}), got {validation}")
     order = torch.randperm(len(items), generator=torch.Generator().manual_seed(seed)).tolist()
     return [items[k] for k in order[validation:]], [items[k] for k in order[:validation]]
-
-
-def summarise(results: Dict[str, List[ClassificationResult]]) -> Dict[str, Dict[str, float]]:
-    out = {}
-    for name, runs in results.items():
-        acc = torch.tensor([r.test_acc for r in runs], dtype=torch.float64) * 100
-        out[name] = dict(mean=float(acc.mean()), std=float(acc.std()) if len(runs) > 1 else 0.0,
-                         seeds=len(runs))
-    return out
