@@ -131,19 +131,18 @@ class GlomoTextClassifier(torch.nn.Module):
         seqs = sequence_batch(x.size(0), batch, x.device)
         if seqs.num_sequences == 0 or int(seqs.lengths.min()) < 1:
             raise ValueError("every sequence needs at least one token")
-        graphs = None
+        # one set of graphs per batch, shared by both places (None for graph='none',
+        # which needs none)
         transfer = self.glomo_embedding or self.glomo_rnn
-        if transfer is not None:
-            graphs = transfer.graphs(x, seqs.batch, num_nodes=x.size(0))
+        graphs = transfer.graphs(x, seqs.batch, num_nodes=x.size(0)) \
+            if transfer is not None else None
         h = self.dropout(self.embedding(x))
         if self.glomo_embedding is not None:
-            h = self.glomo_embedding(h, graphs=graphs) if graphs is not None else \
-                self.glomo_embedding(h, x, seqs.batch)
+            h = self.glomo_embedding(h, graphs=graphs)
         for layer, rnn in enumerate(self.rnns):
             h = self.dropout(self._rnn(rnn, h, seqs))
             if layer == 0 and self.glomo_rnn is not None:
-                h = self.glomo_rnn(h, graphs=graphs) if graphs is not None else \
-                    self.glomo_rnn(h, x, seqs.batch)
+                h = self.glomo_rnn(h, graphs=graphs)
         padded, mask = seqs.to_padded(h), seqs.mask
         attended, _ = self.attention(padded, padded, padded, key_padding_mask=~mask,
                                      need_weights=False)
