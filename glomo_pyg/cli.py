@@ -89,6 +89,55 @@ def _word_vectors(args: argparse.Namespace) -> int:
     return 0
 
 
+def _syntax(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    import torch
+
+    from glomo_pyg.analysis import TreebankFormatError, compare_with_syntax, read_treebank
+    from glomo_pyg.io import PretrainedFormatError
+    from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    for name in ("max_sentences", "select_sentences", "batch_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise SystemExit(f"glomo syntax: --{name.replace('_', '-')} must be >= 1")
+    try:
+        predictor = PretrainedGraphPredictor.from_pretrained(args.predictor)
+        trees = read_treebank(args.treebank, args.format, args.max_sentences)
+        select = read_treebank(args.select_treebank, args.format, args.select_sentences) \
+            if args.select_treebank else None
+    except (OSError, TreebankFormatError, PretrainedFormatError, ValueError) as err:
+        raise SystemExit(f"glomo syntax: {err}")
+    if predictor.vocabulary is None:
+        raise SystemExit("glomo syntax: the predictor has no vocabulary (it reads features, "
+                         "not words)")
+    print(f"glomo syntax: {len(trees)} gold trees from {args.treebank}"
+          + (f"; graph chosen on {len(select)} trees from {args.select_treebank}" if select
+             else ""), flush=True)
+    try:
+        result = compare_with_syntax(predictor, trees, select, lower=not args.cased,
+                                     exclude_punct=not args.include_punct, metric=args.metric,
+                                     untrained=not args.no_untrained, seed=args.seed,
+                                     batch_size=args.batch_size)
+    except ValueError as err:
+        raise SystemExit(f"glomo syntax: {err}")
+    print(result.format())
+    if args.json:
+        folder = os.path.dirname(os.path.abspath(args.json))
+        os.makedirs(folder, exist_ok=True)
+        tmp = args.json + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(dict(predictor=args.predictor, treebank=args.treebank,
+                           select_treebank=args.select_treebank, **result.to_dict()), fh)
+        os.replace(tmp, args.json)
+        print(f"scores written to {args.json}")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="glomo", description="GLoMo latent graphs for PyG")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -138,6 +187,33 @@ def main(argv: Optional[List[str]] = None) -> int:
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--max-documents", type=int, default=None)
     w.set_defaults(func=_word_vectors)
+
+    y = sub.add_parser("syntax", help="score a predictor's graphs against gold dependency trees",
+                       description="Score every graph of a saved predictor against gold "
+                                   "dependency trees (CoNLL-U or CoNLL-X): attachment of the "
+                                   "heaviest source, directed and undirected, and average "
+                                   "precision, beside the adjacent-word, uniform and untrained "
+                                   "baselines (docs/syntax.md).")
+    y.add_argument("--predictor", required=True, help="folder written by save_pretrained")
+    y.add_argument("--treebank", required=True, help="gold trees to report on (e.g. EWT dev)")
+    y.add_argument("--select-treebank",
+                   help="gold trees on which the single graph is chosen (e.g. EWT train)")
+    y.add_argument("--format", choices=("conllu", "conllx"),
+                   help="default: from the extension (.conll/.conllx: CoNLL-X)")
+    y.add_argument("--max-sentences", type=int, help="only the first N trees of --treebank")
+    y.add_argument("--select-sentences", type=int, default=2000,
+                   help="only the first N trees of --select-treebank (default 2000)")
+    y.add_argument("--metric", default="undirected", choices=("undirected", "directed", "ap"),
+                   help="what the graph is chosen by")
+    y.add_argument("--include-punct", action="store_true", help="score punctuation targets too")
+    y.add_argument("--cased", action="store_true",
+                   help="do not lower-case words (for a predictor trained on cased text)")
+    y.add_argument("--no-untrained", action="store_true", help="skip the untrained baseline")
+    y.add_argument("--seed", type=int, default=0, help="seed of the untrained baseline")
+    y.add_argument("--batch-size", type=int, default=64)
+    y.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    y.add_argument("--json", help="also write all scores to this JSON file")
+    y.set_defaults(func=_syntax)
     args = parser.parse_args(argv)
     return args.func(args)
 

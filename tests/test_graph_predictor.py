@@ -1,4 +1,6 @@
 """GraphPredictor: Eq. 1 from its own parameters, invariants, causality, bad input."""
+import math
+
 import pytest
 import torch
 
@@ -35,6 +37,15 @@ def _reference_graphs(model, x, lengths):
             s = s + sc.bias[l]
         else:  # per-target threshold b_j = -(w . q_j + c)
             s = s - sc.threshold[l](q).transpose(-1, -2)
+        if sc.position_coef is not None:  # s += sum_m a_m cos(w_m (j - i)) + c_m sin(w_m (j - i))
+            m = sc.position_coef.size(-1)
+            period = model.init_kwargs["position_period"]
+            w = torch.tensor([math.pi * (2.0 / period) ** (n / (m - 1)) if m > 1 else math.pi
+                              for n in range(m)], dtype=s.dtype)
+            d = (torch.arange(t).view(1, -1) - torch.arange(t).view(-1, 1)).to(s.dtype)  # [i, j]
+            a, c = sc.position_coef[l, :, 0], sc.position_coef[l, :, 1]  # [H, M]
+            angle = d[None, :, :, None] * w
+            s = s + (a[:, None, None] * angle.cos() + c[:, None, None] * angle.sin()).sum(-1)
         allowed = allowed_pairs(lengths, t, model.direction, sc.include_self)
         out.append(dense_graph(s, allowed, "relu2" if sc.sparse else "softmax"))
     return torch.stack(out)
@@ -42,11 +53,17 @@ def _reference_graphs(model, x, lengths):
 
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 @pytest.mark.parametrize("kw", [dict(), dict(bias="threshold"), dict(include_self=True),
-                                dict(sparse=False), dict(norm="batch"), dict(norm=None)])
+                                dict(sparse=False), dict(norm="batch"), dict(norm=None),
+                                dict(position="relative"),
+                                dict(position="relative", bias="threshold", layout="dense",
+                                     position_frequencies=3, position_period=20.0),
+                                dict(position="relative", position_frequencies=1)])
 def test_graphs_equal_eq1_from_parameters(direction, kw):
     model = _predictor(direction=direction, **kw)
     with torch.no_grad():  # make some scores positive and some negative
         model.scorer.key[0].bias.normal_()
+        if model.scorer.position_coef is not None:
+            model.scorer.position_coef.normal_()
     x, batch = _tokens()
     graphs = model(x, batch)
     assert isinstance(graphs, LatentGraphs)
@@ -148,3 +165,35 @@ def test_bad_input_is_rejected_with_clear_errors():
         features(torch.full((4, 3), float("nan")))
     with pytest.raises(TypeError, match="floating"):
         features(torch.ones(4, 3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("layout", ["sparse", "dense"])
+def test_relative_position_gradients_match_the_reference(layout):
+    torch.manual_seed(1)
+    model = _predictor(position="relative", position_frequencies=4, layout=layout)
+    with torch.no_grad():
+        model.scorer.position_coef.normal_()
+    x, batch = _tokens()
+    weights = torch.randn(2, len(LENGTHS), 4, 10, 10, dtype=torch.float64)
+    (model(x, batch).to_dense() * weights).sum().backward()
+    got = model.scorer.position_coef.grad.clone()
+    model.zero_grad()
+    (_reference_graphs(model, x, LENGTHS) * weights).sum().backward()
+    torch.testing.assert_close(got, model.scorer.position_coef.grad)
+    assert got.abs().sum() > 0
+
+
+def test_relative_position_starts_as_the_paper_model_and_rejects_bad_settings():
+    torch.manual_seed(0)
+    plain = _predictor()
+    torch.manual_seed(0)
+    relative = _predictor(position="relative")
+    x, batch = _tokens()
+    torch.testing.assert_close(plain(x, batch).to_dense(), relative(x, batch).to_dense())
+    assert "position='relative'" in repr(relative.scorer)
+    for bad in (dict(position="absolute"), dict(position="relative", position_frequencies=0),
+                dict(position="relative", position_frequencies=2.5),
+                dict(position="relative", position_period=1.0),
+                dict(position="relative", position_period=float("inf"))):
+        with pytest.raises(ValueError, match="position"):
+            _predictor(**bad)

@@ -140,10 +140,24 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
                   "GLoMo, predictor -decouple"):
         assert f"| {label} |" in text
     assert "| `no-decouple` | 0 |" in text  # graph statistics of the ablation's predictor
+    assert f"| {imdb.TFIDF_LABEL} |" in text
+    assert "| GLoMo on embeddings − feature only (word vectors) |" in text  # paired table
+    assert "| GLoMo on embeddings − uniform graph |" in text
     assert os.path.exists(tmp_path / "run" / "pretrain" / "no-decouple" / "predictor")
     runs = json.load(open(tmp_path / "run" / "downstream.json"))
-    assert sorted(runs) == sorted(f"{v}/{s}" for v in variants for s in (0, 1))
-    assert all(0.0 <= r["test_acc"] <= 1.0 for r in runs.values())
+    lrs = imdb.SMOKE.lrs
+    assert len(lrs) > 1  # the smoke run goes through the learning-rate choice
+    for v in variants:  # seed 0 at every rate, validation only except at the chosen rate
+        search = {lr: runs[f"{v}/0/lr={lr:g}"] for lr in lrs}
+        best = max(lrs, key=lambda lr: search[lr]["val_acc"])
+        assert [lr for lr in lrs if search[lr]["test_acc"] is not None] == [best]
+        assert 0.0 <= search[best]["test_acc"] <= 1.0
+        assert 0.0 <= runs[f"{v}/1/lr={best:g}"]["test_acc"] <= 1.0  # other seeds: that rate
+        assert all(r["lr"] == lr for lr, r in search.items())
+    assert len(runs) == len(variants) * (len(lrs) + 1)
+    assert os.listdir(tmp_path / "run" / "lr-search") == []  # checkpoints removed once used
+    tfidf = json.load(open(tmp_path / "run" / "tfidf.json"))
+    assert 0.0 <= tfidf["test_acc"] <= 1.0 and tfidf["C"] in imdb.TFIDF_CS
     # a second call reuses every cached stage and only writes the table again
     mtime = os.path.getmtime(tmp_path / "run" / "word_vectors.txt")
     imdb.main(args)

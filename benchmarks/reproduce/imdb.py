@@ -13,15 +13,27 @@ interrupted reproduction continues where it stopped:
    settings and once per ablation the chosen variants need (``no-sparse``,
    ``no-hierarchical``, ``no-sequence``, ``no-decouple``, ``no-unit-level``: the paper's
    ``-sparse`` ... rows);
-3. downstream: ``GlomoTextClassifier`` (word vectors -> BiGRU -> self-attention ->
-   pooling -> MLP) for every variant and seed; the epoch with the best accuracy on a
-   held-out part of the 25k training reviews is evaluated once on the test reviews;
-4. ``benchmarks/results/imdb.md``: mean ± std over seeds beside the paper's numbers.
+3. TF-IDF baseline (``tfidf.json``): word 1-2-gram TF-IDF + logistic regression on the
+   same training reviews, cut to the same number of the project's tokens; C chosen on the
+   same validation reviews, evaluated once on the same test reviews: the score a user
+   would get without any neural model;
+4. downstream (``downstream.json``, one entry per ``variant/seed/lr=...``):
+   ``GlomoTextClassifier`` (word vectors -> BiGRU -> self-attention -> pooling -> MLP).
+   Per variant, seed 0 is trained at every learning rate of the grid (``--lrs``) and only
+   validated; the rate with the best validation accuracy is kept, seed 0's model at that
+   rate is evaluated once on the test reviews, and the other seeds are trained at that
+   rate. In every run the epoch with the best accuracy on a held-out part of the 25k
+   training reviews is the one evaluated on test;
+5. ``benchmarks/results/imdb.md``: mean ± std over seeds beside the TF-IDF baseline and
+   the paper's numbers, the validation accuracy behind each learning-rate choice, and
+   paired differences per seed (every variant - baseline, GLoMo - uniform graph) with
+   95% Student-t confidence intervals: all variants use the same seeds, so the
+   seed-to-seed variation they share cancels in the difference.
 
-``--reduced`` is the CPU configuration (about an hour on 2 cores): a smaller corpus,
+``--reduced`` is the CPU configuration (about two hours on 2 cores): a smaller corpus,
 model and vocabulary, reviews cut to 128 tokens, 4,000 training / 1,000 validation
 reviews and a fixed random 5,000 of the 25,000 test reviews, variants baseline, GLoMo
-and uniform graph. Its numbers are not a reproduction of the paper's; the full
+and uniform graph, 5 seeds. Its numbers are not a reproduction of the paper's; the full
 configuration (the default, for a GPU) is.
 """
 from __future__ import annotations
@@ -30,10 +42,11 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import os
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
@@ -55,6 +68,13 @@ VARIANTS = {
 LABELS = {"baseline": "feature only (word vectors)", "glomo": "GLoMo on embeddings",
           "glomo-rnn": "GLoMo on RNN states", "uniform": "uniform graph",
           **{name: f"GLoMo, predictor -{name[3:]}" for name in ABLATIONS}}
+TFIDF_LABEL = "TF-IDF (1-2-gram) + logistic regression"
+TFIDF_CS = (0.3, 1.0, 3.0, 10.0)  # inverse regularisation strengths tried on validation
+# Two-sided 95% quantiles of Student's t, t(0.975, df) for df = 1..30 (scipy is no
+# dependency); beyond 30 the normal 1.96 (at most 2% narrower than t there).
+T975 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281,
+        2.2010, 2.1788, 2.1604, 2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860,
+        2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555, 2.0518, 2.0484, 2.0452, 2.0423)
 
 
 @dataclasses.dataclass
@@ -77,7 +97,7 @@ class Setup:
     hidden: int
     epochs: int
     batch_size: int
-    lr: float
+    lrs: tuple  # learning rates tried with seed 0 of each variant, chosen on validation
     variants: tuple
     seeds: int
 
@@ -87,22 +107,23 @@ FULL = Setup(corpus_documents=None, vocabulary=30000, pretrain_length=128,
                         context_length=3, num_positions=20),
              pretrain_steps=20000, pretrain_batch=32, warmup=1000, vector_dim=300,
              vector_epochs=5, review_length=400, train_reviews=None, validation_reviews=2500,
-             test_reviews=None, hidden=150, epochs=6, batch_size=32, lr=1e-3,
-             variants=tuple(VARIANTS), seeds=5)
+             test_reviews=None, hidden=150, epochs=6, batch_size=32,
+             lrs=(5e-4, 1e-3, 2e-3), variants=tuple(VARIANTS), seeds=5)
 REDUCED = Setup(corpus_documents=20000, vocabulary=10000, pretrain_length=64,
                 model=dict(hidden_channels=96, num_layers=2, heads=4, cnn_layers=2,
                            context_length=3, num_positions=10),
                 pretrain_steps=800, pretrain_batch=32, warmup=100, vector_dim=100,
                 vector_epochs=3, review_length=128, train_reviews=4000,
                 validation_reviews=1000, test_reviews=5000, hidden=64, epochs=3,
-                batch_size=32, lr=2e-3, variants=("baseline", "glomo", "uniform"), seeds=3)
+                batch_size=32, lrs=(1e-3, 2e-3, 4e-3), variants=("baseline", "glomo", "uniform"),
+                seeds=5)
 # A seconds-long run over a tiny corpus: the test suite's end-to-end check of this script.
 SMOKE = Setup(corpus_documents=None, vocabulary=200, pretrain_length=16,
               model=dict(hidden_channels=8, num_layers=1, heads=2, cnn_layers=1,
                          context_length=2, num_positions=2),
               pretrain_steps=2, pretrain_batch=4, warmup=1, vector_dim=4, vector_epochs=1,
               review_length=16, train_reviews=None, validation_reviews=2, test_reviews=None,
-              hidden=4, epochs=1, batch_size=4, lr=1e-3,
+              hidden=4, epochs=1, batch_size=4, lrs=(1e-3, 1e-2),
               variants=("baseline", "glomo", "uniform"), seeds=2)
 
 
@@ -157,22 +178,135 @@ def pretrain(args, setup: Setup, out: str, name: str):
     return os.path.join(folder, "predictor"), summary
 
 
-def reviews(args, setup: Setup, vocabulary):
-    from glomo_pyg.data import WordVocabulary, read_aclimdb
-    from glomo_pyg.training.text_classification import encode_documents, split_train_validation
+def review_splits(args, setup: Setup) -> Tuple[List, List, List]:
+    """The training, validation and test reviews (``Review`` records) every model uses."""
+    from glomo_pyg.data import read_aclimdb
+    from glomo_pyg.training.text_classification import split_train_validation
 
-    vocab = WordVocabulary(vocabulary)
     train = read_aclimdb(args.data_dir, "train")
     test = read_aclimdb(args.data_dir, "test")
-    encode = lambda rs: encode_documents([r.text for r in rs], [r.label for r in rs], vocab,
-                                         setup.review_length)
     train_part, val_part = split_train_validation(train, setup.validation_reviews, seed=0)
     if setup.train_reviews is not None:
         train_part = train_part[:setup.train_reviews]
     if setup.test_reviews is not None:
         order = torch.randperm(len(test), generator=torch.Generator().manual_seed(1)).tolist()
         test = [test[k] for k in order[:setup.test_reviews]]
-    return encode(train_part), encode(val_part), encode(test)
+    return train_part, val_part, test
+
+
+def reviews(splits, setup: Setup, vocabulary):
+    from glomo_pyg.data import WordVocabulary
+    from glomo_pyg.training.text_classification import encode_documents
+
+    vocab = WordVocabulary(vocabulary)
+    return tuple(encode_documents([r.text for r in rs], [r.label for r in rs], vocab,
+                                  setup.review_length) for rs in splits)
+
+
+def tfidf_baseline(train: Tuple[Sequence[str], Sequence[int]],
+                   val: Tuple[Sequence[str], Sequence[int]],
+                   test: Tuple[Sequence[str], Sequence[int]], max_length: int | None = None,
+                   cs: Sequence[float] = TFIDF_CS, min_df: int = 2) -> Dict:
+    """Word 1-2-gram TF-IDF + logistic regression, the non-neural baseline: fitted on
+    ``train`` (texts, labels) once per C in ``cs``, the C with the best accuracy on ``val``
+    kept (the first on ties) and evaluated once on ``test``. Texts are cut to their first
+    ``max_length`` tokens of :func:`glomo_pyg.data.tokenize`, the tokens the neural models
+    see. Returns ``C``, ``val_acc``, ``test_acc``, ``val_by_C`` ([C, accuracy] pairs),
+    ``features`` and ``seconds``."""
+    import numpy as np
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    from glomo_pyg.data import tokenize
+
+    start = time.time()
+    # the project's tokens joined by spaces and split on whitespace again: no second
+    # tokenizer decides what a word is (tokenize already lower-cases)
+    cut = lambda texts: [" ".join(tokenize(t)[:max_length]) for t in texts]
+    vectorizer = TfidfVectorizer(ngram_range=(1, 2), token_pattern=r"\S+", lowercase=False,
+                                 min_df=min_df, sublinear_tf=True, dtype=np.float32)
+    x_train = vectorizer.fit_transform(cut(train[0]))
+    x_val = vectorizer.transform(cut(val[0]))
+    fitted, val_by_c = {}, {}
+    for c in cs:
+        fitted[c] = LogisticRegression(C=c, solver="liblinear", max_iter=1000).fit(
+            x_train, list(train[1]))
+        val_by_c[c] = float(fitted[c].score(x_val, list(val[1])))
+    best = max(cs, key=val_by_c.get)
+    test_acc = float(fitted[best].score(vectorizer.transform(cut(test[0])), list(test[1])))
+    return dict(C=best, val_acc=val_by_c[best], test_acc=test_acc,
+                val_by_C=[[c, val_by_c[c]] for c in cs], features=len(vectorizer.vocabulary_),
+                seconds=time.time() - start)
+
+
+def tfidf(setup: Setup, out: str, splits) -> Dict:
+    """:func:`tfidf_baseline` on the reproduction's reviews, cached in ``tfidf.json``."""
+    path = os.path.join(out, "tfidf.json")
+    config = dict(cs=list(TFIDF_CS), review_length=setup.review_length,
+                  reviews=[len(rs) for rs in splits])
+    if os.path.exists(path):
+        with open(path) as fh:
+            result = json.load(fh)
+        if result.get("config") == config:
+            return result
+    pairs = [([r.text for r in rs], [r.label for r in rs]) for rs in splits]
+    result = dict(tfidf_baseline(*pairs, max_length=setup.review_length), config=config)
+    with open(path, "w") as fh:
+        json.dump(result, fh, indent=1)
+    return result
+
+
+def t_quantile_975(df: int) -> float:
+    """t(0.975, df): the half-width factor of a two-sided 95% Student-t interval."""
+    if df < 1:
+        raise ValueError(f"df must be >= 1, got {df}")
+    return T975[df - 1] if df <= len(T975) else 1.96
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float]
+                      ) -> Tuple[float, float, float, int]:
+    """Mean of the paired differences ``a[i] - b[i]`` (e.g. two variants' test accuracies
+    with the same seed) and its two-sided 95% Student-t confidence interval:
+    ``(mean, low, high, n)``. One pair gives no interval: ``low`` and ``high`` are NaN."""
+    if len(a) != len(b):
+        raise ValueError(f"paired samples need equal lengths, got {len(a)} and {len(b)}")
+    n = len(a)
+    if n == 0:
+        raise ValueError("no pairs")
+    diffs = [float(x) - float(y) for x, y in zip(a, b)]
+    mean = sum(diffs) / n
+    if n == 1:
+        return mean, math.nan, math.nan, 1
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+    half = t_quantile_975(n - 1) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half, n
+
+
+def run_key(variant: str, seed: int, lr: float) -> str:
+    return f"{variant}/{seed}/lr={lr:g}"
+
+
+def trainable_state(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """The state that training changes: everything but the frozen parameters (word
+    vectors, predictor), which are rebuilt identically, so a checkpoint stays small."""
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    return {k: v.detach().cpu() for k, v in model.state_dict().items() if k not in frozen}
+
+
+def evaluate_accuracy(model: torch.nn.Module, data, batch_size: int, accelerator: str) -> float:
+    """Accuracy of ``model`` (eval mode) on ``data``."""
+    from torch_geometric.loader import DataLoader
+
+    device = "cuda" if accelerator != "cpu" and torch.cuda.is_available() else "cpu"
+    model = model.to(device).eval()
+    correct = total = 0
+    with torch.no_grad():
+        for batch in DataLoader(data, batch_size=batch_size):
+            batch = batch.to(device)
+            correct += int((model(batch.x, batch.batch).argmax(-1) == batch.y).sum())
+            total += int(batch.num_graphs)
+    model.cpu()
+    return correct / total
 
 
 def graph_profile(predictor, data, reviews: int = 256) -> Dict[str, List[float]]:
@@ -217,6 +351,8 @@ def main(argv=None) -> None:
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests only
     parser.add_argument("--output-dir", default=None)
     parser.add_argument("--seeds", type=int, default=None)
+    parser.add_argument("--lrs", type=float, nargs="+", default=None,
+                        help="learning rates tried with seed 0, chosen on validation")
     parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=None)
     parser.add_argument("--accelerator", default="auto")
     parser.add_argument("--workers", type=int, default=2, help="word2vec threads")
@@ -225,6 +361,8 @@ def main(argv=None) -> None:
     setup = dataclasses.replace(SMOKE if args.smoke else REDUCED if args.reduced else FULL)
     if args.seeds:
         setup.seeds = args.seeds
+    if args.lrs:
+        setup.lrs = tuple(args.lrs)
     if args.variants:
         setup.variants = tuple(args.variants)
     mode = "smoke" if args.smoke else "reduced" if args.reduced else "full"
@@ -250,37 +388,105 @@ def main(argv=None) -> None:
     if any(p.vocabulary != vocabulary for p in loaded.values()):
         raise SystemExit("predictors were pretrained with different vocabularies")
     embedding, coverage = embedding_matrix(vocabulary, words, vectors, seed=0)
-    train, val, test = reviews(args, setup, vocabulary)
+    splits = review_splits(args, setup)
+    train, val, test = reviews(splits, setup, vocabulary)
     log(f"reviews: {len(train)} train / {len(val)} validation / {len(test)} test, cut to "
         f"{setup.review_length} tokens; word vectors cover {coverage:.1%} of the vocabulary")
+    baseline_tfidf = tfidf(setup, out, splits)
+    log(f"{TFIDF_LABEL}: C {baseline_tfidf['C']:g} (validation "
+        f"{baseline_tfidf['val_acc']:.4f}), test {baseline_tfidf['test_acc']:.4f}, "
+        f"{baseline_tfidf['features']} features")
+
     runs_path = os.path.join(out, "downstream.json")
     runs = json.load(open(runs_path)) if os.path.exists(runs_path) else {}
-    for seed in range(setup.seeds):
-        for variant in setup.variants:
-            key = f"{variant}/{seed}"
+    checkpoints = os.path.join(out, "lr-search")
+    os.makedirs(checkpoints, exist_ok=True)
+
+    def save_runs():
+        with open(runs_path + ".tmp", "w") as fh:
+            json.dump(runs, fh, indent=1)
+        os.replace(runs_path + ".tmp", runs_path)
+
+    def build(variant: str, seed: int) -> GlomoTextClassifier:
+        spec = dict(VARIANTS[variant])
+        predictor = loaded.get(spec.pop("predictor"))
+        torch.manual_seed(seed)
+        return GlomoTextClassifier(embedding, predictor=predictor, hidden_channels=setup.hidden,
+                                   **spec)
+
+    def fit(variant: str, seed: int, lr: float, test_data):
+        """One run: its cache entry and the model (left at its best validation epoch)."""
+        model = build(variant, seed)
+        result = train_and_test(model, train, val, test_data, epochs=setup.epochs,
+                                batch_size=setup.batch_size, lr=lr, seed=seed,
+                                accelerator=args.accelerator)
+        return dict(dataclasses.asdict(result), lr=lr), model
+
+    def record(key: str, entry: Dict):
+        runs[key] = entry
+        test_text = "not evaluated" if entry["test_acc"] is None else f"{entry['test_acc']:.4f}"
+        log(f"{key}: val {entry['val_acc']:.4f} (epoch {entry['best_epoch']}), "
+            f"test {test_text}, {entry['seconds']:.0f} s")
+        save_runs()
+
+    # learning rate per variant: seed 0 at every rate, validation only. train_and_test
+    # always evaluates a test set; it gets the validation reviews, so the test reviews are
+    # seen only by the chosen rate's model, restored from its checkpoint afterwards
+    chosen: Dict[str, float] = {}
+    for variant in setup.variants:
+        for lr in setup.lrs:
+            key = run_key(variant, 0, lr)
             if key in runs:
                 continue
-            spec = dict(VARIANTS[variant])
-            predictor = loaded.get(spec.pop("predictor"))
-            torch.manual_seed(seed)
-            model = GlomoTextClassifier(embedding, predictor=predictor, hidden_channels=setup.hidden,
-                                        **spec)
-            result = train_and_test(model, train, val, test, epochs=setup.epochs,
-                                    batch_size=setup.batch_size, lr=setup.lr, seed=seed,
-                                    accelerator=args.accelerator)
-            runs[key] = dataclasses.asdict(result)
-            log(f"{variant} seed {seed}: val {result.val_acc:.4f} (epoch {result.best_epoch}), "
-                f"test {result.test_acc:.4f}, {result.seconds:.0f} s")
-            with open(runs_path + ".tmp", "w") as fh:
-                json.dump(runs, fh, indent=1)
-            os.replace(runs_path + ".tmp", runs_path)
+            entry, model = fit(variant, 0, lr, val)
+            torch.save(trainable_state(model), os.path.join(checkpoints, f"{variant}-{lr:g}.pt"))
+            record(key, dict(entry, test_acc=None))
+        chosen[variant] = max(setup.lrs, key=lambda lr: runs[run_key(variant, 0, lr)]["val_acc"])
+        key = run_key(variant, 0, chosen[variant])
+        if runs[key]["test_acc"] is None:
+            path = os.path.join(checkpoints, f"{variant}-{chosen[variant]:g}.pt")
+            if os.path.exists(path):
+                model = build(variant, 0)
+                missing, unexpected = model.load_state_dict(torch.load(path, weights_only=True),
+                                                            strict=False)
+                frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+                if unexpected or set(missing) - frozen:
+                    raise RuntimeError(f"{path} does not fit variant {variant}")
+                entry = dict(runs[key], test_acc=evaluate_accuracy(
+                    model, test, setup.batch_size, args.accelerator))
+            else:  # checkpoint lost: train this run again, now with the test evaluation
+                entry, _ = fit(variant, 0, chosen[variant], test)
+            record(key, entry)
+        for lr in setup.lrs:  # every seed-0 run of this variant is final now
+            path = os.path.join(checkpoints, f"{variant}-{lr:g}.pt")
+            if os.path.exists(path):
+                os.remove(path)
+        tried = ", ".join(f"{lr:g}: {runs[run_key(variant, 0, lr)]['val_acc']:.4f}"
+                          for lr in setup.lrs)
+        log(f"{variant}: learning rate {chosen[variant]:g} chosen on validation ({tried})")
+    for seed in range(1, setup.seeds):
+        for variant in setup.variants:
+            key = run_key(variant, seed, chosen[variant])
+            if key not in runs:
+                record(key, fit(variant, seed, chosen[variant], test)[0])
+    for variant in setup.variants:  # the neural results beside the TF-IDF baseline
+        acc = [runs[run_key(variant, s, chosen[variant])]["test_acc"] for s in range(setup.seeds)]
+        log(f"{LABELS[variant]}: test {sum(acc) / len(acc):.4f} over {len(acc)} seeds, "
+            f"lr {chosen[variant]:g}")
+    log(f"{TFIDF_LABEL}: test {baseline_tfidf['test_acc']:.4f}")
     profiles = {name: graph_profile(p, test) for name, p in loaded.items()}
-    write_results(args, setup, command, runs, pretrain_summaries, profiles, coverage,
-                  len(train), len(val), len(test), time.time() - start)
+    write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_summaries,
+                  profiles, coverage, len(train), len(val), len(test), time.time() - start)
 
 
-def write_results(args, setup, command, runs, pretrain_summaries, profiles, coverage,
-                  n_train, n_val, n_test, seconds):
+def final_runs(runs: Dict, setup: Setup, variant: str, lr: float) -> Dict[int, Dict]:
+    """The test-evaluated runs of ``variant`` at its chosen rate, by seed."""
+    found = {s: runs.get(run_key(variant, s, lr)) for s in range(setup.seeds)}
+    return {s: r for s, r in found.items() if r is not None and r["test_acc"] is not None}
+
+
+def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_summaries,
+                  profiles, coverage, n_train, n_val, n_test, seconds):
     from benchmarks.common import append_results, hardware
 
     device = "cuda" if args.accelerator != "cpu" and torch.cuda.is_available() else "cpu"
@@ -307,22 +513,67 @@ def write_results(args, setup, command, runs, pretrain_summaries, profiles, cove
             lines.append(f"| `{name}` | {l} | {cell('density')} | {cell('distance')} | "
                          f"{cell('weight_prev1')} | {cell('weight_prev2')} |")
     lines.append("")
+    rates = ", ".join(f"{lr:g}" for lr in setup.lrs)
+    val_by_c = ", ".join(f"C {c:g}: {100 * a:.2f}" for c, a in baseline_tfidf["val_by_C"])
     lines += [f"- downstream: {n_train} training / {n_val} validation / {n_test} test reviews "
               f"(cut to {setup.review_length} tokens), {setup.epochs} epochs, best validation "
               f"epoch evaluated on test; word vectors {setup.vector_dim}-d word2vec, "
-              f"{coverage:.1%} of the vocabulary covered", "",
-              "| variant | test accuracy % (mean ± std) | seeds | paper | mean downstream s |",
-              "|---|---|---|---|---|"]
+              f"{coverage:.1%} of the vocabulary covered",
+              f"- learning rate per variant: seed 0 trained at each of {rates} and validated "
+              "only; the rate with the best validation accuracy is used for every seed, and "
+              "only its seed-0 model is evaluated on test",
+              f"- {TFIDF_LABEL}: the same reviews and tokens, {baseline_tfidf['features']:,} "
+              f"features (n-grams in >= 2 training reviews, sublinear tf), validation accuracy "
+              f"% per C: {val_by_c}", "",
+              "| variant | test accuracy % (mean ± std) | seeds | chosen on validation | "
+              "validation accuracy % (seed 0) | paper | mean downstream s |",
+              "|---|---|---|---|---|---|---|",
+              f"| {TFIDF_LABEL} | {100 * baseline_tfidf['test_acc']:.2f} | - (deterministic) | "
+              f"C = {baseline_tfidf['C']:g} | {100 * baseline_tfidf['val_acc']:.2f} | - | "
+              f"{baseline_tfidf['seconds']:.0f} |"]
+    final = {v: final_runs(runs, setup, v, chosen[v]) for v in setup.variants}
     for variant in setup.variants:
-        mine = [r for k, r in runs.items() if k.split("/")[0] == variant]
+        mine = list(final[variant].values())
         if not mine:
             continue
         acc = torch.tensor([r["test_acc"] for r in mine], dtype=torch.float64) * 100
         std = float(acc.std()) if len(mine) > 1 else float("nan")
         paper = PAPER.get(variant)
+        val0 = runs[run_key(variant, 0, chosen[variant])]["val_acc"]
         lines.append(f"| {LABELS[variant]} | {float(acc.mean()):.2f} ± {std:.2f} | {len(mine)} | "
+                     f"lr = {chosen[variant]:g} | {100 * val0:.2f} | "
                      f"{paper if paper is not None else '-'} | "
                      f"{sum(r['seconds'] for r in mine) / len(mine):.0f} |")
+    lines += ["", "Validation accuracy % of seed 0 at each learning rate (no test evaluation "
+              "except at the chosen rate):", "",
+              "| variant | " + " | ".join(f"lr {lr:g}" for lr in setup.lrs) + " |",
+              "|---|" + "---|" * len(setup.lrs)]
+    for variant in setup.variants:
+        cells = [f"**{100 * runs[run_key(variant, 0, lr)]['val_acc']:.2f}**" if lr ==
+                 chosen[variant] else f"{100 * runs[run_key(variant, 0, lr)]['val_acc']:.2f}"
+                 for lr in setup.lrs]
+        lines.append(f"| {LABELS[variant]} | " + " | ".join(cells) + " |")
+    # same seeds, same data order per seed: pairing removes the variation the runs share
+    pairs = [(v, "baseline") for v in setup.variants if v != "baseline"]
+    if "glomo" in setup.variants and "uniform" in setup.variants:
+        pairs.append(("glomo", "uniform"))
+    lines += ["", "Paired test-accuracy differences, percentage points, over the seeds both "
+              "variants ran (the same seeds for every variant), with a two-sided 95% "
+              "Student-t confidence interval of the mean difference:", "",
+              "| comparison | mean difference | 95% CI | seeds | per-seed differences |",
+              "|---|---|---|---|---|"]
+    for a, b in pairs:
+        if b not in final:
+            continue
+        seeds = sorted(set(final[a]) & set(final[b]))
+        if not seeds:
+            continue
+        acc_a = [100 * final[a][s]["test_acc"] for s in seeds]
+        acc_b = [100 * final[b][s]["test_acc"] for s in seeds]
+        mean, low, high, n = paired_difference(acc_a, acc_b)
+        interval = "-" if math.isnan(low) else f"[{low:+.2f}, {high:+.2f}]"
+        lines.append(f"| {LABELS[a]} − {LABELS[b]} | {mean:+.2f} | {interval} | {n} | "
+                     + ", ".join(f"{x - y:+.2f}" for x, y in zip(acc_a, acc_b)) + " |")
     lines.append("")
     print(append_results(args.results, lines))
 

@@ -274,6 +274,30 @@ def latent_graph_dense(key: Tensor, query: Tensor, lengths: Tensor, *,
     return g.transpose(-1, -2)
 
 
+def column_max_scores(key: Tensor, query: Tensor, lengths: Tensor, *,
+                      direction: str = "forward", include_self: bool = False,
+                      block_size: int = 1 << 22) -> Tensor:
+    r"""Each target's largest score over its allowed sources,
+    :math:`\max_{i \text{ allowed}} s_{ij}`, as ``[B, H, T]`` (``-inf`` for targets
+    without allowed sources and at padding). A column of a squared-ReLU graph has an
+    edge iff this is positive. Differentiable (plain autograd, the gradient reaches
+    the arg-max pair); targets are processed in tiles of at most ``block_size``
+    scores per head and sequence group."""
+    _check_emission_args(key, query, direction, "relu2")
+    dtype = torch.promote_types(key.dtype, torch.float32)
+    b, h, t, _ = key.shape
+    tile = max(1, block_size // max(1, b * h * t))
+    out = []
+    with torch.autocast(key.device.type, enabled=False):
+        k = key.to(dtype)
+        for j0 in range(0, t, tile):
+            j1 = min(t, j0 + tile)
+            scores = query[:, :, j0:j1].to(dtype) @ k.transpose(-1, -2)  # [B, H, tj, T(i)]
+            allowed = _allowed(j0, j1, 0, t, lengths, direction, include_self).unsqueeze(1)
+            out.append(scores.masked_fill(~allowed, float("-inf")).amax(-1))
+    return torch.cat(out, -1) if out else key.new_empty(b, h, 0, dtype=dtype)
+
+
 def dense_head_propagate(x: Tensor, adj: Tensor, ptr: Tensor, position: Tensor,
                          batch: Tensor) -> Tensor:
     r""":func:`head_propagate` over dense per-sequence blocks ``adj`` ``[B, H, T, T]``

@@ -57,6 +57,19 @@ class Glomo(torch.nn.Module):
             sampled per sequence and step while training.
         update (str): feature update ``'gru'`` or ``'residual'``.
         bidirectional (bool): train the backward network too.
+        position (str, optional): ``'relative'``: a learned distance term in
+            the graph scores (an extension of the paper, see
+            :class:`GraphScorer`). position_frequencies, position_period: its
+            Fourier terms.
+        keep_alive (float): weight :math:`\lambda` of a keep-alive penalty
+            (an extension of the paper): while training, the loss gains
+            :math:`\lambda` times the mean over layers, heads and targets of
+            :math:`\max(0, \delta - \max_i s_{ij})`, which pulls a target whose
+            scores are all below :math:`\delta` = ``keep_alive_margin`` back
+            until its best source has an edge. Squared-ReLU columns that die
+            get no gradient from the objective, so without it a head can die
+            for good (docs/training.md). (default: :obj:`0.`)
+        keep_alive_margin (float): :math:`\delta`. (default: :obj:`0.1`)
         layout (str): graph layout, ``'sparse'``, ``'dense'`` or ``'auto'``
             (see :class:`GraphPredictor`); same results, different speed.
         Others as in :class:`GraphPredictor` and :class:`ContextDecoder`.
@@ -73,8 +86,21 @@ class Glomo(torch.nn.Module):
                  bias: str = "scalar", include_self: bool = False, sparse: bool = True,
                  decouple: bool = True, objective: str = "unit", bidirectional: bool = True,
                  dropout: float = 0.0, padding_idx: Optional[int] = None,
-                 block_size: int = 1 << 22, layout: str = "sparse"):
+                 block_size: int = 1 << 22, layout: str = "sparse",
+                 position: Optional[str] = None, position_frequencies: int = 16,
+                 position_period: float = 512.0, keep_alive: float = 0.0,
+                 keep_alive_margin: float = 0.1):
         super().__init__()
+        if not (0.0 <= float(keep_alive) < float("inf")) or not \
+                (0.0 < float(keep_alive_margin) < float("inf")):
+            raise ValueError("keep_alive must be a finite number >= 0 and keep_alive_margin a "
+                             f"finite number > 0, got {keep_alive!r}, {keep_alive_margin!r}")
+        if keep_alive and not decouple:
+            raise ValueError("keep_alive applies to the graph predictor g (decouple=True)")
+        if keep_alive and not sparse:
+            raise ValueError("keep_alive is for squared-ReLU graphs (sparse=True); softmax "
+                             "graphs have no empty columns")
+        self.keep_alive, self.keep_alive_margin = float(keep_alive), float(keep_alive_margin)
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
         if num_positions < 1:
@@ -85,7 +111,9 @@ class Glomo(torch.nn.Module):
         self.directions = ("forward", "backward") if bidirectional else ("forward",)
         graph_kwargs = dict(num_layers=num_layers, heads=heads, head_channels=head_channels,
                             include_self=include_self, sparse=sparse, bias=bias,
-                            block_size=block_size)
+                            block_size=block_size, position=position,
+                            position_frequencies=position_frequencies,
+                            position_period=position_period)
         self.graph_predictors = torch.nn.ModuleDict()
         self.feature_predictors = torch.nn.ModuleDict()
         self.decoders = torch.nn.ModuleDict()
@@ -130,14 +158,15 @@ class Glomo(torch.nn.Module):
     def features(self, x: Tensor, batch: Optional[Tensor] = None, direction: str = "forward"):
         """Top-layer features :math:`f^L` ``[N, C]`` and the graphs they used."""
         sequences = self._sequences(x, batch)
-        return self._features(x, sequences, direction)
+        return self._features(x, sequences, direction)[:2]
 
     # --- objective ----------------------------------------------------------------
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> GlomoOutput:
         sequences = self._sequences(x, batch)
         losses, metrics = [], {}
         for d in self.directions:
-            f, graphs = self._features(x, sequences, d)
+            f, graphs, column_max = self._features(x, sequences, d, self.training and
+                                                   self.keep_alive > 0)
             positions = self._positions(sequences, d)
             if positions.numel() == 0:
                 raise ValueError("nothing to predict: every sequence in the batch has length 1 "
@@ -145,7 +174,15 @@ class Glomo(torch.nn.Module):
             targets = self._targets(x, sequences, positions, d)
             state = f if self.objective == "unit" else self._pooled(f, sequences, d)
             loss, correct = self.decoders[_KEY[d]].loss(state[positions], targets)
-            losses.append(loss)
+            if column_max is not None:
+                m = torch.stack(column_max)  # [L, B, H, T]
+                real = torch.isfinite(m)  # targets with allowed sources
+                penalty = (self.keep_alive_margin - m[real]).clamp_min(0).mean()
+                metrics[f"{d}/keep_alive"] = penalty.detach()
+                metrics[f"{d}/empty_columns"] = (m[real] <= 0).float().mean()
+                losses.append(loss + self.keep_alive * penalty)
+            else:
+                losses.append(loss)
             metrics[f"{d}/loss"] = loss.detach()
             metrics[f"{d}/accuracy"] = correct / (targets != IGNORE).sum()
             metrics[f"{d}/density"] = torch.tensor(sum(graphs.density()) / graphs.num_layers)
@@ -158,13 +195,17 @@ class Glomo(torch.nn.Module):
         encoder.check(x)
         return sequence_batch(x.size(0), batch, x.device)
 
-    def _features(self, x: Tensor, sequences: SequenceBatch, direction: str):
+    def _features(self, x: Tensor, sequences: SequenceBatch, direction: str,
+                  column_max: bool = False):
+        """``(f^L, graphs, column maxima or None)`` of one direction."""
         if direction not in self.directions:
             raise ValueError(f"direction must be one of {self.directions}, got {direction!r}")
-        graphs = None
+        graphs, maxima = None, None
         if self.decouple:
-            graphs = self.graph_predictors[_KEY[direction]].from_sequences(x, sequences)
-        return self.feature_predictors[_KEY[direction]].from_sequences(x, sequences, graphs)
+            out = self.graph_predictors[_KEY[direction]].from_sequences(x, sequences, column_max)
+            graphs, maxima = out if column_max else (out, None)
+        f, graphs = self.feature_predictors[_KEY[direction]].from_sequences(x, sequences, graphs)
+        return f, graphs, maxima
 
     def _positions(self, sequences: SequenceBatch, direction: str) -> Tensor:
         """Flat ids of the positions to predict from: ones with at least one unit of

@@ -1,6 +1,7 @@
 """The graph predictor g of GLoMo (paper Sec. 2.1, SPEC 3.1-3.3)."""
 from __future__ import annotations
 
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -9,11 +10,22 @@ from torch import Tensor
 from glomo_pyg.graphs import LatentGraphs
 from glomo_pyg.nn.cnn import CausalCNN
 from glomo_pyg.nn.encoder import UnitEncoder
-from glomo_pyg.nn.functional import DIRECTIONS, latent_graph_dense, latent_graph_edges
+from glomo_pyg.nn.functional import (DIRECTIONS, column_max_scores, latent_graph_dense,
+                                     latent_graph_edges)
 from glomo_pyg.nn.layout import LAYOUTS, choose_layout, dense_fits
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
 BIASES = ("scalar", "threshold")
+POSITIONS = (None, "relative")
+
+
+def relative_frequencies(num: int, period: float) -> Tensor:
+    """``num`` angular frequencies spaced geometrically from :math:`\\pi` (a sign flip
+    between adjacent units) down to :math:`2\\pi / \\text{period}`."""
+    if num == 1:
+        return torch.tensor([math.pi], dtype=torch.float64)
+    ratio = (2.0 / period) ** (torch.arange(num, dtype=torch.float64) / (num - 1))
+    return math.pi * ratio  # float64: angles of long sequences stay exact
 
 
 def resolve_head_channels(hidden_channels: int, heads: int, head_channels: Optional[int]) -> int:
@@ -42,16 +54,45 @@ class GraphScorer(torch.nn.Module):
     (``bias='threshold'``, the reference code). Both are folded into an
     augmented dot product, so a single kernel serves every variant.
 
+    With ``position='relative'`` (an extension of the paper, which gives the
+    scores no position information beyond the CNNs' windows) every layer and
+    head adds a learned function of the signed distance :math:`j - i`,
+
+    .. math::
+        s_{ij} \mathrel{+}= \sum_{m=1}^{M} a^{l,h}_m \cos(\omega_m (j - i))
+        + c^{l,h}_m \sin(\omega_m (j - i)),
+
+    a truncated Fourier series over ``position_frequencies`` = :math:`M`
+    frequencies from :math:`\pi` down to :math:`2\pi / \text{position\_period}`
+    (:func:`relative_frequencies`). Like a T5 relative bias it lets a head
+    learn "the previous word" or "within 5 units" directly; unlike a bucket
+    table it is exactly an inner product (keys get
+    :math:`[\cos \omega i, \sin \omega i]`, queries the rotated coefficients),
+    so it folds into the augmented keys and queries of every kernel. The
+    coefficients start at zero: an untrained model is the paper's. The
+    function repeats with the longest period, so choose
+    ``position_period`` of at least twice the longest sequence.
+
     Used by :class:`GraphPredictor` on its CNN states and, for the
     ``decouple=False`` ablation, by the feature predictor on its own states.
     """
 
     def __init__(self, in_channels: int, num_layers: int, heads: int, head_channels: int,
                  bias: str = "scalar", sparse: bool = True, direction: str = "forward",
-                 include_self: bool = False, block_size: int = 1 << 22):
+                 include_self: bool = False, block_size: int = 1 << 22,
+                 position: Optional[str] = None, position_frequencies: int = 16,
+                 position_period: float = 512.0):
         super().__init__()
         if bias not in BIASES:
             raise ValueError(f"bias must be one of {BIASES}, got {bias!r}")
+        if position not in POSITIONS:
+            raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
+        if position is not None and (int(position_frequencies) != position_frequencies or
+                                     position_frequencies < 1 or not
+                                     2.0 <= float(position_period) < float("inf")):
+            raise ValueError("position_frequencies must be a positive integer and "
+                             f"position_period a finite number >= 2, got {position_frequencies!r}, "
+                             f"{position_period!r}")
         if direction not in DIRECTIONS:
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
         if min(in_channels, num_layers, heads, head_channels) <= 0:
@@ -59,6 +100,7 @@ class GraphScorer(torch.nn.Module):
         self.num_layers, self.heads, self.head_channels = num_layers, heads, head_channels
         self.bias_kind, self.sparse, self.direction = bias, sparse, direction
         self.include_self, self.block_size = include_self, block_size
+        self.position = position
         width = heads * head_channels
         self.key = torch.nn.ModuleList(torch.nn.Linear(in_channels, width) for _ in range(num_layers))
         self.query = torch.nn.ModuleList(torch.nn.Linear(in_channels, width) for _ in range(num_layers))
@@ -69,6 +111,14 @@ class GraphScorer(torch.nn.Module):
             self.bias = None
             self.threshold = torch.nn.ModuleList(torch.nn.Linear(head_channels, 1)
                                                  for _ in range(num_layers))
+        if position is not None:
+            self.register_buffer("frequencies", relative_frequencies(int(position_frequencies),
+                                                                     float(position_period)),
+                                 persistent=False)
+            self.position_coef = torch.nn.Parameter(
+                torch.zeros(num_layers, heads, 2, int(position_frequencies)))
+        else:
+            self.frequencies, self.position_coef = None, None
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -79,6 +129,33 @@ class GraphScorer(torch.nn.Module):
         else:
             for lin in self.threshold:
                 lin.reset_parameters()
+        if self.position_coef is not None:
+            torch.nn.init.zeros_(self.position_coef)
+
+    def relative_bias(self, layer: int, distance: Tensor) -> Tensor:
+        """The learned position term of layer ``layer`` at signed distances ``j - i``:
+        ``[H, *distance.shape]`` (zeros without ``position='relative'``)."""
+        if self.position_coef is None:
+            return distance.new_zeros((self.heads, *distance.shape), dtype=torch.float32)
+        angle = distance.unsqueeze(-1).double() * self.frequencies.double()  # [..., M]
+        a, c = self.position_coef[layer].unbind(1)  # [H, M] each
+        view = (self.heads,) + (1,) * distance.dim() + (-1,)
+        cos, sin = angle.cos().to(a.dtype), angle.sin().to(a.dtype)
+        return (a.view(view) * cos + c.view(view) * sin).sum(-1)
+
+    def _position_features(self, layer: int, t: int, like: Tensor) -> Tuple[Tensor, Tensor]:
+        """``[1, 1, T, 2M]`` key features and ``[1, H, T, 2M]`` query features whose inner
+        product is :meth:`relative_bias` at ``j - i``."""
+        pos = torch.arange(t, device=like.device, dtype=torch.float64)
+        angle = pos.view(-1, 1) * self.frequencies.double()  # [T, M]
+        dtype = torch.promote_types(like.dtype, torch.float32)
+        cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+        a, c = self.position_coef[layer].to(dtype).unbind(1)  # [H, M]
+        a, c = a.unsqueeze(1), c.unsqueeze(1)  # [H, 1, M]
+        # k_i . q_j = sum_m a cos(w (j - i)) + c sin(w (j - i))
+        key = torch.cat([cos, sin], -1).unsqueeze(0).unsqueeze(0)
+        query = torch.cat([a * cos + c * sin, a * sin - c * cos], -1).unsqueeze(0)
+        return key.to(like.dtype), query.to(like.dtype)
 
     def augmented(self, layer: int, key_states: Tensor, query_states: Tensor) -> Tuple[Tensor, Tensor]:
         """Per-head ``[B, H, T, D + 1]`` keys and queries with the bias folded in,
@@ -88,10 +165,16 @@ class GraphScorer(torch.nn.Module):
         q = self.query[layer](query_states).view(b, t, self.heads, -1).transpose(1, 2)
         ones = k.new_ones(b, self.heads, t, 1)
         if self.bias is not None:
-            return torch.cat([k, ones], -1), torch.cat([q, self.bias[layer].expand_as(ones)], -1)
-        thr = self.threshold[layer]  # s = (k - w) . q - c
-        return (torch.cat([k - thr.weight.view(-1), ones], -1),
-                torch.cat([q, (-thr.bias).expand_as(ones)], -1))
+            k, q = torch.cat([k, ones], -1), torch.cat([q, self.bias[layer].expand_as(ones)], -1)
+        else:
+            thr = self.threshold[layer]  # s = (k - w) . q - c
+            k, q = (torch.cat([k - thr.weight.view(-1), ones], -1),
+                    torch.cat([q, (-thr.bias).expand_as(ones)], -1))
+        if self.position_coef is None:
+            return k, q
+        pk, pq = self._position_features(layer, t, k)
+        return (torch.cat([k, pk.expand(b, self.heads, -1, -1)], -1),
+                torch.cat([q, pq.expand(b, -1, -1, -1)], -1))
 
     def dense(self, layer: int, key_states: Tensor, query_states: Tensor,
               sequences: SequenceBatch) -> Tensor:
@@ -100,6 +183,15 @@ class GraphScorer(torch.nn.Module):
         return latent_graph_dense(k, q, sequences.lengths, direction=self.direction,
                                   include_self=self.include_self,
                                   normalization="relu2" if self.sparse else "softmax")
+
+    def column_max(self, layer: int, key_states: Tensor, query_states: Tensor,
+                   sequences: SequenceBatch) -> Tensor:
+        """``[B, H, T]`` largest score of each target of graph layer ``layer`` over its
+        allowed sources (``-inf`` where it has none): a column has an edge iff it is
+        positive (:func:`~glomo_pyg.nn.functional.column_max_scores`)."""
+        k, q = self.augmented(layer, key_states, query_states)
+        return column_max_scores(k, q, sequences.lengths, direction=self.direction,
+                                 include_self=self.include_self, block_size=self.block_size)
 
     def emit(self, key_states: Tensor, query_states: Tensor, sequences: SequenceBatch,
              layout: str = "sparse", layers=None) -> LatentGraphs:
@@ -133,7 +225,8 @@ class GraphScorer(torch.nn.Module):
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}(layers={self.num_layers}, heads={self.heads}, "
                 f"head_channels={self.head_channels}, bias='{self.bias_kind}', "
-                f"sparse={self.sparse}, direction='{self.direction}')")
+                f"sparse={self.sparse}, direction='{self.direction}'"
+                + (f", position='{self.position}'" if self.position else "") + ")")
 
 
 class GraphPredictor(torch.nn.Module):
@@ -168,6 +261,11 @@ class GraphPredictor(torch.nn.Module):
         padding_idx (int, optional): embedding padding index.
         dropout (float): dropout after each convolution. (default: :obj:`0.`)
         block_size (int): maximum dense scores held per head while emitting.
+        position (str, optional): ``'relative'`` adds a learned function of
+            the distance to every head's scores (see :class:`GraphScorer`; an
+            extension of the paper). (default: :obj:`None`)
+        position_frequencies (int), position_period (float): its Fourier
+            terms. (default: :obj:`16`, :obj:`512.`)
         layout (str): ``'sparse'`` (pruned edges), ``'dense'`` (per-sequence
             ``[B, H, T, T]`` blocks) or ``'auto'`` (dense when the blocks fit
             and the graphs are denser than the measured crossover, see
@@ -187,7 +285,9 @@ class GraphPredictor(torch.nn.Module):
                  include_self: bool = False, sparse: bool = True, cnn_layers: int = 4,
                  kernel_size: int = 3, norm: Optional[str] = "layer", bias: str = "scalar",
                  padding_idx: Optional[int] = None, dropout: float = 0.0,
-                 block_size: int = 1 << 22, layout: str = "sparse"):
+                 block_size: int = 1 << 22, layout: str = "sparse",
+                 position: Optional[str] = None, position_frequencies: int = 16,
+                 position_period: float = 512.0):
         super().__init__()
         if direction not in DIRECTIONS:
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
@@ -201,7 +301,8 @@ class GraphPredictor(torch.nn.Module):
             num_layers=num_layers, heads=heads, head_channels=head_channels, direction=direction,
             include_self=include_self, sparse=sparse, cnn_layers=cnn_layers,
             kernel_size=kernel_size, norm=norm, bias=bias, padding_idx=padding_idx,
-            dropout=dropout, block_size=block_size, layout=layout)
+            dropout=dropout, block_size=block_size, layout=layout, position=position,
+            position_frequencies=position_frequencies, position_period=position_period)
         self.hidden_channels, self.direction = hidden_channels, direction
         self.encoder = UnitEncoder(hidden_channels, num_tokens, in_channels, padding_idx)
         cnn = dict(num_layers=cnn_layers, kernel_size=kernel_size, direction=direction, norm=norm,
@@ -209,7 +310,8 @@ class GraphPredictor(torch.nn.Module):
         self.key_cnn = CausalCNN(hidden_channels, **cnn)
         self.query_cnn = CausalCNN(hidden_channels, **cnn)
         self.scorer = GraphScorer(hidden_channels, num_layers, heads, head_channels, bias, sparse,
-                                  direction, include_self, block_size)
+                                  direction, include_self, block_size, position,
+                                  position_frequencies, position_period)
 
     @property
     def num_tokens(self) -> Optional[int]:
@@ -238,12 +340,19 @@ class GraphPredictor(torch.nn.Module):
         sequences = sequence_batch(x.size(0), batch, x.device)
         return self.from_sequences(x, sequences)
 
-    def from_sequences(self, x: Tensor, sequences: SequenceBatch) -> LatentGraphs:
-        """Graphs for an already validated batch layout."""
+    def from_sequences(self, x: Tensor, sequences: SequenceBatch,
+                       return_column_max: bool = False):
+        """Graphs for an already validated batch layout; with ``return_column_max``
+        also, per layer, each target's largest score ``[B, H, T]``
+        (:meth:`GraphScorer.column_max`, what a keep-alive penalty needs)."""
         h = sequences.to_padded(self.encoder(x))
         mask = sequences.mask
         keys, queries = self.key_cnn(h, mask), self.query_cnn(h, mask)
-        return self.scorer.emit(keys, queries, sequences, self.layout)
+        graphs = self.scorer.emit(keys, queries, sequences, self.layout)
+        if not return_column_max:
+            return graphs
+        return graphs, [self.scorer.column_max(l, keys, queries, sequences)
+                        for l in range(self.num_layers)]
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.encoder!r}, hidden_channels="

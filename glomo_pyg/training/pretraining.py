@@ -8,6 +8,8 @@ import torch
 
 from glomo_pyg.nn.glomo import Glomo
 
+OPTIMIZERS = ("adam", "sgd")
+
 
 class GlomoPretraining(pl.LightningModule):
     """Trains a :class:`~glomo_pyg.Glomo` model on PyG-style token batches.
@@ -36,15 +38,24 @@ class GlomoPretraining(pl.LightningModule):
             predictor after warm-up. (default: :obj:`1.0`)
         graph_warmup_steps (int): steps during which the graph predictor
             is frozen. (default: :obj:`200`)
-        weight_decay (float): Adam weight decay. (default: :obj:`0.`)
+        weight_decay (float): weight decay. (default: :obj:`0.`)
+        optimizer (str): ``'adam'`` or ``'sgd'`` (the reference code's plain SGD,
+            there with lr 8, momentum 0.2 and global-norm clipping at 0.25, the
+            trainer's ``gradient_clip_val``). (default: :obj:`'adam'`)
+        momentum (float): SGD momentum. (default: :obj:`0.`)
     """
 
     def __init__(self, model_kwargs: Dict[str, Any], lr: float = 3e-3, graph_lr_scale: float = 1.0,
-                 graph_warmup_steps: int = 200, weight_decay: float = 0.0):
+                 graph_warmup_steps: int = 200, weight_decay: float = 0.0,
+                 optimizer: str = "adam", momentum: float = 0.0):
         super().__init__()
         if lr <= 0 or graph_lr_scale < 0 or graph_warmup_steps < 0:
             raise ValueError("lr must be positive, graph_lr_scale and graph_warmup_steps "
                              "non-negative")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+        if not 0 <= momentum < 1:
+            raise ValueError(f"momentum must lie in [0, 1), got {momentum}")
         self.save_hyperparameters()
         self.model = Glomo(**model_kwargs)
 
@@ -71,9 +82,13 @@ class GlomoPretraining(pl.LightningModule):
         ids = {id(p) for p in graph}
         rest = [p for p in self.model.parameters() if id(p) not in ids]
         lr, warmup = self.hparams.lr, self.hparams.graph_warmup_steps
-        optimizer = torch.optim.Adam([dict(params=rest, lr=lr),
-                                      dict(params=graph, lr=lr * self.hparams.graph_lr_scale)],
-                                     weight_decay=self.hparams.weight_decay)
+        groups = [dict(params=rest, lr=lr),
+                  dict(params=graph, lr=lr * self.hparams.graph_lr_scale)]
+        if self.hparams.get("optimizer", "adam") == "sgd":
+            optimizer = torch.optim.SGD(groups, momentum=self.hparams.get("momentum", 0.0),
+                                        weight_decay=self.hparams.weight_decay)
+        else:
+            optimizer = torch.optim.Adam(groups, weight_decay=self.hparams.weight_decay)
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, [lambda step: 1.0, lambda step: float(step >= warmup)])
         return dict(optimizer=optimizer, lr_scheduler=dict(scheduler=schedule, interval="step"))

@@ -58,7 +58,7 @@ class CorpusConfig:
     max_size: Optional[int] = 30000
     max_length: int = 128
     min_length: int = 8
-    max_documents: Optional[int] = None  # use only the first documents (reduced runs)
+    max_documents: Optional[int] = None  # an even spread of this many documents (reduced runs)
     validation_fraction: float = 0.01
     shard_tokens: int = 1 << 26
 
@@ -73,6 +73,8 @@ class TrainConfig:
     graph_lr_scale: float = 1.0
     graph_warmup_steps: int = 500
     weight_decay: float = 0.0
+    optimizer: str = "adam"  # or 'sgd' (the reference code: lr 8, momentum 0.2, clip 0.25)
+    momentum: float = 0.0  # SGD only
     grad_clip: float = 1.0
     seed: int = 0
     accelerator: str = "auto"
@@ -87,6 +89,10 @@ class TrainConfig:
     graph_stats_every: int = 200
     logger: str = "csv"
     progress_bar: bool = True
+    # optional syntax monitoring: a CoNLL-U/CoNLL-X file (not the split you report on)
+    syntax_treebank: Optional[str] = None
+    syntax_sentences: int = 500
+    syntax_every: int = 500
 
 
 @dataclass
@@ -130,7 +136,7 @@ class PretrainConfig:
         if not 0 <= c.validation_fraction < 1:
             raise ValueError("corpus.validation_fraction must lie in [0, 1)")
         for name in ("batch_size", "max_steps", "checkpoint_every", "validate_every",
-                     "log_every", "graph_stats_every"):
+                     "log_every", "graph_stats_every", "syntax_sentences", "syntax_every"):
             if getattr(t, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1")
         for key in ("num_tokens", "padding_idx"):
@@ -153,19 +159,36 @@ def set_by_path(data: Dict[str, Any], dotted: str, value: Any) -> None:
 
 
 # --- corpus ------------------------------------------------------------------------------
-def iter_documents(corpus: CorpusConfig) -> Iterator[str]:
+def _all_documents(corpus: CorpusConfig) -> Iterator[str]:
     if corpus.path is None:
         raise ValueError("corpus.path is not set: a text file or folder, or the aclImdb folder")
     path = os.path.expanduser(corpus.path)
     if corpus.format == "aclimdb":
         # unlabelled and labelled training reviews; the test reviews stay unseen
-        docs = (r.text for r in read_aclimdb(path, "train", ("unsup", "pos", "neg")))
-    else:
-        docs = read_text_documents(path, one_per_line=corpus.one_per_line)
-    for k, doc in enumerate(docs):
-        if corpus.max_documents is not None and k >= corpus.max_documents:
-            return
-        yield doc
+        return (r.text for r in read_aclimdb(path, "train", ("unsup", "pos", "neg")))
+    return read_text_documents(path, one_per_line=corpus.one_per_line)
+
+
+def iter_documents(corpus: CorpusConfig) -> Iterator[str]:
+    """The corpus's documents; with ``max_documents`` (= M of N), the documents at
+    positions ``floor(k * N / M)``, spread evenly over the whole corpus (so a reduced
+    aclImdb run sees unlabelled, positive and negative reviews in their proportions,
+    not just the first folder)."""
+    if corpus.max_documents is None:
+        yield from _all_documents(corpus)
+        return
+    if corpus.max_documents < 1:
+        raise ValueError(f"corpus.max_documents must be >= 1, got {corpus.max_documents}")
+    total = sum(1 for _ in _all_documents(corpus))
+    take = min(total, corpus.max_documents)
+    wanted = iter([k * total // take for k in range(take)])
+    nxt = next(wanted, None)
+    for k, doc in enumerate(_all_documents(corpus)):
+        if k == nxt:
+            yield doc
+            nxt = next(wanted, None)
+            if nxt is None:
+                return
 
 
 def prepare_corpus(corpus: CorpusConfig, folder: str, log=print):
@@ -361,7 +384,17 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
     model_kwargs = dict(config.model, num_tokens=len(vocab), padding_idx=vocab.pad_id)
     module = GlomoPretraining(model_kwargs, lr=t.lr, graph_lr_scale=t.graph_lr_scale,
                               graph_warmup_steps=t.graph_warmup_steps,
-                              weight_decay=t.weight_decay)
+                              weight_decay=t.weight_decay, optimizer=t.optimizer,
+                              momentum=t.momentum)
+    extra_callbacks = list(extra_callbacks or [])
+    if t.syntax_treebank:
+        from glomo_pyg.analysis.treebank import read_treebank
+        from glomo_pyg.training.syntax_monitor import SyntaxMonitor
+
+        trees = read_treebank(os.path.expanduser(t.syntax_treebank),
+                              max_sentences=t.syntax_sentences)
+        extra_callbacks.append(SyntaxMonitor(trees, vocab.tokens(), t.syntax_every,
+                                             lower=c.lower))
     with quiet_lightning():
         trainer = build_trainer(config, extra_callbacks)
     log(f"trainer: {type(trainer.accelerator).__name__}, {trainer.num_devices} device(s) x "

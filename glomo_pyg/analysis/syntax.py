@@ -1,0 +1,388 @@
+"""How much syntax learned graphs carry: scores against gold dependency trees.
+
+For every target word with at least one allowed source word, a graph's weights on the
+target are summed per source word (over the source's sub-tokens) and scored against the
+gold tree:
+
+* **undirected attachment**: the heaviest source word shares a gold arc with the
+  target, in either direction (it is the target's head or one of its dependents); a
+  target without weight on any other word (an empty column, or all weight on its own
+  later sub-tokens) attaches nowhere and counts as a miss;
+* **directed attachment**: the heaviest source word is the target's gold head;
+* **average precision** of the weights of all (target, allowed source word) pairs
+  against the gold arcs (undirected), one ranking over the whole treebank.
+
+Words are aligned to the predictor's tokens by tokenising each treebank word on its own
+(:func:`~glomo_pyg.data.tokenize`); a word split into sub-tokens is represented by its
+first sub-token, so a graph's column at that token is the word's incoming distribution.
+Words that tokenise to nothing cannot be aligned; their sentences are skipped and
+counted. Baselines: the previous word (forward graphs) or next word (backward graphs),
+uniform weights over the allowed source words (exact expected attachment), and, in
+:func:`compare_with_syntax`, the untrained predictor of the same architecture.
+
+This is a quantitative form of the paper's qualitative reading of learned graphs
+(Yang et al., 2018, Sec. 4 and Fig. 3); the metrics follow the attention-vs-syntax
+literature (e.g. Clark et al., 2019).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from glomo_pyg.analysis.treebank import GoldTree
+from glomo_pyg.data.text import tokenize
+
+METRICS = ("undirected", "directed", "ap")
+_ADJACENT = {"forward": "previous word", "backward": "next word"}
+
+
+@dataclass
+class AlignedSentence:
+    """A gold tree with its token ids: ``first[k]`` is the token position of word ``k``'s
+    first sub-token, ``word_of[t]`` the word of token ``t``."""
+
+    tree: GoldTree
+    ids: Tensor
+    first: Tensor
+    word_of: Tensor
+
+
+@dataclass
+class Alignment:
+    sentences: List[AlignedSentence]
+    skipped_sentences: int  # with at least one word that tokenised to nothing
+    unaligned_words: int
+    short_sentences: int  # fewer than 2 words: nothing to score
+    tokens: int
+    unknown_tokens: int
+
+
+def align(trees: Sequence[GoldTree], vocabulary: Sequence[str], lower: bool = True,
+          unknown: str = "<unk>") -> Alignment:
+    """Tokenise every word of ``trees`` the way the predictor's corpus was tokenised and
+    map the tokens to ids of ``vocabulary`` (unknown tokens to ``unknown``)."""
+    index = {t: i for i, t in enumerate(vocabulary)}
+    if unknown not in index:
+        raise ValueError(f"the vocabulary has no {unknown!r} token")
+    unk = index[unknown]
+    out, skipped, unaligned, short, n_tok, n_unk = [], 0, 0, 0, 0, 0
+    for tree in trees:
+        pieces = [tokenize(w, lower) for w in tree.words]
+        missing = sum(1 for p in pieces if not p)
+        if missing:
+            skipped += 1
+            unaligned += missing
+            continue
+        if len(tree) < 2:
+            short += 1
+            continue
+        ids, first, word_of = [], [], []
+        for k, p in enumerate(pieces):
+            first.append(len(ids))
+            for tok in p:
+                ids.append(index.get(tok, unk))
+                word_of.append(k)
+        n_tok += len(ids)
+        n_unk += sum(1 for i in ids if i == unk)
+        out.append(AlignedSentence(tree, torch.tensor(ids), torch.tensor(first),
+                                   torch.tensor(word_of)))
+    return Alignment(out, skipped, unaligned, short, n_tok, n_unk)
+
+
+@dataclass
+class GraphScores:
+    """Scores of every graph of one direction.
+
+    ``per_graph[metric]``: ``[L, H]``; ``per_layer[metric]``: ``[L]`` (head-averaged
+    graph of each layer); ``baselines[name][metric]``; ``targets``: scored targets.
+    """
+
+    direction: str
+    per_graph: Dict[str, np.ndarray]
+    per_layer: Dict[str, np.ndarray]
+    baselines: Dict[str, Dict[str, float]]
+    targets: int
+
+    def best(self, metric: str = "undirected") -> Tuple[int, int, float]:
+        table = self.per_graph[metric]
+        l, h = np.unravel_index(int(np.argmax(table)), table.shape)
+        return int(l), int(h), float(table[l, h])
+
+
+@dataclass
+class SyntaxScores:
+    """:class:`GraphScores` per direction plus the alignment counts."""
+
+    directions: Dict[str, GraphScores]
+    sentences: int
+    skipped_sentences: int
+    unaligned_words: int
+    short_sentences: int
+    unknown_fraction: float
+    exclude_punct: bool
+
+    def to_dict(self) -> Dict:
+        return dict(
+            sentences=self.sentences, skipped_sentences=self.skipped_sentences,
+            unaligned_words=self.unaligned_words, short_sentences=self.short_sentences,
+            unknown_fraction=self.unknown_fraction, exclude_punct=self.exclude_punct,
+            directions={d: dict(targets=s.targets,
+                                per_graph={m: v.tolist() for m, v in s.per_graph.items()},
+                                per_layer={m: v.tolist() for m, v in s.per_layer.items()},
+                                baselines=s.baselines)
+                        for d, s in self.directions.items()})
+
+
+def _average_precision(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Average precision of one ranking; tied scores count as one step (as scikit-learn)."""
+    from sklearn.metrics import average_precision_score
+
+    if labels.size == 0 or not labels.any():
+        return float("nan")
+    return float(average_precision_score(labels, scores))
+
+
+class _Accumulator:
+    """Per (layer, head) (head ``H`` = the head-averaged graph) correct counts and AP pairs."""
+
+    def __init__(self, layers: int, heads: int):
+        self.undirected = np.zeros((layers, heads + 1))
+        self.directed = np.zeros((layers, heads + 1))
+        self.scores: List[np.ndarray] = []  # [L, H + 1, pairs] per sentence
+        self.labels: List[np.ndarray] = []
+        self.targets = 0
+
+
+def _word_weights(dense: Tensor, sent: AlignedSentence) -> Tensor:
+    """``[L, H, W, W]`` weight of source word ``v`` on target word ``w`` (its first
+    sub-token's column, summed over the source's sub-tokens) from ``[L, H, T, T]``."""
+    cols = dense[..., sent.first]  # [L, H, T, W]
+    words = len(sent.tree)
+    onehot = torch.zeros(words, sent.word_of.numel(), dtype=dense.dtype)
+    onehot[sent.word_of, torch.arange(sent.word_of.numel())] = 1.0
+    return onehot @ cols  # [L, H, W, W]
+
+
+def _targets_and_sources(sent: AlignedSentence, direction: str, exclude_punct: bool):
+    """Boolean ``[W]`` scored targets and ``[W_src, W_tgt]`` allowed source words."""
+    w = len(sent.tree)
+    idx = torch.arange(w)
+    allowed = idx.view(-1, 1) < idx.view(1, -1) if direction == "forward" else \
+        idx.view(-1, 1) > idx.view(1, -1)
+    targets = allowed.any(0)
+    if exclude_punct:
+        targets &= ~torch.tensor(sent.tree.punct)
+    return targets, allowed
+
+
+def _gold(sent: AlignedSentence) -> Tuple[Tensor, Tensor]:
+    """``[W, W]`` undirected arc indicator and ``[W]`` 0-based heads (-1 = root)."""
+    w = len(sent.tree)
+    heads = torch.tensor(sent.tree.heads) - 1
+    link = torch.zeros(w, w, dtype=torch.bool)
+    dep = torch.arange(w)[heads >= 0]
+    link[heads[heads >= 0], dep] = True
+    return link | link.T, heads
+
+
+@torch.no_grad()
+def _emit_dense(predictor, batch: List[AlignedSentence], direction: str) -> Tensor:
+    x = torch.cat([s.ids for s in batch])
+    b = torch.cat([torch.full((s.ids.numel(),), k) for k, s in enumerate(batch)])
+    graphs = getattr(predictor(x, b), direction)
+    return graphs.to_dense().float()  # [L, B, H, T, T]
+
+
+@torch.no_grad()
+def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
+                  batch_size: int = 64, directions: Optional[Sequence[str]] = None
+                  ) -> SyntaxScores:
+    """Scores of every graph of ``predictor`` (a
+    :class:`~glomo_pyg.PretrainedGraphPredictor`, or any module returning
+    :class:`~glomo_pyg.DirectionalGraphs` for ``(x, batch)``) on aligned gold trees.
+
+    Punctuation targets are left out with ``exclude_punct`` (punctuation stays a
+    candidate source). Returns per-graph and head-averaged scores and the baselines.
+    """
+    if not alignment.sentences:
+        raise ValueError("no sentence to score: every sentence was skipped in alignment")
+    was_training = getattr(predictor, "training", False)
+    if hasattr(predictor, "eval"):
+        predictor.eval()
+    sents = sorted(alignment.sentences, key=lambda s: s.ids.numel())
+    if directions is None:
+        probe = predictor(sents[0].ids, None)
+        directions = [d for d in ("forward", "backward") if getattr(probe, d) is not None]
+    results = {}
+    for direction in directions:
+        acc: Optional[_Accumulator] = None
+        base = {name: np.zeros(3) for name in (_ADJACENT[direction], "uniform")}
+        base_pairs: Dict[str, List[np.ndarray]] = {"adj": [], "labels": []}
+        for start in range(0, len(sents), batch_size):
+            batch = sents[start:start + batch_size]
+            dense = _emit_dense(predictor, batch, direction)
+            layers, _, heads = dense.shape[:3]
+            if acc is None:
+                acc = _Accumulator(layers, heads)
+            for k, sent in enumerate(batch):
+                t = sent.ids.numel()
+                ww = _word_weights(dense[:, k, :, :t, :t], sent)  # [L, H, W, W]
+                ww = torch.cat([ww, ww.mean(1, keepdim=True)], 1)  # + head-averaged
+                targets, allowed = _targets_and_sources(sent, direction, exclude_punct)
+                if not targets.any():
+                    continue
+                link, heads_gold = _gold(sent)
+                masked = ww.masked_fill(~allowed, -1.0)[..., targets]  # [L, H+1, W, n]
+                top, choice = masked.max(2)  # heaviest allowed source word per target
+                hit = top > 0  # a column with no weight on other words attaches nowhere
+                tgt = targets.nonzero().view(-1)
+                acc.undirected += (link[choice, tgt] & hit).sum(-1).numpy()
+                acc.directed += ((choice == heads_gold[tgt]) & hit).sum(-1).numpy()
+                acc.targets += tgt.numel()
+                pair = allowed[:, tgt]  # [W, n]
+                acc.scores.append(ww[..., tgt][..., pair].numpy())
+                labels = link[:, tgt][pair].numpy()
+                acc.labels.append(labels)
+                # baselines
+                adj = tgt - 1 if direction == "forward" else tgt + 1
+                base[_ADJACENT[direction]] += [link[adj, tgt].sum().item(),
+                                               (heads_gold[tgt] == adj).sum().item(), 0]
+                n_allowed = pair.sum(0).double()
+                base["uniform"] += [((link[:, tgt] & pair).sum(0) / n_allowed).sum().item(),
+                                    ((heads_gold[tgt] >= 0) & pair[heads_gold[tgt].clamp_min(0),
+                                                                   torch.arange(tgt.numel())]
+                                     ).double().div(n_allowed).sum().item(), 0]
+                adj_w = torch.zeros(pair.shape)
+                adj_w[adj, torch.arange(tgt.numel())] = 1.0
+                base_pairs["adj"].append(adj_w[pair].numpy())
+                base_pairs["labels"].append(labels)
+        if acc is None or acc.targets == 0:
+            raise ValueError(f"no target to score in the {direction} direction")
+        labels = np.concatenate(acc.labels)
+        scores = np.concatenate(acc.scores, axis=-1)
+        ap = np.array([[_average_precision(scores[l, h], labels) for h in range(scores.shape[1])]
+                       for l in range(scores.shape[0])])
+        n = acc.targets
+        per = {"undirected": acc.undirected / n, "directed": acc.directed / n, "ap": ap}
+        baselines = {
+            _ADJACENT[direction]: dict(
+                undirected=base[_ADJACENT[direction]][0] / n,
+                directed=base[_ADJACENT[direction]][1] / n,
+                ap=_average_precision(np.concatenate(base_pairs["adj"]), labels)),
+            "uniform": dict(undirected=base["uniform"][0] / n, directed=base["uniform"][1] / n,
+                            ap=float(labels.mean())),  # constant scores: AP = positive rate
+        }
+        results[direction] = GraphScores(
+            direction, {m: v[:, :-1] for m, v in per.items()},
+            {m: v[:, -1] for m, v in per.items()}, baselines, n)
+    if was_training and hasattr(predictor, "train"):
+        predictor.train()
+    return SyntaxScores(results, len(alignment.sentences), alignment.skipped_sentences,
+                        alignment.unaligned_words, alignment.short_sentences,
+                        alignment.unknown_tokens / max(1, alignment.tokens), exclude_punct)
+
+
+def untrained_copy(predictor, seed: int = 0):
+    """A predictor of the same architecture with freshly initialised weights (the
+    "untrained" baseline): every submodule with ``reset_parameters`` is reset under
+    ``seed``."""
+    fresh = copy.deepcopy(predictor)
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        for module in fresh.modules():
+            if module is not fresh and hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+    finally:
+        torch.random.set_rng_state(gen_state)
+    return fresh
+
+
+@dataclass
+class SyntaxComparison:
+    """Scores of the trained and the untrained predictor on the evaluation trees, with
+    the graph chosen per direction on the selection trees (``chosen[d] = (layer, head)``)."""
+
+    evaluation: SyntaxScores
+    untrained: Optional[SyntaxScores]
+    selection: Optional[SyntaxScores]
+    chosen: Dict[str, Tuple[int, int]]
+    metric: str = "undirected"
+    notes: List[str] = field(default_factory=list)
+
+    def format(self) -> str:
+        ev = self.evaluation
+        lines = [f"sentences scored: {ev.sentences} (skipped: {ev.skipped_sentences} with "
+                 f"{ev.unaligned_words} unaligned words, {ev.short_sentences} shorter than 2 "
+                 f"words); unknown tokens {ev.unknown_fraction:.1%}; punctuation targets "
+                 f"{'excluded' if ev.exclude_punct else 'included'}"]
+        for d, s in ev.directions.items():
+            l, h = self.chosen[d]
+            un = self.untrained.directions[d] if self.untrained else None
+            lines.append(f"\n{d} graphs, {s.targets} targets "
+                         f"(undirected / directed attachment / average precision):")
+
+            def row(name, values, untrained=None):
+                text = f"  {name:<44s}" + " / ".join(f"{values[m]:.3f}" for m in METRICS)
+                if untrained is not None:
+                    text += "   untrained: " + " / ".join(f"{untrained[m]:.3f}" for m in METRICS)
+                return text
+
+            pick = {m: s.per_graph[m][l, h] for m in METRICS}
+            lines.append(row(f"chosen graph (layer {l}, head {h})", pick,
+                             {m: un.per_graph[m][l, h] for m in METRICS} if un else None))
+            for layer in range(len(s.per_layer["undirected"])):
+                lines.append(row(f"layer {layer}, head-averaged", {m: s.per_layer[m][layer] for m in METRICS},
+                                 {m: un.per_layer[m][layer] for m in METRICS} if un else None))
+            for name, values in s.baselines.items():
+                lines.append(row(f"baseline: {name}", values))
+            bl, bh, bv = s.best(self.metric)
+            lines.append(f"  (best graph on these trees, for reference: layer {bl}, head {bh}, "
+                         f"{bv:.3f}; per head, layer by layer: " +
+                         "; ".join(" ".join(f"{v:.2f}" for v in s.per_graph[self.metric][layer])
+                                   for layer in range(s.per_graph[self.metric].shape[0])) + ")")
+        lines.extend(self.notes)
+        return "\n".join(lines)
+
+    def to_dict(self) -> Dict:
+        return dict(metric=self.metric, chosen={d: list(v) for d, v in self.chosen.items()},
+                    evaluation=self.evaluation.to_dict(),
+                    untrained=self.untrained.to_dict() if self.untrained else None,
+                    selection=self.selection.to_dict() if self.selection else None)
+
+
+def compare_with_syntax(predictor, trees: Sequence[GoldTree],
+                        select_trees: Optional[Sequence[GoldTree]] = None,
+                        vocabulary: Optional[Sequence[str]] = None, lower: bool = True,
+                        exclude_punct: bool = True, metric: str = "undirected",
+                        untrained: bool = True, seed: int = 0, batch_size: int = 64
+                        ) -> SyntaxComparison:
+    """Score ``predictor`` on ``trees``, choosing the single graph per direction on
+    ``select_trees`` (by ``metric``; on ``trees`` themselves if not given, which the
+    report notes), beside the baselines and, with ``untrained``, the same architecture
+    freshly initialised (seeded)."""
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    vocabulary = vocabulary if vocabulary is not None else getattr(predictor, "vocabulary", None)
+    if vocabulary is None:
+        raise ValueError("the predictor carries no vocabulary: pass vocabulary=")
+    ev_align = align(trees, vocabulary, lower)
+    evaluation = syntax_scores(predictor, ev_align, exclude_punct, batch_size)
+    notes = []
+    selection = None
+    if select_trees is not None:
+        selection = syntax_scores(predictor, align(select_trees, vocabulary, lower),
+                                  exclude_punct, batch_size)
+        chosen = {d: selection.directions[d].best(metric)[:2] for d in evaluation.directions}
+    else:
+        chosen = {d: s.best(metric)[:2] for d, s in evaluation.directions.items()}
+        notes.append("note: the graph was chosen on the evaluation trees themselves "
+                     "(pass selection trees for an unbiased choice)")
+    fresh = syntax_scores(untrained_copy(predictor, seed), ev_align, exclude_punct,
+                          batch_size) if untrained else None
+    return SyntaxComparison(evaluation, fresh, selection, chosen, metric, notes)

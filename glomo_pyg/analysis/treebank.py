@@ -1,0 +1,175 @@
+"""Gold dependency trees from CoNLL-U and CoNLL-X files.
+
+Token lines are parsed by the ``conllu`` library; this module adds what an evaluation
+needs on top of it: multiword-token ranges (``1-2``) and empty nodes (``8.1``) are
+skipped, so a sentence is its sequence of syntactic words, and every structural fault
+(wrong column count, a non-integer or out-of-range head, a cycle, no root) is reported
+as a :class:`TreebankFormatError` naming the file and line.
+"""
+from __future__ import annotations
+
+import os
+import unicodedata
+from dataclasses import dataclass, field
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+from conllu.parser import parse_line
+
+FORMATS = ("conllu", "conllx")
+# Columns of the two formats (both have ten; only the names of 4, 5, 9 and 10 differ).
+CONLLU_FIELDS = ("id", "form", "lemma", "upos", "xpos", "feats", "head", "deprel", "deps", "misc")
+CONLLX_FIELDS = ("id", "form", "lemma", "cpostag", "postag", "feats", "head", "deprel",
+                 "phead", "pdeprel")
+
+
+class TreebankFormatError(ValueError):
+    """A treebank file that is not well-formed CoNLL-U / CoNLL-X (message names file and line)."""
+
+
+@dataclass
+class GoldTree:
+    """One sentence: its syntactic words in order and their gold heads.
+
+    ``heads[k]`` is the 1-based index of word ``k``'s head, ``0`` for the root.
+    ``tags[k]`` is the UPOS tag (CoNLL-U) or the coarse tag (CoNLL-X).
+    """
+
+    words: List[str]
+    heads: List[int]
+    tags: List[str]
+    sent_id: str = ""
+    line: int = 0  # line of the sentence's first token in the file
+    punct: List[bool] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.punct:
+            self.punct = [is_punctuation(w, t) for w, t in zip(self.words, self.tags)]
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def arcs(self) -> List[Tuple[int, int]]:
+        """``(head, dependent)`` pairs as 0-based word indices (the root arc left out)."""
+        return [(h - 1, d) for d, h in enumerate(self.heads) if h > 0]
+
+
+PUNCT_TAGS = frozenset({"PUNCT", ".", ",", ":", "``", "''", "-LRB-", "-RRB-", "#", "$"})
+
+
+def is_punctuation(form: str, tag: str) -> bool:
+    """UPOS ``PUNCT`` (or a Penn punctuation tag in CoNLL-X), or a form made only of
+    Unicode punctuation characters."""
+    if tag in PUNCT_TAGS:
+        return True
+    return bool(form) and all(unicodedata.category(c).startswith("P") for c in form)
+
+
+def _guess_format(path: str) -> str:
+    return "conllx" if path.lower().endswith((".conll", ".conllx")) else "conllu"
+
+
+def _blocks(lines: Sequence[str]) -> Iterator[Tuple[int, List[Tuple[int, str]]]]:
+    """Sentence blocks as ``(first line number, [(line number, text), ...])``; blank
+    lines separate sentences."""
+    block: List[Tuple[int, str]] = []
+    for number, text in enumerate(lines, 1):
+        text = text.rstrip("\r\n")
+        if text.strip():
+            block.append((number, text))
+        elif block:
+            yield block[0][0], block
+            block = []
+    if block:
+        yield block[0][0], block
+
+
+def _check_tree(path: str, line: int, heads: List[int], lines: List[int]) -> None:
+    n = len(heads)
+    for k, h in enumerate(heads):
+        if not 0 <= h <= n:
+            raise TreebankFormatError(f"{path}:{lines[k]}: head {h} of word {k + 1} is out of "
+                                      f"range (the sentence has {n} words)")
+        if h == k + 1:
+            raise TreebankFormatError(f"{path}:{lines[k]}: word {k + 1} is its own head")
+    if 0 not in heads:
+        raise TreebankFormatError(f"{path}:{line}: the sentence has no root (no head 0)")
+    # every word must reach the root: following heads from any word ends at 0
+    state = [0] * n  # 0 unvisited, 1 on the current path, 2 reaches the root
+    for start in range(n):
+        path_words, k = [], start
+        while k >= 0 and state[k] == 0:
+            state[k] = 1
+            path_words.append(k)
+            k = heads[k] - 1
+        if k >= 0 and state[k] == 1:
+            cycle = sorted(w + 1 for w in path_words[path_words.index(k):])
+            raise TreebankFormatError(f"{path}:{lines[k]}: the heads form a cycle through "
+                                      f"words {cycle}")
+        for w in path_words:
+            state[w] = 2
+
+
+def read_treebank(path: str, format: Optional[str] = None,
+                  max_sentences: Optional[int] = None) -> List[GoldTree]:
+    """Gold trees of a CoNLL-U (``format='conllu'``) or CoNLL-X (``'conllx'``) file;
+    by default the format follows the extension (``.conll``/``.conllx``: CoNLL-X).
+
+    Comment lines (``#``) are skipped; in CoNLL-U, ``# sent_id`` is kept. Multiword-token
+    ranges and empty nodes are skipped: the words are the syntactic words ``1..n``,
+    which must be numbered consecutively. Raises :class:`TreebankFormatError` with the
+    file and line for a wrong column count, a non-integer head, a head out of range, a
+    word that is its own head, a cycle, or a sentence without a root.
+    """
+    format = format or _guess_format(path)
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+    if max_sentences is not None and max_sentences < 1:
+        raise ValueError(f"max_sentences must be >= 1, got {max_sentences}")
+    fields = CONLLU_FIELDS if format == "conllu" else CONLLX_FIELDS
+    tag_field = "upos" if format == "conllu" else "cpostag"
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.readlines()
+    except UnicodeDecodeError as err:
+        raise TreebankFormatError(f"{path}: not UTF-8 text ({err})") from err
+    trees: List[GoldTree] = []
+    for first, block in _blocks(lines):
+        words, heads, tags, numbers, sent_id = [], [], [], [], ""
+        for number, text in block:
+            if text.startswith("#"):
+                key, _, value = text[1:].partition("=")
+                if key.strip() == "sent_id":
+                    sent_id = value.strip()
+                continue
+            columns = text.split("\t")
+            if len(columns) != 10:
+                raise TreebankFormatError(f"{path}:{number}: expected 10 tab-separated columns "
+                                          f"({format}), found {len(columns)}")
+            try:
+                token = parse_line(text, fields)
+            except Exception as err:  # the library's own message, located
+                raise TreebankFormatError(f"{path}:{number}: {err}") from err
+            tid = token["id"]
+            if not isinstance(tid, int):  # (1, '-', 2) range or (8, '.', 1) empty node
+                if isinstance(tid, tuple) and len(tid) == 3 and tid[1] in ("-", "."):
+                    continue
+                raise TreebankFormatError(f"{path}:{number}: bad token id {columns[0]!r}")
+            if tid != len(words) + 1:
+                raise TreebankFormatError(f"{path}:{number}: word id {tid} out of order "
+                                          f"(expected {len(words) + 1})")
+            head = token["head"]
+            if not isinstance(head, int):
+                raise TreebankFormatError(f"{path}:{number}: head {columns[6]!r} of word {tid} "
+                                          "is not an integer")
+            words.append(token["form"] if token["form"] is not None else "_")
+            heads.append(head)
+            tags.append(token[tag_field] or "")
+            numbers.append(number)
+        if not words:
+            continue  # a block of comments only
+        _check_tree(path, first, heads, numbers)
+        trees.append(GoldTree(words, heads, tags, sent_id or f"{os.path.basename(path)}:{first}",
+                              numbers[0]))
+        if max_sentences is not None and len(trees) >= max_sentences:
+            break
+    return trees

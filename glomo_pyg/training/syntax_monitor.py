@@ -1,0 +1,67 @@
+"""A Lightning callback that scores the graphs against gold syntax while pretraining."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence
+
+import lightning.pytorch as pl
+
+from glomo_pyg.analysis.syntax import align, syntax_scores
+from glomo_pyg.analysis.treebank import GoldTree
+
+
+class SyntaxMonitor(pl.Callback):
+    """Every ``every_n_steps`` training steps (and at the end of training), score the
+    model's graphs on a small sample of gold trees with
+    :func:`~glomo_pyg.analysis.syntax_scores` and log, per direction, the undirected
+    attachment of the best single graph, of each layer's head-averaged graph and of the
+    baselines as ``syntax/<direction>/...``. ``history`` keeps every result.
+
+    Use a split that is not the one you report on (e.g. a sample of UD English-EWT
+    train while reporting on dev).
+    """
+
+    def __init__(self, trees: Sequence[GoldTree], vocabulary: Sequence[str],
+                 every_n_steps: int = 500, exclude_punct: bool = True, lower: bool = True):
+        super().__init__()
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        self.alignment = align(trees, vocabulary, lower)
+        if not self.alignment.sentences:
+            raise ValueError("SyntaxMonitor: no sentence of the sample could be aligned")
+        self.every_n_steps, self.exclude_punct = every_n_steps, exclude_punct
+        self.history: List[Dict[str, Any]] = []
+
+    def score(self, pl_module) -> Dict[str, float]:
+        model = pl_module.model
+        was_training = model.training
+        model.eval()
+        try:
+            scores = syntax_scores(model.graphs, self.alignment, self.exclude_punct)
+        finally:
+            model.train(was_training)
+        out: Dict[str, float] = {}
+        for d, s in scores.directions.items():
+            l, h, best = s.best("undirected")
+            out[f"syntax/{d}/best"] = best
+            for layer, value in enumerate(s.per_layer["undirected"].tolist()):
+                out[f"syntax/{d}/layer{layer}"] = value
+            for name, values in s.baselines.items():
+                out[f"syntax/{d}/{name.replace(' ', '_')}"] = values["undirected"]
+        return out
+
+    def _log(self, trainer, pl_module) -> None:
+        step = trainer.global_step
+        if self.history and self.history[-1]["step"] == step:
+            return
+        values = self.score(pl_module)
+        self.history.append(dict(step=step, **values))
+        for logger in trainer.loggers:
+            logger.log_metrics(values, step=step)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step % self.every_n_steps == 0 and trainer.is_global_zero:
+            self._log(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if trainer.is_global_zero:
+            self._log(trainer, pl_module)

@@ -1,0 +1,71 @@
+"""Per-head graph health: hand-computed values, the dead-head warning, the logged fields."""
+import warnings
+
+import pytest
+import torch
+
+from glomo_pyg import LatentGraphs
+from glomo_pyg.training.graph_statistics import GraphStatistics, graph_health
+
+
+def hand_graphs(direction="forward"):
+    """One sequence of 4 units, 1 layer, 2 heads (forward: sources before targets).
+
+    head 0: every target j <- j - 1 with weight 1 (a previous-unit head);
+    head 1: only target 3 has edges, from 0 and 1 with 0.5 each (a dead head).
+    """
+    src = [0, 1, 2, 0, 1]
+    tgt = [1, 2, 3, 3, 3]
+    weight = [1.0, 1.0, 1.0, 0.5, 0.5]
+    head = [0, 0, 0, 1, 1]
+    if direction == "backward":  # mirror: position p -> 3 - p
+        src, tgt = [3 - s for s in src], [3 - t for t in tgt]
+        order = sorted(range(5), key=lambda e: (head[e], tgt[e], src[e]))
+        src, tgt, weight, head = ([v[e] for e in order] for v in (src, tgt, weight, head))
+    return LatentGraphs([torch.tensor([src, tgt])], [torch.tensor(weight)], [torch.tensor(head)],
+                        num_heads=2, direction=direction, ptr=torch.tensor([0, 4]))
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_health_against_hand_computed_values(direction):
+    h = graph_health(hand_graphs(direction))
+    torch.testing.assert_close(h.density, torch.tensor([[3 / 6, 2 / 6]]))
+    torch.testing.assert_close(h.empty, torch.tensor([[0.0, 2 / 3]]))
+    torch.testing.assert_close(h.adjacent, torch.tensor([[1.0, 0.0]]))
+    torch.testing.assert_close(h.distance, torch.tensor([[1.0, 2.5]]))  # head 1: 3*.5 + 2*.5
+    # uniform: targets with 1, 2, 3 sources -> adjacent (1 + 1/2 + 1/3) / 3; distance (1 + 1.5 + 2) / 3
+    assert h.uniform_adjacent == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
+    assert h.uniform_distance == pytest.approx(1.5)
+    assert h.dead_heads() == [(0, 1)]
+    assert h.dead_heads(share=0.7) == []
+
+
+def test_uniform_graphs_match_their_own_reference():
+    ptr = torch.tensor([0, 5, 12, 13])
+    for direction in ("forward", "backward"):
+        for include_self in (False, True):
+            g = LatentGraphs.uniform(ptr, num_layers=1, num_heads=2, direction=direction,
+                                     include_self=include_self)
+            h = graph_health(g)
+            torch.testing.assert_close(h.adjacent, torch.full((1, 2), h.uniform_adjacent))
+            torch.testing.assert_close(h.distance, torch.full((1, 2), h.uniform_distance))
+            assert h.dead_heads() == [] and float(h.empty.max()) == pytest.approx(0.0)
+
+
+def test_dead_head_warning_fires_once_and_only_for_dead_heads():
+    callback = GraphStatistics(every_n_steps=10)
+    health = graph_health(hand_graphs())
+    with pytest.warns(RuntimeWarning, match=r"graph head 1 of layer 0 \(forward\) is dead: 67%"):
+        assert len(callback.check_health("forward", health, step=10)) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # still dead: no second warning
+        assert callback.check_health("forward", health, step=20) == []
+        healthy = LatentGraphs.uniform(torch.tensor([0, 4]), num_layers=1, num_heads=2,
+                                       direction="forward")
+        assert callback.check_health("forward", graph_health(healthy), step=30) == []
+    with pytest.warns(RuntimeWarning, match="is dead"):  # died again after recovering
+        callback.check_health("forward", health, step=40)
+    with pytest.raises(ValueError):
+        GraphStatistics(every_n_steps=0)
+    with pytest.raises(ValueError):
+        GraphStatistics(dead_share=1.5)

@@ -1,0 +1,63 @@
+"""Column maxima of the scores and the keep-alive penalty against dead heads."""
+import pytest
+import torch
+
+from glomo_pyg import Glomo
+from glomo_pyg.nn.functional import column_max_scores
+from reference import allowed_pairs, batch_vector
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("include_self", [False, True])
+@pytest.mark.parametrize("block_size", [1 << 22, 7])
+def test_column_max_equals_the_dense_reference(direction, include_self, block_size):
+    torch.manual_seed(0)
+    lengths = [5, 1, 3]
+    k = torch.randn(3, 2, 5, 4, dtype=torch.float64, requires_grad=True)
+    q = torch.randn(3, 2, 5, 4, dtype=torch.float64, requires_grad=True)
+    got = column_max_scores(k, q, torch.tensor(lengths), direction=direction,
+                            include_self=include_self, block_size=block_size)
+    scores = k @ q.transpose(-1, -2)  # [B, H, i, j]
+    allowed = allowed_pairs(lengths, 5, direction, include_self)
+    want = scores.masked_fill(~allowed, float("-inf")).amax(2)
+    torch.testing.assert_close(got, want)
+    finite = torch.isfinite(want)
+    (gk, gq) = torch.autograd.grad(got[finite].sum(), (k, q))
+    (rk, rq) = torch.autograd.grad(want[finite].sum(), (k, q))
+    torch.testing.assert_close(gk, rk)
+    torch.testing.assert_close(gq, rq)
+
+
+def test_keep_alive_revives_a_dead_head_and_is_off_by_default():
+    torch.manual_seed(0)
+    lengths = [9, 6]
+    x, batch = torch.randint(0, 20, (sum(lengths),)), batch_vector(lengths)
+    model = Glomo(20, hidden_channels=16, num_layers=2, heads=2, cnn_layers=1,
+                  bidirectional=False, keep_alive=1.0, keep_alive_margin=0.5)
+    scorer = model.graph_predictors["fw"].scorer
+    with torch.no_grad():  # kill every head of layer 0: all scores far below zero
+        scorer.bias[0] = -100.0
+    out = model(x, batch)
+    assert float(out.metrics["forward/empty_columns"]) > 0.45
+    assert float(out.metrics["forward/keep_alive"]) > 0
+    out.loss.backward()
+    assert scorer.bias.grad[0] < 0  # descent raises the bias: the columns come back
+    # without the penalty a dead layer gets no gradient at all
+    plain = Glomo(20, hidden_channels=16, num_layers=2, heads=2, cnn_layers=1,
+                  bidirectional=False)
+    plain.load_state_dict(model.state_dict())
+    result = plain(x, batch)
+    assert "forward/keep_alive" not in result.metrics
+    result.loss.backward()
+    assert plain.graph_predictors["fw"].scorer.bias.grad[0] == 0
+    model.eval()  # evaluation loss is the objective alone
+    assert "forward/keep_alive" not in model(x, batch).metrics
+
+
+@pytest.mark.parametrize("kw", [dict(keep_alive=-1.0), dict(keep_alive=float("nan")),
+                                dict(keep_alive=1.0, keep_alive_margin=0.0),
+                                dict(keep_alive=1.0, decouple=False),
+                                dict(keep_alive=1.0, sparse=False)])
+def test_keep_alive_bad_settings(kw):
+    with pytest.raises(ValueError, match="keep_alive"):
+        Glomo(20, hidden_channels=16, num_layers=1, heads=2, **kw)

@@ -1,0 +1,236 @@
+"""Gold-tree readers and the syntax comparison of learned graphs."""
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from glomo_pyg import DirectionalGraphs, Glomo, LatentGraphs, PretrainedGraphPredictor
+from glomo_pyg.analysis import (TreebankFormatError, align, compare_with_syntax, read_treebank,
+                                syntax_scores, untrained_copy)
+from glomo_pyg.cli import main
+
+CONLLU = """# newdoc id = d1
+# sent_id = s1
+# text = I saw U.S. ships
+1\tI\tI\tPRON\tPRP\t_\t2\tnsubj\t_\t_
+2\tsaw\tsee\tVERB\tVBD\t_\t0\troot\t_\t_
+3\tU.S.\tU.S.\tPROPN\tNNP\t_\t4\tcompound\t_\t_
+4\tships\tship\tNOUN\tNNS\t_\t2\tobj\t_\t_
+
+# sent_id = s2
+1-2\tcannot\t_\t_\t_\t_\t_\t_\t_\t_
+1\tcan\tcan\tAUX\tMD\t_\t0\troot\t_\t_
+2\tnot\tnot\tPART\tRB\t_\t1\tadvmod\t_\t_
+2.1\tgo\tgo\tVERB\tVB\t_\t_\t_\t1:ok\t_
+3\t.\t.\tPUNCT\t.\t_\t1\tpunct\t_\t_
+
+"""
+CONLLX = """1\tI\tI\tPRP\tPRP\t_\t2\tnsubj\t_\t_
+2\tsaw\tsee\tVBD\tVBD\t_\t0\tROOT\t_\t_
+3\tships\tship\tNNS\tNNS\t_\t2\tobj\t_\t_
+"""
+
+
+def write(tmp_path, text, name="t.conllu"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_conllu_reader_skips_ranges_empty_nodes_and_comments(tmp_path):
+    trees = read_treebank(write(tmp_path, CONLLU))
+    assert [t.words for t in trees] == [["I", "saw", "U.S.", "ships"], ["can", "not", "."]]
+    assert trees[0].heads == [2, 0, 4, 2] and trees[1].heads == [0, 1, 1]
+    assert trees[0].sent_id == "s1" and trees[0].line == 4
+    assert trees[1].punct == [False, False, True]
+    assert sorted(trees[0].arcs()) == [(1, 0), (1, 3), (3, 2)]
+    assert len(read_treebank(write(tmp_path, CONLLU), max_sentences=1)) == 1
+
+
+def test_conllx_reader(tmp_path):
+    trees = read_treebank(write(tmp_path, CONLLX, "t.conll"))  # format from the extension
+    assert trees[0].words == ["I", "saw", "ships"] and trees[0].heads == [2, 0, 2]
+    assert trees[0].tags == ["PRP", "VBD", "NNS"]
+    assert read_treebank(write(tmp_path, CONLLX, "t.txt"), format="conllx")[0].heads == [2, 0, 2]
+
+
+@pytest.mark.parametrize("line, message", [
+    ("3\tships\tship\tNNS\tNNS\t_\t2\tobj\t_", "expected 10 tab-separated columns"),
+    ("3\tships\tship\tNNS\tNNS\t_\tx\tobj\t_\t_", "head"),
+    ("3\tships\tship\tNNS\tNNS\t_\t_\tobj\t_\t_", "is not an integer"),
+    ("3\tships\tship\tNNS\tNNS\t_\t7\tobj\t_\t_", "out of range"),
+    ("3\tships\tship\tNNS\tNNS\t_\t3\tobj\t_\t_", "its own head"),
+    ("5\tships\tship\tNNS\tNNS\t_\t2\tobj\t_\t_", "out of order"),
+])
+def test_malformed_lines_name_file_and_line(tmp_path, line, message):
+    text = CONLLX.rsplit("\n", 2)[0] + "\n" + line + "\n"
+    path = write(tmp_path, "# c\n" + text, "bad.conllu")
+    with pytest.raises(TreebankFormatError, match=message) as err:
+        read_treebank(path)
+    assert f"{path}:4" in str(err.value)
+
+
+def test_cycle_and_missing_root(tmp_path):
+    cycle = "1\ta\t_\tX\t_\t_\t2\t_\t_\t_\n2\tb\t_\tX\t_\t_\t1\t_\t_\t_\n3\tc\t_\tX\t_\t_\t0\t_\t_\t_\n"
+    with pytest.raises(TreebankFormatError, match=r"cycle through words \[1, 2\]"):
+        read_treebank(write(tmp_path, cycle))
+    no_root = "1\ta\t_\tX\t_\t_\t2\t_\t_\t_\n2\tb\t_\tX\t_\t_\t1\t_\t_\t_\n"
+    with pytest.raises(TreebankFormatError, match="no root"):
+        read_treebank(write(tmp_path, no_root))
+    with pytest.raises(TreebankFormatError, match="not UTF-8"):
+        path = tmp_path / "latin1.conllu"
+        path.write_bytes("1\t\xe9t\xe9\t_\tX\t_\t_\t0\t_\t_\t_\n".encode("latin-1"))
+        read_treebank(str(path))
+    with pytest.raises(ValueError, match="format"):
+        read_treebank(write(tmp_path, CONLLX), format="xml")
+
+
+# --- scores -------------------------------------------------------------------------------
+VOCAB = ["<pad>", "<unk>", "<bos>", "<eos>", "i", "saw", "u", ".", "s", "ships"]
+
+
+def tokens_of_first_sentence(tmp_path):
+    tree = read_treebank(write(tmp_path, CONLLU), max_sentences=1)
+    alignment = align(tree, VOCAB)
+    sent = alignment.sentences[0]
+    # "U.S." -> u . s . : four sub-tokens, the word is represented by its first
+    assert sent.ids.tolist() == [4, 5, 6, 7, 8, 7, 9]
+    assert sent.first.tolist() == [0, 1, 2, 6]
+    assert sent.word_of.tolist() == [0, 1, 2, 2, 2, 2, 3]
+    return alignment
+
+
+class FixedGraphs(torch.nn.Module):
+    """A stand-in predictor that returns the given dense [L, 1, H, T, T] graphs."""
+
+    def __init__(self, forward=None, backward=None):
+        super().__init__()
+        self.blocks = dict(forward=forward, backward=backward)
+
+    def forward(self, x, batch=None):
+        ptr = torch.tensor([0, x.numel()])
+        return DirectionalGraphs(*(None if self.blocks[d] is None else
+                                   LatentGraphs.from_dense(self.blocks[d], direction=d, ptr=ptr)
+                                   for d in ("forward", "backward")))
+
+
+def forward_block():
+    g = torch.zeros(1, 1, 1, 7, 7)  # [l, b, h, i (source), j (target)]
+    g[..., 0, 1] = 1.0  # saw <- I
+    g[..., 0, 2], g[..., 1, 2] = 0.3, 0.7  # U.S. <- saw (wrong)
+    for i in range(3):  # non-first sub-tokens: ignored by the scores
+        g[..., i, 3 + i] = 1.0
+    g[..., 0, 6], g[..., 1, 6] = 0.05, 0.2  # ships <- U.S. (0.2 + 0.25 + 0.3 over 3 sub-tokens)
+    g[..., 2, 6], g[..., 3, 6], g[..., 5, 6] = 0.2, 0.25, 0.3
+    return g
+
+
+def test_scores_against_hand_computed_values(tmp_path):
+    alignment = tokens_of_first_sentence(tmp_path)
+    scores = syntax_scores(FixedGraphs(forward_block()), alignment).directions["forward"]
+    assert scores.targets == 3
+    assert scores.per_graph["undirected"][0, 0] == pytest.approx(2 / 3)
+    assert scores.per_graph["directed"][0, 0] == pytest.approx(0.0)
+    # ranking 1.0(+) 0.75(+) 0.7(-) 0.3(-) 0.2(+) 0.05(-): AP = (1 + 1 + 3/5) / 3
+    assert scores.per_graph["ap"][0, 0] == pytest.approx((1 + 1 + 0.6) / 3)
+    prev = scores.baselines["previous word"]
+    assert (prev["undirected"], prev["directed"]) == (pytest.approx(2 / 3), 0.0)
+    uni = scores.baselines["uniform"]  # exact expectations: (1 + 0 + 2/3) / 3 and (1/3) / 3
+    assert uni["undirected"] == pytest.approx(5 / 9)
+    assert uni["directed"] == pytest.approx(1 / 9)
+    assert uni["ap"] == pytest.approx(3 / 6)  # constant scores: the share of gold pairs
+
+
+def test_backward_next_token_lands_inside_a_split_word(tmp_path):
+    alignment = tokens_of_first_sentence(tmp_path)
+    g = torch.zeros(1, 1, 1, 7, 7)
+    for j in range(6):
+        g[..., j + 1, j] = 1.0  # next token
+    scores = syntax_scores(FixedGraphs(backward=g), alignment).directions["backward"]
+    # I <- saw (arc), saw <- "u" of U.S. (no arc), U.S. <- its own "." (self: no arc)
+    assert scores.per_graph["undirected"][0, 0] == pytest.approx(1 / 3)
+    nxt = scores.baselines["next word"]  # word level: I-saw, saw-U.S., U.S.-ships
+    assert nxt["undirected"] == pytest.approx(2 / 3) and nxt["directed"] == pytest.approx(2 / 3)
+
+
+def test_head_averaged_graph_and_punctuation(tmp_path):
+    alignment = tokens_of_first_sentence(tmp_path)
+    second = torch.zeros(1, 1, 1, 7, 7)
+    for j in range(1, 7):
+        second[..., j - 1, j] = 1.0  # previous token
+    both = torch.cat([forward_block(), second], 2)
+    scores = syntax_scores(FixedGraphs(both), alignment).directions["forward"]
+    mean = syntax_scores(FixedGraphs(both.mean(2, keepdim=True)), alignment).directions["forward"]
+    for metric in ("undirected", "directed", "ap"):
+        assert scores.per_layer[metric][0] == pytest.approx(mean.per_graph[metric][0, 0])
+    # second head: previous token of "ships" is the last "." of U.S. -> the word U.S.
+    assert scores.per_graph["undirected"][0, 1] == pytest.approx(2 / 3)
+    punct = align(read_treebank(write(tmp_path, CONLLU))[1:], VOCAB + ["can", "not"])
+    g = torch.zeros(1, 1, 1, 3, 3)
+    g[..., 0, 1], g[..., 1, 2] = 1.0, 1.0
+    with_p = syntax_scores(FixedGraphs(g), punct, exclude_punct=False).directions["forward"]
+    without = syntax_scores(FixedGraphs(g), punct).directions["forward"]
+    assert (with_p.targets, without.targets) == (2, 1)
+
+
+def test_alignment_counts_unaligned_and_unknown(tmp_path):
+    text = CONLLU.replace("U.S.\tU.S.", "\u00a0\tx")  # a word that tokenises to nothing
+    alignment = align(read_treebank(write(tmp_path, text)), VOCAB)
+    assert (alignment.skipped_sentences, alignment.unaligned_words) == (1, 1)
+    assert len(alignment.sentences) == 1  # "can not ." (unknown words stay aligned)
+    assert alignment.unknown_tokens == 2
+    with pytest.raises(ValueError, match="no sentence"):
+        syntax_scores(FixedGraphs(forward_block()), align([], VOCAB))
+    with pytest.raises(ValueError, match="<unk>"):
+        align([], ["a"])
+
+
+def small_predictor(position=None):
+    torch.manual_seed(0)
+    model = Glomo(len(VOCAB) + 2, hidden_channels=16, num_layers=2, heads=2, cnn_layers=1,
+                  position=position)
+    return PretrainedGraphPredictor.from_glomo(model, VOCAB + ["can", "not"])
+
+
+def test_compare_with_untrained_and_selection(tmp_path):
+    trees = read_treebank(write(tmp_path, CONLLU))
+    predictor = small_predictor()
+    result = compare_with_syntax(predictor, trees, select_trees=trees)
+    assert set(result.evaluation.directions) == {"forward", "backward"}
+    assert result.untrained is not None and result.selection is not None
+    text = result.format()
+    assert "previous word" in text and "next word" in text and "untrained" in text
+    json.dumps(result.to_dict())
+    fresh = untrained_copy(predictor, seed=3)
+    same = untrained_copy(predictor, seed=3)
+    for (name, a), b in zip(fresh.state_dict().items(), same.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert not all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(),
+                                                     predictor.state_dict().values()))
+    with pytest.raises(ValueError, match="metric"):
+        compare_with_syntax(predictor, trees, metric="las")
+
+
+def test_syntax_command(tmp_path, capsys):
+    trees = write(tmp_path, CONLLU)
+    folder = str(tmp_path / "predictor")
+    small_predictor("relative").save_pretrained(folder)
+    out = str(tmp_path / "scores" / "s.json")
+    assert main(["syntax", "--predictor", folder, "--treebank", trees, "--select-treebank",
+                 trees, "--json", out]) == 0
+    text = capsys.readouterr().out
+    assert "chosen graph" in text and "baseline: uniform" in text
+    with open(out) as fh:
+        data = json.load(fh)
+    assert data["evaluation"]["directions"]["forward"]["targets"] == 4  # 3 + "not"
+    assert not math.isnan(data["evaluation"]["directions"]["forward"]["baselines"]["uniform"]["ap"])
+    bad = write(tmp_path, "1\ta\n", "bad.conllu")
+    with pytest.raises(SystemExit, match="bad.conllu:1"):
+        main(["syntax", "--predictor", folder, "--treebank", bad])
+    with pytest.raises(SystemExit, match="max-sentences"):
+        main(["syntax", "--predictor", folder, "--treebank", trees, "--max-sentences", "0"])
+    with pytest.raises(SystemExit):
+        main(["syntax", "--predictor", str(tmp_path / "missing"), "--treebank", trees])
+    assert os.path.exists(out)
