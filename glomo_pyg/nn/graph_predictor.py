@@ -157,15 +157,18 @@ class GraphScorer(torch.nn.Module):
         query = torch.cat([a * cos + c * sin, a * sin - c * cos], -1).unsqueeze(0)
         return key.to(like.dtype), query.to(like.dtype)
 
-    def augmented(self, layer: int, key_states: Tensor, query_states: Tensor) -> Tuple[Tensor, Tensor]:
+    def augmented(self, layer: int, key_states: Tensor, query_states: Tensor,
+                  detach_bias: bool = False) -> Tuple[Tensor, Tensor]:
         """Per-head ``[B, H, T, D + 1]`` keys and queries with the bias folded in,
-        so that ``key_aug[i] . query_aug[j] = s_ij``."""
+        so that ``key_aug[i] . query_aug[j] = s_ij`` (``detach_bias``: no gradient
+        to the scalar bias, which all heads of the layer share)."""
         b, t, _ = key_states.shape
         k = self.key[layer](key_states).view(b, t, self.heads, -1).transpose(1, 2)
         q = self.query[layer](query_states).view(b, t, self.heads, -1).transpose(1, 2)
         ones = k.new_ones(b, self.heads, t, 1)
         if self.bias is not None:
-            k, q = torch.cat([k, ones], -1), torch.cat([q, self.bias[layer].expand_as(ones)], -1)
+            bias = self.bias[layer].detach() if detach_bias else self.bias[layer]
+            k, q = torch.cat([k, ones], -1), torch.cat([q, bias.expand_as(ones)], -1)
         else:
             thr = self.threshold[layer]  # s = (k - w) . q - c
             k, q = (torch.cat([k - thr.weight.view(-1), ones], -1),
@@ -188,8 +191,10 @@ class GraphScorer(torch.nn.Module):
                    sequences: SequenceBatch) -> Tensor:
         """``[B, H, T]`` largest score of each target of graph layer ``layer`` over its
         allowed sources (``-inf`` where it has none): a column has an edge iff it is
-        positive (:func:`~glomo_pyg.nn.functional.column_max_scores`)."""
-        k, q = self.augmented(layer, key_states, query_states)
+        positive (:func:`~glomo_pyg.nn.functional.column_max_scores`). No gradient
+        reaches the shared scalar bias: raising it would revive a dying head by
+        flattening every head of the layer."""
+        k, q = self.augmented(layer, key_states, query_states, detach_bias=True)
         return column_max_scores(k, q, sequences.lengths, direction=self.direction,
                                  include_self=self.include_self, block_size=self.block_size)
 

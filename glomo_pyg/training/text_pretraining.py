@@ -83,6 +83,7 @@ class TrainConfig:
     strategy: str = "auto"  # 'ddp' for several devices or nodes
     precision: Optional[str] = None  # default: 'bf16-mixed' on GPU, '32-true' on CPU
     num_workers: int = 0
+    threads: int = 0  # torch CPU threads (0: torch's default); set to the cores you really have
     checkpoint_every: int = 1000
     validate_every: int = 1000
     log_every: int = 50
@@ -139,6 +140,8 @@ class PretrainConfig:
                      "log_every", "graph_stats_every", "syntax_sentences", "syntax_every"):
             if getattr(t, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1")
+        if t.threads < 0:
+            raise ValueError("train.threads must be >= 0 (0: torch's default)")
         for key in ("num_tokens", "padding_idx"):
             if key in self.model:
                 raise ValueError(f"model.{key} is set from the vocabulary; remove it")
@@ -377,6 +380,8 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
     vocab, shards = prepare_corpus(config.corpus, out, log)
     if prepare_only:
         return dict(vocabulary=len(vocab), tokens=read_shard_index(shards)["num_tokens"])
+    if config.train.threads:
+        torch.set_num_threads(config.train.threads)
     pl.seed_everything(config.train.seed, workers=True, verbose=False)
     c, t = config.corpus, config.train
     data = TextPretrainingData(shards, c.max_length, c.min_length, t.batch_size,
