@@ -170,3 +170,25 @@ def test_graph_statistics_are_logged_only_at_their_interval(tmp_path):
     assert steps == [3, 6]  # global_step after the optimiser steps of batches 3 and 6
     assert all(0 < float(r["graphs/forward/layer0/density"]) <= 1 for r in rows
                if r.get("graphs/forward/layer0/density"))
+
+
+def test_health_and_syntax_are_logged_while_training(tmp_path):
+    import csv
+
+    write_corpus(tmp_path / "corpus")
+    trees = tmp_path / "gold.conllu"
+    trees.write_text("1\tthe\t_\tDET\t_\t_\t2\tdet\t_\t_\n2\tcat\t_\tNOUN\t_\t_\t3\tnsubj\t_\t_\n"
+                     "3\tsat\t_\tVERB\t_\t_\t0\troot\t_\t_\n4\t.\t_\tPUNCT\t_\t_\t3\tpunct\t_\t_\n")
+    run_pretraining(config(tmp_path, "health", max_steps=4, graph_stats_every=2,
+                           syntax_treebank=str(trees), syntax_every=2, syntax_sentences=5),
+                    log=lambda *a: None)
+    rows = list(csv.DictReader(open(tmp_path / "health" / "logs" / "version_0" / "metrics.csv")))
+    health = [r for r in rows if r.get("health/forward/layer1/head1/empty")]
+    assert sorted({int(r["step"]) for r in health}) == [2, 4]
+    assert all(0 <= float(r["health/forward/layer1/head1/empty"]) <= 1 for r in health)
+    backward = [r for r in rows if r.get("health/backward/uniform_adjacent")]
+    assert len(backward) == 2 and all(float(r["health/backward/uniform_adjacent"]) > 0
+                                      for r in backward)
+    syntax = [r for r in rows if r.get("syntax/forward/best")]
+    assert sorted({int(r["step"]) for r in syntax}) == [2, 4]
+    assert all(0 <= float(r["syntax/backward/next_word"]) <= 1 for r in syntax)

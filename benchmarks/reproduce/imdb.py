@@ -354,6 +354,10 @@ def main(argv=None) -> None:
     parser.add_argument("--lrs", type=float, nargs="+", default=None,
                         help="learning rates tried with seed 0, chosen on validation")
     parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=None)
+    parser.add_argument("--predictor", default=None,
+                        help="use this saved predictor (e.g. runs/imdb-cpu/predictor from "
+                             "glomo pretrain --config configs/imdb-cpu.yaml) as the 'default' "
+                             "predictor instead of pretraining one")
     parser.add_argument("--accelerator", default="auto")
     parser.add_argument("--workers", type=int, default=2, help="word2vec threads")
     parser.add_argument("--results", default="benchmarks/results/imdb.md")
@@ -375,6 +379,14 @@ def main(argv=None) -> None:
     predictors, pretrain_summaries = {}, {}
     needed = sorted({VARIANTS[v]["predictor"] for v in setup.variants} - {None})
     for name in needed:
+        if name == "default" and args.predictor:
+            predictors[name] = args.predictor
+            summary_path = os.path.join(os.path.dirname(os.path.abspath(args.predictor)),
+                                        "pretrain.json")  # written by glomo pretrain
+            if os.path.exists(summary_path):
+                with open(summary_path) as fh:
+                    pretrain_summaries[name] = json.load(fh)
+            continue
         predictors[name], pretrain_summaries[name] = pretrain(args, setup, out, name)
     from glomo_pyg import GlomoTextClassifier, PretrainedGraphPredictor
     from glomo_pyg.data import embedding_matrix
@@ -383,8 +395,11 @@ def main(argv=None) -> None:
     loaded = {name: PretrainedGraphPredictor.from_pretrained(path)
               for name, path in predictors.items()}
     vocabulary = next(iter(loaded.values())).vocabulary if loaded else None
+    if vocabulary is None and args.predictor:  # the baseline alone: the predictor's vocabulary
+        vocabulary = PretrainedGraphPredictor.from_pretrained(args.predictor).vocabulary
     if vocabulary is None:
-        raise SystemExit("the baseline alone needs a vocabulary: include a GLoMo variant")
+        raise SystemExit("the baseline alone needs a vocabulary: include a GLoMo variant or "
+                         "pass --predictor")
     if any(p.vocabulary != vocabulary for p in loaded.values()):
         raise SystemExit("predictors were pretrained with different vocabularies")
     embedding, coverage = embedding_matrix(vocabulary, words, vectors, seed=0)
@@ -498,6 +513,8 @@ def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_s
              f"- hardware: {hardware(device)}; torch {torch.__version__}",
              f"- total time: {seconds / 60:.0f} min (stages cached in the output folder are "
              "not re-run)"]
+    if getattr(args, "predictor", None):
+        lines.append(f"- predictor `default`: the saved predictor `{args.predictor}`")
     for name, s in pretrain_summaries.items():
         lines.append(f"- predictor `{name}`: {s['steps']} steps on {s['tokens']:,} corpus tokens "
                      f"(training sequences), vocabulary {s['vocabulary']}, "
