@@ -9,10 +9,11 @@ interrupted reproduction continues where it stopped:
 
 1. word vectors: word2vec trained on the unlabelled + training reviews (no test text),
    written in the GloVe text format: the "transfer feature only" features;
-2. graph predictors: ``glomo pretrain`` on the same reviews, once with the default
-   settings and once per ablation the chosen variants need (``no-sparse``,
+2. graph predictors: ``glomo pretrain`` on the same reviews with the shipped
+   configuration (``configs/imdb-cpu.yaml`` reduced, ``configs/imdb-gpu.yaml`` full), once
+   as it is and once per ablation the chosen variants need (``no-sparse``,
    ``no-hierarchical``, ``no-sequence``, ``no-decouple``, ``no-unit-level``: the paper's
-   ``-sparse`` ... rows);
+   ``-sparse`` ... rows); ``--predictor DIR`` uses an already trained predictor instead;
 3. TF-IDF baseline (``tfidf.json``): word 1-2-gram TF-IDF + logistic regression on the
    same training reviews, cut to the same number of the project's tokens; C chosen on the
    same validation reviews, evaluated once on the same test reviews: the score a user
@@ -46,17 +47,21 @@ import math
 import os
 import sys
 import time
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__)))), "configs")
 # Paper Tables 1-2, IMDB test accuracy (%), GloVe features.
 PAPER = {"baseline": 88.51, "glomo": 89.16, "uniform": 88.57, "no-sparse": 88.96,
          "no-hierarchical": 88.71, "no-unit-level": 88.49, "no-sequence": 88.96}
 # What each variant changes: the predictor's pretraining (model settings) and where /
 # which graphs the classifier uses. The paper's "-sparse" row is variant "no-sparse", etc.
-ABLATIONS = {"no-sparse": dict(sparse=False), "no-hierarchical": dict(num_layers=1),
-             "no-sequence": dict(context_length=1), "no-decouple": dict(decouple=False),
+# (keep_alive is for squared-ReLU graphs of a separate predictor: off where those go.)
+ABLATIONS = {"no-sparse": dict(sparse=False, keep_alive=0.0), "no-hierarchical": dict(num_layers=1),
+             "no-sequence": dict(context_length=1),
+             "no-decouple": dict(decouple=False, keep_alive=0.0),
              "no-unit-level": dict(objective="sequence")}
 VARIANTS = {
     "baseline": dict(predictor=None),
@@ -81,13 +86,7 @@ T975 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622,
 class Setup:
     """One configuration of the reproduction."""
 
-    corpus_documents: int | None
-    vocabulary: int
-    pretrain_length: int
-    model: Dict
-    pretrain_steps: int
-    pretrain_batch: int
-    warmup: int
+    corpus_documents: int | None  # word vectors: the same documents as the pretraining
     vector_dim: int
     vector_epochs: int
     review_length: int
@@ -100,19 +99,22 @@ class Setup:
     lrs: tuple  # learning rates tried with seed 0 of each variant, chosen on validation
     variants: tuple
     seeds: int
+    # pretraining: a `glomo pretrain` configuration in configs/, or (the smoke test only)
+    # the settings below
+    config: Optional[str] = None
+    vocabulary: int = 0
+    pretrain_length: int = 0
+    model: Optional[Dict] = None
+    pretrain_steps: int = 0
+    pretrain_batch: int = 0
+    warmup: int = 0
 
 
-FULL = Setup(corpus_documents=None, vocabulary=30000, pretrain_length=128,
-             model=dict(hidden_channels=256, num_layers=3, heads=8, cnn_layers=4,
-                        context_length=3, num_positions=20),
-             pretrain_steps=20000, pretrain_batch=32, warmup=1000, vector_dim=300,
-             vector_epochs=5, review_length=400, train_reviews=None, validation_reviews=2500,
-             test_reviews=None, hidden=150, epochs=6, batch_size=32,
-             lrs=(5e-4, 1e-3, 2e-3), variants=tuple(VARIANTS), seeds=5)
-REDUCED = Setup(corpus_documents=20000, vocabulary=10000, pretrain_length=64,
-                model=dict(hidden_channels=96, num_layers=2, heads=4, cnn_layers=2,
-                           context_length=3, num_positions=10),
-                pretrain_steps=800, pretrain_batch=32, warmup=100, vector_dim=100,
+FULL = Setup(config="imdb-gpu.yaml", corpus_documents=None, vector_dim=300, vector_epochs=5,
+             review_length=400, train_reviews=None, validation_reviews=2500, test_reviews=None,
+             hidden=150, epochs=6, batch_size=32, lrs=(5e-4, 1e-3, 2e-3),
+             variants=tuple(VARIANTS), seeds=5)
+REDUCED = Setup(config="imdb-cpu.yaml", corpus_documents=20000, vector_dim=100,
                 vector_epochs=3, review_length=128, train_reviews=4000,
                 validation_reviews=1000, test_reviews=5000, hidden=64, epochs=3,
                 batch_size=32, lrs=(1e-3, 2e-3, 4e-3), variants=("baseline", "glomo", "uniform"),
@@ -151,29 +153,45 @@ def word_vectors(args, setup: Setup, out: str):
     return read_word_vectors(path)
 
 
+def pretrain_settings(args, setup: Setup, folder: str, name: str) -> Dict:
+    """``glomo pretrain`` settings of predictor ``name``: the shipped configuration
+    (``configs/imdb-cpu.yaml`` reduced, ``configs/imdb-gpu.yaml`` full) with the
+    ablation's model switches, or the smoke test's tiny settings."""
+    if setup.config is None:
+        return dict(
+            output_dir=folder,
+            corpus=dict(path=args.data_dir, format="aclimdb", min_count=1, max_size=setup.vocabulary,
+                        max_length=setup.pretrain_length, max_documents=setup.corpus_documents,
+                        min_length=4, validation_fraction=0.01),
+            model=dict(setup.model, **ABLATIONS.get(name, {})),
+            train=dict(batch_size=setup.pretrain_batch, max_steps=setup.pretrain_steps,
+                       graph_warmup_steps=setup.warmup, lr=1e-3, checkpoint_every=200,
+                       validate_every=max(200, setup.pretrain_steps // 4), log_every=20,
+                       graph_stats_every=100, progress_bar=False, accelerator=args.accelerator))
+    import yaml
+
+    with open(os.path.join(CONFIGS, setup.config)) as fh:
+        data = yaml.safe_load(fh)
+    data["output_dir"] = folder
+    data["corpus"]["path"] = args.data_dir
+    data["model"].update(ABLATIONS.get(name, {}))
+    data["train"].update(accelerator=args.accelerator, progress_bar=False)
+    return data
+
+
 def pretrain(args, setup: Setup, out: str, name: str):
     from glomo_pyg.training import PretrainConfig, run_pretraining
 
     folder = os.path.join(out, "pretrain", name)
-    model = dict(setup.model, **ABLATIONS.get(name, {}))
-    config = PretrainConfig.from_dict(dict(
-        output_dir=folder,
-        corpus=dict(path=args.data_dir, format="aclimdb", min_count=1 if args.smoke else 3,
-                    max_size=setup.vocabulary, max_length=setup.pretrain_length,
-                    max_documents=setup.corpus_documents,
-                    min_length=4 if args.smoke else 8, validation_fraction=0.01),
-        model=model,
-        train=dict(batch_size=setup.pretrain_batch, max_steps=setup.pretrain_steps,
-                   graph_warmup_steps=setup.warmup, lr=1e-3, checkpoint_every=200,
-                   validate_every=max(200, setup.pretrain_steps // 4), log_every=20,
-                   graph_stats_every=100, progress_bar=False, accelerator=args.accelerator)))
+    config = PretrainConfig.from_dict(pretrain_settings(args, setup, folder, name))
+    steps = config.train.max_steps
     summary_path = os.path.join(folder, "pretrain.json")
     if os.path.exists(summary_path):
         with open(summary_path) as fh:
             summary = json.load(fh)
-        if summary.get("steps") == setup.pretrain_steps:
+        if summary.get("steps") == steps:
             return os.path.join(folder, "predictor"), summary
-    log(f"pretraining predictor '{name}' ({setup.pretrain_steps} steps) in {folder}")
+    log(f"pretraining predictor '{name}' ({steps} steps) in {folder}")
     summary = run_pretraining(config, resume=True, log=log)
     return os.path.join(folder, "predictor"), summary
 
