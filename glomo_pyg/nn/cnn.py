@@ -1,5 +1,5 @@
 """Causal (or anti-causal) 1-D CNN over padded sequences: the key and query
-networks of the graph predictor (SPEC 3.1)."""
+networks of the graph predictor (paper Sec. 2.1)."""
 from __future__ import annotations
 
 from typing import Optional

@@ -17,7 +17,7 @@ UPDATES = (None, "gru", "residual")
 
 class GlomoConv(MessagePassing):
     r"""The GLoMo propagation layer: mixes node features along weighted graphs,
-    one graph per head (paper Eq. 2, SPEC section 3.4).
+    one graph per head (paper Eq. 2).
 
     The ``channels`` of :math:`\mathbf{x}` are split into ``heads`` equal
     chunks :math:`\mathbf{x}^{(h)}`; head :math:`h` aggregates its chunk along

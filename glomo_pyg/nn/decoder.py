@@ -1,4 +1,4 @@
-"""The context decoder of the pretraining objective (paper Eq. 3, SPEC 3.5)."""
+"""The context decoder of the pretraining objective (paper Eq. 3)."""
 from __future__ import annotations
 
 import torch

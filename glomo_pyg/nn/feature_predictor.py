@@ -1,4 +1,4 @@
-"""The feature predictor f of GLoMo (paper Eq. 2, SPEC 3.4)."""
+"""The feature predictor f of GLoMo (paper Eq. 2)."""
 from __future__ import annotations
 
 from typing import Optional, Tuple

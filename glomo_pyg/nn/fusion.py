@@ -1,5 +1,5 @@
 """GatedFusion: concatenates features with a gated transform of their graph mixtures
-(paper Sec. 2.3, SPEC 4)."""
+(paper Sec. 2.3)."""
 from __future__ import annotations
 
 from typing import Optional, Sequence

@@ -1,5 +1,5 @@
 """The GLoMo pretraining model: graph predictor + feature predictor + context
-decoder, for both directions (paper Sec. 2.1, SPEC 3.5-3.6)."""
+decoder, for both directions (paper Sec. 2.1)."""
 from __future__ import annotations
 
 from typing import Dict, NamedTuple, Optional

@@ -1,4 +1,4 @@
-"""The graph predictor g of GLoMo (paper Sec. 2.1, SPEC 3.1-3.3)."""
+"""The graph predictor g of GLoMo (paper Sec. 2.1)."""
 from __future__ import annotations
 
 import math

@@ -1,5 +1,5 @@
 """GraphMixer: mixes features along a weighted combination of latent graphs
-(paper Sec. 2.2, SPEC 4)."""
+(paper Sec. 2.2)."""
 from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple, Union
