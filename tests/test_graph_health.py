@@ -69,3 +69,32 @@ def test_dead_head_warning_fires_once_and_only_for_dead_heads():
         GraphStatistics(every_n_steps=0)
     with pytest.raises(ValueError):
         GraphStatistics(dead_share=1.5)
+
+
+def test_callback_fills_the_progress_bar_and_warns_about_a_dead_model_head():
+    from types import SimpleNamespace
+
+    from glomo_pyg import Glomo
+
+    torch.manual_seed(0)
+    model = Glomo(20, hidden_channels=16, num_layers=2, heads=2, cnn_layers=1)
+    with torch.no_grad():
+        model.graph_predictors["fw"].scorer.bias[1] = -100.0  # forward layer 1: dead
+    lengths = torch.tensor([9, 6])
+    batch = SimpleNamespace(x=torch.randint(0, 20, (15,)),
+                            batch=torch.repeat_interleave(torch.arange(2), lengths))
+    bar, logged = {}, []
+    logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append((step, metrics)))
+    trainer = SimpleNamespace(global_step=4, is_global_zero=True, loggers=[logger],
+                              progress_bar_callback=object(), progress_bar_metrics=bar)
+    callback = GraphStatistics(every_n_steps=2)
+    with pytest.warns(RuntimeWarning, match=r"graph head [01] of layer 1 \(forward\) is dead"):
+        callback.on_train_batch_end(trainer, SimpleNamespace(model=model), None, batch, 0)
+    assert bar["dead"] == 2 and 0 <= bar["adj"] <= 1
+    forward = [m for _, m in logged if "health/forward/dead_heads" in m][0]
+    assert forward["health/forward/dead_heads"] == 2
+    assert forward["health/forward/layer1/head0/empty"] == pytest.approx(1.0)
+    assert [h["direction"] for h in callback.history] == ["forward", "backward"]
+    trainer.global_step = 5  # not a logging step: nothing happens
+    callback.on_train_batch_end(trainer, SimpleNamespace(model=model), None, batch, 0)
+    assert len(callback.history) == 2
