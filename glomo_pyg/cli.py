@@ -101,7 +101,7 @@ def _syntax(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    for name in ("max_sentences", "select_sentences", "batch_size"):
+    for name in ("max_sentences", "select_sentences", "batch_size", "max_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise SystemExit(f"glomo syntax: --{name.replace('_', '-')} must be >= 1")
@@ -122,7 +122,7 @@ def _syntax(args: argparse.Namespace) -> int:
         result = compare_with_syntax(predictor, trees, select, lower=not args.cased,
                                      exclude_punct=not args.include_punct, metric=args.metric,
                                      untrained=not args.no_untrained, seed=args.seed,
-                                     batch_size=args.batch_size)
+                                     batch_size=args.batch_size, max_tokens=args.max_tokens)
     except ValueError as err:
         raise SystemExit(f"glomo syntax: {err}")
     print(result.format())
@@ -211,6 +211,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     y.add_argument("--no-untrained", action="store_true", help="skip the untrained baseline")
     y.add_argument("--seed", type=int, default=0, help="seed of the untrained baseline")
     y.add_argument("--batch-size", type=int, default=64)
+    y.add_argument("--max-tokens", type=int, default=512,
+                   help="skip (and count) sentences of more tokens: memory is O(tokens^2)")
     y.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     y.add_argument("--json", help="also write all scores to this JSON file")
     y.set_defaults(func=_syntax)

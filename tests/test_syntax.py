@@ -234,3 +234,18 @@ def test_syntax_command(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["syntax", "--predictor", str(tmp_path / "missing"), "--treebank", trees])
     assert os.path.exists(out)
+
+
+def test_long_sentences_are_skipped_and_batches_bounded(tmp_path):
+    trees = read_treebank(write(tmp_path, CONLLU))
+    alignment = align(trees, VOCAB, max_tokens=5)  # "I saw U.S. ships" has 7 tokens
+    assert alignment.long_sentences == 1 and len(alignment.sentences) == 1
+    with pytest.raises(ValueError, match="max_tokens"):
+        align(trees, VOCAB, max_tokens=1)
+    from glomo_pyg.analysis.syntax import _batches
+    sents = align(trees, VOCAB + ["can", "not"]).sentences * 5
+    sents.sort(key=lambda s: s.ids.numel())
+    sizes = [len(b) for b in _batches(sents, batch_size=4, scores=100)]
+    assert sum(sizes) == 10 and max(sizes) <= 4
+    assert all(len(b) * b[-1].ids.numel() ** 2 <= 100 or len(b) == 1
+               for b in _batches(sents, batch_size=4, scores=100))

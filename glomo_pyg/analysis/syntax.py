@@ -60,17 +60,22 @@ class Alignment:
     short_sentences: int  # fewer than 2 words: nothing to score
     tokens: int
     unknown_tokens: int
+    long_sentences: int = 0  # more than max_tokens tokens: skipped (memory is O(T^2))
 
 
 def align(trees: Sequence[GoldTree], vocabulary: Sequence[str], lower: bool = True,
-          unknown: str = "<unk>") -> Alignment:
+          unknown: str = "<unk>", max_tokens: int = 512) -> Alignment:
     """Tokenise every word of ``trees`` the way the predictor's corpus was tokenised and
-    map the tokens to ids of ``vocabulary`` (unknown tokens to ``unknown``)."""
+    map the tokens to ids of ``vocabulary`` (unknown tokens to ``unknown``). Sentences of
+    more than ``max_tokens`` tokens are skipped and counted: scoring holds dense
+    ``[layers, heads, T, T]`` graphs per sentence."""
+    if max_tokens < 2:
+        raise ValueError(f"max_tokens must be >= 2, got {max_tokens}")
     index = {t: i for i, t in enumerate(vocabulary)}
     if unknown not in index:
         raise ValueError(f"the vocabulary has no {unknown!r} token")
     unk = index[unknown]
-    out, skipped, unaligned, short, n_tok, n_unk = [], 0, 0, 0, 0, 0
+    out, skipped, unaligned, short, long, n_tok, n_unk = [], 0, 0, 0, 0, 0, 0
     for tree in trees:
         pieces = [tokenize(w, lower) for w in tree.words]
         missing = sum(1 for p in pieces if not p)
@@ -80,6 +85,9 @@ def align(trees: Sequence[GoldTree], vocabulary: Sequence[str], lower: bool = Tr
             continue
         if len(tree) < 2:
             short += 1
+            continue
+        if sum(map(len, pieces)) > max_tokens:
+            long += 1
             continue
         ids, first, word_of = [], [], []
         for k, p in enumerate(pieces):
@@ -91,7 +99,7 @@ def align(trees: Sequence[GoldTree], vocabulary: Sequence[str], lower: bool = Tr
         n_unk += sum(1 for i in ids if i == unk)
         out.append(AlignedSentence(tree, torch.tensor(ids), torch.tensor(first),
                                    torch.tensor(word_of)))
-    return Alignment(out, skipped, unaligned, short, n_tok, n_unk)
+    return Alignment(out, skipped, unaligned, short, n_tok, n_unk, long)
 
 
 @dataclass
@@ -125,12 +133,13 @@ class SyntaxScores:
     short_sentences: int
     unknown_fraction: float
     exclude_punct: bool
+    long_sentences: int = 0
 
     def to_dict(self) -> Dict:
         return dict(
             sentences=self.sentences, skipped_sentences=self.skipped_sentences,
             unaligned_words=self.unaligned_words, short_sentences=self.short_sentences,
-            unknown_fraction=self.unknown_fraction, exclude_punct=self.exclude_punct,
+            long_sentences=self.long_sentences, unknown_fraction=self.unknown_fraction, exclude_punct=self.exclude_punct,
             directions={d: dict(targets=s.targets,
                                 per_graph={m: v.tolist() for m, v in s.per_graph.items()},
                                 per_layer={m: v.tolist() for m, v in s.per_layer.items()},
@@ -190,6 +199,19 @@ def _gold(sent: AlignedSentence) -> Tuple[Tensor, Tensor]:
     return link | link.T, heads
 
 
+def _batches(sents: List[AlignedSentence], batch_size: int, scores: int = 1 << 22):
+    """Consecutive (length-sorted) sentences, at most ``batch_size`` of them and at most
+    ``scores`` dense ``T x T`` entries per batch."""
+    start = 0
+    while start < len(sents):
+        end = start + 1
+        while end < len(sents) and end - start < batch_size and \
+                (end + 1 - start) * sents[end].ids.numel() ** 2 <= scores:
+            end += 1
+        yield sents[start:end]
+        start = end
+
+
 @torch.no_grad()
 def _emit_dense(predictor, batch: List[AlignedSentence], direction: str) -> Tensor:
     x = torch.cat([s.ids for s in batch])
@@ -223,8 +245,7 @@ def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
         acc: Optional[_Accumulator] = None
         base = {name: np.zeros(3) for name in (_ADJACENT[direction], "uniform")}
         base_pairs: Dict[str, List[np.ndarray]] = {"adj": [], "labels": []}
-        for start in range(0, len(sents), batch_size):
-            batch = sents[start:start + batch_size]
+        for batch in _batches(sents, batch_size):
             dense = _emit_dense(predictor, batch, direction)
             layers, _, heads = dense.shape[:3]
             if acc is None:
@@ -284,7 +305,8 @@ def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
         predictor.train()
     return SyntaxScores(results, len(alignment.sentences), alignment.skipped_sentences,
                         alignment.unaligned_words, alignment.short_sentences,
-                        alignment.unknown_tokens / max(1, alignment.tokens), exclude_punct)
+                        alignment.unknown_tokens / max(1, alignment.tokens), exclude_punct,
+                        alignment.long_sentences)
 
 
 def untrained_copy(predictor, seed: int = 0):
@@ -319,7 +341,7 @@ class SyntaxComparison:
         ev = self.evaluation
         lines = [f"sentences scored: {ev.sentences} (skipped: {ev.skipped_sentences} with "
                  f"{ev.unaligned_words} unaligned words, {ev.short_sentences} shorter than 2 "
-                 f"words); unknown tokens {ev.unknown_fraction:.1%}; punctuation targets "
+                 f"words, {ev.long_sentences} longer than the token limit); unknown tokens {ev.unknown_fraction:.1%}; punctuation targets "
                  f"{'excluded' if ev.exclude_punct else 'included'}"]
         for d, s in ev.directions.items():
             l, h = self.chosen[d]
@@ -360,8 +382,8 @@ def compare_with_syntax(predictor, trees: Sequence[GoldTree],
                         select_trees: Optional[Sequence[GoldTree]] = None,
                         vocabulary: Optional[Sequence[str]] = None, lower: bool = True,
                         exclude_punct: bool = True, metric: str = "undirected",
-                        untrained: bool = True, seed: int = 0, batch_size: int = 64
-                        ) -> SyntaxComparison:
+                        untrained: bool = True, seed: int = 0, batch_size: int = 64,
+                        max_tokens: int = 512) -> SyntaxComparison:
     """Score ``predictor`` on ``trees``, choosing the single graph per direction on
     ``select_trees`` (by ``metric``; on ``trees`` themselves if not given, which the
     report notes), beside the baselines and, with ``untrained``, the same architecture
@@ -371,12 +393,13 @@ def compare_with_syntax(predictor, trees: Sequence[GoldTree],
     vocabulary = vocabulary if vocabulary is not None else getattr(predictor, "vocabulary", None)
     if vocabulary is None:
         raise ValueError("the predictor carries no vocabulary: pass vocabulary=")
-    ev_align = align(trees, vocabulary, lower)
+    ev_align = align(trees, vocabulary, lower, max_tokens=max_tokens)
     evaluation = syntax_scores(predictor, ev_align, exclude_punct, batch_size)
     notes = []
     selection = None
     if select_trees is not None:
-        selection = syntax_scores(predictor, align(select_trees, vocabulary, lower),
+        selection = syntax_scores(predictor, align(select_trees, vocabulary, lower,
+                                                   max_tokens=max_tokens),
                                   exclude_punct, batch_size)
         chosen = {d: selection.directions[d].best(metric)[:2] for d in evaluation.directions}
     else:
