@@ -45,6 +45,9 @@ RECIPES: Dict[str, Dict[str, Any]] = {
     "relpos-lr3-allpos": {"model.position": "relative", "train.lr": 3e-3,
                           "model.num_positions": 64},
     "allpos": {"model.num_positions": 64},
+    # configs/imdb-cpu.yaml (run with --steps 3000)
+    "cpu-recipe": {"model.position": "relative", "model.keep_alive": 0.05, "train.lr": 0.01,
+                   "train.graph_warmup_steps": 200},
     "sgd-reference": {"train.optimizer": "sgd", "train.lr": 8.0, "train.momentum": 0.2,
                       "train.grad_clip": 0.25, "train.graph_warmup_steps": 0},
 }
