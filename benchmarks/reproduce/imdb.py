@@ -369,6 +369,8 @@ def main(argv=None) -> None:
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests only
     parser.add_argument("--output-dir", default=None)
     parser.add_argument("--seeds", type=int, default=None)
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="downstream epochs (the best validation epoch is kept)")
     parser.add_argument("--lrs", type=float, nargs="+", default=None,
                         help="learning rates tried with seed 0, chosen on validation")
     parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=None)
@@ -383,6 +385,8 @@ def main(argv=None) -> None:
     setup = dataclasses.replace(SMOKE if args.smoke else REDUCED if args.reduced else FULL)
     if args.seeds:
         setup.seeds = args.seeds
+    if args.epochs:
+        setup.epochs = args.epochs
     if args.lrs:
         setup.lrs = tuple(args.lrs)
     if args.variants:
