@@ -82,13 +82,13 @@ def main(argv=None) -> int:
     if args.mode == "recipe":
         settings = json.loads(args.what)
         lr, batch_size = settings.pop("lr", 3e-3), settings.pop("bs", 32)
-        model = Glomo(10000, **dict(BASE, **settings))
+        model = Glomo.text(10000, **dict(BASE, **settings))
         params = list(model.parameters())
     else:
         if args.what not in ("uniform", "local", "previous"):
             raise SystemExit("fixed mode: uniform, local or previous")
         lr, batch_size = args.lr, 32
-        model = Glomo(10000, **dict(BASE, position=None), bidirectional=False)
+        model = Glomo.text(10000, **dict(BASE, position=None), bidirectional=False)
         unique = {id(p): p for p in [*model.feature_predictors.parameters(),
                                      *model.decoders.parameters()]}  # the tied embedding once
         params = list(unique.values())

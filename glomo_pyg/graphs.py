@@ -1,18 +1,25 @@
-"""The one graph object of the library: a stack of latent graphs over a batch."""
+"""The one graph object of the library: a stack of latent graphs over a batch, and
+the pair of them (forward, backward) a bidirectional predictor emits."""
 from __future__ import annotations
 
-from typing import Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
+from glomo_pyg.analysis import export
+from glomo_pyg.kernels import blocked_propagate, dense_head_propagate, head_blocked_edges
+from glomo_pyg.ordering import DIRECTIONS, SequenceOrder, UnitOrder
 from glomo_pyg.sequences import SequenceBatch
 
 LayerEdges = Tuple[Tensor, Tensor, Tensor]
+# Short keys of the two directions, for ModuleDicts ('forward' is a Module method) and
+# the saved weights' names.
+DIRECTION_KEYS = {"forward": "fw", "backward": "bw"}
 
 
 class LatentGraphs:
-    r"""Sparse weighted graphs emitted by a :class:`~glomo_pyg.GraphPredictor`.
+    r"""Sparse weighted graphs emitted by a graph predictor (paper Sec. 2.1, Eq. 1).
 
     For every graph layer ``l`` the edges of all heads and all sequences of the
     batch are stored together:
@@ -22,16 +29,24 @@ class LatentGraphs:
     * ``edge_weight[l]``: ``[E_l]``, :math:`G^{l,h}_{ij} > 0`;
     * ``edge_head[l]``: ``[E_l]`` head id of each edge.
 
-    Edges are sorted by ``(head, target, source)``, so a CSR adjacency needs no
-    sort. Per (layer, head, target) the incoming weights sum to 1, or the
-    target has no incoming edge. No edge touches padding or crosses sequences.
+    Emitted edges are sorted by ``(head, target, source)``, so a CSR adjacency
+    needs no sort (hand-built edges may come in any order: they are sorted once,
+    when first propagated). Per (layer, head, target) the incoming weights sum
+    to 1, or the target has no incoming edge. No edge touches padding or
+    crosses sequences.
+
+    The constructor validates what it is given (dtypes, shapes, devices, ids and
+    heads in range, edges inside one sequence, finite non-negative weights), so
+    no graph that reaches a sparse kernel can make it read out of bounds.
 
     Two layouts hold the same graphs (:attr:`layout`): ``'sparse'``, the pruned
     edge lists above, and ``'dense'`` (:meth:`from_dense`), one padded
     ``[B, H, T, T]`` block per layer with ``[b, h, i, j] = G_ij``, which is
     faster to aggregate over short sequences and dense graphs.
-    :meth:`to_sparse` / :meth:`to_dense_layout` convert; the layers of
-    glomo_pyg accept both and give the same results. Export and analysis
+    :meth:`to_sparse` / :meth:`to_dense_layout` convert. :meth:`propagate` is
+    the one place that multiplies features by a graph layer, in whichever
+    layout it is stored (caching the sparse product's index arrays); every
+    layer of glomo_pyg propagates through it. Export and analysis
     (``edge_index``, :meth:`layer`, :meth:`to_networkx`, ...) always see
     sparse edges, converted on demand.
 
@@ -45,21 +60,49 @@ class LatentGraphs:
 
     def __init__(self, edge_index: List[Tensor], edge_weight: List[Tensor], edge_head: List[Tensor],
                  *, num_heads: int, direction: str, ptr: Tensor, include_self: bool = False):
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
+        if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads < 1:
+            raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
+        edge_index, edge_weight, edge_head = list(edge_index), list(edge_weight), list(edge_head)
         if not (len(edge_index) == len(edge_weight) == len(edge_head)):
             raise ValueError("edge_index, edge_weight and edge_head need one entry per layer each")
-        if direction not in ("forward", "backward"):
-            raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
+        sequences = _check_ptr(ptr)
         for l, (ei, ew, eh) in enumerate(zip(edge_index, edge_weight, edge_head)):
-            if ei.dim() != 2 or ei.size(0) != 2 or ew.shape != (ei.size(1),) or eh.shape != ew.shape:
-                raise ValueError(f"layer {l}: expected edge_index [2, E], edge_weight [E], "
-                                 f"edge_head [E]; got {tuple(ei.shape)}, {tuple(ew.shape)}, "
-                                 f"{tuple(eh.shape)}")
-        self._edges: Optional[List[LayerEdges]] = list(zip(edge_index, edge_weight, edge_head))
-        self._dense: Optional[List[Tensor]] = None
+            _check_layer(l, ei, ew, eh, sequences, num_heads)
+        self._init(edge_index, edge_weight, edge_head, num_heads, direction, sequences,
+                   include_self, sorted_edges=False)
+
+    def _init(self, edge_index, edge_weight, edge_head, num_heads, direction, sequences,
+              include_self, sorted_edges, dense=None):
+        self._edges: Optional[List[LayerEdges]] = \
+            None if dense is not None else list(zip(edge_index, edge_weight, edge_head))
+        self._dense: Optional[List[Tensor]] = dense
+        self._sorted = sorted_edges  # edges known to be in (head, target, source) order
+        self._blocked: Dict[Tuple[int, bool], Tuple[Tensor, Tensor, Tensor]] = {}
         self.num_heads = int(num_heads)
         self.direction = direction
-        self.include_self = include_self
-        self.sequences = SequenceBatch.from_ptr(ptr)
+        self.include_self = bool(include_self)
+        self.sequences = sequences
+
+    @classmethod
+    def _trusted(cls, edge_index: List[Tensor], edge_weight: List[Tensor], edge_head: List[Tensor],
+                 *, num_heads: int, direction: str, sequences: SequenceBatch,
+                 include_self: bool = False) -> "LatentGraphs":
+        """Graphs the library built itself (emitted, converted, moved): valid and sorted
+        by construction, so nothing is checked and nothing syncs with the device."""
+        graphs = cls.__new__(cls)
+        graphs._init(list(edge_index), list(edge_weight), list(edge_head), num_heads, direction,
+                     sequences, include_self, sorted_edges=True)
+        return graphs
+
+    @classmethod
+    def _trusted_dense(cls, blocks: List[Tensor], *, direction: str, sequences: SequenceBatch,
+                       include_self: bool = False) -> "LatentGraphs":
+        graphs = cls.__new__(cls)
+        graphs._init([], [], [], blocks[0].shape[1], direction, sequences, include_self,
+                     sorted_edges=True, dense=list(blocks))
+        return graphs
 
     @classmethod
     def from_dense(cls, dense: Union[Tensor, Sequence[Tensor]], *, direction: str, ptr: Tensor,
@@ -68,29 +111,60 @@ class LatentGraphs:
         ``[b, h, i, j] = G_ij`` (``T`` the longest sequence), zero at padding and
         at absent edges. ``dense`` is a list of blocks or an ``[L, B, H, T, T]``
         tensor."""
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
         blocks = list(dense.unbind(0)) if isinstance(dense, Tensor) else list(dense)
         if not blocks:
             raise ValueError("dense graphs need at least one layer")
-        seqs = SequenceBatch.from_ptr(ptr)
-        shape = blocks[0].shape
+        seqs = _check_ptr(ptr)
+        shape = getattr(blocks[0], "shape", None)
         for l, block in enumerate(blocks):
             if not isinstance(block, Tensor) or not block.dtype.is_floating_point or \
                     block.dim() != 4 or block.shape != shape or \
-                    block.shape[0] != seqs.num_sequences or \
+                    block.shape[0] != seqs.num_sequences or block.shape[1] < 1 or \
                     block.shape[2:] != (seqs.max_len, seqs.max_len):
                 raise ValueError(f"layer {l}: dense graphs must be float [B, H, T, T] with B = "
                                  f"{seqs.num_sequences}, T = {seqs.max_len}, the same for every "
                                  f"layer; got {tuple(getattr(block, 'shape', ()))}")
-        graphs = cls([], [], [], num_heads=shape[1], direction=direction, ptr=ptr,
-                     include_self=include_self)
-        graphs._edges, graphs._dense = None, blocks
-        return graphs
+            if block.device != seqs.ptr.device:
+                raise ValueError(f"layer {l}: dense graphs are on {block.device}, ptr on "
+                                 f"{seqs.ptr.device}")
+        return cls._trusted_dense(blocks, direction=direction, sequences=seqs,
+                                  include_self=include_self)
+
+    @classmethod
+    def uniform(cls, ptr: Tensor, *, num_layers: int, num_heads: int, direction: str,
+                include_self: bool = False) -> "LatentGraphs":
+        """The uniform baseline: every allowed source of a target gets the same weight
+        (``1 / number of allowed sources``), the same graph for every layer and head.
+        Same layout and conventions as emitted graphs (a target with no allowed
+        source, e.g. the first unit going forward, gets no edge)."""
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
+        if num_layers < 1 or num_heads < 1:
+            raise ValueError("num_layers and num_heads must be positive")
+        seqs = _check_ptr(ptr)
+        order = SequenceOrder(direction, include_self)
+        src, tgt = order.pairs(seqs.ptr)
+        count = order.num_sources(seqs.position, seqs.lengths[seqs.batch])
+        weight = (1.0 / count.clamp(min=1).double()).float()[tgt]
+        edges = torch.stack([src, tgt]).repeat(1, num_heads)
+        heads = torch.arange(num_heads, device=ptr.device).repeat_interleave(tgt.numel())
+        weight = weight.repeat(num_heads)
+        return cls._trusted([edges] * num_layers, [weight] * num_layers, [heads] * num_layers,
+                            num_heads=num_heads, direction=direction, sequences=seqs,
+                            include_self=include_self)
 
     # --- storage ------------------------------------------------------------------
     @property
     def layout(self) -> str:
         """``'sparse'`` (pruned edge lists) or ``'dense'`` (per-sequence blocks)."""
         return "dense" if self._dense is not None else "sparse"
+
+    @property
+    def order(self) -> UnitOrder:
+        """The allowed-sources rule of these graphs (:mod:`glomo_pyg.ordering`)."""
+        return SequenceOrder(self.direction, self.include_self)
 
     def _sparse_edges(self) -> List[LayerEdges]:
         if self._edges is None:  # dense layout: converted once, on demand (export, analysis)
@@ -126,46 +200,42 @@ class LatentGraphs:
         """The same graphs in the sparse layout (``self`` if already sparse)."""
         if self.layout == "sparse":
             return self
-        return LatentGraphs(self.edge_index, self.edge_weight, self.edge_head,
-                            num_heads=self.num_heads, direction=self.direction, ptr=self.ptr,
-                            include_self=self.include_self)
+        return LatentGraphs._trusted(self.edge_index, self.edge_weight, self.edge_head,
+                                     num_heads=self.num_heads, direction=self.direction,
+                                     sequences=self.sequences, include_self=self.include_self)
 
     def to_dense_layout(self) -> "LatentGraphs":
         """The same graphs in the dense layout (``self`` if already dense)."""
         if self.layout == "dense":
             return self
-        return LatentGraphs.from_dense([self.dense_layer(l) for l in range(self.num_layers)],
-                                       direction=self.direction, ptr=self.ptr,
-                                       include_self=self.include_self)
+        return LatentGraphs._trusted_dense([self.dense_layer(l) for l in range(self.num_layers)],
+                                           direction=self.direction, sequences=self.sequences,
+                                           include_self=self.include_self)
 
-    @classmethod
-    def uniform(cls, ptr: Tensor, *, num_layers: int, num_heads: int, direction: str,
-                include_self: bool = False) -> "LatentGraphs":
-        """The uniform baseline: every allowed source of a target gets the same weight
-        (``1 / number of allowed sources``), the same graph for every layer and head.
-        Same layout and conventions as emitted graphs (a target with no allowed
-        source, e.g. the first unit going forward, gets no edge)."""
-        if direction not in ("forward", "backward"):
-            raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
-        if num_layers < 1 or num_heads < 1:
-            raise ValueError("num_layers and num_heads must be positive")
-        seqs = SequenceBatch.from_ptr(ptr)
-        pos, length = seqs.position, seqs.lengths[seqs.batch]
-        node = torch.arange(seqs.num_nodes, device=ptr.device)
-        extra = int(include_self)
-        if direction == "forward":  # sources ptr[b] .. j - 1 (or .. j)
-            count, first = pos + extra, node - pos
-        else:  # sources j + 1 .. end (or j ..)
-            count, first = length - pos - 1 + extra, node + 1 - extra
-        tgt = torch.repeat_interleave(node, count)
-        offset = torch.arange(tgt.numel(), device=ptr.device) - (torch.cumsum(count, 0) - count)[tgt]
-        src = first[tgt] + offset
-        weight = (1.0 / count.clamp(min=1).double()).float()[tgt]
-        edges = torch.stack([src, tgt]).repeat(1, num_heads)
-        heads = torch.arange(num_heads, device=ptr.device).repeat_interleave(tgt.numel())
-        weight = weight.repeat(num_heads)
-        return cls([edges] * num_layers, [weight] * num_layers, [heads] * num_layers,
-                   num_heads=num_heads, direction=direction, ptr=ptr, include_self=include_self)
+    # --- propagation --------------------------------------------------------------
+    def propagate(self, x: Tensor, layer: int) -> Tensor:
+        r"""Per-head propagation along graph layer ``layer``:
+        :math:`P^{(h)}_j = \sum_i G^{l,h}_{ij}\, x^{(h)}_i`.
+
+        ``x`` is ``[N, C]`` (every head propagates the same features) or ``[H, N, C]``
+        (head ``h`` propagates ``x[h]``, as in a chain :math:`G^1 G^2 \cdots`); the
+        result is ``[H, N, C]``. Sparse layout: one CSR product over all heads, whose
+        head-blocked index arrays are built once per layer and input kind and then
+        reused; dense layout: batched matmuls over the blocks. Differentiable with
+        respect to ``x`` and the edge weights. ``x`` is trusted to have ``N`` rows
+        (callers validate it at their door)."""
+        if self._dense is not None:
+            seqs = self.sequences
+            return dense_head_propagate(x, self._dense[layer], seqs.ptr, seqs.position,
+                                        seqs.batch)
+        shared = x.dim() == 2
+        key = (layer, shared)
+        if key not in self._blocked:
+            ei, ew, eh = self._sparse_edges()[layer]
+            self._blocked[key] = head_blocked_edges(ei, ew, eh, self.num_nodes, shared,
+                                                    self.num_heads, self._sorted)
+        rows, cols, weight = self._blocked[key]
+        return blocked_propagate(x, rows, cols, weight.to(x.dtype), self.num_heads)
 
     # --- layout -------------------------------------------------------------------
     @property
@@ -212,19 +282,24 @@ class LatentGraphs:
 
     def density(self) -> List[float]:
         """Fraction of allowed (source, target) pairs that carry an edge, per layer."""
-        n = self.lengths.double()
-        pairs = (n * (n + 1) / 2) if self.include_self else (n * (n - 1) / 2)
-        total = float(pairs.sum()) * self.num_heads
+        total = float(self.order.num_pairs(self.lengths).sum()) * self.num_heads
         return [e / total if total else 0.0 for e in self.num_edges]
 
     # --- conversion ---------------------------------------------------------------
     def _map(self, fn) -> "LatentGraphs":
+        s = self.sequences
+        seqs = SequenceBatch(fn(s.batch), fn(s.ptr), fn(s.lengths), fn(s.position), s.max_len)
         if self._dense is not None:
-            return LatentGraphs.from_dense([fn(t) for t in self._dense], direction=self.direction,
-                                           ptr=fn(self.ptr), include_self=self.include_self)
-        return LatentGraphs([fn(t) for t in self.edge_index], [fn(t) for t in self.edge_weight],
-                            [fn(t) for t in self.edge_head], num_heads=self.num_heads,
-                            direction=self.direction, ptr=fn(self.ptr), include_self=self.include_self)
+            return LatentGraphs._trusted_dense([fn(t) for t in self._dense],
+                                               direction=self.direction, sequences=seqs,
+                                               include_self=self.include_self)
+        out = LatentGraphs._trusted([fn(t) for t in self.edge_index],
+                                    [fn(t) for t in self.edge_weight],
+                                    [fn(t) for t in self.edge_head], num_heads=self.num_heads,
+                                    direction=self.direction, sequences=seqs,
+                                    include_self=self.include_self)
+        out._sorted = self._sorted
+        return out
 
     def to(self, device: Union[str, torch.device]) -> "LatentGraphs":
         return self._map(lambda t: t.to(device))
@@ -251,69 +326,67 @@ class LatentGraphs:
             out.append(dense.index_put((seq, h, src - self.ptr[seq], tgt - self.ptr[seq]), w))
         return out[0] if layer is not None else torch.stack(out)
 
-    # --- analysis -----------------------------------------------------------------
-    def _sample_edges(self, sample: int, layer: int, head: Optional[int] = None):
-        """Local (source, target, head, weight) of one sequence's edges in one layer."""
-        if not 0 <= sample < self.num_sequences:
-            raise ValueError(f"sample must lie in [0, {self.num_sequences}), got {sample}")
-        if not 0 <= layer < self.num_layers:
-            raise ValueError(f"layer must lie in [0, {self.num_layers}), got {layer}")
-        if head is not None and not 0 <= head < self.num_heads:
-            raise ValueError(f"head must lie in [0, {self.num_heads}), got {head}")
-        (src, tgt), weight, heads = self.layer(layer)
-        lo, hi = int(self.ptr[sample]), int(self.ptr[sample + 1])
-        keep = (tgt >= lo) & (tgt < hi)
-        if head is not None:
-            keep &= heads == head
-        return src[keep] - lo, tgt[keep] - lo, heads[keep], weight[keep].detach()
-
+    # --- analysis (implemented in glomo_pyg.analysis.export) ------------------------
     def to_networkx(self, sample: int, layer: Optional[int] = None, head: Optional[int] = None,
                     labels: Optional[Sequence] = None):
-        """One sequence's graphs as a networkx graph.
-
-        Nodes are the positions ``0..T-1`` of sequence ``sample``, with attributes
-        ``position`` and, if ``labels`` (one per unit, e.g. token strings) is given,
-        ``label``. Edges run source -> target with attribute ``weight``. With both
-        ``layer`` and ``head`` given the result is a ``networkx.DiGraph``; otherwise a
-        ``networkx.MultiDiGraph`` whose edge keys are ``(layer, head)`` over the
-        unspecified layers and/or heads.
-        """
-        import networkx as nx
-
-        length = int(self.lengths[sample]) if 0 <= sample < self.num_sequences else 0
-        if labels is not None and len(labels) != length:
-            raise ValueError(f"labels must have one entry per unit of sample {sample} "
-                             f"({length}), got {len(labels)}")
-        single = layer is not None and head is not None
-        graph = nx.DiGraph() if single else nx.MultiDiGraph()
-        layers = [layer] if layer is not None else list(range(self.num_layers))
-        for l in layers:
-            src, tgt, heads, weight = self._sample_edges(sample, l, head)
-            for i, j, h, w in zip(src.tolist(), tgt.tolist(), heads.tolist(), weight.tolist()):
-                if single:
-                    graph.add_edge(i, j, weight=w)
-                else:
-                    graph.add_edge(i, j, key=(l, h), weight=w, layer=l, head=h)
-        for t in range(length):
-            graph.add_node(t, position=t, **({"label": labels[t]} if labels is not None else {}))
-        return graph
+        """One sequence's graphs as a networkx graph; see
+        :func:`glomo_pyg.analysis.export.to_networkx`."""
+        return export.to_networkx(self, sample, layer, head, labels)
 
     def adjacency(self, sample: int, layer: int, head: int) -> Tensor:
-        """``G`` of one sequence, layer and head as a sparse COO ``[T, T]`` (``[i, j] = G_ij``)."""
-        src, tgt, _, weight = self._sample_edges(sample, layer, head)
-        t = int(self.lengths[sample])
-        return torch.sparse_coo_tensor(torch.stack([src, tgt]), weight, (t, t)).coalesce()
+        """``G`` of one sequence, layer and head as a sparse COO ``[T, T]``; see
+        :func:`glomo_pyg.analysis.export.adjacency`."""
+        return export.adjacency(self, sample, layer, head)
 
     def hierarchical(self, sample: int, layer: int, head: int) -> Tensor:
-        r"""Explicit :math:`\Lambda^l = G^1 G^2 \cdots G^l` of one sequence and head, as a
-        sparse ``[T, T]`` (sparse-sparse products). For analysis only: transfer
-        computes :math:`H\Lambda^l` by chained propagation and never forms it."""
-        out = self.adjacency(sample, 0, head)
-        for l in range(1, layer + 1):
-            out = torch.sparse.mm(out, self.adjacency(sample, l, head)).coalesce()
-        return out
+        r"""Explicit :math:`\Lambda^l = G^1 \cdots G^l` of one sequence and head; see
+        :func:`glomo_pyg.analysis.export.hierarchical`."""
+        return export.hierarchical(self, sample, layer, head)
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}(layers={self.num_layers}, heads={self.num_heads}, "
                 f"direction='{self.direction}', layout='{self.layout}', "
                 f"sequences={self.num_sequences}, nodes={self.num_nodes}, edges={self.num_edges})")
+
+
+class DirectionalGraphs(NamedTuple):
+    """Graphs of the forward and the backward predictor (``None`` if absent)."""
+
+    forward: Optional[LatentGraphs]
+    backward: Optional[LatentGraphs]
+
+
+def _check_ptr(ptr: Tensor) -> SequenceBatch:
+    if not isinstance(ptr, Tensor) or ptr.dtype != torch.long or ptr.dim() != 1 or \
+            ptr.numel() < 2:
+        raise ValueError("ptr must be an int64 [B + 1] tensor of sequence offsets (B >= 1)")
+    if int(ptr[0]) != 0 or bool((ptr[1:] < ptr[:-1]).any()):
+        raise ValueError("ptr must start at 0 and never decrease")
+    return SequenceBatch.from_ptr(ptr)
+
+
+def _check_layer(l: int, ei, ew, eh, seqs: SequenceBatch, num_heads: int) -> None:
+    if not all(isinstance(t, Tensor) for t in (ei, ew, eh)):
+        raise ValueError(f"layer {l}: edge_index, edge_weight and edge_head must be tensors")
+    if ei.dim() != 2 or ei.size(0) != 2 or ew.shape != (ei.size(1),) or eh.shape != ew.shape:
+        raise ValueError(f"layer {l}: expected edge_index [2, E], edge_weight [E], "
+                         f"edge_head [E]; got {tuple(ei.shape)}, {tuple(ew.shape)}, "
+                         f"{tuple(eh.shape)}")
+    if ei.dtype != torch.long or eh.dtype != torch.long or not ew.dtype.is_floating_point:
+        raise ValueError(f"layer {l}: edge_index and edge_head must be int64 and edge_weight "
+                         f"floating point, got {ei.dtype}, {eh.dtype}, {ew.dtype}")
+    device = seqs.ptr.device
+    if ei.device != device or ew.device != device or eh.device != device:
+        raise ValueError(f"layer {l}: edges must be on the device of ptr ({device})")
+    if ei.size(1) == 0:
+        return
+    n = seqs.num_nodes
+    if int(ei.min()) < 0 or int(ei.max()) >= n:
+        raise ValueError(f"layer {l}: edge_index holds node ids outside [0, {n}) (ptr covers "
+                         f"{n} units)")
+    if int(eh.min()) < 0 or int(eh.max()) >= num_heads:
+        raise ValueError(f"layer {l}: edge_head holds heads outside [0, {num_heads})")
+    if bool((seqs.batch[ei[0]] != seqs.batch[ei[1]]).any()):
+        raise ValueError(f"layer {l}: an edge connects two different sequences")
+    if not bool(torch.isfinite(ew).all()) or bool((ew < 0).any()):
+        raise ValueError(f"layer {l}: edge weights must be finite and non-negative")

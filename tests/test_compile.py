@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from glomo_pyg import GlomoConv, GraphPredictor
-from glomo_pyg.nn import functional as F
+import glomo_pyg.kernels as F
 
 dynamo = pytest.importorskip("torch._dynamo")
 

@@ -4,7 +4,7 @@ import os
 import pytest
 import yaml
 
-from glomo_pyg import Glomo
+from glomo_pyg.training import GlomoPretraining
 from glomo_pyg.training.text_pretraining import CorpusConfig, PretrainConfig, iter_documents
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,7 +17,9 @@ def test_shipped_configs_validate_and_build_the_model(name):
     data["corpus"]["path"] = "DATA/aclImdb"
     config = PretrainConfig.from_dict(data)
     assert config.corpus.format == "aclimdb"
-    model = Glomo(num_tokens=50, padding_idx=0, **config.model)
+    module = GlomoPretraining(dict(num_tokens=50, padding_idx=0, **config.model))
+    model = module.model  # the layout of the GPU config is a run-time setting
+    assert model.emitter("forward").layout == config.model.get("layout", "sparse")
     assert model.keep_alive > 0
     assert model.graph_predictors["fw"].scorer.position == "relative"
     # relative position terms repeat with the longest period: at least twice the length

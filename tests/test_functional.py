@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from glomo_pyg import LatentGraphs
-from glomo_pyg.nn.functional import latent_graph_edges, weighted_spmm
+from glomo_pyg.kernels import latent_graph_edges, weighted_spmm
 from reference import allowed_pairs, assert_same_values_and_grads, dense_graph
 
 LENGTHS = [5, 1, 9, 3, 0, 7]  # includes a length-1 and an empty sequence
@@ -155,7 +155,7 @@ def test_weighted_spmm_backward_in_row_chunks_matches_dense(monkeypatch, index_d
     """The backward cuts the edges into row chunks (bounded scratch memory): with tiny
     chunks, empty rows, a column range per chunk and int32 indices it still equals the
     dense product's gradients."""
-    import glomo_pyg.nn.functional as F
+    import glomo_pyg.kernels as F
     monkeypatch.setattr(F, "BACKWARD_MIN_CHUNK", min_chunk)
     gen = torch.Generator().manual_seed(3)
     n, e, c = 40, 300, 3
@@ -174,7 +174,7 @@ def test_weighted_spmm_backward_in_row_chunks_matches_dense(monkeypatch, index_d
 
 
 def test_head_blocked_edges_use_int32_indices_and_keep_order():
-    from glomo_pyg.nn.functional import head_blocked_edges
+    from glomo_pyg.kernels import head_blocked_edges
     edge_index = torch.tensor([[0, 1, 0, 2], [1, 2, 2, 3]])
     head = torch.tensor([0, 0, 1, 1])
     w = torch.tensor([1.0, 2.0, 3.0, 4.0])

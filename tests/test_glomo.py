@@ -34,7 +34,7 @@ def _probe_embeddings(model):
                                 dict(include_self=True, update="residual")])
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 def test_features_are_causal_through_the_whole_network(kw, direction):
-    model = Glomo(25, **SMALL, **kw).double().train()
+    model = Glomo.text(25, **SMALL, **kw).double().train()
     x = torch.randint(0, 25, (10,))
     probes, handles = _probe_embeddings(model)
     f, _ = model.features(x, direction=direction)
@@ -52,7 +52,7 @@ def test_features_are_causal_through_the_whole_network(kw, direction):
 
 
 def test_loss_is_finite_and_every_parameter_learns():
-    model = Glomo(25, **SMALL).double()
+    model = Glomo.text(25, **SMALL).double()
     out = model(*_batch())
     assert out.loss.dim() == 0 and torch.isfinite(out.loss)
     for key in ("forward/loss", "backward/loss", "forward/accuracy", "forward/density", "loss"):
@@ -65,7 +65,7 @@ def test_loss_is_finite_and_every_parameter_learns():
 
 
 def test_eval_mode_uses_every_position_deterministically():
-    model = Glomo(25, **SMALL).double().eval()
+    model = Glomo.text(25, **SMALL).double().eval()
     x, batch = _batch()
     sequences = sequence_batch(x.numel(), batch, x.device)
     fw = model._positions(sequences, "forward")
@@ -75,7 +75,7 @@ def test_eval_mode_uses_every_position_deterministically():
 
 
 def test_training_samples_at_most_num_positions_per_sequence():
-    model = Glomo(25, **SMALL).train()
+    model = Glomo.text(25, **SMALL).train()
     x, batch = _batch()
     sequences = sequence_batch(x.numel(), batch, x.device)
     for direction in ("forward", "backward"):
@@ -88,7 +88,7 @@ def test_training_samples_at_most_num_positions_per_sequence():
 
 
 def test_targets_are_the_next_and_previous_units():
-    model = Glomo(25, **SMALL, context_length=3)
+    model = Glomo.text(25, **SMALL, context_length=3)
     x = torch.arange(8)
     batch = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1])
     sequences = sequence_batch(8, batch, x.device)
@@ -112,22 +112,22 @@ def test_sequence_objective_pools_prefix_and_suffix():
 
 def test_ablation_switches_change_exactly_what_they_claim():
     x, batch = _batch()
-    base = Glomo(25, **SMALL)
+    base = Glomo.text(25, **SMALL)
     assert set(base.graph_predictors.keys()) == {"fw", "bw"}
-    coupled = Glomo(25, **SMALL, decouple=False)
+    coupled = Glomo.text(25, **SMALL, decouple=False)
     assert len(coupled.graph_predictors) == 0
     assert coupled.feature_predictors["fw"].scorer is not None
     g = coupled.graphs(x, batch)
     assert g.forward.num_layers == 2 and g.backward.direction == "backward"
-    dense = Glomo(25, **SMALL, sparse=False).graphs(x, batch).forward
+    dense = Glomo.text(25, **SMALL, sparse=False).graphs(x, batch).forward
     assert dense.density() == pytest.approx([1.0, 1.0])
-    single = Glomo(25, **{**SMALL, "num_layers": 1}).graphs(x, batch).forward
+    single = Glomo.text(25, **{**SMALL, "num_layers": 1}).graphs(x, batch).forward
     assert single.num_layers == 1
-    d1 = Glomo(25, **SMALL, context_length=1)
+    d1 = Glomo.text(25, **SMALL, context_length=1)
     assert d1.decoders["fw"].context_length == 1 and torch.isfinite(d1(x, batch).loss)
-    unit = Glomo(25, **SMALL, objective="sequence")
+    unit = Glomo.text(25, **SMALL, objective="sequence")
     assert torch.isfinite(unit(x, batch).loss)
-    forward_only = Glomo(25, **SMALL, bidirectional=False)
+    forward_only = Glomo.text(25, **SMALL, bidirectional=False)
     assert forward_only.graphs(x, batch).backward is None
     assert "backward/loss" not in forward_only(x, batch).metrics
 
@@ -155,7 +155,7 @@ def test_feature_predictor_propagates_given_graphs():
 
 
 def test_bad_input_is_rejected_with_clear_errors():
-    model = Glomo(25, **SMALL)
+    model = Glomo.text(25, **SMALL)
     with pytest.raises(ValueError, match="length 1"):
         model(torch.tensor([1, 2, 3]), torch.tensor([0, 1, 2]))
     with pytest.raises(ValueError, match=r"\[0, 25\)"):
@@ -165,8 +165,8 @@ def test_bad_input_is_rejected_with_clear_errors():
     with pytest.raises(ValueError, match="sorted"):
         model(torch.tensor([1, 2, 3]), torch.tensor([1, 0, 1]))
     with pytest.raises(ValueError, match="objective"):
-        Glomo(25, objective="document")
+        Glomo.text(25, objective="document")
     with pytest.raises(ValueError, match="context_length"):
-        Glomo(25, **SMALL, context_length=0)
+        Glomo.text(25, **SMALL, context_length=0)
     with pytest.raises(ValueError, match="direction"):
         model.features(torch.tensor([1, 2]), direction="up")

@@ -77,7 +77,7 @@ def test_callback_fills_the_progress_bar_and_warns_about_a_dead_model_head():
     from glomo_pyg import Glomo
 
     torch.manual_seed(0)
-    model = Glomo(20, hidden_channels=16, num_layers=2, heads=2, cnn_layers=1)
+    model = Glomo.text(20, hidden_channels=16, num_layers=2, heads=2, cnn_layers=1)
     with torch.no_grad():
         model.graph_predictors["fw"].scorer.bias[1] = -100.0  # forward layer 1: dead
     lengths = torch.tensor([9, 6])

@@ -12,8 +12,9 @@ LENGTHS = [7, 1, 4, 10]
 
 def _predictor(**kw):
     base = dict(num_tokens=30, hidden_channels=16, num_layers=2, heads=4, cnn_layers=2)
+    layout = kw.pop("layout", "sparse")
     base.update(kw)
-    return GraphPredictor(**base).double().eval()
+    return GraphPredictor(**base).set_layout(layout).double().eval()
 
 
 def _tokens(lengths=LENGTHS):
@@ -39,7 +40,7 @@ def _reference_graphs(model, x, lengths):
             s = s - sc.threshold[l](q).transpose(-1, -2)
         if sc.position_coef is not None:  # s += sum_m a_m cos(w_m (j - i)) + c_m sin(w_m (j - i))
             m = sc.position_coef.size(-1)
-            period = model.init_kwargs["position_period"]
+            period = model.config()["position_period"]
             w = torch.tensor([math.pi * (2.0 / period) ** (n / (m - 1)) if m > 1 else math.pi
                               for n in range(m)], dtype=s.dtype)
             d = (torch.arange(t).view(1, -1) - torch.arange(t).view(-1, 1)).to(s.dtype)  # [i, j]
@@ -170,7 +171,7 @@ def test_bad_input_is_rejected_with_clear_errors():
 @pytest.mark.parametrize("layout", ["sparse", "dense"])
 def test_relative_position_gradients_match_the_reference(layout):
     torch.manual_seed(1)
-    model = _predictor(position="relative", position_frequencies=4, layout=layout)
+    model = _predictor(position="relative", position_frequencies=4).set_layout(layout)
     with torch.no_grad():
         model.scorer.position_coef.normal_()
     x, batch = _tokens()

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from glomo_pyg import Glomo
-from glomo_pyg.nn.functional import column_max_scores
+from glomo_pyg.kernels import column_max_scores
 from reference import allowed_pairs, batch_vector
 
 
@@ -32,7 +32,7 @@ def test_keep_alive_revives_a_dead_head_and_is_off_by_default():
     torch.manual_seed(0)
     lengths = [9, 6]
     x, batch = torch.randint(0, 20, (sum(lengths),)), batch_vector(lengths)
-    model = Glomo(20, hidden_channels=16, num_layers=2, heads=2, cnn_layers=1,
+    model = Glomo.text(20, hidden_channels=16, num_layers=2, heads=2, cnn_layers=1,
                   bidirectional=False, keep_alive=1.0, keep_alive_margin=0.5)
     scorer = model.graph_predictors["fw"].scorer
     with torch.no_grad():  # kill every head of layer 0: all scores far below zero
@@ -46,7 +46,7 @@ def test_keep_alive_revives_a_dead_head_and_is_off_by_default():
     assert scorer.query[0].weight.grad.abs().sum() > 0
     assert scorer.bias.grad[0] == 0
     # without the penalty a dead layer gets no gradient at all
-    plain = Glomo(20, hidden_channels=16, num_layers=2, heads=2, cnn_layers=1,
+    plain = Glomo.text(20, hidden_channels=16, num_layers=2, heads=2, cnn_layers=1,
                   bidirectional=False)
     plain.load_state_dict(model.state_dict())
     result = plain(x, batch)
@@ -65,4 +65,4 @@ def test_keep_alive_revives_a_dead_head_and_is_off_by_default():
                                 dict(keep_alive=1.0, sparse=False)])
 def test_keep_alive_bad_settings(kw):
     with pytest.raises(ValueError, match="keep_alive"):
-        Glomo(20, hidden_channels=16, num_layers=1, heads=2, **kw)
+        Glomo.text(20, hidden_channels=16, num_layers=1, heads=2, **kw)

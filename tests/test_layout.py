@@ -15,7 +15,7 @@ N = sum(LENGTHS)
 def predictor(direction="forward", layout="sparse", **kw):
     torch.manual_seed(7)
     return GraphPredictor(num_tokens=30, hidden_channels=16, num_layers=2, heads=4,
-                          direction=direction, cnn_layers=1, layout=layout, **kw)
+                          direction=direction, cnn_layers=1, **kw).set_layout(layout)
 
 
 def tokens():
@@ -91,13 +91,15 @@ def test_glomo_conv_dense_blocks_equal_edges(heads, update):
         ei, w_in, eh = ei[:, keep], w[keep], None
         block = dense_from_edges(ei, w_in, torch.zeros_like(w_in, dtype=torch.long), LENGTHS, 1)
         block = block.requires_grad_()
-        sparse_out, dense_out = conv(h, ei, w_in, eh), conv(h, block[:, 0], batch=batch)
+        sparse_out, dense_out = conv(h, ei, w_in, eh), conv.forward_dense(h, block[:, 0], batch)
         assert_same_values_and_grads(dense_out, sparse_out, [h])
         return
     block = LatentGraphs([ei], [w], [eh], num_heads=4, direction="forward",
                          ptr=graphs.ptr).to_dense_layout().dense_layer(0)
-    sparse_out, dense_out = conv(h, ei, w, eh), conv(h, block, batch=batch)
+    sparse_out, dense_out = conv(h, ei, w, eh), conv.forward_dense(h, block, batch)
     assert_same_values_and_grads(dense_out, sparse_out, [h, w, *conv.parameters()])
+    with pytest.warns(DeprecationWarning, match="forward_dense"):  # the old entry point
+        torch.testing.assert_close(conv(h, block, batch=batch), dense_out)
 
 
 @pytest.mark.parametrize("propagation", ["both", "graph", "hierarchical"])
@@ -121,8 +123,9 @@ def test_pretraining_model_same_loss_and_gradients_in_every_layout(decouple):
     models = {}
     for layout in ("sparse", "dense", "auto"):
         torch.manual_seed(3)
-        models[layout] = Glomo(num_tokens=30, hidden_channels=16, num_layers=2, heads=4,
-                               cnn_layers=1, num_positions=4, decouple=decouple, layout=layout)
+        models[layout] = Glomo.text(num_tokens=30, hidden_channels=16, num_layers=2, heads=4,
+                                    cnn_layers=1, num_positions=4,
+                                    decouple=decouple).set_layout(layout)
     results = {}
     for layout, model in models.items():
         torch.manual_seed(5)  # same sampled positions
@@ -179,11 +182,17 @@ def test_dense_layout_rejects_bad_input():
     x = torch.randn(7, 4)
     batch = sequence_batch(7, torch.tensor([0, 0, 0, 1, 1, 1, 1]), x.device).batch
     with pytest.raises(ValueError, match=r"\[B, H, T, T\] = \[2, 2, 4, 4\]"):
-        conv(x, torch.zeros(2, 3, 4, 4), batch=batch)
-    with pytest.raises(ValueError, match="do not pass edge_weight"):
+        conv.forward_dense(x, torch.zeros(2, 3, 4, 4), batch)
+    with pytest.raises(ValueError, match="dense graph blocks must have shape"):
+        conv.forward_dense(x, torch.zeros(2, 2, 4), batch)
+    with pytest.raises(ValueError, match="dense blocks"):
+        conv.forward_dense(x, torch.zeros(2, 4), batch)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="do not pass edge_weight"):
         conv(x, torch.zeros(2, 2, 4, 4), torch.ones(3), batch=batch)
     with pytest.raises(ValueError, match="layout must be"):
-        GraphPredictor(num_tokens=5, hidden_channels=8, heads=2, layout="csr")
+        GraphPredictor(num_tokens=5, hidden_channels=8, heads=2).set_layout("csr")
+    with pytest.raises(TypeError):  # a run-time choice, not a constructor argument
+        GraphPredictor(num_tokens=5, hidden_channels=8, heads=2, layout="dense")
 
 
 def test_equal_length_sequences_take_the_unpadded_dense_path():
@@ -194,7 +203,7 @@ def test_equal_length_sequences_take_the_unpadded_dense_path():
     conv = GlomoConv(8, heads=4)
     h = torch.randn(18, 8, requires_grad=True)
     sparse_out = conv(h, *graphs.layer(0))
-    dense_out = conv(h, graphs.to_dense_layout().dense_layer(0), batch=batch)
+    dense_out = conv.forward_dense(h, graphs.to_dense_layout().dense_layer(0), batch)
     assert_same_values_and_grads(dense_out, sparse_out, [h])
     mixer = GraphMixer(8, 2, 4, directions=["forward"])
     assert_same_values_and_grads(mixer(h, graphs.to_dense_layout())[0], mixer(h, graphs)[0], [h])

@@ -10,7 +10,7 @@ from reference import batch_vector
 import glomo_pyg.io.pretrained as io
 from glomo_pyg import (GlomoTransfer, GraphPredictor, PretrainedFormatError,
                        PretrainedGraphPredictor, load_pretrained, save_pretrained)
-from glomo_pyg.nn import FeaturePredictor
+from glomo_pyg.nn import FeatureGraphEmitter
 
 TOKENS = 30
 VOCAB = [f"tok{i}" for i in range(TOKENS)]
@@ -23,8 +23,8 @@ def make(kind="graph", norm="layer", bias="scalar", directions=("forward", "back
             parts[d] = GraphPredictor(num_tokens=TOKENS, hidden_channels=16, num_layers=2, heads=2,
                                       direction=d, cnn_layers=1, norm=norm, bias=bias)
         else:
-            parts[d] = FeaturePredictor(num_tokens=TOKENS, hidden_channels=16, num_layers=2,
-                                        heads=2, decouple=False, direction=d, bias=bias)
+            parts[d] = FeatureGraphEmitter(num_tokens=TOKENS, hidden_channels=16, num_layers=2,
+                                           heads=2, direction=d, bias=bias)
     predictor = PretrainedGraphPredictor(parts.get("forward"), parts.get("backward"),
                                          VOCAB if vocab else None)
     with torch.no_grad():  # non-default values everywhere, BatchNorm buffers included
@@ -77,7 +77,7 @@ def test_save_overwrites_and_load_accepts_devices(tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["format_version"] == io.FORMAT_VERSION
     assert config["directions"]["forward"]["cls"] == "GraphPredictor"
-    assert config["directions"]["backward"]["kwargs"]["direction"] == "backward"
+    assert config["directions"]["backward"]["config"]["direction"] == "backward"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -140,7 +140,7 @@ def test_missing_and_malformed_files(tmp_path):
         load_pretrained(d)
     save_pretrained(make(), d)
     edit_config(d, lambda c: c.update(format_version=io.FORMAT_VERSION + 1))
-    with pytest.raises(PretrainedFormatError, match="format version 2.*reads versions up to 1"):
+    with pytest.raises(PretrainedFormatError, match="format version 3.*reads versions up to 2"):
         load_pretrained(d)
     save_pretrained(make(), d)
     edit_config(d, lambda c: c.pop("weights"))
@@ -203,16 +203,16 @@ def test_pickle_disguised_as_weights_is_refused_without_executing(tmp_path):
 
 def test_config_that_does_not_match_the_weights(tmp_path):
     save_pretrained(make(), tmp_path)
-    edit_config(tmp_path, lambda c: c["directions"]["forward"]["kwargs"].update(hidden_channels=32,
+    edit_config(tmp_path, lambda c: c["directions"]["forward"]["config"].update(hidden_channels=32,
                                                                                  heads=4))
     with pytest.raises(PretrainedFormatError, match=r"shape mismatch fw\..*file \(.*\) vs config"):
         load_pretrained(tmp_path)
     save_pretrained(make(), tmp_path)
-    edit_config(tmp_path, lambda c: c["directions"]["forward"]["kwargs"].update(num_layers=3))
+    edit_config(tmp_path, lambda c: c["directions"]["forward"]["config"].update(num_layers=3))
     with pytest.raises(PretrainedFormatError, match="missing tensors"):
         load_pretrained(tmp_path)
     save_pretrained(make(), tmp_path)
-    edit_config(tmp_path, lambda c: c["directions"]["backward"]["kwargs"].update(cnn_layers=0))
+    edit_config(tmp_path, lambda c: c["directions"]["backward"]["config"].update(cnn_layers=0))
     with pytest.raises(PretrainedFormatError, match="unexpected tensors"):
         load_pretrained(tmp_path)
     save_pretrained(make(), tmp_path)
@@ -220,11 +220,11 @@ def test_config_that_does_not_match_the_weights(tmp_path):
     with pytest.raises(PretrainedFormatError, match="must name one of"):
         load_pretrained(tmp_path)
     save_pretrained(make(), tmp_path)
-    edit_config(tmp_path, lambda c: c["directions"]["forward"]["kwargs"].update(colour="red"))
+    edit_config(tmp_path, lambda c: c["directions"]["forward"]["config"].update(colour="red"))
     with pytest.raises(PretrainedFormatError, match="cannot build the forward GraphPredictor"):
         load_pretrained(tmp_path)
     save_pretrained(make(), tmp_path)
-    edit_config(tmp_path, lambda c: c["directions"]["forward"]["kwargs"].update(direction="backward"))
+    edit_config(tmp_path, lambda c: c["directions"]["forward"]["config"].update(direction="backward"))
     with pytest.raises(PretrainedFormatError, match="other direction"):
         load_pretrained(tmp_path)
     save_pretrained(make(), tmp_path)

@@ -189,9 +189,9 @@ def test_alignment_counts_unaligned_and_unknown(tmp_path):
 
 def small_predictor(position=None):
     torch.manual_seed(0)
-    model = Glomo(len(VOCAB) + 2, hidden_channels=16, num_layers=2, heads=2, cnn_layers=1,
+    model = Glomo.text(len(VOCAB) + 2, hidden_channels=16, num_layers=2, heads=2, cnn_layers=1,
                   position=position)
-    return PretrainedGraphPredictor.from_glomo(model, VOCAB + ["can", "not"])
+    return model.to_pretrained(VOCAB + ["can", "not"])
 
 
 def test_compare_with_untrained_and_selection(tmp_path):

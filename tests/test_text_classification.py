@@ -16,9 +16,9 @@ TOKENS = ["<pad>", "<unk>", "<bos>", "<eos>"] + [f"w{k}" for k in range(16)]
 
 def predictor(num_layers=2, **kw):
     torch.manual_seed(0)
-    model = Glomo(num_tokens=len(TOKENS), hidden_channels=8, num_layers=num_layers, heads=2,
+    model = Glomo.text(num_tokens=len(TOKENS), hidden_channels=8, num_layers=num_layers, heads=2,
                   cnn_layers=1, padding_idx=0, **kw)
-    return PretrainedGraphPredictor.from_glomo(model, TOKENS)
+    return model.to_pretrained(TOKENS)
 
 
 def batch_of(lengths, seed=0):

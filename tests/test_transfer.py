@@ -7,7 +7,7 @@ from reference import (allowed_pairs, assert_same_values_and_grads, batch_vector
 
 from glomo_pyg import (DirectionalGraphs, GatedFusion, Glomo, GlomoTransfer, GraphMixer,
                        GraphPredictor, LatentGraphs, PretrainedGraphPredictor)
-from glomo_pyg.nn import FeaturePredictor
+from glomo_pyg.nn import FeatureGraphEmitter, FeaturePredictor
 
 LENGTHS = [5, 1, 9, 3]
 LAYERS, HEADS, TOKENS = 3, 4, 40
@@ -21,8 +21,8 @@ def make_predictor(norm="layer", dropout=0.0, decouple=True, directions=("forwar
                                       heads=HEADS, direction=d, cnn_layers=2, norm=norm,
                                       dropout=dropout)
         else:
-            parts[d] = FeaturePredictor(num_tokens=TOKENS, hidden_channels=32, num_layers=LAYERS,
-                                        heads=HEADS, decouple=False, direction=d)
+            parts[d] = FeatureGraphEmitter(num_tokens=TOKENS, hidden_channels=32,
+                                           num_layers=LAYERS, heads=HEADS, direction=d)
     return PretrainedGraphPredictor(parts.get("forward"), parts.get("backward"))
 
 
@@ -343,7 +343,7 @@ def test_transfer_with_decoupled_ablation_and_one_direction():
     assert out.shape == (sum(LENGTHS), 8)
     torch.testing.assert_close(out[:, :4], h)
     # the graphs are the feature network's own (scored layer by layer from its states)
-    own = predictor.predictor("forward")(x, batch=batch)[1]
+    own = predictor.predictor("forward")(x, batch=batch)  # an emitter: graphs
     graphs = transfer.graphs(x, batch)
     assert graphs.backward is None
     for l in range(LAYERS):
@@ -356,9 +356,9 @@ def test_transfer_with_decoupled_ablation_and_one_direction():
 
 
 def test_pretrained_predictor_from_glomo_and_checks():
-    model = Glomo(num_tokens=TOKENS, hidden_channels=16, num_layers=2, heads=2, cnn_layers=1)
+    model = Glomo.text(num_tokens=TOKENS, hidden_channels=16, num_layers=2, heads=2, cnn_layers=1)
     vocab = [f"w{i}" for i in range(TOKENS)]
-    predictor = PretrainedGraphPredictor.from_glomo(model, vocabulary=vocab)
+    predictor = model.to_pretrained(vocabulary=vocab)
     x, batch = inputs()
     for got, want in zip(predictor(x, batch), model.eval().graphs(x, batch)):
         for l in range(2):
@@ -369,7 +369,7 @@ def test_pretrained_predictor_from_glomo_and_checks():
     with pytest.raises(ValueError, match="not in the vocabulary"):
         predictor.encode(["zz"])
     with pytest.raises(ValueError, match="vocabulary has 3 entries"):
-        PretrainedGraphPredictor.from_glomo(model, vocabulary=["a", "b", "c"])
+        model.to_pretrained(vocabulary=["a", "b", "c"])
     fw = GraphPredictor(num_tokens=TOKENS, hidden_channels=16, num_layers=2, heads=2)
     with pytest.raises(ValueError, match="built for direction 'forward'"):
         PretrainedGraphPredictor(None, fw)
@@ -379,9 +379,12 @@ def test_pretrained_predictor_from_glomo_and_checks():
         PretrainedGraphPredictor(fw, bw)
     with pytest.raises(ValueError, match="at least one"):
         PretrainedGraphPredictor()
-    with pytest.raises(TypeError, match="decouple=False"):
+    with pytest.raises(TypeError, match="graph emitter"):
         PretrainedGraphPredictor(FeaturePredictor(num_tokens=TOKENS, hidden_channels=16,
                                                   num_layers=2, heads=2))
+    with pytest.warns(DeprecationWarning, match="to_pretrained"):
+        old = PretrainedGraphPredictor.from_glomo(model, vocab)
+    assert old.vocabulary == vocab
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -13,7 +13,7 @@ def bench_case(b, t, hidden, device, repeats):
     batch = torch.arange(b, device=device).repeat_interleave(t)
     for layout in ("sparse", "dense", "auto"):
         torch.manual_seed(0)
-        model = Glomo(num_tokens=1000, hidden_channels=hidden, num_layers=3, heads=8,
+        model = Glomo.text(num_tokens=1000, hidden_channels=hidden, num_layers=3, heads=8,
                       num_positions=20, layout=layout).to(device)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 

@@ -1,8 +1,31 @@
-"""Analysis of learned graphs: comparison with gold syntax."""
-from glomo_pyg.analysis.syntax import (Alignment, GraphScores, SyntaxComparison, SyntaxScores,
-                                       align, compare_with_syntax, syntax_scores, untrained_copy)
-from glomo_pyg.analysis.treebank import GoldTree, TreebankFormatError, read_treebank
+"""Analysis of learned graphs: statistics and health, recovery of planted dependencies,
+comparison with gold syntax, and export (networkx, adjacencies).
 
-__all__ = ["Alignment", "GoldTree", "GraphScores", "SyntaxComparison", "SyntaxScores",
-           "TreebankFormatError", "align", "compare_with_syntax", "read_treebank",
-           "syntax_scores", "untrained_copy"]
+Submodules load on first use (PEP 562): :mod:`glomo_pyg.graphs` imports
+:mod:`glomo_pyg.analysis.export`, so this package must not import the modules that
+import the graphs back when it is first loaded.
+"""
+from importlib import import_module
+
+_EXPORTS = {
+    "export": ("adjacency", "hierarchical", "to_networkx"),
+    "recovery": ("RecoveryReport", "planted_source_recovery"),
+    "statistics": ("DEAD_HEAD_SHARE", "DISTANCE_EDGES", "GraphHealth", "distance_bin_names",
+                   "graph_health", "graph_statistics"),
+    "syntax": ("Alignment", "GraphScores", "SyntaxComparison", "SyntaxScores", "align",
+               "compare_with_syntax", "syntax_scores", "untrained_copy"),
+    "treebank": ("GoldTree", "TreebankFormatError", "read_treebank"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -11,18 +11,18 @@ from typing import Any, Dict, Optional, Sequence, Union
 
 import torch
 
-import glomo_pyg
-from glomo_pyg.nn.feature_predictor import FeaturePredictor
-from glomo_pyg.nn.glomo import _KEY
-from glomo_pyg.nn.graph_predictor import GraphPredictor
-from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
+from glomo_pyg.graphs import DIRECTION_KEYS
+from glomo_pyg.nn import FeatureGraphEmitter, GraphPredictor  # noqa: F401 (registers emitters)
+from glomo_pyg.nn.emitter import EMITTERS
+from glomo_pyg.nn.pretrained import PretrainedGraphPredictor, register_persistence
+from glomo_pyg.version import __version__
 
 FORMAT = "glomo_pyg.pretrained_graph_predictor"
-FORMAT_VERSION = 1
+# 2: each direction saves its emitter's config() (the layout, a run-time choice, is no
+#    longer part of it); 1: hand-copied constructor kwargs (still read, see _legacy_entry)
+FORMAT_VERSION = 2
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-# The only classes a config may name: rebuilt from plain keyword arguments.
-_CLASSES = {"GraphPredictor": GraphPredictor, "FeaturePredictor": FeaturePredictor}
 
 PathLike = Union[str, os.PathLike]
 
@@ -78,9 +78,9 @@ def save_pretrained(predictor: PretrainedGraphPredictor, path: PathLike) -> Path
     payload = save(tensors)
     _atomic_write(path / WEIGHTS_NAME, lambda fh: fh.write(payload))
     config: Dict[str, Any] = dict(
-        format=FORMAT, format_version=FORMAT_VERSION, glomo_pyg_version=glomo_pyg.__version__,
+        format=FORMAT, format_version=FORMAT_VERSION, glomo_pyg_version=__version__,
         directions={d: dict(cls=type(predictor.predictor(d)).__name__,
-                            kwargs=predictor.predictor(d).init_kwargs)
+                            config=predictor.predictor(d).config())
                     for d in predictor.directions},
         vocabulary=predictor.vocabulary,
         weights=dict(file=WEIGHTS_NAME, bytes=len(payload),
@@ -114,7 +114,7 @@ def _read_config(path: Path) -> Dict[str, Any]:
     if version > FORMAT_VERSION:
         raise PretrainedFormatError(
             f"{file} has format version {version}, written by glomo_pyg "
-            f"{config.get('glomo_pyg_version', '?')}; this glomo_pyg ({glomo_pyg.__version__}) "
+            f"{config.get('glomo_pyg_version', '?')}; this glomo_pyg ({__version__}) "
             f"reads versions up to {FORMAT_VERSION}: upgrade glomo_pyg")
     if version < 1:
         raise PretrainedFormatError(f"{file} has an invalid format version {version}")
@@ -156,19 +156,32 @@ def _read_weights(file: Path) -> Dict[str, torch.Tensor]:
         raise PretrainedFormatError(f"{file} is not a valid safetensors file ({err})") from None
 
 
+def _legacy_entry(entry: Any) -> Any:
+    """A format-1 direction entry (``cls`` + hand-copied ``kwargs``) as format 2: the
+    run-time ``layout`` is dropped, and a ``FeaturePredictor`` (the "-decouple"
+    ablation, always saved with ``decouple=False``) becomes its emitter class."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("kwargs"), dict):
+        return entry
+    kwargs = {k: v for k, v in entry["kwargs"].items() if k != "layout"}
+    cls = entry.get("cls")
+    if cls == "FeaturePredictor" and kwargs.get("decouple") is False:
+        cls = "FeatureGraphEmitter"
+        kwargs.pop("decouple")
+    return dict(cls=cls, config=kwargs)
+
+
 def _build(direction: str, entry: Any, file: Path) -> torch.nn.Module:
-    if not isinstance(entry, dict) or entry.get("cls") not in _CLASSES or \
-            not isinstance(entry.get("kwargs"), dict):
+    if not isinstance(entry, dict) or entry.get("cls") not in EMITTERS or \
+            not isinstance(entry.get("config"), dict):
         raise PretrainedFormatError(
-            f"{file}: the {direction} entry must name one of {sorted(_CLASSES)} with its kwargs")
-    cls, kwargs = _CLASSES[entry["cls"]], dict(entry["kwargs"])
+            f"{file}: the {direction} entry must name one of {sorted(EMITTERS)} with its config")
+    cls = EMITTERS[entry["cls"]]
     try:
-        module = cls(**kwargs)
+        module = cls.from_config(dict(entry["config"]))
     except (TypeError, ValueError) as err:
         raise PretrainedFormatError(f"{file}: cannot build the {direction} {cls.__name__} from "
                                     f"its config ({err})") from None
-    if getattr(module, "direction", None) not in (None, direction) or \
-            (module.scorer is not None and module.scorer.direction != direction):
+    if module.direction != direction:
         raise PretrainedFormatError(f"{file}: the {direction} entry builds a predictor for "
                                     "the other direction")
     return module
@@ -196,12 +209,14 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
     config_file = path / CONFIG_NAME
     weights = _read_weights(_check_weights_file(path, config))
     directions = config["directions"]
-    unknown = sorted(set(directions) - set(_KEY))
+    unknown = sorted(set(directions) - set(DIRECTION_KEYS))
     if unknown or not directions:
         raise PretrainedFormatError(f"{config_file}: directions must be a non-empty subset of "
-                                    f"{sorted(_KEY)}, got {sorted(directions)}")
+                                    f"{sorted(DIRECTION_KEYS)}, got {sorted(directions)}")
+    if config["format_version"] == 1:
+        directions = {d: _legacy_entry(e) for d, e in directions.items()}
     modules = {d: _build(d, directions[d], config_file) for d in directions}
-    container = torch.nn.ModuleDict({_KEY[d]: m for d, m in modules.items()})
+    container = torch.nn.ModuleDict({DIRECTION_KEYS[d]: m for d, m in modules.items()})
     expected = container.state_dict()
     missing = sorted(set(expected) - set(weights))
     unexpected = sorted(set(weights) - set(expected))
@@ -246,3 +261,6 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
     if map_location is not None:
         predictor = predictor.to(map_location)
     return predictor.eval()
+
+
+register_persistence(save_pretrained, load_pretrained)

@@ -1,21 +1,26 @@
 """Neural network modules of glomo_pyg (no training loops, no file I/O)."""
+from glomo_pyg.graphs import DirectionalGraphs
 from glomo_pyg.nn.cnn import CausalCNN, MaskedNorm
+from glomo_pyg.nn.config import ConfigurableModule
 from glomo_pyg.nn.conv import GlomoConv
 from glomo_pyg.nn.decoder import ContextDecoder
+from glomo_pyg.nn.emitter import EMITTERS, GraphEmitter
 from glomo_pyg.nn.encoder import UnitEncoder
-from glomo_pyg.nn.feature_predictor import FeaturePredictor
+from glomo_pyg.nn.feature_predictor import FeatureGraphEmitter, FeaturePredictor
 from glomo_pyg.nn.functional import head_propagate, latent_graph_edges, weighted_spmm
 from glomo_pyg.nn.fusion import GatedFusion
-from glomo_pyg.nn.glomo import DirectionalGraphs, Glomo, GlomoOutput
-from glomo_pyg.nn.graph_predictor import GraphPredictor, GraphScorer
+from glomo_pyg.nn.glomo import Glomo, GlomoOutput
+from glomo_pyg.nn.graph_predictor import GraphPredictor
 from glomo_pyg.nn.mixer import GraphMixer
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
+from glomo_pyg.nn.scorer import GraphScorer
 from glomo_pyg.nn.text_classifier import GlomoTextClassifier
 from glomo_pyg.nn.transfer import GlomoTransfer
 
 __all__ = [
-    "CausalCNN", "ContextDecoder", "DirectionalGraphs", "FeaturePredictor", "GatedFusion", "Glomo",
-    "GlomoConv", "GlomoOutput", "GlomoTextClassifier", "GlomoTransfer", "GraphMixer", "GraphPredictor", "GraphScorer",
-    "MaskedNorm", "PretrainedGraphPredictor", "UnitEncoder", "head_propagate",
-    "latent_graph_edges", "weighted_spmm",
+    "CausalCNN", "ConfigurableModule", "ContextDecoder", "DirectionalGraphs", "EMITTERS",
+    "FeatureGraphEmitter", "FeaturePredictor", "GatedFusion", "Glomo", "GlomoConv",
+    "GlomoOutput", "GlomoTextClassifier", "GlomoTransfer", "GraphEmitter", "GraphMixer",
+    "GraphPredictor", "GraphScorer", "MaskedNorm", "PretrainedGraphPredictor", "UnitEncoder",
+    "head_propagate", "latent_graph_edges", "weighted_spmm",
 ]

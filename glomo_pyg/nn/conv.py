@@ -8,8 +8,11 @@ from torch import Tensor
 from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.utils import is_torch_sparse_tensor
 
-from glomo_pyg.nn.functional import (_is_compiling, dense_head_propagate, head_blocked_edges,
-                                     head_propagate, weighted_spmm)
+import warnings
+
+from glomo_pyg.graphs import LatentGraphs
+from glomo_pyg.kernels import (_is_compiling, dense_head_propagate, head_blocked_edges,
+                               propagate_unchecked)
 from glomo_pyg.sequences import sequence_batch
 
 UPDATES = (None, "gru", "residual")
@@ -41,6 +44,13 @@ class GlomoConv(MessagePassing):
     ``[E, channels]`` message tensor; gradients reach ``x`` and
     ``edge_weight``. ``fused=False`` routes through PyG's generic
     gather/scatter ``propagate`` instead (same numbers; for comparison).
+    Edges may come in any order (they are sorted by target when needed, also
+    under ``torch.compile``).
+
+    Three entry points take the graphs in their three forms: :meth:`forward`
+    (PyG edges or a ``torch.sparse`` adjacency), :meth:`forward_dense` (dense
+    per-sequence blocks) and :meth:`propagate_graphs` (one layer of
+    :class:`~glomo_pyg.LatentGraphs`, in either layout).
 
     Args:
         channels (int): node feature size, divisible by ``heads``.
@@ -59,8 +69,6 @@ class GlomoConv(MessagePassing):
           :math:`(|\mathcal{V}|, |\mathcal{V}|)` (shared by all heads) or
           :math:`(H, |\mathcal{V}|, |\mathcal{V}|)`, indexed ``[head, target, source]``
           as PyG's transposed sparse adjacencies are,
-          *or* dense per-sequence blocks :math:`(B, H, T, T)` / :math:`(B, T, T)`
-          (``[b, h, i, j] = G_ij``, the dense layout) together with ``batch``,
           edge weights :math:`(|\mathcal{E}|)` (default all ones),
           edge heads :math:`(|\mathcal{E}|)` (default: every edge feeds every head)
         - **output:** node features :math:`(|\mathcal{V}|, C)`
@@ -91,13 +99,16 @@ class GlomoConv(MessagePassing):
 
     def forward(self, x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor] = None,
                 edge_head: Optional[Tensor] = None, batch: Optional[Tensor] = None) -> Tensor:
-        num_nodes = x.size(0) if isinstance(x, Tensor) and x.dim() else 0
         if isinstance(edge_index, Tensor) and edge_index.is_floating_point() and \
                 edge_index.dim() in (3, 4) and not is_torch_sparse_tensor(edge_index):
+            warnings.warn("passing dense graph blocks as edge_index is deprecated: call "
+                          "GlomoConv.forward_dense(x, adj, batch)", DeprecationWarning,
+                          stacklevel=2)
             if edge_weight is not None or edge_head is not None:
                 raise ValueError("with dense graph blocks, weights and heads come from the "
                                  "tensor itself; do not pass edge_weight or edge_head")
-            return self._update(x, self._aggregate_dense(x, edge_index, batch))
+            return self.forward_dense(x, edge_index, batch)
+        num_nodes = x.size(0) if isinstance(x, Tensor) and x.dim() else 0
         if isinstance(edge_index, Tensor) and is_torch_sparse_tensor(edge_index):
             if edge_weight is not None or edge_head is not None:
                 raise ValueError("with a torch.sparse adjacency, weights and heads come from the "
@@ -108,6 +119,30 @@ class GlomoConv(MessagePassing):
         if edge_weight is None:
             edge_weight = x.new_ones(edge_index.size(1))
         return self._update(x, self._aggregate(x, edge_index, edge_weight, edge_head))
+
+    def forward_dense(self, x: Tensor, adj: Tensor, batch: Optional[Tensor] = None) -> Tensor:
+        """The dense layout: per-sequence blocks ``adj`` ``[B, H, T, T]`` (or
+        ``[B, T, T]``, one graph for all channels) with ``[b, h, i, j] = G_ij``, for
+        the sequences of the sorted PyG ``batch`` vector; batched matmuls."""
+        if not isinstance(adj, Tensor) or not adj.dtype.is_floating_point or \
+                adj.dim() not in (3, 4):
+            raise ValueError("adj must be floating-point dense blocks [B, H, T, T] or [B, T, T]")
+        return self._update(x, self._aggregate_dense(x, adj, batch))
+
+    def propagate_graphs(self, x: Tensor, graphs: LatentGraphs, layer: int) -> Tensor:
+        """Aggregate along graph layer ``layer`` of ``graphs`` (head ``h`` uses the
+        ``h``-th chunk of the channels), then update. ``graphs`` must have ``heads``
+        heads and cover the rows of ``x``; they were validated when built, so this
+        path does no host synchronisation."""
+        n = x.size(0)
+        if graphs.num_heads != self.heads or graphs.num_nodes != n:
+            raise ValueError(f"graphs have {graphs.num_heads} heads over {graphs.num_nodes} "
+                             f"units; this layer needs {self.heads} heads over {n}")
+        if x.dim() != 2 or x.size(1) != self.channels:
+            raise ValueError(f"x must have shape [N, {self.channels}], got {tuple(x.shape)}")
+        xb = x.view(n, self.heads, -1).transpose(0, 1)
+        c = graphs.propagate(xb, layer)
+        return self._update(x, c.transpose(0, 1).reshape(n, -1))
 
     def _update(self, x: Tensor, c: Tensor) -> Tensor:
         if self.gru is not None:
@@ -127,7 +162,7 @@ class GlomoConv(MessagePassing):
             xb = x.view(n, self.heads, -1).transpose(0, 1)
             heads = self.heads
         if self.fused:
-            out = head_propagate(xb, edge_index, edge_weight, edge_head, heads)
+            out = propagate_unchecked(xb, edge_index, edge_weight, edge_head, heads)
         else:
             rows, cols, weight = head_blocked_edges(edge_index, edge_weight, edge_head, n,
                                                     num_heads=heads)
@@ -160,10 +195,6 @@ class GlomoConv(MessagePassing):
 
     def message(self, x_j: Tensor, edge_weight: Tensor) -> Tensor:
         return edge_weight.view(-1, 1).to(x_j.dtype) * x_j
-
-    def message_and_aggregate(self, edge_index: Tensor, x: Tensor, edge_weight: Tensor) -> Tensor:
-        """Fused weighted sum as a CSR spmm; ``edge_index`` sorted by target."""
-        return weighted_spmm(edge_index[1], edge_index[0], edge_weight, x, x.size(0))
 
     def _edges_from_sparse(self, adj_t: Tensor, num_nodes: int) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
         if adj_t.dim() not in (2, 3) or adj_t.shape[-2:] != (num_nodes, num_nodes):

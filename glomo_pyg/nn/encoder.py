@@ -57,9 +57,13 @@ class UnitEncoder(torch.nn.Module):
         else:
             check_features(x, self.in_channels)
 
+    def encode(self, x: Tensor) -> Tensor:
+        """:meth:`forward` without the checks, for input validated at the door."""
+        return self.embedding(x) if self.embedding is not None else self.linear(x)
+
     def forward(self, x: Tensor) -> Tensor:
         self.check(x)
-        return self.embedding(x) if self.embedding is not None else self.linear(x)
+        return self.encode(x)
 
     def __repr__(self) -> str:
         src = f"num_tokens={self.num_tokens}" if self.num_tokens is not None else \

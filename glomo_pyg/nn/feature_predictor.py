@@ -7,14 +7,16 @@ import torch
 from torch import Tensor
 
 from glomo_pyg.graphs import LatentGraphs
+from glomo_pyg.nn.config import ConfigurableModule
 from glomo_pyg.nn.conv import GlomoConv
+from glomo_pyg.nn.emitter import EmitResult, GraphEmitter
 from glomo_pyg.nn.encoder import UnitEncoder
-from glomo_pyg.nn.graph_predictor import GraphScorer, resolve_head_channels
 from glomo_pyg.nn.layout import LAYOUTS
+from glomo_pyg.nn.scorer import GraphScorer, resolve_head_channels
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
 
-class FeaturePredictor(torch.nn.Module):
+class FeaturePredictor(ConfigurableModule):
     r"""Propagates unit features along the graphs of a graph predictor:
 
     .. math::
@@ -36,9 +38,6 @@ class FeaturePredictor(torch.nn.Module):
         update (str): ``'gru'`` or ``'residual'`` (see :class:`GlomoConv`).
         decouple (bool): graphs come from a separate predictor (the paper).
             ``False`` makes this module score its own graphs.
-        layout (str): graph layout the ``decouple=False`` scorer emits
-            (``'sparse'``, ``'dense'`` or ``'auto'``, see :class:`GraphPredictor`);
-            given graphs are used in whichever layout they come.
         scorer_kwargs: options of the internal :class:`GraphScorer` when
             ``decouple=False`` (``direction``, ``sparse``, ``bias``, ...).
 
@@ -51,18 +50,13 @@ class FeaturePredictor(torch.nn.Module):
     def __init__(self, num_tokens: Optional[int] = None, in_channels: Optional[int] = None,
                  hidden_channels: int = 512, num_layers: int = 3, heads: int = 8,
                  update: str = "gru", decouple: bool = True, padding_idx: Optional[int] = None,
-                 dropout: float = 0.0, layout: str = "sparse", **scorer_kwargs):
+                 dropout: float = 0.0, **scorer_kwargs):
         super().__init__()
         if update not in ("gru", "residual"):
             raise ValueError(f"update must be 'gru' or 'residual', got {update!r}")
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        self.layout = layout
-        self.init_kwargs = dict(num_tokens=num_tokens, in_channels=in_channels,
-                                hidden_channels=hidden_channels, num_layers=num_layers,
-                                heads=heads, update=update, decouple=decouple,
-                                padding_idx=padding_idx, dropout=dropout, layout=layout,
-                                **scorer_kwargs)
+        if "layout" in scorer_kwargs:
+            raise TypeError("layout is a run-time choice: use set_layout() or "
+                            "from_sequences(..., layout=...)")
         self.hidden_channels, self.num_layers, self.heads = hidden_channels, num_layers, heads
         self.encoder = UnitEncoder(hidden_channels, num_tokens, in_channels, padding_idx)
         self.convs = torch.nn.ModuleList(GlomoConv(hidden_channels, heads, update=update)
@@ -86,14 +80,32 @@ class FeaturePredictor(torch.nn.Module):
         if self.scorer is not None:
             self.scorer.reset_parameters()
 
+    layout: str = "sparse"  # of the graphs a decouple=False scorer emits (run time)
+
+    def set_layout(self, layout: str) -> "FeaturePredictor":
+        """Layout of the graphs the ``decouple=False`` scorer emits (not saved)."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        self.layout = layout
+        return self
+
     def forward(self, x: Tensor, graphs: Optional[LatentGraphs] = None,
                 batch: Optional[Tensor] = None) -> Tuple[Tensor, LatentGraphs]:
         self.encoder.check(x)
         sequences = sequence_batch(x.size(0), batch, x.device)
+        if graphs is not None:
+            if not isinstance(graphs, LatentGraphs):
+                raise TypeError(f"graphs must be LatentGraphs, got {type(graphs).__name__}")
+            if graphs.device != x.device:
+                raise ValueError(f"graphs are on {graphs.device}, x is on {x.device}")
+            if not torch.equal(graphs.ptr, sequences.ptr):
+                raise ValueError("graphs were emitted for another batch layout (ptr differs)")
         return self.from_sequences(x, sequences, graphs)
 
     def from_sequences(self, x: Tensor, sequences: SequenceBatch,
-                       graphs: Optional[LatentGraphs] = None) -> Tuple[Tensor, LatentGraphs]:
+                       graphs: Optional[LatentGraphs] = None,
+                       layout: Optional[str] = None) -> Tuple[Tensor, LatentGraphs]:
+        """Top-layer features and the graphs used, for an already validated batch."""
         if self.decouple:
             if graphs is None:
                 raise ValueError("this FeaturePredictor propagates along given graphs: pass "
@@ -105,31 +117,71 @@ class FeaturePredictor(torch.nn.Module):
                 raise ValueError(f"graphs cover {graphs.num_nodes} units, x has {x.size(0)}")
         elif graphs is not None:
             raise ValueError("decouple=False computes its own graphs; do not pass graphs")
-        f = torch.nn.functional.dropout(self.encoder(x), self.dropout, self.training)
+        f = torch.nn.functional.dropout(self.encoder.encode(x), self.dropout, self.training)
         emitted = []
         for l, conv in enumerate(self.convs):
             if self.scorer is not None:  # graph layer l scored from F^{l-1}
                 padded = sequences.to_padded(f)
-                emitted.append(self.scorer.emit(padded, padded, sequences, self.layout, [l]))
+                emitted.append(self.scorer.emit(padded, padded, sequences, layout or self.layout,
+                                                [l]))
                 layer, index = emitted[-1], 0
             else:
                 layer, index = graphs, l
-            if layer.layout == "dense":
-                f = conv(f, layer.dense_layer(index), batch=sequences.batch)
-            else:
-                f = conv(f, *layer.layer(index))
+            f = conv.propagate_graphs(f, layer, index)
             f = torch.nn.functional.dropout(f, self.dropout, self.training)
         if self.scorer is not None:
-            meta = dict(direction=self.scorer.direction, ptr=sequences.ptr,
+            meta = dict(direction=self.scorer.direction, sequences=sequences,
                         include_self=self.scorer.include_self)
             if all(g.layout == "dense" for g in emitted):
-                graphs = LatentGraphs.from_dense([g.dense_layer(0) for g in emitted], **meta)
+                graphs = LatentGraphs._trusted_dense([g.dense_layer(0) for g in emitted], **meta)
             else:
-                graphs = LatentGraphs(*map(list, zip(*(g.layer(0) for g in emitted))),
-                                      num_heads=self.heads, **meta)
+                graphs = LatentGraphs._trusted(*map(list, zip(*(g.layer(0) for g in emitted))),
+                                               num_heads=self.heads, **meta)
         return f, graphs
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.encoder!r}, hidden_channels="
                 f"{self.hidden_channels}, num_layers={self.num_layers}, heads={self.heads}, "
                 f"decouple={self.decouple})")
+
+
+class FeatureGraphEmitter(FeaturePredictor, GraphEmitter):
+    r"""The graphs of the "-decouple" ablation (paper Table 2) as a graph emitter: a
+    :class:`FeaturePredictor` with ``decouple=False``, whose graph layer :math:`l` is
+    scored from its own features :math:`F^{l-1}`. It is both the feature predictor
+    that :class:`~glomo_pyg.Glomo` trains in that ablation and the emitter that
+    transfer uses afterwards (:meth:`emit` runs the network and keeps the graphs).
+
+    Args: as :class:`FeaturePredictor`, without ``decouple``; ``scorer_kwargs``
+    (``direction``, ``sparse``, ``bias``, ``include_self``, ...) go to the scorer.
+
+    Shapes:
+        - **input:** units :math:`(N)` or :math:`(N, F_{in})`, batch :math:`(N)`
+        - **output:** :class:`~glomo_pyg.LatentGraphs` (``forward``)
+    """
+
+    def __init__(self, num_tokens: Optional[int] = None, in_channels: Optional[int] = None,
+                 hidden_channels: int = 512, num_layers: int = 3, heads: int = 8,
+                 update: str = "gru", padding_idx: Optional[int] = None, dropout: float = 0.0,
+                 **scorer_kwargs):
+        if "decouple" in scorer_kwargs:
+            raise TypeError("FeatureGraphEmitter always scores its own graphs (decouple=False)")
+        super().__init__(num_tokens, in_channels, hidden_channels, num_layers, heads, update,
+                         decouple=False, padding_idx=padding_idx, dropout=dropout,
+                         **scorer_kwargs)
+
+    @property
+    def direction(self) -> str:
+        return self.scorer.direction
+
+    @property
+    def include_self(self) -> bool:
+        return self.scorer.include_self
+
+    def emit(self, x: Tensor, sequences: SequenceBatch, layout: Optional[str] = None,
+             return_column_max: bool = False) -> EmitResult:
+        if return_column_max:
+            raise ValueError("the keep-alive penalty applies to decoupled graph predictors")
+        return self.from_sequences(x, sequences, layout=layout)[1]
+
+    forward = GraphEmitter.forward

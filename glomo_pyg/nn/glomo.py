@@ -2,19 +2,25 @@
 decoder, for both directions (paper Sec. 2.1)."""
 from __future__ import annotations
 
-from typing import Dict, NamedTuple, Optional
+import copy
+from typing import Dict, Mapping, NamedTuple, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from glomo_pyg.graphs import LatentGraphs
+from glomo_pyg.graphs import DIRECTION_KEYS as _KEY
+from glomo_pyg.graphs import DirectionalGraphs  # noqa: F401 (re-exported, moved there)
 from glomo_pyg.nn.decoder import IGNORE, ContextDecoder
-from glomo_pyg.nn.feature_predictor import FeaturePredictor
-from glomo_pyg.nn.graph_predictor import GraphPredictor, resolve_head_channels
+from glomo_pyg.nn.emitter import GraphEmitter
+from glomo_pyg.nn.feature_predictor import FeatureGraphEmitter, FeaturePredictor
+from glomo_pyg.nn.graph_predictor import GraphPredictor
+from glomo_pyg.nn.layout import LAYOUTS
+from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
+from glomo_pyg.nn.scorer import resolve_head_channels
+from glomo_pyg.ordering import DIRECTIONS
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
 OBJECTIVES = ("unit", "sequence")
-_KEY = {"forward": "fw", "backward": "bw"}  # ModuleDict keys ('forward' is a Module method)
 
 
 class GlomoOutput(NamedTuple):
@@ -24,43 +30,37 @@ class GlomoOutput(NamedTuple):
     metrics: Dict[str, Tensor]
 
 
-class DirectionalGraphs(NamedTuple):
-    """Graphs of the forward and the backward predictor (``None`` if absent)."""
-
-    forward: Optional[LatentGraphs]
-    backward: Optional[LatentGraphs]
-
-
 class Glomo(torch.nn.Module):
-    r"""Unsupervised GLoMo pretraining by context prediction.
+    r"""Unsupervised GLoMo pretraining by context prediction (paper Sec. 2.1, Eq. 3).
 
-    For each direction a graph predictor :math:`g` emits graphs, a feature
-    predictor :math:`f` propagates embeddings along them (paper Eq. 2), and a
-    :class:`ContextDecoder` initialised with :math:`f^L_t` predicts the next
+    Assembled from parts, per direction: a graph emitter :math:`g` (e.g.
+    :class:`GraphPredictor`) emits graphs, a :class:`FeaturePredictor` :math:`f`
+    propagates embeddings along them (paper Eq. 2), and a context head
+    (:class:`ContextDecoder`) initialised with :math:`f^L_t` predicts the next
     :math:`D` units (forward) or the previous :math:`D` units (backward) at
     ``num_positions`` sampled positions per sequence (all positions in eval
-    mode). The loss is the mean of the two directions' cross-entropies
-    (paper Eq. 3). Everything that feeds position :math:`t` of the forward
-    network depends only on units :math:`\le t` (mirror for backward).
+    mode). The loss is the mean of the directions' cross-entropies. Everything
+    that feeds position :math:`t` of the forward network depends only on units
+    :math:`\le t` (mirror for backward). :meth:`text` builds the parts of the
+    paper's text model from one set of options; another modality supplies its
+    own emitter, feature predictor and head.
 
-    Ablations of paper Table 2 are switches on this one model:
-    ``decouple=False`` (graphs from :math:`f`'s own states), ``sparse=False``
+    Ablations of paper Table 2 are switches of :meth:`text`:
+    ``decouple=False`` (graphs from :math:`f`'s own states: no separate emitter,
+    the feature predictors are :class:`FeatureGraphEmitter`), ``sparse=False``
     (softmax), ``num_layers=1`` (not hierarchical), ``objective='sequence'``
     (decode from the mean-pooled prefix, resp. suffix, instead of the unit's
     own feature: a sequence-level objective) and ``context_length=1``.
 
     Args:
-        num_tokens (int): vocabulary size.
-        hidden_channels (int): width of embeddings, CNNs and features.
-        num_layers (int): graph layers :math:`L`. heads (int): graphs per layer.
-        context_length (int): :math:`D`. num_positions (int): positions
-            sampled per sequence and step while training.
-        update (str): feature update ``'gru'`` or ``'residual'``.
-        bidirectional (bool): train the backward network too.
-        position (str, optional): ``'relative'``: a learned distance term in
-            the graph scores (an extension of the paper, see
-            :class:`GraphScorer`). position_frequencies, position_period: its
-            Fourier terms.
+        feature_predictors (mapping): direction (``'forward'``, ``'backward'``) ->
+            :class:`FeaturePredictor`.
+        context_heads (mapping): direction -> context head (:class:`ContextDecoder`).
+        emitters (mapping, optional): direction -> graph emitter; ``None`` when
+            the feature predictors score their own graphs (``decouple=False``).
+        num_positions (int): positions sampled per sequence and step while
+            training. (default: :obj:`20`)
+        objective (str): ``'unit'`` or ``'sequence'``. (default: :obj:`'unit'`)
         keep_alive (float): weight :math:`\lambda` of a keep-alive penalty
             (an extension of the paper): while training, the loss gains
             :math:`\lambda` times the mean over layers, heads and targets of
@@ -70,89 +70,176 @@ class Glomo(torch.nn.Module):
             get no gradient from the objective, so without it a head can die
             for good (docs/training.md). (default: :obj:`0.`)
         keep_alive_margin (float): :math:`\delta`. (default: :obj:`0.1`)
-        layout (str): graph layout, ``'sparse'``, ``'dense'`` or ``'auto'``
-            (see :class:`GraphPredictor`); same results, different speed.
-        Others as in :class:`GraphPredictor` and :class:`ContextDecoder`.
 
     Shapes:
         - **input:** token ids :math:`(N)`, sorted batch vector :math:`(N)`
         - **output:** :class:`GlomoOutput` (scalar loss, metrics)
     """
 
-    def __init__(self, num_tokens: int, hidden_channels: int = 512, num_layers: int = 3,
-                 heads: int = 8, head_channels: Optional[int] = None, context_length: int = 3,
-                 num_positions: int = 20, update: str = "gru", decoder_layers: int = 2,
-                 cnn_layers: int = 4, kernel_size: int = 3, norm: Optional[str] = "layer",
-                 bias: str = "scalar", include_self: bool = False, sparse: bool = True,
-                 decouple: bool = True, objective: str = "unit", bidirectional: bool = True,
-                 dropout: float = 0.0, padding_idx: Optional[int] = None,
-                 block_size: int = 1 << 22, layout: str = "sparse",
-                 position: Optional[str] = None, position_frequencies: int = 16,
-                 position_period: float = 512.0, keep_alive: float = 0.0,
+    def __init__(self, feature_predictors: Mapping[str, FeaturePredictor],
+                 context_heads: Mapping[str, ContextDecoder],
+                 emitters: Optional[Mapping[str, GraphEmitter]] = None, *,
+                 num_positions: int = 20, objective: str = "unit", keep_alive: float = 0.0,
                  keep_alive_margin: float = 0.1):
         super().__init__()
+        directions = tuple(d for d in DIRECTIONS if d in feature_predictors)
+        if not directions or set(feature_predictors) - set(DIRECTIONS):
+            raise ValueError(f"feature_predictors must map a non-empty subset of {DIRECTIONS} "
+                             f"to feature predictors, got {sorted(feature_predictors)}")
+        if set(context_heads) != set(directions):
+            raise ValueError(f"context_heads must cover the same directions as the feature "
+                             f"predictors ({directions}), got {sorted(context_heads)}")
+        if emitters is not None and set(emitters) != set(directions):
+            raise ValueError(f"emitters must cover the same directions as the feature predictors "
+                             f"({directions}), got {sorted(emitters)}")
         if not (0.0 <= float(keep_alive) < float("inf")) or not \
                 (0.0 < float(keep_alive_margin) < float("inf")):
             raise ValueError("keep_alive must be a finite number >= 0 and keep_alive_margin a "
                              f"finite number > 0, got {keep_alive!r}, {keep_alive_margin!r}")
-        if keep_alive and not decouple:
-            raise ValueError("keep_alive applies to the graph predictor g (decouple=True)")
-        if keep_alive and not sparse:
-            raise ValueError("keep_alive is for squared-ReLU graphs (sparse=True); softmax "
-                             "graphs have no empty columns")
-        self.keep_alive, self.keep_alive_margin = float(keep_alive), float(keep_alive_margin)
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
         if num_positions < 1:
             raise ValueError(f"num_positions must be >= 1, got {num_positions}")
+        for d in directions:
+            fp = feature_predictors[d]
+            if not isinstance(fp, FeaturePredictor):
+                raise TypeError(f"the {d} feature predictor must be a FeaturePredictor, got "
+                                f"{type(fp).__name__}")
+            if emitters is None:
+                if not isinstance(fp, GraphEmitter):
+                    raise ValueError("without emitters the feature predictors must score their "
+                                     "own graphs (FeatureGraphEmitter, decouple=False)")
+                g = fp
+            else:
+                g = emitters[d]
+                if not isinstance(g, GraphEmitter):
+                    raise TypeError(f"the {d} emitter must be a GraphEmitter, got "
+                                    f"{type(g).__name__}")
+                if (g.num_layers, g.heads) != (fp.num_layers, fp.heads):
+                    raise ValueError(f"the {d} emitter has {g.num_layers} layers x {g.heads} "
+                                     f"heads, its feature predictor {fp.num_layers} x {fp.heads}")
+            if g.direction != d:
+                raise ValueError(f"the {d} emitter was built for direction {g.direction!r}")
+        if keep_alive and emitters is None:
+            raise ValueError("keep_alive applies to the graph predictor g (decouple=True)")
+        self.keep_alive, self.keep_alive_margin = float(keep_alive), float(keep_alive_margin)
+        self.num_positions, self.objective = num_positions, objective
+        self.directions = directions
+        self.decouple = emitters is not None
+        first = feature_predictors[directions[0]]
+        self.num_tokens = first.encoder.num_tokens
+        self.context_length = context_heads[directions[0]].context_length
+        self.graph_predictors = torch.nn.ModuleDict(
+            {_KEY[d]: emitters[d] for d in directions} if emitters is not None else {})
+        self.feature_predictors = torch.nn.ModuleDict({_KEY[d]: feature_predictors[d]
+                                                       for d in directions})
+        self.decoders = torch.nn.ModuleDict({_KEY[d]: context_heads[d] for d in directions})
+
+    @classmethod
+    def text(cls, num_tokens: int, hidden_channels: int = 512, num_layers: int = 3,
+             heads: int = 8, head_channels: Optional[int] = None, context_length: int = 3,
+             num_positions: int = 20, update: str = "gru", decoder_layers: int = 2,
+             cnn_layers: int = 4, kernel_size: int = 3, norm: Optional[str] = "layer",
+             bias: str = "scalar", include_self: bool = False, sparse: bool = True,
+             decouple: bool = True, objective: str = "unit", bidirectional: bool = True,
+             dropout: float = 0.0, padding_idx: Optional[int] = None,
+             block_size: int = 1 << 22, position: Optional[str] = None,
+             position_frequencies: int = 16, position_period: float = 512.0,
+             keep_alive: float = 0.0, keep_alive_margin: float = 0.1) -> "Glomo":
+        r"""The paper's text model over a vocabulary of ``num_tokens`` token ids.
+
+        Per direction: a :class:`GraphPredictor` (causal key/query CNNs, paper
+        Eq. 1), a :class:`FeaturePredictor` with ``update`` cells, and a
+        :class:`ContextDecoder` tied to the feature predictor's embedding.
+
+        Args:
+            hidden_channels (int): width of embeddings, CNNs and features.
+            num_layers (int): graph layers :math:`L`. heads (int): graphs per layer.
+            context_length (int): :math:`D`. update (str): ``'gru'`` or ``'residual'``.
+            bidirectional (bool): train the backward network too.
+            position (str, optional): ``'relative'``: a learned distance term in
+                the graph scores (an extension of the paper, see
+                :class:`GraphScorer`). position_frequencies, position_period: its
+                Fourier terms.
+            decouple (bool): ``False`` is the "-decouple" ablation.
+            Others as in :class:`GraphPredictor`, :class:`ContextDecoder` and
+            :class:`Glomo`.
+        """
+        if keep_alive and not sparse:
+            raise ValueError("keep_alive is for squared-ReLU graphs (sparse=True); softmax "
+                             "graphs have no empty columns")
+        if keep_alive and not decouple:
+            raise ValueError("keep_alive applies to the graph predictor g (decouple=True)")
         head_channels = resolve_head_channels(hidden_channels, heads, head_channels)
-        self.num_tokens, self.num_positions, self.objective = num_tokens, num_positions, objective
-        self.context_length, self.decouple = context_length, decouple
-        self.directions = ("forward", "backward") if bidirectional else ("forward",)
+        directions = ("forward", "backward") if bidirectional else ("forward",)
         graph_kwargs = dict(num_layers=num_layers, heads=heads, head_channels=head_channels,
                             include_self=include_self, sparse=sparse, bias=bias,
                             block_size=block_size, position=position,
                             position_frequencies=position_frequencies,
                             position_period=position_period)
-        self.graph_predictors = torch.nn.ModuleDict()
-        self.feature_predictors = torch.nn.ModuleDict()
-        self.decoders = torch.nn.ModuleDict()
-        for d in self.directions:
+        emitters, features, decoders = {}, {}, {}
+        for d in directions:
             if decouple:
-                self.graph_predictors[_KEY[d]] = GraphPredictor(
+                emitters[d] = GraphPredictor(
                     num_tokens=num_tokens, hidden_channels=hidden_channels, direction=d,
                     cnn_layers=cnn_layers, kernel_size=kernel_size, norm=norm,
-                    padding_idx=padding_idx, dropout=dropout, layout=layout, **graph_kwargs)
-                scorer_kwargs = {}
+                    padding_idx=padding_idx, dropout=dropout, **graph_kwargs)
+                features[d] = FeaturePredictor(
+                    num_tokens=num_tokens, hidden_channels=hidden_channels, num_layers=num_layers,
+                    heads=heads, update=update, decouple=True, padding_idx=padding_idx,
+                    dropout=dropout)
             else:
-                scorer_kwargs = dict(graph_kwargs, direction=d)
-                scorer_kwargs.pop("num_layers")
-                scorer_kwargs.pop("heads")
-            self.feature_predictors[_KEY[d]] = FeaturePredictor(
-                num_tokens=num_tokens, hidden_channels=hidden_channels, num_layers=num_layers,
-                heads=heads, update=update, decouple=decouple, padding_idx=padding_idx,
-                dropout=dropout, layout=layout, **scorer_kwargs)
-            self.decoders[_KEY[d]] = ContextDecoder(
-                self.feature_predictors[_KEY[d]].embedding, hidden_channels, context_length,
-                decoder_layers, dropout)
+                scorer_kwargs = {k: v for k, v in graph_kwargs.items()
+                                 if k not in ("num_layers", "heads")}
+                features[d] = FeatureGraphEmitter(
+                    num_tokens=num_tokens, hidden_channels=hidden_channels, num_layers=num_layers,
+                    heads=heads, update=update, padding_idx=padding_idx, dropout=dropout,
+                    direction=d, **scorer_kwargs)
+            decoders[d] = ContextDecoder(features[d].embedding, hidden_channels, context_length,
+                                         decoder_layers, dropout)
+        return cls(features, decoders, emitters if decouple else None,
+                   num_positions=num_positions, objective=objective, keep_alive=keep_alive,
+                   keep_alive_margin=keep_alive_margin)
+
+    # --- parts --------------------------------------------------------------------
+    def emitter(self, direction: str) -> GraphEmitter:
+        """The module that emits ``direction``'s graphs (g, or the self-scoring feature
+        predictor with ``decouple=False``)."""
+        if direction not in self.directions:
+            raise ValueError(f"direction must be one of {self.directions}, got {direction!r}")
+        parts = self.graph_predictors if self.decouple else self.feature_predictors
+        return parts[_KEY[direction]]
+
+    def set_layout(self, layout: str) -> "Glomo":
+        """Emit graphs in ``layout`` (``'sparse'``, ``'dense'`` or ``'auto'``) from now on:
+        same graphs and results, different speed; not part of the model."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        for d in self.directions:
+            self.emitter(d).set_layout(layout)
+        return self
+
+    def to_pretrained(self, vocabulary: Optional[Sequence[str]] = None
+                      ) -> PretrainedGraphPredictor:
+        """The graph-emitting parts (copied; the feature predictor and heads are left
+        behind, as the paper discards :math:`f`), as the frozen-for-transfer
+        :class:`PretrainedGraphPredictor`, in eval mode."""
+        parts = {d: copy.deepcopy(self.emitter(d)) for d in self.directions}
+        return PretrainedGraphPredictor(parts.get("forward"), parts.get("backward"),
+                                        vocabulary).eval()
 
     def graph_parameters(self):
         """Parameters that only shape the graphs (g's, or the scorers with
         ``decouple=False``): training recipes give them their own learning rate."""
-        for module in (*self.graph_predictors.values(),
-                       *(fp.scorer for fp in self.feature_predictors.values() if fp.scorer is not None)):
-            yield from module.parameters()
+        for d in self.directions:
+            emitter = self.emitter(d)
+            yield from (emitter.parameters() if self.decouple else emitter.scorer.parameters())
 
     # --- graphs -------------------------------------------------------------------
     def graphs(self, x: Tensor, batch: Optional[Tensor] = None) -> DirectionalGraphs:
         """Forward and backward :class:`LatentGraphs` for the units ``x``."""
         sequences = self._sequences(x, batch)
-        out = {}
-        for d in self.directions:
-            if self.decouple:
-                out[d] = self.graph_predictors[_KEY[d]].from_sequences(x, sequences)
-            else:
-                out[d] = self.feature_predictors[_KEY[d]].from_sequences(x, sequences)[1]
+        out = {d: self.emitter(d).emit(x, sequences) for d in self.directions}
         return DirectionalGraphs(out.get("forward"), out.get("backward"))
 
     def features(self, x: Tensor, batch: Optional[Tensor] = None, direction: str = "forward"):
@@ -191,8 +278,7 @@ class Glomo(torch.nn.Module):
         return GlomoOutput(loss, metrics)
 
     def _sequences(self, x: Tensor, batch: Optional[Tensor]) -> SequenceBatch:
-        encoder = self.feature_predictors[_KEY[self.directions[0]]].encoder
-        encoder.check(x)
+        self.feature_predictors[_KEY[self.directions[0]]].encoder.check(x)
         return sequence_batch(x.size(0), batch, x.device)
 
     def _features(self, x: Tensor, sequences: SequenceBatch, direction: str,
@@ -202,7 +288,8 @@ class Glomo(torch.nn.Module):
             raise ValueError(f"direction must be one of {self.directions}, got {direction!r}")
         graphs, maxima = None, None
         if self.decouple:
-            out = self.graph_predictors[_KEY[direction]].from_sequences(x, sequences, column_max)
+            out = self.graph_predictors[_KEY[direction]].emit(x, sequences,
+                                                              return_column_max=column_max)
             graphs, maxima = out if column_max else (out, None)
         f, graphs = self.feature_predictors[_KEY[direction]].from_sequences(x, sequences, graphs)
         return f, graphs, maxima

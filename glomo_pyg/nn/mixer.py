@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from glomo_pyg.graphs import LatentGraphs
-from glomo_pyg.nn.functional import DIRECTIONS, dense_head_propagate, head_propagate
+from glomo_pyg.ordering import DIRECTIONS
 from glomo_pyg.sequences import check_features
 
 MIXINGS = ("free", "conditioned")
@@ -43,7 +43,7 @@ class GraphMixer(torch.nn.Module):
     Every component propagates *all* channels of :math:`H`, so :math:`H` may
     have any width, unrelated to the predictor's. :math:`H\Lambda^l` is
     computed by chained propagation, :math:`P^1 = HG^1`,
-    :math:`P^l = P^{l-1} G^l`, with :func:`~glomo_pyg.nn.functional.head_propagate`
+    :math:`P^l = P^{l-1} G^l`, with :meth:`LatentGraphs.propagate`
     (the aggregation of :class:`GlomoConv`), never by multiplying or
     densifying graphs. All heads of a layer run as one sparse product (or,
     for graphs in the dense layout, one batched matmul over the blocks).
@@ -142,7 +142,8 @@ class GraphMixer(torch.nn.Module):
             selected = l in self.layers
             if not selected and not use_chain:
                 continue
-            propagate = self._propagator(graphs, l, x.dtype)
+            def propagate(features: Tensor, layer: int = l) -> Tensor:
+                return graphs.propagate(features, layer)
             direct = None  # [H, N, C]: H G^{l,h} for every head
             if use_graph and selected or use_chain and l == 0:
                 direct = propagate(x)
@@ -156,19 +157,13 @@ class GraphMixer(torch.nn.Module):
                     out = out + torch.einsum(spec, w[..., len(self.kinds) - 1, i, :], chain)
         return out
 
-    def _propagator(self, graphs: LatentGraphs, l: int, dtype: torch.dtype):
-        """``x [N, C] or [H, N, C] -> [H, N, C]`` along layer ``l``, in the graphs' layout."""
-        if graphs.layout == "dense":
-            block, seqs = graphs.dense_layer(l), graphs.sequences
-            return lambda x: dense_head_propagate(x, block, seqs.ptr, seqs.position, seqs.batch)
-        edge_index, edge_weight, edge_head = graphs.layer(l)
-        edge_weight = edge_weight.to(dtype)
-        return lambda x: head_propagate(x, edge_index, edge_weight, edge_head, self.heads)
-
     def _check_graphs(self, x: Tensor, graphs: GraphsArg) -> List[LatentGraphs]:
         if isinstance(graphs, LatentGraphs):
             graphs = [graphs]
         graphs = list(graphs)
+        bad = [type(g).__name__ for g in graphs if g is not None and not isinstance(g, LatentGraphs)]
+        if bad:
+            raise TypeError(f"graphs must be LatentGraphs (or None), got {bad}")
         by_direction = {g.direction: g for g in graphs if g is not None}
         missing = [d for d in self.directions if d not in by_direction]
         if missing:

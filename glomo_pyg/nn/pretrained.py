@@ -2,37 +2,49 @@
 vocabulary it reads (paper Sec. 2.2: after pretraining, f is discarded)."""
 from __future__ import annotations
 
-import copy
-from typing import List, Optional, Sequence, Union
+import warnings
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from glomo_pyg.nn.feature_predictor import FeaturePredictor
-from glomo_pyg.nn.glomo import _KEY, DirectionalGraphs, Glomo
-from glomo_pyg.nn.graph_predictor import GraphPredictor
+from glomo_pyg.graphs import DIRECTION_KEYS as _KEY
+from glomo_pyg.graphs import DirectionalGraphs
+from glomo_pyg.nn.emitter import GraphEmitter
 from glomo_pyg.sequences import sequence_batch
 
-GraphSource = Union[GraphPredictor, FeaturePredictor]
+# Saving and loading live in glomo_pyg.io (nn holds no file I/O and does not import
+# io); io registers its two functions here when it is imported, which importing
+# glomo_pyg always does.
+_PERSISTENCE: Dict[str, Callable] = {}
 
 
-def _direction_of(module: GraphSource) -> str:
-    return module.direction if isinstance(module, GraphPredictor) else module.scorer.direction
+def register_persistence(save: Callable, load: Callable) -> None:
+    _PERSISTENCE.update(save=save, load=load)
+
+
+def _persistence(name: str) -> Callable:
+    if name not in _PERSISTENCE:
+        raise RuntimeError("saving and loading need glomo_pyg.io: import glomo_pyg")
+    return _PERSISTENCE[name]
 
 
 class PretrainedGraphPredictor(torch.nn.Module):
     r"""The graph predictor :math:`g` of both directions, as transfer uses it.
 
-    Each direction is a :class:`GraphPredictor` or, for the "-decouple"
-    ablation, a :class:`FeaturePredictor` with ``decouple=False`` (whose
-    graphs come from its own states). Both directions must agree on layers,
+    Each direction is a graph emitter (:class:`~glomo_pyg.nn.emitter.GraphEmitter`):
+    a :class:`GraphPredictor` or, for the "-decouple" ablation, a
+    :class:`~glomo_pyg.nn.FeatureGraphEmitter` (whose graphs come from its own
+    states). Both directions must agree on layers,
     heads and input (token ids from the same vocabulary, or features of the
     same width). ``vocabulary`` (token strings, id = index) travels with the
     weights, so downstream data can be encoded the way the predictor reads it.
 
-    Build one from a trained :class:`Glomo` with :meth:`from_glomo`, persist it
-    with :meth:`save_pretrained` and restore it with :meth:`from_pretrained`
-    (a JSON config plus safetensors weights; nothing is unpickled).
+    Build one from a trained :class:`Glomo` with :meth:`Glomo.to_pretrained`,
+    persist it with :meth:`save_pretrained` and restore it with
+    :meth:`from_pretrained` (a JSON config plus safetensors weights; nothing is
+    unpickled; implemented in :mod:`glomo_pyg.io`). The graph layout is a
+    run-time choice: :meth:`set_layout`.
 
     Args:
         forward_predictor, backward_predictor: the two directions (either may
@@ -45,32 +57,29 @@ class PretrainedGraphPredictor(torch.nn.Module):
         - **output:** :class:`~glomo_pyg.DirectionalGraphs`
     """
 
-    def __init__(self, forward_predictor: Optional[GraphSource] = None,
-                 backward_predictor: Optional[GraphSource] = None,
+    def __init__(self, forward_predictor: Optional[GraphEmitter] = None,
+                 backward_predictor: Optional[GraphEmitter] = None,
                  vocabulary: Optional[Sequence[str]] = None):
         super().__init__()
         self.predictors = torch.nn.ModuleDict()
         for direction, module in (("forward", forward_predictor), ("backward", backward_predictor)):
             if module is None:
                 continue
-            if isinstance(module, FeaturePredictor) and module.scorer is None:
-                raise TypeError("a FeaturePredictor emits graphs only with decouple=False; "
-                                "pass the GraphPredictor instead")
-            if not isinstance(module, (GraphPredictor, FeaturePredictor)):
-                raise TypeError(f"{direction} predictor must be a GraphPredictor or a "
-                                f"FeaturePredictor(decouple=False), got {type(module).__name__}")
-            if _direction_of(module) != direction:
+            if not isinstance(module, GraphEmitter):
+                raise TypeError(f"{direction} predictor must be a graph emitter (GraphPredictor, "
+                                f"FeatureGraphEmitter, ...), got {type(module).__name__}")
+            if module.direction != direction:
                 raise ValueError(f"the {direction} predictor was built for direction "
-                                 f"{_direction_of(module)!r}")
+                                 f"{module.direction!r}")
             self.predictors[_KEY[direction]] = module
         if not len(self.predictors):
             raise ValueError("give at least one of forward_predictor and backward_predictor")
         first = next(iter(self.predictors.values()))
         for module in self.predictors.values():
-            mine = (module.num_layers, module.heads, module.encoder.num_tokens,
-                    module.encoder.in_channels, self._include_self(module))
-            theirs = (first.num_layers, first.heads, first.encoder.num_tokens,
-                      first.encoder.in_channels, self._include_self(first))
+            mine = (module.num_layers, module.heads, module.num_tokens, module.in_channels,
+                    module.include_self)
+            theirs = (first.num_layers, first.heads, first.num_tokens, first.in_channels,
+                      first.include_self)
             if mine != theirs:
                 raise ValueError("the two directions disagree on (layers, heads, num_tokens, "
                                  f"in_channels, include_self): {theirs} vs {mine}")
@@ -84,25 +93,20 @@ class PretrainedGraphPredictor(torch.nn.Module):
                                  f"embeds {self.num_tokens} token ids")
         self.vocabulary: Optional[List[str]] = vocabulary
 
-    @staticmethod
-    def _include_self(module: GraphSource) -> bool:
-        return module.scorer.include_self
-
     @classmethod
-    def from_glomo(cls, model: Glomo, vocabulary: Optional[Sequence[str]] = None) -> "PretrainedGraphPredictor":
-        """The graph-emitting parts of a pretrained :class:`Glomo` (copied; the
-        feature predictor and decoders are left behind, as the paper discards
-        :math:`f`), in eval mode."""
-        sources = model.graph_predictors if model.decouple else model.feature_predictors
-        parts = {d: copy.deepcopy(sources[_KEY[d]]) for d in model.directions}
-        return cls(parts.get("forward"), parts.get("backward"), vocabulary).eval()
+    def from_glomo(cls, model, vocabulary: Optional[Sequence[str]] = None
+                   ) -> "PretrainedGraphPredictor":
+        """Deprecated: use :meth:`Glomo.to_pretrained`."""
+        warnings.warn("PretrainedGraphPredictor.from_glomo(model, vocabulary) is deprecated: "
+                      "use model.to_pretrained(vocabulary)", DeprecationWarning, stacklevel=2)
+        return model.to_pretrained(vocabulary)
 
     # --- description --------------------------------------------------------------
     @property
     def directions(self) -> tuple:
         return tuple(d for d in ("forward", "backward") if _KEY[d] in self.predictors)
 
-    def predictor(self, direction: str) -> GraphSource:
+    def predictor(self, direction: str) -> GraphEmitter:
         if direction not in self.directions:
             raise ValueError(f"this predictor has directions {self.directions}, not {direction!r}")
         return self.predictors[_KEY[direction]]
@@ -117,28 +121,29 @@ class PretrainedGraphPredictor(torch.nn.Module):
 
     @property
     def include_self(self) -> bool:
-        return self._include_self(self.predictor(self.directions[0]))
+        return self.predictor(self.directions[0]).include_self
 
     @property
     def num_tokens(self) -> Optional[int]:
-        return self.predictor(self.directions[0]).encoder.num_tokens
+        return self.predictor(self.directions[0]).num_tokens
 
     @property
     def in_channels(self) -> Optional[int]:
-        return self.predictor(self.directions[0]).encoder.in_channels
+        return self.predictor(self.directions[0]).in_channels
+
+    def set_layout(self, layout: str) -> "PretrainedGraphPredictor":
+        """Emit graphs in ``layout`` (``'sparse'``, ``'dense'`` or ``'auto'``) from now
+        on, in both directions; same graphs, different speed (not saved)."""
+        for module in self.predictors.values():
+            module.set_layout(layout)
+        return self
 
     # --- graphs -------------------------------------------------------------------
-    def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> DirectionalGraphs:
-        encoder = self.predictor(self.directions[0]).encoder
-        encoder.check(x)
+    def forward(self, x: Tensor, batch: Optional[Tensor] = None,
+                layout: Optional[str] = None) -> DirectionalGraphs:
+        self.predictor(self.directions[0]).check_input(x)
         sequences = sequence_batch(x.size(0), batch, x.device)
-        out = {}
-        for d in self.directions:
-            module = self.predictors[_KEY[d]]
-            if isinstance(module, GraphPredictor):
-                out[d] = module.from_sequences(x, sequences)
-            else:
-                out[d] = module.from_sequences(x, sequences)[1]
+        out = {d: self.predictors[_KEY[d]].emit(x, sequences, layout) for d in self.directions}
         return DirectionalGraphs(out.get("forward"), out.get("backward"))
 
     def encode(self, tokens: Sequence[str], unknown: Optional[str] = None) -> Tensor:
@@ -165,16 +170,14 @@ class PretrainedGraphPredictor(torch.nn.Module):
     def save_pretrained(self, path) -> None:
         """Write ``config.json`` and ``model.safetensors`` into directory ``path``;
         see :func:`glomo_pyg.io.save_pretrained`."""
-        from glomo_pyg.io.pretrained import save_pretrained
-        save_pretrained(self, path)
+        _persistence("save")(self, path)
 
     @classmethod
     def from_pretrained(cls, path, map_location=None,
                         vocabulary: Optional[Sequence[str]] = None) -> "PretrainedGraphPredictor":
         """Load a predictor written by :meth:`save_pretrained` (eval mode); see
         :func:`glomo_pyg.io.load_pretrained`."""
-        from glomo_pyg.io.pretrained import load_pretrained
-        return load_pretrained(path, map_location=map_location, vocabulary=vocabulary)
+        return _persistence("load")(path, map_location=map_location, vocabulary=vocabulary)
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{d}={self.predictors[_KEY[d]]!r}" for d in self.directions)

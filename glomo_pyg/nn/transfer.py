@@ -6,9 +6,8 @@ from typing import List, Optional, Sequence
 import torch
 from torch import Tensor
 
-from glomo_pyg.graphs import LatentGraphs
+from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
 from glomo_pyg.nn.fusion import GatedFusion
-from glomo_pyg.nn.glomo import DirectionalGraphs
 from glomo_pyg.nn.mixer import GraphMixer
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 from glomo_pyg.sequences import check_features, sequence_batch
@@ -67,7 +66,7 @@ class GlomoTransfer(torch.nn.Module):
         super().__init__()
         if not isinstance(predictor, PretrainedGraphPredictor):
             raise TypeError("predictor must be a PretrainedGraphPredictor (from "
-                            "PretrainedGraphPredictor.from_pretrained(...) or .from_glomo(...)), "
+                            "PretrainedGraphPredictor.from_pretrained(...) or Glomo.to_pretrained(...)), "
                             f"got {type(predictor).__name__}")
         if graph not in GRAPHS:
             raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")

@@ -32,7 +32,9 @@ class GlomoPretraining(pl.LightningModule):
     both measured settings (docs/training.md).
 
     Args:
-        model_kwargs: arguments of :class:`~glomo_pyg.Glomo`.
+        model_kwargs: arguments of :meth:`Glomo.text <glomo_pyg.Glomo.text>`, plus
+            optionally ``layout`` (``'sparse'``, ``'dense'``, ``'auto'``: a run-time
+            choice of graph layout, applied with :meth:`Glomo.set_layout`).
         lr (float): Adam learning rate. (default: :obj:`3e-3`)
         graph_lr_scale (float): learning-rate factor for the graph
             predictor after warm-up. (default: :obj:`1.0`)
@@ -57,7 +59,11 @@ class GlomoPretraining(pl.LightningModule):
         if not 0 <= momentum < 1:
             raise ValueError(f"momentum must lie in [0, 1), got {momentum}")
         self.save_hyperparameters()
-        self.model = Glomo(**model_kwargs)
+        kwargs = dict(model_kwargs)
+        layout = kwargs.pop("layout", None)
+        self.model = Glomo.text(**kwargs)
+        if layout is not None:
+            self.model.set_layout(layout)
 
     def forward(self, x: torch.Tensor, batch: Optional[torch.Tensor] = None):
         return self.model(x, batch)

@@ -2,9 +2,7 @@
 how well the learned graphs recover the planted sources."""
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import os
 import time
 import warnings
@@ -16,11 +14,11 @@ import torch
 from torch_geometric.loader import DataLoader
 
 from glomo_pyg.data.synthetic import PlantedDependencyCorpus
-from glomo_pyg.evaluation import RecoveryReport, planted_source_recovery
+from glomo_pyg.analysis.recovery import RecoveryReport, planted_source_recovery
 from glomo_pyg.io.pretrained import save_pretrained
 from glomo_pyg.nn.glomo import Glomo
-from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 from glomo_pyg.training.pretraining import GlomoPretraining
+from glomo_pyg.training.utils import quiet_lightning
 
 # Validation and test items: disjoint index ranges of the training corpus's language.
 VALID_START, TEST_START = 10**7, 2 * 10**7
@@ -101,20 +99,6 @@ class QuickstartResult:
                     density=list(self.density))
 
 
-@contextlib.contextmanager
-def quiet_lightning():
-    """Hide Lightning's informational banners (device summary, tips) in this job's output."""
-    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
-
-
 @torch.no_grad()
 def _evaluate(model, test_batch):
     model.eval()
@@ -165,6 +149,6 @@ def run_quickstart(config: QuickstartConfig = QuickstartConfig()) -> QuickstartR
         os.makedirs(config.output_dir, exist_ok=True)
         with open(os.path.join(config.output_dir, "quickstart.json"), "w") as fh:
             json.dump(dict(config=asdict(config), result=result.to_dict()), fh, indent=2)
-        predictor = PretrainedGraphPredictor.from_glomo(module.model, train.vocab.tokens())
+        predictor = module.model.to_pretrained(train.vocab.tokens())
         save_pretrained(predictor, predictor_dir(config.output_dir))
     return result

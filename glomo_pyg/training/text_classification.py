@@ -15,7 +15,7 @@ from torch_geometric.data import Data
 from torch_geometric.loader import DataLoader
 
 from glomo_pyg.data.text import WordVocabulary, tokenize
-from glomo_pyg.training.quickstart import quiet_lightning
+from glomo_pyg.training.utils import quiet_lightning
 
 
 def encode_documents(texts: Sequence[str], labels: Sequence[int], vocabulary: WordVocabulary,

@@ -40,7 +40,7 @@ from glomo_pyg.data.tokens import (ResumableLoader, ResumableSampler, TokenWindo
                                    read_shard_index, write_token_shards)
 from glomo_pyg.training.graph_statistics import GraphStatistics
 from glomo_pyg.training.pretraining import GlomoPretraining
-from glomo_pyg.training.quickstart import quiet_lightning
+from glomo_pyg.training.utils import quiet_lightning
 
 CORPUS_FORMATS = ("text", "aclimdb")
 LOGGERS = ("csv", "tensorboard")
@@ -351,7 +351,6 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
     to ``<output>/pretrain.json``). ``prepare_only`` stops after the corpus (tokens and
     vocabulary): do that once before a multi-node run whose nodes share the folder."""
     from glomo_pyg.io.pretrained import save_pretrained
-    from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 
     config.validate()
     if _is_launcher_child():
@@ -421,7 +420,7 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
                    train_loss=float(trainer.callback_metrics.get("train_loss", float("nan"))),
                    val_loss=float(trainer.callback_metrics.get("val_loss", float("nan"))))
     if trainer.is_global_zero:
-        predictor = PretrainedGraphPredictor.from_glomo(module.model.cpu(), vocab.tokens())
+        predictor = module.model.cpu().to_pretrained(vocab.tokens())
         save_pretrained(predictor, os.path.join(out, "predictor"))
         with open(os.path.join(out, "pretrain.json"), "w") as fh:
             json.dump(summary, fh, indent=1)

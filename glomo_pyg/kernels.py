@@ -1,0 +1,559 @@
+"""Kernels behind the GLoMo layers (no modules, no state).
+
+Two operations carry all the arithmetic of the library:
+
+* :func:`latent_graph_edges` turns per-head keys and queries into the pruned,
+  column-normalised graphs of paper Eq. 1, emitted as target-sorted edge lists.
+  It works block by block (never more than ``block_size`` dense scores per
+  head at a time) and its backward recomputes scores block by block, so memory
+  is O(E + block) in training as well as in inference.
+* :func:`weighted_spmm` multiplies a sparse row-sorted matrix by dense
+  features as one CSR spmm, with gradients to both the edge weights (a sampled
+  dense-dense product) and the features, never materialising ``[E, C]``
+  messages.
+
+Orientation (used everywhere in glomo_pyg): ``G[i, j]`` is the weight of the
+edge from source ``i`` to target ``j``; each target's incoming weights sum to 1
+or it has no incoming edge at all.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from glomo_pyg.ordering import DIRECTIONS, SequenceOrder
+
+NORMALIZATIONS = ("relu2", "softmax")
+
+
+def _block_plan(num_seqs: int, max_len: int, block_size: int) -> Tuple[int, int]:
+    """Sequences per block and targets per block so a block holds at most
+    ``block_size`` scores. Target tiling only happens one sequence at a time,
+    which keeps emission sorted by flat target id without a global sort."""
+    if max_len * max_len <= block_size:
+        return max(1, min(num_seqs, block_size // (max_len * max_len))), max_len
+    return 1, max(1, block_size // max_len)
+
+
+def _allowed(j0: int, j1: int, i0: int, i1: int, lengths: Tensor, direction: str,
+             include_self: bool) -> Tensor:
+    """``[Bg, tj, ti]`` mask of allowed (target j, source i) pairs in a block."""
+    return SequenceOrder(direction, include_self).block_mask(j0, j1, i0, i1, lengths)
+
+
+def _normalise(scores: Tensor, allowed: Tensor, normalization: str):
+    """Column-normalised weights of one block (last dim = sources).
+
+    Squared ReLU is computed relative to each target's largest score, which is
+    the same quantity (the ratio cancels) but can neither overflow nor turn a
+    non-empty column into 0/0. Returns the weights and what backward needs.
+    """
+    if normalization == "relu2":
+        a = torch.where(allowed, scores.clamp_min(0.0), torch.zeros((), device=scores.device))
+        m = a.amax(-1, keepdim=True)
+        u = a / torch.where(m > 0, m, torch.ones((), device=m.device))
+        r = u * u
+        d = r.sum(-1, keepdim=True)
+        g = r / torch.where(d > 0, d, torch.ones((), device=d.device))
+        return g, (u, m, d)
+    masked = scores.masked_fill(~allowed, float("-inf"))
+    g = torch.softmax(masked, dim=-1)
+    g = torch.where(allowed, g, torch.zeros((), device=g.device))  # rows without sources: NaN -> 0
+    return g, None
+
+
+def _block_ranges(direction: str, j0: int, j1: int, max_len: int) -> Tuple[int, int]:
+    """Source range that can feed targets ``[j0, j1)``."""
+    return (0, j1) if direction == "forward" else (j0, max_len)
+
+
+# Blocks that batch several heads are capped at this many scores: bigger blocks no longer
+# amortise Python overhead and lose to cache misses (side-by-side measurement on CPU,
+# benchmarks/results/speed.md, "emission blocks").
+HEAD_BATCH_SCORES = 1 << 19
+
+
+def _head_plan(num_seqs: int, heads: int, max_len: int, block_size: int):
+    """Head ranges and the (sequences, targets) per block. Short sequences put all heads
+    into one block (one matmul instead of a Python loop over heads) when at least two
+    sequences' worth fit in ``HEAD_BATCH_SCORES`` scores; otherwise one head at a time."""
+    per_seq = heads * max_len * max_len  # all heads of one sequence
+    target = min(block_size, HEAD_BATCH_SCORES)
+    if heads > 1 and 2 * per_seq <= target:
+        group = max(1, min(num_seqs, target // per_seq))
+        return [(0, heads)], group, max_len
+    group, tile = _block_plan(num_seqs, max_len, block_size)
+    return [(h, h + 1) for h in range(heads)], group, tile
+
+
+def _blocks(num_seqs: int, heads: int, lengths_list: List[int], direction: str, block_size: int):
+    """``(h0, h1, b0, b1, j0, j1, i0, i1)`` of every block, in emission order."""
+    max_len = max(lengths_list, default=0)
+    head_ranges, group, tile = _head_plan(num_seqs, heads, max_len, block_size)
+    for h0, h1 in head_ranges:
+        for b0 in range(0, num_seqs, group):
+            b1 = min(num_seqs, b0 + group)
+            group_len = max(lengths_list[b0:b1], default=0)
+            for j0 in range(0, group_len, tile):
+                j1 = min(group_len, j0 + tile)
+                yield (h0, h1, b0, b1, j0, j1, *_block_ranges(direction, j0, j1, group_len))
+
+
+class _LatentGraphEdges(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, key: Tensor, query: Tensor, lengths: Tensor, ptr: Tensor, direction: str,
+                include_self: bool, normalization: str, block_size: int):
+        num_seqs, heads, _, _ = key.shape
+        dtype = torch.promote_types(key.dtype, torch.float32)  # fp32 for half types
+        k, q = key.to(dtype), query.to(dtype)
+        blocks = list(_blocks(num_seqs, heads, lengths.tolist(), direction, block_size))
+        # Per head, the segments of every block in block order: concatenated head by head,
+        # they give edges sorted by (head, target, source) without a global sort.
+        segments: List[List[Tuple[int, Tensor, Tensor, Tensor]]] = [[] for _ in range(heads)]
+        with torch.autocast(key.device.type, enabled=False):
+            for n, (h0, h1, b0, b1, j0, j1, i0, i1) in enumerate(blocks):
+                scores = q[b0:b1, h0:h1, j0:j1] @ k[b0:b1, h0:h1, i0:i1].transpose(-1, -2)
+                allowed = _allowed(j0, j1, i0, i1, lengths[b0:b1], direction, include_self)
+                g, _ = _normalise(scores, allowed.unsqueeze(1), normalization)
+                keep = (g > 0).transpose(0, 1)  # prune exact zeros only; [Hb, Bg, tj, ti]
+                hh, b, j, i = keep.nonzero(as_tuple=True)  # sorted by (head, b, j, i)
+                offset = ptr[b0 + b]
+                src, tgt, w = offset + (i0 + i), offset + (j0 + j), g.transpose(0, 1)[keep]
+                counts = torch.bincount(hh, minlength=h1 - h0).tolist() if h1 - h0 > 1 \
+                    else [hh.numel()]
+                for r, (s_, t_, w_) in enumerate(zip(src.split(counts), tgt.split(counts),
+                                                     w.split(counts))):
+                    segments[h0 + r].append((n, s_, t_, w_))
+        device = key.device
+        where: List[List[Tuple[int, int, int]]] = [[] for _ in blocks]  # (head, start, count)
+        srcs, tgts, weights, head_ids = [], [], [], []
+        start = 0
+        for h, segs in enumerate(segments):
+            for n, s_, t_, w_ in segs:
+                where[n].append((h, start, s_.numel()))
+                start += s_.numel()
+                srcs.append(s_)
+                tgts.append(t_)
+                weights.append(w_)
+                head_ids.append(torch.full_like(s_, h))
+        if srcs:
+            edge_index = torch.stack([torch.cat(srcs), torch.cat(tgts)])
+            edge_weight = torch.cat(weights)
+            edge_head = torch.cat(head_ids)
+        else:
+            edge_index = torch.empty(2, 0, dtype=torch.long, device=device)
+            edge_weight = torch.empty(0, dtype=dtype, device=device)
+            edge_head = torch.empty(0, dtype=torch.long, device=device)
+        ctx.save_for_backward(key, query, lengths, ptr, edge_index)
+        ctx.blocks, ctx.where = blocks, where
+        ctx.config = (direction, include_self, normalization)
+        ctx.mark_non_differentiable(edge_index, edge_head)
+        return edge_index, edge_weight, edge_head
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, _grad_index, grad_weight, _grad_head):
+        key, query, lengths, ptr, edge_index = ctx.saved_tensors
+        direction, include_self, normalization = ctx.config
+        dtype = torch.promote_types(key.dtype, torch.float32)
+        k, q = key.to(dtype), query.to(dtype)
+        dk = torch.zeros_like(k)
+        dq = torch.zeros_like(q)
+        if grad_weight is None:
+            return None, None, None, None, None, None, None, None
+        grad_weight = grad_weight.to(dtype)
+        src, tgt = edge_index
+        with torch.autocast(key.device.type, enabled=False):
+            for (h0, h1, b0, b1, j0, j1, i0, i1), where in zip(ctx.blocks, ctx.where):
+                kb, qb = k[b0:b1, h0:h1, i0:i1], q[b0:b1, h0:h1, j0:j1]
+                scores = qb @ kb.transpose(-1, -2)
+                allowed = _allowed(j0, j1, i0, i1, lengths[b0:b1], direction, include_self)
+                g, aux = _normalise(scores, allowed.unsqueeze(1), normalization)
+                grad_g = torch.zeros_like(g)
+                parts = [(h, a, c) for h, a, c in where if c]
+                if parts:
+                    idx = torch.cat([torch.arange(a, a + c, device=src.device) for _, a, c in parts])
+                    hh = torch.cat([torch.full((c,), h - h0, device=src.device) for h, _, c in parts])
+                    e_src, e_tgt = src[idx], tgt[idx]
+                    seq = torch.searchsorted(ptr, e_tgt, right=True) - 1
+                    grad_g[seq - b0, hh, e_tgt - ptr[seq] - j0, e_src - ptr[seq] - i0] = \
+                        grad_weight[idx]
+                centred = grad_g - (grad_g * g).sum(-1, keepdim=True)
+                if normalization == "relu2":
+                    u, m, d = aux
+                    scale = m * d
+                    grad_s = 2.0 * u / torch.where(scale > 0, scale, torch.ones((), device=scale.device)) * centred
+                else:
+                    grad_s = g * centred
+                dq[b0:b1, h0:h1, j0:j1] += grad_s @ kb
+                dk[b0:b1, h0:h1, i0:i1] += grad_s.transpose(-1, -2) @ qb
+        return dk.to(key.dtype), dq.to(query.dtype), None, None, None, None, None, None
+
+
+def _check_emission_args(key: Tensor, query: Tensor, direction: str, normalization: str) -> None:
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+    if key.dim() != 4 or key.shape != query.shape:
+        raise ValueError(f"key and query must both be [B, H, T, D], got {tuple(key.shape)} "
+                         f"and {tuple(query.shape)}")
+
+
+def latent_graph_edges(key: Tensor, query: Tensor, lengths: Tensor, ptr: Tensor, *,
+                       direction: str = "forward", include_self: bool = False,
+                       normalization: str = "relu2",
+                       block_size: int = 1 << 22) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""Emit the pruned, normalised graphs of paper Eq. 1 as edge lists.
+
+    With :math:`s_{ij} = k_i^\top q_j` (a bias is folded into ``key``/``query``
+    by the caller) and the allowed sources :math:`\mathcal{A}(j)` of target
+    :math:`j` (``i < j`` forward, ``i > j`` backward, ``=`` admitted with
+    ``include_self``; same sequence, not padding):
+
+    .. math::
+        G_{ij} = \frac{\mathrm{ReLU}(s_{ij})^2}
+                 {\sum_{i' \in \mathcal{A}(j)} \mathrm{ReLU}(s_{i'j})^2}
+
+    or a softmax over :math:`\mathcal{A}(j)` for ``normalization='softmax'``.
+    Only strictly positive weights become edges; a target whose allowed scores
+    are all non-positive gets no edge (never NaN). Computed in fp32 (fp64 for
+    fp64 inputs) whatever the input dtype or autocast state.
+
+    Args:
+        key, query: ``[B, H, T, D]`` padded per-head keys and queries.
+        lengths: ``[B]`` valid length of each sequence.
+        ptr: ``[B + 1]`` flat offset of each sequence (``ptr[b] + t`` is the
+            flat node id of position ``t`` of sequence ``b``).
+        block_size: at most this many dense scores are held per block.
+
+    Returns:
+        ``(edge_index [2, E], edge_weight [E], edge_head [E])`` sorted by
+        ``(head, target, source)``; gradients flow from ``edge_weight`` to
+        ``key`` and ``query``.
+    """
+    _check_emission_args(key, query, direction, normalization)
+    if block_size < 1:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    return _LatentGraphEdges.apply(key, query, lengths, ptr, direction, include_self,
+                                   normalization, block_size)
+
+
+def latent_graph_dense(key: Tensor, query: Tensor, lengths: Tensor, *,
+                       direction: str = "forward", include_self: bool = False,
+                       normalization: str = "relu2") -> Tensor:
+    r"""The graphs of :func:`latent_graph_edges` as dense per-sequence blocks.
+
+    Same arithmetic (fp32, relative to each target's largest score), but the
+    result is ``[B, H, T, T]`` with ``[b, h, i, j] = G_ij`` (zero at padding,
+    at disallowed and at pruned pairs) and gradients come from plain autograd,
+    which keeps ``O(B H T^2)`` intermediates: the dense layout, for short
+    sequences and dense graphs.
+    """
+    _check_emission_args(key, query, direction, normalization)
+    dtype = torch.promote_types(key.dtype, torch.float32)
+    t = key.size(2)
+    with torch.autocast(key.device.type, enabled=False):
+        scores = query.to(dtype) @ key.to(dtype).transpose(-1, -2)  # [B, H, T(j), T(i)]
+        allowed = _allowed(0, t, 0, t, lengths, direction, include_self).unsqueeze(1)
+        g, _ = _normalise(scores, allowed, normalization)
+    return g.transpose(-1, -2)
+
+
+def column_max_scores(key: Tensor, query: Tensor, lengths: Tensor, *,
+                      direction: str = "forward", include_self: bool = False,
+                      block_size: int = 1 << 22) -> Tensor:
+    r"""Each target's largest score over its allowed sources,
+    :math:`\max_{i \text{ allowed}} s_{ij}`, as ``[B, H, T]`` (``-inf`` for targets
+    without allowed sources and at padding). A column of a squared-ReLU graph has an
+    edge iff this is positive. Differentiable (plain autograd, the gradient reaches
+    the arg-max pair); targets are processed in tiles of at most ``block_size``
+    scores per head and sequence group."""
+    _check_emission_args(key, query, direction, "relu2")
+    dtype = torch.promote_types(key.dtype, torch.float32)
+    b, h, t, _ = key.shape
+    tile = max(1, block_size // max(1, b * h * t))
+    out = []
+    with torch.autocast(key.device.type, enabled=False):
+        k = key.to(dtype)
+        for j0 in range(0, t, tile):
+            j1 = min(t, j0 + tile)
+            scores = query[:, :, j0:j1].to(dtype) @ k.transpose(-1, -2)  # [B, H, tj, T(i)]
+            allowed = _allowed(j0, j1, 0, t, lengths, direction, include_self).unsqueeze(1)
+            out.append(scores.masked_fill(~allowed, float("-inf")).amax(-1))
+    return torch.cat(out, -1) if out else key.new_empty(b, h, 0, dtype=dtype)
+
+
+def dense_head_propagate(x: Tensor, adj: Tensor, ptr: Tensor, position: Tensor,
+                         batch: Tensor) -> Tensor:
+    r""":func:`head_propagate` over dense per-sequence blocks ``adj`` ``[B, H, T, T]``
+    (``[b, h, i, j] = G_ij``): ``x`` is ``[N, C]`` (shared by all heads) or
+    ``[H, N, C]``; returns ``[H, N, C]``. Batched matmuls over padded blocks."""
+    b_, h_, t_, _ = adj.shape
+    xs = x.unsqueeze(0) if x.dim() == 2 else x  # [H or 1, N, C]
+    n, c = xs.size(1), xs.size(-1)
+    a = adj.transpose(-1, -2).to(x.dtype)  # [B, H, T(j), T(i)]: a view, no copy
+    if n == b_ * t_:  # every sequence has the full length: padding is a view
+        padded = xs.reshape(xs.size(0), b_, t_, c).transpose(0, 1)  # [B, H or 1, T, C]
+        return (a @ padded).transpose(0, 1).reshape(h_, n, c)
+    padded = xs.new_zeros(b_, xs.size(0), t_, c)
+    padded[batch, :, position] = xs.transpose(0, 1)  # [B, H or 1, T, C]
+    return (a @ padded)[batch, :, position].transpose(0, 1)
+
+
+_CSR_NOTICE_SEEN = False
+
+
+def _csr(row_ptr: Tensor, col: Tensor, value: Tensor, size: Tuple[int, int]) -> Tensor:
+    """A CSR matrix over indices validated at the door (invariant checks off: they cost
+    a pass over the indices per product). CSR is only an internal vehicle for spmm
+    here, so torch's one-time "beta" notice, raised at the first CSR tensor of the
+    process, is silenced there, without a global warnings filter."""
+    global _CSR_NOTICE_SEEN
+    if _CSR_NOTICE_SEEN:
+        return torch.sparse_csr_tensor(row_ptr, col, value, size, check_invariants=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly")
+        out = torch.sparse_csr_tensor(row_ptr, col, value, size, check_invariants=False)
+    _CSR_NOTICE_SEEN = True
+    return out
+
+
+def _row_ptr(row: Tensor, num_rows: int) -> Tensor:
+    """CSR row pointers of sorted rows, in the rows' index dtype (CSR needs the
+    pointers and the columns in one dtype)."""
+    return torch._convert_indices_from_coo_to_csr(row, num_rows,
+                                                  out_int32=row.dtype == torch.int32)
+
+
+# The sparse product is a registered custom operator (opaque to torch.compile, which
+# cannot trace sparse-tensor construction), with its backward as a second operator.
+@torch.library.custom_op("glomo_pyg::weighted_spmm", mutates_args=())
+def _spmm_op(row: Tensor, col: Tensor, weight: Tensor, x: Tensor, num_rows: int) -> Tensor:
+    row_ptr = _row_ptr(row, num_rows)
+    with torch.autocast(x.device.type, enabled=False):  # the dtype of x, as given
+        return _csr(row_ptr, col, weight.to(x.dtype), (num_rows, x.size(0))) @ x
+
+
+@_spmm_op.register_fake
+def _(row, col, weight, x, num_rows):
+    return x.new_empty(num_rows, x.size(1))
+
+
+@torch.library.custom_op("glomo_pyg::weighted_spmm_backward", mutates_args=())
+def _spmm_backward_op(grad_out: Tensor, row: Tensor, col: Tensor, weight: Tensor, x: Tensor,
+                      num_rows: int, need_weight: bool, need_x: bool) -> Tuple[Tensor, Tensor]:
+    with torch.autocast(x.device.type, enabled=False):  # backward may run inside autocast
+        return _spmm_backward_impl(grad_out, row, col, weight, x, num_rows, need_weight, need_x)
+
+
+# The backward works on row chunks: its sort, its transposed copy and its sampled product
+# need about 60 bytes of scratch per edge of a chunk, so E is cut into up to
+# BACKWARD_MAX_CHUNKS chunks of at least BACKWARD_MIN_CHUNK edges (scratch about E/16 * 60
+# bytes instead of E * 60; the peak-memory target in benchmarks/results/speed.md).
+BACKWARD_MIN_CHUNK, BACKWARD_MAX_CHUNKS = 1 << 16, 16
+
+
+def _row_chunks(row_ptr: Tensor, num_edges: int) -> List[Tuple[int, int, int, int]]:
+    """``(r0, r1, e0, e1)``: row ranges of about equal edge counts (whole rows)."""
+    parts = max(1, min(BACKWARD_MAX_CHUNKS, num_edges // BACKWARD_MIN_CHUNK))
+    chunk = -(-num_edges // parts)
+    if parts == 1:
+        return [(0, row_ptr.numel() - 1, 0, num_edges)]
+    marks = torch.arange(1, parts, device=row_ptr.device, dtype=row_ptr.dtype) * chunk
+    cuts = torch.searchsorted(row_ptr, marks).tolist()
+    bounds = sorted(set([0] + cuts + [row_ptr.numel() - 1]))
+    starts = row_ptr[torch.tensor(bounds, device=row_ptr.device)].tolist()
+    return [(r0, r1, e0, e1) for r0, r1, e0, e1 in zip(bounds[:-1], bounds[1:], starts[:-1],
+                                                     starts[1:]) if e1 > e0]
+
+
+def _spmm_backward_impl(grad_out, row, col, weight, x, num_rows, need_weight, need_x):
+    grad_out = grad_out.to(x.dtype).contiguous()
+    grad_weight = torch.empty_like(weight) if need_weight else torch.zeros_like(weight)
+    grad_x = torch.zeros_like(x)
+    row_ptr = _row_ptr(row, num_rows)
+    for r0, r1, e0, e1 in _row_chunks(row_ptr, row.numel()):
+        r, c, w = row[e0:e1] - r0, col[e0:e1], weight[e0:e1]
+        c0, c1 = int(c.min()), int(c.max()) + 1  # the columns this chunk touches
+        c = c - c0
+        g_out, x_part = grad_out[r0:r1], x[c0:c1]
+        if need_x:
+            # x's gradient is A^T @ grad_out. CPU and CUDA spmm want CSR, so the transposed
+            # order comes from a stable sort of the chunk's columns.
+            sorted_c, perm = torch.sort(c, stable=True)
+            transposed = _csr(_row_ptr(sorted_c, c1 - c0), r[perm], w[perm].to(x.dtype),
+                              (c1 - c0, r1 - r0))
+            del sorted_c, perm
+            grad_x[c0:c1] += transposed @ g_out
+            del transposed
+        if need_weight:
+            # d out[r] / d w_e = x[col_e]: a sampled dense-dense product on the pattern.
+            pattern = _csr(_row_ptr(r, r1 - r0), c, torch.zeros_like(w, dtype=x.dtype),
+                           (r1 - r0, c1 - c0))
+            grad_weight[e0:e1] = torch.sparse.sampled_addmm(
+                pattern, g_out, x_part.t().contiguous(), beta=0.0).values().to(weight.dtype)
+    return grad_weight, grad_x
+
+
+@_spmm_backward_op.register_fake
+def _(grad_out, row, col, weight, x, num_rows, need_weight, need_x):
+    return torch.empty_like(weight), torch.empty_like(x)
+
+
+def _spmm_setup_context(ctx, inputs, output):
+    row, col, weight, x, num_rows = inputs
+    ctx.save_for_backward(row, col, weight, x)
+    ctx.num_rows = num_rows
+
+
+def _spmm_backward(ctx, grad_out):
+    row, col, weight, x = ctx.saved_tensors
+    need_weight, need_x = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+    grad_weight, grad_x = _spmm_backward_op(grad_out, row, col, weight, x, ctx.num_rows,
+                                            need_weight, need_x)
+    return (None, None, grad_weight if need_weight else None, grad_x if need_x else None, None)
+
+
+_spmm_op.register_autograd(_spmm_backward, setup_context=_spmm_setup_context)
+
+
+def spmm_unchecked(row: Tensor, col: Tensor, weight: Tensor, x: Tensor, num_rows: int) -> Tensor:
+    """:func:`weighted_spmm` without the index checks, for indices that were validated
+    where they entered the library (e.g. :class:`~glomo_pyg.LatentGraphs`)."""
+    out_dtype = x.dtype
+    if x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16):
+        x = x.float()
+    if row.numel() == 0:
+        return x.new_zeros(num_rows, x.size(1), dtype=out_dtype)
+    # Autocast would recast the sparse product's operands (to bf16 on CPU, where no
+    # sparse kernel exists for it): the product runs in the dtype of x, as given.
+    with torch.autocast(x.device.type, enabled=False):
+        return _spmm_op(row, col, weight, x, num_rows).to(out_dtype)
+
+
+def _check_index(name: str, index: Tensor, size: int) -> None:
+    if not isinstance(index, Tensor) or index.dtype not in (torch.int32, torch.int64) or \
+            index.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D int32/int64 tensor")
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= size):
+        raise ValueError(f"{name} holds ids outside [0, {size})")
+
+
+def weighted_spmm(row: Tensor, col: Tensor, weight: Tensor, x: Tensor, num_rows: int) -> Tensor:
+    r"""``out[r] = sum_e [row_e = r] * weight_e * x[col_e]`` as one CSR spmm.
+
+    ``row`` must be sorted ascending (edges emitted by glomo_pyg are). Gradients
+    flow to ``weight`` and ``x``; peak memory is O(E + rows * C): no per-edge
+    message tensor is formed in the forward or the backward pass. Half
+    precision features on CPU are computed in fp32 (CPU sparse kernels lack
+    them) and cast back. Indices out of range, unsorted rows or mismatched
+    shapes raise ``ValueError`` (the sparse kernels would read out of bounds).
+    """
+    if not isinstance(x, Tensor) or x.dim() != 2 or not x.dtype.is_floating_point:
+        raise ValueError("x must be a floating-point [M, C] tensor")
+    _check_index("row", row, num_rows)
+    _check_index("col", col, x.size(0))
+    if col.shape != row.shape or not isinstance(weight, Tensor) or weight.shape != row.shape:
+        raise ValueError(f"row, col and weight must have one entry per edge, got "
+                         f"{tuple(row.shape)}, {tuple(col.shape)}, {tuple(weight.shape)}")
+    if row.dtype != col.dtype:
+        raise ValueError(f"row and col must share one index dtype, got {row.dtype} and {col.dtype}")
+    if row.numel() > 1 and bool((row[1:] < row[:-1]).any()):
+        raise ValueError("row must be sorted ascending")
+    return spmm_unchecked(row, col, weight, x, num_rows)
+
+
+def _is_compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def head_blocked_edges(edge_index: Tensor, edge_weight: Tensor, edge_head: Tensor,
+                       num_nodes: int, shared_input: bool = False,
+                       num_heads: Optional[int] = None,
+                       assume_sorted: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
+    """Rows, columns and weights of the block-diagonal ``[H*N, H*N]`` matrix that
+    holds one ``[N, N]`` aggregation matrix ``A = G^T`` per head: node ``(h, v)``
+    has id ``h * N + v``. With ``shared_input`` the columns stay ``0..N-1``
+    (every head reads the same ``[N, C]`` input). Rows come out sorted: edges out
+    of (head, target) order are sorted once, unless ``assume_sorted`` (emitted
+    graphs are sorted). While compiling, the order cannot be inspected, so the
+    edges are always sorted (a no-op permutation for sorted input).
+
+    Indices are int32 whenever ``H * N`` fits (half the memory of int64 and a
+    faster sort in the backward; CSR kernels take either), int64 otherwise."""
+    src, tgt = edge_index[0], edge_index[1]
+    if num_heads is None:
+        num_heads = int(edge_head.max()) + 1 if edge_head.numel() else 1
+    small = num_heads * num_nodes < 2**31 - 1
+    index = torch.int32 if small else edge_index.dtype
+    # in place: no int64 temporaries beside the two int32 results
+    rows = edge_head.to(index).mul_(num_nodes).add_(tgt.to(index))
+    cols = src.to(index) if shared_input else edge_head.to(index).mul_(num_nodes).add_(src.to(index))
+    if assume_sorted or rows.numel() <= 1:
+        return rows, cols, edge_weight
+    if _is_compiling() or bool((rows[1:] < rows[:-1]).any()):
+        width = num_nodes if shared_input else num_heads * num_nodes
+        perm = torch.argsort(rows.long() * width + cols.long())
+        rows, cols, edge_weight = rows[perm], cols[perm], edge_weight[perm]
+    return rows, cols, edge_weight
+
+
+def check_head_edges(edge_index: Tensor, edge_weight: Tensor, edge_head: Tensor,
+                     num_nodes: int, num_heads: int) -> None:
+    """Shapes, dtypes and ranges of per-head edge lists (``ValueError`` otherwise)."""
+    if not isinstance(edge_index, Tensor) or edge_index.dtype != torch.long or \
+            edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise ValueError("edge_index must be an int64 [2, E] tensor")
+    e = edge_index.size(1)
+    if not isinstance(edge_weight, Tensor) or not edge_weight.dtype.is_floating_point or \
+            edge_weight.shape != (e,):
+        raise ValueError(f"edge_weight must be a floating-point [E] = [{e}] tensor")
+    if not isinstance(edge_head, Tensor) or edge_head.dtype != torch.long or \
+            edge_head.shape != (e,):
+        raise ValueError(f"edge_head must be an int64 [E] = [{e}] tensor")
+    if e and (int(edge_index.min()) < 0 or int(edge_index.max()) >= num_nodes):
+        raise ValueError(f"edge_index refers to nodes outside [0, {num_nodes})")
+    if e and (int(edge_head.min()) < 0 or int(edge_head.max()) >= num_heads):
+        raise ValueError(f"edge_head values must lie in [0, {num_heads})")
+
+
+def head_propagate(x: Tensor, edge_index: Tensor, edge_weight: Tensor, edge_head: Tensor,
+                   num_heads: int) -> Tensor:
+    r"""Per-head propagation :math:`P^{(h)}_j = \sum_i G^{(h)}_{ij} x^{(h)}_i`.
+
+    ``x`` is ``[N, C]`` (every head propagates the same features: ``G^{(h)}``
+    applied to all of ``x``) or head-blocked ``[H, N, C]`` (head ``h``
+    propagates its own ``x[h]``, as in a chain :math:`G^1 G^2 \cdots`).
+    Returns ``[H, N, C]``. One CSR spmm over the head-blocked graph (see
+    :func:`weighted_spmm`); gradients reach ``x`` and ``edge_weight``. Edges in
+    any order; ids and heads out of range raise ``ValueError``.
+    """
+    if not isinstance(x, Tensor) or x.dim() not in (2, 3) or \
+            (x.dim() == 3 and x.size(0) != num_heads):
+        raise ValueError(f"x must be [N, C] or [H, N, C] with H = {num_heads}")
+    check_head_edges(edge_index, edge_weight, edge_head, x.shape[-2], num_heads)
+    return propagate_unchecked(x, edge_index, edge_weight, edge_head, num_heads)
+
+
+def propagate_unchecked(x: Tensor, edge_index: Tensor, edge_weight: Tensor, edge_head: Tensor,
+                        num_heads: int, assume_sorted: bool = False) -> Tensor:
+    """:func:`head_propagate` over validated edges."""
+    rows, cols, weight = head_blocked_edges(edge_index, edge_weight, edge_head, x.shape[-2],
+                                            x.dim() == 2, num_heads, assume_sorted)
+    return blocked_propagate(x, rows, cols, weight, num_heads)
+
+
+def blocked_propagate(x: Tensor, rows: Tensor, cols: Tensor, weight: Tensor,
+                      num_heads: int) -> Tensor:
+    """``[H, N, C]`` propagation over head-blocked rows/columns from
+    :func:`head_blocked_edges` (``x`` ``[N, C]`` shared by the heads when the columns
+    were built with ``shared_input``, else ``[H, N, C]``)."""
+    n, c = x.shape[-2], x.shape[-1]
+    flat = x if x.dim() == 2 else x.reshape(num_heads * n, c)
+    return spmm_unchecked(rows, cols, weight, flat, num_heads * n).view(num_heads, n, c)

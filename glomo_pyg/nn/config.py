@@ -1,0 +1,82 @@
+"""Modules that can be rebuilt from their constructor arguments."""
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+from typing import Any, Dict
+
+import torch
+
+_JSON_SCALARS = (type(None), bool, int, float, str)
+
+
+def _plain(value: Any, where: str) -> Any:
+    """``value`` as plain JSON data (tuples become lists), or ``TypeError``."""
+    if isinstance(value, _JSON_SCALARS):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, where) for v in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _plain(v, where) for k, v in value.items()}
+    raise TypeError(f"{where}: constructor argument of type {type(value).__name__} cannot be "
+                    "saved in a config (only JSON values)")
+
+
+class ConfigurableModule(torch.nn.Module):
+    """A module whose constructor arguments are recorded automatically, so that
+    :meth:`config` returns exactly what rebuilds it with :meth:`from_config`.
+
+    The arguments of the outermost constructor called are recorded, with defaults
+    filled in and ``**kwargs`` flattened. Nothing is copied by hand, so a new
+    constructor argument can never be silently left out of a saved model. Only plain
+    JSON values (numbers, strings, booleans, ``None``, lists and string-keyed dicts)
+    can be recorded; :meth:`config` raises for anything else.
+    """
+
+    _config: Dict[str, Any]
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            return
+        signature = inspect.signature(init)
+
+        @functools.wraps(init)
+        def recorded(self, *args, **kw):
+            if "_config" not in self.__dict__:  # the outermost constructor records
+                bound = signature.bind(self, *args, **kw)
+                bound.apply_defaults()
+                values: Dict[str, Any] = {}
+                for name, value in list(bound.arguments.items())[1:]:
+                    kind = signature.parameters[name].kind
+                    if kind is inspect.Parameter.VAR_KEYWORD:
+                        values.update(value)
+                    elif kind is inspect.Parameter.VAR_POSITIONAL:
+                        if value:
+                            raise TypeError(f"{cls.__name__} takes no extra positional "
+                                            "arguments")
+                    else:
+                        values[name] = value
+                object.__setattr__(self, "_config", values)
+            init(self, *args, **kw)
+
+        cls.__init__ = recorded
+
+    def config(self) -> Dict[str, Any]:
+        """The constructor arguments of this module, as plain JSON data."""
+        return _plain(copy.deepcopy(self._config), type(self).__name__)
+
+    @classmethod
+    def from_config(cls, config: Dict[str, Any]) -> "ConfigurableModule":
+        """A new module (freshly initialised) built from :meth:`config`'s output.
+        Unknown or ill-typed entries raise ``TypeError`` / ``ValueError``."""
+        if not isinstance(config, dict) or not all(isinstance(k, str) for k in config):
+            raise TypeError(f"a {cls.__name__} config must be a dict with string keys")
+        params = inspect.signature(cls.__init__).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            unknown = sorted(set(config) - set(params) - {"self"})
+            if unknown:
+                raise TypeError(f"{cls.__name__} has no constructor arguments {unknown}")
+        return cls(**config)

@@ -1,0 +1,238 @@
+"""The scorer of paper Eq. 1: per-layer, per-head keys and queries, the bias forms and
+the normalisation that turns scores into sparse graphs. Shared by every graph emitter
+(text predictors, the ``decouple=False`` ablation, future pixel predictors)."""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from glomo_pyg.graphs import LatentGraphs
+from glomo_pyg.kernels import column_max_scores, latent_graph_dense, latent_graph_edges
+from glomo_pyg.nn.layout import LAYOUTS, choose_layout, dense_fits
+from glomo_pyg.ordering import DIRECTIONS
+from glomo_pyg.sequences import SequenceBatch
+
+BIASES = ("scalar", "threshold")
+POSITIONS = (None, "relative")
+
+
+def relative_frequencies(num: int, period: float) -> Tensor:
+    """``num`` angular frequencies spaced geometrically from :math:`\\pi` (a sign flip
+    between adjacent units) down to :math:`2\\pi / \\text{period}`."""
+    if num == 1:
+        return torch.tensor([math.pi], dtype=torch.float64)
+    ratio = (2.0 / period) ** (torch.arange(num, dtype=torch.float64) / (num - 1))
+    return math.pi * ratio  # float64: angles of long sequences stay exact
+
+
+def resolve_head_channels(hidden_channels: int, heads: int, head_channels: Optional[int]) -> int:
+    """``head_channels`` or, when ``None``, ``hidden_channels // heads`` (which must divide)."""
+    if head_channels is not None:
+        return head_channels
+    if heads <= 0 or hidden_channels % heads:
+        raise ValueError(f"hidden_channels ({hidden_channels}) is not divisible by heads "
+                         f"({heads}); pass head_channels explicitly")
+    return hidden_channels // heads
+
+
+class GraphScorer(torch.nn.Module):
+    r"""Per-layer, per-head projections and the normalisation of paper Eq. 1.
+
+    For graph layer :math:`l` and head :math:`h`,
+    :math:`k^{l,h}_i = W_k^{l,h} k_i`, :math:`q^{l,h}_j = W_q^{l,h} q_j` and
+
+    .. math::
+        s_{ij} = k^{l,h}_i \cdot q^{l,h}_j + b, \qquad
+        G^{l,h}_{ij} = \frac{\mathrm{ReLU}(s_{ij})^2}{\sum_{i'} \mathrm{ReLU}(s_{i'j})^2}
+
+    over the allowed sources (a softmax instead with ``sparse=False``). The
+    bias is a learned scalar per layer (``bias='scalar'``, the paper) or a
+    learned per-target threshold :math:`b_j = -(w_l \cdot q^{l,h}_j + c_l)`
+    (``bias='threshold'``, the reference code). Both are folded into an
+    augmented dot product, so a single kernel serves every variant.
+
+    With ``position='relative'`` (an extension of the paper, which gives the
+    scores no position information beyond the CNNs' windows) every layer and
+    head adds a learned function of the signed distance :math:`j - i`,
+
+    .. math::
+        s_{ij} \mathrel{+}= \sum_{m=1}^{M} a^{l,h}_m \cos(\omega_m (j - i))
+        + c^{l,h}_m \sin(\omega_m (j - i)),
+
+    a truncated Fourier series over ``position_frequencies`` = :math:`M`
+    frequencies from :math:`\pi` down to :math:`2\pi / \text{position\_period}`
+    (:func:`relative_frequencies`). Like a T5 relative bias it lets a head
+    learn "the previous word" or "within 5 units" directly; unlike a bucket
+    table it is exactly an inner product (keys get
+    :math:`[\cos \omega i, \sin \omega i]`, queries the rotated coefficients),
+    so it folds into the augmented keys and queries of every kernel. The
+    coefficients start at zero: an untrained model is the paper's. The
+    function repeats with the longest period, so choose
+    ``position_period`` of at least twice the longest sequence.
+
+    Used by :class:`GraphPredictor` on its CNN states and, for the
+    ``decouple=False`` ablation, by the feature predictor on its own states.
+    """
+
+    def __init__(self, in_channels: int, num_layers: int, heads: int, head_channels: int,
+                 bias: str = "scalar", sparse: bool = True, direction: str = "forward",
+                 include_self: bool = False, block_size: int = 1 << 22,
+                 position: Optional[str] = None, position_frequencies: int = 16,
+                 position_period: float = 512.0):
+        super().__init__()
+        if bias not in BIASES:
+            raise ValueError(f"bias must be one of {BIASES}, got {bias!r}")
+        if position not in POSITIONS:
+            raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
+        if position is not None and (int(position_frequencies) != position_frequencies or
+                                     position_frequencies < 1 or not
+                                     2.0 <= float(position_period) < float("inf")):
+            raise ValueError("position_frequencies must be a positive integer and "
+                             f"position_period a finite number >= 2, got {position_frequencies!r}, "
+                             f"{position_period!r}")
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+        if min(in_channels, num_layers, heads, head_channels) <= 0:
+            raise ValueError("in_channels, num_layers, heads and head_channels must be positive")
+        self.num_layers, self.heads, self.head_channels = num_layers, heads, head_channels
+        self.bias_kind, self.sparse, self.direction = bias, sparse, direction
+        self.include_self, self.block_size = include_self, block_size
+        self.position = position
+        width = heads * head_channels
+        self.key = torch.nn.ModuleList(torch.nn.Linear(in_channels, width) for _ in range(num_layers))
+        self.query = torch.nn.ModuleList(torch.nn.Linear(in_channels, width) for _ in range(num_layers))
+        if bias == "scalar":
+            self.bias = torch.nn.Parameter(torch.zeros(num_layers))
+            self.threshold = None
+        else:
+            self.bias = None
+            self.threshold = torch.nn.ModuleList(torch.nn.Linear(head_channels, 1)
+                                                 for _ in range(num_layers))
+        if position is not None:
+            self.register_buffer("frequencies", relative_frequencies(int(position_frequencies),
+                                                                     float(position_period)),
+                                 persistent=False)
+            self.position_coef = torch.nn.Parameter(
+                torch.zeros(num_layers, heads, 2, int(position_frequencies)))
+        else:
+            self.frequencies, self.position_coef = None, None
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        for lin in (*self.key, *self.query):
+            lin.reset_parameters()
+        if self.bias is not None:
+            torch.nn.init.zeros_(self.bias)
+        else:
+            for lin in self.threshold:
+                lin.reset_parameters()
+        if self.position_coef is not None:
+            torch.nn.init.zeros_(self.position_coef)
+
+    def relative_bias(self, layer: int, distance: Tensor) -> Tensor:
+        """The learned position term of layer ``layer`` at signed distances ``j - i``:
+        ``[H, *distance.shape]`` (zeros without ``position='relative'``)."""
+        if self.position_coef is None:
+            return distance.new_zeros((self.heads, *distance.shape), dtype=torch.float32)
+        angle = distance.unsqueeze(-1).double() * self.frequencies.double()  # [..., M]
+        a, c = self.position_coef[layer].unbind(1)  # [H, M] each
+        view = (self.heads,) + (1,) * distance.dim() + (-1,)
+        cos, sin = angle.cos().to(a.dtype), angle.sin().to(a.dtype)
+        return (a.view(view) * cos + c.view(view) * sin).sum(-1)
+
+    def _position_features(self, layer: int, t: int, like: Tensor) -> Tuple[Tensor, Tensor]:
+        """``[1, 1, T, 2M]`` key features and ``[1, H, T, 2M]`` query features whose inner
+        product is :meth:`relative_bias` at ``j - i``."""
+        pos = torch.arange(t, device=like.device, dtype=torch.float64)
+        angle = pos.view(-1, 1) * self.frequencies.double()  # [T, M]
+        dtype = torch.promote_types(like.dtype, torch.float32)
+        cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+        a, c = self.position_coef[layer].to(dtype).unbind(1)  # [H, M]
+        a, c = a.unsqueeze(1), c.unsqueeze(1)  # [H, 1, M]
+        # k_i . q_j = sum_m a cos(w (j - i)) + c sin(w (j - i))
+        key = torch.cat([cos, sin], -1).unsqueeze(0).unsqueeze(0)
+        query = torch.cat([a * cos + c * sin, a * sin - c * cos], -1).unsqueeze(0)
+        return key.to(like.dtype), query.to(like.dtype)
+
+    def augmented(self, layer: int, key_states: Tensor, query_states: Tensor,
+                  detach_bias: bool = False) -> Tuple[Tensor, Tensor]:
+        """Per-head ``[B, H, T, D + 1]`` keys and queries with the bias folded in,
+        so that ``key_aug[i] . query_aug[j] = s_ij`` (``detach_bias``: no gradient
+        to the scalar bias, which all heads of the layer share)."""
+        b, t, _ = key_states.shape
+        k = self.key[layer](key_states).view(b, t, self.heads, -1).transpose(1, 2)
+        q = self.query[layer](query_states).view(b, t, self.heads, -1).transpose(1, 2)
+        ones = k.new_ones(b, self.heads, t, 1)
+        if self.bias is not None:
+            bias = self.bias[layer].detach() if detach_bias else self.bias[layer]
+            k, q = torch.cat([k, ones], -1), torch.cat([q, bias.expand_as(ones)], -1)
+        else:
+            thr = self.threshold[layer]  # s = (k - w) . q - c
+            k, q = (torch.cat([k - thr.weight.view(-1), ones], -1),
+                    torch.cat([q, (-thr.bias).expand_as(ones)], -1))
+        if self.position_coef is None:
+            return k, q
+        pk, pq = self._position_features(layer, t, k)
+        return (torch.cat([k, pk.expand(b, self.heads, -1, -1)], -1),
+                torch.cat([q, pq.expand(b, -1, -1, -1)], -1))
+
+    def dense(self, layer: int, key_states: Tensor, query_states: Tensor,
+              sequences: SequenceBatch) -> Tensor:
+        """Graph layer ``layer`` as dense ``[B, H, T, T]`` blocks (the dense layout)."""
+        k, q = self.augmented(layer, key_states, query_states)
+        return latent_graph_dense(k, q, sequences.lengths, direction=self.direction,
+                                  include_self=self.include_self,
+                                  normalization="relu2" if self.sparse else "softmax")
+
+    def column_max(self, layer: int, key_states: Tensor, query_states: Tensor,
+                   sequences: SequenceBatch) -> Tensor:
+        """``[B, H, T]`` largest score of each target of graph layer ``layer`` over its
+        allowed sources (``-inf`` where it has none): a column has an edge iff it is
+        positive (:func:`~glomo_pyg.kernels.column_max_scores`). No gradient
+        reaches the shared scalar bias: raising it would revive a dying head by
+        flattening every head of the layer."""
+        k, q = self.augmented(layer, key_states, query_states, detach_bias=True)
+        return column_max_scores(k, q, sequences.lengths, direction=self.direction,
+                                 include_self=self.include_self, block_size=self.block_size)
+
+    def emit(self, key_states: Tensor, query_states: Tensor, sequences: SequenceBatch,
+             layout: str = "sparse", layers=None) -> LatentGraphs:
+        """All (or the given) graph layers as :class:`LatentGraphs` in ``layout``
+        (``'auto'``: dense blocks when they fit and are dense enough, see
+        :mod:`glomo_pyg.nn.layout`)."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        layers = range(self.num_layers) if layers is None else layers
+        b, t = sequences.num_sequences, sequences.max_len
+        meta = dict(direction=self.direction, sequences=sequences, include_self=self.include_self)
+        if layout == "sparse" or (layout == "auto" and not dense_fits(b, self.heads, t)):
+            edges = [self(l, key_states, query_states, sequences) for l in layers]
+            return LatentGraphs._trusted(*map(list, zip(*edges)), num_heads=self.heads, **meta)
+        graphs = LatentGraphs._trusted_dense([self.dense(l, key_states, query_states, sequences)
+                                              for l in layers], **meta)
+        if layout == "auto":
+            density = sum(graphs.density()) / graphs.num_layers
+            if choose_layout(b, self.heads, t, density) == "sparse":
+                graphs = graphs.to_sparse()
+        return graphs
+
+    def forward(self, layer: int, key_states: Tensor, query_states: Tensor,
+                sequences: SequenceBatch) -> Tuple[Tensor, Tensor, Tensor]:
+        """Edges ``(edge_index, edge_weight, edge_head)`` of graph layer ``layer``
+        from padded ``[B, T, C]`` states."""
+        k, q = self.augmented(layer, key_states, query_states)
+        return latent_graph_edges(k, q, sequences.lengths, sequences.ptr,
+                                  direction=self.direction, include_self=self.include_self,
+                                  normalization="relu2" if self.sparse else "softmax",
+                                  block_size=self.block_size)
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}(layers={self.num_layers}, heads={self.heads}, "
+                f"head_channels={self.head_channels}, bias='{self.bias_kind}', "
+                f"sparse={self.sparse}, direction='{self.direction}'"
+                + (f", position='{self.position}'" if self.position else "") + ")")
+
+

@@ -1,0 +1,128 @@
+"""Which sources a unit's graph column may draw from: the one allowed-sources rule.
+
+Every place that needs the rule (the emission kernels' masks, uniform graphs, graph
+density, the uniform baselines of recovery, syntax and health statistics) asks a
+:class:`UnitOrder` instead of writing it out. :class:`SequenceOrder` is the 1-D order
+of text (paper Sec. 2.1: forward graphs link each unit to earlier ones, backward graphs
+to later ones). A 2-D order over an image grid (e.g. raster order over ``H x W`` pixels
+with Euclidean distances) is one more subclass.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Tuple
+
+import torch
+from torch import Tensor
+
+DIRECTIONS = ("forward", "backward")
+
+
+class UnitOrder(ABC):
+    """The allowed (source, target) pairs of one direction's graphs over a batch of
+    variable-length unit sequences, and distances between units.
+
+    Units are addressed by their position ``0..T-1`` in their sequence (for a grid, the
+    position in the order's linearisation). Subclasses implement :meth:`allowed` and
+    :meth:`distance`; the counting helpers follow from them but may be overridden with
+    closed forms.
+    """
+
+    def __init__(self, direction: str, include_self: bool = False):
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+        self.direction, self.include_self = direction, bool(include_self)
+
+    @abstractmethod
+    def allowed(self, target: Tensor, source: Tensor) -> Tensor:
+        """Boolean mask, broadcast over ``target`` and ``source`` positions: may
+        ``source`` feed ``target`` (both inside the same sequence)?"""
+
+    @abstractmethod
+    def distance(self, target: Tensor, source: Tensor) -> Tensor:
+        """Non-negative distance between units, broadcast like :meth:`allowed`."""
+
+    def block_mask(self, j0: int, j1: int, i0: int, i1: int, lengths: Tensor) -> Tensor:
+        """``[B, j1 - j0, i1 - i0]`` allowed (target ``j``, source ``i``) pairs of a block
+        of targets ``j0..j1-1`` and sources ``i0..i1-1``, false at padding."""
+        device = lengths.device
+        j = torch.arange(j0, j1, device=device).view(1, -1, 1)
+        i = torch.arange(i0, i1, device=device).view(1, 1, -1)
+        length = lengths.view(-1, 1, 1)
+        return self.allowed(j, i) & (j < length) & (i < length)
+
+    def num_sources(self, position: Tensor, length: Tensor) -> Tensor:
+        """Allowed sources of each unit, from its ``position`` and its sequence's
+        ``length`` (elementwise)."""
+        t = int(length.max()) if length.numel() else 0
+        i = torch.arange(t, device=position.device).view(1, -1)
+        ok = self.allowed(position.view(-1, 1), i) & (i < length.view(-1, 1))
+        return ok.sum(1)
+
+    def num_pairs(self, lengths: Tensor) -> Tensor:
+        """Allowed (source, target) pairs of each sequence, ``[B]`` float64."""
+        out = []
+        for n in lengths.tolist():
+            pos = torch.arange(n, device=lengths.device)
+            out.append(float(self.num_sources(pos, torch.full_like(pos, n)).sum()))
+        return torch.tensor(out, dtype=torch.float64, device=lengths.device)
+
+    def pairs(self, ptr: Tensor) -> Tuple[Tensor, Tensor]:
+        """Flat ``(source, target)`` ids of every allowed pair of the batch whose
+        sequences start at ``ptr``, sorted by (target, source)."""
+        lengths = ptr[1:] - ptr[:-1]
+        src, tgt = [], []
+        for b, n in enumerate(lengths.tolist()):
+            pos = torch.arange(n, device=ptr.device)
+            j, i = self.allowed(pos.view(-1, 1), pos.view(1, -1)).nonzero(as_tuple=True)
+            src.append(i + ptr[b])
+            tgt.append(j + ptr[b])
+        empty = ptr.new_empty(0)
+        return (torch.cat(src) if src else empty), (torch.cat(tgt) if tgt else empty)
+
+    def __eq__(self, other) -> bool:
+        return type(self) is type(other) and \
+            (self.direction, self.include_self) == (other.direction, other.include_self)
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self.direction, self.include_self))
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}(direction='{self.direction}', "
+                f"include_self={self.include_self})")
+
+
+class SequenceOrder(UnitOrder):
+    r"""The order of a 1-D sequence: forward graphs allow sources :math:`i < j`,
+    backward graphs :math:`i > j` (:math:`=` too with ``include_self``); the distance
+    is :math:`|i - j|`. Counts have closed forms."""
+
+    def allowed(self, target: Tensor, source: Tensor) -> Tensor:
+        if self.direction == "forward":
+            return source <= target if self.include_self else source < target
+        return source >= target if self.include_self else source > target
+
+    def distance(self, target: Tensor, source: Tensor) -> Tensor:
+        return (target - source).abs()
+
+    def num_sources(self, position: Tensor, length: Tensor) -> Tensor:
+        extra = int(self.include_self)
+        if self.direction == "forward":
+            return position + extra
+        return length - position - 1 + extra
+
+    def num_pairs(self, lengths: Tensor) -> Tensor:
+        n = lengths.double()
+        return n * (n + 1) / 2 if self.include_self else n * (n - 1) / 2
+
+    def pairs(self, ptr: Tensor) -> Tuple[Tensor, Tensor]:
+        lengths = ptr[1:] - ptr[:-1]
+        batch = torch.repeat_interleave(torch.arange(lengths.numel(), device=ptr.device), lengths)
+        node = torch.arange(batch.numel(), device=ptr.device)
+        pos = node - ptr[batch]
+        count = self.num_sources(pos, lengths[batch])
+        # first allowed source of each target; its sources are consecutive from there
+        first = node - pos if self.direction == "forward" else node + 1 - int(self.include_self)
+        tgt = torch.repeat_interleave(node, count)
+        offset = torch.arange(tgt.numel(), device=ptr.device) - (torch.cumsum(count, 0) - count)[tgt]
+        return first[tgt] + offset, tgt
