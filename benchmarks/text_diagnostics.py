@@ -99,7 +99,7 @@ def main(argv=None) -> int:
         gp = model.graph_predictors[key]
         if kind == "learned":
             seq = sequence_batch(x.numel(), batch, x.device)
-            graphs = gp.from_sequences(x, seq)
+            graphs = gp.emit(x, seq)
         else:
             seq, graphs = fixed_graphs(x, batch, kind, gp.num_layers, gp.heads, direction)
         f, _ = model.feature_predictors[key].from_sequences(x, seq, graphs)

@@ -14,7 +14,7 @@ def bench_case(b, t, hidden, device, repeats):
     for layout in ("sparse", "dense", "auto"):
         torch.manual_seed(0)
         model = Glomo.text(num_tokens=1000, hidden_channels=hidden, num_layers=3, heads=8,
-                      num_positions=20, layout=layout).to(device)
+                           num_positions=20).set_layout(layout).to(device)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
         def step():

@@ -11,8 +11,8 @@ def predictor(layout, num_tokens=None, in_channels=None, hidden=256):
     torch.manual_seed(0)
     return PretrainedGraphPredictor(*(
         GraphPredictor(num_tokens=num_tokens, in_channels=in_channels, hidden_channels=hidden,
-                       num_layers=3, heads=8, direction=d, layout=layout)
-        for d in ("forward", "backward")))
+                       num_layers=3, heads=8, direction=d)
+        for d in ("forward", "backward"))).set_layout(layout)
 
 
 def bench_case(kind, b, t, d, device, repeats):
