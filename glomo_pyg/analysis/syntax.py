@@ -36,6 +36,7 @@ from torch import Tensor
 
 from glomo_pyg.analysis.treebank import GoldTree
 from glomo_pyg.data.text import tokenize
+from glomo_pyg.ordering import SequenceOrder
 
 METRICS = ("undirected", "directed", "ap")
 _ADJACENT = {"forward": "previous word", "backward": "next word"}
@@ -181,8 +182,8 @@ def _targets_and_sources(sent: AlignedSentence, direction: str, exclude_punct: b
     """Boolean ``[W]`` scored targets and ``[W_src, W_tgt]`` allowed source words."""
     w = len(sent.tree)
     idx = torch.arange(w)
-    allowed = idx.view(-1, 1) < idx.view(1, -1) if direction == "forward" else \
-        idx.view(-1, 1) > idx.view(1, -1)
+    # a word's own sub-tokens are never a source of it (include_self is off at word level)
+    allowed = SequenceOrder(direction).allowed(target=idx.view(1, -1), source=idx.view(-1, 1))
     targets = allowed.any(0)
     if exclude_punct:
         targets &= ~torch.tensor(sent.tree.punct)
