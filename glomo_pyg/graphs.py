@@ -7,8 +7,10 @@ from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, 
 import torch
 from torch import Tensor
 
+from glomo_pyg import flex
 from glomo_pyg.analysis import export
-from glomo_pyg.kernels import blocked_propagate, dense_head_propagate, head_blocked_edges
+from glomo_pyg.kernels import (blocked_propagate, dense_head_propagate, head_blocked_edges,
+                               latent_graph_dense, latent_graph_edges)
 from glomo_pyg.ordering import DIRECTIONS, SequenceOrder, UnitOrder
 from glomo_pyg.sequences import SequenceBatch
 
@@ -39,10 +41,14 @@ class LatentGraphs:
     heads in range, edges inside one sequence, finite non-negative weights), so
     no graph that reaches a sparse kernel can make it read out of bounds.
 
-    Two layouts hold the same graphs (:attr:`layout`): ``'sparse'``, the pruned
-    edge lists above, and ``'dense'`` (:meth:`from_dense`), one padded
+    Three layouts hold the same graphs (:attr:`layout`): ``'sparse'``, the pruned
+    edge lists above; ``'dense'`` (:meth:`from_dense`), one padded
     ``[B, H, T, T]`` block per layer with ``[b, h, i, j] = G_ij``, which is
-    faster to aggregate over short sequences and dense graphs.
+    faster to aggregate over short sequences and dense graphs; and ``'fused'``,
+    each layer kept as the augmented keys and queries it is scored from, so that
+    propagation scores, normalises and aggregates in one FlexAttention call that
+    never forms ``T x T`` (:mod:`glomo_pyg.flex`; where FlexAttention cannot run a
+    backward, on CPU with gradients, it falls back to the sparse edges).
     :meth:`to_sparse` / :meth:`to_dense_layout` convert. :meth:`propagate` is
     the one place that multiplies features by a graph layer, in whichever
     layout it is stored (caching the sparse product's index arrays); every
@@ -74,10 +80,14 @@ class LatentGraphs:
                    include_self, sorted_edges=False)
 
     def _init(self, edge_index, edge_weight, edge_head, num_heads, direction, sequences,
-              include_self, sorted_edges, dense=None):
-        self._edges: Optional[List[LayerEdges]] = \
-            None if dense is not None else list(zip(edge_index, edge_weight, edge_head))
+              include_self, sorted_edges, dense=None, fused=None, normalization="relu2"):
+        self._edges: Optional[List[LayerEdges]] = None if dense is not None or \
+            fused is not None else list(zip(edge_index, edge_weight, edge_head))
         self._dense: Optional[List[Tensor]] = dense
+        # fused layout: per layer the augmented [B, H, T, D] keys and queries
+        self._fused: Optional[List[Tuple[Tensor, Tensor]]] = fused
+        self._normalization = normalization
+        self._flex_cache: Dict[str, object] = {}
         self._sorted = sorted_edges  # edges known to be in (head, target, source) order
         self._blocked: Dict[Tuple[int, bool], Tuple[Tensor, Tensor, Tensor]] = {}
         self.num_heads = int(num_heads)
@@ -102,6 +112,17 @@ class LatentGraphs:
         graphs = cls.__new__(cls)
         graphs._init([], [], [], blocks[0].shape[1], direction, sequences, include_self,
                      sorted_edges=True, dense=list(blocks))
+        return graphs
+
+    @classmethod
+    def _trusted_fused(cls, layers: List[Tuple[Tensor, Tensor]], *, direction: str,
+                       sequences: SequenceBatch, include_self: bool = False,
+                       normalization: str = "relu2") -> "LatentGraphs":
+        """Graphs in the fused layout: per layer the augmented ``[B, H, T, D]`` keys and
+        queries whose inner products are the scores of paper Eq. 1."""
+        graphs = cls.__new__(cls)
+        graphs._init([], [], [], layers[0][0].shape[1], direction, sequences, include_self,
+                     sorted_edges=True, fused=list(layers), normalization=normalization)
         return graphs
 
     @classmethod
@@ -158,7 +179,10 @@ class LatentGraphs:
     # --- storage ------------------------------------------------------------------
     @property
     def layout(self) -> str:
-        """``'sparse'`` (pruned edge lists) or ``'dense'`` (per-sequence blocks)."""
+        """``'sparse'`` (pruned edge lists), ``'dense'`` (per-sequence blocks) or
+        ``'fused'`` (keys and queries, propagated by FlexAttention)."""
+        if self._fused is not None:
+            return "fused"
         return "dense" if self._dense is not None else "sparse"
 
     @property
@@ -167,6 +191,12 @@ class LatentGraphs:
         return SequenceOrder(self.direction, self.include_self)
 
     def _sparse_edges(self) -> List[LayerEdges]:
+        if self._edges is None and self._fused is not None:  # emitted once, on demand
+            s = self.sequences
+            self._edges = [latent_graph_edges(k, q, s.lengths, s.ptr, direction=self.direction,
+                                              include_self=self.include_self,
+                                              normalization=self._normalization)
+                           for k, q in self._fused]
         if self._edges is None:  # dense layout: converted once, on demand (export, analysis)
             self._edges = [self._block_to_edges(block) for block in self._dense]
         return self._edges
@@ -194,6 +224,11 @@ class LatentGraphs:
         from the edges in the sparse layout (differentiable either way)."""
         if self._dense is not None:
             return self._dense[l]
+        if self._fused is not None:
+            k, q = self._fused[l]
+            return latent_graph_dense(k, q, self.lengths, direction=self.direction,
+                                      include_self=self.include_self,
+                                      normalization=self._normalization)
         return self.to_dense(layer=l)
 
     def to_sparse(self) -> "LatentGraphs":
@@ -228,6 +263,8 @@ class LatentGraphs:
             seqs = self.sequences
             return dense_head_propagate(x, self._dense[layer], seqs.ptr, seqs.position,
                                         seqs.batch)
+        if self._fused is not None and not flex.needs_fallback(*self._fused[layer], x):
+            return self._propagate_fused(x, layer)
         shared = x.dim() == 2
         key = (layer, shared)
         if key not in self._blocked:
@@ -236,6 +273,21 @@ class LatentGraphs:
                                                     self.num_heads, self._sorted)
         rows, cols, weight = self._blocked[key]
         return blocked_propagate(x, rows, cols, weight.to(x.dtype), self.num_heads)
+
+    def _propagate_fused(self, x: Tensor, layer: int) -> Tensor:
+        k, q = self._fused[layer]
+        seqs = self.sequences
+        xs = x.unsqueeze(0) if x.dim() == 2 else x  # [H or 1, N, C]
+        padded = seqs.to_padded(xs.transpose(0, 1)).permute(0, 2, 1, 3)  # [B, H or 1, T, C]
+        if "mask" not in self._flex_cache:  # one block mask serves every layer and call
+            t = -(-seqs.max_len // flex.BLOCK) * flex.BLOCK
+            self._flex_cache["mask"] = flex.block_mask(seqs.lengths, t, self.direction,
+                                                       self.include_self)
+        out = flex.fused_propagate(k, q, padded, seqs.lengths, direction=self.direction,
+                                   include_self=self.include_self,
+                                   normalization=self._normalization,
+                                   mask=self._flex_cache["mask"])  # [B, H, T, C]
+        return seqs.to_flat(out.permute(0, 2, 1, 3)).transpose(0, 1)  # [H, N, C]
 
     # --- layout -------------------------------------------------------------------
     @property
@@ -252,6 +304,8 @@ class LatentGraphs:
 
     @property
     def num_layers(self) -> int:
+        if self._fused is not None:
+            return len(self._fused)
         return len(self._dense) if self._dense is not None else len(self._edges)
 
     @property
@@ -293,6 +347,11 @@ class LatentGraphs:
             return LatentGraphs._trusted_dense([fn(t) for t in self._dense],
                                                direction=self.direction, sequences=seqs,
                                                include_self=self.include_self)
+        if self._fused is not None:
+            return LatentGraphs._trusted_fused([(fn(k), fn(q)) for k, q in self._fused],
+                                               direction=self.direction, sequences=seqs,
+                                               include_self=self.include_self,
+                                               normalization=self._normalization)
         out = LatentGraphs._trusted([fn(t) for t in self.edge_index],
                                     [fn(t) for t in self.edge_weight],
                                     [fn(t) for t in self.edge_head], num_heads=self.num_heads,
@@ -314,8 +373,8 @@ class LatentGraphs:
         weights. With ``layer`` given, returns that layer's ``[B, H, T, T]``.
         """
         layers = range(self.num_layers) if layer is None else [layer]
-        if self._dense is not None:
-            out = [self._dense[l] for l in layers]
+        if self._dense is not None or self._fused is not None:
+            out = [self.dense_layer(l) for l in layers]
             return out[0] if layer is not None else torch.stack(out)
         b_, t_ = self.num_sequences, self.sequences.max_len
         out = []

@@ -11,6 +11,8 @@ Sections (each module's docstring has the details):
   budget; the crossover density ``layout='auto'`` uses, and ``auto`` against the better
   layout;
 * ``emission``: pruned target-sorted edges against computing the dense normalised G alone;
+* ``fused``: the fused layout (FlexAttention) against sparse, dense and a hand-written
+  FlexAttention call, T = 64..8192, with its peak memory;
 * ``pretraining``: one ``Glomo`` step (tokens/s) per layout;
 * ``transfer``: one ``GlomoTransfer`` forward for text (T=128..512) and 32x32 images
   (T=1024) per layout.
@@ -32,11 +34,11 @@ import torch
 import torch_geometric
 
 from benchmarks.common import append_results, hardware
-from benchmarks.speed import aggregation, emission, pretraining, transfer
+from benchmarks.speed import aggregation, emission, fused, pretraining, transfer
 from benchmarks.speed.measure import set_timing_allocator
 
-SECTIONS = {"aggregation": aggregation, "emission": emission, "pretraining": pretraining,
-            "transfer": transfer}
+SECTIONS = {"aggregation": aggregation, "emission": emission, "fused": fused,
+            "pretraining": pretraining, "transfer": transfer}
 
 
 def main(argv=None) -> None:

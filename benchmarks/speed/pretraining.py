@@ -11,7 +11,8 @@ def bench_case(b, t, hidden, device, repeats):
     out = dict(B=b, T=t, hidden=hidden)
     x = torch.randint(0, 1000, (b * t,), device=device)
     batch = torch.arange(b, device=device).repeat_interleave(t)
-    for layout in ("sparse", "dense", "auto"):
+    # fused trains only where FlexAttention has a backward (GPU); on CPU it falls back
+    for layout in ("sparse", "dense", "auto") + (("fused",) if device == "cuda" else ()):
         torch.manual_seed(0)
         model = Glomo.text(num_tokens=1000, hidden_channels=hidden, num_layers=3, heads=8,
                            num_positions=20).set_layout(layout).to(device)

@@ -23,7 +23,7 @@ def bench_case(kind, b, t, d, device, repeats):
     else:  # pixels in raster order, their 3 channels as the predictor's input
         x = torch.rand(b * t, 3, device=device)
     h = torch.randn(b * t, d, device=device)
-    for layout in ("sparse", "dense", "auto"):
+    for layout in ("sparse", "dense", "fused", "auto"):
         p = predictor(layout, num_tokens=1000 if kind == "text" else None,
                       in_channels=3 if kind != "text" else None).to(device)
         transfer = GlomoTransfer(p, in_channels=d).to(device)
@@ -59,14 +59,15 @@ def run(args):
              "sequence; the 2-D pixel mode is a later issue). ms per forward; graphs = "
              "the predictor alone; ratio = layout / sparse.", "",
              "| kind | B | T | d | density | sparse ms (graphs) | dense ms (ratio) "
-             "| auto ms (ratio) | peak MiB sparse / dense / auto |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| fused ms (ratio) | auto ms (ratio) | peak MiB sparse / dense / fused / auto |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s = r["sparse_ms"]
         lines.append(
             f"| {r['kind']} | {r['B']} | {r['T']} | {r['d']} | {r['density']:.2f} | {s:.0f} "
             f"({r['sparse_graphs_ms']:.0f}) | {r['dense_ms']:.0f} ({r['dense_ms'] / s:.2f}) | "
+            f"{r['fused_ms']:.0f} ({r['fused_ms'] / s:.2f}) | "
             f"{r['auto_ms']:.0f} ({r['auto_ms'] / s:.2f}) | {r['sparse_peak_mib']:.0f} / "
-            f"{r['dense_peak_mib']:.0f} / {r['auto_peak_mib']:.0f} |")
+            f"{r['dense_peak_mib']:.0f} / {r['fused_peak_mib']:.0f} / {r['auto_peak_mib']:.0f} |")
     lines.append("")
     return lines, dict(rows=rows)

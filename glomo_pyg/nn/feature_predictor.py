@@ -132,7 +132,11 @@ class FeaturePredictor(ConfigurableModule):
         if self.scorer is not None:
             meta = dict(direction=self.scorer.direction, sequences=sequences,
                         include_self=self.scorer.include_self)
-            if all(g.layout == "dense" for g in emitted):
+            if all(g.layout == "fused" for g in emitted):
+                graphs = LatentGraphs._trusted_fused([g._fused[0] for g in emitted],
+                                                     normalization=emitted[0]._normalization,
+                                                     **meta)
+            elif all(g.layout == "dense" for g in emitted):
                 graphs = LatentGraphs._trusted_dense([g.dense_layer(0) for g in emitted], **meta)
             else:
                 graphs = LatentGraphs._trusted(*map(list, zip(*(g.layer(0) for g in emitted))),

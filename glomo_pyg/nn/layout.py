@@ -1,7 +1,7 @@
 """Choosing between the sparse and the dense graph layout (see LatentGraphs)."""
 from __future__ import annotations
 
-LAYOUTS = ("sparse", "dense", "auto")
+LAYOUTS = ("sparse", "dense", "fused", "auto")
 
 # A dense layer holds B * H * T^2 weights, and training keeps about six tensors of that
 # size per layer and direction for the backward (scores, masks, normalisation terms):

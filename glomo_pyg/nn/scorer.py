@@ -9,6 +9,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from glomo_pyg import flex
 from glomo_pyg.graphs import LatentGraphs
 from glomo_pyg.kernels import column_max_scores, latent_graph_dense, latent_graph_edges
 from glomo_pyg.nn.layout import LAYOUTS, choose_layout, dense_fits
@@ -208,6 +209,11 @@ class GraphScorer(torch.nn.Module):
         layers = range(self.num_layers) if layers is None else layers
         b, t = sequences.num_sequences, sequences.max_len
         meta = dict(direction=self.direction, sequences=sequences, include_self=self.include_self)
+        if layout == "fused":  # keys and queries only: propagation scores and normalises
+            layers_kq = [self.augmented(l, key_states, query_states) for l in layers]
+            flex.check_fusable(*layers_kq[0])
+            return LatentGraphs._trusted_fused(
+                layers_kq, normalization="relu2" if self.sparse else "softmax", **meta)
         if layout == "sparse" or (layout == "auto" and not dense_fits(b, self.heads, t)):
             edges = [self(l, key_states, query_states, sequences) for l in layers]
             return LatentGraphs._trusted(*map(list, zip(*edges)), num_heads=self.heads, **meta)

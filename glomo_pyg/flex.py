@@ -1,0 +1,167 @@
+r"""Fused graph propagation: paper Eq. 1 (squared-ReLU graphs) and Eq. 2 (aggregation) in
+one FlexAttention call that never materialises the ``T x T`` graph.
+
+With augmented keys :math:`k_i` and queries :math:`q_j` (bias and position terms folded
+in), FlexAttention with ``score_mod(s) = 2 log s`` for :math:`s > 0` and :math:`-\infty`
+otherwise computes
+
+.. math::
+    \frac{\sum_i \exp(2 \log s_{ij}) v_i}{\sum_i \exp(2 \log s_{ij})}
+    = \sum_i \frac{\mathrm{ReLU}(s_{ij})^2}{\sum_{i'} \mathrm{ReLU}(s_{i'j})^2} v_i
+    = \sum_i G_{ij} v_i
+
+over the allowed sources of the block mask; a target without a positive allowed score
+gets exactly 0 (never NaN), as in the other layouts. ``normalization='softmax'`` is
+plain FlexAttention. The block mask is built at block granularity from the sequence
+lengths and the order (O(B (T/128)^2) memory), so nothing of size ``T x T`` exists.
+
+FlexAttention is compiled with dynamic shapes (:func:`torch.compile`, ``dynamic=True``),
+so batches of other sizes and lengths reuse the compiled kernel (a few variants in
+all); sequence lengths are padded up to a multiple of the 128-unit block. The first
+calls compile (5-15 s each on a 2-core CPU). Compiling per static shape instead would
+exhaust torch's recompilation limit (8 per function) after a few shapes, after which
+FlexAttention silently runs eagerly: slow, and with ``T x T`` memory (measured:
+benchmarks/results/speed.md). FlexAttention has no backward on CPU: callers fall back to the sparse
+or dense layout there (:meth:`glomo_pyg.LatentGraphs.propagate` does).
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from glomo_pyg.ordering import DIRECTIONS
+
+BLOCK = 128  # FlexAttention's default block size, and the padding granularity
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+_COMPILED: Dict[str, object] = {}
+
+
+def available() -> bool:
+    """Whether this torch has FlexAttention."""
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _flex():
+    if "flex" not in _COMPILED:
+        from torch.nn.attention.flex_attention import flex_attention
+        _COMPILED["flex"] = torch.compile(flex_attention, dynamic=True)
+    return _COMPILED["flex"]
+
+
+def _relu2_score(score, b, h, q_idx, kv_idx):
+    return torch.where(score > 0, 2.0 * torch.log(score), -float("inf"))
+
+
+def _block_structure(lengths: Tensor, t: int, direction: str, include_self: bool
+                     ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(kv_num_blocks, kv_indices, full_num_blocks, full_indices)`` of the order's mask
+    at block granularity: a (query block, key block) pair is *partial* when some of its
+    pairs are allowed and *full* when all are (then no mask is evaluated in it)."""
+    nb = -(-t // BLOCK)
+    start = torch.arange(nb, device=lengths.device) * BLOCK
+    end = start + BLOCK  # exclusive
+    length = lengths.view(-1, 1, 1)
+    q0, q1 = start.view(1, -1, 1), end.view(1, -1, 1)  # query (target) blocks
+    k0, k1 = start.view(1, 1, -1), end.view(1, 1, -1)  # key (source) blocks
+    q_last = torch.minimum(q1, length) - 1  # last real target of the block
+    k_last = torch.minimum(k1, length) - 1
+    real = (q0 < length) & (k0 < length)
+    if direction == "forward":  # sources i < j (<= with include_self)
+        some = (k0 <= q_last) if include_self else (k0 < q_last)
+        every = (k1 - 1 <= q0) if include_self else (k1 - 1 < q0)
+    else:  # sources i > j (>= with include_self)
+        some = (k_last >= q0) if include_self else (k_last > q0)
+        every = (k0 >= q1 - 1) if include_self else (k0 > q1 - 1)
+    full = real & every & (q1 <= length) & (k1 <= length)
+    partial = real & some & ~full
+
+    def indices(m: Tensor) -> Tuple[Tensor, Tensor]:
+        # allowed key blocks first (stable), as FlexAttention reads the first `num` indices
+        order = torch.argsort((~m).to(torch.int8), dim=-1, stable=True)
+        return m.sum(-1).to(torch.int32).unsqueeze(1), order.to(torch.int32).unsqueeze(1)
+
+    return (*indices(partial), *indices(full))
+
+
+def block_mask(lengths: Tensor, t: int, direction: str, include_self: bool):
+    """FlexAttention ``BlockMask`` of the allowed (target, source) pairs of sequences of
+    ``lengths`` padded to ``t`` units (``t`` a multiple of :data:`BLOCK`)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    if direction == "forward":
+        def mask_mod(b, h, q_idx, kv_idx):
+            order = (kv_idx <= q_idx) if include_self else (kv_idx < q_idx)
+            return order & (q_idx < lengths[b]) & (kv_idx < lengths[b])
+    else:
+        def mask_mod(b, h, q_idx, kv_idx):
+            order = (kv_idx >= q_idx) if include_self else (kv_idx > q_idx)
+            return order & (q_idx < lengths[b]) & (kv_idx < lengths[b])
+    num, idx, full_num, full_idx = _block_structure(lengths, t, direction, include_self)
+    return BlockMask.from_kv_blocks(num, idx, full_num, full_idx, BLOCK_SIZE=BLOCK,
+                                    mask_mod=mask_mod, seq_lengths=(t, t))
+
+
+def check_fusable(key: Tensor, query: Tensor) -> None:
+    """``ValueError`` naming the alternative layouts for inputs FlexAttention cannot take."""
+    if not available():
+        raise ValueError("the fused layout needs torch.nn.attention.flex_attention "
+                         "(torch >= 2.5); use layout='sparse' or 'dense'")
+    if key.dtype not in DTYPES or query.dtype != key.dtype:
+        raise ValueError(f"the fused layout supports {[str(d) for d in DTYPES]} keys and "
+                         f"queries, got {key.dtype}; use layout='sparse' or 'dense'")
+
+
+def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor, *,
+                    direction: str = "forward", include_self: bool = False,
+                    normalization: str = "relu2", mask=None) -> Tensor:
+    r""":math:`\sum_i G_{ij} v_i` for every head and target, with the graphs of paper
+    Eq. 1 given by their augmented keys and queries.
+
+    Args:
+        key, query: ``[B, H, T, D]`` padded per-head keys and queries (the scores are
+            their plain inner products: bias and position terms folded in).
+        values: ``[B, H, T, C]`` per-head or ``[B, 1, T, C]`` shared values (any ``C``).
+        lengths: ``[B]`` valid lengths.
+        mask: a :func:`block_mask` of these lengths, padded length and order, to reuse
+            across calls (built here when ``None``).
+
+    Returns ``[B, H, T, C]`` in the dtype of ``values``, zero at padding and at targets
+    without edges.
+    """
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if normalization not in ("relu2", "softmax"):
+        raise ValueError(f"normalization must be 'relu2' or 'softmax', got {normalization!r}")
+    check_fusable(key, query)
+    b, h, t, _ = key.shape
+    padded = -(-t // BLOCK) * BLOCK
+    pad = padded - t
+    if values.size(1) == 1 and h > 1:  # shared input: every head reads the same values
+        values = values.expand(b, h, t, values.size(-1))
+    out_dtype = values.dtype
+    values = values.to(key.dtype)
+    if pad:
+        key, query, values = (torch.nn.functional.pad(a, (0, 0, 0, pad))
+                              for a in (key, query, values))
+    if mask is None:
+        mask = block_mask(lengths, padded, direction, include_self)
+    with torch.autocast(key.device.type, enabled=False):
+        out = _flex()(query.contiguous(), key.contiguous(), values.contiguous(),
+                      score_mod=_relu2_score if normalization == "relu2" else None,
+                      block_mask=mask, scale=1.0)
+    return out[:, :, :t].to(out_dtype)
+
+
+def needs_fallback(*tensors: Optional[Tensor]) -> bool:
+    """FlexAttention has no backward on CPU: true when a gradient would be needed there."""
+    if not torch.is_grad_enabled():
+        return False
+    live = [x for x in tensors if x is not None]
+    return any(x.requires_grad for x in live) and any(x.device.type == "cpu" for x in live)

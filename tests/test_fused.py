@@ -1,0 +1,127 @@
+"""The fused layout (FlexAttention): the same propagation as the sparse edges, on CPU in
+the forward pass, with automatic fallback where gradients are needed."""
+import pytest
+import torch
+
+from glomo_pyg import (FeatureGraphEmitter, Glomo, GlomoConv, GlomoTransfer, GraphPredictor,
+                       PretrainedGraphPredictor)
+from glomo_pyg import flex
+from glomo_pyg.kernels import head_propagate, latent_graph_edges
+
+pytestmark = pytest.mark.skipif(not flex.available(), reason="needs FlexAttention")
+
+LENGTHS = [5, 11, 7]
+
+
+def tokens():
+    torch.manual_seed(1)
+    x = torch.randint(0, 30, (sum(LENGTHS),))
+    batch = torch.repeat_interleave(torch.arange(3), torch.tensor(LENGTHS))
+    return x, batch
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("kw", [dict(), dict(bias="threshold", position="relative",
+                                             position_frequencies=4),
+                                dict(sparse=False), dict(include_self=True)])
+def test_fused_propagation_equals_the_sparse_edges(direction, kw):
+    torch.manual_seed(0)
+    p = GraphPredictor(num_tokens=30, hidden_channels=16, num_layers=2, heads=4, cnn_layers=1,
+                       direction=direction, **kw).eval()
+    x, batch = tokens()
+    with torch.no_grad():
+        sparse, fused = p(x, batch), p(x, batch, layout="fused")
+        assert fused.layout == "fused"
+        shared, per_head = torch.randn(len(x), 6), torch.randn(4, len(x), 6)
+        for l in range(2):
+            torch.testing.assert_close(fused.propagate(shared, l), sparse.propagate(shared, l),
+                                       atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(fused.propagate(per_head, l),
+                                       sparse.propagate(per_head, l), atol=1e-5, rtol=1e-4)
+        # export sees the same sparse edges, emitted on demand from the keys and queries
+        for (ea, wa, ha), (eb, wb, hb) in zip(fused, sparse):
+            assert torch.equal(ea, eb) and torch.equal(ha, hb)
+            torch.testing.assert_close(wa, wb)
+        torch.testing.assert_close(fused.to_dense(), sparse.to_dense())
+        assert fused.to(torch.device("cpu")).layout == "fused"
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("include_self", [False, True])
+def test_block_mask_over_several_blocks_padding_and_empty_columns(direction, include_self):
+    """Lengths across 128-unit block boundaries (full, partial and empty blocks), a
+    length-1 sequence, and many targets without a positive score."""
+    torch.manual_seed(0)
+    lengths = torch.tensor([300, 129, 1, 256])
+    b, h, t, d = 4, 2, 300, 9
+    k, q = torch.randn(b, h, t, d), torch.randn(b, h, t, d) - 0.3
+    ptr = torch.zeros(b + 1, dtype=torch.long)
+    ptr[1:] = lengths.cumsum(0)
+    batch = torch.repeat_interleave(torch.arange(b), lengths)
+    pos = torch.arange(int(ptr[-1])) - ptr[batch]
+    x = torch.randn(int(ptr[-1]), 3)
+    values = torch.zeros(b, 1, t, 3)
+    values[batch, 0, pos] = x
+    edges = latent_graph_edges(k, q, lengths, ptr, direction=direction, include_self=include_self)
+    want = head_propagate(x, *edges, num_heads=h)
+    out = flex.fused_propagate(k, q, values, lengths, direction=direction,
+                               include_self=include_self)
+    torch.testing.assert_close(out[batch, :, pos].transpose(0, 1), want, atol=1e-5, rtol=1e-4)
+    assert torch.isfinite(out).all() and out[1, :, 129:].abs().max() == 0  # padding stays 0
+
+
+def test_training_on_cpu_falls_back_and_matches_the_sparse_layout():
+    """FlexAttention has no CPU backward: with gradients the fused layout propagates along
+    the sparse edges instead, silently and with the same values and gradients."""
+    x, batch = tokens()
+    models = {}
+    for layout in ("sparse", "fused"):
+        torch.manual_seed(3)
+        models[layout] = Glomo.text(num_tokens=30, hidden_channels=16, num_layers=2, heads=4,
+                                    cnn_layers=1, num_positions=4).set_layout(layout)
+    out = {}
+    for layout, model in models.items():
+        torch.manual_seed(5)
+        loss = model(x, batch).loss
+        loss.backward()
+        out[layout] = (loss, [p.grad for p in model.parameters()])
+    torch.testing.assert_close(out["fused"][0], out["sparse"][0])
+    for a, b in zip(out["fused"][1], out["sparse"][1]):
+        if a is not None or b is not None:
+            torch.testing.assert_close(a, b)
+
+
+def test_transfer_and_conv_accept_fused_graphs():
+    torch.manual_seed(0)
+    parts = [GraphPredictor(num_tokens=30, hidden_channels=16, num_layers=2, heads=4,
+                            cnn_layers=1, direction=d) for d in ("forward", "backward")]
+    predictor = PretrainedGraphPredictor(*parts)
+    x, batch = tokens()
+    h = torch.randn(len(x), 8)
+    transfer = GlomoTransfer(predictor, in_channels=8, mixing="conditioned").eval()
+    with torch.no_grad():
+        want = transfer(h, x, batch)
+        predictor.set_layout("fused")
+        graphs = transfer.graphs(x, batch)
+        assert graphs.forward.layout == "fused"
+        torch.testing.assert_close(transfer(h, graphs=graphs), want, atol=1e-5, rtol=1e-4)
+        conv = GlomoConv(8, heads=4, update="gru")
+        torch.testing.assert_close(conv.propagate_graphs(h, graphs.backward, 1),
+                                   conv(h, *graphs.backward.to_sparse().layer(1)),
+                                   atol=1e-5, rtol=1e-4)
+    emitter = FeatureGraphEmitter(num_tokens=30, hidden_channels=16, num_layers=2, heads=4).eval()
+    with torch.no_grad():
+        fused, sparse = emitter(x, batch, layout="fused"), emitter(x, batch)
+        assert fused.layout == "fused"
+        torch.testing.assert_close(fused.to_dense(), sparse.to_dense(), atol=1e-5, rtol=1e-4)
+
+
+def test_unsupported_inputs_name_the_other_layouts():
+    p = GraphPredictor(num_tokens=30, hidden_channels=16, num_layers=1, heads=4,
+                       cnn_layers=1).double()
+    x, batch = tokens()
+    with pytest.raises(ValueError, match="layout='sparse' or 'dense'"):
+        p(x, batch, layout="fused")
+    k = torch.randn(1, 1, 4, 2)
+    with pytest.raises(ValueError, match="normalization"):
+        flex.fused_propagate(k, k, k, torch.tensor([4]), normalization="sigmoid")
