@@ -90,12 +90,24 @@ def _block_structure(lengths: Tensor, t: int, direction: str, include_self: bool
     return (*indices(partial), *indices(full))
 
 
-def block_mask(lengths: Tensor, t: int, direction: str, include_self: bool):
+def block_mask(lengths: Tensor, t: int, direction: str, include_self: bool,
+               order_only: bool = False):
     """FlexAttention ``BlockMask`` of the allowed (target, source) pairs of sequences of
-    ``lengths`` padded to ``t`` units (``t`` a multiple of :data:`BLOCK`)."""
+    ``lengths`` padded to ``t`` units (``t`` a multiple of :data:`BLOCK`).
+
+    ``order_only``: the element mask tests only the order, not the lengths (blocks past
+    the lengths are still skipped). Exact for squared-ReLU graphs whose padded keys are
+    zero: their scores are 0, which the squared ReLU drops; rows of padded targets are
+    discarded by the caller. Saves two loads and compares per score."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    if direction == "forward":
+    if order_only and direction == "forward":
+        def mask_mod(b, h, q_idx, kv_idx):
+            return (kv_idx <= q_idx) if include_self else (kv_idx < q_idx)
+    elif order_only:
+        def mask_mod(b, h, q_idx, kv_idx):
+            return (kv_idx >= q_idx) if include_self else (kv_idx > q_idx)
+    elif direction == "forward":
         def mask_mod(b, h, q_idx, kv_idx):
             order = (kv_idx <= q_idx) if include_self else (kv_idx < q_idx)
             return order & (q_idx < lengths[b]) & (kv_idx < lengths[b])
@@ -150,8 +162,13 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
     if pad:
         key, query, values = (torch.nn.functional.pad(a, (0, 0, 0, pad))
                               for a in (key, query, values))
+    relu2 = normalization == "relu2"
+    if relu2:  # zero keys at padding: score 0, dropped by the squared ReLU (see block_mask)
+        real = torch.arange(padded, device=key.device).view(1, 1, -1, 1) < \
+            lengths.view(-1, 1, 1, 1)
+        key = key * real.to(key.dtype)
     if mask is None:
-        mask = block_mask(lengths, padded, direction, include_self)
+        mask = block_mask(lengths, padded, direction, include_self, order_only=relu2)
     with torch.autocast(key.device.type, enabled=False):
         out = _flex()(query.contiguous(), key.contiguous(), values.contiguous(),
                       score_mod=_relu2_score if normalization == "relu2" else None,

@@ -281,8 +281,9 @@ class LatentGraphs:
         padded = seqs.to_padded(xs.transpose(0, 1)).permute(0, 2, 1, 3)  # [B, H or 1, T, C]
         if "mask" not in self._flex_cache:  # one block mask serves every layer and call
             t = -(-seqs.max_len // flex.BLOCK) * flex.BLOCK
-            self._flex_cache["mask"] = flex.block_mask(seqs.lengths, t, self.direction,
-                                                       self.include_self)
+            self._flex_cache["mask"] = flex.block_mask(
+                seqs.lengths, t, self.direction, self.include_self,
+                order_only=self._normalization == "relu2")
         out = flex.fused_propagate(k, q, padded, seqs.lengths, direction=self.direction,
                                    include_self=self.include_self,
                                    normalization=self._normalization,
