@@ -173,7 +173,10 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
         out = _flex()(query.contiguous(), key.contiguous(), values.contiguous(),
                       score_mod=_relu2_score if normalization == "relu2" else None,
                       block_mask=mask, scale=1.0)
-    return out[:, :, :t].to(out_dtype)
+    out = out[:, :, :t]
+    if relu2:  # padded targets read real keys under the order-only mask: zero them
+        out = out * real[:, :, :t].to(out.dtype)
+    return out.to(out_dtype)
 
 
 def needs_fallback(*tensors: Optional[Tensor]) -> bool:
