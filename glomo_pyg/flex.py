@@ -132,7 +132,8 @@ def check_fusable(key: Tensor, query: Tensor) -> None:
 
 def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor, *,
                     direction: str = "forward", include_self: bool = False,
-                    normalization: str = "relu2", mask=None) -> Tensor:
+                    normalization: str = "relu2", mask=None,
+                    full_length: Optional[bool] = None) -> Tensor:
     r""":math:`\sum_i G_{ij} v_i` for every head and target, with the graphs of paper
     Eq. 1 given by their augmented keys and queries.
 
@@ -143,6 +144,8 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
         lengths: ``[B]`` valid lengths.
         mask: a :func:`block_mask` of these lengths, padded length and order, to reuse
             across calls (built here when ``None``).
+        full_length: every sequence has length ``T`` (no padding to mask; computed from
+            ``lengths`` when ``None``, which synchronises with the device).
 
     Returns ``[B, H, T, C]`` in the dtype of ``values``, zero at padding and at targets
     without edges.
@@ -163,7 +166,10 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
         key, query, values = (torch.nn.functional.pad(a, (0, 0, 0, pad))
                               for a in (key, query, values))
     relu2 = normalization == "relu2"
-    if relu2:  # zero keys at padding: score 0, dropped by the squared ReLU (see block_mask)
+    if full_length is None:
+        full_length = bool((lengths == t).all())
+    zero_padding = relu2 and not (full_length and not pad)
+    if zero_padding:  # zero keys at padding: score 0, dropped by the squared ReLU (block_mask)
         real = torch.arange(padded, device=key.device).view(1, 1, -1, 1) < \
             lengths.view(-1, 1, 1, 1)
         key = key * real.to(key.dtype)
@@ -174,7 +180,7 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
                       score_mod=_relu2_score if normalization == "relu2" else None,
                       block_mask=mask, scale=1.0)
     out = out[:, :, :t]
-    if relu2:  # padded targets read real keys under the order-only mask: zero them
+    if zero_padding:  # padded targets read real keys under the order-only mask: zero them
         out = out * real[:, :, :t].to(out.dtype)
     return out.to(out_dtype)
 

@@ -287,7 +287,9 @@ class LatentGraphs:
         out = flex.fused_propagate(k, q, padded, seqs.lengths, direction=self.direction,
                                    include_self=self.include_self,
                                    normalization=self._normalization,
-                                   mask=self._flex_cache["mask"])  # [B, H, T, C]
+                                   mask=self._flex_cache["mask"],
+                                   full_length=seqs.num_nodes == seqs.num_sequences * seqs.max_len
+                                   )  # [B, H, T, C]
         return seqs.to_flat(out.permute(0, 2, 1, 3)).transpose(0, 1)  # [H, N, C]
 
     # --- layout -------------------------------------------------------------------
