@@ -125,3 +125,14 @@ def test_unsupported_inputs_name_the_other_layouts():
     k = torch.randn(1, 1, 4, 2)
     with pytest.raises(ValueError, match="normalization"):
         flex.fused_propagate(k, k, k, torch.tensor([4]), normalization="sigmoid")
+
+
+def test_auto_picks_fused_only_without_gradients_at_long_lengths():
+    torch.manual_seed(0)
+    p = GraphPredictor(num_tokens=30, hidden_channels=16, num_layers=1, heads=2,
+                       cnn_layers=1).set_layout("auto").eval()
+    long = torch.randint(0, 30, (600,))
+    with torch.no_grad():
+        assert p(long).layout == "fused"
+        assert p(torch.randint(0, 30, (100,))).layout in ("sparse", "dense")
+    assert p(long).layout in ("sparse", "dense")  # gradients enabled: no fused emission

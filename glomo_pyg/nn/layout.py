@@ -1,5 +1,7 @@
-"""Choosing between the sparse and the dense graph layout (see LatentGraphs)."""
+"""Choosing between the sparse, dense and fused graph layouts (see LatentGraphs)."""
 from __future__ import annotations
+
+import torch
 
 LAYOUTS = ("sparse", "dense", "fused", "auto")
 
@@ -20,6 +22,23 @@ DENSE_MAX_WEIGHTS = 1 << 24
 # sequence, so the crossover density is expected to stay put, but that is not measured
 # yet. No GPU table has been measured; GPUs use this CPU table until one is.
 CROSSOVER = ((64, 0.05), (128, 0.05), (256, 0.25), (512, 0.25))
+
+
+# 'auto' emits the fused layout (FlexAttention) for graphs emitted without gradients
+# (transfer with a frozen predictor, inference) from this longest length on: measured
+# by `python -m benchmarks.speed --quick --sections transfer` (2026-11-22, 2-core AMD
+# EPYC, run 16 in benchmarks/results/speed.md). GlomoTransfer forward relative to the
+# sparse layout: fused 0.97 / dense 0.85 at T=128, 0.82 / 0.79 at T=256, 0.61 / 0.72 at
+# T=512, 0.28 / 0.47 at T=1024 (images). Training keeps the sparse/dense choice: on CPU
+# FlexAttention has no backward, and the GPU backward is not measured yet.
+FUSED_MIN_LEN = 512
+
+
+def use_fused(max_len: int, like: torch.Tensor) -> bool:
+    from glomo_pyg import flex
+
+    return (not torch.is_grad_enabled() and max_len >= FUSED_MIN_LEN and flex.available()
+            and like.dtype in flex.DTYPES)
 
 
 def crossover_density(max_len: int) -> float:

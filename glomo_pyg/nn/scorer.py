@@ -12,7 +12,7 @@ from torch import Tensor
 from glomo_pyg import flex
 from glomo_pyg.graphs import LatentGraphs
 from glomo_pyg.kernels import column_max_scores, latent_graph_dense, latent_graph_edges
-from glomo_pyg.nn.layout import LAYOUTS, choose_layout, dense_fits
+from glomo_pyg.nn.layout import LAYOUTS, choose_layout, dense_fits, use_fused
 from glomo_pyg.ordering import DIRECTIONS
 from glomo_pyg.sequences import SequenceBatch
 
@@ -209,6 +209,8 @@ class GraphScorer(torch.nn.Module):
         layers = range(self.num_layers) if layers is None else layers
         b, t = sequences.num_sequences, sequences.max_len
         meta = dict(direction=self.direction, sequences=sequences, include_self=self.include_self)
+        if layout == "auto" and use_fused(t, key_states):
+            layout = "fused"
         if layout == "fused":  # keys and queries only: propagation scores and normalises
             layers_kq = [self.augmented(l, key_states, query_states) for l in layers]
             flex.check_fusable(*layers_kq[0])
