@@ -136,3 +136,22 @@ def test_auto_picks_fused_only_without_gradients_at_long_lengths():
         assert p(long).layout == "fused"
         assert p(torch.randint(0, 30, (100,))).layout in ("sparse", "dense")
     assert p(long).layout in ("sparse", "dense")  # gradients enabled: no fused emission
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention's backward needs a GPU")
+def test_fused_gradients_equal_the_sparse_path_on_gpu():
+    torch.manual_seed(0)
+    p = GraphPredictor(num_tokens=30, hidden_channels=16, num_layers=2, heads=4,
+                       cnn_layers=1).cuda()
+    x, batch = (t.cuda() for t in tokens())
+    h = torch.randn(len(x), 8, device="cuda")
+    grads = {}
+    for layout in ("sparse", "fused"):
+        p.zero_grad()
+        hh = h.clone().requires_grad_()
+        graphs = p(x, batch, layout=layout)
+        out = graphs.propagate(hh, 0).square().sum() + graphs.propagate(hh.repeat(1, 1), 1).sum()
+        out.backward()
+        grads[layout] = [hh.grad] + [q.grad.clone() for q in p.parameters() if q.grad is not None]
+    for a, b in zip(grads["fused"], grads["sparse"]):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
