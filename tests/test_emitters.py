@@ -57,14 +57,37 @@ def test_configurable_module_refuses_values_it_cannot_save():
         Holder(torch.zeros(1)).config()
 
 
+def v1_directory(name: str, tmp_path) -> str:
+    """A format-1 predictor directory rebuilt from its fixture: ``config.json`` as
+    glomo_pyg 0.1.0 wrote it, and its weights, kept as JSON (the repository holds no
+    binary weight files), written back to ``model.safetensors``. The config's checksum
+    entry is updated to these bytes: safetensors' framing may differ between versions,
+    while the tensors are the saved ones."""
+    import hashlib
+
+    from safetensors.torch import save
+
+    source = os.path.join(DATA, name)
+    config = json.load(open(os.path.join(source, "config.json")))
+    weights = {k: torch.tensor(v["data"], dtype=getattr(torch, v["dtype"])).view(v["shape"])
+               for k, v in json.load(open(os.path.join(source, "weights.json"))).items()}
+    payload = save(weights)
+    config["weights"].update(bytes=len(payload), sha256=hashlib.sha256(payload).hexdigest())
+    target = tmp_path / name
+    target.mkdir()
+    (target / "model.safetensors").write_bytes(payload)
+    (target / "config.json").write_text(json.dumps(config))
+    return str(target)
+
+
 @pytest.mark.parametrize("name", ["pretrained-v1", "pretrained-v1-nodecouple"])
 def test_files_of_format_version_1_still_load_with_the_same_graphs(name, tmp_path):
     """Fixtures written by glomo_pyg 0.1.0 (format 1, hand-copied kwargs with the layout
     inside): the same graphs come out, and saving again writes format 2."""
-    path = os.path.join(DATA, name)
+    path = v1_directory(name, tmp_path)
     assert json.load(open(os.path.join(path, "config.json")))["format_version"] == 1
     predictor = load_pretrained(path)
-    expected = json.load(open(os.path.join(path, "expected.json")))
+    expected = json.load(open(os.path.join(DATA, name, "expected.json")))
     x, batch = torch.tensor(expected["x"]), torch.tensor(expected["batch"])
     graphs = predictor(x, batch)
     for direction in ("forward", "backward"):
