@@ -35,6 +35,12 @@ from glomo_pyg.ordering import DIRECTIONS
 
 BLOCK = 128  # FlexAttention's default block size, and the padding granularity
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Smallest head dim per device: the CUDA kernel needs 16 (``tl.dot``). Narrower keys,
+# queries and values are zero-padded up to it, which leaves every score unchanged.
+MIN_HEAD_DIM: Dict[str, int] = {"cuda": 16}
+# The block mask holds B * (T / BLOCK)^2 int32 block indices (twice: by key and by query
+# block); past this many per table (1 GiB) the sparse layout, O(edges), is the one to use.
+MAX_MASK_BLOCKS = 2 ** 28
 
 _COMPILED: Dict[str, object] = {}
 
@@ -121,13 +127,25 @@ def block_mask(lengths: Tensor, t: int, direction: str, include_self: bool,
 
 
 def check_fusable(key: Tensor, query: Tensor) -> None:
-    """``ValueError`` naming the alternative layouts for inputs FlexAttention cannot take."""
+    """``ValueError`` naming the alternative layouts for inputs FlexAttention cannot take:
+    no FlexAttention, an unsupported dtype, mismatched shapes, or sequences so long that
+    the block mask itself would not fit (:data:`MAX_MASK_BLOCKS`)."""
     if not available():
         raise ValueError("the fused layout needs torch.nn.attention.flex_attention "
                          "(torch >= 2.5); use layout='sparse' or 'dense'")
     if key.dtype not in DTYPES or query.dtype != key.dtype:
         raise ValueError(f"the fused layout supports {[str(d) for d in DTYPES]} keys and "
                          f"queries, got {key.dtype}; use layout='sparse' or 'dense'")
+    if key.dim() != 4 or key.shape != query.shape:
+        raise ValueError(f"the fused layout needs keys and queries of one shape [B, H, T, D], "
+                         f"got {tuple(key.shape)} and {tuple(query.shape)}")
+    b, _, t, _ = key.shape
+    blocks = -(-t // BLOCK)
+    if b * blocks * blocks > MAX_MASK_BLOCKS:
+        raise ValueError(f"sequences of {t} units in a batch of {b} are too long for the "
+                         f"fused layout's block mask ({b} x {blocks}^2 blocks > "
+                         f"{MAX_MASK_BLOCKS}); use layout='sparse' (memory O(edges)) or "
+                         f"split the batch")
 
 
 def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor, *,
@@ -156,15 +174,24 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
         raise ValueError(f"normalization must be 'relu2' or 'softmax', got {normalization!r}")
     check_fusable(key, query)
     b, h, t, _ = key.shape
+    if values.dim() != 4 or values.shape[0] != b or values.shape[2] != t or \
+            values.shape[1] not in (1, h):
+        raise ValueError(f"values must be [B, H or 1, T, C] = [{b}, {h} or 1, {t}, C], "
+                         f"got {tuple(values.shape)}")
     padded = -(-t // BLOCK) * BLOCK
     pad = padded - t
     if values.size(1) == 1 and h > 1:  # shared input: every head reads the same values
         values = values.expand(b, h, t, values.size(-1))
     out_dtype = values.dtype
     values = values.to(key.dtype)
-    if pad:
-        key, query, values = (torch.nn.functional.pad(a, (0, 0, 0, pad))
-                              for a in (key, query, values))
+    width = values.size(-1)
+    min_dim = MIN_HEAD_DIM.get(key.device.type, 1)
+    dim_pad = max(0, min_dim - key.size(-1))
+    value_pad = max(0, min_dim - width)
+    if pad or dim_pad:  # zero units past T and zero key/query dims: scores unchanged
+        key, query = (torch.nn.functional.pad(a, (0, dim_pad, 0, pad)) for a in (key, query))
+    if pad or value_pad:
+        values = torch.nn.functional.pad(values, (0, value_pad, 0, pad))
     relu2 = normalization == "relu2"
     if full_length is None:
         full_length = bool((lengths == t).all())
@@ -175,11 +202,20 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
         key = key * real.to(key.dtype)
     if mask is None:
         mask = block_mask(lengths, padded, direction, include_self, order_only=relu2)
-    with torch.autocast(key.device.type, enabled=False):
-        out = _flex()(query.contiguous(), key.contiguous(), values.contiguous(),
-                      score_mod=_relu2_score if normalization == "relu2" else None,
-                      block_mask=mask, scale=1.0)
-    out = out[:, :, :t]
+    try:
+        with torch.autocast(key.device.type, enabled=False):
+            out = _flex()(query.contiguous(), key.contiguous(), values.contiguous(),
+                          score_mod=_relu2_score if normalization == "relu2" else None,
+                          block_mask=mask, scale=1.0)
+    except torch.OutOfMemoryError:
+        raise
+    except (NotImplementedError, RuntimeError) as e:  # the kernel refused these shapes
+        raise ValueError(
+            f"FlexAttention cannot run keys/queries {tuple(key.shape)} with values "
+            f"{tuple(values.shape)} on {key.device.type} ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); use layout='sparse' or "
+            f"'dense'") from e
+    out = out[:, :, :t, :width]
     if zero_padding:  # padded targets read real keys under the order-only mask: zero them
         out = out * real[:, :, :t].to(out.dtype)
     return out.to(out_dtype)

@@ -155,3 +155,35 @@ def test_fused_gradients_equal_the_sparse_path_on_gpu():
         grads[layout] = [hh.grad] + [q.grad.clone() for q in p.parameters() if q.grad is not None]
     for a, b in zip(grads["fused"], grads["sparse"]):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
+
+
+def test_narrow_heads_are_zero_padded_where_the_kernel_needs_width(monkeypatch):
+    # CUDA's kernel needs head dims >= 16; padding keys, queries and values with zeros
+    # must leave the result unchanged (exercised on CPU by raising the minimum here).
+    torch.manual_seed(0)
+    k, q = torch.randn(2, 3, 40, 5), torch.randn(2, 3, 40, 5)
+    v = torch.randn(2, 3, 40, 3)
+    lengths = torch.tensor([40, 23])
+    plain = flex.fused_propagate(k, q, v, lengths)
+    monkeypatch.setitem(flex.MIN_HEAD_DIM, "cpu", 16)
+    padded = flex.fused_propagate(k, q, v, lengths)
+    assert padded.shape == plain.shape == (2, 3, 40, 3)
+    torch.testing.assert_close(padded, plain, atol=1e-6, rtol=1e-5)
+
+
+def test_fused_refuses_over_long_masks_bad_values_and_kernel_failures(monkeypatch):
+    t = flex.BLOCK * 4097  # 16 x 4097^2 block indices > MAX_MASK_BLOCKS
+    k = torch.zeros(16, 1, t, 1)
+    with pytest.raises(ValueError, match="too long for the fused layout's block mask.*sparse"):
+        flex.check_fusable(k, k)
+    k = torch.randn(2, 2, 8, 4)
+    with pytest.raises(ValueError, match=r"values must be \[B, H or 1, T, C\]"):
+        flex.fused_propagate(k, k, torch.randn(2, 3, 8, 4), torch.tensor([8, 5]))
+    with pytest.raises(ValueError, match="one shape"):
+        flex.check_fusable(k, k[..., :3])
+
+    def refuse(*args, **kwargs):
+        raise NotImplementedError("NYI: embedding dimension must be at least 16")
+    monkeypatch.setitem(flex._COMPILED, "flex", refuse)
+    with pytest.raises(ValueError, match="FlexAttention cannot run.*layout='sparse' or 'dense'"):
+        flex.fused_propagate(k, k, k, torch.tensor([8, 5]))
