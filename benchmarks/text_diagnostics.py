@@ -104,7 +104,7 @@ def main(argv=None) -> int:
             seq, graphs = fixed_graphs(x, batch, kind, gp.num_layers, gp.heads, direction)
         f, _ = model.feature_predictors[key].from_sequences(x, seq, graphs)
         positions = model._positions(seq, direction)
-        targets = model._targets(x, seq, positions, direction)
+        targets = model.decoders[key].targets(x, seq, positions, direction)
         return model.decoders[key].loss(f[positions], targets)[0]
 
     def report(step, start):

@@ -1,17 +1,19 @@
 """glomo_pyg: GLoMo's unsupervisedly learned relational graphs for PyTorch Geometric."""
 from glomo_pyg.version import __version__
 from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs  # noqa: E402
-from glomo_pyg.ordering import SequenceOrder, UnitOrder  # noqa: E402
+from glomo_pyg.ordering import RasterOrder, SequenceOrder, UnitOrder  # noqa: E402
 from glomo_pyg.nn import (ContextDecoder, FeatureGraphEmitter, FeaturePredictor,  # noqa: E402
-                          GatedFusion, Glomo, GlomoConv, GlomoOutput, GlomoTextClassifier,
-                          GlomoTransfer, GraphEmitter, GraphMixer, GraphPredictor, GraphScorer,
+                          GatedFusion, Glomo, GlomoConv, GlomoOutput, GlomoResNet,
+                          GlomoTextClassifier, GlomoTransfer, GraphEmitter, GraphMixer,
+                          GraphPredictor, GraphScorer, PixelGraphPredictor,
                           PretrainedGraphPredictor)
 from glomo_pyg.io import PretrainedFormatError, load_pretrained, save_pretrained  # noqa: E402
 
 __all__ = [
     "ContextDecoder", "DirectionalGraphs", "FeatureGraphEmitter", "FeaturePredictor",
-    "GatedFusion", "Glomo", "GlomoConv", "GlomoOutput", "GlomoTextClassifier", "GlomoTransfer",
-    "GraphEmitter", "GraphMixer", "GraphPredictor", "GraphScorer", "LatentGraphs",
-    "PretrainedFormatError", "PretrainedGraphPredictor", "SequenceOrder", "UnitOrder",
+    "GatedFusion", "Glomo", "GlomoConv", "GlomoOutput", "GlomoResNet", "GlomoTextClassifier",
+    "GlomoTransfer", "GraphEmitter", "GraphMixer", "GraphPredictor", "GraphScorer",
+    "LatentGraphs", "PixelGraphPredictor", "PretrainedFormatError", "PretrainedGraphPredictor",
+    "RasterOrder", "SequenceOrder", "UnitOrder",
     "__version__", "load_pretrained", "save_pretrained",
 ]

@@ -65,7 +65,8 @@ class LatentGraphs:
     """
 
     def __init__(self, edge_index: List[Tensor], edge_weight: List[Tensor], edge_head: List[Tensor],
-                 *, num_heads: int, direction: str, ptr: Tensor, include_self: bool = False):
+                 *, num_heads: int, direction: str, ptr: Tensor, include_self: bool = False,
+                 order: Optional[UnitOrder] = None):
         if direction not in DIRECTIONS:
             raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
         if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads < 1:
@@ -78,6 +79,7 @@ class LatentGraphs:
             _check_layer(l, ei, ew, eh, sequences, num_heads)
         self._init(edge_index, edge_weight, edge_head, num_heads, direction, sequences,
                    include_self, sorted_edges=False)
+        self._with_order(order)
 
     def _init(self, edge_index, edge_weight, edge_head, num_heads, direction, sequences,
               include_self, sorted_edges, dense=None, fused=None, normalization="relu2"):
@@ -94,6 +96,30 @@ class LatentGraphs:
         self.direction = direction
         self.include_self = bool(include_self)
         self.sequences = sequences
+        self._order: Optional[UnitOrder] = None  # None: the 1-D SequenceOrder
+        self._uniform_layers: Optional[int] = None  # uniform graphs: layers, edges lazy
+
+    def _with_order(self, order: Optional[UnitOrder]) -> "LatentGraphs":
+        """Attach the allowed-sources rule these graphs were emitted under (e.g. a
+        :class:`~glomo_pyg.ordering.RasterOrder` with its grid); returns ``self``."""
+        if order is None:
+            return self
+        if not isinstance(order, UnitOrder):
+            raise TypeError(f"order must be a UnitOrder, got {type(order).__name__}")
+        if (order.direction, order.include_self) != (self.direction, self.include_self):
+            raise ValueError(f"order {order!r} does not match the graphs' direction "
+                             f"{self.direction!r} and include_self={self.include_self}")
+        if not isinstance(order, SequenceOrder):
+            raise ValueError("the kernels mask sources by position in the sequence: the order "
+                             f"must be a SequenceOrder (e.g. RasterOrder), got {order!r}")
+        units = getattr(order, "num_units", None)
+        if units is not None and self.num_sequences and \
+                bool((self.sequences.lengths != units).any()):
+            raise ValueError(f"{order!r} covers {units} units per image; every sequence must "
+                             f"have exactly that many (lengths "
+                             f"{sorted(set(self.sequences.lengths.tolist()))[:5]})")
+        self._order = order
+        return self
 
     @classmethod
     def _trusted(cls, edge_index: List[Tensor], edge_weight: List[Tensor], edge_head: List[Tensor],
@@ -155,26 +181,54 @@ class LatentGraphs:
 
     @classmethod
     def uniform(cls, ptr: Tensor, *, num_layers: int, num_heads: int, direction: str,
-                include_self: bool = False) -> "LatentGraphs":
+                include_self: bool = False, order: Optional[UnitOrder] = None
+                ) -> "LatentGraphs":
         """The uniform baseline: every allowed source of a target gets the same weight
         (``1 / number of allowed sources``), the same graph for every layer and head.
         Same layout and conventions as emitted graphs (a target with no allowed
-        source, e.g. the first unit going forward, gets no edge)."""
+        source, e.g. the first unit going forward, gets no edge). Propagation along
+        them is a per-sequence prefix (suffix) mean, O(N); the O(T^2) edges are built
+        only when asked for (export, analysis, conversion)."""
         if direction not in DIRECTIONS:
             raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
         if num_layers < 1 or num_heads < 1:
             raise ValueError("num_layers and num_heads must be positive")
         seqs = _check_ptr(ptr)
-        order = SequenceOrder(direction, include_self)
-        src, tgt = order.pairs(seqs.ptr)
-        count = order.num_sources(seqs.position, seqs.lengths[seqs.batch])
+        graphs = cls.__new__(cls)
+        graphs._init([], [], [], num_heads, direction, seqs, include_self, sorted_edges=True)
+        graphs._edges, graphs._uniform_layers = None, int(num_layers)
+        return graphs._with_order(order)
+
+    def _uniform_edges(self) -> LayerEdges:
+        """The edges of a uniform layer (built on demand: O(T^2) per sequence)."""
+        seqs, h = self.sequences, self.num_heads
+        rule = SequenceOrder(self.direction, self.include_self)
+        src, tgt = rule.pairs(seqs.ptr)
+        count = rule.num_sources(seqs.position, seqs.lengths[seqs.batch])
         weight = (1.0 / count.clamp(min=1).double()).float()[tgt]
-        edges = torch.stack([src, tgt]).repeat(1, num_heads)
-        heads = torch.arange(num_heads, device=ptr.device).repeat_interleave(tgt.numel())
-        weight = weight.repeat(num_heads)
-        return cls._trusted([edges] * num_layers, [weight] * num_layers, [heads] * num_layers,
-                            num_heads=num_heads, direction=direction, sequences=seqs,
-                            include_self=include_self)
+        edges = torch.stack([src, tgt]).repeat(1, h)
+        heads = torch.arange(h, device=seqs.ptr.device).repeat_interleave(tgt.numel())
+        return edges, weight.repeat(h), heads
+
+    def _propagate_uniform(self, x: Tensor) -> Tensor:
+        """Propagation along uniform graphs in O(N): the mean over each target's allowed
+        sources, from per-sequence prefix sums (float64, so long sequences stay exact)."""
+        seqs = self.sequences
+        xs = x.unsqueeze(0) if x.dim() == 2 else x  # [H or 1, N, C]
+        csum = torch.nn.functional.pad(xs.double().cumsum(1), (0, 0, 1, 0))  # [., N + 1, C]
+        node = torch.arange(seqs.num_nodes, device=x.device)
+        start = seqs.ptr[seqs.batch]
+        end = start + seqs.lengths[seqs.batch]
+        extra = int(self.include_self)
+        if self.direction == "forward":  # sources start .. node - 1 (+ node)
+            lo, hi = start, node + extra
+        else:  # sources node + 1 (node) .. end - 1
+            lo, hi = node + 1 - extra, end
+        count = (hi - lo).clamp_min(0)
+        total = csum[:, hi] - csum[:, lo]
+        out = total / count.clamp_min(1).view(1, -1, 1).double()
+        out = out.to(x.dtype)
+        return out.expand(self.num_heads, -1, -1) if out.size(0) == 1 else out
 
     # --- storage ------------------------------------------------------------------
     @property
@@ -187,7 +241,10 @@ class LatentGraphs:
 
     @property
     def order(self) -> UnitOrder:
-        """The allowed-sources rule of these graphs (:mod:`glomo_pyg.ordering`)."""
+        """The allowed-sources rule of these graphs (:mod:`glomo_pyg.ordering`): a
+        :class:`~glomo_pyg.ordering.RasterOrder` for pixel graphs, else the 1-D order."""
+        if self._order is not None:
+            return self._order
         return SequenceOrder(self.direction, self.include_self)
 
     def _sparse_edges(self) -> List[LayerEdges]:
@@ -197,6 +254,8 @@ class LatentGraphs:
                                               include_self=self.include_self,
                                               normalization=self._normalization)
                            for k, q in self._fused]
+        if self._edges is None and self._uniform_layers is not None:
+            self._edges = [self._uniform_edges()] * self._uniform_layers
         if self._edges is None:  # dense layout: converted once, on demand (export, analysis)
             self._edges = [self._block_to_edges(block) for block in self._dense]
         return self._edges
@@ -237,7 +296,8 @@ class LatentGraphs:
             return self
         return LatentGraphs._trusted(self.edge_index, self.edge_weight, self.edge_head,
                                      num_heads=self.num_heads, direction=self.direction,
-                                     sequences=self.sequences, include_self=self.include_self)
+                                     sequences=self.sequences, include_self=self.include_self
+                                     )._with_order(self._order)
 
     def to_dense_layout(self) -> "LatentGraphs":
         """The same graphs in the dense layout (``self`` if already dense)."""
@@ -245,7 +305,8 @@ class LatentGraphs:
             return self
         return LatentGraphs._trusted_dense([self.dense_layer(l) for l in range(self.num_layers)],
                                            direction=self.direction, sequences=self.sequences,
-                                           include_self=self.include_self)
+                                           include_self=self.include_self
+                                           )._with_order(self._order)
 
     # --- propagation --------------------------------------------------------------
     def propagate(self, x: Tensor, layer: int) -> Tensor:
@@ -265,6 +326,8 @@ class LatentGraphs:
                                         seqs.batch)
         if self._fused is not None and not flex.needs_fallback(*self._fused[layer], x):
             return self._propagate_fused(x, layer)
+        if self._uniform_layers is not None:
+            return self._propagate_uniform(x)
         shared = x.dim() == 2
         key = (layer, shared)
         if key not in self._blocked:
@@ -309,6 +372,8 @@ class LatentGraphs:
     def num_layers(self) -> int:
         if self._fused is not None:
             return len(self._fused)
+        if self._uniform_layers is not None:
+            return self._uniform_layers
         return len(self._dense) if self._dense is not None else len(self._edges)
 
     @property
@@ -323,6 +388,10 @@ class LatentGraphs:
     def num_edges(self) -> List[int]:
         if self._dense is not None and self._edges is None:
             return [int(torch.count_nonzero(block)) for block in self._dense]
+        if self._uniform_layers is not None and self._edges is None:
+            pairs = int(SequenceOrder(self.direction, self.include_self)
+                        .num_pairs(self.lengths).sum())
+            return [pairs * self.num_heads] * self._uniform_layers
         return [ei.size(1) for ei in self.edge_index]
 
     @property
@@ -346,22 +415,30 @@ class LatentGraphs:
     def _map(self, fn) -> "LatentGraphs":
         s = self.sequences
         seqs = SequenceBatch(fn(s.batch), fn(s.ptr), fn(s.lengths), fn(s.position), s.max_len)
+        if self._uniform_layers is not None:
+            out = LatentGraphs.__new__(LatentGraphs)
+            out._init([], [], [], self.num_heads, self.direction, seqs, self.include_self,
+                      sorted_edges=True)
+            out._edges, out._uniform_layers = None, self._uniform_layers
+            return out._with_order(self._order)
         if self._dense is not None:
             return LatentGraphs._trusted_dense([fn(t) for t in self._dense],
                                                direction=self.direction, sequences=seqs,
-                                               include_self=self.include_self)
+                                               include_self=self.include_self
+                                               )._with_order(self._order)
         if self._fused is not None:
             return LatentGraphs._trusted_fused([(fn(k), fn(q)) for k, q in self._fused],
                                                direction=self.direction, sequences=seqs,
                                                include_self=self.include_self,
-                                               normalization=self._normalization)
+                                               normalization=self._normalization
+                                               )._with_order(self._order)
         out = LatentGraphs._trusted([fn(t) for t in self.edge_index],
                                     [fn(t) for t in self.edge_weight],
                                     [fn(t) for t in self.edge_head], num_heads=self.num_heads,
                                     direction=self.direction, sequences=seqs,
                                     include_self=self.include_self)
         out._sorted = self._sorted
-        return out
+        return out._with_order(self._order)
 
     def to(self, device: Union[str, torch.device]) -> "LatentGraphs":
         return self._map(lambda t: t.to(device))

@@ -126,3 +126,42 @@ class SequenceOrder(UnitOrder):
         tgt = torch.repeat_interleave(node, count)
         offset = torch.arange(tgt.numel(), device=ptr.device) - (torch.cumsum(count, 0) - count)[tgt]
         return first[tgt] + offset, tgt
+
+
+class RasterOrder(SequenceOrder):
+    r"""The raster order of an ``height x width`` image grid (paper Sec. 3.5): unit
+    :math:`p = r \cdot W + c` is the pixel in row :math:`r`, column :math:`c`. Forward
+    graphs allow sources earlier in raster order (every row above, and the pixels to
+    the left in the same row), backward graphs later ones: the forward order of the
+    image rotated by 180 degrees, mapped back. The allowed pairs are those of the 1-D
+    :class:`SequenceOrder` over raster positions (so every kernel and layout applies
+    unchanged); the distance is Euclidean on the grid, so the 4-neighbourhood is the set
+    of units at distance 1."""
+
+    def __init__(self, direction: str, height: int, width: int, include_self: bool = False):
+        super().__init__(direction, include_self)
+        for name, v in (("height", height), ("width", width)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        self.height, self.width = height, width
+
+    @property
+    def num_units(self) -> int:
+        return self.height * self.width
+
+    def distance(self, target: Tensor, source: Tensor) -> Tensor:
+        dy = torch.div(target, self.width, rounding_mode="floor") - \
+            torch.div(source, self.width, rounding_mode="floor")
+        dx = target % self.width - source % self.width
+        return (dx * dx + dy * dy).double().sqrt()
+
+    def __eq__(self, other) -> bool:
+        return super().__eq__(other) and (self.height, self.width) == (other.height, other.width)
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self.direction, self.include_self, self.height,
+                     self.width))
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}(direction='{self.direction}', height={self.height}, "
+                f"width={self.width}, include_self={self.include_self})")

@@ -93,8 +93,8 @@ def test_targets_are_the_next_and_previous_units():
     batch = torch.tensor([0, 0, 0, 0, 0, 1, 1, 1])
     sequences = sequence_batch(8, batch, x.device)
     positions = torch.tensor([0, 3, 5])
-    fw = model._targets(x, sequences, positions, "forward")
-    bw = model._targets(x, sequences, positions, "backward")
+    fw = model.decoders["fw"].targets(x, sequences, positions, "forward")
+    bw = model.decoders["bw"].targets(x, sequences, positions, "backward")
     assert fw.tolist() == [[1, 2, 3], [4, IGNORE, IGNORE], [6, 7, IGNORE]]
     assert bw.tolist() == [[IGNORE] * 3, [2, 1, 0], [IGNORE] * 3]
 

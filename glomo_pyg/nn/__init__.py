@@ -12,15 +12,18 @@ from glomo_pyg.nn.fusion import GatedFusion
 from glomo_pyg.nn.glomo import Glomo, GlomoOutput
 from glomo_pyg.nn.graph_predictor import GraphPredictor
 from glomo_pyg.nn.mixer import GraphMixer
+from glomo_pyg.nn.pixel import MaskedConv2d, PixelCNN, PixelContextHead, PixelGraphPredictor
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
+from glomo_pyg.nn.resnet import CifarResNet, GlomoResNet
 from glomo_pyg.nn.scorer import GraphScorer
 from glomo_pyg.nn.text_classifier import GlomoTextClassifier
 from glomo_pyg.nn.transfer import GlomoTransfer
 
 __all__ = [
-    "CausalCNN", "ConfigurableModule", "ContextDecoder", "DirectionalGraphs", "EMITTERS",
+    "CausalCNN", "CifarResNet", "ConfigurableModule", "ContextDecoder", "DirectionalGraphs", "EMITTERS",
     "FeatureGraphEmitter", "FeaturePredictor", "GatedFusion", "Glomo", "GlomoConv",
-    "GlomoOutput", "GlomoTextClassifier", "GlomoTransfer", "GraphEmitter", "GraphMixer",
-    "GraphPredictor", "GraphScorer", "MaskedNorm", "PretrainedGraphPredictor", "UnitEncoder",
+    "GlomoOutput", "GlomoResNet", "GlomoTextClassifier", "GlomoTransfer", "GraphEmitter", "GraphMixer",
+    "GraphPredictor", "GraphScorer", "MaskedConv2d", "MaskedNorm", "PixelCNN",
+    "PixelContextHead", "PixelGraphPredictor", "PretrainedGraphPredictor", "UnitEncoder",
     "head_propagate", "latent_graph_edges", "weighted_spmm",
 ]

@@ -63,6 +63,17 @@ class ContextDecoder(torch.nn.Module):
             out = self.proj(out)
         return F.linear(out, self.embedding.weight, self.out_bias)
 
+    def targets(self, x: Tensor, sequences, positions: Tensor, direction: str) -> Tensor:
+        """``[P, D]`` ids of the next (forward) or previous (backward) :math:`D` units
+        after each flat unit id in ``positions`` (``-100`` past the sequence)."""
+        step = 1 if direction == "forward" else -1
+        offsets = step * torch.arange(1, self.context_length + 1, device=x.device)
+        local = sequences.position[positions].view(-1, 1) + offsets
+        length = sequences.lengths[sequences.batch[positions]].view(-1, 1)
+        valid = (local >= 0) & (local < length)
+        flat = (positions.view(-1, 1) + offsets).clamp(0, x.numel() - 1)
+        return torch.where(valid, x[flat], torch.full_like(flat, IGNORE))
+
     def loss(self, state: Tensor, targets: Tensor):
         """Mean cross-entropy over real targets, and the number of correct argmax predictions."""
         logits = self(state, targets)

@@ -1,26 +1,32 @@
 """Input encoder shared by the graph and feature predictors: token ids or features."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
+from glomo_pyg.pixels import check_pixels, check_statistics
 from glomo_pyg.sequences import check_features, check_tokens
 
 
 class UnitEncoder(torch.nn.Module):
     r"""Maps units to vectors: an embedding for token ids (``num_tokens``) or a
     linear map for ``[N, in_channels]`` features (``in_channels``); exactly one
-    of the two is given. Validates the input before touching it.
+    of the two is given. With ``pixel_mean`` and ``pixel_std`` (per channel, [0, 1]
+    scale) the features are uint8 pixel values, normalised as
+    :math:`(x / 255 - \mu) / \sigma` before the linear map. Validates the input
+    before touching it.
 
     Shapes:
-        - **input:** :math:`(N)` int64 ids or :math:`(N, F_{in})` floats
+        - **input:** :math:`(N)` int64 ids, :math:`(N, F_{in})` floats or uint8 pixels
         - **output:** :math:`(N, C)`
     """
 
     def __init__(self, out_channels: int, num_tokens: Optional[int] = None,
-                 in_channels: Optional[int] = None, padding_idx: Optional[int] = None):
+                 in_channels: Optional[int] = None, padding_idx: Optional[int] = None,
+                 pixel_mean: Optional[Sequence[float]] = None,
+                 pixel_std: Optional[Sequence[float]] = None):
         super().__init__()
         if (num_tokens is None) == (in_channels is None):
             raise ValueError("give exactly one of num_tokens (token-id input) or in_channels "
@@ -40,6 +46,15 @@ class UnitEncoder(torch.nn.Module):
                 raise ValueError(f"in_channels must be positive, got {in_channels}")
             self.embedding = None
             self.linear = torch.nn.Linear(in_channels, out_channels)
+        self.pixels = pixel_mean is not None or pixel_std is not None
+        if self.pixels:
+            if in_channels is None or pixel_mean is None or pixel_std is None:
+                raise ValueError("pixel input needs in_channels, pixel_mean and pixel_std")
+            check_statistics(list(pixel_mean), list(pixel_std), in_channels)
+            self.register_buffer("pixel_mean", torch.tensor([float(v) for v in pixel_mean]),
+                                 persistent=False)
+            self.register_buffer("pixel_std", torch.tensor([float(v) for v in pixel_std]),
+                                 persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -54,12 +69,19 @@ class UnitEncoder(torch.nn.Module):
     def check(self, x: Tensor) -> None:
         if self.embedding is not None:
             check_tokens(x, self.num_tokens)
+        elif self.pixels:
+            check_pixels(x, self.in_channels)
         else:
             check_features(x, self.in_channels)
 
     def encode(self, x: Tensor) -> Tensor:
         """:meth:`forward` without the checks, for input validated at the door."""
-        return self.embedding(x) if self.embedding is not None else self.linear(x)
+        if self.embedding is not None:
+            return self.embedding(x)
+        if self.pixels:
+            dtype = self.linear.weight.dtype
+            x = ((x.to(dtype) / 255.0 - self.pixel_mean.to(dtype)) / self.pixel_std.to(dtype))
+        return self.linear(x)
 
     def forward(self, x: Tensor) -> Tensor:
         self.check(x)
@@ -67,5 +89,5 @@ class UnitEncoder(torch.nn.Module):
 
     def __repr__(self) -> str:
         src = f"num_tokens={self.num_tokens}" if self.num_tokens is not None else \
-            f"in_channels={self.in_channels}"
+            f"in_channels={self.in_channels}" + (", pixels=True" if self.pixels else "")
         return f"{self.__class__.__name__}({src}, out_channels={self.out_channels})"

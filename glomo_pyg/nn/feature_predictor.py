@@ -1,7 +1,7 @@
 """The feature predictor f of GLoMo (paper Eq. 2)."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -38,6 +38,8 @@ class FeaturePredictor(ConfigurableModule):
         update (str): ``'gru'`` or ``'residual'`` (see :class:`GlomoConv`).
         decouple (bool): graphs come from a separate predictor (the paper).
             ``False`` makes this module score its own graphs.
+        pixel_mean, pixel_std: per-channel statistics for uint8 pixel input
+            (see :class:`UnitEncoder`).
         scorer_kwargs: options of the internal :class:`GraphScorer` when
             ``decouple=False`` (``direction``, ``sparse``, ``bias``, ...).
 
@@ -50,7 +52,8 @@ class FeaturePredictor(ConfigurableModule):
     def __init__(self, num_tokens: Optional[int] = None, in_channels: Optional[int] = None,
                  hidden_channels: int = 512, num_layers: int = 3, heads: int = 8,
                  update: str = "gru", decouple: bool = True, padding_idx: Optional[int] = None,
-                 dropout: float = 0.0, **scorer_kwargs):
+                 dropout: float = 0.0, pixel_mean: Optional[Sequence[float]] = None,
+                 pixel_std: Optional[Sequence[float]] = None, **scorer_kwargs):
         super().__init__()
         if update not in ("gru", "residual"):
             raise ValueError(f"update must be 'gru' or 'residual', got {update!r}")
@@ -58,7 +61,8 @@ class FeaturePredictor(ConfigurableModule):
             raise TypeError("layout is a run-time choice: use set_layout() or "
                             "from_sequences(..., layout=...)")
         self.hidden_channels, self.num_layers, self.heads = hidden_channels, num_layers, heads
-        self.encoder = UnitEncoder(hidden_channels, num_tokens, in_channels, padding_idx)
+        self.encoder = UnitEncoder(hidden_channels, num_tokens, in_channels, padding_idx,
+                                   pixel_mean, pixel_std)
         self.convs = torch.nn.ModuleList(GlomoConv(hidden_channels, heads, update=update)
                                          for _ in range(num_layers))
         self.dropout = dropout

@@ -18,6 +18,7 @@ from glomo_pyg.nn.layout import LAYOUTS
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 from glomo_pyg.nn.scorer import resolve_head_channels
 from glomo_pyg.ordering import DIRECTIONS
+from glomo_pyg.pixels import IMAGENET_MEAN, IMAGENET_STD
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
 OBJECTIVES = ("unit", "sequence")
@@ -55,7 +56,10 @@ class Glomo(torch.nn.Module):
     Args:
         feature_predictors (mapping): direction (``'forward'``, ``'backward'``) ->
             :class:`FeaturePredictor`.
-        context_heads (mapping): direction -> context head (:class:`ContextDecoder`).
+        context_heads (mapping): direction -> context head: a module with
+            ``targets(x, sequences, positions, direction)``, ``loss(states, targets)``
+            and ``context_length`` (:class:`ContextDecoder` for text,
+            :class:`PixelContextHead` for images).
         emitters (mapping, optional): direction -> graph emitter; ``None`` when
             the feature predictors score their own graphs (``decouple=False``).
         num_positions (int): positions sampled per sequence and step while
@@ -201,6 +205,59 @@ class Glomo(torch.nn.Module):
                    num_positions=num_positions, objective=objective, keep_alive=keep_alive,
                    keep_alive_margin=keep_alive_margin)
 
+    @classmethod
+    def image(cls, height: int = 32, width: int = 32, in_channels: int = 3,
+              hidden_channels: int = 128, num_layers: int = 3, heads: int = 8,
+              head_channels: Optional[int] = None, num_positions: int = 64,
+              update: str = "gru", cnn_layers: int = 3, kernel_size: int = 3,
+              bias: str = "scalar", include_self: bool = False, sparse: bool = True,
+              bidirectional: bool = True, dropout: float = 0.0, position: Optional[str] = None,
+              position_frequencies: int = 8, position_period: float = 64.0,
+              pixel_mean: Sequence[float] = IMAGENET_MEAN,
+              pixel_std: Sequence[float] = IMAGENET_STD, keep_alive: float = 0.0,
+              keep_alive_margin: float = 0.1) -> "Glomo":
+        r"""The pixel model of paper Sec. 3.5 over ``height x width`` images with
+        ``in_channels`` uint8 channels (units from
+        :func:`glomo_pyg.pixels.image_units`).
+
+        Per direction: a :class:`PixelGraphPredictor` (masked 2-D convolutions, raster
+        order; the backward one reads the image rotated by 180 degrees), a
+        :class:`FeaturePredictor` over the normalised pixels, and a
+        :class:`PixelContextHead` that predicts the future part of the 3 x 3 window
+        around each of ``num_positions`` sampled pixels per image (256-way per
+        channel).
+
+        Args:
+            position (str, optional): ``'grid'``: a learned (row, column) offset term
+                in the graph scores (an extension of the paper, see
+                :class:`GraphScorer`).
+            pixel_mean, pixel_std: per-channel statistics on a [0, 1] scale.
+            Others as in :meth:`text`, :class:`PixelGraphPredictor` and
+            :class:`Glomo`.
+        """
+        from glomo_pyg.nn.pixel import PixelContextHead, PixelGraphPredictor
+
+        if keep_alive and not sparse:
+            raise ValueError("keep_alive is for squared-ReLU graphs (sparse=True); softmax "
+                             "graphs have no empty columns")
+        head_channels = resolve_head_channels(hidden_channels, heads, head_channels)
+        directions = ("forward", "backward") if bidirectional else ("forward",)
+        emitters, features, heads_ = {}, {}, {}
+        stats = dict(pixel_mean=list(pixel_mean), pixel_std=list(pixel_std))
+        for d in directions:
+            emitters[d] = PixelGraphPredictor(
+                height, width, in_channels, hidden_channels, num_layers, heads, head_channels,
+                direction=d, include_self=include_self, sparse=sparse, cnn_layers=cnn_layers,
+                kernel_size=kernel_size, bias=bias, position=position,
+                position_frequencies=position_frequencies, position_period=position_period,
+                dropout=dropout, **stats)
+            features[d] = FeaturePredictor(
+                in_channels=in_channels, hidden_channels=hidden_channels, num_layers=num_layers,
+                heads=heads, update=update, decouple=True, dropout=dropout, **stats)
+            heads_[d] = PixelContextHead(hidden_channels, height, width, in_channels, d)
+        return cls(features, heads_, emitters, num_positions=num_positions, objective="unit",
+                   keep_alive=keep_alive, keep_alive_margin=keep_alive_margin)
+
     # --- parts --------------------------------------------------------------------
     def emitter(self, direction: str) -> GraphEmitter:
         """The module that emits ``direction``'s graphs (g, or the self-scoring feature
@@ -258,7 +315,7 @@ class Glomo(torch.nn.Module):
             if positions.numel() == 0:
                 raise ValueError("nothing to predict: every sequence in the batch has length 1 "
                                  "(context prediction needs at least two units per sequence)")
-            targets = self._targets(x, sequences, positions, d)
+            targets = self.decoders[_KEY[d]].targets(x, sequences, positions, d)
             state = f if self.objective == "unit" else self._pooled(f, sequences, d)
             loss, correct = self.decoders[_KEY[d]].loss(state[positions], targets)
             if column_max is not None:
@@ -309,15 +366,6 @@ class Glomo(torch.nn.Module):
         rank[order] = torch.arange(order.numel(), device=order.device)
         rank = rank - sequences.ptr[sequences.batch]
         return (eligible & (rank < self.num_positions)).nonzero().view(-1)
-
-    def _targets(self, x: Tensor, sequences: SequenceBatch, positions: Tensor, direction: str) -> Tensor:
-        step = 1 if direction == "forward" else -1
-        offsets = step * torch.arange(1, self.context_length + 1, device=x.device)
-        local = sequences.position[positions].view(-1, 1) + offsets
-        length = sequences.lengths[sequences.batch[positions]].view(-1, 1)
-        valid = (local >= 0) & (local < length)
-        flat = (positions.view(-1, 1) + offsets).clamp(0, x.numel() - 1)
-        return torch.where(valid, x[flat], torch.full_like(flat, IGNORE))
 
     @staticmethod
     def _pooled(f: Tensor, sequences: SequenceBatch, direction: str) -> Tensor:

@@ -2,7 +2,7 @@
 (paper Sec. 2.2)."""
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -129,6 +129,44 @@ class GraphMixer(torch.nn.Module):
         graphs = self._check_graphs(x, graphs)
         weights = self.mixture_weights(x)
         return [self.gamma[d] * self._mix(x, g, weights[d]) for d, g in enumerate(graphs)]
+
+    @torch.no_grad()
+    def propagations(self, x: Tensor, graphs: GraphsArg) -> Tensor:
+        """Every component's propagation of ``x``, without weights: ``[D, K, N, C]`` in
+        the order of :meth:`components`. When ``x`` does not depend on trained
+        parameters (e.g. normalised input pixels) these can be computed once per input
+        and reused every epoch with :meth:`combine` (exact: the mixture is linear in
+        them). Computed without gradients."""
+        check_features(x, self.in_channels)
+        graphs = self._check_graphs(x, graphs)
+        out = []
+        for g in graphs:
+            direct: Dict[int, Tensor] = {}
+            chained: Dict[int, Tensor] = {}
+            chain = None
+            for l in range(self.layers[-1] + 1):
+                if "graph" in self.kinds and l in self.layers or l == 0:
+                    direct[l] = g.propagate(x, l)
+                if "hierarchical" in self.kinds:
+                    chain = direct[0] if l == 0 else g.propagate(chain, l)
+                    chained[l] = chain
+            parts = [(direct if kind == "graph" else chained)[l] for kind in self.kinds
+                     for l in self.layers]  # each [H, N, C]
+            out.append(torch.cat(parts, 0))
+        return torch.stack(out)
+
+    def combine(self, propagations: Tensor, x: Optional[Tensor] = None) -> List[Tensor]:
+        """:meth:`forward` from precomputed :meth:`propagations` ``[D, K, N, C]`` (``x``,
+        the features, is needed for ``mixing='conditioned'``)."""
+        d, k = len(self.directions), self.num_components
+        if propagations.dim() != 4 or propagations.shape[:2] != (d, k) or \
+                propagations.size(-1) != self.in_channels:
+            raise ValueError(f"propagations must be [{d}, {k}, N, {self.in_channels}], got "
+                             f"{tuple(propagations.shape)}")
+        weights = self.mixture_weights(x)
+        spec = "nk,knc->nc" if weights.dim() == 3 else "k,knc->nc"
+        return [self.gamma[i] * torch.einsum(spec, weights[i], propagations[i].to(
+            weights.dtype)) for i in range(d)]
 
     def _mix(self, x: Tensor, graphs: LatentGraphs, weights: Tensor) -> Tensor:
         # weights [K] or [N, K] -> [..., kinds, selected layers, heads]

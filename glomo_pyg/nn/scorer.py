@@ -17,7 +17,7 @@ from glomo_pyg.ordering import DIRECTIONS
 from glomo_pyg.sequences import SequenceBatch
 
 BIASES = ("scalar", "threshold")
-POSITIONS = (None, "relative")
+POSITIONS = (None, "relative", "grid")
 
 
 def relative_frequencies(num: int, period: float) -> Tensor:
@@ -74,6 +74,12 @@ class GraphScorer(torch.nn.Module):
     function repeats with the longest period, so choose
     ``position_period`` of at least twice the longest sequence.
 
+    ``position='grid'`` is the same over the rows and columns of an image in raster
+    order (``grid_width`` columns): a separable sum of one such series over the row
+    offset :math:`r_j - r_i` and one over the column offset :math:`c_j - c_i`, so a
+    head can learn "the pixel to the left" or "within two rows above". Choose
+    ``position_period`` of at least twice the image side.
+
     Used by :class:`GraphPredictor` on its CNN states and, for the
     ``decouple=False`` ablation, by the feature predictor on its own states.
     """
@@ -82,7 +88,7 @@ class GraphScorer(torch.nn.Module):
                  bias: str = "scalar", sparse: bool = True, direction: str = "forward",
                  include_self: bool = False, block_size: int = 1 << 22,
                  position: Optional[str] = None, position_frequencies: int = 16,
-                 position_period: float = 512.0):
+                 position_period: float = 512.0, grid_width: Optional[int] = None):
         super().__init__()
         if bias not in BIASES:
             raise ValueError(f"bias must be one of {BIASES}, got {bias!r}")
@@ -94,6 +100,11 @@ class GraphScorer(torch.nn.Module):
             raise ValueError("position_frequencies must be a positive integer and "
                              f"position_period a finite number >= 2, got {position_frequencies!r}, "
                              f"{position_period!r}")
+        if (position == "grid") != (grid_width is not None) or (
+                grid_width is not None and (not isinstance(grid_width, int) or grid_width < 1)):
+            raise ValueError("position='grid' needs grid_width, a positive integer (the image "
+                             f"width), and only it takes one; got position={position!r}, "
+                             f"grid_width={grid_width!r}")
         if direction not in DIRECTIONS:
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
         if min(in_channels, num_layers, heads, head_channels) <= 0:
@@ -101,7 +112,8 @@ class GraphScorer(torch.nn.Module):
         self.num_layers, self.heads, self.head_channels = num_layers, heads, head_channels
         self.bias_kind, self.sparse, self.direction = bias, sparse, direction
         self.include_self, self.block_size = include_self, block_size
-        self.position = position
+        self.position, self.grid_width = position, grid_width
+        axes = 2 if position == "grid" else 1
         width = heads * head_channels
         self.key = torch.nn.ModuleList(torch.nn.Linear(in_channels, width) for _ in range(num_layers))
         self.query = torch.nn.ModuleList(torch.nn.Linear(in_channels, width) for _ in range(num_layers))
@@ -117,7 +129,7 @@ class GraphScorer(torch.nn.Module):
                                                                      float(position_period)),
                                  persistent=False)
             self.position_coef = torch.nn.Parameter(
-                torch.zeros(num_layers, heads, 2, int(position_frequencies)))
+                torch.zeros(num_layers, heads, 2, axes * int(position_frequencies)))
         else:
             self.frequencies, self.position_coef = None, None
         self.reset_parameters()
@@ -135,10 +147,19 @@ class GraphScorer(torch.nn.Module):
 
     def relative_bias(self, layer: int, distance: Tensor) -> Tensor:
         """The learned position term of layer ``layer`` at signed distances ``j - i``:
-        ``[H, *distance.shape]`` (zeros without ``position='relative'``)."""
+        ``[H, *distance.shape]`` (zeros without a position term). With
+        ``position='grid'`` ``distance`` is ``[..., 2]`` signed (row, column) offsets
+        and the result ``[H, ...]``."""
+        grid = self.position == "grid"
+        if grid and distance.size(-1) != 2:
+            raise ValueError("position='grid' takes [..., 2] (row, column) offsets")
+        shape = distance.shape[:-1] if grid else distance.shape
         if self.position_coef is None:
-            return distance.new_zeros((self.heads, *distance.shape), dtype=torch.float32)
-        angle = distance.unsqueeze(-1).double() * self.frequencies.double()  # [..., M]
+            return distance.new_zeros((self.heads, *shape), dtype=torch.float32)
+        angle = distance.unsqueeze(-1).double() * self.frequencies.double()  # [..., (2,) M]
+        if grid:
+            angle = angle.flatten(-2)
+            distance = distance[..., 0]
         a, c = self.position_coef[layer].unbind(1)  # [H, M] each
         view = (self.heads,) + (1,) * distance.dim() + (-1,)
         cos, sin = angle.cos().to(a.dtype), angle.sin().to(a.dtype)
@@ -148,7 +169,10 @@ class GraphScorer(torch.nn.Module):
         """``[1, 1, T, 2M]`` key features and ``[1, H, T, 2M]`` query features whose inner
         product is :meth:`relative_bias` at ``j - i``."""
         pos = torch.arange(t, device=like.device, dtype=torch.float64)
-        angle = pos.view(-1, 1) * self.frequencies.double()  # [T, M]
+        if self.position == "grid":  # (row, column) of each raster position
+            w = self.grid_width
+            pos = torch.stack([torch.div(pos, w, rounding_mode="floor"), pos % w], -1)
+        angle = (pos.unsqueeze(-1) * self.frequencies.double()).view(t, -1)  # [T, axes M]
         dtype = torch.promote_types(like.dtype, torch.float32)
         cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
         a, c = self.position_coef[layer].to(dtype).unbind(1)  # [H, M]

@@ -122,13 +122,36 @@ class GlomoTransfer(torch.nn.Module):
                                  include_self=p.include_self) if d in p.directions else None
             for d in ("forward", "backward")))
 
+    @torch.no_grad()
+    def propagations(self, h: Tensor, x: Optional[Tensor] = None,
+                     batch: Optional[Tensor] = None,
+                     graphs: Optional[DirectionalGraphs] = None) -> Optional[Tensor]:
+        """Every mixture component's propagation of ``h``, ``[D, K, N, d]``
+        (:meth:`GraphMixer.propagations`; ``None`` for ``graph='none'``). For inputs
+        ``h`` that are fixed data (e.g. normalised pixels), compute them once per
+        input and pass them to :meth:`forward` as ``propagated``: the same output,
+        without recomputing graphs and propagation every epoch."""
+        check_features(h, self.in_channels, name="h")
+        if self.graph == "none":
+            return None
+        if graphs is None:
+            graphs = self.graphs(x, batch, num_nodes=h.size(0))
+        return self.mixer.propagations(h, graphs)
+
     def forward(self, h: Tensor, x: Optional[Tensor] = None, batch: Optional[Tensor] = None,
-                graphs: Optional[DirectionalGraphs] = None) -> Tensor:
+                graphs: Optional[DirectionalGraphs] = None,
+                propagated: Optional[Tensor] = None) -> Tensor:
         """``graphs``, when given, are used as they are (e.g. from :meth:`graphs`);
-        otherwise they are computed from ``x`` and ``batch``."""
+        otherwise they are computed from ``x`` and ``batch``. ``propagated``: the
+        precomputed :meth:`propagations` of this ``h`` (then no graph is used)."""
         check_features(h, self.in_channels, name="h")
         if self.graph == "none":
             mixed: List[Tensor] = [h] * len(self.mixer.directions)
+        elif propagated is not None:
+            if propagated.size(2) != h.size(0):
+                raise ValueError(f"propagated covers {propagated.size(2)} units, h has "
+                                 f"{h.size(0)}")
+            mixed = self.mixer.combine(propagated, h)
         else:
             if graphs is None:
                 graphs = self.graphs(x, batch, num_nodes=h.size(0))

@@ -1,0 +1,319 @@
+"""Pixel-graph mode (paper Sec. 3.5): a graph predictor over the positions of images in
+raster order, and the pixel context-prediction head of its pretraining objective."""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from glomo_pyg.nn.decoder import IGNORE
+from glomo_pyg.nn.emitter import EmitResult, GraphEmitter
+from glomo_pyg.nn.encoder import UnitEncoder
+from glomo_pyg.nn.scorer import GraphScorer, resolve_head_channels
+from glomo_pyg.ordering import DIRECTIONS, RasterOrder
+from glomo_pyg.pixels import IMAGENET_MEAN, IMAGENET_STD
+from glomo_pyg.sequences import SequenceBatch
+
+MASK_TYPES = ("A", "B")
+
+
+class MaskedConv2d(torch.nn.Conv2d):
+    r"""A PixelCNN masked convolution (van den Oord et al., 2016): output position
+    :math:`(r, c)` reads only inputs earlier in raster order, i.e. rows above and, in
+    row :math:`r`, columns left of :math:`c`, plus :math:`(r, c)` itself for mask
+    ``'B'`` (mask ``'A'`` excludes it). Odd square kernel, 'same' padding.
+
+    Shapes:
+        - **input:** :math:`(B, C_{in}, H, W)`
+        - **output:** :math:`(B, C_{out}, H, W)`
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3,
+                 mask_type: str = "B"):
+        if mask_type not in MASK_TYPES:
+            raise ValueError(f"mask_type must be one of {MASK_TYPES}, got {mask_type!r}")
+        if kernel_size < 1 or kernel_size % 2 == 0:
+            raise ValueError(f"kernel_size must be odd and positive, got {kernel_size}")
+        super().__init__(in_channels, out_channels, kernel_size, padding=kernel_size // 2)
+        self.mask_type = mask_type
+        mask = torch.zeros(kernel_size, kernel_size)
+        centre = kernel_size // 2
+        mask[:centre] = 1
+        mask[centre, :centre] = 1
+        if mask_type == "B":
+            mask[centre, centre] = 1
+        self.register_buffer("mask", mask.view(1, 1, kernel_size, kernel_size),
+                             persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self._conv_forward(x, self.weight * self.mask, self.bias)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", mask_type='{self.mask_type}'"
+
+
+class PixelCNN(torch.nn.Module):
+    r"""The key or query network of :class:`PixelGraphPredictor`: a masked convolution
+    of type ``'A'`` then ``num_layers - 1`` residual ``'B'`` blocks
+    (``x + ReLU(LayerNorm(conv(x)))``), so position :math:`p` depends only on pixels
+    strictly before :math:`p` in raster order. LayerNorm is over channels at each
+    position (BatchNorm would mix positions while training). Like any stack of
+    PixelCNN masks its field of view has a blind spot up and to the right.
+
+    Shapes:
+        - **input:** :math:`(B, C, H, W)`
+        - **output:** :math:`(B, C, H, W)`
+    """
+
+    def __init__(self, channels: int, num_layers: int = 3, kernel_size: int = 3,
+                 dropout: float = 0.0):
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1 (the first, mask 'A', hides each "
+                             f"pixel from itself), got {num_layers}")
+        self.channels, self.kernel_size, self.dropout = channels, kernel_size, dropout
+        self.convs = torch.nn.ModuleList(
+            MaskedConv2d(channels, channels, kernel_size, "A" if l == 0 else "B")
+            for l in range(num_layers))
+        self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(channels) for _ in range(num_layers))
+
+    def reset_parameters(self):
+        for conv, norm in zip(self.convs, self.norms):
+            conv.reset_parameters()
+            norm.reset_parameters()
+
+    def forward(self, x: Tensor) -> Tensor:
+        for l, (conv, norm) in enumerate(zip(self.convs, self.norms)):
+            h = F.relu(norm(conv(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2))
+            h = F.dropout(h, self.dropout, self.training)
+            x = h if l == 0 else x + h  # no residual around 'A': x itself is the pixel
+        return x
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}({self.channels}, num_layers={len(self.convs)}, "
+                f"kernel_size={self.kernel_size})")
+
+
+class PixelGraphPredictor(GraphEmitter):
+    r"""The GLoMo graph predictor :math:`g` for images (paper Sec. 3.5): emits stacks
+    of sparse weighted graphs over the :math:`H \times W` positions of each image.
+
+    Units are the pixels in raster order (:func:`glomo_pyg.pixels.image_units`: node
+    id = image index x :math:`HW` + raster position), read as uint8 channels and
+    normalised per channel inside the model. Each pixel is projected to
+    ``hidden_channels``; two :class:`PixelCNN` s (masked 2-D convolutions, mask A then
+    B) give keys and queries, and :class:`GraphScorer` turns them into graphs per layer
+    and head (paper Eq. 1). Forward graphs link each target to sources earlier in
+    raster order (:class:`~glomo_pyg.ordering.RasterOrder`), and nothing in a target's
+    column depends on its own pixel or later ones. The backward predictor runs its
+    networks on the image rotated by 180 degrees and maps the graphs back, so its
+    sources come later in raster order.
+
+    The result is an ordinary :class:`~glomo_pyg.LatentGraphs` (any layout) whose
+    ``order`` is the raster order with its grid, so mixing, transfer, networkx export
+    and graph statistics (with 2-D distances) work unchanged.
+
+    Args:
+        height, width (int): image size (default 32 x 32 = 1024 units).
+        in_channels (int): colour channels. (default: :obj:`3`)
+        hidden_channels (int): CNN width. (default: :obj:`128`)
+        num_layers (int): graph layers :math:`L`. heads (int): graphs per layer.
+        head_channels (int, optional): key/query size per head.
+        direction (str): ``'forward'`` or ``'backward'``.
+        include_self (bool): admit :math:`i = j` edges (``False``: a pixel never
+            reads itself).
+        sparse (bool): squared ReLU (paper) or softmax (ablation).
+        cnn_layers (int): masked convolutions per network. (default: :obj:`3`)
+        kernel_size (int): odd convolution size. (default: :obj:`3`)
+        bias (str): ``'scalar'`` or ``'threshold'`` (see :class:`GraphScorer`).
+        position (str, optional): ``'grid'`` adds a learned function of the (row,
+            column) offset to every head's scores (an extension of the paper, see
+            :class:`GraphScorer`). position_frequencies, position_period: its terms.
+        pixel_mean, pixel_std (sequence of float): per-channel statistics on a
+            [0, 1] scale (default: ImageNet's).
+        dropout (float): dropout in the CNNs. block_size (int): as in
+            :class:`GraphPredictor`.
+
+    Shapes:
+        - **input:** uint8 pixels :math:`(N, C)` of whole images, batch vector
+          :math:`(N)` (every image exactly :math:`HW` units)
+        - **output:** :class:`~glomo_pyg.LatentGraphs` over the :math:`N` units
+    """
+
+    def __init__(self, height: int = 32, width: int = 32, in_channels: int = 3,
+                 hidden_channels: int = 128, num_layers: int = 3, heads: int = 8,
+                 head_channels: Optional[int] = None, direction: str = "forward",
+                 include_self: bool = False, sparse: bool = True, cnn_layers: int = 3,
+                 kernel_size: int = 3, bias: str = "scalar", position: Optional[str] = None,
+                 position_frequencies: int = 8, position_period: float = 64.0,
+                 pixel_mean: Sequence[float] = IMAGENET_MEAN,
+                 pixel_std: Sequence[float] = IMAGENET_STD, dropout: float = 0.0,
+                 block_size: int = 1 << 22):
+        super().__init__()
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+        if position not in (None, "grid"):
+            raise ValueError(f"position must be None or 'grid' for images, got {position!r}")
+        self.raster = RasterOrder(direction, height, width, include_self)  # checks the size
+        if height * width < 2:
+            raise ValueError(f"images need at least two pixels, got {height}x{width}")
+        head_channels = resolve_head_channels(hidden_channels, heads, head_channels)
+        self.height, self.width, self.direction = height, width, direction
+        self.hidden_channels = hidden_channels
+        self.encoder = UnitEncoder(hidden_channels, in_channels=in_channels,
+                                   pixel_mean=pixel_mean, pixel_std=pixel_std)
+        self.key_cnn = PixelCNN(hidden_channels, cnn_layers, kernel_size, dropout)
+        self.query_cnn = PixelCNN(hidden_channels, cnn_layers, kernel_size, dropout)
+        self.scorer = GraphScorer(hidden_channels, num_layers, heads, head_channels, bias, sparse,
+                                  direction, include_self, block_size, position,
+                                  position_frequencies, position_period,
+                                  grid_width=width if position == "grid" else None)
+
+    @property
+    def num_layers(self) -> int:
+        return self.scorer.num_layers
+
+    @property
+    def heads(self) -> int:
+        return self.scorer.heads
+
+    @property
+    def include_self(self) -> bool:
+        return self.scorer.include_self
+
+    @property
+    def order(self) -> RasterOrder:
+        return self.raster
+
+    @property
+    def num_units(self) -> int:
+        return self.height * self.width
+
+    def reset_parameters(self):
+        self.encoder.reset_parameters()
+        self.key_cnn.reset_parameters()
+        self.query_cnn.reset_parameters()
+        self.scorer.reset_parameters()
+
+    def check_sequences(self, sequences: SequenceBatch) -> None:
+        """Every sequence must be one whole image (no device sync: sizes only)."""
+        t = self.num_units
+        if sequences.max_len != t or sequences.num_nodes != sequences.num_sequences * t:
+            raise ValueError(f"pixel graphs need whole {self.height}x{self.width} images: every "
+                             f"image must have exactly {t} units in the batch (got "
+                             f"{sequences.num_nodes} units in {sequences.num_sequences} images, "
+                             f"longest {sequences.max_len})")
+
+    def states(self, x: Tensor, sequences: SequenceBatch) -> Tuple[Tensor, Tensor]:
+        """Padded ``[B, HW, C]`` key and query states in raster order."""
+        self.check_sequences(sequences)
+        b, h, w = sequences.num_sequences, self.height, self.width
+        img = self.encoder.encode(x).view(b, h, w, -1).permute(0, 3, 1, 2)
+        backward = self.direction == "backward"
+        if backward:  # the backward graphs are the forward graphs of the rotated image
+            img = img.flip(2, 3)
+        out = []
+        for cnn in (self.key_cnn, self.query_cnn):
+            s = cnn(img)
+            if backward:
+                s = s.flip(2, 3)
+            out.append(s.permute(0, 2, 3, 1).reshape(b, h * w, -1))
+        return out[0], out[1]
+
+    def emit(self, x: Tensor, sequences: SequenceBatch, layout: Optional[str] = None,
+             return_column_max: bool = False) -> EmitResult:
+        keys, queries = self.states(x, sequences)
+        graphs = self.scorer.emit(keys, queries, sequences, layout or self.layout
+                                  )._with_order(self.raster)
+        if not return_column_max:
+            return graphs
+        return graphs, [self.scorer.column_max(l, keys, queries, sequences)
+                        for l in range(self.num_layers)]
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}({self.height}x{self.width}, in_channels="
+                f"{self.encoder.in_channels}, hidden_channels={self.hidden_channels}, "
+                f"num_layers={self.num_layers}, heads={self.heads}, "
+                f"direction='{self.direction}', sparse={self.scorer.sparse})")
+
+
+def window_offsets(direction: str, radius: int = 1) -> List[Tuple[int, int]]:
+    """``(row, column)`` offsets of the future part of the ``(2 r + 1)^2`` window around a
+    pixel: the positions after it in raster order (forward; the 180-degree mirror for
+    backward). For ``r = 1``: right, below-left, below, below-right."""
+    out = [(dr, dc) for dr in range(0, radius + 1) for dc in range(-radius, radius + 1)
+           if (dr, dc) > (0, 0)]
+    return out if direction == "forward" else [(-dr, -dc) for dr, dc in out]
+
+
+class PixelContextHead(torch.nn.Module):
+    r"""The context head of the pixel objective (paper Sec. 3.5): from a pixel's top
+    feature :math:`f^L_t`, predict the pixels of the future part of the 3 x 3 window
+    around it (right, below-left, below and below-right for the forward network; the
+    mirror image for the backward one), each channel a 256-way categorical over its
+    8-bit value. The loss is the mean cross-entropy over the window pixels that lie
+    inside the image (nats per sub-pixel).
+
+    A categorical needs no assumption about the shape of the pixel distribution (as in
+    PixelRNN, van den Oord et al., 2016); at this head's size (a two-layer MLP to
+    ``neighbours x channels x 256`` logits) it costs little next to the graphs.
+
+    Shapes:
+        - **input:** states :math:`(P, C_{hid})`, targets :math:`(P, K, C)` (``-100``
+          outside the image)
+        - **output:** logits :math:`(P, K, C, 256)`
+    """
+
+    LEVELS = 256
+
+    def __init__(self, hidden_channels: int, height: int, width: int, in_channels: int = 3,
+                 direction: str = "forward", radius: int = 1):
+        super().__init__()
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+        if radius < 1:
+            raise ValueError(f"radius must be >= 1, got {radius}")
+        self.height, self.width, self.in_channels = height, width, in_channels
+        self.direction, self.radius = direction, radius
+        self.offsets = window_offsets(direction, radius)
+        self.context_length = len(self.offsets)
+        self.hidden = torch.nn.Linear(hidden_channels, hidden_channels)
+        self.out = torch.nn.Linear(hidden_channels,
+                                   self.context_length * in_channels * self.LEVELS)
+
+    def reset_parameters(self):
+        self.hidden.reset_parameters()
+        self.out.reset_parameters()
+
+    def targets(self, x: Tensor, sequences: SequenceBatch, positions: Tensor,
+                direction: str) -> Tensor:
+        """``[P, K, C]`` uint8 values of the window pixels of each flat unit id in
+        ``positions`` (``-100`` outside the image)."""
+        w = self.width
+        pos = sequences.position[positions]
+        row, col = torch.div(pos, w, rounding_mode="floor"), pos % w
+        dr = torch.tensor([o[0] for o in self.offsets], device=x.device)
+        dc = torch.tensor([o[1] for o in self.offsets], device=x.device)
+        r, c = row.view(-1, 1) + dr, col.view(-1, 1) + dc  # [P, K]
+        valid = (r >= 0) & (r < self.height) & (c >= 0) & (c < w)
+        flat = (positions.view(-1, 1) + dr * w + dc).clamp(0, x.size(0) - 1)
+        values = x[flat].long()  # [P, K, C]
+        return torch.where(valid.unsqueeze(-1), values, torch.full_like(values, IGNORE))
+
+    def forward(self, state: Tensor) -> Tensor:
+        h = F.relu(self.hidden(state))
+        return self.out(h).view(-1, self.context_length, self.in_channels, self.LEVELS)
+
+    def loss(self, state: Tensor, targets: Tensor):
+        """Mean cross-entropy over real targets, and the number of exact argmax values."""
+        logits = self(state)
+        loss = F.cross_entropy(logits.flatten(0, 2), targets.flatten(), ignore_index=IGNORE)
+        correct = ((logits.argmax(-1) == targets) & (targets != IGNORE)).sum()
+        return loss, correct
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}({self.height}x{self.width}, direction="
+                f"'{self.direction}', neighbours={self.context_length}, "
+                f"channels={self.in_channels})")

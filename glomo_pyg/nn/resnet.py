@@ -1,0 +1,155 @@
+"""CIFAR ResNets (He et al., 2016) with an optional GLoMo input stage (paper Sec. 3.5)."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from glomo_pyg.nn.transfer import GlomoTransfer
+from glomo_pyg.pixels import check_images, image_units, normalize
+
+# Per-channel statistics of the CIFAR-10 training images ([0, 1] scale).
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+DEPTHS = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}
+
+
+class BasicBlock(torch.nn.Module):
+    """Two 3x3 convolutions with BatchNorm and an identity (or 1x1) shortcut."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(out_channels)
+        self.conv2 = torch.nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(out_channels)
+        self.shortcut = None
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = torch.nn.Sequential(
+                torch.nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
+                torch.nn.BatchNorm2d(out_channels))
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + (x if self.shortcut is None else self.shortcut(x)))
+
+
+class CifarResNet(torch.nn.Module):
+    r"""ResNet-18/34 for 32x32 images: a 3x3 stem without max-pooling, four stages of
+    :class:`BasicBlock` s (``width``, 2, 4, 8 x ``width`` channels; strides 1, 2, 2,
+    2), global average pooling and a linear classifier.
+
+    Args:
+        depth (int): 18 or 34. width (int): channels of the first stage (64 is the
+            standard network; smaller for reduced runs).
+        in_channels (int): input channels. num_classes (int): outputs.
+
+    Shapes:
+        - **input:** :math:`(B, C_{in}, H, W)` float
+        - **output:** :math:`(B, \text{num\_classes})` logits
+    """
+
+    def __init__(self, depth: int = 18, width: int = 64, in_channels: int = 3,
+                 num_classes: int = 10):
+        super().__init__()
+        if depth not in DEPTHS:
+            raise ValueError(f"depth must be one of {sorted(DEPTHS)}, got {depth!r}")
+        if min(width, in_channels, num_classes) < 1:
+            raise ValueError("width, in_channels and num_classes must be positive")
+        self.depth, self.width, self.in_channels = depth, width, in_channels
+        self.stem = torch.nn.Sequential(
+            torch.nn.Conv2d(in_channels, width, 3, 1, 1, bias=False),
+            torch.nn.BatchNorm2d(width), torch.nn.ReLU(inplace=True))
+        blocks, channels = [], width
+        for stage, n in enumerate(DEPTHS[depth]):
+            out = width * 2 ** stage
+            for i in range(n):
+                blocks.append(BasicBlock(channels, out, 2 if stage and i == 0 else 1))
+                channels = out
+        self.blocks = torch.nn.Sequential(*blocks)
+        self.fc = torch.nn.Linear(channels, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() != 4 or x.size(1) != self.in_channels:
+            raise ValueError(f"expected [B, {self.in_channels}, H, W] input, got "
+                             f"{tuple(x.shape)}")
+        out = self.blocks(self.stem(x))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(out, 1), 1))
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}(depth={self.depth}, width={self.width}, "
+                f"in_channels={self.in_channels}, num_classes={self.fc.out_features})")
+
+
+class GlomoResNet(torch.nn.Module):
+    r"""A CIFAR ResNet whose input is the GLoMo-augmented pixels of paper Sec. 3.5:
+
+    .. math::
+        H' = [H ;\; \mathrm{gate}(H, M_{fw} H, M_{bw} H)]
+
+    with :math:`H` the per-channel normalised pixels (one unit per position) and
+    :class:`GlomoTransfer` mixing them along a frozen pixel-graph predictor's graphs;
+    ``transfer.graph`` switches between ``'learned'``, ``'uniform'`` and ``'none'``
+    (the same gate and widths, no graphs: the baseline of the same size). Without a
+    ``transfer`` the ResNet reads :math:`H` alone.
+
+    Args:
+        transfer (GlomoTransfer, optional): the input stage (``in_channels`` 3).
+        depth, width, num_classes: of the :class:`CifarResNet`.
+        pixel_mean, pixel_std: per-channel statistics for :math:`H`.
+
+    Shapes:
+        - **input:** uint8 images :math:`(B, 3, H, W)`; optionally ``propagated``, the
+          transfer stage's precomputed :meth:`GlomoTransfer.propagations` for these
+          images (``[D, K, B H W, 3]``)
+        - **output:** :math:`(B, \text{num\_classes})` logits
+    """
+
+    def __init__(self, transfer: Optional[GlomoTransfer] = None, depth: int = 18,
+                 width: int = 64, num_classes: int = 10,
+                 pixel_mean: Sequence[float] = CIFAR10_MEAN,
+                 pixel_std: Sequence[float] = CIFAR10_STD):
+        super().__init__()
+        if transfer is not None and transfer.in_channels != len(pixel_mean):
+            raise ValueError(f"the transfer stage must read the {len(pixel_mean)} pixel "
+                             f"channels, it reads {transfer.in_channels}")
+        self.transfer = transfer
+        self.pixel_mean, self.pixel_std = tuple(pixel_mean), tuple(pixel_std)
+        channels = transfer.out_channels if transfer is not None else len(pixel_mean)
+        self.resnet = CifarResNet(depth, width, channels, num_classes)
+
+    @property
+    def image_size(self) -> Optional[tuple]:
+        """``(H, W)`` the input stage's pixel predictor was built for (``None``: any)."""
+        if self.transfer is None:
+            return None
+        emitter = self.transfer.predictor.predictor(self.transfer.predictor.directions[0])
+        size = (getattr(emitter, "height", None), getattr(emitter, "width", None))
+        return None if None in size else size
+
+    def stage_input(self, images: Tensor) -> Tensor:
+        """:math:`H` as ``[B H W, C]`` float units (raster order)."""
+        h = normalize(images, self.pixel_mean, self.pixel_std)  # [B, C, H, W]
+        return h.permute(0, 2, 3, 1).reshape(-1, h.size(1))
+
+    def forward(self, images: Tensor, propagated: Optional[Tensor] = None) -> Tensor:
+        check_images(images, channels=len(self.pixel_mean), size=self.image_size)
+        b, _, height, width = images.shape
+        if self.transfer is None:
+            return self.resnet(normalize(images, self.pixel_mean, self.pixel_std))
+        h = self.stage_input(images)
+        if propagated is None and self.transfer.graph == "learned":
+            x, batch = image_units(images)
+            out = self.transfer(h, x, batch)
+        else:
+            batch = torch.arange(b, device=images.device).repeat_interleave(height * width)
+            out = self.transfer(h, batch=batch, propagated=propagated)
+        out = out.view(b, height, width, -1).permute(0, 3, 1, 2)
+        return self.resnet(out.contiguous(memory_format=torch.channels_last))
+
+    def __repr__(self) -> str:
+        stage = "none" if self.transfer is None else f"GlomoTransfer(graph='{self.transfer.graph}')"
+        return f"{self.__class__.__name__}({self.resnet!r}, input_stage={stage})"

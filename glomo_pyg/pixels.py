@@ -1,0 +1,89 @@
+"""Images as units (paper Sec. 3.5): the pixels of ``[B, C, H, W]`` uint8 images in
+raster order, one unit per position, node id = image index x (H W) + raster position.
+
+Every image model of the library reads units this way: ``x`` is ``[N, C]`` uint8 raw
+pixel values and ``batch`` the image of each unit, so the graph machinery (batches of
+variable-length sequences) applies unchanged, with every sequence an image.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+# Per-channel mean and standard deviation of ImageNet RGB pixels on a [0, 1] scale (the
+# usual constants; the 32x32 downsampled set has nearly the same statistics).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def check_images(images: Tensor, channels: Optional[int] = None,
+                 size: Optional[Tuple[int, int]] = None, name: str = "images") -> None:
+    """``images`` must be a uint8 ``[B, C, H, W]`` tensor (of ``channels`` channels and
+    ``size = (H, W)`` when given), with ``B >= 1`` and at least two pixels."""
+    if not isinstance(images, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(images).__name__}")
+    if images.dtype != torch.uint8:
+        raise TypeError(f"{name} must be uint8 pixel values (0-255), got {images.dtype}; "
+                        "normalisation happens inside the model")
+    if images.dim() != 4:
+        raise ValueError(f"{name} must have shape [B, C, H, W], got {tuple(images.shape)}")
+    b, c, h, w = images.shape
+    if b < 1 or h * w < 2:
+        raise ValueError(f"{name} need at least one image of at least two pixels, got "
+                         f"{tuple(images.shape)}")
+    if channels is not None and c != channels:
+        raise ValueError(f"{name} must have {channels} channels, got {c}")
+    if size is not None and (h, w) != tuple(size):
+        raise ValueError(f"{name} must be {size[0]}x{size[1]}, got {h}x{w}")
+
+
+def check_pixels(x: Tensor, channels: int, name: str = "x") -> None:
+    """Pixel units: a uint8 ``[N, channels]`` tensor."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != torch.uint8:
+        raise TypeError(f"{name} must hold uint8 pixel values (0-255), got {x.dtype}; "
+                        "normalisation happens inside the model (see image_units)")
+    if x.dim() != 2 or x.size(1) != channels:
+        raise ValueError(f"{name} must have shape [N, {channels}] (pixels x channels), got "
+                         f"{tuple(x.shape)}")
+
+
+def image_units(images: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(x, batch)``: the ``[B H W, C]`` pixels of uint8 ``[B, C, H, W]`` images in raster
+    order and the image of each unit."""
+    check_images(images)
+    b, c, h, w = images.shape
+    x = images.permute(0, 2, 3, 1).reshape(b * h * w, c)
+    batch = torch.arange(b, device=images.device).repeat_interleave(h * w)
+    return x, batch
+
+
+def unit_images(x: Tensor, height: int, width: int) -> Tensor:
+    """Inverse of :func:`image_units`: ``[N, C]`` units of whole images back to
+    ``[B, C, H, W]``."""
+    if x.dim() != 2 or x.size(0) % (height * width):
+        raise ValueError(f"{tuple(x.shape)} units are not whole {height}x{width} images")
+    return x.view(-1, height, width, x.size(1)).permute(0, 3, 1, 2)
+
+
+def normalize(x: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
+    """Float pixels ``(x / 255 - mean) / std`` per channel (last dim of ``x``, or dim 1 of
+    ``[B, C, H, W]`` images with ``channels_first``)."""
+    m = torch.tensor(mean, dtype=torch.float32, device=x.device)
+    s = torch.tensor(std, dtype=torch.float32, device=x.device)
+    if x.dim() == 4:
+        m, s = m.view(1, -1, 1, 1), s.view(1, -1, 1, 1)
+    return (x.float() / 255.0 - m) / s
+
+
+def check_statistics(mean: Sequence[float], std: Sequence[float], channels: int) -> None:
+    """Per-channel statistics: ``channels`` finite means and positive finite stds."""
+    ok = len(mean) == len(std) == channels and all(
+        isinstance(v, (int, float)) and float("-inf") < v < float("inf") for v in mean) and \
+        all(isinstance(v, (int, float)) and 0 < v < float("inf") for v in std)
+    if not ok:
+        raise ValueError(f"pixel_mean and pixel_std need {channels} finite values each (std > "
+                         f"0), got {list(mean)!r} and {list(std)!r}")
