@@ -32,7 +32,9 @@ class GlomoPretraining(pl.LightningModule):
     both measured settings (docs/training.md).
 
     Args:
-        model_kwargs: arguments of :meth:`Glomo.text <glomo_pyg.Glomo.text>`, plus
+        model_kwargs: arguments of :meth:`Glomo.text <glomo_pyg.Glomo.text>` (or, with
+            ``modality='image'``, of :meth:`Glomo.image <glomo_pyg.Glomo.image>`: batches
+            then hold the uint8 pixels of whole images as units), plus
             optionally ``layout`` (``'sparse'``, ``'dense'``, ``'auto'``: a run-time
             choice of graph layout, applied with :meth:`Glomo.set_layout`).
         lr (float): Adam learning rate. (default: :obj:`3e-3`)
@@ -45,11 +47,13 @@ class GlomoPretraining(pl.LightningModule):
             there with lr 8, momentum 0.2 and global-norm clipping at 0.25, the
             trainer's ``gradient_clip_val``). (default: :obj:`'adam'`)
         momentum (float): SGD momentum. (default: :obj:`0.`)
+        flip (bool): images only: flip a random half of each training batch
+            horizontally before anything is computed from it. (default: :obj:`True`)
     """
 
     def __init__(self, model_kwargs: Dict[str, Any], lr: float = 3e-3, graph_lr_scale: float = 1.0,
                  graph_warmup_steps: int = 200, weight_decay: float = 0.0,
-                 optimizer: str = "adam", momentum: float = 0.0):
+                 optimizer: str = "adam", momentum: float = 0.0, flip: bool = True):
         super().__init__()
         if lr <= 0 or graph_lr_scale < 0 or graph_warmup_steps < 0:
             raise ValueError("lr must be positive, graph_lr_scale and graph_warmup_steps "
@@ -61,15 +65,32 @@ class GlomoPretraining(pl.LightningModule):
         self.save_hyperparameters()
         kwargs = dict(model_kwargs)
         layout = kwargs.pop("layout", None)
-        self.model = Glomo.text(**kwargs)
+        self.modality = kwargs.pop("modality", "text")
+        if self.modality not in ("text", "image"):
+            raise ValueError(f"modality must be 'text' or 'image', got {self.modality!r}")
+        self.model = Glomo.text(**kwargs) if self.modality == "text" else Glomo.image(**kwargs)
+        self.flip = bool(flip) and self.modality == "image"
+        if self.flip:
+            self.image_size = (kwargs.get("height", 32), kwargs.get("width", 32))
         if layout is not None:
             self.model.set_layout(layout)
 
     def forward(self, x: torch.Tensor, batch: Optional[torch.Tensor] = None):
         return self.model(x, batch)
 
+    def _flipped(self, x: torch.Tensor) -> torch.Tensor:
+        """Units of whole images with a random half of the images mirrored left-right
+        (the global random stream, which checkpoints restore: resumes stay exact)."""
+        h, w = self.image_size
+        if x.size(0) % (h * w):
+            return x  # not whole images: the model refuses them with a clear error
+        img = x.view(-1, h, w, x.size(-1))
+        mask = torch.rand(img.size(0), device=x.device) < 0.5
+        return torch.where(mask.view(-1, 1, 1, 1), img.flip(2), img).view_as(x)
+
     def _step(self, data, stage: str) -> torch.Tensor:
-        out = self.model(data.x, data.batch)
+        x = self._flipped(data.x) if self.flip and stage == "train" else data.x
+        out = self.model(x, data.batch)
         sync = stage != "train"  # epoch-level validation metrics: averaged over ranks
         self.log_dict({f"{stage}/{k}": v for k, v in out.metrics.items()},
                       batch_size=int(data.num_graphs), prog_bar=False, sync_dist=sync)

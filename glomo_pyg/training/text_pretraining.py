@@ -1,4 +1,4 @@
-"""``glomo pretrain``: GLoMo pretraining on a real text corpus with Lightning.
+"""``glomo pretrain``: GLoMo pretraining on a real text corpus or image set with Lightning.
 
 One configuration (YAML file and/or command-line overrides, :class:`PretrainConfig`)
 drives the whole run:
@@ -17,6 +17,11 @@ drives the whole run:
    loaded with ``weights_only=True`` (nothing unpickled).
 3. **Result**: the pretrained graph predictor with its vocabulary,
    ``save_pretrained(<output>/predictor)``.
+
+Images (``corpus.format: cifar10`` or ``imagenet32``, paper Sec. 3.5) skip step 1: the
+uint8 images are read from their pickle batches (:mod:`glomo_pyg.data.images`, never
+unpickling anything but plain data) and every image is one sequence of pixel units;
+``model`` then holds the options of :meth:`Glomo.image <glomo_pyg.Glomo.image>`.
 """
 from __future__ import annotations
 
@@ -42,7 +47,9 @@ from glomo_pyg.training.graph_statistics import GraphStatistics
 from glomo_pyg.training.pretraining import GlomoPretraining
 from glomo_pyg.training.utils import quiet_lightning
 
-CORPUS_FORMATS = ("text", "aclimdb")
+TEXT_FORMATS = ("text", "aclimdb")
+IMAGE_FORMATS = ("cifar10", "imagenet32")
+CORPUS_FORMATS = TEXT_FORMATS + IMAGE_FORMATS
 LOGGERS = ("csv", "tensorboard")
 
 
@@ -50,8 +57,10 @@ LOGGERS = ("csv", "tensorboard")
 class CorpusConfig:
     """Where the documents come from and how they become training sequences."""
 
-    path: Optional[str] = None  # text file or folder, or the aclImdb folder
-    format: str = "text"  # 'text' or 'aclimdb' (train/unsup + train/{pos,neg}, no test)
+    path: Optional[str] = None  # text file or folder, the aclImdb folder, or an image folder
+    # 'text', 'aclimdb' (train/unsup + train/{pos,neg}, no test), or images: 'cifar10'
+    # (cifar-10-batches-py, training batches) or 'imagenet32' (Downsampled-ImageNet batches)
+    format: str = "text"
     one_per_line: bool = False  # text: one document per line instead of per file
     lower: bool = True
     min_count: int = 3
@@ -61,6 +70,8 @@ class CorpusConfig:
     max_documents: Optional[int] = None  # an even spread of this many documents (reduced runs)
     validation_fraction: float = 0.01
     shard_tokens: int = 1 << 26
+    max_images: Optional[int] = None  # images: an even spread of this many (reduced runs)
+    flip: bool = True  # images: random horizontal flips while training
 
 
 @dataclass
@@ -96,6 +107,10 @@ class TrainConfig:
     syntax_every: int = 500
 
 
+IMAGE_MODEL_DEFAULTS = dict(hidden_channels=128, num_layers=3, heads=8, cnn_layers=3,
+                            num_positions=64)
+
+
 @dataclass
 class PretrainConfig:
     output_dir: str = "runs/pretrain"
@@ -123,6 +138,8 @@ class PretrainConfig:
                 raise ValueError(f"unknown {name} settings {sorted(bad)}; allowed: "
                                  f"{sorted(allowed)}")
             setattr(out, name, dataclasses.replace(getattr(out, name), **section))
+        if out.corpus.format in IMAGE_FORMATS:  # Glomo.image's options, not the text ones
+            out.model = dict(IMAGE_MODEL_DEFAULTS)
         if "model" in data:
             out.model = dict(out.model, **(data["model"] or {}))
         out.validate()
@@ -142,6 +159,13 @@ class PretrainConfig:
                 raise ValueError(f"train.{name} must be >= 1")
         if t.threads < 0:
             raise ValueError("train.threads must be >= 0 (0: torch's default)")
+        if c.format in IMAGE_FORMATS:
+            for key in ("height", "width", "in_channels", "num_tokens", "modality"):
+                if key in self.model:
+                    raise ValueError(f"model.{key} is set from the images; remove it")
+            if c.max_images is not None and c.max_images < 2:
+                raise ValueError("corpus.max_images must be >= 2")
+            return
         for key in ("num_tokens", "padding_idx"):
             if key in self.model:
                 raise ValueError(f"model.{key} is set from the vocabulary; remove it")
@@ -278,6 +302,52 @@ class TextPretrainingData(pl.LightningDataModule):
                           generator=torch.Generator().manual_seed(self.seed))
 
 
+def load_pretraining_images(corpus: CorpusConfig) -> torch.Tensor:
+    """The uint8 ``[n, C, H, W]`` training images of an image corpus (labels unused),
+    an even spread of ``max_images`` of them when set."""
+    from glomo_pyg.data.images import load_cifar10, load_imagenet32
+
+    if corpus.path is None:
+        raise ValueError("corpus.path is not set: the cifar-10-batches-py or imagenet32 folder")
+    path = os.path.expanduser(corpus.path)
+    images = load_cifar10(path, "train")[0] if corpus.format == "cifar10" else \
+        load_imagenet32(path)[0]
+    if corpus.max_images is not None and corpus.max_images < len(images):
+        take = corpus.max_images
+        images = images[torch.arange(take) * len(images) // take]
+    return images
+
+
+class ImageUnits(torch.utils.data.Dataset):
+    """Each image as a PyG ``Data`` whose ``x`` is its ``[H W, C]`` uint8 pixel units."""
+
+    def __init__(self, images: torch.Tensor):
+        self.images = images
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int):
+        from torch_geometric.data import Data
+
+        img = self.images[i]
+        return Data(x=img.permute(1, 2, 0).reshape(-1, img.size(0)))
+
+
+class ImagePretrainingData(TextPretrainingData):
+    """Training and validation images (a seeded split), batched as pixel units."""
+
+    def __init__(self, images: torch.Tensor, batch_size: int, validation_fraction: float,
+                 seed: int, num_workers: int = 0):
+        pl.LightningDataModule.__init__(self)
+        self.windows = ImageUnits(images)
+        gen = torch.Generator().manual_seed(seed)
+        order = torch.randperm(len(images), generator=gen).tolist()
+        n_val = int(len(order) * validation_fraction)
+        self.val_ids, self.train_ids = order[:n_val], sorted(order[n_val:])
+        self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
+
+
 class _RandomState(pl.Callback):
     """Saves and restores every random generator training uses (Python, NumPy, torch CPU
     and CUDA) in the checkpoint, so a resumed run draws the same positions."""
@@ -376,22 +446,35 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
         with open(saved_config + ".tmp", "w") as fh:
             json.dump(config.to_dict(), fh, indent=1)
         os.replace(saved_config + ".tmp", saved_config)
-    vocab, shards = prepare_corpus(config.corpus, out, log)
-    if prepare_only:
-        return dict(vocabulary=len(vocab), tokens=read_shard_index(shards)["num_tokens"])
+    c, t = config.corpus, config.train
+    images = c.format in IMAGE_FORMATS
+    if images:
+        vocab, pixels = None, load_pretraining_images(c)
+        log(f"images: {len(pixels)} of {tuple(pixels.shape[1:])} from {c.path}")
+        if prepare_only:
+            return dict(images=len(pixels))
+    else:
+        vocab, shards = prepare_corpus(config.corpus, out, log)
+        if prepare_only:
+            return dict(vocabulary=len(vocab), tokens=read_shard_index(shards)["num_tokens"])
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
     pl.seed_everything(config.train.seed, workers=True, verbose=False)
-    c, t = config.corpus, config.train
-    data = TextPretrainingData(shards, c.max_length, c.min_length, t.batch_size,
-                               c.validation_fraction, t.seed, t.num_workers)
-    model_kwargs = dict(config.model, num_tokens=len(vocab), padding_idx=vocab.pad_id)
+    if images:
+        data = ImagePretrainingData(pixels, t.batch_size, c.validation_fraction, t.seed,
+                                    t.num_workers)
+        model_kwargs = dict(config.model, modality="image", in_channels=pixels.size(1),
+                            height=pixels.size(2), width=pixels.size(3))
+    else:
+        data = TextPretrainingData(shards, c.max_length, c.min_length, t.batch_size,
+                                   c.validation_fraction, t.seed, t.num_workers)
+        model_kwargs = dict(config.model, num_tokens=len(vocab), padding_idx=vocab.pad_id)
     module = GlomoPretraining(model_kwargs, lr=t.lr, graph_lr_scale=t.graph_lr_scale,
                               graph_warmup_steps=t.graph_warmup_steps,
                               weight_decay=t.weight_decay, optimizer=t.optimizer,
-                              momentum=t.momentum)
+                              momentum=t.momentum, flip=c.flip)
     extra_callbacks = list(extra_callbacks or [])
-    if t.syntax_treebank:
+    if t.syntax_treebank and not images:
         from glomo_pyg.analysis.treebank import read_treebank
         from glomo_pyg.training.syntax_monitor import SyntaxMonitor
 
@@ -404,8 +487,9 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
     log(f"trainer: {type(trainer.accelerator).__name__}, {trainer.num_devices} device(s) x "
         f"{trainer.num_nodes} node(s), {type(trainer.strategy).__name__}, precision "
         f"{trainer.precision}")
+    unit = "images" if images else f"sequences of <= {c.max_length} tokens"
     log(f"pretraining: {len(data.train_ids)} training / {len(data.val_ids)} validation "
-        f"sequences of <= {c.max_length} tokens, {t.max_steps} steps of {t.batch_size}"
+        f"{unit}, {t.max_steps} steps of {t.batch_size}"
         + (f", resuming from {ckpt}" if ckpt else ""))
     start = time.time()
     with warnings.catch_warnings(), quiet_lightning():
@@ -415,12 +499,13 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
         warnings.filterwarnings("ignore", ".*Total length of .* across ranks is zero.*")
         trainer.fit(module, datamodule=data, ckpt_path=ckpt, weights_only=True)
     seconds = time.time() - start
-    summary = dict(steps=trainer.global_step, seconds=round(seconds, 1),
-                   tokens=data.windows.num_tokens, vocabulary=len(vocab),
+    size = dict(images=len(pixels)) if images else dict(tokens=data.windows.num_tokens,
+                                                         vocabulary=len(vocab))
+    summary = dict(steps=trainer.global_step, seconds=round(seconds, 1), **size,
                    train_loss=float(trainer.callback_metrics.get("train_loss", float("nan"))),
                    val_loss=float(trainer.callback_metrics.get("val_loss", float("nan"))))
     if trainer.is_global_zero:
-        predictor = module.model.cpu().to_pretrained(vocab.tokens())
+        predictor = module.model.cpu().to_pretrained(vocab.tokens() if vocab else None)
         save_pretrained(predictor, os.path.join(out, "predictor"))
         with open(os.path.join(out, "pretrain.json"), "w") as fh:
             json.dump(summary, fh, indent=1)
