@@ -70,3 +70,20 @@ def test_image_pretraining_rejects_settings_taken_from_the_images(tmp_path):
     cfg = config(tmp_path, "missing")
     with pytest.raises(FileNotFoundError):
         run_pretraining(cfg, log=lambda *a: None)
+
+
+def test_pretraining_on_crops_saves_a_full_size_predictor(tmp_path):
+    write_cifar(tmp_path / "cifar")
+    cfg = config(tmp_path, "crops", max_steps=2)
+    cfg.corpus.crop = 8
+    summary = run_pretraining(cfg, log=lambda *a: None)
+    assert summary["steps"] == 2 and np.isfinite(summary["val_loss"])
+    predictor = PretrainedGraphPredictor.from_pretrained(str(tmp_path / "crops" / "predictor"))
+    emitter = predictor.predictor("forward")
+    assert (emitter.height, emitter.width) == (32, 32)
+    graphs = predictor(*image_units(torch.zeros(1, 3, 32, 32, dtype=torch.uint8)))
+    assert graphs.forward.num_nodes == 1024
+    too_big = config(tmp_path, "big", max_steps=1)
+    too_big.corpus.crop = 40
+    with pytest.raises(ValueError, match="larger than"):
+        run_pretraining(too_big, log=lambda *a: None)

@@ -259,3 +259,16 @@ def test_uniform_propagation_in_closed_form_equals_the_edges(direction, include_
     assert g.num_edges == edges.num_edges
     for x in (torch.randn(17, 4), torch.randn(3, 17, 4)):
         torch.testing.assert_close(g.propagate(x, 1), edges.propagate(x, 1))
+
+
+def test_resized_predictor_keeps_its_weights_and_graphs():
+    model = predictor(position="grid", position_frequencies=2, position_period=24.0)
+    big = model.resized(8, 9)
+    assert (big.height, big.width) == (8, 9) and big.order.width == 9
+    back = big.resized(H, W)
+    x, batch = image_units(images(2))
+    with torch.no_grad():
+        torch.testing.assert_close(back(x, batch).to_dense(), model(x, batch).to_dense())
+        assert big(*image_units(images(1, 8, 9))).num_nodes == 72
+    pretrained = Glomo.image(H, W, **SMALL).to_pretrained().resized(8, 8)
+    assert pretrained.predictor("backward").height == 8

@@ -197,6 +197,14 @@ class PixelGraphPredictor(GraphEmitter):
         self.query_cnn.reset_parameters()
         self.scorer.reset_parameters()
 
+    def resized(self, height: int, width: int) -> "PixelGraphPredictor":
+        """The same predictor (same weights) for ``height x width`` images: its
+        convolutions and offset-only position term do not depend on the image size, so
+        a predictor trained on crops applies to whole images."""
+        out = type(self).from_config(dict(self.config(), height=height, width=width))
+        out.load_state_dict(self.state_dict())
+        return out.train(self.training).set_layout(self.layout)
+
     def check_sequences(self, sequences: SequenceBatch) -> None:
         """Every sequence must be one whole image (no device sync: sizes only)."""
         t = self.num_units

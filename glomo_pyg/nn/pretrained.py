@@ -131,6 +131,18 @@ class PretrainedGraphPredictor(torch.nn.Module):
     def in_channels(self) -> Optional[int]:
         return self.predictor(self.directions[0]).in_channels
 
+    def resized(self, height: int, width: int) -> "PretrainedGraphPredictor":
+        """Pixel predictors only: the same graph predictors for ``height x width`` images
+        (see :meth:`PixelGraphPredictor.resized`)."""
+        parts = {}
+        for d in self.directions:
+            emitter = self.predictor(d)
+            if not hasattr(emitter, "resized"):
+                raise TypeError(f"{type(emitter).__name__} has no image size to change")
+            parts[d] = emitter.resized(height, width)
+        return PretrainedGraphPredictor(parts.get("forward"), parts.get("backward"),
+                                        self.vocabulary).train(self.training)
+
     def set_layout(self, layout: str) -> "PretrainedGraphPredictor":
         """Emit graphs in ``layout`` (``'sparse'``, ``'dense'`` or ``'auto'``) from now
         on, in both directions; same graphs, different speed (not saved)."""

@@ -59,8 +59,10 @@ class GraphStatistics(pl.Callback):
         if step % self.every_n_steps or not trainer.is_global_zero:
             return
         model = pl_module.model
+        x, index = pl_module.model_input(batch) if hasattr(pl_module, "model_input") else \
+            (batch.x, batch.batch)
         with torch.no_grad():
-            graphs = model.graphs(batch.x, batch.batch)
+            graphs = model.graphs(x, index)
         dead, adjacent = 0, []
         for direction in ("forward", "backward"):
             g = getattr(graphs, direction)

@@ -1,7 +1,7 @@
 """Lightning module for unsupervised GLoMo pretraining."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import lightning.pytorch as pl
 import torch
@@ -49,11 +49,16 @@ class GlomoPretraining(pl.LightningModule):
         momentum (float): SGD momentum. (default: :obj:`0.`)
         flip (bool): images only: flip a random half of each training batch
             horizontally before anything is computed from it. (default: :obj:`True`)
+        image_size (tuple, optional): images only: ``(H, W)`` of the images in the
+            batches when the model is built for smaller crops (``model_kwargs``'
+            ``height`` and ``width``): training batches are cut to random crops,
+            validation batches to centre crops. (default: the model's size)
     """
 
     def __init__(self, model_kwargs: Dict[str, Any], lr: float = 3e-3, graph_lr_scale: float = 1.0,
                  graph_warmup_steps: int = 200, weight_decay: float = 0.0,
-                 optimizer: str = "adam", momentum: float = 0.0, flip: bool = True):
+                 optimizer: str = "adam", momentum: float = 0.0, flip: bool = True,
+                 image_size: Optional[Tuple[int, int]] = None):
         super().__init__()
         if lr <= 0 or graph_lr_scale < 0 or graph_warmup_steps < 0:
             raise ValueError("lr must be positive, graph_lr_scale and graph_warmup_steps "
@@ -70,27 +75,52 @@ class GlomoPretraining(pl.LightningModule):
             raise ValueError(f"modality must be 'text' or 'image', got {self.modality!r}")
         self.model = Glomo.text(**kwargs) if self.modality == "text" else Glomo.image(**kwargs)
         self.flip = bool(flip) and self.modality == "image"
-        if self.flip:
-            self.image_size = (kwargs.get("height", 32), kwargs.get("width", 32))
+        self.crop_size = (kwargs.get("height", 32), kwargs.get("width", 32))
+        self.image_size = tuple(image_size) if image_size is not None else self.crop_size
+        if self.modality == "image" and (self.crop_size[0] > self.image_size[0] or
+                                         self.crop_size[1] > self.image_size[1]):
+            raise ValueError(f"the model's {self.crop_size} crops do not fit in images of "
+                             f"{self.image_size}")
         if layout is not None:
             self.model.set_layout(layout)
 
     def forward(self, x: torch.Tensor, batch: Optional[torch.Tensor] = None):
         return self.model(x, batch)
 
-    def _flipped(self, x: torch.Tensor) -> torch.Tensor:
-        """Units of whole images with a random half of the images mirrored left-right
-        (the global random stream, which checkpoints restore: resumes stay exact)."""
-        h, w = self.image_size
-        if x.size(0) % (h * w):
-            return x  # not whole images: the model refuses them with a clear error
+    def _augmented(self, x: torch.Tensor, batch: torch.Tensor, train: bool):
+        """Pixel units of whole images, cut to the model's crop size (random crops while
+        training, centre crops otherwise) and, while training, with a random half of
+        the images mirrored left-right. Draws from the global random stream, which
+        checkpoints restore: resumes stay exact."""
+        (h, w), (ch, cw) = self.image_size, self.crop_size
+        if x.size(0) % (h * w) or (not self.flip and (h, w) == (ch, cw)):
+            return x, batch  # not whole images: the model refuses them with a clear error
         img = x.view(-1, h, w, x.size(-1))
-        mask = torch.rand(img.size(0), device=x.device) < 0.5
-        return torch.where(mask.view(-1, 1, 1, 1), img.flip(2), img).view_as(x)
+        b = img.size(0)
+        if (h, w) != (ch, cw):
+            if train:
+                top = torch.randint(0, h - ch + 1, (b,)).tolist()
+                left = torch.randint(0, w - cw + 1, (b,)).tolist()
+            else:
+                top, left = [(h - ch) // 2] * b, [(w - cw) // 2] * b
+            img = torch.stack([img[i, t:t + ch, l:l + cw] for i, (t, l) in
+                               enumerate(zip(top, left))])
+            batch = torch.arange(b, device=x.device).repeat_interleave(ch * cw)
+        if self.flip and train:
+            mask = torch.rand(b, device=x.device) < 0.5
+            img = torch.where(mask.view(-1, 1, 1, 1), img.flip(2), img)
+        return img.reshape(-1, x.size(-1)), batch
+
+    def model_input(self, data, train: bool = False):
+        """``(x, batch)`` the model reads for a loader batch: the batch itself for text;
+        for images cut to the model's crop size (and, with ``train``, augmented)."""
+        if self.modality == "image":
+            return self._augmented(data.x, data.batch, train)
+        return data.x, data.batch
 
     def _step(self, data, stage: str) -> torch.Tensor:
-        x = self._flipped(data.x) if self.flip and stage == "train" else data.x
-        out = self.model(x, data.batch)
+        x, batch = self.model_input(data, stage == "train")
+        out = self.model(x, batch)
         sync = stage != "train"  # epoch-level validation metrics: averaged over ranks
         self.log_dict({f"{stage}/{k}": v for k, v in out.metrics.items()},
                       batch_size=int(data.num_graphs), prog_bar=False, sync_dist=sync)

@@ -72,6 +72,9 @@ class CorpusConfig:
     shard_tokens: int = 1 << 26
     max_images: Optional[int] = None  # images: an even spread of this many (reduced runs)
     flip: bool = True  # images: random horizontal flips while training
+    # images: pretrain on random crops of this side (the predictor, convolutional and with
+    # offset-only position terms, is saved for the full image size); cheaper per image
+    crop: Optional[int] = None
 
 
 @dataclass
@@ -165,6 +168,8 @@ class PretrainConfig:
                     raise ValueError(f"model.{key} is set from the images; remove it")
             if c.max_images is not None and c.max_images < 2:
                 raise ValueError("corpus.max_images must be >= 2")
+            if c.crop is not None and c.crop < 2:
+                raise ValueError("corpus.crop must be >= 2 (pixels per side)")
             return
         for key in ("num_tokens", "padding_idx"):
             if key in self.model:
@@ -463,8 +468,12 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
     if images:
         data = ImagePretrainingData(pixels, t.batch_size, c.validation_fraction, t.seed,
                                     t.num_workers)
+        full = (pixels.size(2), pixels.size(3))
+        if c.crop is not None and c.crop > min(full):
+            raise ValueError(f"corpus.crop {c.crop} is larger than the {full} images")
+        crop = (c.crop, c.crop) if c.crop is not None else full
         model_kwargs = dict(config.model, modality="image", in_channels=pixels.size(1),
-                            height=pixels.size(2), width=pixels.size(3))
+                            height=crop[0], width=crop[1])
     else:
         data = TextPretrainingData(shards, c.max_length, c.min_length, t.batch_size,
                                    c.validation_fraction, t.seed, t.num_workers)
@@ -472,7 +481,8 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
     module = GlomoPretraining(model_kwargs, lr=t.lr, graph_lr_scale=t.graph_lr_scale,
                               graph_warmup_steps=t.graph_warmup_steps,
                               weight_decay=t.weight_decay, optimizer=t.optimizer,
-                              momentum=t.momentum, flip=c.flip)
+                              momentum=t.momentum, flip=c.flip,
+                              image_size=full if images else None)
     extra_callbacks = list(extra_callbacks or [])
     if t.syntax_treebank and not images:
         from glomo_pyg.analysis.treebank import read_treebank
@@ -506,6 +516,8 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
                    val_loss=float(trainer.callback_metrics.get("val_loss", float("nan"))))
     if trainer.is_global_zero:
         predictor = module.model.cpu().to_pretrained(vocab.tokens() if vocab else None)
+        if images and crop != full:  # trained on crops: the same weights at full size
+            predictor = predictor.resized(*full)
         save_pretrained(predictor, os.path.join(out, "predictor"))
         with open(os.path.join(out, "pretrain.json"), "w") as fh:
             json.dump(summary, fh, indent=1)
