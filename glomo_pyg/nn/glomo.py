@@ -329,7 +329,9 @@ class Glomo(torch.nn.Module):
                 losses.append(loss)
             metrics[f"{d}/loss"] = loss.detach()
             metrics[f"{d}/accuracy"] = correct / (targets != IGNORE).sum()
-            metrics[f"{d}/density"] = torch.tensor(sum(graphs.density()) / graphs.num_layers)
+            if graphs.layout != "fused":  # fused graphs hold no edges to count
+                metrics[f"{d}/density"] = torch.tensor(sum(graphs.density()) /
+                                                       graphs.num_layers)
         loss = torch.stack(losses).mean()
         metrics["loss"] = loss.detach()
         return GlomoOutput(loss, metrics)

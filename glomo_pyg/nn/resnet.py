@@ -148,7 +148,10 @@ class GlomoResNet(torch.nn.Module):
             batch = torch.arange(b, device=images.device).repeat_interleave(height * width)
             out = self.transfer(h, batch=batch, propagated=propagated)
         out = out.view(b, height, width, -1).permute(0, 3, 1, 2)
-        return self.resnet(out.contiguous(memory_format=torch.channels_last))
+        # channels-last is the fast layout on a GPU; on CPU torch's backward for it can be
+        # orders of magnitude slower (measured), so plain contiguous there
+        fmt = torch.channels_last if out.is_cuda else torch.contiguous_format
+        return self.resnet(out.contiguous(memory_format=fmt))
 
     def __repr__(self) -> str:
         stage = "none" if self.transfer is None else f"GlomoTransfer(graph='{self.transfer.graph}')"

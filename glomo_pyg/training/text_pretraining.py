@@ -462,65 +462,69 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
         vocab, shards = prepare_corpus(config.corpus, out, log)
         if prepare_only:
             return dict(vocabulary=len(vocab), tokens=read_shard_index(shards)["num_tokens"])
+    threads = torch.get_num_threads()  # restored on return: no lasting side effect
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
-    pl.seed_everything(config.train.seed, workers=True, verbose=False)
-    if images:
-        data = ImagePretrainingData(pixels, t.batch_size, c.validation_fraction, t.seed,
-                                    t.num_workers)
-        full = (pixels.size(2), pixels.size(3))
-        if c.crop is not None and c.crop > min(full):
-            raise ValueError(f"corpus.crop {c.crop} is larger than the {full} images")
-        crop = (c.crop, c.crop) if c.crop is not None else full
-        model_kwargs = dict(config.model, modality="image", in_channels=pixels.size(1),
-                            height=crop[0], width=crop[1])
-    else:
-        data = TextPretrainingData(shards, c.max_length, c.min_length, t.batch_size,
-                                   c.validation_fraction, t.seed, t.num_workers)
-        model_kwargs = dict(config.model, num_tokens=len(vocab), padding_idx=vocab.pad_id)
-    module = GlomoPretraining(model_kwargs, lr=t.lr, graph_lr_scale=t.graph_lr_scale,
-                              graph_warmup_steps=t.graph_warmup_steps,
-                              weight_decay=t.weight_decay, optimizer=t.optimizer,
-                              momentum=t.momentum, flip=c.flip,
-                              image_size=full if images else None)
-    extra_callbacks = list(extra_callbacks or [])
-    if t.syntax_treebank and not images:
-        from glomo_pyg.analysis.treebank import read_treebank
-        from glomo_pyg.training.syntax_monitor import SyntaxMonitor
+    try:
+        pl.seed_everything(config.train.seed, workers=True, verbose=False)
+        if images:
+            data = ImagePretrainingData(pixels, t.batch_size, c.validation_fraction, t.seed,
+                                        t.num_workers)
+            full = (pixels.size(2), pixels.size(3))
+            if c.crop is not None and c.crop > min(full):
+                raise ValueError(f"corpus.crop {c.crop} is larger than the {full} images")
+            crop = (c.crop, c.crop) if c.crop is not None else full
+            model_kwargs = dict(config.model, modality="image", in_channels=pixels.size(1),
+                                height=crop[0], width=crop[1])
+        else:
+            data = TextPretrainingData(shards, c.max_length, c.min_length, t.batch_size,
+                                       c.validation_fraction, t.seed, t.num_workers)
+            model_kwargs = dict(config.model, num_tokens=len(vocab), padding_idx=vocab.pad_id)
+        module = GlomoPretraining(model_kwargs, lr=t.lr, graph_lr_scale=t.graph_lr_scale,
+                                  graph_warmup_steps=t.graph_warmup_steps,
+                                  weight_decay=t.weight_decay, optimizer=t.optimizer,
+                                  momentum=t.momentum, flip=c.flip,
+                                  image_size=full if images else None)
+        extra_callbacks = list(extra_callbacks or [])
+        if t.syntax_treebank and not images:
+            from glomo_pyg.analysis.treebank import read_treebank
+            from glomo_pyg.training.syntax_monitor import SyntaxMonitor
 
-        trees = read_treebank(os.path.expanduser(t.syntax_treebank),
-                              max_sentences=t.syntax_sentences)
-        extra_callbacks.append(SyntaxMonitor(trees, vocab.tokens(), t.syntax_every,
-                                             lower=c.lower))
-    with quiet_lightning():
-        trainer = build_trainer(config, extra_callbacks)
-    log(f"trainer: {type(trainer.accelerator).__name__}, {trainer.num_devices} device(s) x "
-        f"{trainer.num_nodes} node(s), {type(trainer.strategy).__name__}, precision "
-        f"{trainer.precision}")
-    unit = "images" if images else f"sequences of <= {c.max_length} tokens"
-    log(f"pretraining: {len(data.train_ids)} training / {len(data.val_ids)} validation "
-        f"{unit}, {t.max_steps} steps of {t.batch_size}"
-        + (f", resuming from {ckpt}" if ckpt else ""))
-    start = time.time()
-    with warnings.catch_warnings(), quiet_lightning():
-        warnings.filterwarnings("ignore", ".*does not have many workers.*")
-        warnings.filterwarnings("ignore", ".*isinstance.treespec, LeafSpec.*")
-        warnings.filterwarnings("ignore", ".*Checkpoint directory .* exists and is not empty.*")
-        warnings.filterwarnings("ignore", ".*Total length of .* across ranks is zero.*")
-        trainer.fit(module, datamodule=data, ckpt_path=ckpt, weights_only=True)
-    seconds = time.time() - start
-    size = dict(images=len(pixels)) if images else dict(tokens=data.windows.num_tokens,
-                                                         vocabulary=len(vocab))
-    summary = dict(steps=trainer.global_step, seconds=round(seconds, 1), **size,
-                   train_loss=float(trainer.callback_metrics.get("train_loss", float("nan"))),
-                   val_loss=float(trainer.callback_metrics.get("val_loss", float("nan"))))
-    if trainer.is_global_zero:
-        predictor = module.model.cpu().to_pretrained(vocab.tokens() if vocab else None)
-        if images and crop != full:  # trained on crops: the same weights at full size
-            predictor = predictor.resized(*full)
-        save_pretrained(predictor, os.path.join(out, "predictor"))
-        with open(os.path.join(out, "pretrain.json"), "w") as fh:
-            json.dump(summary, fh, indent=1)
-        log(f"done: {summary['steps']} steps in {seconds:.0f} s; predictor saved to "
-            f"{os.path.join(out, 'predictor')}")
-    return summary
+            trees = read_treebank(os.path.expanduser(t.syntax_treebank),
+                                  max_sentences=t.syntax_sentences)
+            extra_callbacks.append(SyntaxMonitor(trees, vocab.tokens(), t.syntax_every,
+                                                 lower=c.lower))
+        with quiet_lightning():
+            trainer = build_trainer(config, extra_callbacks)
+        log(f"trainer: {type(trainer.accelerator).__name__}, {trainer.num_devices} device(s) x "
+            f"{trainer.num_nodes} node(s), {type(trainer.strategy).__name__}, precision "
+            f"{trainer.precision}")
+        unit = "images" if images else f"sequences of <= {c.max_length} tokens"
+        log(f"pretraining: {len(data.train_ids)} training / {len(data.val_ids)} validation "
+            f"{unit}, {t.max_steps} steps of {t.batch_size}"
+            + (f", resuming from {ckpt}" if ckpt else ""))
+        start = time.time()
+        with warnings.catch_warnings(), quiet_lightning():
+            warnings.filterwarnings("ignore", ".*does not have many workers.*")
+            warnings.filterwarnings("ignore", ".*isinstance.treespec, LeafSpec.*")
+            warnings.filterwarnings("ignore", ".*Checkpoint directory .* exists and is not empty.*")
+            warnings.filterwarnings("ignore", ".*Total length of .* across ranks is zero.*")
+            trainer.fit(module, datamodule=data, ckpt_path=ckpt, weights_only=True)
+        seconds = time.time() - start
+        size = dict(images=len(pixels)) if images else dict(tokens=data.windows.num_tokens,
+                                                             vocabulary=len(vocab))
+        summary = dict(steps=trainer.global_step, seconds=round(seconds, 1), **size,
+                       train_loss=float(trainer.callback_metrics.get("train_loss", float("nan"))),
+                       val_loss=float(trainer.callback_metrics.get("val_loss", float("nan"))))
+        if trainer.is_global_zero:
+            predictor = module.model.cpu().to_pretrained(vocab.tokens() if vocab else None)
+            if images and crop != full:  # trained on crops: the same weights at full size
+                predictor = predictor.resized(*full)
+            save_pretrained(predictor, os.path.join(out, "predictor"))
+            with open(os.path.join(out, "pretrain.json"), "w") as fh:
+                json.dump(summary, fh, indent=1)
+            log(f"done: {summary['steps']} steps in {seconds:.0f} s; predictor saved to "
+                f"{os.path.join(out, 'predictor')}")
+        return summary
+    finally:
+        torch.set_num_threads(threads)

@@ -1,0 +1,468 @@
+"""Reproduce paper Table 3 (ImageNet 32x32 -> CIFAR-10 ResNet) with one command.
+
+    python -m benchmarks.reproduce.cifar10 --data-dir ~/.cache/glomo-data [--reduced]
+
+``--data-dir`` holds ``imagenet32/`` (Downsampled-ImageNet batches) and
+``cifar-10-batches-py/`` (build them with ``python ../shared/data/build.py imagenet32 DIR``
+and ``... cifar10 DIR``). Stages, each cached in ``--output-dir`` (default
+``runs/cifar10-full`` / ``runs/cifar10-reduced``), so an interrupted reproduction (or one
+spread over several short GPU allocations) continues where it stopped:
+
+1. **pretraining** (``pretrain/``): ``glomo pretrain`` on the ImageNet images with
+   ``configs/cifar10-gpu.yaml`` (full) or ``configs/cifar10-cpu.yaml`` (reduced), resumed
+   from its last checkpoint; ``--predictor DIR`` uses an already trained predictor;
+2. **pixel graphs** (``pixel_graphs.json``): per direction, layer and head, the weight the
+   graphs put on the 4-neighbourhood of a pixel (the pixel analogue of the quickstart
+   check) against uniform graphs over the same sources, and dead heads, on 256 CIFAR
+   validation images; the same for the untrained predictor;
+3. **split** (``split.json``): the seeded 42,000 / 8,000 train / validation split of the
+   CIFAR-10 training images (indices recorded; the reduced run uses a fixed subset);
+4. **downstream** (``downstream.json``, one entry per ``resnet<depth>/<variant>/seed<s>``):
+   :class:`~glomo_pyg.GlomoResNet` with ``graph='none'`` (baseline), ``'learned'`` (GLoMo)
+   and ``'uniform'``, the identical recipe (:mod:`glomo_pyg.training.image_classification`),
+   the same seeds; the epoch with the best validation accuracy is evaluated once on the
+   10,000 test images (reduced: a fixed subset). Per-epoch checkpoints in ``runs/``;
+5. ``benchmarks/results/cifar10.md``: a table shaped like paper Table 3 (mean +- std over
+   seeds beside the paper's numbers), paired differences with 95% confidence intervals,
+   epoch times, the pixel-graph check, and ``benchmarks/results/cifar10_graphs.png``: for
+   one test image, the incoming weights of the centre and the bottom-right pixel in every
+   graph (paper Fig. 4).
+
+``--reduced`` is the CPU configuration (about an hour on 2 cores): pretraining on 16x16
+crops of 20,000 ImageNet images, a 2-layer x 4-head predictor, ResNet-18 of width 16,
+5,000 / 1,000 CIFAR train / validation images and 2,000 test images, 8 epochs, flips only
+(so the GLoMo stage's propagations are precomputed once per image and orientation),
+3 seeds. Its numbers are **not** a reproduction of the paper's; the full configuration
+(the default, for a GPU) is.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import sys
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+from benchmarks.reproduce.imdb import paired_difference
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIGS = os.path.join(ROOT, "configs")
+# Paper Table 3, CIFAR-10 test accuracy (%), mean +- std over 5 runs.
+PAPER = {("resnet18", "baseline"): (90.93, 0.33), ("resnet18", "glomo"): (91.55, 0.23),
+         ("resnet18", "uniform"): (91.07, 0.24), ("resnet34", "baseline"): (91.42, None),
+         ("resnet34", "glomo"): (91.70, None)}
+VARIANTS = {"baseline": "none", "glomo": "learned", "uniform": "uniform"}
+LABELS = {"baseline": "ResNet (same gate, no graphs)", "glomo": "ResNet + GLoMo",
+          "uniform": "ResNet + uniform graphs"}
+
+
+@dataclasses.dataclass
+class Setup:
+    config: str
+    train_images: Optional[int]  # None: all 42,000 of the split
+    val_images: Optional[int]
+    test_images: Optional[int]
+    width: int
+    depths: tuple
+    epochs: int
+    batch_size: int
+    lr: float
+    crop_padding: int
+    precompute: bool  # precompute the stage's propagations (needs crop_padding=0)
+    seeds: int
+    pretrain_overrides: Optional[Dict] = None
+
+
+FULL = Setup(config="cifar10-gpu.yaml", train_images=None, val_images=None, test_images=None,
+             width=64, depths=(18,), epochs=18, batch_size=512, lr=0.4, crop_padding=4,
+             precompute=False, seeds=3)
+REDUCED = Setup(config="cifar10-cpu.yaml", train_images=5000, val_images=1000,
+                test_images=2000, width=16, depths=(18,), epochs=8, batch_size=128, lr=0.2,
+                crop_padding=0, precompute=True, seeds=3)
+# Seconds: the test suite's end-to-end check of this script on tiny files.
+SMOKE = Setup(config="cifar10-cpu.yaml", train_images=8, val_images=4, test_images=4, width=4,
+              depths=(18,), epochs=1, batch_size=4, lr=0.05, crop_padding=0, precompute=True,
+              seeds=1, pretrain_overrides=dict(
+                  corpus=dict(max_images=8, crop=8),
+                  model=dict(hidden_channels=8, num_layers=1, heads=2, cnn_layers=1,
+                             num_positions=4),
+                  train=dict(batch_size=4, max_steps=2, graph_warmup_steps=1, threads=0,
+                             checkpoint_every=1, validate_every=1, graph_stats_every=1)))
+
+
+def log(*args):
+    print(time.strftime("[%H:%M:%S]"), *args, flush=True)
+
+
+def write_json(path: str, obj) -> None:
+    with open(path + ".tmp", "w") as fh:
+        json.dump(obj, fh, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def pretrain(args, setup: Setup, out: str) -> str:
+    """Stage 1: the pretrained predictor's folder (trained here unless --predictor)."""
+    if args.predictor:
+        return args.predictor
+    import yaml
+
+    from glomo_pyg.training import PretrainConfig, run_pretraining
+    from glomo_pyg.training.text_pretraining import last_checkpoint, set_by_path
+
+    folder = os.path.join(out, "pretrain")
+    predictor = os.path.join(folder, "predictor")
+    if os.path.exists(os.path.join(folder, "pretrain.json")):
+        log(f"pretraining: cached ({predictor})")
+        return predictor
+    with open(os.path.join(CONFIGS, setup.config)) as fh:
+        data = yaml.safe_load(fh)
+    data["output_dir"] = folder
+    set_by_path(data, "corpus.path", os.path.join(args.data_dir, "imagenet32"))
+    for section, values in (setup.pretrain_overrides or {}).items():
+        for key, value in values.items():
+            set_by_path(data, f"{section}.{key}", value)
+    set_by_path(data, "train.progress_bar", False)
+    if args.accelerator != "auto":
+        set_by_path(data, "train.accelerator", args.accelerator)
+    if args.threads:
+        set_by_path(data, "train.threads", args.threads)
+    config = PretrainConfig.from_dict(data)
+    log(f"pretraining ({setup.config}) in {folder}")
+    run_pretraining(config, resume=last_checkpoint(folder) is not None, log=log)
+    return predictor
+
+
+@torch.no_grad()
+def pixel_graph_check(predictor, images: torch.Tensor) -> Dict:
+    """Per direction and layer: weight on the 4-neighbourhood (head-averaged, per head),
+    the uniform graphs' value, the share of targets without edges, dead heads."""
+    from glomo_pyg.analysis.statistics import graph_health
+    from glomo_pyg.pixels import image_units
+
+    out = {}
+    graphs = predictor.eval()(*image_units(images))
+    for d in predictor.directions:
+        h = graph_health(getattr(graphs, d))
+        out[d] = dict(neighbour=h.adjacent.tolist(), empty=h.empty.tolist(),
+                      distance=h.distance.tolist(), uniform_neighbour=h.uniform_adjacent,
+                      uniform_distance=h.uniform_distance, dead_heads=h.dead_heads())
+    return out
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", required=True,
+                        help="folder holding imagenet32/ and cifar-10-batches-py/")
+    parser.add_argument("--reduced", action="store_true", help="the CPU configuration")
+    parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests only
+    parser.add_argument("--output-dir", default=None)
+    parser.add_argument("--seeds", type=int, default=None)
+    parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument("--depths", type=int, nargs="+", choices=(18, 34), default=None)
+    parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=None)
+    parser.add_argument("--predictor", default=None, help="a saved pixel predictor to use "
+                        "instead of pretraining one")
+    parser.add_argument("--accelerator", default="auto", help="'cpu', 'gpu' or 'auto'")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    parser.add_argument("--stop-after", choices=("pretrain", "graphs", "downstream"),
+                        default=None, help="stop after this stage (e.g. to fit a GPU call)")
+    parser.add_argument("--results", default="benchmarks/results/cifar10.md")
+    parser.add_argument("--figure", default="benchmarks/results/cifar10_graphs.png")
+    args = parser.parse_args(argv)
+    setup = dataclasses.replace(SMOKE if args.smoke else REDUCED if args.reduced else FULL)
+    if args.seeds:
+        setup.seeds = args.seeds
+    if args.epochs:
+        setup.epochs = args.epochs
+    if args.depths:
+        setup.depths = tuple(args.depths)
+    variants = tuple(args.variants or VARIANTS)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    mode = "smoke" if args.smoke else "reduced" if args.reduced else "full"
+    out = args.output_dir or f"runs/cifar10-{mode}"
+    os.makedirs(out, exist_ok=True)
+    command = "python -m benchmarks.reproduce.cifar10 " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    started = time.time()
+
+    from glomo_pyg import GlomoResNet, GlomoTransfer, Glomo, PretrainedGraphPredictor
+    from glomo_pyg.data.images import load_cifar10, train_validation_split
+    from glomo_pyg.training.image_classification import (ImageTrainConfig, evaluate,
+                                                         precompute_propagations,
+                                                         train_image_classifier)
+
+    device = torch.device("cuda" if args.accelerator in ("auto", "gpu") and
+                          torch.cuda.is_available() else "cpu")
+    predictor_dir = pretrain(args, setup, out)
+    if args.stop_after == "pretrain":
+        return
+    predictor = PretrainedGraphPredictor.from_pretrained(predictor_dir).eval()
+    pretrain_summary = {}
+    summary_path = os.path.join(os.path.dirname(os.path.abspath(predictor_dir)), "pretrain.json")
+    if os.path.exists(summary_path):
+        with open(summary_path) as fh:
+            pretrain_summary = json.load(fh)
+    config_path = os.path.join(os.path.dirname(os.path.abspath(predictor_dir)), "config.json")
+    pretrain_config = json.load(open(config_path)) if os.path.exists(config_path) else {}
+
+    cifar = os.path.join(args.data_dir, "cifar-10-batches-py")
+    images, labels = load_cifar10(cifar, "train")
+    test_images, test_labels = load_cifar10(cifar, "test")
+    split_path = os.path.join(out, "split.json")
+    if os.path.exists(split_path):
+        split = json.load(open(split_path))
+    else:
+        train_idx, val_idx = train_validation_split(len(images), 8000 if len(images) > 8000
+                                                    else len(images) // 5, seed=0)
+        train_idx, val_idx = train_idx.tolist(), val_idx.tolist()
+        if setup.train_images:
+            train_idx = train_idx[:setup.train_images]
+        if setup.val_images:
+            val_idx = val_idx[:setup.val_images]
+        test_idx = list(range(len(test_images)))
+        if setup.test_images:
+            perm = torch.randperm(len(test_images), generator=torch.Generator().manual_seed(1))
+            test_idx = sorted(perm[:setup.test_images].tolist())
+        split = dict(seed=0, train=train_idx, validation=val_idx, test=test_idx)
+        write_json(split_path, split)
+    train = (images[split["train"]], labels[split["train"]])
+    val = (images[split["validation"]], labels[split["validation"]])
+    test = (test_images[split["test"]], test_labels[split["test"]])
+    log(f"CIFAR-10: {len(train[0])} train / {len(val[0])} validation / {len(test[0])} test")
+
+    graphs_path = os.path.join(out, "pixel_graphs.json")
+    if os.path.exists(graphs_path):
+        check = json.load(open(graphs_path))
+    else:
+        sample = val[0][:min(256, len(val[0]))]
+        t0 = time.time()
+        learned = pixel_graph_check(predictor, sample)
+        cfg = predictor.predictor(predictor.directions[0]).config()
+        torch.manual_seed(0)
+        untrained = Glomo.image(**{k: cfg[k] for k in (
+            "height", "width", "in_channels", "hidden_channels", "num_layers", "heads",
+            "head_channels", "cnn_layers", "kernel_size", "bias", "position", "sparse",
+            "include_self",
+            "position_frequencies", "position_period", "pixel_mean", "pixel_std")}
+        ).to_pretrained()
+        check = dict(images=len(sample), learned=learned,
+                     untrained=pixel_graph_check(untrained, sample),
+                     seconds=round(time.time() - t0, 1))
+        write_json(graphs_path, check)
+    for d, v in check["learned"].items():
+        layers = [sum(row) / len(row) for row in v["neighbour"]]
+        log(f"pixel graphs ({d}): 4-neighbourhood weight per layer "
+            f"{', '.join(f'{x:.3f}' for x in layers)} vs uniform {v['uniform_neighbour']:.4f}; "
+            f"dead heads {v['dead_heads']}")
+    if args.stop_after == "graphs":
+        return
+
+    runs_path = os.path.join(out, "downstream.json")
+    runs = json.load(open(runs_path)) if os.path.exists(runs_path) else {}
+    recipe = ImageTrainConfig(epochs=setup.epochs, batch_size=setup.batch_size, lr=setup.lr,
+                              crop_padding=setup.crop_padding)
+    cache: Dict[str, torch.Tensor] = {}
+    os.makedirs(os.path.join(out, "runs"), exist_ok=True)
+
+    def build(depth: int, variant: str, seed: int) -> GlomoResNet:
+        torch.manual_seed(seed)
+        transfer = GlomoTransfer(predictor, 3, graph=VARIANTS[variant])
+        if device.type == "cuda":
+            predictor.set_layout("fused")
+        return GlomoResNet(transfer, depth=depth, width=setup.width).to(device)
+
+    def propagations(model: GlomoResNet, variant: str):
+        if not setup.precompute or variant == "baseline":
+            return None, None, None
+        if variant not in cache:
+            t0 = time.time()
+            cache[variant] = dict(
+                train=precompute_propagations(model, train[0]),
+                mirrored=precompute_propagations(model, train[0].flip(3)),
+                val=precompute_propagations(model, val[0]),
+                test=precompute_propagations(model, test[0]))
+            log(f"{variant}: propagations precomputed in {time.time() - t0:.0f} s")
+        c = cache[variant]
+        return (c["train"], c["mirrored"]), c["val"], c["test"]
+
+    for depth in setup.depths:
+        for seed in range(setup.seeds):
+            for variant in variants:
+                key = f"resnet{depth}/{variant}/seed{seed}"
+                if key in runs:
+                    continue
+                model = build(depth, variant, seed)
+                train_prop, val_prop, test_prop = propagations(model, variant)
+                log(f"{key}: training")
+                result = train_image_classifier(
+                    model, train, val, recipe, seed=seed, device=device,
+                    checkpoint=os.path.join(out, "runs", key.replace("/", "_") + ".pt"),
+                    train_propagations=train_prop, val_propagations=val_prop, log=log)
+                test_acc = evaluate(model, test[0], test[1], recipe.eval_batch_size, test_prop,
+                                    device)
+                runs[key] = dict(test_acc=test_acc, best_val=result["best_val"],
+                                 best_epoch=result["best_epoch"], val_curve=result["val_curve"],
+                                 epoch_seconds=result["epoch_seconds"],
+                                 trainable=sum(p.numel() for p in model.parameters()
+                                               if p.requires_grad))
+                write_json(runs_path, runs)
+                log(f"{key}: test {test_acc:.4f} (validation {result['best_val']:.4f} at "
+                    f"epoch {result['best_epoch'] + 1})")
+    if args.stop_after == "downstream":
+        return
+    figure(predictor, test[0][0], args.figure)
+    write_results(args, setup, mode, command, runs, check, pretrain_summary, pretrain_config,
+                  len(train[0]), len(val[0]), len(test[0]), device, time.time() - started)
+
+
+def figure(predictor, image: torch.Tensor, path: str) -> None:
+    """Paper Fig. 4: one image and, for every graph, the incoming weights of the centre
+    pixel and of the bottom-right pixel as heat maps over the image."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from glomo_pyg.pixels import image_units
+
+    _, h, w = image.shape
+    with torch.no_grad():
+        graphs = predictor.eval()(*image_units(image.unsqueeze(0)))
+    targets = {"centre": (h // 2) * w + w // 2, "bottom-right": h * w - 1}
+    panels = [(d, l, k) for d in predictor.directions for l in range(predictor.num_layers)
+              for k in range(predictor.heads)]
+    cols = predictor.heads
+    rows = len(panels) // cols
+    fig, axes = plt.subplots(2 * rows, cols + 1, figsize=(1.6 * (cols + 1), 1.6 * 2 * rows),
+                             squeeze=False)
+    rgb = image.permute(1, 2, 0).numpy()
+    for r in range(2 * rows):
+        axes[r][0].imshow(rgb)
+        axes[r][0].set_xticks([])
+        axes[r][0].set_yticks([])
+    for t_i, (name, target) in enumerate(targets.items()):
+        ty, tx = divmod(target, w)
+        for p, (d, l, k) in enumerate(panels):
+            dense = getattr(graphs, d).to_dense(layer=l)[0, k]  # [T, T], [i, j] = G_ij
+            weights = dense[:, target].view(h, w).numpy()
+            row, col = t_i * rows + p // cols, p % cols + 1
+            ax = axes[row][col]
+            ax.imshow(weights, cmap="viridis", vmin=0)
+            ax.scatter([tx], [ty], marker="x", c="red", s=12)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_title(f"{name} {d[:2]} L{l} h{k}", fontsize=6)
+        axes[t_i * rows][0].set_title(f"image ({name} x)", fontsize=6)
+    fig.suptitle("Incoming graph weights of one pixel (red x), every graph", fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    log(f"figure written to {path}")
+
+
+def _mean_std(values: List[float]) -> str:
+    m = sum(values) / len(values)
+    if len(values) < 2:
+        return f"{100 * m:.2f}"
+    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+    return f"{100 * m:.2f} ± {100 * sd:.2f}"
+
+
+def write_results(args, setup, mode, command, runs, check, pretrain_summary, pretrain_config,
+                  n_train, n_val, n_test, device, seconds) -> None:
+    hardware = torch.cuda.get_device_name(0) if device.type == "cuda" else \
+        f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} torch threads"
+    lines = [f"## {datetime.date.today().isoformat()}: {mode} configuration"
+             + (" (reduced CPU run: NOT a reproduction of the paper)" if mode != "full" else ""),
+             "", f"- command: `{command}`", f"- hardware: {hardware}; torch {torch.__version__}",
+             f"- whole run (this invocation): {seconds / 60:.1f} min"]
+    corpus = pretrain_config.get("corpus", {})
+    model = pretrain_config.get("model", {})
+    if pretrain_summary:
+        lines.append(
+            f"- pretraining: {pretrain_summary.get('images')} ImageNet 32x32 images "
+            f"(Tiny ImageNet, box-downsampled, JPEG q90)"
+            + (f", random {corpus.get('crop')}x{corpus.get('crop')} crops" if corpus.get("crop")
+               else "")
+            + f"; {pretrain_summary.get('steps')} steps in {pretrain_summary.get('seconds')} s; "
+            f"final validation loss {pretrain_summary.get('val_loss', float('nan')):.3f} nats "
+            f"per sub-pixel (uniform: {math.log(256):.3f})")
+    if model:
+        lines.append(f"- predictor: {model.get('num_layers')} layers x {model.get('heads')} heads "
+                     f"x 2 directions, width {model.get('hidden_channels')}, position "
+                     f"{model.get('position')}")
+    lines += [f"- CIFAR-10: {n_train} train / {n_val} validation / {n_test} test images "
+              "(these CIFAR pixels went through JPEG quality 75 once: close to, not identical "
+              "with, the official files)",
+              f"- recipe (every variant): ResNet width {setup.width}, {setup.epochs} epochs, "
+              f"batch {setup.batch_size}, SGD Nesterov 0.9, one-cycle peak lr {setup.lr}, "
+              f"weight decay 5e-4, flips" + (f" + random crops (pad {setup.crop_padding})"
+                                             if setup.crop_padding else " only")
+              + "; the best validation epoch is evaluated once on test", ""]
+    lines += ["| model | paper | this run (mean ± std) | seeds | epoch s (mean) |",
+              "|---|---|---|---|---|"]
+    for depth in setup.depths:
+        for variant in VARIANTS:
+            keys = sorted(k for k in runs if k.startswith(f"resnet{depth}/{variant}/"))
+            if not keys:
+                continue
+            accs = [runs[k]["test_acc"] for k in keys]
+            epochs = [s for k in keys for s in runs[k]["epoch_seconds"]]
+            paper = PAPER.get((f"resnet{depth}", variant))
+            paper_s = "-" if paper is None else (f"{paper[0]:.2f}" + (
+                f" ± {paper[1]:.2f}" if paper[1] is not None else ""))
+            lines.append(f"| ResNet-{depth}: {LABELS[variant]} | {paper_s} | {_mean_std(accs)} | "
+                         f"{len(keys)} | {sum(epochs) / len(epochs):.1f} |")
+    lines.append("")
+    for depth in setup.depths:
+        def accs(variant):
+            return {int(k.rsplit("seed", 1)[1]): runs[k]["test_acc"] for k in runs
+                    if k.startswith(f"resnet{depth}/{variant}/")}
+        for a, b in (("glomo", "baseline"), ("glomo", "uniform"), ("uniform", "baseline")):
+            x, y = accs(a), accs(b)
+            seeds = sorted(set(x) & set(y))
+            if not seeds:
+                continue
+            m, lo, hi, n = paired_difference([x[s] for s in seeds], [y[s] for s in seeds])
+            ci = "" if n < 2 else f" [{100 * lo:+.2f}, {100 * hi:+.2f}]"
+            lines.append(f"- ResNet-{depth}, {a} − {b}: {100 * m:+.2f} points{ci} "
+                         f"(paired over seeds {seeds}, 95% t interval)")
+    lines += ["", f"Pixel graphs on {check['images']} CIFAR validation images: weight on the "
+              "4-neighbourhood of a pixel (left and above for forward graphs, right and below "
+              "for backward), head-averaged per layer, against uniform graphs over the same "
+              "sources; dead heads = heads with more than half of their targets without edges.",
+              "", "| direction | layer | learned | untrained | uniform | dead heads |",
+              "|---|---|---|---|---|---|"]
+    for d, v in check["learned"].items():
+        u = check["untrained"][d]
+        for l, row in enumerate(v["neighbour"]):
+            dead = [h for (ll, h) in v["dead_heads"] if ll == l]
+            lines.append(f"| {d} | {l} | {sum(row) / len(row):.4f} | "
+                         f"{sum(u['neighbour'][l]) / len(row):.4f} | "
+                         f"{v['uniform_neighbour']:.4f} | {dead or 'none'} |")
+    lines += ["", f"Figure (paper Fig. 4): `{args.figure}`.", ""]
+    text = "\n".join(lines) + "\n"
+    header = "# ImageNet 32x32 -> CIFAR-10 (paper Sec. 3.5, Table 3)\n\n"
+    if os.path.exists(args.results):
+        previous = open(args.results).read()
+        body = previous[len(header):] if previous.startswith(header) else previous
+        text = header + text + "\n" + body
+    else:
+        text = header + text
+    os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
+    with open(args.results, "w") as fh:
+        fh.write(text)
+    log(f"results written to {args.results}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""The CIFAR-10 reproduction script end to end on tiny files (seconds): every stage,
+cached stages on a second call, the results file and the figure."""
+import json
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.reproduce import cifar10
+from glomo_pyg.nn.resnet import GlomoResNet
+from glomo_pyg.training.image_classification import ImageTrainConfig, train_image_classifier
+
+
+def write_data(root):
+    rng = np.random.default_rng(0)
+    os.makedirs(root / "imagenet32")
+    for i in (1, 2):
+        data = rng.integers(0, 256, (6, 3072), dtype=np.uint8)
+        with open(root / "imagenet32" / f"train_data_batch_{i}", "wb") as fh:
+            pickle.dump({"data": data, "labels": [1] * 6, "mean": data.mean(0)}, fh)
+    os.makedirs(root / "cifar-10-batches-py")
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        data = rng.integers(0, 256, (4, 3072), dtype=np.uint8)
+        with open(root / "cifar-10-batches-py" / name, "wb") as fh:
+            pickle.dump({b"data": data, b"labels": [0, 1, 2, 3]}, fh)
+
+
+def test_cifar10_reproduction_runs_end_to_end_and_resumes(tmp_path):
+    write_data(tmp_path / "data")
+    out, results, fig = tmp_path / "out", tmp_path / "cifar10.md", tmp_path / "fig.png"
+    argv = ["--data-dir", str(tmp_path / "data"), "--smoke", "--output-dir", str(out),
+            "--results", str(results), "--figure", str(fig), "--accelerator", "cpu"]
+    cifar10.main(argv)
+    runs = json.load(open(out / "downstream.json"))
+    assert sorted(runs) == ["resnet18/baseline/seed0", "resnet18/glomo/seed0",
+                            "resnet18/uniform/seed0"]
+    assert all(0 <= r["test_acc"] <= 1 and len(r["epoch_seconds"]) == 1 for r in runs.values())
+    split = json.load(open(out / "split.json"))
+    assert len(split["train"]) == 8 and len(split["validation"]) == 4
+    assert not set(split["train"]) & set(split["validation"])
+    graphs = json.load(open(out / "pixel_graphs.json"))
+    assert set(graphs["learned"]) == {"forward", "backward"}
+    text = results.read_text()
+    assert "NOT a reproduction" in text and "ResNet + GLoMo" in text and "91.55" in text
+    assert fig.stat().st_size > 10_000
+    mtime = os.path.getmtime(out / "downstream.json")
+    cifar10.main(argv)  # everything cached: nothing retrained
+    assert os.path.getmtime(out / "downstream.json") == mtime
+
+
+def test_image_training_resumes_from_its_epoch_checkpoint_exactly(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (12, 3, 8, 8), generator=g, dtype=torch.uint8)
+    labels = torch.randint(0, 10, (12,), generator=g)
+    config = ImageTrainConfig(epochs=3, batch_size=4, lr=0.05, crop_padding=1)
+
+    def run(ckpt, log=lambda *a: None):
+        torch.manual_seed(0)
+        model = GlomoResNet(None, width=4)
+        out = train_image_classifier(model, (images, labels), (images[:4], labels[:4]), config,
+                                     device="cpu", checkpoint=ckpt, log=log)
+        return out, model
+
+    def crash(message):
+        if message.startswith("epoch 2/"):
+            raise KeyboardInterrupt("allocation ended")
+
+    straight, a = run(str(tmp_path / "a.pt"))
+    ckpt = str(tmp_path / "b.pt")
+    with pytest.raises(KeyboardInterrupt):
+        run(ckpt, crash)
+    assert torch.load(ckpt, weights_only=True)["epoch"] == 2
+    resumed, b = run(ckpt)
+    assert resumed["val_curve"] == straight["val_curve"]
+    assert resumed["best_epoch"] == straight["best_epoch"]
+    for key, value in a.state_dict().items():
+        assert torch.equal(value, b.state_dict()[key]), key
+    with pytest.raises(ValueError, match="crops"):
+        train_image_classifier(GlomoResNet(None, width=4), (images, labels),
+                               (images, labels), config, train_propagations=(images, images))
