@@ -46,8 +46,15 @@ def readme_blocks():
 
 def test_readme_code_blocks_run(tmp_path):
     blocks = readme_blocks()
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     exec(compile(blocks[0], "README usage", "exec"), {})
+    # the pixel example at a smaller width (same code path)
+    pixels = blocks[2].replace("hidden_channels=128, num_layers=3, heads=8",
+                               "hidden_channels=16, num_layers=2, heads=2")
+    assert pixels != blocks[2]
+    env = {}
+    exec(compile(pixels, "README pixels", "exec"), env)
+    assert env["logits"].shape == (8, 10)
     c = QuickstartConfig().corpus
     tokens = Vocabulary(c["num_filler"], c["num_slots"], c["num_values"]).tokens()
     PretrainedGraphPredictor(

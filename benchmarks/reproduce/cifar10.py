@@ -359,7 +359,8 @@ def figure(predictor, image: torch.Tensor, path: str) -> None:
             ax.scatter([tx], [ty], marker="x", c="red", s=12)
             ax.set_xticks([])
             ax.set_yticks([])
-            ax.set_title(f"{name} {d[:2]} L{l} h{k}", fontsize=6)
+            ax.set_title(f"{name} {dict(forward='fw', backward='bw')[d]} L{l} h{k}",
+                         fontsize=6)
         axes[t_i * rows][0].set_title(f"image ({name} x)", fontsize=6)
     fig.suptitle("Incoming graph weights of one pixel (red x), every graph", fontsize=8)
     fig.tight_layout()
