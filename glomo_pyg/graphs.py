@@ -341,18 +341,24 @@ class LatentGraphs:
         k, q = self._fused[layer]
         seqs = self.sequences
         xs = x.unsqueeze(0) if x.dim() == 2 else x  # [H or 1, N, C]
-        padded = seqs.to_padded(xs.transpose(0, 1)).permute(0, 2, 1, 3)  # [B, H or 1, T, C]
+        b, t = seqs.num_sequences, seqs.max_len
+        full = seqs.num_nodes == b * t  # every sequence fills T: views instead of scatters
+        if full:
+            padded = xs.reshape(xs.size(0), b, t, xs.size(-1)).transpose(0, 1)
+        else:
+            padded = seqs.to_padded(xs.transpose(0, 1)).permute(0, 2, 1, 3)  # [B, H|1, T, C]
         if "mask" not in self._flex_cache:  # one block mask serves every layer and call
-            t = -(-seqs.max_len // flex.BLOCK) * flex.BLOCK
+            padded_len = -(-t // flex.BLOCK) * flex.BLOCK
             self._flex_cache["mask"] = flex.block_mask(
-                seqs.lengths, t, self.direction, self.include_self,
+                seqs.lengths, padded_len, self.direction, self.include_self,
                 order_only=self._normalization == "relu2")
         out = flex.fused_propagate(k, q, padded, seqs.lengths, direction=self.direction,
                                    include_self=self.include_self,
                                    normalization=self._normalization,
                                    mask=self._flex_cache["mask"],
-                                   full_length=seqs.num_nodes == seqs.num_sequences * seqs.max_len
-                                   )  # [B, H, T, C]
+                                   full_length=full)  # [B, H, T, C]
+        if full:
+            return out.transpose(0, 1).reshape(out.size(1), b * t, out.size(-1))
         return seqs.to_flat(out.permute(0, 2, 1, 3)).transpose(0, 1)  # [H, N, C]
 
     # --- layout -------------------------------------------------------------------
