@@ -342,13 +342,11 @@ class LatentGraphs:
         seqs = self.sequences
         xs = x.unsqueeze(0) if x.dim() == 2 else x  # [H or 1, N, C]
         b, t = seqs.num_sequences, seqs.max_len
-        full = seqs.num_nodes == b * t  # every sequence fills T: views instead of scatters
-        if full:
-            padded = xs.reshape(xs.size(0), b, t, xs.size(-1)).transpose(0, 1)
-        else:
-            padded = seqs.to_padded(xs.transpose(0, 1)).permute(0, 2, 1, 3)  # [B, H|1, T, C]
+        padded_len = -(-t // flex.BLOCK) * flex.BLOCK
+        if seqs.num_nodes == b * t and (self._normalization == "relu2" or padded_len == t):
+            return self._propagate_fused_full(xs, layer, padded_len)
+        padded = seqs.to_padded(xs.transpose(0, 1)).permute(0, 2, 1, 3)  # [B, H|1, T, C]
         if "mask" not in self._flex_cache:  # one block mask serves every layer and call
-            padded_len = -(-t // flex.BLOCK) * flex.BLOCK
             self._flex_cache["mask"] = flex.block_mask(
                 seqs.lengths, padded_len, self.direction, self.include_self,
                 order_only=self._normalization == "relu2")
@@ -356,10 +354,32 @@ class LatentGraphs:
                                    include_self=self.include_self,
                                    normalization=self._normalization,
                                    mask=self._flex_cache["mask"],
-                                   full_length=full)  # [B, H, T, C]
-        if full:
-            return out.transpose(0, 1).reshape(out.size(1), b * t, out.size(-1))
+                                   full_length=False)  # [B, H, T, C]
         return seqs.to_flat(out.permute(0, 2, 1, 3)).transpose(0, 1)  # [H, N, C]
+
+    def _propagate_fused_full(self, xs: Tensor, layer: int, padded_len: int) -> Tensor:
+        """Every sequence fills ``T`` (e.g. whole images): FlexAttention runs heads-first,
+        ``[H, B, T, .]``, so the flat ``[H, N, C]`` features go in and come out as views
+        (no scatter or gather). Allowed pairs then depend on positions only, so one
+        order mask with batch 1 serves every head and sequence; the heads-first keys and
+        queries are made once per layer."""
+        b, t, h = self.num_sequences, self.sequences.max_len, self.num_heads
+        if ("heads_first", layer) not in self._flex_cache:
+            k, q = self._fused[layer]
+            self._flex_cache[("heads_first", layer)] = (k.transpose(0, 1).contiguous(),
+                                                        q.transpose(0, 1).contiguous())
+        k, q = self._flex_cache[("heads_first", layer)]  # [H, B, T, D]
+        full = torch.full((1,), t, dtype=torch.long, device=xs.device)
+        if "order_mask" not in self._flex_cache:
+            self._flex_cache["order_mask"] = flex.block_mask(
+                full, padded_len, self.direction, self.include_self, order_only=True)
+        values = xs.reshape(xs.size(0), b, t, xs.size(-1)).expand(h, b, t, xs.size(-1))
+        out = flex.fused_propagate(k, q, values, full.expand(h), direction=self.direction,
+                                   include_self=self.include_self,
+                                   normalization=self._normalization,
+                                   mask=self._flex_cache["order_mask"],
+                                   full_length=True)  # [H, B, T, C]
+        return out.reshape(h, b * t, out.size(-1))
 
     # --- layout -------------------------------------------------------------------
     @property

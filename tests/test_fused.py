@@ -187,3 +187,20 @@ def test_fused_refuses_over_long_masks_bad_values_and_kernel_failures(monkeypatc
     monkeypatch.setitem(flex._COMPILED, "flex", refuse)
     with pytest.raises(ValueError, match="FlexAttention cannot run.*layout='sparse' or 'dense'"):
         flex.fused_propagate(k, k, k, torch.tensor([8, 5]))
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("t", [128, 150])  # a whole block, and padding inside the last block
+@pytest.mark.parametrize("sparse", [True, False])
+def test_full_length_batches_run_heads_first_and_equal_the_sparse_edges(direction, t, sparse):
+    torch.manual_seed(0)
+    p = GraphPredictor(num_tokens=30, hidden_channels=16, num_layers=2, heads=4, cnn_layers=1,
+                       direction=direction, sparse=sparse).eval()
+    x = torch.randint(0, 30, (3 * t,))
+    batch = torch.arange(3).repeat_interleave(t)
+    with torch.no_grad():
+        fused, ref = p(x, batch, layout="fused"), p(x, batch, layout="sparse")
+        for h in (torch.randn(3 * t, 5), torch.randn(4, 3 * t, 5)):
+            for layer in (0, 1):
+                torch.testing.assert_close(fused.propagate(h, layer), ref.propagate(h, layer),
+                                           atol=1e-5, rtol=1e-4)
