@@ -46,9 +46,10 @@ class GraphEmitter(ConfigurableModule):
     heads: int
     include_self: bool
 
-    def __init_subclass__(cls, **kwargs):
+    def __init_subclass__(cls, register: bool = True, **kwargs):
         super().__init_subclass__(**kwargs)
-        EMITTERS[cls.__name__] = cls
+        if register:  # abstract bases (register=False) can never be named by a config
+            EMITTERS[cls.__name__] = cls
 
     @property
     def order(self) -> UnitOrder:
@@ -83,3 +84,41 @@ class GraphEmitter(ConfigurableModule):
                 layout: Optional[str] = None) -> LatentGraphs:
         self.check_input(x)
         return self.emit(x, sequence_batch(x.size(0), batch, x.device), layout)
+
+
+class ScoredEmitter(GraphEmitter, register=False):
+    """Base of emitters that compute key and query states and score them with a
+    :class:`~glomo_pyg.nn.GraphScorer` held as ``self.scorer`` (paper Eq. 1): subclasses
+    implement :meth:`states`; layers, heads, ``include_self``, emission in every layout,
+    the column maxima of the keep-alive penalty and the graphs' :attr:`order` follow."""
+
+    @property
+    def num_layers(self) -> int:
+        return self.scorer.num_layers
+
+    @property
+    def heads(self) -> int:
+        return self.scorer.heads
+
+    @property
+    def include_self(self) -> bool:
+        return self.scorer.include_self
+
+    def reset_parameters(self):
+        for child in self.children():
+            if hasattr(child, "reset_parameters"):
+                child.reset_parameters()
+
+    def states(self, x: Tensor, sequences: SequenceBatch) -> Tuple[Tensor, Tensor]:
+        """Padded ``[B, T, C]`` key and query states of an already validated batch."""
+        raise NotImplementedError
+
+    def emit(self, x: Tensor, sequences: SequenceBatch, layout: Optional[str] = None,
+             return_column_max: bool = False) -> EmitResult:
+        keys, queries = self.states(x, sequences)
+        graphs = self.scorer.emit(keys, queries, sequences, layout or self.layout
+                                  )._with_order(self.order)
+        if not return_column_max:
+            return graphs
+        return graphs, [self.scorer.column_max(l, keys, queries, sequences)
+                        for l in range(self.num_layers)]

@@ -1,12 +1,12 @@
 """The graph predictor g of GLoMo for sequences (paper Sec. 2.1)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 from torch import Tensor
 
 from glomo_pyg.nn.cnn import CausalCNN
-from glomo_pyg.nn.emitter import EmitResult, GraphEmitter
+from glomo_pyg.nn.emitter import ScoredEmitter
 from glomo_pyg.nn.encoder import UnitEncoder
 from glomo_pyg.nn.scorer import (BIASES, POSITIONS, GraphScorer,  # noqa: F401 (moved there)
                                  relative_frequencies, resolve_head_channels)
@@ -14,7 +14,7 @@ from glomo_pyg.ordering import DIRECTIONS
 from glomo_pyg.sequences import SequenceBatch
 
 
-class GraphPredictor(GraphEmitter):
+class GraphPredictor(ScoredEmitter):
     r"""The GLoMo graph predictor :math:`g`: reads a batch of sequences and
     emits a stack of sparse weighted graphs over their units.
 
@@ -88,34 +88,10 @@ class GraphPredictor(GraphEmitter):
                                   direction, include_self, block_size, position,
                                   position_frequencies, position_period)
 
-    @property
-    def num_layers(self) -> int:
-        return self.scorer.num_layers
-
-    @property
-    def heads(self) -> int:
-        return self.scorer.heads
-
-    @property
-    def include_self(self) -> bool:
-        return self.scorer.include_self
-
-    def reset_parameters(self):
-        self.encoder.reset_parameters()
-        self.key_cnn.reset_parameters()
-        self.query_cnn.reset_parameters()
-        self.scorer.reset_parameters()
-
-    def emit(self, x: Tensor, sequences: SequenceBatch, layout: Optional[str] = None,
-             return_column_max: bool = False) -> EmitResult:
+    def states(self, x: Tensor, sequences: SequenceBatch) -> Tuple[Tensor, Tensor]:
         h = sequences.to_padded(self.encoder.encode(x))
         mask = sequences.mask
-        keys, queries = self.key_cnn(h, mask), self.query_cnn(h, mask)
-        graphs = self.scorer.emit(keys, queries, sequences, layout or self.layout)
-        if not return_column_max:
-            return graphs
-        return graphs, [self.scorer.column_max(l, keys, queries, sequences)
-                        for l in range(self.num_layers)]
+        return self.key_cnn(h, mask), self.query_cnn(h, mask)
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.encoder!r}, hidden_channels="

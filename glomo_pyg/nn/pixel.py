@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from glomo_pyg.nn.decoder import IGNORE
-from glomo_pyg.nn.emitter import EmitResult, GraphEmitter
+from glomo_pyg.nn.emitter import ScoredEmitter
 from glomo_pyg.nn.encoder import UnitEncoder
 from glomo_pyg.nn.scorer import GraphScorer, resolve_head_channels
 from glomo_pyg.ordering import DIRECTIONS, RasterOrder
@@ -96,7 +96,7 @@ class PixelCNN(torch.nn.Module):
                 f"kernel_size={self.kernel_size})")
 
 
-class PixelGraphPredictor(GraphEmitter):
+class PixelGraphPredictor(ScoredEmitter):
     r"""The GLoMo graph predictor :math:`g` for images (paper Sec. 3.5): emits stacks
     of sparse weighted graphs over the :math:`H \times W` positions of each image.
 
@@ -172,30 +172,12 @@ class PixelGraphPredictor(GraphEmitter):
                                   grid_width=width if position == "grid" else None)
 
     @property
-    def num_layers(self) -> int:
-        return self.scorer.num_layers
-
-    @property
-    def heads(self) -> int:
-        return self.scorer.heads
-
-    @property
-    def include_self(self) -> bool:
-        return self.scorer.include_self
-
-    @property
     def order(self) -> RasterOrder:
         return self.raster
 
     @property
     def num_units(self) -> int:
         return self.height * self.width
-
-    def reset_parameters(self):
-        self.encoder.reset_parameters()
-        self.key_cnn.reset_parameters()
-        self.query_cnn.reset_parameters()
-        self.scorer.reset_parameters()
 
     def resized(self, height: int, width: int) -> "PixelGraphPredictor":
         """The same predictor (same weights) for ``height x width`` images: its
@@ -229,16 +211,6 @@ class PixelGraphPredictor(GraphEmitter):
                 s = s.flip(2, 3)
             out.append(s.permute(0, 2, 3, 1).reshape(b, h * w, -1))
         return out[0], out[1]
-
-    def emit(self, x: Tensor, sequences: SequenceBatch, layout: Optional[str] = None,
-             return_column_max: bool = False) -> EmitResult:
-        keys, queries = self.states(x, sequences)
-        graphs = self.scorer.emit(keys, queries, sequences, layout or self.layout
-                                  )._with_order(self.raster)
-        if not return_column_max:
-            return graphs
-        return graphs, [self.scorer.column_max(l, keys, queries, sequences)
-                        for l in range(self.num_layers)]
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.height}x{self.width}, in_channels="
