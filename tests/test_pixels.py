@@ -272,3 +272,9 @@ def test_resized_predictor_keeps_its_weights_and_graphs():
         assert big(*image_units(images(1, 8, 9))).num_nodes == 72
     pretrained = Glomo.image(H, W, **SMALL).to_pretrained().resized(8, 8)
     assert pretrained.predictor("backward").height == 8
+
+
+def test_pixel_predictor_is_a_registered_emitter_and_the_abstract_base_is_not():
+    from glomo_pyg.nn import EMITTERS
+    assert EMITTERS["PixelGraphPredictor"] is PixelGraphPredictor
+    assert "ScoredEmitter" not in EMITTERS and "GraphEmitter" not in EMITTERS
