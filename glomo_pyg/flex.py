@@ -129,7 +129,8 @@ def block_mask(lengths: Tensor, t: int, direction: str, include_self: bool,
 def check_fusable(key: Tensor, query: Tensor) -> None:
     """``ValueError`` naming the alternative layouts for inputs FlexAttention cannot take:
     no FlexAttention, an unsupported dtype, mismatched shapes, or sequences so long that
-    the block mask itself would not fit (:data:`MAX_MASK_BLOCKS`)."""
+    the block mask itself would not fit (:data:`MAX_MASK_BLOCKS`); and NaN or infinite
+    keys or queries (they would silently drop edges)."""
     if not available():
         raise ValueError("the fused layout needs torch.nn.attention.flex_attention "
                          "(torch >= 2.5); use layout='sparse' or 'dense'")
@@ -139,6 +140,9 @@ def check_fusable(key: Tensor, query: Tensor) -> None:
     if key.dim() != 4 or key.shape != query.shape:
         raise ValueError(f"the fused layout needs keys and queries of one shape [B, H, T, D], "
                          f"got {tuple(key.shape)} and {tuple(query.shape)}")
+    if not bool(torch.isfinite(key).all() & torch.isfinite(query).all()):
+        raise ValueError("the graph keys or queries contain NaN or Inf (has the model "
+                         "diverged?)")
     b, _, t, _ = key.shape
     blocks = -(-t // BLOCK)
     if b * blocks * blocks > MAX_MASK_BLOCKS:
@@ -151,7 +155,7 @@ def check_fusable(key: Tensor, query: Tensor) -> None:
 def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor, *,
                     direction: str = "forward", include_self: bool = False,
                     normalization: str = "relu2", mask=None,
-                    full_length: Optional[bool] = None) -> Tensor:
+                    full_length: Optional[bool] = None, check: bool = True) -> Tensor:
     r""":math:`\sum_i G_{ij} v_i` for every head and target, with the graphs of paper
     Eq. 1 given by their augmented keys and queries.
 
@@ -164,6 +168,8 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
             across calls (built here when ``None``).
         full_length: every sequence has length ``T`` (no padding to mask; computed from
             ``lengths`` when ``None``, which synchronises with the device).
+        check: validate ``key`` and ``query`` (:func:`check_fusable`, one device sync);
+            ``False`` for keys and queries validated when the graphs were emitted.
 
     Returns ``[B, H, T, C]`` in the dtype of ``values``, zero at padding and at targets
     without edges.
@@ -172,7 +178,11 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if normalization not in ("relu2", "softmax"):
         raise ValueError(f"normalization must be 'relu2' or 'softmax', got {normalization!r}")
-    check_fusable(key, query)
+    if check:
+        check_fusable(key, query)
+    elif key.dtype not in DTYPES:
+        raise ValueError(f"the fused layout supports {[str(d) for d in DTYPES]}, got "
+                         f"{key.dtype}; use layout='sparse' or 'dense'")
     b, h, t, _ = key.shape
     if values.dim() != 4 or values.shape[0] != b or values.shape[2] != t or \
             values.shape[1] not in (1, h):

@@ -354,7 +354,7 @@ class LatentGraphs:
                                    include_self=self.include_self,
                                    normalization=self._normalization,
                                    mask=self._flex_cache["mask"],
-                                   full_length=False)  # [B, H, T, C]
+                                   full_length=False, check=False)  # [B, H, T, C]
         return seqs.to_flat(out.permute(0, 2, 1, 3)).transpose(0, 1)  # [H, N, C]
 
     def _propagate_fused_full(self, xs: Tensor, layer: int, padded_len: int) -> Tensor:
@@ -378,7 +378,7 @@ class LatentGraphs:
                                    include_self=self.include_self,
                                    normalization=self._normalization,
                                    mask=self._flex_cache["order_mask"],
-                                   full_length=True)  # [H, B, T, C]
+                                   full_length=True, check=False)  # [H, B, T, C]
         return out.reshape(h, b * t, out.size(-1))
 
     # --- layout -------------------------------------------------------------------

@@ -204,3 +204,17 @@ def test_full_length_batches_run_heads_first_and_equal_the_sparse_edges(directio
             for layer in (0, 1):
                 torch.testing.assert_close(fused.propagate(h, layer), ref.propagate(h, layer),
                                            atol=1e-5, rtol=1e-4)
+
+
+def test_nan_keys_are_refused_at_emission_and_by_the_kernel():
+    p = GraphPredictor(num_tokens=30, hidden_channels=16, num_layers=2, heads=4, cnn_layers=1)
+    with torch.no_grad():
+        p.scorer.key[1].weight[0, 0] = float("nan")
+    x, batch = tokens()
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        p(x, batch, layout="fused")
+    k = torch.randn(1, 1, 8, 4)
+    bad = k.clone()
+    bad[0, 0, 3, 1] = float("inf")
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        flex.fused_propagate(bad, k, k, torch.tensor([8]))

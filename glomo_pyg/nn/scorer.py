@@ -237,7 +237,8 @@ class GraphScorer(torch.nn.Module):
             layout = "fused"
         if layout == "fused":  # keys and queries only: propagation scores and normalises
             layers_kq = [self.augmented(l, key_states, query_states) for l in layers]
-            flex.check_fusable(*layers_kq[0])
+            for kq in layers_kq:  # propagation trusts them from here on
+                flex.check_fusable(*kq)
             return LatentGraphs._trusted_fused(
                 layers_kq, normalization="relu2" if self.sparse else "softmax", **meta)
         if layout == "sparse" or (layout == "auto" and not dense_fits(b, self.heads, t)):
