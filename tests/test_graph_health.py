@@ -98,3 +98,28 @@ def test_callback_fills_the_progress_bar_and_warns_about_a_dead_model_head():
     trainer.global_step = 5  # not a logging step: nothing happens
     callback.on_train_batch_end(trainer, SimpleNamespace(model=model), None, batch, 0)
     assert len(callback.history) == 2
+
+
+def test_callback_reads_only_the_leading_whole_sequences_up_to_max_units():
+    from types import SimpleNamespace
+
+    from glomo_pyg import Glomo
+
+    model = Glomo.text(20, hidden_channels=16, num_layers=1, heads=2, cnn_layers=1)
+    seen = []
+    graphs = model.graphs
+    model.graphs = lambda x, index: (seen.append(index.clone()), graphs(x, index))[1]
+    lengths = torch.tensor([5, 6, 7])
+    batch = SimpleNamespace(x=torch.randint(0, 20, (18,)),
+                            batch=torch.repeat_interleave(torch.arange(3), lengths))
+    logger = SimpleNamespace(log_metrics=lambda metrics, step: None)
+    trainer = SimpleNamespace(global_step=0, is_global_zero=True, loggers=[logger],
+                              progress_bar_callback=None, progress_bar_metrics={})
+    GraphStatistics(every_n_steps=1, max_units=8).on_train_batch_end(
+        trainer, SimpleNamespace(model=model), None, batch, 0)
+    assert seen[-1].tolist() == [0] * 5 + [1] * 6  # unit 8 lies in sequence 1: keep 0 and 1
+    GraphStatistics(every_n_steps=1, max_units=3).on_train_batch_end(
+        trainer, SimpleNamespace(model=model), None, batch, 0)
+    assert seen[-1].tolist() == [0] * 5  # at least one whole sequence
+    with pytest.raises(ValueError, match="max_units"):
+        GraphStatistics(max_units=1)

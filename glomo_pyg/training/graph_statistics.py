@@ -16,7 +16,8 @@ __all__ = ["DEAD_HEAD_SHARE", "DISTANCE_EDGES", "GraphHealth", "GraphStatistics"
 
 class GraphStatistics(pl.Callback):
     """Every ``every_n_steps`` training steps, emit the graphs of the current batch (no
-    gradient) and log, per direction:
+    gradient; its leading whole sequences up to ``max_units`` units, e.g. 8 images of
+    1024 pixels) and log, per direction:
 
     * :func:`graph_statistics` as ``graphs/<direction>/layer<l>/...``;
     * :func:`graph_health` per head as ``health/<direction>/layer<l>/head<h>/<name>``
@@ -30,13 +31,19 @@ class GraphStatistics(pl.Callback):
     TensorBoard, the edge-distance histogram is logged too.
     """
 
-    def __init__(self, every_n_steps: int = 100, dead_share: float = DEAD_HEAD_SHARE):
+    def __init__(self, every_n_steps: int = 100, dead_share: float = DEAD_HEAD_SHARE,
+                 max_units: int = 8192):
         super().__init__()
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
         if not 0 < dead_share < 1:
             raise ValueError(f"dead_share must lie in (0, 1), got {dead_share}")
+        if max_units < 2:
+            raise ValueError(f"max_units must be >= 2, got {max_units}")
         self.every_n_steps, self.dead_share = every_n_steps, dead_share
+        # the leading sequences of the batch up to this many units (at least one): the
+        # sparse edges of e.g. 64 images of 1024 pixels would not fit in memory
+        self.max_units = max_units
         self._dead: Set[Tuple[str, int, int]] = set()
         self.last: Dict[str, GraphHealth] = {}
         self.history: List[Dict[str, object]] = []  # per check: step, direction, per-head health
@@ -61,6 +68,10 @@ class GraphStatistics(pl.Callback):
         model = pl_module.model
         x, index = pl_module.model_input(batch) if hasattr(pl_module, "model_input") else \
             (batch.x, batch.batch)
+        if x.size(0) > self.max_units:  # whole leading sequences (index is sorted)
+            last = max(int(index[self.max_units - 1]), 0)
+            keep = index <= last
+            x, index = x[keep], index[keep]
         with torch.no_grad():
             graphs = model.graphs(x, index)
         dead, adjacent = 0, []
