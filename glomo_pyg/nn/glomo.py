@@ -158,16 +158,19 @@ class Glomo(torch.nn.Module):
 
         Args:
             hidden_channels (int): width of embeddings, CNNs and features.
-            num_layers (int): graph layers :math:`L`. heads (int): graphs per layer.
-            context_length (int): :math:`D`. update (str): ``'gru'`` or ``'residual'``.
+            num_layers (int): graph layers :math:`L`.
+            heads (int): graphs per layer.
+            context_length (int): :math:`D`.
+            update (str): ``'gru'`` or ``'residual'``.
             bidirectional (bool): train the backward network too.
             position (str, optional): ``'relative'``: a learned distance term in
                 the graph scores (an extension of the paper, see
                 :class:`GraphScorer`). position_frequencies, position_period: its
                 Fourier terms.
             decouple (bool): ``False`` is the "-decouple" ablation.
-            Others as in :class:`GraphPredictor`, :class:`ContextDecoder` and
-            :class:`Glomo`.
+
+        Others as in :class:`GraphPredictor`, :class:`ContextDecoder` and
+        :class:`Glomo`.
         """
         if keep_alive and not sparse:
             raise ValueError("keep_alive is for squared-ReLU graphs (sparse=True); softmax "
@@ -232,8 +235,9 @@ class Glomo(torch.nn.Module):
                 in the graph scores (an extension of the paper, see
                 :class:`GraphScorer`).
             pixel_mean, pixel_std: per-channel statistics on a [0, 1] scale.
-            Others as in :meth:`text`, :class:`PixelGraphPredictor` and
-            :class:`Glomo`.
+
+        Others as in :meth:`text`, :class:`PixelGraphPredictor` and
+        :class:`Glomo`.
         """
         from glomo_pyg.nn.pixel import PixelContextHead, PixelGraphPredictor
 
