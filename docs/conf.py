@@ -7,7 +7,6 @@ Build (warnings are errors, as in tests/test_docs.py)::
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -70,40 +69,6 @@ html_static_path: list[str] = []
 html_theme_options = {"description": "GLoMo's learned relational graphs for PyTorch Geometric"}
 
 
-# -- optional modules ---------------------------------------------------------------
-# glomo_pyg.analysis.figures is documented when the module exists in the tree.
-_FIGURES = ROOT / "glomo_pyg" / "analysis" / "figures.py"
-_FIGURES_SECTION = """
-
-glomo_pyg.analysis.figures
---------------------------
-
-.. automodule:: glomo_pyg.analysis.figures
-   :members:
-"""
-
-
-def _add_optional_modules(app, docname, source):
-    if docname == "api/analysis" and _FIGURES.exists():
-        source[0] += _FIGURES_SECTION
-
-
-# Temporary: glomo_pyg/analysis/statistics.py is being edited elsewhere; its
-# graph_statistics docstring writes |i - j| unquoted, which reStructuredText reads as an
-# undefined substitution reference (an error). Quote it as a literal here until the
-# docstring itself says ``|i - j|``; once it does, this rewrites nothing.
-_DOCSTRING_FIXES = {
-    "glomo_pyg.analysis.statistics.graph_statistics": (re.compile(r"(?<!`)\|i - j\|(?!`)"),
-                                                       "``|i - j|``"),
-}
-
-
-def _fix_docstrings(app, what, name, obj, options, lines):
-    if name in _DOCSTRING_FIXES:
-        pattern, literal = _DOCSTRING_FIXES[name]
-        lines[:] = [pattern.sub(literal, line) for line in lines]
-
-
 def _document_forward(app, what, name, obj, skip, options):
     # A module's forward() has no docstring of its own (its class docstring describes
     # the call), but its signature belongs in the reference.
@@ -114,6 +79,4 @@ def _document_forward(app, what, name, obj, skip, options):
 
 
 def setup(app):
-    app.connect("source-read", _add_optional_modules)
     app.connect("autodoc-skip-member", _document_forward)
-    app.connect("autodoc-process-docstring", _fix_docstrings)

@@ -138,6 +138,119 @@ def _syntax(args: argparse.Namespace) -> int:
     return 0
 
 
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
+
+
+def _export_text_items(path: str, predictor, max_samples: int, max_tokens: int, lower: bool):
+    from glomo_pyg.data.text import UNK, tokenize
+    from glomo_pyg.io.graph_export import ExportItem
+
+    if predictor.vocabulary is None:
+        raise SystemExit("glomo export: this predictor reads features, not words; --text "
+                         "needs a predictor with a vocabulary")
+    if UNK not in predictor.vocabulary:
+        raise SystemExit(f"glomo export: the predictor's vocabulary has no {UNK!r} token")
+    items, short = [], 0
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for number, line in enumerate(fh, 1):
+                tokens = tokenize(line, lower)[:max_tokens]
+                if not tokens:
+                    continue
+                if len(tokens) < 2:
+                    short += 1
+                    continue
+                items.append(ExportItem(predictor.encode(tokens, unknown=UNK),
+                                        f"{path}:{number}", tokens))
+                if len(items) == max_samples:
+                    break
+    except UnicodeDecodeError as err:
+        raise SystemExit(f"glomo export: {path} is not UTF-8 text ({err.reason} at byte "
+                         f"{err.start})")
+    except OSError as err:
+        raise SystemExit(f"glomo export: cannot read {path}: {err}")
+    if short:
+        print(f"{short} line(s) of a single token skipped (no graph edges possible)")
+    return items
+
+
+def _export_image_items(folder: str, max_samples: int, max_units: int):
+    import os
+
+    import numpy as np
+    import torch
+    from PIL import Image, UnidentifiedImageError
+
+    from glomo_pyg.io.graph_export import ExportItem
+
+    if not os.path.isdir(folder):
+        raise SystemExit(f"glomo export: {folder} is not a directory")
+    names = sorted(n for n in os.listdir(folder) if n.lower().endswith(IMAGE_SUFFIXES)
+                   and os.path.isfile(os.path.join(folder, n)))[:max_samples]
+    items = []
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            with Image.open(path) as img:
+                if img.width * img.height > max_units:
+                    raise SystemExit(f"glomo export: {path} is {img.width}x{img.height} "
+                                     f"pixels, more than --max-units {max_units} (graphs grow "
+                                     "with the square of the pixel count; downscale it or "
+                                     "raise --max-units)")
+                rgb = np.asarray(img.convert("RGB"), dtype=np.uint8)
+        except (UnidentifiedImageError, OSError, ValueError) as err:
+            raise SystemExit(f"glomo export: cannot read image {path}: {err}")
+        items.append(ExportItem(torch.from_numpy(rgb.copy()).permute(2, 0, 1).contiguous(),
+                                path))
+    return items
+
+
+def _export(args: argparse.Namespace) -> int:
+    import torch
+
+    from glomo_pyg.io import PretrainedFormatError
+    from glomo_pyg.io.graph_export import export_graphs
+    from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    for name in ("max_samples", "max_tokens", "batch_size", "max_edges", "max_units"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"glomo export: --{name.replace('_', '-')} must be >= 1")
+    if args.top_k is not None and args.top_k < 1:
+        raise SystemExit("glomo export: --top-k must be >= 1")
+    if not 0.0 <= args.min_weight <= 1.0:
+        raise SystemExit("glomo export: --min-weight must lie in [0, 1]")
+    try:
+        predictor = PretrainedGraphPredictor.from_pretrained(args.predictor)
+    except (OSError, PretrainedFormatError, ValueError) as err:
+        raise SystemExit(f"glomo export: {err}")
+    pixel = hasattr(predictor.predictor(predictor.directions[0]), "height")
+    if args.text:
+        if pixel:
+            raise SystemExit("glomo export: this is a pixel predictor; use --images")
+        items = _export_text_items(args.text, predictor, args.max_samples, args.max_tokens,
+                                   not args.cased)
+    else:
+        if not pixel:
+            raise SystemExit("glomo export: this predictor reads text; use --text")
+        items = _export_image_items(args.images, args.max_samples, args.max_units)
+    if not items:
+        raise SystemExit("glomo export: no input to export (empty file or no images)")
+    print(f"glomo export: {len(items)} sample(s) -> {args.output}", flush=True)
+    try:
+        summary = export_graphs(predictor, items, args.output, formats=args.formats,
+                                batch_size=args.batch_size, min_weight=args.min_weight,
+                                top_k=args.top_k, max_edges=args.max_edges,
+                                log=print if args.verbose else None)
+    except (ValueError, OSError) as err:
+        raise SystemExit(f"glomo export: {err}")
+    edges = sum(s["num_edges"] for s in summary["samples"])
+    print(f"{len(summary['samples'])} sample(s), {edges} edges written; statistics in "
+          f"{args.output}/statistics.md")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="glomo", description="GLoMo latent graphs for PyG")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -216,6 +329,32 @@ def main(argv: Optional[List[str]] = None) -> int:
     y.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     y.add_argument("--json", help="also write all scores to this JSON file")
     y.set_defaults(func=_syntax)
+
+    e = sub.add_parser("export", help="write a predictor's graphs to GraphML / JSON edge lists",
+                       description="Emit the graphs of every line of a text file (one "
+                                   "document per line) or every image of a folder, and write "
+                                   "each sample's graphs (every direction, layer and head) as "
+                                   "GraphML and JSON edge lists, with the statistics table, "
+                                   "into --output (docs/analysis.md).")
+    e.add_argument("--predictor", required=True, help="folder written by save_pretrained")
+    source = e.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", help="UTF-8 text file, one document per line")
+    source.add_argument("--images", help="folder of PNG/JPEG images (RGB)")
+    e.add_argument("--output", required=True, help="directory to write into (created)")
+    e.add_argument("--formats", nargs="+", default=["graphml", "json"],
+                   choices=("graphml", "json"))
+    e.add_argument("--max-samples", type=int, default=100, help="first N lines or images")
+    e.add_argument("--max-tokens", type=int, default=256, help="tokens kept per line")
+    e.add_argument("--max-units", type=int, default=4096, help="largest image in pixels")
+    e.add_argument("--min-weight", type=float, default=0.0, help="leave out lighter edges")
+    e.add_argument("--top-k", type=int, help="keep the k heaviest edges into each unit")
+    e.add_argument("--max-edges", type=int, default=2_000_000,
+                   help="refuse a sample with more edges (thin with --min-weight/--top-k)")
+    e.add_argument("--batch-size", type=int, default=16)
+    e.add_argument("--cased", action="store_true", help="do not lower-case the text")
+    e.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    e.add_argument("--verbose", action="store_true", help="one line per sample")
+    e.set_defaults(func=_export)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -1,5 +1,5 @@
 """Analysis of learned graphs: statistics and health, recovery of planted dependencies,
-comparison with gold syntax, and export (networkx, adjacencies).
+comparison with gold syntax, figures, and export (networkx, adjacencies, edge lists).
 
 Submodules load on first use (PEP 562): :mod:`glomo_pyg.graphs` imports
 :mod:`glomo_pyg.analysis.export`, so this package must not import the modules that
@@ -8,9 +8,13 @@ import the graphs back when it is first loaded.
 from importlib import import_module
 
 _EXPORTS = {
-    "export": ("adjacency", "hierarchical", "to_networkx"),
+    "figures": ("plot_graph_heatmaps", "plot_pixel_weights", "plot_statistics",
+                "plot_syntax_scores", "save_figure"),
+    "export": ("adjacency", "edge_list", "hierarchical", "to_graphml_graph", "to_networkx"),
     "recovery": ("RecoveryReport", "planted_source_recovery"),
-    "statistics": ("DEAD_HEAD_SHARE", "DISTANCE_EDGES", "GraphHealth", "distance_bin_names",
+    "statistics": ("DEAD_HEAD_SHARE", "DISTANCE_EDGES", "GRID_RADIUS", "GraphHealth",
+                   "GraphStatisticsAccumulator", "GraphStatisticsTable", "HeadStatistics",
+                   "NEAR_UNIFORM_KL", "dataset_statistics", "distance_bin_names",
                    "graph_health", "graph_statistics"),
     "syntax": ("Alignment", "GraphScores", "SyntaxComparison", "SyntaxScores", "align",
                "compare_with_syntax", "syntax_scores", "untrained_copy"),

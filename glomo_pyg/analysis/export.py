@@ -1,9 +1,10 @@
-"""Export of latent graphs for analysis: networkx graphs, sparse adjacencies and the
-explicit hierarchical products. :class:`~glomo_pyg.LatentGraphs` exposes each as a
-thin method of the same name."""
+"""Export of latent graphs for analysis: networkx graphs, sparse adjacencies, the
+explicit hierarchical products (:class:`~glomo_pyg.LatentGraphs` exposes each as a
+thin method of the same name), and every graph of one sequence as a JSON edge list or
+a GraphML-ready networkx graph (``glomo export`` writes them to files)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -75,3 +76,107 @@ def hierarchical(graphs: "LatentGraphs", sample: int, layer: int, head: int) -> 
     for l in range(1, layer + 1):
         out = torch.sparse.mm(out, adjacency(graphs, sample, l, head)).coalesce()
     return out
+
+
+def _directions(graphs) -> List[Tuple[str, "LatentGraphs"]]:
+    from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
+
+    if isinstance(graphs, DirectionalGraphs):
+        return [(d, g) for d, g in zip(("forward", "backward"), graphs) if g is not None]
+    if isinstance(graphs, LatentGraphs):
+        return [(graphs.direction, graphs)]
+    raise TypeError(f"expected LatentGraphs or DirectionalGraphs, got {type(graphs).__name__}")
+
+
+def _unit_attributes(g: "LatentGraphs", sample: int) -> List[Dict]:
+    """Per-unit attributes of one sequence: its position and, on an image grid, its
+    row and column."""
+    length = int(g.lengths[sample])
+    width = getattr(g.order, "width", None)
+    if width is None:
+        return [dict(position=t) for t in range(length)]
+    return [dict(position=t, row=t // width, column=t % width) for t in range(length)]
+
+
+def _strongest(src: Tensor, tgt: Tensor, heads: Tensor, weight: Tensor, min_weight: float,
+               top_k: Optional[int]) -> Tensor:
+    """Mask of the edges kept: weight >= ``min_weight`` and among the ``top_k`` heaviest
+    of their (head, target) column."""
+    keep = weight >= min_weight
+    if top_k is not None and weight.numel():
+        # rank within each column: sort by weight (descending), then stably by column
+        order = torch.argsort(weight, descending=True, stable=True)
+        column = (heads * (int(tgt.max()) + 1) + tgt)[order]
+        order = order[torch.argsort(column, stable=True)]
+        column = column[torch.argsort(column, stable=True)]
+        start = torch.ones_like(column, dtype=torch.bool)
+        start[1:] = column[1:] != column[:-1]
+        first = torch.cummax(torch.where(start, torch.arange(column.numel()),
+                                         torch.zeros_like(column)), 0).values
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(column.numel()) - first
+        keep &= rank < top_k
+    return keep
+
+
+def edge_list(graphs, sample: int, labels: Optional[Sequence[str]] = None,
+              min_weight: float = 0.0, top_k: Optional[int] = None) -> Dict:
+    """One sequence's graphs, every direction, layer and head, as a JSON-ready dict.
+
+    ``units`` lists each unit's attributes (``position``; ``row``/``column`` for
+    images; ``label`` if ``labels`` is given). ``graphs`` holds one entry per
+    (direction, layer, head) with parallel lists ``source``, ``target``, ``weight``
+    (``G_ij`` of source ``i`` and target ``j``, local positions). Plain numbers and
+    strings only: it is written with :mod:`json`, never pickled.
+
+    ``min_weight`` and ``top_k`` thin the export (edges of weight below ``min_weight``
+    are left out, and all but the ``top_k`` heaviest edges into each target); the
+    weights kept are not renormalised.
+    """
+    if not isinstance(min_weight, (int, float)) or not 0.0 <= float(min_weight) <= 1.0:
+        raise ValueError(f"min_weight must be a number in [0, 1], got {min_weight!r}")
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool)
+                              or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+    parts = _directions(graphs)
+    g0 = parts[0][1]
+    if not 0 <= sample < g0.num_sequences:
+        raise ValueError(f"sample must lie in [0, {g0.num_sequences}), got {sample}")
+    units = _unit_attributes(g0, sample)
+    if labels is not None:
+        if len(labels) != len(units):
+            raise ValueError(f"labels must have one entry per unit of sample {sample} "
+                             f"({len(units)}), got {len(labels)}")
+        for u, label in zip(units, labels):
+            u["label"] = str(label)
+    out = []
+    for direction, g in parts:
+        for l in range(g.num_layers):
+            src, tgt, heads, weight = _sample_edges(g, sample, l)
+            strong = _strongest(src, tgt, heads, weight, float(min_weight), top_k)
+            for h in range(g.num_heads):
+                keep = (heads == h) & strong
+                out.append(dict(direction=direction, layer=l, head=h,
+                                source=src[keep].tolist(), target=tgt[keep].tolist(),
+                                weight=weight[keep].double().tolist()))
+    return dict(num_units=len(units), units=units, graphs=out)
+
+
+def to_graphml_graph(graphs, sample: int, labels: Optional[Sequence[str]] = None,
+                     min_weight: float = 0.0, top_k: Optional[int] = None):
+    """One sequence's graphs as a ``networkx.MultiDiGraph`` ready for GraphML: edges
+    ``i -> j`` keyed ``'<direction>/<layer>/<head>'`` with attributes ``direction``,
+    ``layer``, ``head`` and ``weight``; nodes carry the attributes of
+    :func:`edge_list`'s ``units`` (``min_weight`` and ``top_k`` as there)."""
+    import networkx as nx
+
+    data = edge_list(graphs, sample, labels, min_weight, top_k)
+    graph = nx.MultiDiGraph()
+    for t, attrs in enumerate(data["units"]):
+        graph.add_node(t, **attrs)
+    for part in data["graphs"]:
+        key = f"{part['direction']}/{part['layer']}/{part['head']}"
+        for i, j, w in zip(part["source"], part["target"], part["weight"]):
+            graph.add_edge(i, j, key=key, direction=part["direction"], layer=part["layer"],
+                           head=part["head"], weight=w)
+    return graph

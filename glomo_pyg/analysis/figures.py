@@ -1,0 +1,353 @@
+"""Figures of learned graphs (matplotlib): heat maps of a sentence's graphs (paper
+Fig. 3), one pixel's incoming weights over an image for every graph (paper Fig. 4),
+dataset statistics per head, and syntax scores beside their baselines.
+
+Every function returns a :class:`matplotlib.figure.Figure` built without pyplot (no
+global state, no display needed); :func:`save_figure` writes it as PNG and SVG. In a
+notebook, a returned figure displays as the cell's value.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from glomo_pyg.analysis.statistics import GraphStatisticsTable
+
+_SHORT = {"forward": "fw", "backward": "bw"}
+_DEAD, _NEAR_UNIFORM, _OK = "#c0392b", "#e67e22", "#2e86c1"
+
+
+def _figure(width: float, height: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def save_figure(fig, path: str, formats: Sequence[str] = ("png", "svg"), dpi: int = 130
+                ) -> List[str]:
+    """Write ``fig`` as ``<path>.png`` and ``<path>.svg`` (a ``.png``/``.svg`` suffix on
+    ``path`` is dropped first); returns the paths written."""
+    for f in formats:
+        if f not in ("png", "svg", "pdf"):
+            raise ValueError(f"unsupported figure format {f!r} (png, svg, pdf)")
+    stem, ext = os.path.splitext(path)
+    if ext.lower() not in (".png", ".svg", ".pdf"):
+        stem = path
+    folder = os.path.dirname(os.path.abspath(stem))
+    os.makedirs(folder, exist_ok=True)
+    out = []
+    for f in formats:
+        target = f"{stem}.{f}"
+        fig.savefig(target, dpi=dpi)
+        out.append(target)
+    return out
+
+
+def _sample_dense(graphs, sample: int, layer: int) -> Tensor:
+    """``[H, T, T]`` weights of one sequence and layer (``[h, i, j] = G_ij``)."""
+    if not 0 <= sample < graphs.num_sequences:
+        raise ValueError(f"sample must lie in [0, {graphs.num_sequences}), got {sample}")
+    if not 0 <= layer < graphs.num_layers:
+        raise ValueError(f"layer must lie in [0, {graphs.num_layers}), got {layer}")
+    t = int(graphs.lengths[sample])
+    dense = torch.zeros(graphs.num_heads, t, t, dtype=torch.float64)
+    (src, tgt), weight, heads = graphs.layer(layer)
+    lo = int(graphs.ptr[sample])
+    keep = (tgt >= lo) & (tgt < lo + t)
+    dense[heads[keep].cpu(), (src[keep] - lo).cpu(), (tgt[keep] - lo).cpu()] = \
+        weight[keep].detach().cpu().double()
+    return dense
+
+
+def _informative_targets(dense: List[Tensor], graphs, sample: int, keep: int) -> List[int]:
+    """The ``keep`` targets whose incoming weights depart most from uniform (mean KL
+    over the panels shown), in sentence order."""
+    t = dense[0].size(-1)
+    pos = torch.arange(t)
+    count = graphs.order.num_sources(pos, torch.full((t,), t)).double()
+    score = torch.zeros(t, dtype=torch.float64)
+    for d in dense:  # [H, T, T]
+        w = d.clamp_min(0)
+        ent = -(torch.where(w > 0, w * w.clamp_min(1e-300).log(), torch.zeros_like(w))).sum(1)
+        has = w.sum(1) > 0
+        kl = torch.where(has, count.clamp_min(1).log() - ent, torch.zeros_like(ent))
+        score += kl.sum(0)
+    score[count < 2] = -1.0  # one allowed source: nothing to show
+    top = torch.argsort(score, descending=True, stable=True)[:keep]
+    return sorted(top.tolist())
+
+
+def plot_graph_heatmaps(graphs, sample: int = 0, labels: Optional[Sequence[str]] = None,
+                        layers: Optional[Sequence[int]] = None,
+                        heads: Optional[Sequence[int]] = None,
+                        informative_rows: Optional[int] = None, title: Optional[str] = None,
+                        panel_size: float = 2.4):
+    """Heat maps of one sequence's graphs, one panel per (layer, head) (paper Fig. 3).
+
+    Row ``j`` of a panel is target ``j``'s incoming distribution over sources ``i``
+    (columns): ``G_ij``, each non-empty row sums to 1. ``labels`` (e.g. the tokens) name
+    both axes. With ``informative_rows=k`` only the ``k`` targets whose weights depart
+    most from uniform (mean KL divergence over the panels shown) are kept, as in the
+    paper's figure.
+
+    Args:
+        graphs (LatentGraphs): one direction's graphs.
+        sample (int): which sequence of the batch.
+    """
+    from matplotlib import cm
+    from matplotlib.colors import Normalize
+
+    layers = list(range(graphs.num_layers)) if layers is None else list(layers)
+    heads = list(range(graphs.num_heads)) if heads is None else list(heads)
+    if not layers or not heads:
+        raise ValueError("give at least one layer and one head")
+    for h in heads:
+        if not 0 <= h < graphs.num_heads:
+            raise ValueError(f"head must lie in [0, {graphs.num_heads}), got {h}")
+    t = int(graphs.lengths[sample]) if 0 <= sample < graphs.num_sequences else 0
+    dense = [_sample_dense(graphs, sample, l) for l in layers]
+    if labels is not None and len(labels) != t:
+        raise ValueError(f"labels must have one entry per unit of sample {sample} ({t}), "
+                         f"got {len(labels)}")
+    names = [str(x) for x in labels] if labels is not None else [str(i) for i in range(t)]
+    rows = list(range(t))
+    if informative_rows is not None:
+        if not isinstance(informative_rows, int) or informative_rows < 1:
+            raise ValueError(f"informative_rows must be a positive integer, got "
+                             f"{informative_rows!r}")
+        rows = _informative_targets([d[heads] for d in dense], graphs, sample,
+                                    informative_rows)
+    scale = max(1.0, t / 16)
+    fig = _figure(panel_size * scale * len(heads) + 1.0,
+                  panel_size * scale * len(layers) * max(0.35, len(rows) / max(1, t)) + 0.8)
+    axes = fig.subplots(len(layers), len(heads), squeeze=False)
+    norm = Normalize(0.0, 1.0)
+    fontsize = 7 if t <= 24 else 5
+    for a, l in enumerate(layers):
+        for b, h in enumerate(heads):
+            ax = axes[a][b]
+            ax.imshow(dense[a][h].T[rows].numpy(), cmap="viridis", norm=norm, aspect="auto",
+                      interpolation="nearest")
+            ax.set_title(f"{_SHORT[graphs.direction]} layer {l}, head {h}", fontsize=8)
+            ax.set_xticks(range(t))
+            ax.set_xticklabels(names, rotation=90, fontsize=fontsize)
+            ax.set_yticks(range(len(rows)))
+            ax.set_yticklabels([names[r] for r in rows], fontsize=fontsize)
+            if a == len(layers) - 1:
+                ax.set_xlabel("source i", fontsize=8)
+            if b == 0:
+                ax.set_ylabel("target j", fontsize=8)
+    fig.colorbar(cm.ScalarMappable(norm=norm, cmap="viridis"), ax=axes, shrink=0.8,
+                 label="weight G_ij")
+    fig.suptitle(title or f"{graphs.direction} graphs of sample {sample}"
+                 + (f" ({len(rows)} most informative targets)" if informative_rows else ""),
+                 fontsize=10)
+    return fig
+
+
+def plot_pixel_weights(graphs, image: Tensor, pixels: Sequence[Tuple[int, int]],
+                       sample: int = 0, title: Optional[str] = None, panel_size: float = 1.6):
+    """For each pixel ``(row, column)`` in ``pixels``: the image with the pixel marked,
+    then its incoming weights over the image for every (direction, layer, head), one
+    panel each (paper Fig. 4): a row per (direction, layer), a column per head, one
+    colour scale per row (its colour bar on the right).
+
+    Args:
+        graphs (DirectionalGraphs or LatentGraphs): graphs of image ``sample``.
+        image (Tensor): ``[C, H, W]`` (uint8, or float in ``[0, 1]``) for display.
+        pixels (list of (int, int)): target pixels.
+    """
+    from glomo_pyg.analysis.export import _directions
+
+    parts = _directions(graphs)
+    order = parts[0][1].order
+    width, height = getattr(order, "width", None), getattr(order, "height", None)
+    if width is None:
+        raise ValueError("plot_pixel_weights needs image graphs (a RasterOrder)")
+    if not isinstance(image, Tensor) or image.dim() != 3 or image.shape[1:] != (height, width):
+        raise ValueError(f"image must be [C, {height}, {width}], got "
+                         f"{getattr(image, 'shape', type(image).__name__)}")
+    pixels = [tuple(int(v) for v in p) for p in pixels]
+    if not pixels:
+        raise ValueError("give at least one pixel")
+    for r, c in pixels:
+        if not (0 <= r < height and 0 <= c < width):
+            raise ValueError(f"pixel ({r}, {c}) lies outside the {height}x{width} image")
+    rgb = image.detach().cpu().float()
+    rgb = (rgb / 255.0 if image.dtype == torch.uint8 else rgb).clamp(0, 1)
+    rgb = rgb.permute(1, 2, 0).numpy()
+    if rgb.shape[2] == 1:
+        rgb = rgb[:, :, 0]
+    # one block of rows per pixel: a row per (direction, layer), a column per head
+    blocks = [(d, g, l) for d, g in parts for l in range(g.num_layers)]
+    heads = parts[0][1].num_heads
+    dense = {(d, l): _sample_dense(g, sample, l) for d, g, l in blocks}
+    n_rows = len(pixels) * len(blocks)
+    fig = _figure(panel_size * (heads + 1) + 0.8, panel_size * n_rows + 0.5)
+    axes = fig.subplots(n_rows, heads + 1, squeeze=False)
+    for p, (r, c) in enumerate(pixels):
+        target = r * width + c
+        for b, (d, g, l) in enumerate(blocks):
+            row = axes[p * len(blocks) + b]
+            ax = row[0]
+            if b == 0:
+                ax.imshow(rgb, cmap="gray" if rgb.ndim == 2 else None, interpolation="nearest")
+                ax.scatter([c], [r], marker="x", c="red", s=25)
+                ax.set_title(f"pixel ({r}, {c})", fontsize=7)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if b:
+                ax.axis("off")
+            column = dense[(d, l)][:, :, target]  # [H, T]: incoming weights, every head
+            top = max(1e-12, float(column.max()))  # one colour scale per row
+            for h in range(heads):
+                weights = column[h].view(height, width).numpy()
+                ax = row[h + 1]
+                peak = float(weights.max())
+                im = ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=top,
+                               interpolation="nearest")
+                ax.scatter([c], [r], marker="x", c="red", s=12)
+                ax.set_xticks([])
+                ax.set_yticks([])
+                ax.set_title(f"{_SHORT[d]} L{l} h{h}" + ("" if peak > 0 else " (no edges)"),
+                             fontsize=7)
+            if top > 1e-12:  # a row without edges (no allowed source) has no scale
+                fig.colorbar(im, ax=row[heads], shrink=0.8).ax.tick_params(labelsize=6)
+    fig.suptitle(title or "incoming weights of the marked pixel (red x), every graph",
+                 fontsize=9)
+    return fig
+
+
+def _flag_colours(rows) -> List[str]:
+    return [_DEAD if r.dead else (_NEAR_UNIFORM if r.near_uniform else _OK) for r in rows]
+
+
+def plot_statistics(table: GraphStatisticsTable, title: Optional[str] = None):
+    """Per-graph statistics of a :class:`~glomo_pyg.analysis.GraphStatisticsTable`:
+    bars per (direction, layer, head) for density, share of empty targets, KL divergence
+    from uniform, mean in-degree, weight on adjacent units and mean distance (uniform's
+    value as a dashed line), and the distance histograms as a heat map (text) or offset
+    maps (images). Dead heads are red, near-uniform heads orange."""
+    from matplotlib.patches import Patch
+
+    rows = table.rows
+    if not rows:
+        raise ValueError("the table has no rows")
+    names = [f"{_SHORT[r.direction]} L{r.layer} h{r.head}" for r in rows]
+    colours = _flag_colours(rows)
+    x = np.arange(len(rows))
+    grid = table.grid_radius is not None
+    n_maps = len(rows) + len(table.directions)
+    map_rows = (n_maps + 8) // 9 if n_maps <= 18 else (n_maps + 11) // 12
+    fig = _figure(min(16.0, max(9.0, 0.6 * len(rows))),
+                  5.5 + (2.5 if not grid else 1.4 * map_rows))
+    top, bottom = fig.subfigures(2, 1, height_ratios=[5.0, 2.5 if not grid else 1.4 * map_rows])
+    axes = top.subplots(2, 3)
+    metrics = [("density", "density", None), ("empty", "targets without edges", None),
+               ("kl_uniform", "KL from uniform (nats)", None),
+               ("in_degree", "mean in-degree", None),
+               ("adjacent", "weight on adjacent units", "uniform_adjacent"),
+               ("distance", "mean edge distance", "uniform_distance")]
+    for ax, (key, label, ref) in zip(axes.flat, metrics):
+        values = [getattr(r, key) for r in rows]
+        ax.bar(x, values, color=colours)
+        if ref is not None:
+            ax.axhline(getattr(rows[0], ref), color="k", ls="--", lw=1, label="uniform")
+            ax.legend(fontsize=7, loc="upper right")
+        if key == "empty":
+            ax.axhline(0.5, color=_DEAD, ls=":", lw=1)
+        ax.set_ylabel(label, fontsize=8)
+        ax.set_xticks(x)
+        ax.set_xticklabels(names, rotation=90, fontsize=6)
+        ax.tick_params(axis="y", labelsize=7)
+    top.legend(handles=[Patch(color=_OK, label="alive"), Patch(color=_NEAR_UNIFORM,
+                                                               label="near-uniform"),
+                        Patch(color=_DEAD, label="dead (over half the targets empty)")],
+               loc="outside lower center", fontsize=7, ncols=3)
+    if grid:
+        side = 2 * table.grid_radius + 1
+        maps = []
+        for d in table.directions:
+            mine = [(k, r) for k, r in enumerate(rows) if r.direction == d]
+            maps.append((f"uniform {_SHORT[d]}", mine[0][1].uniform_histogram, "k"))
+            maps.extend((names[k], r.histogram, colours[k]) for k, r in mine)
+        cols = min(len(maps), 9 if len(maps) <= 18 else 12)
+        axes2 = bottom.subplots((len(maps) + cols - 1) // cols, cols, squeeze=False)
+        for k, ax in enumerate(axes2.flat):
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if k >= len(maps):
+                ax.axis("off")
+                continue
+            name, hist, colour = maps[k]
+            ax.imshow(np.asarray(hist), cmap="magma", vmin=0.0, interpolation="nearest",
+                      extent=(-side / 2, side / 2, side / 2, -side / 2))
+            ax.set_title(name, fontsize=7, color=colour)
+        bottom.suptitle(f"share of incoming weight by the source's offset from the target "
+                        f"(centre), up to {table.grid_radius} rows and columns", fontsize=8)
+    else:
+        ax = bottom.subplots()
+        hist = np.asarray([rows[0].uniform_histogram] + [r.histogram for r in rows])
+        im = ax.imshow(hist.T, cmap="magma", aspect="auto", vmin=0.0, interpolation="nearest")
+        ax.set_xticks(np.arange(len(rows) + 1))
+        ax.set_xticklabels(["uniform"] + names, rotation=90, fontsize=6)
+        ax.set_yticks(np.arange(len(table.bins)))
+        ax.set_yticklabels(table.bins, fontsize=7)
+        ax.set_ylabel("edge distance |i - j|", fontsize=8)
+        ax.set_title("share of incoming weight per distance bin", fontsize=8)
+        bottom.colorbar(im, ax=ax, label="share of weight")
+    fig.suptitle(title or f"graph statistics over {table.num_sequences} sequences "
+                          f"({table.num_units} units)", fontsize=10)
+    return fig
+
+
+def plot_syntax_scores(comparison, metric: str = "undirected", title: Optional[str] = None):
+    """Scores of every graph against gold syntax (a
+    :class:`~glomo_pyg.analysis.SyntaxComparison`), one panel per direction: a bar per
+    (layer, head) and per head-averaged layer, the untrained predictor's scores as
+    hollow bars, the chosen graph outlined, and the baselines (adjacent word, uniform)
+    as horizontal lines."""
+    from glomo_pyg.analysis.syntax import METRICS
+
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    ev, un = comparison.evaluation, comparison.untrained
+    directions = list(ev.directions)
+    fig = _figure(4.8 * len(directions) + 0.5, 3.6)
+    axes = fig.subplots(1, len(directions), squeeze=False)[0]
+    styles = ["--", ":", "-.", (0, (5, 1))]
+    for ax, d in zip(axes, directions):
+        s = ev.directions[d]
+        per_graph, per_layer = s.per_graph[metric], s.per_layer[metric]
+        L, H = per_graph.shape
+        names = [f"L{l} h{h}" for l in range(L) for h in range(H)] + \
+                [f"L{l} avg" for l in range(L)]
+        values = list(per_graph.reshape(-1)) + list(per_layer)
+        x = np.arange(len(values))
+        chosen = comparison.chosen.get(d)
+        edge = ["k" if chosen is not None and k == chosen[0] * H + chosen[1] else "none"
+                for k in range(len(values))]
+        ax.bar(x, values, color=["#2e86c1"] * (L * H) + ["#1b4f72"] * L, edgecolor=edge,
+               linewidth=1.5, label="trained")
+        if un is not None:
+            u = un.directions[d]
+            ax.bar(x, list(u.per_graph[metric].reshape(-1)) + list(u.per_layer[metric]),
+                   fill=False, edgecolor="#888888", linewidth=0.8, label="untrained")
+        for (name, base), style in zip(s.baselines.items(), styles):
+            ax.axhline(base[metric], color="k", ls=style, lw=1, label=name)
+        ax.set_xticks(x)
+        ax.set_xticklabels(names, rotation=90, fontsize=7)
+        ax.set_ylabel(f"{metric} score", fontsize=8)
+        ax.set_title(f"{d} graphs ({s.targets} targets)", fontsize=9)
+        ax.legend(fontsize=6, loc="upper right")
+    fig.suptitle(title or f"graphs against gold syntax ({metric}; outlined: the graph "
+                          "chosen on the selection trees)", fontsize=9)
+    return fig
+
+
+__all__ = ["plot_graph_heatmaps", "plot_pixel_weights", "plot_statistics",
+           "plot_syntax_scores", "save_figure"]
