@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
-import os
 import pathlib
 import platform
 import sys

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
+from torch import Tensor
 
 from glomo_pyg.graphs import LatentGraphs
 
