@@ -4,7 +4,9 @@ dataset statistics per head, and syntax scores beside their baselines.
 
 Every function returns a :class:`matplotlib.figure.Figure` built without pyplot (no
 global state, no display needed); :func:`save_figure` writes it as PNG and SVG. In a
-notebook, a returned figure displays as the cell's value.
+notebook, a returned figure displays as the cell's value (or with ``display(fig)``) once
+the inline backend is active: run ``%matplotlib inline`` first. A figure built without
+pyplot does not activate it, and without it a cell shows only ``<Figure size ...>``.
 """
 from __future__ import annotations
 
