@@ -319,7 +319,7 @@ def plot_syntax_scores(comparison, metric: str = "undirected", title: Optional[s
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
     ev, un = comparison.evaluation, comparison.untrained
     directions = list(ev.directions)
-    fig = _figure(4.8 * len(directions) + 0.5, 3.6)
+    fig = _figure(5.6 * len(directions) + 0.5, 3.6)
     axes = fig.subplots(1, len(directions), squeeze=False)[0]
     styles = ["--", ":", "-.", (0, (5, 1))]
     for ax, d in zip(axes, directions):
@@ -345,7 +345,7 @@ def plot_syntax_scores(comparison, metric: str = "undirected", title: Optional[s
         ax.set_xticklabels(names, rotation=90, fontsize=7)
         ax.set_ylabel(f"{metric} score", fontsize=8)
         ax.set_title(f"{d} graphs ({s.targets} targets)", fontsize=9)
-        ax.legend(fontsize=6, loc="upper right")
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars
     fig.suptitle(title or f"graphs against gold syntax ({metric}; outlined: the graph "
                           "chosen on the selection trees)", fontsize=9)
     return fig
