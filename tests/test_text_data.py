@@ -111,10 +111,13 @@ def test_word_vectors_glove_and_word2vec_formats(tmp_path):
         np.testing.assert_allclose(got, vectors, rtol=1e-5)
     assert read_word_vectors(glove, vocabulary=["sat", "dog"])[0] == ["sat"]
     assert read_word_vectors(glove, max_words=2)[0] == ["the", "cat"]
-    # a GloVe 840B-style line: a word with a space, and a duplicate that keeps the first
-    (tmp_path / "odd.txt").write_text("x 3 4\na b 1 2\nx 5 6\n")
+    # a duplicate keeps the first vector; a word with a space (GloVe 840B) is refused
+    (tmp_path / "odd.txt").write_text("x 3 4\nb 1 2\nx 5 6\n")
     odd_words, odd = read_word_vectors(str(tmp_path / "odd.txt"))
-    assert odd_words == ["x", "a b"] and odd.tolist() == [[3, 4], [1, 2]]
+    assert odd_words == ["x", "b"] and odd.tolist() == [[3, 4], [1, 2]]
+    (tmp_path / "space.txt").write_text("x 3 4\na b 1 2\n")
+    with pytest.raises(ValueError, match=r"space.txt:2: .*cannot contain spaces"):
+        read_word_vectors(str(tmp_path / "space.txt"))
     (tmp_path / "bad.txt").write_text("a 1 2\nb 1\n")
     with pytest.raises(ValueError, match=r"bad.txt:2: expected 2 numbers"):
         read_word_vectors(str(tmp_path / "bad.txt"))

@@ -1,15 +1,22 @@
 """Reader for the official Large Movie Review Dataset layout (``aclImdb/``, Maas et al.
 2011): ``{train,test}/{pos,neg}`` labelled reviews and ``train/unsup`` unlabelled ones,
-one review per file named ``<id>_<rating>.txt``."""
+one review per file named ``<id>_<rating>.txt``: ratings 7-10 in ``pos``, 1-4 in ``neg``,
+0 in ``unsup``. A file name or rating that breaks these rules, or a review that is not
+UTF-8, raises a :class:`~glomo_pyg.data.TextDataError` naming the file."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import List, Sequence
+
+from glomo_pyg.data.text import TextDataError, _read_document
 
 SPLITS = ("train", "test")
 KINDS = ("pos", "neg", "unsup")
 LABELS = {"pos": 1, "neg": 0, "unsup": -1}
+RATINGS = {"pos": range(7, 11), "neg": range(1, 5), "unsup": range(0, 1)}
+_NAME = re.compile(r"([0-9]{1,18})_(-?[0-9]{1,18})\.txt")
 
 
 @dataclass(frozen=True)
@@ -24,21 +31,24 @@ class Review:
     path: str
 
 
-def _parse_name(name: str, folder: str):
-    stem = name[:-4]
-    try:
-        review_id, rating = stem.split("_")
-        return int(review_id), int(rating)
-    except ValueError:
-        raise ValueError(f"{os.path.join(folder, name)}: not an aclImdb review file name "
-                         "(<id>_<rating>.txt)") from None
+def _parse_name(name: str, folder: str, kind: str):
+    match = _NAME.fullmatch(name)
+    if not match:
+        raise TextDataError(f"{os.path.join(folder, name)}: not an aclImdb review file name "
+                            "(<id>_<rating>.txt); rename or remove it")
+    review_id, rating = int(match[1]), int(match[2])
+    if rating not in RATINGS[kind]:
+        raise TextDataError(f"{os.path.join(folder, name)}: rating {rating} does not belong in "
+                            f"{kind}/ (pos: 7-10, neg: 1-4, unsup: 0); move or rename the file")
+    return review_id, rating
 
 
 def read_aclimdb(root: str, split: str = "train", kinds: Sequence[str] = ("pos", "neg")
                  ) -> List[Review]:
     """Reviews of ``split`` (``'train'`` or ``'test'``) of the kinds asked for, in a fixed
     order (kind as given, then file id). ``root`` is the ``aclImdb`` folder (or its parent).
-    ``'unsup'`` exists only in ``train`` (50,000 unlabelled reviews)."""
+    ``'unsup'`` exists only in ``train`` (50,000 unlabelled reviews). Reviews are read as
+    UTF-8 (as the official files are)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     bad = [k for k in kinds if k not in KINDS]
@@ -58,10 +68,11 @@ def read_aclimdb(root: str, split: str = "train", kinds: Sequence[str] = ("pos",
         entries = []
         for name in os.listdir(folder):
             if name.endswith(".txt"):
-                review_id, rating = _parse_name(name, folder)
+                review_id, rating = _parse_name(name, folder, kind)
                 entries.append((review_id, rating, name))
         for review_id, rating, name in sorted(entries):
             path = os.path.join(folder, name)
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                reviews.append(Review(fh.read(), LABELS[kind], rating, review_id, path))
+            if not os.path.isfile(path):
+                raise TextDataError(f"{path}: not a regular file; remove it")
+            reviews.append(Review(_read_document(path), LABELS[kind], rating, review_id, path))
     return reviews

@@ -13,15 +13,21 @@ Tokenizer rules (:func:`tokenize`), applied in this order:
 
 The rules are deterministic and language-agnostic enough for English corpora of any
 size; they are what the pretraining corpus and the downstream task must share.
+
+Files are read as UTF-8 (a leading byte-order mark is dropped, CRLF and CR line ends
+become LF); text that is not UTF-8, a document or line over the size limit, or a
+malformed file raises a :class:`TextDataError` naming the file (and the line and byte
+offset where there is one).
 """
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import re
 import unicodedata
 from collections import Counter
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Union
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -30,6 +36,58 @@ SPECIALS = (PAD, UNK, BOS, EOS)
 
 _BREAK = re.compile(r"<br\s*/?\s*>", re.IGNORECASE)
 _TOKEN = re.compile(r"[^\W_]+(?:['’-][^\W_]+)*|([^\w\s])\1*|_+", re.UNICODE)
+MAX_DOCUMENT_BYTES = 1 << 26  # default size limit of one document (a file, or a line)
+
+
+class TextDataError(ValueError):
+    """A text input (corpus file, vocabulary, word vectors, review, token shards) that is
+    malformed, corrupt, empty or not UTF-8; the message names the file, and the line where
+    there is one, and what to do."""
+
+
+def _decode(data: bytes, path: str, line: Optional[int] = None, offset: int = 0,
+            errors: str = "strict") -> str:
+    """``data`` (the bytes at ``offset`` of ``path``, on ``line``) as UTF-8; a leading
+    byte-order mark at offset 0 is dropped."""
+    if offset == 0 and data.startswith(codecs.BOM_UTF8):
+        data, offset = data[3:], 3
+    try:
+        return data.decode("utf-8", errors)
+    except UnicodeDecodeError as err:
+        where = f"{path}:{line}" if line else path
+        raise TextDataError(f"{where}: not UTF-8 text (byte {data[err.start]:#04x} at byte "
+                            f"offset {offset + err.start}); convert the file to UTF-8") from None
+
+
+def _lines(fh, path: str, limit: int) -> Iterator[Tuple[int, int, bytes]]:
+    """``(line number, byte offset, bytes)`` of each line of the binary file ``fh``; a line
+    over ``limit`` bytes raises (never read whole)."""
+    number, offset = 0, 0
+    while True:
+        data = fh.readline(limit + 1)
+        if not data:
+            return
+        number += 1
+        if len(data) > limit:
+            raise TextDataError(f"{path}:{number}: line longer than {limit} bytes (at byte "
+                                f"offset {offset}); not a text file of this kind?")
+        yield number, offset, data
+        offset += len(data)
+
+
+def _read_document(path: str, max_bytes: int = MAX_DOCUMENT_BYTES,
+                   errors: str = "strict") -> str:
+    """A whole file as one document: UTF-8, at most ``max_bytes`` bytes, line ends as LF."""
+    with open(path, "rb") as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise TextDataError(f"{path}: more than {max_bytes} bytes in one document; split the "
+                            "file (or read it a document per line, or raise max_bytes)")
+    return _newlines(_decode(data, path, errors=errors))
+
+
+def _newlines(text: str) -> str:
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
 def tokenize(text: str, lower: bool = True) -> List[str]:
@@ -128,15 +186,26 @@ class WordVocabulary:
 
     @classmethod
     def load(cls, path: str) -> "WordVocabulary":
+        """A vocabulary saved by :meth:`save`; anything else raises a
+        :class:`TextDataError` naming the file."""
         try:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"{path}: not a readable vocabulary file ({err})") from err
+            data = json.loads(_read_document(path))
+        except TextDataError:
+            raise
+        except (OSError, ValueError, RecursionError) as err:
+            raise TextDataError(f"{path}: not a readable vocabulary file ({err})") from None
         if not isinstance(data, dict) or data.get("format") != "glomo-vocabulary" or \
                 not isinstance(data.get("tokens"), list):
-            raise ValueError(f"{path}: not a glomo vocabulary (format 'glomo-vocabulary')")
-        return cls(data["tokens"], data.get("specials", SPECIALS))
+            raise TextDataError(f"{path}: not a glomo vocabulary (format 'glomo-vocabulary')")
+        tokens, specials = data["tokens"], data.get("specials", list(SPECIALS))
+        if not isinstance(specials, list) or \
+                not all(isinstance(t, str) for t in tokens + specials):
+            raise TextDataError(f"{path}: vocabulary tokens and specials must be lists of "
+                                "strings; save the vocabulary with WordVocabulary.save")
+        try:
+            return cls(tokens, specials)
+        except ValueError as err:
+            raise TextDataError(f"{path}: {err}") from None
 
     def __eq__(self, other) -> bool:
         return isinstance(other, WordVocabulary) and self._tokens == other._tokens
@@ -146,11 +215,18 @@ class WordVocabulary:
 
 
 def read_text_documents(path: str, one_per_line: bool = False,
-                        suffixes: Sequence[str] = (".txt",)) -> Iterator[str]:
+                        suffixes: Sequence[str] = (".txt",), errors: str = "strict",
+                        max_bytes: int = MAX_DOCUMENT_BYTES) -> Iterator[str]:
     """Documents of a plain-text corpus: ``path`` is a file or a folder (searched
     recursively, files with one of ``suffixes``, in sorted order). A file is one document,
     or one document per non-empty line with ``one_per_line`` (e.g. a Wikipedia dump
-    flattened to a line per article). Files are read as UTF-8 (invalid bytes replaced)."""
+    flattened to a line per article).
+
+    Files are read as UTF-8: invalid bytes raise a :class:`TextDataError` naming the file,
+    line and byte offset (``errors="replace"`` replaces them instead). A document (file,
+    or line) over ``max_bytes`` bytes raises, so no input is read into memory unbounded."""
+    if errors not in ("strict", "replace"):
+        raise ValueError(f"errors must be 'strict' or 'replace', got {errors!r}")
     if os.path.isfile(path):
         files = [path]
     elif os.path.isdir(path):
@@ -161,10 +237,13 @@ def read_text_documents(path: str, one_per_line: bool = False,
     else:
         raise FileNotFoundError(f"{path}: no such file or folder")
     for name in files:
-        with open(name, encoding="utf-8", errors="replace") as fh:
-            if one_per_line:
-                for line in fh:
-                    if line.strip():
-                        yield line
-            else:
-                yield fh.read()
+        if not os.path.isfile(name):
+            raise TextDataError(f"{name}: not a regular file; remove it from the corpus")
+        if not one_per_line:
+            yield _read_document(name, max_bytes, errors)
+            continue
+        with open(name, "rb") as fh:
+            for number, offset, data in _lines(fh, name, max_bytes):
+                line = _newlines(_decode(data, name, number, offset, errors))
+                if line.strip():
+                    yield line

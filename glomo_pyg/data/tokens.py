@@ -13,22 +13,34 @@ last, shorter window is kept if it has at least ``min_length`` tokens (windows n
 cross documents). :class:`ResumableSampler` orders them (a seeded permutation per epoch,
 split across distributed ranks) and can start part-way through an epoch, which is how
 an interrupted pretraining run continues exactly where it stopped.
+
+A shard folder is checked when opened: ``index.json`` must have the expected fields and
+types, name only plain files inside the folder (no paths, no links leading out), match
+the files' sizes, and describe sorted document offsets that end at each shard's token
+count; token ids are checked against the vocabulary as windows are read. Anything else
+raises a :class:`~glomo_pyg.data.TextDataError` naming the file.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import shutil
-from typing import Iterable, Iterator, List, Sequence
+from typing import Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 import torch
 from torch_geometric.data import Data
 
+from glomo_pyg.data.text import TextDataError
+
 FORMAT, VERSION = "glomo-token-shards", 1
 TOKEN_DTYPE = np.dtype("<i4")
 OFFSET_DTYPE = np.dtype("<i8")
+MAX_INDEX_BYTES = 1 << 26
+_FILE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}")
+_REBUILD = "rebuild the folder with glomo_pyg.data.write_token_shards"
 
 
 def _as_array(doc) -> np.ndarray:
@@ -44,7 +56,8 @@ def write_token_shards(documents: Iterable, out_dir: str, vocab_size: int,
     """Write documents (sequences of token ids) as memory-mappable shards of about
     ``shard_tokens`` tokens each. The folder is built beside ``out_dir`` and renamed into
     place at the end, so an interrupted run never leaves a half-written corpus. Returns
-    the index (also written to ``out_dir/index.json``)."""
+    the index (also written to ``out_dir/index.json``). Documents with no tokens at all
+    (an empty corpus) raise a :class:`ValueError`."""
     if vocab_size < 1 or vocab_size > np.iinfo(TOKEN_DTYPE).max:
         raise ValueError(f"vocab_size must lie in [1, 2^31), got {vocab_size}")
     if shard_tokens < 1:
@@ -71,50 +84,97 @@ def write_token_shards(documents: Iterable, out_dir: str, vocab_size: int,
                            num_tokens=int(tokens.size), num_documents=int(ends.size)))
         buffer, filled = [], 0
 
-    for doc in documents:
-        arr = _as_array(doc)
-        if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
-            raise ValueError(f"token ids must lie in [0, {vocab_size}), got "
-                             f"[{arr.min()}, {arr.max()}]")
-        buffer.append(arr)
-        filled += arr.size
-        if filled >= shard_tokens:
-            flush()
-    flush()
-    index = dict(format=FORMAT, version=VERSION, vocab_size=int(vocab_size),
-                 token_dtype=TOKEN_DTYPE.str, num_tokens=sum(s["num_tokens"] for s in shards),
-                 num_documents=sum(s["num_documents"] for s in shards), shards=shards)
-    with open(os.path.join(tmp, "index.json"), "w") as fh:
-        json.dump(index, fh, indent=1)
+    try:
+        for doc in documents:
+            arr = _as_array(doc)
+            if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
+                raise ValueError(f"token ids must lie in [0, {vocab_size}), got "
+                                 f"[{arr.min()}, {arr.max()}]")
+            buffer.append(arr)
+            filled += arr.size
+            if filled >= shard_tokens:
+                flush()
+        flush()
+        index = dict(format=FORMAT, version=VERSION, vocab_size=int(vocab_size),
+                     token_dtype=TOKEN_DTYPE.str,
+                     num_tokens=sum(s["num_tokens"] for s in shards),
+                     num_documents=sum(s["num_documents"] for s in shards), shards=shards)
+        if not index["num_tokens"]:
+            raise ValueError(f"the corpus is empty: {index['num_documents']} documents, no "
+                             f"tokens; nothing written to {out_dir}")
+        with open(os.path.join(tmp, "index.json"), "w") as fh:
+            json.dump(index, fh, indent=1)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     os.replace(tmp, out_dir)
     return index
 
 
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def read_shard_index(path: str) -> dict:
-    """The ``index.json`` of a shard folder, checked against the files beside it."""
+    """The ``index.json`` of a shard folder, checked for its fields and types and against
+    the files beside it (plain file names inside the folder, of the sizes it states)."""
     name = os.path.join(path, "index.json")
     try:
-        with open(name) as fh:
-            index = json.load(fh)
+        with open(name, "rb") as fh:
+            raw = fh.read(MAX_INDEX_BYTES + 1)
+        if len(raw) > MAX_INDEX_BYTES:
+            raise ValueError(f"larger than {MAX_INDEX_BYTES} bytes")
+        index = json.loads(raw)
     except FileNotFoundError:
         raise FileNotFoundError(f"{name}: missing; not a token-shard folder "
                                 "(write one with glomo_pyg.data.write_token_shards)") from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{name}: unreadable ({err})") from err
-    if not isinstance(index, dict) or index.get("format") != FORMAT:
-        raise ValueError(f"{name}: not a {FORMAT} index")
-    if index.get("version", 0) > VERSION:
-        raise ValueError(f"{name}: format version {index['version']} is newer than this "
-                         f"glomo_pyg reads ({VERSION})")
-    for shard in index["shards"]:
-        for key, dtype, count in (("tokens", TOKEN_DTYPE, shard["num_tokens"]),
-                                  ("docs", OFFSET_DTYPE, shard["num_documents"])):
-            file = os.path.join(path, shard[key])
-            size = os.path.getsize(file) if os.path.exists(file) else -1
+    except (OSError, ValueError, RecursionError) as err:
+        raise TextDataError(f"{name}: unreadable, not a JSON index ({err}); {_REBUILD}") from None
+
+    def need(ok: bool, what: str):
+        if not ok:
+            raise TextDataError(f"{name}: {what}; {_REBUILD}")
+
+    need(isinstance(index, dict) and index.get("format") == FORMAT, f"not a {FORMAT} index")
+    version = index.get("version")
+    need(_count(version) and version >= 1, f"'version' must be a positive integer, got "
+         f"{version!r}")
+    if version > VERSION:
+        raise TextDataError(f"{name}: format version {version} is newer than this glomo_pyg "
+                            f"reads ({VERSION}); upgrade glomo_pyg")
+    need(index.get("token_dtype") == TOKEN_DTYPE.str,
+         f"'token_dtype' must be {TOKEN_DTYPE.str!r}, got {index.get('token_dtype')!r}")
+    for key in ("vocab_size", "num_tokens", "num_documents"):
+        need(_count(index.get(key)), f"{key!r} must be a non-negative integer, got "
+             f"{index.get(key)!r}")
+    need(1 <= index["vocab_size"] <= np.iinfo(TOKEN_DTYPE).max,
+         f"vocab_size {index['vocab_size']} outside [1, 2^31)")
+    shards = index.get("shards")
+    need(isinstance(shards, list), f"'shards' must be a list, got {type(shards).__name__}")
+    root, seen = os.path.realpath(path), set()
+    for k, shard in enumerate(shards):
+        need(isinstance(shard, dict), f"shard {k} is not an object")
+        for key, dtype, count in (("tokens", TOKEN_DTYPE, shard.get("num_tokens")),
+                                  ("docs", OFFSET_DTYPE, shard.get("num_documents"))):
+            need(_count(count), f"shard {k}: the count of its {key!r} must be a non-negative "
+                 f"integer, got {count!r}")
+            file = shard.get(key)
+            need(isinstance(file, str) and _FILE.fullmatch(file) and file not in seen,
+                 f"shard {k}: {key!r} must be a plain file name inside the folder "
+                 f"([A-Za-z0-9._-], no leading dot), used once, got {repr(file)[:100]}")
+            seen.add(file)
+            file = os.path.join(path, file)
+            need(os.path.dirname(os.path.realpath(file)) == root,
+                 f"shard {k}: {file} leads out of the shard folder (a link?)")
+            size = os.path.getsize(file) if os.path.isfile(file) else -1
             if size != count * dtype.itemsize:
-                raise ValueError(f"{file}: expected {count * dtype.itemsize} bytes "
-                                 f"({count} values), found {max(size, 0)}"
-                                 + (" (missing)" if size < 0 else " (truncated or corrupt)"))
+                raise TextDataError(f"{file}: expected {count * dtype.itemsize} bytes "
+                                    f"({count} values), found {max(size, 0)}"
+                                    + (" (missing)" if size < 0 else " (truncated or corrupt)")
+                                    + f"; {_REBUILD}")
+    for key in ("num_tokens", "num_documents"):
+        need(sum(s[key] for s in shards) == index[key],
+             f"{key!r} {index[key]} is not the sum over the shards")
     return index
 
 
@@ -139,19 +199,33 @@ class TokenWindows(torch.utils.data.Dataset):
     :class:`torch_geometric.loader.DataLoader`.
 
     Build from memory with :meth:`from_documents` or from a shard folder with
-    :meth:`from_shards` (memory-mapped); both cut documents identically.
+    :meth:`from_shards` (memory-mapped); both cut documents identically. Document ends
+    must be sorted and end at each array's length; a window holding ids outside
+    ``[0, vocab_size)`` raises a :class:`~glomo_pyg.data.TextDataError` naming its
+    source (``sources``: a name per array, e.g. its shard file) when read.
     """
 
     def __init__(self, arrays: Sequence[np.ndarray], ends: Sequence[np.ndarray], vocab_size: int,
-                 max_length: int = 128, min_length: int = 8):
+                 max_length: int = 128, min_length: int = 8,
+                 sources: Optional[Sequence[str]] = None):
         if max_length < 2 or not 2 <= min_length <= max_length:
             raise ValueError(f"need 2 <= min_length <= max_length, got min_length={min_length}, "
                              f"max_length={max_length} (context prediction needs >= 2 units)")
         self.arrays, self.vocab_size = list(arrays), int(vocab_size)
+        self.sources = list(sources) if sources is not None else \
+            [f"token array {k}" for k in range(len(self.arrays))]
+        if not len(self.arrays) == len(ends) == len(self.sources):
+            raise ValueError("need one ends array (and source) per token array")
         self.max_length, self.min_length = max_length, min_length
         starts, lengths, shard = [], [], []
         for k, e in enumerate(ends):
-            s, n = _windows(np.asarray(e, dtype=np.int64), max_length, min_length)
+            e = np.asarray(e, dtype=np.int64)
+            if (e.size and (e[0] < 0 or (e[1:] < e[:-1]).any() or e[-1] != len(self.arrays[k]))
+                    or (not e.size and len(self.arrays[k]))):
+                raise TextDataError(f"{self.sources[k]}: its document end offsets (docs file) "
+                                    f"are not sorted offsets ending at its "
+                                    f"{len(self.arrays[k])} tokens; {_REBUILD}")
+            s, n = _windows(e, max_length, min_length)
             starts.append(s)
             lengths.append(n)
             shard.append(np.full(s.size, k, dtype=np.int32))
@@ -172,13 +246,20 @@ class TokenWindows(torch.utils.data.Dataset):
 
     @classmethod
     def from_shards(cls, path: str, max_length: int = 128, min_length: int = 8) -> "TokenWindows":
+        """Memory-map the shard folder ``path`` (checked by :func:`read_shard_index`; an
+        empty corpus raises)."""
         index = read_shard_index(path)
-        arrays, ends = [], []
+        if not index["num_tokens"]:
+            raise TextDataError(f"{path}: the corpus is empty ({index['num_documents']} "
+                                "documents, no tokens); build it from a corpus with text")
+        arrays, ends, sources = [], [], []
         for shard in index["shards"]:
-            arrays.append(np.memmap(os.path.join(path, shard["tokens"]), dtype=TOKEN_DTYPE,
-                                    mode="r", shape=(shard["num_tokens"],)))
+            tokens, n = os.path.join(path, shard["tokens"]), shard["num_tokens"]
+            arrays.append(np.memmap(tokens, dtype=TOKEN_DTYPE, mode="r", shape=(n,)) if n
+                          else np.zeros(0, TOKEN_DTYPE))
             ends.append(np.fromfile(os.path.join(path, shard["docs"]), dtype=OFFSET_DTYPE))
-        return cls(arrays, ends, index["vocab_size"], max_length, min_length)
+            sources.append(tokens)
+        return cls(arrays, ends, index["vocab_size"], max_length, min_length, sources)
 
     @property
     def num_tokens(self) -> int:
@@ -190,8 +271,12 @@ class TokenWindows(torch.utils.data.Dataset):
     def __getitem__(self, k: int) -> Data:
         if not -len(self) <= k < len(self):
             raise IndexError(f"window {k} outside [0, {len(self)})")
-        s, n = int(self.starts[k]), int(self.lengths[k])
-        ids = np.asarray(self.arrays[int(self.shard[k])][s:s + n], dtype=np.int64)
+        s, n, a = int(self.starts[k]), int(self.lengths[k]), int(self.shard[k])
+        ids = np.asarray(self.arrays[a][s:s + n], dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            raise TextDataError(f"{self.sources[a]}: tokens {s}..{s + n - 1} hold ids in "
+                                f"[{ids.min()}, {ids.max()}], outside the vocabulary "
+                                f"[0, {self.vocab_size}); {_REBUILD}")
         return Data(x=torch.from_numpy(ids), num_nodes=n)
 
     def __repr__(self) -> str:

@@ -1,64 +1,105 @@
 """Word vectors in the GloVe / word2vec text format, and training them with gensim.
 
 The text format is one word per line followed by its numbers, separated by single
-spaces (``the 0.418 0.24968 -0.41242 ...``). word2vec's variant starts with a header line
-``<count> <dim>``; :func:`read_word_vectors` accepts both, so real GloVe files
-(``glove.840B.300d.txt``) load unchanged. These vectors are the "transfer feature only"
-features of the paper's downstream baselines; no pretrained GloVe can be fetched on the
-machines this project is built on, so :func:`train_word_vectors` trains word2vec on an
-unlabelled corpus instead (the same role).
+spaces (``the 0.418 0.24968 -0.41242 ...``); words cannot contain spaces. word2vec's
+variant starts with a header line ``<count> <dim>``; :func:`read_word_vectors` accepts
+both (GloVe's 840B file once its few lines with spaces in the word are deleted). These
+vectors are the "transfer feature only" features of the paper's downstream baselines; no
+pretrained GloVe can be fetched on the machines this project is built on, so
+:func:`train_word_vectors` trains word2vec on an unlabelled corpus instead (the same
+role).
 """
 from __future__ import annotations
 
+import numbers
 import os
+import re
+from collections import Counter
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+
+from glomo_pyg.data.text import TextDataError, _decode, _lines
+
+MAX_LINE_BYTES = 1 << 20  # a 300-d vector line is about 4 KB
+_COUNT = re.compile(r"[0-9]{1,18}")
 
 
 def read_word_vectors(path: str, vocabulary: Optional[Sequence[str]] = None,
                       max_words: Optional[int] = None) -> Tuple[List[str], np.ndarray]:
     """Words and an ``[n, dim]`` float32 array from a GloVe or word2vec text file.
 
-    With ``vocabulary``, only those words are kept (the file's order). Malformed lines
-    (wrong count of numbers, non-numbers) raise a :class:`ValueError` naming the line;
-    words that occur twice keep their first vector (GloVe's 840B file has a few).
+    The format, as read here: UTF-8 (a leading byte-order mark is dropped), one vector per
+    line, ``word x1 ... xdim`` separated by single spaces; the word is the first field, so
+    **words cannot contain spaces** (delete the few such lines of GloVe's 840B file), and
+    every line has the same ``dim``, set by the first line or by word2vec's header
+    ``<count> <dim>`` (a first line of two integers), whose count must match the lines.
+    Blank lines are skipped. A line that breaks these rules, a number that does not parse
+    or is not finite in float32 (``nan``, ``inf``, ``1e39``), or text that is not UTF-8
+    raises a :class:`~glomo_pyg.data.TextDataError` naming the file and line.
+
+    With ``vocabulary``, only those words are kept (the file's order; the numbers of the
+    other lines are not parsed). ``max_words`` (a positive integer) stops after that many
+    words are kept, leaving the rest of the file unread. Words that occur twice keep
+    their first vector.
     """
+    if max_words is not None and (isinstance(max_words, bool) or
+                                  not isinstance(max_words, numbers.Integral) or max_words < 1):
+        raise ValueError(f"max_words must be a positive integer or None, got {max_words!r}")
     wanted = set(vocabulary) if vocabulary is not None else None
     words: List[str] = []
     rows: List[np.ndarray] = []
     seen = set()
-    dim = None
-    with open(path, encoding="utf-8", errors="strict") as fh:
-        for number, line in enumerate(fh, 1):
-            parts = line.rstrip("\n\r").rstrip(" ").split(" ")
-            if number == 1 and len(parts) == 2 and all(p.isdigit() for p in parts):
-                dim = int(parts[1])  # word2vec header: count, dim
+    dim = declared = dim_line = None
+    count = 0  # vector lines, kept or not
+    with open(path, "rb") as fh:
+        for number, offset, data in _lines(fh, path, MAX_LINE_BYTES):
+            line = _decode(data, path, number, offset).rstrip("\n\r").rstrip(" ")
+            if not line:
                 continue
-            if len(parts) < 2:
-                if not line.strip():
-                    continue
-                raise ValueError(f"{path}:{number}: expected a word and its numbers")
-            # GloVe's large files have words with spaces in them: the numbers are the tail
-            d = dim if dim is not None else len(parts) - 1
-            if len(parts) - 1 < d or d < 1:
-                raise ValueError(f"{path}:{number}: expected {d} numbers, got {len(parts) - 1}")
-            word, numbers = " ".join(parts[:len(parts) - d]), parts[len(parts) - d:]
+            parts = line.split(" ")
+            if number == 1 and len(parts) == 2 and all(_COUNT.fullmatch(p) for p in parts):
+                declared, dim, dim_line = int(parts[0]), int(parts[1]), 1
+                if dim < 1:
+                    raise TextDataError(f"{path}:1: the word2vec header declares dimension "
+                                        f"{dim}; it must be at least 1")
+                continue
             if dim is None:
-                dim = d
+                dim, dim_line = len(parts) - 1, number
+                if dim < 1:
+                    raise TextDataError(f"{path}:{number}: expected a word and its numbers, "
+                                        f"got {line[:50]!r}")
+            if len(parts) != dim + 1:
+                raise TextDataError(
+                    f"{path}:{number}: expected {dim} numbers after the word (the dimension "
+                    f"set by line {dim_line}), got {len(parts) - 1} fields; words cannot "
+                    "contain spaces and all vectors have one dimension: fix or delete the line")
+            if not parts[0]:
+                raise TextDataError(f"{path}:{number}: the line starts with a space, not a word")
+            count += 1
+            word = parts[0]
             if word in seen or (wanted is not None and word not in wanted):
                 continue
             try:
-                rows.append(np.asarray(numbers, dtype=np.float32))
+                with np.errstate(over="ignore", invalid="ignore"):
+                    row = np.asarray(parts[1:], dtype=np.float32)
             except ValueError:
-                raise ValueError(f"{path}:{number}: non-numeric vector entries") from None
+                raise TextDataError(f"{path}:{number}: non-numeric vector entries") from None
+            if not np.isfinite(row).all():
+                raise TextDataError(f"{path}:{number}: non-finite vector entries (nan, inf, or "
+                                    "beyond float32's range of 3.4e38); fix or delete the line")
+            rows.append(row)
             words.append(word)
             seen.add(word)
             if max_words is not None and len(words) >= max_words:
                 break
+        else:
+            if declared is not None and count != declared:
+                raise TextDataError(f"{path}: the word2vec header (line 1) declares {declared} "
+                                    f"vectors, the file has {count}; fix the header")
     if dim is None:
-        raise ValueError(f"{path}: no word vectors in the file")
+        raise TextDataError(f"{path}: no word vectors in the file (empty?)")
     return words, (np.stack(rows) if rows else np.zeros((0, dim), np.float32))
 
 
@@ -67,16 +108,19 @@ def write_word_vectors(path: str, words: Sequence[str], vectors, header: bool = 
     first), atomically. Words must not contain spaces or newlines."""
     vectors = vectors.detach().cpu().numpy() if isinstance(vectors, torch.Tensor) else \
         np.asarray(vectors)
-    if vectors.ndim != 2 or vectors.shape[0] != len(words):
+    if vectors.ndim != 2 or vectors.shape[0] != len(words) or vectors.shape[1] < 1:
         raise ValueError(f"need one vector per word: {len(words)} words, vectors "
                          f"{vectors.shape}")
+    if not np.isfinite(vectors).all():
+        raise ValueError("vectors hold nan or inf values; they could not be read back")
+    for word in words:
+        if not isinstance(word, str) or not word or any(c in word for c in " \n\r"):
+            raise ValueError(f"word {word!r} cannot be written in the text format")
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as fh:
         if header:
             fh.write(f"{len(words)} {vectors.shape[1]}\n")
         for word, vec in zip(words, vectors):
-            if not word or any(c in word for c in " \n\r"):
-                raise ValueError(f"word {word!r} cannot be written in the text format")
             fh.write(word + " " + " ".join(f"{v:.6g}" for v in vec) + "\n")
     os.replace(tmp, path)
 
@@ -107,11 +151,29 @@ def train_word_vectors(documents: Iterable[Sequence[str]], dim: int = 300, windo
                        min_count: int = 5, epochs: int = 5, workers: int = 2, seed: int = 0,
                        sg: bool = False) -> Tuple[List[str], np.ndarray]:
     """word2vec (gensim) on tokenised documents; returns words (most frequent first) and
-    ``[n, dim]`` vectors. ``documents`` is iterated ``epochs + 1`` times (a list, or a
-    re-iterable corpus object)."""
+    ``[n, dim]`` vectors. ``documents`` (lists of str tokens) is iterated ``epochs + 2``
+    times (a list, or a re-iterable corpus object). Settings that are not positive
+    integers, documents that are not token lists, or a corpus with no word that occurs
+    ``min_count`` times raise a :class:`ValueError` before gensim runs."""
+    for name, value in (("dim", dim), ("window", window), ("min_count", min_count),
+                        ("epochs", epochs), ("workers", workers)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    docs = documents if isinstance(documents, list) else _Reiterable(documents)
+    counts: Counter = Counter()
+    for doc in docs:
+        if isinstance(doc, (str, bytes)) or not all(isinstance(t, str) for t in doc):
+            raise ValueError("documents must be lists of str tokens (tokenize the text "
+                             f"first), got {type(doc).__name__} {str(doc)[:40]!r}")
+        counts.update(doc)
+    if not counts:
+        raise ValueError("the corpus holds no tokens (no documents, or only empty ones)")
+    if max(counts.values()) < min_count:
+        raise ValueError(f"no word occurs min_count={min_count} times (the most frequent of "
+                         f"{len(counts)} occurs {max(counts.values())} times); lower "
+                         "min_count or use a larger corpus")
     from gensim.models import Word2Vec
 
-    docs = documents if isinstance(documents, list) else _Reiterable(documents)
     model = Word2Vec(sentences=docs, vector_size=dim, window=window, min_count=min_count,
                      workers=workers, seed=seed, epochs=epochs, sg=int(sg))
     words = list(model.wv.index_to_key)
