@@ -11,10 +11,17 @@ drives the whole run:
    ``Trainer`` (progress bar, bf16 autocast on GPU, DDP over devices and nodes through
    Lightning's own strategy), CSV or TensorBoard logs with graph statistics
    (:class:`~glomo_pyg.training.GraphStatistics`), periodic and final checkpoints
-   (``<output>/checkpoints``; Lightning writes them atomically). ``resume=True``
-   continues from ``last.ckpt`` exactly where it stopped: weights, optimiser, schedule,
-   step, random state, and the position inside the epoch's data order. Checkpoints are
-   loaded with ``weights_only=True`` (nothing unpickled).
+   (``<output>/checkpoints``, written atomically: temporary file, fsync, rename).
+   ``resume=True`` continues from the newest usable checkpoint (``last.ckpt``, or a
+   newer periodic one when a kill came between the two) exactly where it stopped:
+   weights, optimiser, schedule, step, random state, and the position inside the
+   epoch's data order. Checkpoints are loaded with ``weights_only=True`` (nothing
+   unpickled); a damaged one is named (and an older usable one taken instead, with a
+   warning), one of another model or corpus is refused (the corpus fingerprint every
+   checkpoint records: vocabulary, counts and token hash). SIGTERM or SIGINT while
+   training finishes the step, writes ``last.ckpt`` and stops with
+   :class:`~glomo_pyg.training.interrupts.TrainingInterrupted` (``glomo pretrain``
+   exits with 143 or 130).
 3. **Result**: the pretrained graph predictor with its vocabulary,
    ``save_pretrained(<output>/predictor)``.
 
@@ -26,6 +33,7 @@ unpickling anything but plain data) and every image is one sequence of pixel uni
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import random
@@ -33,18 +41,23 @@ import time
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
 
 from glomo_pyg.data.aclimdb import read_aclimdb
-from glomo_pyg.data.text import WordVocabulary, read_text_documents, tokenize
+from glomo_pyg.data.text import SPECIALS, WordVocabulary, read_text_documents, tokenize
 from glomo_pyg.data.tokens import (ResumableLoader, ResumableSampler, TokenWindows,
                                    read_shard_index, write_token_shards)
+from glomo_pyg.training.checkpoints import (CHECKPOINT_KEY, AtomicCheckpointIO,
+                                            CheckpointMismatchError, check_checkpoint_matches,
+                                            find_resume_checkpoint, newest_checkpoint_file,
+                                            stale_temporary_files)
 from glomo_pyg.training.graph_statistics import GraphStatistics
-from glomo_pyg.training.pretraining import GlomoPretraining
+from glomo_pyg.training.interrupts import GracefulInterrupt, TrainingInterrupted
+from glomo_pyg.training.pretraining import OPTIMIZERS, GlomoPretraining
 from glomo_pyg.training.utils import quiet_lightning
 
 TEXT_FORMATS = ("text", "aclimdb")
@@ -110,6 +123,205 @@ class TrainConfig:
     syntax_every: int = 500
 
 
+class _Rule:
+    """What one setting may hold: ``kind`` int, float, bool or str (an int is accepted
+    where a float is expected), optionally None, a range, or a set of choices."""
+
+    def __init__(self, kind: type, low=None, high=None, low_open: bool = False,
+                 high_open: bool = False, optional: bool = False, choices=None,
+                 note: str = ""):
+        self.kind, self.low, self.high = kind, low, high
+        self.low_open, self.high_open, self.optional = low_open, high_open, optional
+        self.choices, self.note = choices, note
+
+    def describe(self) -> str:
+        if self.choices is not None:
+            text = "one of " + ", ".join(repr(c) for c in self._choices())
+        elif self.kind is bool:
+            text = "true or false"
+        elif self.kind is str:
+            text = "a string"
+        else:
+            noun = "integer" if self.kind is int else "number"
+            low, high = self.low, self.high
+            if high is None and low == 0 and self.low_open:
+                text = f"a positive {noun}"
+            elif high is None and low == 1 and self.kind is int:
+                text = "a positive integer"
+            elif high is None and low == 0:
+                text = f"a non-negative {noun}"
+            elif high is None and low is not None:
+                text = f"an {noun} >= {low}" if noun == "integer" else f"a number >= {low}"
+            elif low is not None:
+                text = (f"a{'n' if noun == 'integer' else ''} {noun} in "
+                        f"{'(' if self.low_open else '['}{low}, {high}"
+                        f"{')' if self.high_open else ']'}")
+            else:
+                text = f"a{'n' if noun == 'integer' else ''} {noun}"
+        if self.optional:
+            text += " or null"
+        return text + (f" ({self.note})" if self.note else "")
+
+    def _choices(self):
+        return self.choices() if callable(self.choices) else self.choices
+
+    def check(self, key: str, value):
+        if value is None and self.optional:
+            return None
+        if self.kind is str and self.choices is None and isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        fail = ValueError(f"{key} must be {self.describe()}, got {value!r}")
+        if self.choices is not None:
+            if not isinstance(value, str) or value not in self._choices():
+                raise fail
+            return value
+        if self.kind is bool or self.kind is str:
+            if not isinstance(value, self.kind):
+                raise fail
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise fail
+        if self.kind is int and not isinstance(value, int):
+            raise fail
+        if isinstance(value, float) and value != value:  # NaN
+            raise fail
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            raise fail
+        if self.high is not None and (value > self.high or
+                                      (self.high_open and value == self.high)):
+            raise fail
+        return float(value) if self.kind is float else value
+
+
+class _Devices(_Rule):
+    """Lightning's ``devices``: 'auto', a count, -1 (all), '0,1' or a list of indices."""
+
+    def __init__(self):
+        super().__init__(str)
+
+    def describe(self) -> str:
+        return ("'auto', a positive integer (a device count), -1 (all devices), a list of "
+                "device indices or a string such as '0,1'")
+
+    def check(self, key: str, value):
+        ok = (isinstance(value, str) and value.strip() != "") or \
+            (isinstance(value, int) and not isinstance(value, bool) and
+             (value >= 1 or value == -1)) or \
+            (isinstance(value, list) and value and
+             all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value))
+        if not ok:
+            raise ValueError(f"{key} must be {self.describe()}, got {value!r}")
+        return value
+
+
+def _accelerators():
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+
+    return ("auto", "gpu", *sorted(AcceleratorRegistry.available_accelerators()))
+
+
+def _strategies():
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    return ("auto", *StrategyRegistry.available_strategies())
+
+
+def _precisions():
+    from typing import get_args
+
+    from lightning.fabric.connector import _PRECISION_INPUT_STR, _PRECISION_INPUT_STR_ALIAS
+
+    return (*get_args(_PRECISION_INPUT_STR), *get_args(_PRECISION_INPUT_STR_ALIAS))
+
+
+def _layouts():
+    from glomo_pyg.nn.layout import LAYOUTS
+
+    return LAYOUTS
+
+
+_POSITIVE = _Rule(int, low=1)
+_RULES: Dict[str, Dict[str, _Rule]] = dict(
+    corpus=dict(
+        path=_Rule(str, optional=True), format=_Rule(str, choices=CORPUS_FORMATS),
+        one_per_line=_Rule(bool), lower=_Rule(bool), min_count=_POSITIVE,
+        max_size=_Rule(int, low=len(SPECIALS) + 1, optional=True,
+                       note="the special tokens included"), max_length=_Rule(int, low=2),
+        min_length=_POSITIVE, max_documents=_Rule(int, low=1, optional=True),
+        validation_fraction=_Rule(float, low=0, high=1, high_open=True),
+        shard_tokens=_POSITIVE, max_images=_Rule(int, low=2, optional=True),
+        flip=_Rule(bool), crop=_Rule(int, low=2, optional=True, note="pixels per side")),
+    train=dict(
+        batch_size=_POSITIVE, max_steps=_POSITIVE, lr=_Rule(float, low=0, low_open=True),
+        graph_lr_scale=_Rule(float, low=0), graph_warmup_steps=_Rule(int, low=0),
+        weight_decay=_Rule(float, low=0), optimizer=_Rule(str, choices=OPTIMIZERS),
+        momentum=_Rule(float, low=0, high=1, high_open=True),
+        grad_clip=_Rule(float, low=0, note="0: no clipping"),
+        seed=_Rule(int, low=0, high=2**32 - 1), accelerator=_Rule(str, choices=_accelerators),
+        devices=_Devices(), num_nodes=_POSITIVE, strategy=_Rule(str, choices=_strategies),
+        precision=_Rule(str, optional=True, choices=_precisions),
+        num_workers=_Rule(int, low=0), threads=_Rule(int, low=0, note="0: torch's default"),
+        checkpoint_every=_POSITIVE, validate_every=_POSITIVE, log_every=_POSITIVE,
+        graph_stats_every=_POSITIVE, logger=_Rule(str, choices=LOGGERS),
+        progress_bar=_Rule(bool), syntax_treebank=_Rule(str, optional=True),
+        syntax_sentences=_POSITIVE, syntax_every=_POSITIVE))
+
+# Model settings: the arguments of Glomo.text / Glomo.image with these extra rules;
+# the rest are checked by type (from the signature) and by building the model once.
+_MODEL_RULES = dict(
+    hidden_channels=_POSITIVE, num_layers=_POSITIVE, heads=_POSITIVE,
+    head_channels=_Rule(int, low=1, optional=True), context_length=_POSITIVE,
+    num_positions=_POSITIVE, decoder_layers=_POSITIVE, cnn_layers=_Rule(int, low=0),
+    kernel_size=_POSITIVE, dropout=_Rule(float, low=0, high=1, high_open=True),
+    block_size=_POSITIVE, position_frequencies=_POSITIVE,
+    position_period=_Rule(float, low=0, low_open=True), keep_alive=_Rule(float, low=0),
+    keep_alive_margin=_Rule(float, low=0), layout=_Rule(str, choices=_layouts))
+_ANNOTATION_RULES = {"int": _Rule(int), "float": _Rule(float), "bool": _Rule(bool),
+                     "str": _Rule(str), "Optional[int]": _Rule(int, optional=True),
+                     "Optional[str]": _Rule(str, optional=True),
+                     "Optional[float]": _Rule(float, optional=True)}
+
+
+def _model_parameters(images: bool) -> Dict[str, str]:
+    import inspect
+
+    from glomo_pyg.nn.glomo import Glomo
+
+    factory = Glomo.image if images else Glomo.text
+    fixed = ("height", "width", "in_channels") if images else ("num_tokens", "padding_idx")
+    return {name: str(p.annotation) for name, p in inspect.signature(factory).parameters.items()
+            if name not in fixed}
+
+
+def _check_model_settings(model: Dict[str, Any], images: bool) -> None:
+    params = _model_parameters(images)
+    allowed = set(params) | {"layout"}
+    bad = [k for k in model if k not in allowed]
+    if bad:
+        raise ValueError(f"unknown model settings {sorted(map(str, bad))} for "
+                         f"{'images' if images else 'text'}; allowed: {sorted(allowed)}")
+    for key, value in model.items():
+        rule = _MODEL_RULES.get(key) or _ANNOTATION_RULES.get(params.get(key, ""))
+        if key in _MODEL_RULES and params.get(key, "").startswith("Optional"):
+            rule = _Rule(rule.kind, rule.low, rule.high, rule.low_open, rule.high_open,
+                         True, rule.choices)
+        if rule is not None:
+            model[key] = rule.check(f"model.{key}", value)
+
+
+def _section(data: Mapping[str, Any], name: str) -> Dict[str, Any]:
+    section = data.get(name)
+    if section is None:
+        return {}
+    if not isinstance(section, Mapping):
+        raise ValueError(f"{name} must be a mapping of {name} settings (e.g. "
+                         f"{name}.{_EXAMPLE[name]}), got {section!r}")
+    return dict(section)
+
+
+_EXAMPLE = dict(corpus="path", train="max_steps", model="hidden_channels")
+
+
 IMAGE_MODEL_DEFAULTS = dict(hidden_channels=128, num_layers=3, heads=8, cnn_layers=3,
                             num_positions=64)
 
@@ -125,55 +337,67 @@ class PretrainConfig:
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "PretrainConfig":
-        data = dict(data or {})
+        """Settings from a mapping (a YAML file's), checked: unknown keys, values of the
+        wrong type or out of range raise :class:`ValueError` naming the dotted key."""
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ValueError("the configuration must be a mapping with the sections "
+                             f"corpus, model and train, got {data!r}")
+        data = dict(data)
         unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
-            raise ValueError(f"unknown configuration keys {sorted(unknown)}; expected "
-                             "output_dir, corpus, model, train")
+            raise ValueError(f"unknown configuration keys {sorted(map(str, unknown))}; "
+                             "expected output_dir, corpus, model, train")
         out = cls()
         if "output_dir" in data:
-            out.output_dir = str(data["output_dir"])
+            out.output_dir = data["output_dir"]
+            if isinstance(out.output_dir, os.PathLike):
+                out.output_dir = os.fspath(out.output_dir)
         for name, kind in (("corpus", CorpusConfig), ("train", TrainConfig)):
-            section = data.get(name) or {}
+            section = _section(data, name)
             allowed = {f.name for f in dataclasses.fields(kind)}
             bad = set(section) - allowed
             if bad:
-                raise ValueError(f"unknown {name} settings {sorted(bad)}; allowed: "
+                raise ValueError(f"unknown {name} settings {sorted(map(str, bad))}; allowed: "
                                  f"{sorted(allowed)}")
             setattr(out, name, dataclasses.replace(getattr(out, name), **section))
-        if out.corpus.format in IMAGE_FORMATS:  # Glomo.image's options, not the text ones
-            out.model = dict(IMAGE_MODEL_DEFAULTS)
+        if isinstance(out.corpus.format, str) and out.corpus.format in IMAGE_FORMATS:
+            out.model = dict(IMAGE_MODEL_DEFAULTS)  # Glomo.image's options, not the text ones
         if "model" in data:
-            out.model = dict(out.model, **(data["model"] or {}))
+            out.model = dict(out.model, **_section(data, "model"))
         out.validate()
         return out
 
     def validate(self) -> None:
-        c, t = self.corpus, self.train
-        if c.format not in CORPUS_FORMATS:
-            raise ValueError(f"corpus.format must be one of {CORPUS_FORMATS}, got {c.format!r}")
-        if t.logger not in LOGGERS:
-            raise ValueError(f"train.logger must be one of {LOGGERS}, got {t.logger!r}")
-        if not 0 <= c.validation_fraction < 1:
-            raise ValueError("corpus.validation_fraction must lie in [0, 1)")
-        for name in ("batch_size", "max_steps", "checkpoint_every", "validate_every",
-                     "log_every", "graph_stats_every", "syntax_sentences", "syntax_every"):
-            if getattr(t, name) < 1:
-                raise ValueError(f"train.{name} must be >= 1")
-        if t.threads < 0:
-            raise ValueError("train.threads must be >= 0 (0: torch's default)")
-        if c.format in IMAGE_FORMATS:
+        """Check every setting (types, ranges, choices); raises :class:`ValueError`
+        naming the dotted key. Numbers given as integers where a float is expected are
+        converted."""
+        if not isinstance(self.output_dir, str) or not self.output_dir.strip():
+            raise ValueError(f"output_dir must be a folder path, got {self.output_dir!r}")
+        for name in ("corpus", "train"):
+            section = getattr(self, name)
+            for f in dataclasses.fields(section):
+                value = getattr(section, f.name)
+                rule = _RULES[name][f.name]
+                setattr(section, f.name, rule.check(f"{name}.{f.name}", value))
+        c = self.corpus
+        if c.min_length > c.max_length:
+            raise ValueError(f"corpus.min_length ({c.min_length}) must not exceed "
+                             f"corpus.max_length ({c.max_length})")
+        if not isinstance(self.model, dict):
+            raise ValueError(f"model must be a mapping of model settings (e.g. "
+                             f"model.hidden_channels), got {self.model!r}")
+        images = c.format in IMAGE_FORMATS
+        if images:
             for key in ("height", "width", "in_channels", "num_tokens", "modality"):
                 if key in self.model:
                     raise ValueError(f"model.{key} is set from the images; remove it")
-            if c.max_images is not None and c.max_images < 2:
-                raise ValueError("corpus.max_images must be >= 2")
-            if c.crop is not None and c.crop < 2:
-                raise ValueError("corpus.crop must be >= 2 (pixels per side)")
-            return
-        for key in ("num_tokens", "padding_idx"):
-            if key in self.model:
-                raise ValueError(f"model.{key} is set from the vocabulary; remove it")
+        else:
+            for key in ("num_tokens", "padding_idx"):
+                if key in self.model:
+                    raise ValueError(f"model.{key} is set from the vocabulary; remove it")
+        _check_model_settings(self.model, images)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -182,12 +406,36 @@ class PretrainConfig:
 def set_by_path(data: Dict[str, Any], dotted: str, value: Any) -> None:
     """``set_by_path(cfg, 'train.lr', 0.01)``: a command-line override of a nested key."""
     keys = dotted.split(".")
+    if not dotted or any(not k for k in keys):
+        raise ValueError(f"{dotted!r} is not a setting name (e.g. train.max_steps)")
     node = data
-    for key in keys[:-1]:
-        node = node.setdefault(key, {})
+    for depth, key in enumerate(keys[:-1]):
+        if node.get(key) is None:
+            node[key] = {}
+        node = node[key]
         if not isinstance(node, dict):
-            raise ValueError(f"{dotted}: {key} is not a section")
+            raise ValueError(f"cannot set {dotted}: {'.'.join(keys[:depth + 1])} is not a "
+                             f"section but the value {node!r}")
     node[keys[-1]] = value
+
+
+def _read_json(path: str, advice: str) -> Any:
+    """A JSON file of the run folder; a damaged one raises ValueError naming it."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is damaged (not valid JSON: {err}); {advice}") from None
+
+
+def _write_json(path: str, data: Any) -> None:
+    """Write ``data`` as JSON through a temporary file renamed into place."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
 
 
 # --- corpus ------------------------------------------------------------------------------
@@ -234,8 +482,12 @@ def prepare_corpus(corpus: CorpusConfig, folder: str, log=print):
     settings = {k: v for k, v in dataclasses.asdict(corpus).items()
                 if k not in ("max_length", "min_length", "validation_fraction")}
     if os.path.exists(meta_path) and os.path.exists(vocab_path) and os.path.isdir(shards):
-        with open(meta_path) as fh:
-            built = json.load(fh)
+        built = _read_json(meta_path, f"delete it and {shards} to rebuild the corpus (a "
+                                      "run resumed on a rebuilt corpus is checked against "
+                                      "its checkpoint's corpus fingerprint)")
+        if not isinstance(built, dict):
+            raise ValueError(f"{meta_path} is damaged (not a corpus description); delete it "
+                             f"and {shards} to rebuild the corpus")
         if built.get("settings") != settings:
             raise ValueError(f"{folder} holds a corpus built with other settings "
                              f"({built.get('settings')}); use another output_dir")
@@ -263,13 +515,82 @@ def prepare_corpus(corpus: CorpusConfig, folder: str, log=print):
     meta = dict(settings=settings, documents=num_docs, tokens=index["num_tokens"],
                 unknown_fraction=unknown / max(1, sum(counts.values())),
                 seconds=round(time.time() - start, 1))
-    tmp = meta_path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(meta, fh, indent=1)
-    os.replace(tmp, meta_path)  # written last: marks the corpus complete
+    _write_json(meta_path, meta)  # written last: marks the corpus complete
     log(f"token shards: {index['num_tokens']} tokens in {len(index['shards'])} shard(s), "
         f"{meta['unknown_fraction']:.2%} unknown, {meta['seconds']} s")
     return vocab, shards
+
+
+def _sha256_files(paths: List[str]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 24), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def corpus_fingerprint(vocab: WordVocabulary, shards: str) -> Dict[str, Any]:
+    """What identifies a prepared text corpus: the vocabulary (its size and a hash of its
+    words in id order), the document and token counts, and a hash of the token shards.
+    Recorded in every checkpoint; a resumed run refuses a corpus that differs (its ids
+    would mean other words, or its sequences would be others)."""
+    index = read_shard_index(shards)
+    files = [os.path.join(shards, shard[key]) for shard in index["shards"]
+             for key in ("tokens", "docs")]
+    words = json.dumps(vocab.tokens(), ensure_ascii=False).encode("utf-8")
+    return dict(vocabulary=len(vocab), vocabulary_sha256=hashlib.sha256(words).hexdigest(),
+                documents=int(index["num_documents"]), tokens=int(index["num_tokens"]),
+                tokens_sha256=_sha256_files(files))
+
+
+def image_fingerprint(images: torch.Tensor, sample: int = 4096) -> Dict[str, Any]:
+    """What identifies an image corpus: count, shape, and a hash of an even spread of up
+    to ``sample`` images."""
+    step = max(1, len(images) // sample)
+    data = images[::step].contiguous().numpy().tobytes()
+    return dict(images=len(images), shape=list(images.shape[1:]),
+                sample_sha256=hashlib.sha256(data).hexdigest())
+
+
+def _check_fingerprint(contents: Dict[str, Any], path: str, current: Dict[str, Any],
+                       where: str, log) -> None:
+    stored = (contents.get(CHECKPOINT_KEY) or {}).get("corpus")
+    if stored is None:
+        log(f"note: {path} records no corpus fingerprint (written by an older glomo_pyg); "
+            "the corpus cannot be checked against it")
+        return
+    if stored == current:
+        return
+    diff = []
+    for key in sorted(set(stored) | set(current)):
+        old, new = stored.get(key), current.get(key)
+        if old != new:
+            diff.append(f"{key} changed" if key.endswith("sha256") else
+                        f"{key} {old!r} -> {new!r}")
+    ids = ", so its token ids would mean other words" if any(
+        k.startswith("vocabulary") and stored.get(k) != current.get(k) for k in current) else ""
+    raise CheckpointMismatchError(
+        f"the corpus changed since {path} was written ({', '.join(diff)}): {where} no "
+        f"longer holds the data the run was trained on{ids}. Restore the original corpus "
+        "(and its tokens folder) to resume, or start a new run in another output_dir")
+
+
+class _CorpusRecord(pl.Callback):
+    """Writes the corpus fingerprint into every checkpoint (``checkpoint['glomo']``)."""
+
+    def __init__(self, fingerprint: Dict[str, Any]):
+        self.fingerprint = fingerprint
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: Dict[str, Any]) -> None:
+        checkpoint[CHECKPOINT_KEY] = dict(version=1, corpus=self.fingerprint)
+
+
+def _ignore_interrupts(worker_id: int) -> None:
+    """Data-loader workers leave Ctrl+C to the training process, which stops cleanly."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class TextPretrainingData(pl.LightningDataModule):
@@ -295,7 +616,11 @@ class TextPretrainingData(pl.LightningDataModule):
         data = torch.utils.data.Subset(self.windows, self.train_ids)
         sampler = ResumableSampler(len(data), shuffle=True, seed=self.seed,
                                    num_replicas=world, rank=rank)
-        return ResumableLoader(data, self.batch_size, sampler, num_workers=self.num_workers)
+        return ResumableLoader(data, self.batch_size, sampler, num_workers=self.num_workers,
+                               **self._worker_options())
+
+    def _worker_options(self) -> Dict[str, Any]:
+        return dict(worker_init_fn=_ignore_interrupts) if self.num_workers else {}
 
     def val_dataloader(self):
         from torch_geometric.loader import DataLoader
@@ -304,7 +629,8 @@ class TextPretrainingData(pl.LightningDataModule):
             return []
         return DataLoader(torch.utils.data.Subset(self.windows, self.val_ids),
                           batch_size=self.batch_size, num_workers=self.num_workers,
-                          generator=torch.Generator().manual_seed(self.seed))
+                          generator=torch.Generator().manual_seed(self.seed),
+                          **self._worker_options())
 
 
 def load_pretraining_images(corpus: CorpusConfig) -> torch.Tensor:
@@ -390,7 +716,9 @@ def build_trainer(config: PretrainConfig, extra_callbacks: Optional[List[pl.Call
     checkpoints = ModelCheckpoint(dirpath=os.path.join(config.output_dir, "checkpoints"),
                                   filename="step{step}", auto_insert_metric_name=False,
                                   every_n_train_steps=t.checkpoint_every, save_top_k=-1,
-                                  save_last=True)
+                                  save_last=True, enable_version_counter=False)
+    # (no version counter: a resumed run rewrites last.ckpt and step<N>.ckpt of the same
+    # state, never 'last-v1.ckpt' beside a damaged 'last.ckpt')
     if t.logger == "tensorboard":
         from lightning.pytorch.loggers import TensorBoardLogger
         logger = TensorBoardLogger(config.output_dir, name="logs")
@@ -399,18 +727,28 @@ def build_trainer(config: PretrainConfig, extra_callbacks: Optional[List[pl.Call
         logger = CSVLogger(config.output_dir, name="logs")
     callbacks = [checkpoints, GraphStatistics(t.graph_stats_every), _RandomState(),
                  *(extra_callbacks or [])]
-    return pl.Trainer(max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices,
-                      num_nodes=t.num_nodes, strategy=t.strategy, precision=_precision(t),
-                      gradient_clip_val=t.grad_clip or None, logger=logger, callbacks=callbacks,
-                      log_every_n_steps=t.log_every, val_check_interval=t.validate_every,
-                      check_val_every_n_epoch=None, enable_progress_bar=t.progress_bar,
-                      enable_model_summary=False, use_distributed_sampler=False,
-                      default_root_dir=config.output_dir)
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    try:
+        return pl.Trainer(max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices,
+                          num_nodes=t.num_nodes, strategy=t.strategy, precision=_precision(t),
+                          gradient_clip_val=t.grad_clip or None, logger=logger,
+                          callbacks=callbacks, log_every_n_steps=t.log_every,
+                          val_check_interval=t.validate_every, check_val_every_n_epoch=None,
+                          enable_progress_bar=t.progress_bar, enable_model_summary=False,
+                          use_distributed_sampler=False, default_root_dir=config.output_dir,
+                          plugins=[AtomicCheckpointIO()])
+    except MisconfigurationException as err:
+        raise ValueError(f"train settings (accelerator {t.accelerator!r}, devices "
+                         f"{t.devices!r}, strategy {t.strategy!r}, precision "
+                         f"{_precision(t)!r}): {err}") from None
 
 
 def last_checkpoint(output_dir: str) -> Optional[str]:
-    path = os.path.join(output_dir, "checkpoints", "last.ckpt")
-    return path if os.path.exists(path) else None
+    """The run's newest checkpoint file by name (``last.ckpt``, else the largest
+    ``step<N>.ckpt``), or None: whether there is anything to resume (nothing is read;
+    :func:`run_pretraining` picks the newest *usable* one)."""
+    return newest_checkpoint_file(os.path.join(output_dir, "checkpoints"))
 
 
 def _is_launcher_child() -> bool:
@@ -419,38 +757,76 @@ def _is_launcher_child() -> bool:
     return int(os.environ.get("LOCAL_RANK", 0)) > 0 or int(os.environ.get("NODE_RANK", 0)) > 0
 
 
+def _check_model_builds(config: PretrainConfig) -> None:
+    """Build the model once, small, so that bad model settings fail before the corpus
+    is prepared (which can take long)."""
+    c = config.corpus
+    if c.format in IMAGE_FORMATS:
+        side = c.crop or 32
+        kwargs = dict(config.model, modality="image", in_channels=3, height=side, width=side)
+    else:
+        kwargs = dict(config.model, num_tokens=8, padding_idx=0)
+    try:
+        GlomoPretraining(kwargs)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"model settings {config.model}: {err}") from None
+
+
+def _check_saved_config(config: PretrainConfig, saved_config: str, out: str) -> None:
+    before = _read_json(saved_config, "delete it to skip this check (it is rewritten from "
+                                      "the current settings; the checkpoint itself is still "
+                                      "checked against the model and corpus)")
+    if not isinstance(before, dict):
+        raise ValueError(f"{saved_config} is damaged (not a settings mapping); delete it to "
+                         "skip this check")
+    now = config.to_dict()
+    changed = [k for k in ("model", "corpus") if before.get(k) != now[k]]
+    if changed:
+        raise ValueError(f"{out}: the checkpoint was trained with other {' and '.join(changed)} "
+                         f"settings ({saved_config}); resume with the same ones (only "
+                         "train settings such as max_steps may change)")
+
+
 def run_pretraining(config: PretrainConfig, resume: bool = False,
                     extra_callbacks: Optional[List[pl.Callback]] = None, log=print,
                     prepare_only: bool = False) -> Dict[str, Any]:
     """Prepare the corpus, train, and save the predictor. Returns a summary (also written
     to ``<output>/pretrain.json``). ``prepare_only`` stops after the corpus (tokens and
-    vocabulary): do that once before a multi-node run whose nodes share the folder."""
+    vocabulary): do that once before a multi-node run whose nodes share the folder.
+
+    ``resume`` continues from the newest usable checkpoint of ``<output>/checkpoints``
+    after checking that it matches the model settings and the corpus (fingerprint).
+    SIGTERM or SIGINT while training writes a checkpoint and raises
+    :class:`~glomo_pyg.training.interrupts.TrainingInterrupted`."""
     from glomo_pyg.io.pretrained import save_pretrained
 
     config.validate()
-    if _is_launcher_child():
+    child = _is_launcher_child()
+    if child:
         log = lambda *args, **kwargs: None  # noqa: E731 (the first process reports)
     out = config.output_dir
+    folder = os.path.join(out, "checkpoints")
     os.makedirs(out, exist_ok=True)
-    ckpt = last_checkpoint(out) if resume else None
-    if resume and ckpt is None:
-        log(f"--resume: no checkpoint in {out}/checkpoints yet; starting from scratch")
-    if not resume and last_checkpoint(out) is not None and not _is_launcher_child():
-        raise FileExistsError(f"{out} already holds a run (checkpoints/last.ckpt); pass "
-                              "--resume to continue it or choose another output_dir")
+    existing = newest_checkpoint_file(folder)
+    if not resume and existing is not None and not child:
+        raise FileExistsError(f"{out} already holds a run ({existing}); pass --resume to "
+                              "continue it or choose another output_dir")
+    found = None
+    if resume:
+        if not child:
+            for tmp in stale_temporary_files(folder):
+                log(f"removing {tmp}: an unfinished checkpoint write of a killed run")
+                os.unlink(tmp)
+        found = find_resume_checkpoint(folder, log)
+        if found is None:
+            log(f"--resume: no checkpoint in {folder} yet; starting from scratch")
+    ckpt, contents = found if found is not None else (None, None)
     saved_config = os.path.join(out, "config.json")
     if ckpt is not None and os.path.exists(saved_config):
-        with open(saved_config) as fh:
-            before = json.load(fh)
-        changed = [k for k in ("model", "corpus") if before.get(k) != config.to_dict()[k]]
-        if changed:
-            raise ValueError(f"{out}: the checkpoint was trained with other {' and '.join(changed)} "
-                             f"settings ({saved_config}); resume with the same ones (only "
-                             "train settings such as max_steps may change)")
-    if not _is_launcher_child():
-        with open(saved_config + ".tmp", "w") as fh:
-            json.dump(config.to_dict(), fh, indent=1)
-        os.replace(saved_config + ".tmp", saved_config)
+        _check_saved_config(config, saved_config, out)
+    if not child and ckpt is None:  # (resumed runs: once the checkpoint passed its checks)
+        _write_json(saved_config, config.to_dict())
+    _check_model_builds(config)
     c, t = config.corpus, config.train
     images = c.format in IMAGE_FORMATS
     if images:
@@ -458,10 +834,13 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
         log(f"images: {len(pixels)} of {tuple(pixels.shape[1:])} from {c.path}")
         if prepare_only:
             return dict(images=len(pixels))
+        fingerprint, where = image_fingerprint(pixels), f"corpus.path ({c.path})"
     else:
         vocab, shards = prepare_corpus(config.corpus, out, log)
         if prepare_only:
             return dict(vocabulary=len(vocab), tokens=read_shard_index(shards)["num_tokens"])
+        fingerprint = corpus_fingerprint(vocab, shards)
+        where = f"the corpus ({c.path}, prepared in {shards})"
     threads = torch.get_num_threads()  # restored on return: no lasting side effect
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
@@ -485,6 +864,12 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
                                   weight_decay=t.weight_decay, optimizer=t.optimizer,
                                   momentum=t.momentum, flip=c.flip,
                                   image_size=full if images else None)
+        if contents is not None:
+            _check_fingerprint(contents, ckpt, fingerprint, where, log)
+            check_checkpoint_matches(contents, ckpt, module, model_kwargs)
+            contents = found = None  # let go of the memory-mapped file
+            if not child:
+                _write_json(saved_config, config.to_dict())
         extra_callbacks = list(extra_callbacks or [])
         if t.syntax_treebank and not images:
             from glomo_pyg.analysis.treebank import read_treebank
@@ -494,8 +879,10 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
                                   max_sentences=t.syntax_sentences)
             extra_callbacks.append(SyntaxMonitor(trees, vocab.tokens(), t.syntax_every,
                                                  lower=c.lower))
+        interrupt = GracefulInterrupt(os.path.join(folder, "last.ckpt"), quiet=child)
         with quiet_lightning():
-            trainer = build_trainer(config, extra_callbacks)
+            trainer = build_trainer(config, [*extra_callbacks, _CorpusRecord(fingerprint),
+                                             interrupt])
         log(f"trainer: {type(trainer.accelerator).__name__}, {trainer.num_devices} device(s) x "
             f"{trainer.num_nodes} node(s), {type(trainer.strategy).__name__}, precision "
             f"{trainer.precision}")
@@ -504,12 +891,26 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
             f"{unit}, {t.max_steps} steps of {t.batch_size}"
             + (f", resuming from {ckpt}" if ckpt else ""))
         start = time.time()
-        with warnings.catch_warnings(), quiet_lightning():
-            warnings.filterwarnings("ignore", ".*does not have many workers.*")
-            warnings.filterwarnings("ignore", ".*isinstance.treespec, LeafSpec.*")
-            warnings.filterwarnings("ignore", ".*Checkpoint directory .* exists and is not empty.*")
-            warnings.filterwarnings("ignore", ".*Total length of .* across ranks is zero.*")
-            trainer.fit(module, datamodule=data, ckpt_path=ckpt, weights_only=True)
+        interrupt.install()
+        try:
+            with warnings.catch_warnings(), quiet_lightning():
+                warnings.filterwarnings("ignore", ".*does not have many workers.*")
+                warnings.filterwarnings("ignore", ".*isinstance.treespec, LeafSpec.*")
+                warnings.filterwarnings("ignore",
+                                        ".*Checkpoint directory .* exists and is not empty.*")
+                warnings.filterwarnings("ignore", ".*Total length of .* across ranks is zero.*")
+                trainer.fit(module, datamodule=data, ckpt_path=ckpt, weights_only=True)
+        except SystemExit:
+            # Lightning ends with sys.exit(1) after a KeyboardInterrupt (here: a second
+            # signal, which stops at once), and with its SIGTERMException (a signal during
+            # its sanity-check validation, before training)
+            if interrupt.signum is None:
+                raise
+            detail = " (sent twice: stop at once)" if interrupt.count > 1 else ""
+            raise TrainingInterrupted(interrupt.signum, trainer.global_step, None,
+                                      detail) from None
+        finally:
+            interrupt.restore()
         seconds = time.time() - start
         size = dict(images=len(pixels)) if images else dict(tokens=data.windows.num_tokens,
                                                              vocabulary=len(vocab))
@@ -521,8 +922,7 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
             if images and crop != full:  # trained on crops: the same weights at full size
                 predictor = predictor.resized(*full)
             save_pretrained(predictor, os.path.join(out, "predictor"))
-            with open(os.path.join(out, "pretrain.json"), "w") as fh:
-                json.dump(summary, fh, indent=1)
+            _write_json(os.path.join(out, "pretrain.json"), summary)
             log(f"done: {summary['steps']} steps in {seconds:.0f} s; predictor saved to "
                 f"{os.path.join(out, 'predictor')}")
         return summary

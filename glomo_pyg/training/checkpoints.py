@@ -1,0 +1,266 @@
+"""Checkpoints of ``glomo pretrain``: atomic writes, safe reading, where to resume from.
+
+* :class:`AtomicCheckpointIO` writes every checkpoint to a temporary file in the same
+  folder, flushes it to disk and renames it into place: a kill at any moment leaves the
+  previous file or the new one, never a truncated one. (Lightning's own writer stages the
+  file in the system's temporary folder, and ``/tmp`` on another file system turns the
+  final rename into a copy that a kill can cut short.)
+* :func:`read_checkpoint` opens a checkpoint without unpickling anything but tensors and
+  plain data (``weights_only``; tensors memory-mapped, so reading is cheap) and says in
+  its own words what is wrong with a file that cannot be used: empty, truncated or
+  corrupt (:class:`CorruptCheckpointError`), holding other objects
+  (:class:`UnsafeCheckpointError`, never with advice to load it unsafely), or not a
+  Lightning checkpoint.
+* :func:`find_resume_checkpoint` picks the newest usable checkpoint of a run folder.
+* :func:`check_checkpoint_matches` compares a checkpoint with the model a run builds.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import re
+import tempfile
+import zipfile
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+#: The entry ``glomo pretrain`` adds to its Lightning checkpoints (plain data only).
+CHECKPOINT_KEY = "glomo"
+_STEP_NAME = re.compile(r"^step(\d+)(?:-v\d+)?\.ckpt$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file and why."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """Empty, truncated or otherwise damaged checkpoint file."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint that holds objects other than tensors and plain data."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """A checkpoint of another model or corpus than the run resuming from it."""
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _fsync_folder(folder: str) -> None:
+    with contextlib.suppress(OSError):  # not every file system lets a folder be opened
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_save(obj: Any, path: str) -> None:
+    """``torch.save(obj, path)`` through a temporary file beside ``path`` that is flushed
+    to disk and renamed into place (atomic on POSIX file systems)."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_folder(folder)
+
+
+def stale_temporary_files(folder: str) -> List[str]:
+    """Temporary files :func:`atomic_save` left in ``folder`` when its process was killed
+    mid-write (never complete checkpoints)."""
+    if not os.path.isdir(folder):
+        return []
+    return sorted(os.path.join(folder, n) for n in os.listdir(folder)
+                  if n.startswith(".") and n.endswith(".tmp") and ".ckpt." in n)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, with :func:`atomic_save` (same folder, fsync,
+    rename) for local paths."""
+
+    def save_checkpoint(self, checkpoint: Dict[str, Any], path, storage_options=None) -> None:
+        if storage_options is not None:
+            raise TypeError("AtomicCheckpointIO.save_checkpoint takes no storage_options")
+        if "://" in str(path):  # remote storage: Lightning's own (fsspec) writer
+            return super().save_checkpoint(checkpoint, path)
+        atomic_save(checkpoint, os.fspath(path))
+
+
+def _first_sentence(text: str) -> str:
+    text = " ".join(str(text).split())
+    return text.split(". ")[0].rstrip(".") if text else "no details"
+
+
+def read_checkpoint(path: str) -> Dict[str, Any]:
+    """The contents of the Lightning checkpoint ``path``, tensors memory-mapped, loaded
+    with ``weights_only=True``. Raises :class:`CorruptCheckpointError` (empty, truncated,
+    damaged), :class:`UnsafeCheckpointError` (objects other than tensors and plain data)
+    or :class:`CheckpointError` (not a Lightning checkpoint), each naming ``path``."""
+    path = os.fspath(path)
+    try:
+        size = os.path.getsize(path)
+        is_zip = zipfile.is_zipfile(path)
+    except OSError as err:
+        raise OSError(f"{path}: cannot read the checkpoint ({err.strerror or err})") from None
+    if size == 0:
+        raise CorruptCheckpointError(f"{path} is empty (0 bytes): a truncated checkpoint "
+                                     "whose write was cut off")
+    if not is_zip:
+        raise CorruptCheckpointError(f"{path} is corrupt or truncated ({size} bytes that are "
+                                     "not a complete checkpoint archive)")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as err:
+        found = re.search(r"\bGLOBAL ([\w.]+)", str(err))  # torch words it several ways
+        if found or "Unsupported class" in str(err):
+            what = f" ({found.group(1)})" if found else ""
+            raise UnsafeCheckpointError(
+                f"refusing to load {path}: it contains objects other than tensors and plain "
+                f"data{what}. glomo pretrain never writes such checkpoints, so this file did "
+                "not come from this run; remove it or replace it with one of the run's own "
+                "checkpoints") from None
+        raise CorruptCheckpointError(f"{path} is corrupt (its contents cannot be decoded: "
+                                     f"{_first_sentence(err)})") from None
+    except OSError as err:
+        raise OSError(f"{path}: cannot read the checkpoint ({err.strerror or err})") from None
+    except Exception as err:  # noqa: BLE001 (damaged archive members raise all sorts)
+        raise CorruptCheckpointError(f"{path} is corrupt or truncated "
+                                     f"({_first_sentence(err)})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("state_dict"), Mapping) or \
+            not isinstance(data.get("global_step"), int):
+        raise CheckpointError(f"{path} is not a Lightning checkpoint of glomo pretrain (no "
+                              "state_dict and global_step)")
+    return data
+
+
+def checkpoint_files(folder: str) -> List[str]:
+    """The ``*.ckpt`` files in ``folder``."""
+    if not os.path.isdir(folder):
+        return []
+    return sorted(os.path.join(folder, n) for n in os.listdir(folder)
+                  if n.endswith(".ckpt") and os.path.isfile(os.path.join(folder, n)))
+
+
+def newest_checkpoint_file(folder: str) -> Optional[str]:
+    """``last.ckpt`` if present, else the ``step<N>.ckpt`` of the largest N, else any
+    ``*.ckpt`` (by file name only: nothing is read)."""
+    files = checkpoint_files(folder)
+    if not files:
+        return None
+    last = os.path.join(folder, "last.ckpt")
+    if last in files:
+        return last
+    steps = [(int(m.group(1)), f) for f in files
+             for m in [_STEP_NAME.match(os.path.basename(f))] if m]
+    return max(steps)[1] if steps else files[-1]
+
+
+def find_resume_checkpoint(folder: str, log: Callable = print
+                           ) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """``(path, contents)`` of the newest usable checkpoint in ``folder`` (the largest
+    ``global_step``; ``last.ckpt`` on ties), or None when there is no ``*.ckpt`` at all.
+
+    Files named ``step<N>.ckpt`` whose N is below the best step found are not read.
+    Unusable files are reported through ``log`` when an older usable one is taken
+    instead; with none usable, :class:`CorruptCheckpointError` names them all. A file
+    holding unsafe objects stops the search (:class:`UnsafeCheckpointError`): someone
+    put it there, and the run folder needs a look before anything resumes from it."""
+    files = checkpoint_files(folder)
+    if not files:
+        return None
+    named, others = [], []
+    for f in files:
+        m = _STEP_NAME.match(os.path.basename(f))
+        (named if m else others).append((int(m.group(1)) if m else -1, f))
+    # last.ckpt first (it wins ties), then other names, then step files newest first
+    others.sort(key=lambda sf: os.path.basename(sf[1]) != "last.ckpt")
+    named.sort(key=lambda sf: -sf[0])
+    best: Optional[Tuple[int, str, Dict[str, Any]]] = None
+    bad: List[Tuple[str, CheckpointError]] = []
+    for claimed, f in others + named:
+        if best is not None and 0 <= claimed <= best[0]:
+            continue
+        try:
+            data = read_checkpoint(f)
+        except UnsafeCheckpointError:
+            raise
+        except CheckpointError as err:
+            bad.append((f, err))
+            continue
+        if best is None or data["global_step"] > best[0]:
+            best = (data["global_step"], f, data)
+    if best is None:
+        reasons = "; ".join(str(err) for _, err in bad)
+        raise CorruptCheckpointError(
+            f"cannot resume: {reasons}; {folder} holds no usable checkpoint. Move the "
+            "damaged file(s) away (e.g. rename to .corrupt) and run without --resume to "
+            "start over")
+    step, path, data = best
+    if bad:
+        log(f"warning: {'; '.join(str(err) for _, err in bad)}. Resuming from the newest "
+            f"usable checkpoint instead: {path} (step {step}); the damaged file(s) are left "
+            "untouched")
+    elif os.path.basename(path) != "last.ckpt":
+        log(f"resuming from {path} (step {step}), the newest checkpoint"
+            + (" (last.ckpt is older)" if os.path.join(folder, "last.ckpt") in files else
+               " (there is no last.ckpt)"))
+    return path, data
+
+
+def _shape(value) -> Optional[Tuple[int, ...]]:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
+def check_checkpoint_matches(contents: Mapping[str, Any], path: str,
+                             module: torch.nn.Module,
+                             model_settings: Optional[Mapping[str, Any]] = None,
+                             limit: int = 5) -> None:
+    """Raise :class:`CheckpointMismatchError` naming the differences when the checkpoint's
+    weights (names and shapes) or recorded model settings (``hyper_parameters``'
+    ``model_kwargs``) differ from ``module``'s and ``model_settings``."""
+    problems: List[str] = []
+    saved_settings = (contents.get("hyper_parameters") or {}).get("model_kwargs")
+    if model_settings is not None and isinstance(saved_settings, Mapping):
+        keys = sorted(set(saved_settings) | set(model_settings), key=str)
+        diff = [f"model.{k}: checkpoint {saved_settings.get(k, '(unset)')!r}, this run "
+                f"{model_settings.get(k, '(unset)')!r}" for k in keys
+                if saved_settings.get(k, "(unset)") != model_settings.get(k, "(unset)")]
+        if diff:
+            problems.append("settings " + "; ".join(diff[:limit])
+                            + (f"; and {len(diff) - limit} more" if len(diff) > limit else ""))
+    saved = contents["state_dict"]
+    mine = module.state_dict()
+    missing = [k for k in mine if k not in saved]
+    extra = [k for k in saved if k not in mine]
+    shapes = [f"{k}: checkpoint {_shape(saved[k])}, this run {_shape(mine[k])}" for k in mine
+              if k in saved and _shape(saved[k]) != _shape(mine[k])]
+    for label, items in (("weights of other shapes", shapes),
+                         ("weights missing from the checkpoint", missing),
+                         ("weights this model does not have", extra)):
+        if items:
+            problems.append(f"{len(items)} {label} (" + "; ".join(items[:limit])
+                            + (", ..." if len(items) > limit else "") + ")")
+    if problems:
+        raise CheckpointMismatchError(
+            f"{path} does not match this run's configuration: " + "; ".join(problems)
+            + ". It was written by another run or with other model or corpus settings; "
+            "resume with that run's settings, or use another output_dir")
