@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 from typing import List, Optional
 
@@ -42,7 +44,9 @@ def _parse_value(text: str):
 def _pretrain(args: argparse.Namespace) -> int:
     import yaml
 
-    from glomo_pyg.training.text_pretraining import PretrainConfig, run_pretraining, set_by_path
+    from glomo_pyg.training.interrupts import TrainingInterrupted
+    from glomo_pyg.training.text_pretraining import (PretrainConfig, _is_launcher_child,
+                                                     run_pretraining, set_by_path)
 
     data = {}
     if args.config:
@@ -57,7 +61,10 @@ def _pretrain(args: argparse.Namespace) -> int:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"glomo pretrain: --set expects key=value, got {item!r}")
-        set_by_path(data, key, _parse_value(value))
+        try:
+            set_by_path(data, key.strip(), _parse_value(value))
+        except (ValueError, yaml.YAMLError) as err:
+            raise SystemExit(f"glomo pretrain: --set {item}: {err}")
     if args.output_dir:
         data["output_dir"] = args.output_dir
     try:
@@ -67,24 +74,56 @@ def _pretrain(args: argparse.Namespace) -> int:
     if args.print_config:
         print(yaml.safe_dump(config.to_dict(), sort_keys=False))
         return 0
-    run_pretraining(config, resume=args.resume, prepare_only=args.prepare_only)
+    try:
+        run_pretraining(config, resume=args.resume, prepare_only=args.prepare_only)
+    except TrainingInterrupted as err:
+        if _is_launcher_child():  # the first process says it
+            return err.exit_code
+        command = list(args.argv)
+        if "--resume" not in command:
+            command.append("--resume")
+        print(f"glomo pretrain: {err}.\nTo continue, run: {shlex.join(['glomo', *command])}",
+              file=sys.stderr, flush=True)
+        return err.exit_code
     return 0
 
 
+WORD_VECTOR_COUNTS = ("dim", "window", "min_count", "epochs", "workers")
+
+
 def _word_vectors(args: argparse.Namespace) -> int:
+    from collections import Counter
+
     from glomo_pyg.data.text import tokenize
     from glomo_pyg.data.word_vectors import train_word_vectors, write_word_vectors
     from glomo_pyg.training.text_pretraining import CorpusConfig, iter_documents
 
+    for name in WORD_VECTOR_COUNTS:  # checked before anything is read or written
+        if getattr(args, name) < 1:
+            raise SystemExit(f"glomo word-vectors: --{name.replace('_', '-')} must be >= 1, "
+                             f"got {getattr(args, name)}")
+    if args.max_documents is not None and args.max_documents < 1:
+        raise SystemExit(f"glomo word-vectors: --max-documents must be >= 1, got "
+                         f"{args.max_documents}")
     corpus = CorpusConfig(path=args.corpus, format=args.format, one_per_line=args.one_per_line,
                           max_documents=args.max_documents)
-    docs = [tokenize(d) for d in iter_documents(corpus)]
-    print(f"glomo word-vectors: {len(docs)} documents, {sum(map(len, docs))} tokens; "
-          f"word2vec dim {args.dim}, {args.epochs} epochs", flush=True)
-    words, vectors = train_word_vectors(docs, dim=args.dim, window=args.window,
-                                        min_count=args.min_count, epochs=args.epochs,
-                                        workers=args.workers, seed=args.seed)
-    write_word_vectors(args.output, words, vectors)
+    try:
+        docs = [tokens for tokens in (tokenize(d) for d in iter_documents(corpus)) if tokens]
+        if not docs:
+            raise SystemExit(f"glomo word-vectors: {args.corpus}: no documents with words")
+        counts = Counter(w for doc in docs for w in doc)
+        if max(counts.values()) < args.min_count:
+            raise SystemExit(f"glomo word-vectors: no word of {args.corpus} occurs "
+                             f"--min-count {args.min_count} times (the most frequent: "
+                             f"{max(counts.values())}); lower --min-count")
+        print(f"glomo word-vectors: {len(docs)} documents, {sum(map(len, docs))} tokens; "
+              f"word2vec dim {args.dim}, {args.epochs} epochs", flush=True)
+        words, vectors = train_word_vectors(docs, dim=args.dim, window=args.window,
+                                            min_count=args.min_count, epochs=args.epochs,
+                                            workers=args.workers, seed=args.seed)
+        write_word_vectors(args.output, words, vectors)
+    except (ValueError, OSError) as err:
+        raise SystemExit(f"glomo word-vectors: {err}")
     print(f"{len(words)} vectors written to {args.output} (GloVe text format)")
     return 0
 
@@ -280,7 +319,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="override a setting, e.g. --set train.max_steps=500 (repeatable)")
     p.add_argument("--output-dir", help="run folder (corpus cache, checkpoints, logs, predictor)")
     p.add_argument("--resume", action="store_true",
-                   help="continue from <output-dir>/checkpoints/last.ckpt")
+                   help="continue from the newest usable checkpoint in "
+                        "<output-dir>/checkpoints (last.ckpt, or a newer periodic one)")
     p.add_argument("--print-config", action="store_true", help="print the resolved settings")
     p.add_argument("--prepare-only", action="store_true",
                    help="tokenise the corpus and build the vocabulary, then stop (run once "
@@ -355,8 +395,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     e.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     e.add_argument("--verbose", action="store_true", help="one line per sample")
     e.set_defaults(func=_export)
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
-    return args.func(args)
+    args.argv = argv
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print(f"\nglomo {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, OSError) as err:
+        # bad input (files, settings): one line naming it, not a traceback
+        # (GLOMO_TRACEBACK=1 shows the traceback)
+        if os.environ.get("GLOMO_TRACEBACK"):
+            raise
+        raise SystemExit(f"glomo {args.command}: {err}") from None
 
 
 if __name__ == "__main__":
