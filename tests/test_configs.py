@@ -42,3 +42,70 @@ def test_max_documents_spreads_evenly_over_the_corpus(tmp_path):
 def test_threads_setting_is_checked():
     with pytest.raises(ValueError, match="threads"):
         PretrainConfig.from_dict(dict(corpus=dict(path="x"), train=dict(threads=-1)))
+
+
+@pytest.mark.parametrize("data, message", [
+    (dict(train=dict(max_steps="abc")), "train.max_steps must be a positive integer, got 'abc'"),
+    (dict(train=dict(max_steps=0)), "train.max_steps must be a positive integer, got 0"),
+    (dict(train=dict(max_steps=2.5)), "train.max_steps must be a positive integer, got 2.5"),
+    (dict(train=dict(batch_size=True)), "train.batch_size must be a positive integer"),
+    (dict(train=5), "train must be a mapping of train settings (e.g. train.max_steps), got 5"),
+    (dict(model=5), "model must be a mapping of model settings"),
+    (dict(corpus=[1]), "corpus must be a mapping of corpus settings"),
+    (dict(train=dict(lr=0)), "train.lr must be a positive number, got 0"),
+    (dict(train=dict(lr="fast")), "train.lr must be a positive number"),
+    (dict(train=dict(momentum=1.0)), "train.momentum must be a number in [0, 1), got 1.0"),
+    (dict(corpus=dict(validation_fraction=-0.1)), "corpus.validation_fraction must be a number "
+                                                  "in [0, 1)"),
+    (dict(train=dict(optimizer="adamw")), "train.optimizer must be one of 'adam', 'sgd'"),
+    (dict(train=dict(logger="wandb")), "train.logger must be one of 'csv', 'tensorboard'"),
+    (dict(train=dict(accelerator="abacus")), "train.accelerator must be one of 'auto'"),
+    (dict(train=dict(precision="bf17")), "train.precision must be one of"),
+    (dict(train=dict(devices=0)), "train.devices must be 'auto', a positive integer"),
+    (dict(train=dict(seed=-1)), "train.seed must be an integer in [0, 4294967295]"),
+    (dict(train=dict(progress_bar="yes please")), "train.progress_bar must be true or false"),
+    (dict(corpus=dict(format="pdf")), "corpus.format must be one of 'text', 'aclimdb'"),
+    (dict(corpus=dict(min_count=0)), "corpus.min_count must be a positive integer"),
+    (dict(corpus=dict(max_size=3)), "corpus.max_size must be an integer >= 5"),
+    (dict(corpus=dict(min_length=20, max_length=10)), "corpus.min_length (20) must not exceed"),
+    (dict(corpus=dict(path=5)), "corpus.path must be a string or null, got 5"),
+    (dict(output_dir=None), "output_dir must be a folder path"),
+    (dict(model=dict(hidden_channels="abc")), "model.hidden_channels must be a positive "
+                                              "integer, got 'abc'"),
+    (dict(model=dict(dropout=1.5)), "model.dropout must be a number in [0, 1)"),
+    (dict(model=dict(layout="diagonal")), "model.layout must be one of"),
+    (dict(model=dict(hiden_channels=8)), "unknown model settings ['hiden_channels']"),
+    (dict(train=dict(learning_rate=1)), "unknown train settings ['learning_rate']"),
+    (dict(trainer={}), "unknown configuration keys ['trainer']"),
+    ([1, 2], "the configuration must be a mapping"),
+])
+def test_bad_settings_are_named_with_their_key(data, message):
+    with pytest.raises(ValueError) as info:
+        PretrainConfig.from_dict(data)
+    assert message in str(info.value)
+
+
+def test_every_setting_has_a_rule_and_defaults_pass():
+    import dataclasses
+
+    from glomo_pyg.training.text_pretraining import _RULES, TrainConfig
+
+    for name, kind in (("corpus", CorpusConfig), ("train", TrainConfig)):
+        assert {f.name for f in dataclasses.fields(kind)} == set(_RULES[name])
+    config = PretrainConfig.from_dict(dict(train=dict(lr=1, devices=[0, 1], precision="16"),
+                                           corpus=dict(format="cifar10", crop=24)))
+    assert config.train.lr == 1.0 and isinstance(config.train.lr, float)
+    PretrainConfig.from_dict(dict(train=None, model=None, corpus=None))  # empty YAML sections
+
+
+def test_command_line_overrides_are_checked(capsys):
+    from glomo_pyg.cli import main
+
+    for override, message in (("train.max_steps=abc", "train.max_steps must be a positive "
+                                                       "integer, got 'abc'"),
+                              ("train=5", "train must be a mapping"),
+                              ("model=5", "model must be a mapping"),
+                              ("train.lr=[1", "--set train.lr=[1")):
+        with pytest.raises(SystemExit) as info:
+            main(["pretrain", "--set", override, "--print-config"])
+        assert str(info.value).startswith("glomo pretrain: ") and message in str(info.value)

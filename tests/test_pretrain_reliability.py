@@ -1,0 +1,317 @@
+"""glomo pretrain reliability: damaged, unsafe and foreign checkpoints, damaged run files,
+corpus changes under a resumed run, kills between checkpoint writes, SIGTERM/SIGINT."""
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import yaml
+
+from glomo_pyg.cli import main
+from glomo_pyg.training import PretrainConfig, run_pretraining
+from glomo_pyg.training.checkpoints import (CheckpointMismatchError, CorruptCheckpointError,
+                                           UnsafeCheckpointError, atomic_save,
+                                           find_resume_checkpoint)
+from glomo_pyg.training.interrupts import TrainingInterrupted
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORDS = "the cat sat on a mat and dog ran to park it was good bad movie film".split()
+
+
+def quiet(*args, **kwargs):
+    pass
+
+
+def write_corpus(folder, documents=30, seed=0):
+    rng = random.Random(seed)
+    os.makedirs(folder, exist_ok=True)
+    for k in range(documents):
+        with open(os.path.join(folder, f"doc{k:03d}.txt"), "w") as fh:
+            fh.write(" ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 60))) + ".")
+
+
+def settings(out, corpus, **train):
+    options = dict(batch_size=4, max_steps=6, checkpoint_every=2, validate_every=3,
+                   log_every=1, graph_stats_every=2, progress_bar=False, accelerator="cpu",
+                   graph_warmup_steps=2, seed=1, threads=1)
+    options.update(train)
+    return dict(output_dir=str(out),
+                corpus=dict(path=str(corpus), min_count=1, max_length=16, min_length=4,
+                            validation_fraction=0.1),
+                model=dict(hidden_channels=16, num_layers=2, heads=2, cnn_layers=1,
+                           num_positions=4),
+                train=options)
+
+
+def config(out, corpus, **train):
+    return PretrainConfig.from_dict(settings(out, corpus, **train))
+
+
+def ckpt(run, name="last.ckpt"):
+    return os.path.join(run, "checkpoints", name)
+
+
+def weights(path):
+    data = torch.load(path, weights_only=True)
+    return data["state_dict"], data["global_step"]
+
+
+def assert_same_weights(a, b):
+    (sa, step_a), (sb, step_b) = weights(a), weights(b)
+    assert step_a == step_b
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        assert torch.equal(sa[key], sb[key]), key
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """A finished 6-step run (checkpoints at steps 2, 4, 6 and last.ckpt) and its corpus."""
+    base = tmp_path_factory.mktemp("straight")
+    write_corpus(base / "corpus")
+    run_pretraining(config(base / "run", base / "corpus"), log=quiet)
+    return base
+
+
+def copy_run(straight, tmp_path, keep=("step2.ckpt", "step4.ckpt", "step6.ckpt", "last.ckpt")):
+    run = tmp_path / "run"
+    shutil.copytree(straight / "run", run)
+    for name in os.listdir(run / "checkpoints"):
+        if name not in keep:
+            os.remove(run / "checkpoints" / name)
+    return run
+
+
+def resume(straight, run, log=quiet, **train):
+    return run_pretraining(config(run, straight / "corpus", **train), resume=True, log=log)
+
+
+def write_yaml(path, data):
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+# --- checkpoints chosen on resume ---------------------------------------------------------
+def test_kill_between_periodic_and_last_checkpoint_resumes_from_the_newest(straight, tmp_path):
+    """A kill after step4.ckpt was written but before last.ckpt (here: none at all): the
+    newest periodic checkpoint is taken, and the run ends where the straight run did."""
+    run = copy_run(straight, tmp_path, keep=("step2.ckpt", "step4.ckpt"))
+    with pytest.raises(FileExistsError, match="step4.ckpt.*--resume"):
+        run_pretraining(config(run, straight / "corpus"), log=quiet)  # no silent restart
+    messages = []
+    assert resume(straight, run, log=messages.append)["steps"] == 6
+    assert any("step4.ckpt (step 4)" in m and "no last.ckpt" in m for m in messages), messages
+    assert_same_weights(ckpt(run), ckpt(straight / "run"))
+
+
+@pytest.mark.parametrize("damage", ["empty", "random", "truncated"])
+def test_damaged_last_checkpoint_is_named(straight, tmp_path, damage):
+    run = copy_run(straight, tmp_path, keep=("last.ckpt",))
+    path = ckpt(run)
+    data = open(path, "rb").read()
+    with open(path, "wb") as fh:
+        fh.write({"empty": b"", "random": os.urandom(4096),
+                  "truncated": data[:len(data) // 2]}[damage])
+    with pytest.raises(CorruptCheckpointError) as info:
+        resume(straight, run)
+    text = str(info.value)
+    assert path in text and ("truncated" in text or "corrupt" in text)
+    assert "no usable checkpoint" in text
+    # the command line says it in one line
+    cfg = write_yaml(tmp_path / "cfg.yaml", settings(run, straight / "corpus"))
+    with pytest.raises(SystemExit) as info:
+        main(["pretrain", "--config", cfg, "--resume"])
+    assert str(info.value).startswith("glomo pretrain: cannot resume: ") and path in str(info.value)
+
+
+def test_damaged_last_checkpoint_falls_back_to_an_older_one(straight, tmp_path):
+    run = copy_run(straight, tmp_path, keep=("step2.ckpt", "last.ckpt"))
+    with open(ckpt(run), "wb") as fh:
+        fh.write(os.urandom(1000))
+    messages = []
+    assert resume(straight, run, log=messages.append)["steps"] == 6
+    warning = [m for m in messages if m.startswith("warning:")]
+    assert warning and ckpt(run) in warning[0] and "step2.ckpt (step 2)" in warning[0]
+    assert_same_weights(ckpt(run), ckpt(straight / "run"))  # step2 -> 6 as in one go
+
+
+def test_unsafe_checkpoint_is_refused_without_unsafe_advice(straight, tmp_path):
+    run = copy_run(straight, tmp_path, keep=("step2.ckpt",))
+    marker = tmp_path / "pwned"
+    # a pickle that would run a command when unpickled unsafely
+    atomic_save(dict(state_dict={}, global_step=9, payload=Exploit(str(marker))), ckpt(run))
+    with pytest.raises(UnsafeCheckpointError) as info:
+        find_resume_checkpoint(str(run / "checkpoints"), quiet)
+    text = str(info.value)
+    assert text.startswith(f"refusing to load {ckpt(run)}: it contains objects other than "
+                           "tensors and plain data")
+    assert "weights_only" not in text and "False" not in text
+    cfg = write_yaml(tmp_path / "cfg.yaml", settings(run, straight / "corpus"))
+    with pytest.raises(SystemExit, match="refusing to load") as info:
+        main(["pretrain", "--config", cfg, "--resume"])
+    assert "weights_only" not in str(info.value)
+    assert not marker.exists()
+
+
+class Exploit:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_foreign_checkpoint_is_refused_with_the_differences(straight, tmp_path):
+    run = copy_run(straight, tmp_path, keep=())
+    data = torch.load(ckpt(straight / "run"), weights_only=True)
+    data["hyper_parameters"]["model_kwargs"]["hidden_channels"] = 32
+    key = next(k for k, v in data["state_dict"].items() if v.dim() == 2)
+    data["state_dict"][key] = torch.zeros(data["state_dict"][key].size(0) * 2, 3)
+    atomic_save(data, ckpt(run))
+    with pytest.raises(CheckpointMismatchError) as info:
+        resume(straight, run)
+    text = str(info.value)
+    assert f"{ckpt(run)} does not match this run's configuration" in text
+    assert "model.hidden_channels: checkpoint 32, this run 16" in text
+    assert key in text and "weights of other shapes" in text
+
+
+# --- run files and the corpus ---------------------------------------------------------------
+def test_damaged_run_files_are_named(straight, tmp_path):
+    run = copy_run(straight, tmp_path, keep=("last.ckpt",))
+    (run / "config.json").write_text('{"model": {')
+    with pytest.raises(ValueError, match=r"config\.json is damaged \(not valid JSON"):
+        resume(straight, run)
+    os.remove(run / "config.json")  # as the message says: the check is skipped, rest holds
+    (run / "corpus.json").write_text("\x00garbage")
+    with pytest.raises(ValueError, match=r"corpus\.json is damaged") as info:
+        resume(straight, run)
+    assert str(run / "corpus.json") in str(info.value)
+
+
+def test_corpus_change_under_a_resumed_run_is_refused(tmp_path):
+    write_corpus(tmp_path / "corpus", documents=20)
+    run = tmp_path / "run"
+    run_pretraining(config(run, tmp_path / "corpus", max_steps=2), log=quiet)
+    recorded = torch.load(ckpt(run), weights_only=True)["glomo"]["corpus"]
+    assert recorded["vocabulary"] == len(WORDS) + 5 and recorded["tokens"] > 0
+    shutil.rmtree(run / "tokens")  # rebuilt from the same corpus: the same ids
+    assert run_pretraining(config(run, tmp_path / "corpus", max_steps=3), resume=True,
+                           log=quiet)["steps"] == 3
+    shutil.rmtree(run / "tokens")
+    with open(tmp_path / "corpus" / "doc000.txt", "a") as fh:
+        fh.write(" zebra zebra zebra giraffe giraffe giraffe")
+    with pytest.raises(CheckpointMismatchError) as info:
+        run_pretraining(config(run, tmp_path / "corpus", max_steps=4), resume=True, log=quiet)
+    text = str(info.value)
+    assert "the corpus changed since" in text and "vocabulary 22 -> 24" in text
+    assert "tokens_sha256 changed" in text
+    assert weights(ckpt(run))[1] == 3  # nothing trained on the changed corpus
+
+
+# --- signals ------------------------------------------------------------------------------
+class SendSignal(pl.Callback):
+    """Sends ``signals`` to this process when the step after ``step`` starts."""
+
+    def __init__(self, step, *signals):
+        self.step, self.signals = step, signals
+
+    def on_train_batch_start(self, trainer, *args):
+        if trainer.global_step == self.step:
+            for signum in self.signals:
+                os.kill(os.getpid(), signum)
+
+
+def test_sigint_writes_a_checkpoint_that_resumes_exactly(straight, tmp_path):
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    run = tmp_path / "run"
+    with pytest.raises(TrainingInterrupted) as info:
+        run_pretraining(config(run, straight / "corpus"), log=quiet,
+                        extra_callbacks=[SendSignal(2, signal.SIGINT)])
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+    err = info.value
+    assert err.exit_code == 130 and err.step == 3 and err.checkpoint == ckpt(run)
+    assert "stopped by SIGINT after step 3" in str(err)
+    assert weights(ckpt(run))[1] == 3  # between the periodic checkpoints of steps 2 and 4
+    assert not os.path.exists(run / "predictor")
+    assert not [n for n in os.listdir(run / "checkpoints") if n.endswith(".tmp")]
+    assert resume(straight, run)["steps"] == 6
+    assert_same_weights(ckpt(run), ckpt(straight / "run"))
+
+
+def test_second_signal_stops_at_once(straight, tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(TrainingInterrupted) as info:
+        run_pretraining(config(run, straight / "corpus"), log=quiet,
+                        extra_callbacks=[SendSignal(2, signal.SIGTERM, signal.SIGTERM)])
+    assert info.value.exit_code == 143 and info.value.checkpoint is None
+    assert "stopped by SIGTERM (sent twice: stop at once) before step 3 was done; no new " \
+        "checkpoint" in str(info.value)
+    assert weights(ckpt(run))[1] == 2  # the last periodic checkpoint, untouched
+
+
+def test_sigterm_stops_glomo_pretrain_with_a_checkpoint_and_status_143(straight, tmp_path):
+    """A real ``kill <pid>`` of a ``glomo pretrain`` process that is training."""
+    cfg = write_yaml(tmp_path / "cfg.yaml", settings(tmp_path / "killed", straight / "corpus",
+                                                     max_steps=100000, validate_every=1000))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    with open(tmp_path / "stdout", "w") as out, open(tmp_path / "stderr", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "glomo_pyg.cli", "pretrain", "--config",
+                                 cfg], stdout=out, stderr=err, env=env, cwd=tmp_path)
+        first = tmp_path / "killed" / "checkpoints" / "step2.ckpt"
+        deadline = time.time() + 300
+        while not first.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=300)
+    err = (tmp_path / "stderr").read_text()
+    assert proc.returncode == 143, err[-3000:]
+    step = weights(tmp_path / "killed" / "checkpoints" / "last.ckpt")[1]
+    assert step >= 2
+    assert f"stopped by SIGTERM after step {step}" in err
+    assert f"--config {cfg} --resume" in err  # how to go on
+    assert "Traceback" not in err
+    # resumed, it ends on the weights of an uninterrupted run of the same length
+    reference = config(tmp_path / "reference", straight / "corpus", max_steps=step + 2,
+                       validate_every=1000)
+    run_pretraining(reference, log=quiet)
+    assert main(["pretrain", "--config", cfg, "--resume", "--set",
+                 f"train.max_steps={step + 2}"]) == 0
+    assert_same_weights(tmp_path / "killed" / "checkpoints" / "last.ckpt",
+                        ckpt(tmp_path / "reference"))
+
+
+# --- command line ---------------------------------------------------------------------------
+def test_word_vectors_command_checks_its_input(tmp_path):
+    write_corpus(tmp_path / "corpus", documents=5)
+    out = tmp_path / "vectors.txt"
+    base = ["word-vectors", "--corpus", str(tmp_path / "corpus"), "--output", str(out)]
+    for flag in ("--dim", "--window", "--min-count", "--epochs", "--workers"):
+        with pytest.raises(SystemExit, match=f"glomo word-vectors: {flag} must be >= 1"):
+            main(base + [flag, "0"])
+    assert not out.exists()
+    (tmp_path / "blank.txt").write_text("  \n\n")
+    with pytest.raises(SystemExit, match="glomo word-vectors: .*no documents with words"):
+        main(["word-vectors", "--corpus", str(tmp_path / "blank.txt"), "--output", str(out)])
+    with pytest.raises(SystemExit, match="occurs --min-count 1000 times"):
+        main(base + ["--min-count", "1000"])
+    with pytest.raises(SystemExit, match="^glomo word-vectors: "):
+        main(["word-vectors", "--corpus", str(tmp_path / "missing"), "--output", str(out)])
+    assert not out.exists()
+
+
+def test_commands_turn_bad_input_into_one_line(tmp_path):
+    with pytest.raises(SystemExit, match="^glomo pretrain: corpus.path is not set"):
+        main(["pretrain", "--output-dir", str(tmp_path / "run"), "--set",
+              "train.accelerator=cpu"])
+    with pytest.raises(SystemExit, match="^glomo quickstart: .*steps"):
+        main(["quickstart", "--steps", "0", "--output-dir", ""])
+    with pytest.raises(SystemExit, match="^glomo pretrain: --set train.max_steps.x=1: cannot set"):
+        main(["pretrain", "--set", "train.max_steps=5", "--set", "train.max_steps.x=1"])
