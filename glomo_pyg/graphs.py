@@ -9,8 +9,8 @@ from torch import Tensor
 
 from glomo_pyg import flex
 from glomo_pyg.analysis import export
-from glomo_pyg.kernels import (blocked_propagate, dense_head_propagate, head_blocked_edges,
-                               latent_graph_dense, latent_graph_edges)
+from glomo_pyg.kernels import (blocked_propagate, check_graph_size, dense_head_propagate,
+                               head_blocked_edges, latent_graph_dense, latent_graph_edges)
 from glomo_pyg.ordering import DIRECTIONS, SequenceOrder, UnitOrder
 from glomo_pyg.sequences import SequenceBatch
 
@@ -176,6 +176,11 @@ class LatentGraphs:
             if block.device != seqs.ptr.device:
                 raise ValueError(f"layer {l}: dense graphs are on {block.device}, ptr on "
                                  f"{seqs.ptr.device}")
+        bad = torch.stack([(~torch.isfinite(block)).any() | (block < 0).any()
+                           for block in blocks]).tolist()  # one device sync for all layers
+        if any(bad):
+            raise ValueError(f"layer {bad.index(True)}: dense graph weights must be finite and "
+                             f"non-negative")
         return cls._trusted_dense(blocks, direction=direction, sequences=seqs,
                                   include_self=include_self)
 
@@ -247,14 +252,26 @@ class LatentGraphs:
             return self._order
         return SequenceOrder(self.direction, self.include_self)
 
+    def _check_size(self, layout: str, hint: str = "") -> None:
+        """Refuse before converting to ``layout`` what one layer could not hold
+        (:data:`~glomo_pyg.kernels.MAX_GRAPH_PAIRS`; host arithmetic, no sync)."""
+        s = self.sequences
+        check_graph_size(layout, s.num_sequences, s.num_nodes, s.max_len, self.num_heads,
+                         self.include_self, hint)
+
     def _sparse_edges(self) -> List[LayerEdges]:
         if self._edges is None and self._fused is not None:  # emitted once, on demand
             s = self.sequences
+            self._check_size("sparse", "These fused graphs were asked for their edges (export, "
+                                       "analysis, or propagation where FlexAttention has no "
+                                       "backward, e.g. on CPU with gradients). ")
             self._edges = [latent_graph_edges(k, q, s.lengths, s.ptr, direction=self.direction,
                                               include_self=self.include_self,
-                                              normalization=self._normalization)
+                                              normalization=self._normalization, check=False)
                            for k, q in self._fused]
         if self._edges is None and self._uniform_layers is not None:
+            self._check_size("sparse", "Uniform graphs propagate in O(N); only their edges "
+                                       "(export, analysis) are this large. ")
             self._edges = [self._uniform_edges()] * self._uniform_layers
         if self._edges is None:  # dense layout: converted once, on demand (export, analysis)
             self._edges = [self._block_to_edges(block) for block in self._dense]
@@ -281,13 +298,15 @@ class LatentGraphs:
     def dense_layer(self, l: int) -> Tensor:
         """``[B, H, T, T]`` block of layer ``l`` (``[b, h, i, j] = G_ij``), converted
         from the edges in the sparse layout (differentiable either way)."""
+        l = self._layer_index(l)
         if self._dense is not None:
             return self._dense[l]
         if self._fused is not None:
+            self._check_size("dense")
             k, q = self._fused[l]
             return latent_graph_dense(k, q, self.lengths, direction=self.direction,
                                       include_self=self.include_self,
-                                      normalization=self._normalization)
+                                      normalization=self._normalization, check=False)
         return self.to_dense(layer=l)
 
     def to_sparse(self) -> "LatentGraphs":
@@ -320,6 +339,7 @@ class LatentGraphs:
         reused; dense layout: batched matmuls over the blocks. Differentiable with
         respect to ``x`` and the edge weights. ``x`` is trusted to have ``N`` rows
         (callers validate it at their door)."""
+        layer = self._layer_index(layer)
         if self._dense is not None:
             seqs = self.sequences
             return dense_head_propagate(x, self._dense[layer], seqs.ptr, seqs.position,
@@ -424,10 +444,25 @@ class LatentGraphs:
     def device(self) -> torch.device:
         return self.ptr.device
 
+    def _layer_index(self, l: int) -> int:
+        """``l`` as an index in ``0..num_layers - 1`` (negative counts from the end);
+        ``IndexError`` naming the valid range otherwise."""
+        if isinstance(l, bool) or not isinstance(l, int):
+            try:
+                l = l.__index__()  # numpy integers, 0-d integer tensors
+            except (AttributeError, TypeError, RuntimeError):
+                raise TypeError(f"a graph layer index must be an integer, got "
+                                f"{type(l).__name__}") from None
+        n = self.num_layers
+        if not -n <= l < n:
+            raise IndexError(f"graph layer {l} is out of range: these graphs have {n} "
+                             f"layer{'s' if n != 1 else ''} (0..{n - 1})")
+        return l % n
+
     def layer(self, l: int) -> LayerEdges:
         """``(edge_index, edge_weight, edge_head)`` of graph layer ``l`` (converted from
-        the dense blocks in the dense layout)."""
-        return self._sparse_edges()[l]
+        the dense blocks in the dense layout); ``IndexError`` outside ``0..L-1``."""
+        return self._sparse_edges()[self._layer_index(l)]
 
     def __iter__(self) -> Iterator[LayerEdges]:
         return (self.layer(l) for l in range(self.num_layers))
@@ -478,7 +513,9 @@ class LatentGraphs:
         Zero at padding and at pruned pairs. Differentiable w.r.t. the edge
         weights. With ``layer`` given, returns that layer's ``[B, H, T, T]``.
         """
-        layers = range(self.num_layers) if layer is None else [layer]
+        layers = range(self.num_layers) if layer is None else [self._layer_index(layer)]
+        if self._dense is None:
+            self._check_size("dense")
         if self._dense is not None or self._fused is not None:
             out = [self.dense_layer(l) for l in layers]
             return out[0] if layer is not None else torch.stack(out)

@@ -18,6 +18,7 @@ or it has no incoming edge at all.
 """
 from __future__ import annotations
 
+import math
 import warnings
 from typing import List, Optional, Tuple
 
@@ -28,6 +29,47 @@ from torch.autograd.function import once_differentiable
 from glomo_pyg.ordering import DIRECTIONS, SequenceOrder
 
 NORMALIZATIONS = ("relu2", "softmax")
+
+
+# The most (head, source, target) pairs one graph layer of one call may hold (paper Eq. 1
+# scores every allowed pair, and trained graphs keep 40-85% of them): in the sparse layout
+# an upper bound on the edges (28 bytes each: int64 ids and head, fp32 weight; 2**27 edges
+# are 3.5 GiB), in the dense layout the B * H * T^2 weights of a block (4 bytes each; about
+# six blocks' worth while training). Checked from host-side sizes before anything is
+# allocated; raise it where the memory is there (docs/design.md, "Limits").
+MAX_GRAPH_PAIRS = 1 << 27
+
+
+def graph_pairs(layout: str, num_sequences: int, num_nodes: int, max_len: int, heads: int,
+                include_self: bool = False) -> int:
+    """Upper bound on what one graph layer holds in ``layout``: ``'dense'``, the
+    ``B * H * T^2`` block weights; otherwise ``H`` times the allowed pairs, at most
+    ``N (T - 1) / 2`` (``N (T + 1) / 2`` with ``include_self``) for ``N`` units in sequences
+    of at most ``T`` units, exact when every sequence has ``T``. Host integers only: no
+    device sync."""
+    if layout == "dense":
+        return num_sequences * heads * max_len * max_len
+    return heads * num_nodes * max(0, max_len - 1 + 2 * int(include_self)) // 2
+
+
+def check_graph_size(layout: str, num_sequences: int, num_nodes: int, max_len: int,
+                     heads: int, include_self: bool = False, hint: str = "") -> None:
+    """``ValueError`` saying what to do when one graph layer of a batch could exceed
+    :data:`MAX_GRAPH_PAIRS` in ``layout`` (see :func:`graph_pairs`)."""
+    pairs = graph_pairs(layout, num_sequences, num_nodes, max_len, heads, include_self)
+    if pairs <= MAX_GRAPH_PAIRS:
+        return
+    longest = math.isqrt(2 * MAX_GRAPH_PAIRS // max(1, heads))  # one sequence, sparse layout
+    size = (f"{pairs * 28 / 2**30:.1f} GiB of edge lists" if layout != "dense" else
+            f"{pairs * 4 / 2**30:.1f} GiB per dense block")
+    raise ValueError(
+        f"one graph layer of this batch could hold {pairs:,} (head, source, target) pairs in "
+        f"the {layout} layout ({heads} heads, {num_sequences} sequences, {num_nodes} units, the "
+        f"longest {max_len}; up to {size}), more than glomo_pyg.kernels.MAX_GRAPH_PAIRS = "
+        f"{MAX_GRAPH_PAIRS:,}. {hint}Split long sequences into chunks (one sequence of at most "
+        f"about {longest} units fits), use smaller batches, or use layout='fused' "
+        f"(FlexAttention, memory linear in the length; inference, or training on a GPU); or "
+        f"raise glomo_pyg.kernels.MAX_GRAPH_PAIRS where the memory is there.")
 
 
 def _block_plan(num_seqs: int, max_len: int, block_size: int) -> Tuple[int, int]:
@@ -45,12 +87,50 @@ def _allowed(j0: int, j1: int, i0: int, i1: int, lengths: Tensor, direction: str
     return SequenceOrder(direction, include_self).block_mask(j0, j1, i0, i1, lengths)
 
 
-def _normalise(scores: Tensor, allowed: Tensor, normalization: str):
+# Keys and queries are rescaled by powers of two (exact: no rounding) so that each key of a
+# (sequence, head) and each query has its largest entry below 2**SAFE_EXPONENT. Scores are
+# then below D * 2**(2 * SAFE_EXPONENT), finite in fp32 for any head width D < 2**28, however
+# large the model's keys and queries grow (e.g. a diverging embedding): the products of two
+# finite fp32 numbers would otherwise overflow to inf and inf - inf = NaN. The squared-ReLU
+# graphs are invariant under these factors (they cancel in the column normalisation); the
+# softmax is computed from the rescaled scores with the factors put back after subtracting
+# each target's maximum. Ordinary magnitudes (below 2**50, about 1e15) are never rescaled,
+# so their graphs are bit for bit what they were without it.
+SAFE_EXPONENT = 50
+
+
+def _safe_scale(x: Tensor, dims: Tuple[int, ...]) -> Tensor:
+    """Power-of-two factors <= 1 (no gradient) that bring the largest ``|x|`` over ``dims``
+    below ``2**SAFE_EXPONENT``; 1 where it already is."""
+    m = x.detach().abs().amax(dim=dims, keepdim=True)
+    _, exponent = torch.frexp(m)  # m = f * 2**exponent with f in [0.5, 1)
+    return torch.ldexp(torch.ones_like(m), (SAFE_EXPONENT - exponent).clamp(max=0))
+
+
+def _safe_scales(key: Tensor, query: Tensor) -> Tuple[Tensor, Tensor]:
+    """Factors ``[B, H, 1, 1]`` for the keys (one per sequence and head: all sources of a
+    target must share one) and ``[B, H, T, 1]`` for the queries (one per target)."""
+    return _safe_scale(key, (2, 3)), _safe_scale(query, (3,))
+
+
+def bounded_keys_queries(key: Tensor, query: Tensor) -> Tuple[Tensor, Tensor]:
+    """Keys and queries rescaled (exactly, by powers of two, see :data:`SAFE_EXPONENT`)
+    so that no score overflows. Squared-ReLU graphs of the result are those of the inputs
+    (the factors cancel); gradients flow through the constant factors. Softmax graphs are
+    *not* invariant: use it for ``normalization='relu2'`` only."""
+    ck, cq = _safe_scales(key, query)
+    return key * ck.to(key.dtype), query * cq.to(query.dtype)
+
+
+def _normalise(scores: Tensor, allowed: Tensor, normalization: str,
+               unscale: Optional[Tuple[Tensor, Tensor]] = None):
     """Column-normalised weights of one block (last dim = sources).
 
-    Squared ReLU is computed relative to each target's largest score, which is
-    the same quantity (the ratio cancels) but can neither overflow nor turn a
-    non-empty column into 0/0. Returns the weights and what backward needs.
+    Squared ReLU is computed relative to each target's largest score, which is the same
+    quantity (the ratio cancels) but can neither overflow nor turn a non-empty column into
+    0/0. ``unscale``: the inverse ``(query, key)`` factors of scores computed from rescaled
+    keys and queries (:func:`_safe_scales`), which the softmax needs (the squared ReLU is
+    invariant). Returns the weights and what backward needs.
     """
     if normalization == "relu2":
         a = torch.where(allowed, scores.clamp_min(0.0), torch.zeros((), device=scores.device))
@@ -61,6 +141,10 @@ def _normalise(scores: Tensor, allowed: Tensor, normalization: str):
         g = r / torch.where(d > 0, d, torch.ones((), device=d.device))
         return g, (u, m, d)
     masked = scores.masked_fill(~allowed, float("-inf"))
+    if unscale is not None:  # softmax(s) = softmax((s' - max s') / (c_q c_k)), s' = c_q c_k s
+        top = masked.detach().amax(-1, keepdim=True)
+        top = torch.where(torch.isfinite(top), top, torch.zeros((), device=top.device))
+        masked = (masked - top) * unscale[0] * unscale[1]  # one factor at a time: no inf
     g = torch.softmax(masked, dim=-1)
     g = torch.where(allowed, g, torch.zeros((), device=g.device))  # rows without sources: NaN -> 0
     return g, None
@@ -103,13 +187,26 @@ def _blocks(num_seqs: int, heads: int, lengths_list: List[int], direction: str, 
                 yield (h0, h1, b0, b1, j0, j1, *_block_ranges(direction, j0, j1, group_len))
 
 
+def _scaled(key: Tensor, query: Tensor, dtype: torch.dtype):
+    """Keys and queries in ``dtype`` rescaled by :func:`_safe_scales`, and the inverse
+    ``(query, key)`` factors (exact powers of two), needed by the softmax and by the
+    chain rule back to the unscaled inputs."""
+    k, q = key.to(dtype), query.to(dtype)
+    ck, cq = _safe_scales(k, q)
+    return k * ck, q * cq, (1.0 / cq, 1.0 / ck)
+
+
+def _block_unscale(unscale, b0: int, b1: int, h0: int, h1: int, j0: int, j1: int):
+    return unscale[0][b0:b1, h0:h1, j0:j1], unscale[1][b0:b1, h0:h1]
+
+
 class _LatentGraphEdges(torch.autograd.Function):
     @staticmethod
     def forward(ctx, key: Tensor, query: Tensor, lengths: Tensor, ptr: Tensor, direction: str,
                 include_self: bool, normalization: str, block_size: int):
         num_seqs, heads, _, _ = key.shape
         dtype = torch.promote_types(key.dtype, torch.float32)  # fp32 for half types
-        k, q = key.to(dtype), query.to(dtype)
+        k, q, unscale = _scaled(key, query, dtype)
         blocks = list(_blocks(num_seqs, heads, lengths.tolist(), direction, block_size))
         # Per head, the segments of every block in block order: concatenated head by head,
         # they give edges sorted by (head, target, source) without a global sort.
@@ -118,7 +215,8 @@ class _LatentGraphEdges(torch.autograd.Function):
             for n, (h0, h1, b0, b1, j0, j1, i0, i1) in enumerate(blocks):
                 scores = q[b0:b1, h0:h1, j0:j1] @ k[b0:b1, h0:h1, i0:i1].transpose(-1, -2)
                 allowed = _allowed(j0, j1, i0, i1, lengths[b0:b1], direction, include_self)
-                g, _ = _normalise(scores, allowed.unsqueeze(1), normalization)
+                g, _ = _normalise(scores, allowed.unsqueeze(1), normalization,
+                                  _block_unscale(unscale, b0, b1, h0, h1, j0, j1))
                 keep = (g > 0).transpose(0, 1)  # prune exact zeros only; [Hb, Bg, tj, ti]
                 hh, b, j, i = keep.nonzero(as_tuple=True)  # sorted by (head, b, j, i)
                 offset = ptr[b0 + b]
@@ -160,11 +258,11 @@ class _LatentGraphEdges(torch.autograd.Function):
         key, query, lengths, ptr, edge_index = ctx.saved_tensors
         direction, include_self, normalization = ctx.config
         dtype = torch.promote_types(key.dtype, torch.float32)
-        k, q = key.to(dtype), query.to(dtype)
-        dk = torch.zeros_like(k)
-        dq = torch.zeros_like(q)
         if grad_weight is None:
             return None, None, None, None, None, None, None, None
+        k, q, unscale = _scaled(key, query, dtype)
+        dk = torch.zeros_like(k)
+        dq = torch.zeros_like(q)
         grad_weight = grad_weight.to(dtype)
         src, tgt = edge_index
         with torch.autocast(key.device.type, enabled=False):
@@ -172,7 +270,8 @@ class _LatentGraphEdges(torch.autograd.Function):
                 kb, qb = k[b0:b1, h0:h1, i0:i1], q[b0:b1, h0:h1, j0:j1]
                 scores = qb @ kb.transpose(-1, -2)
                 allowed = _allowed(j0, j1, i0, i1, lengths[b0:b1], direction, include_self)
-                g, aux = _normalise(scores, allowed.unsqueeze(1), normalization)
+                block_unscale = _block_unscale(unscale, b0, b1, h0, h1, j0, j1)
+                g, aux = _normalise(scores, allowed.unsqueeze(1), normalization, block_unscale)
                 grad_g = torch.zeros_like(g)
                 parts = [(h, a, c) for h, a, c in where if c]
                 if parts:
@@ -189,9 +288,25 @@ class _LatentGraphEdges(torch.autograd.Function):
                     grad_s = 2.0 * u / torch.where(scale > 0, scale, torch.ones((), device=scale.device)) * centred
                 else:
                     grad_s = g * centred
+                    if block_unscale is not None:  # d/ds' of softmax((s' - max) / (c_q c_k))
+                        grad_s = grad_s * block_unscale[0] * block_unscale[1]
+                # gradients with respect to the rescaled keys and queries k', q' ...
                 dq[b0:b1, h0:h1, j0:j1] += grad_s @ kb
                 dk[b0:b1, h0:h1, i0:i1] += grad_s.transpose(-1, -2) @ qb
+        dk, dq = dk / unscale[1], dq / unscale[0]  # ... and to k, q: k' = c_k k, q' = c_q q
         return dk.to(key.dtype), dq.to(query.dtype), None, None, None, None, None, None
+
+
+def check_finite_keys_queries(*tensors: Tensor) -> None:
+    """``ValueError`` if any key or query tensor holds NaN or Inf (one device sync for all:
+    the flags are combined on the device first). Finite keys and queries of any magnitude
+    are safe (:data:`SAFE_EXPONENT`); non-finite ones have no meaningful graph."""
+    if not tensors:
+        return
+    finite = torch.stack([torch.isfinite(t).all() for t in tensors]).all()
+    if not bool(finite):
+        raise ValueError("the graph keys or queries contain NaN or Inf (has the model diverged, "
+                         "or are its parameters or inputs non-finite?)")
 
 
 def _check_emission_args(key: Tensor, query: Tensor, direction: str, normalization: str) -> None:
@@ -206,8 +321,8 @@ def _check_emission_args(key: Tensor, query: Tensor, direction: str, normalizati
 
 def latent_graph_edges(key: Tensor, query: Tensor, lengths: Tensor, ptr: Tensor, *,
                        direction: str = "forward", include_self: bool = False,
-                       normalization: str = "relu2",
-                       block_size: int = 1 << 22) -> Tuple[Tensor, Tensor, Tensor]:
+                       normalization: str = "relu2", block_size: int = 1 << 22,
+                       check: bool = True) -> Tuple[Tensor, Tensor, Tensor]:
     r"""Emit the pruned, normalised graphs of paper Eq. 1 as edge lists.
 
     With :math:`s_{ij} = k_i^\top q_j` (a bias is folded into ``key``/``query``
@@ -222,7 +337,11 @@ def latent_graph_edges(key: Tensor, query: Tensor, lengths: Tensor, ptr: Tensor,
     or a softmax over :math:`\mathcal{A}(j)` for ``normalization='softmax'``.
     Only strictly positive weights become edges; a target whose allowed scores
     are all non-positive gets no edge (never NaN). Computed in fp32 (fp64 for
-    fp64 inputs) whatever the input dtype or autocast state.
+    fp64 inputs) whatever the input dtype or autocast state, from keys and queries
+    rescaled exactly by powers of two where they are huge (:data:`SAFE_EXPONENT`), so
+    finite keys and queries of any magnitude give finite graphs whose columns sum to 1
+    or are empty. NaN or Inf keys or queries raise ``ValueError`` (``check=False``
+    skips that test, for inputs checked by the caller).
 
     Args:
         key, query: ``[B, H, T, D]`` padded per-head keys and queries.
@@ -239,28 +358,35 @@ def latent_graph_edges(key: Tensor, query: Tensor, lengths: Tensor, ptr: Tensor,
     _check_emission_args(key, query, direction, normalization)
     if block_size < 1:
         raise ValueError(f"block_size must be positive, got {block_size}")
+    if check:  # emission synchronises with the device anyway (block plan, edge counts)
+        check_finite_keys_queries(key, query)
     return _LatentGraphEdges.apply(key, query, lengths, ptr, direction, include_self,
                                    normalization, block_size)
 
 
 def latent_graph_dense(key: Tensor, query: Tensor, lengths: Tensor, *,
                        direction: str = "forward", include_self: bool = False,
-                       normalization: str = "relu2") -> Tensor:
+                       normalization: str = "relu2", check: bool = True) -> Tensor:
     r"""The graphs of :func:`latent_graph_edges` as dense per-sequence blocks.
 
-    Same arithmetic (fp32, relative to each target's largest score), but the
+    Same arithmetic (fp32, overflow-safe rescaling, relative to each target's largest
+    score), but the
     result is ``[B, H, T, T]`` with ``[b, h, i, j] = G_ij`` (zero at padding,
     at disallowed and at pruned pairs) and gradients come from plain autograd,
     which keeps ``O(B H T^2)`` intermediates: the dense layout, for short
-    sequences and dense graphs.
+    sequences and dense graphs. NaN or Inf keys or queries raise ``ValueError``
+    unless ``check=False`` (the test costs a device sync).
     """
     _check_emission_args(key, query, direction, normalization)
+    if check:
+        check_finite_keys_queries(key, query)
     dtype = torch.promote_types(key.dtype, torch.float32)
     t = key.size(2)
     with torch.autocast(key.device.type, enabled=False):
-        scores = query.to(dtype) @ key.to(dtype).transpose(-1, -2)  # [B, H, T(j), T(i)]
+        k, q, unscale = _scaled(key, query, dtype)  # constant factors: autograd passes them
+        scores = q @ k.transpose(-1, -2)  # [B, H, T(j), T(i)]
         allowed = _allowed(0, t, 0, t, lengths, direction, include_self).unsqueeze(1)
-        g, _ = _normalise(scores, allowed, normalization)
+        g, _ = _normalise(scores, allowed, normalization, unscale)
     return g.transpose(-1, -2)
 
 

@@ -11,7 +11,10 @@ from torch import Tensor
 
 from glomo_pyg import flex
 from glomo_pyg.graphs import LatentGraphs
-from glomo_pyg.kernels import column_max_scores, latent_graph_dense, latent_graph_edges
+from glomo_pyg import kernels
+from glomo_pyg.kernels import (bounded_keys_queries, check_finite_keys_queries, check_graph_size,
+                               column_max_scores, graph_pairs, latent_graph_dense,
+                               latent_graph_edges)
 from glomo_pyg.nn.layout import LAYOUTS, choose_layout, dense_fits, use_fused
 from glomo_pyg.ordering import DIRECTIONS
 from glomo_pyg.sequences import SequenceBatch
@@ -37,6 +40,14 @@ def resolve_head_channels(hidden_channels: int, heads: int, head_channels: Optio
         raise ValueError(f"hidden_channels ({hidden_channels}) is not divisible by heads "
                          f"({heads}); pass head_channels explicitly")
     return hidden_channels // heads
+
+
+def _may_overflow(layers_kq) -> bool:
+    """Whether some key or query is large enough for :func:`bounded_keys_queries` to
+    rescale it (one device sync)."""
+    flags = [torch.stack([(c < 1).any() for c in kernels._safe_scales(k, q)]).any()
+             for k, q in layers_kq]
+    return bool(torch.stack(flags).any())
 
 
 class GraphScorer(torch.nn.Module):
@@ -227,30 +238,76 @@ class GraphScorer(torch.nn.Module):
              layout: str = "sparse", layers=None) -> LatentGraphs:
         """All (or the given) graph layers as :class:`LatentGraphs` in ``layout``
         (``'auto'``: dense blocks when they fit and are dense enough, see
-        :mod:`glomo_pyg.nn.layout`)."""
+        :mod:`glomo_pyg.nn.layout`).
+
+        Before anything is allocated, the size of a graph layer is checked against
+        :data:`~glomo_pyg.kernels.MAX_GRAPH_PAIRS` (host arithmetic, no sync): too
+        large a batch raises ``ValueError`` saying what to do; ``'auto'`` then takes the
+        fused layout where it can run. Keys and queries are checked for NaN/Inf once for
+        all layers (one device sync); finite ones of any magnitude give finite graphs
+        (:data:`~glomo_pyg.kernels.SAFE_EXPONENT`)."""
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         layers = range(self.num_layers) if layers is None else layers
-        b, t = sequences.num_sequences, sequences.max_len
+        b, t, n = sequences.num_sequences, sequences.max_len, sequences.num_nodes
         meta = dict(direction=self.direction, sequences=sequences, include_self=self.include_self)
-        if layout == "auto" and use_fused(t, key_states):
-            layout = "fused"
-        if layout == "fused":  # keys and queries only: propagation scores and normalises
-            layers_kq = [self.augmented(l, key_states, query_states) for l in layers]
+        normalization = "relu2" if self.sparse else "softmax"
+        requested = layout
+        if layout == "auto":
+            layout = self._auto_layout(b, n, t, key_states)
+        if layout != "fused":
+            check_graph_size("sparse" if requested == "auto" else layout, b, n, t, self.heads,
+                             self.include_self)
+        layers_kq = [self.augmented(l, key_states, query_states) for l in layers]
+        if layout == "fused":
             for kq in layers_kq:  # propagation trusts them from here on
                 flex.check_fusable(*kq)
-            return LatentGraphs._trusted_fused(
-                layers_kq, normalization="relu2" if self.sparse else "softmax", **meta)
-        if layout == "sparse" or (layout == "auto" and not dense_fits(b, self.heads, t)):
-            edges = [self(l, key_states, query_states, sequences) for l in layers]
+            if self.sparse:  # exact rescaling: FlexAttention's 2 log(s) never sees s = inf
+                layers_kq = [bounded_keys_queries(k, q) for k, q in layers_kq]
+                return LatentGraphs._trusted_fused(layers_kq, normalization=normalization,
+                                                   **meta)
+            if not _may_overflow(layers_kq):
+                return LatentGraphs._trusted_fused(layers_kq, normalization=normalization,
+                                                   **meta)
+            if requested != "auto":
+                raise ValueError("the graph scores of this batch could overflow float32 (keys "
+                                 "and queries above 2**50), which the fused softmax layout "
+                                 "cannot rescale; use layout='sparse' or 'dense'")
+            layout = "sparse" if not dense_fits(b, self.heads, t) else "dense"
+            check_graph_size("sparse", b, n, t, self.heads, self.include_self)
+        check_finite_keys_queries(*(x for kq in layers_kq for x in kq))
+        if layout == "sparse":
+            edges = [latent_graph_edges(k, q, sequences.lengths, sequences.ptr,
+                                        direction=self.direction, include_self=self.include_self,
+                                        normalization=normalization, block_size=self.block_size,
+                                        check=False) for k, q in layers_kq]
             return LatentGraphs._trusted(*map(list, zip(*edges)), num_heads=self.heads, **meta)
-        graphs = LatentGraphs._trusted_dense([self.dense(l, key_states, query_states, sequences)
-                                              for l in layers], **meta)
-        if layout == "auto":
+        graphs = LatentGraphs._trusted_dense(
+            [latent_graph_dense(k, q, sequences.lengths, direction=self.direction,
+                                include_self=self.include_self, normalization=normalization,
+                                check=False) for k, q in layers_kq], **meta)
+        if requested == "auto":
             density = sum(graphs.density()) / graphs.num_layers
             if choose_layout(b, self.heads, t, density) == "sparse":
                 graphs = graphs.to_sparse()
         return graphs
+
+    def _auto_layout(self, num_sequences: int, num_nodes: int, max_len: int,
+                     like: Tensor) -> str:
+        """``'fused'`` for long sequences without gradients (:func:`use_fused`) and for
+        batches too large for the other layouts where FlexAttention can run; ``'dense'``
+        when the blocks fit (whether they stay dense is decided from their density);
+        otherwise ``'sparse'``."""
+        if use_fused(max_len, like):
+            return "fused"
+        if dense_fits(num_sequences, self.heads, max_len):
+            return "dense"
+        pairs = graph_pairs("sparse", num_sequences, num_nodes, max_len, self.heads,
+                            self.include_self)
+        if pairs > kernels.MAX_GRAPH_PAIRS and flex.available() and like.dtype in flex.DTYPES \
+                and (like.is_cuda or not torch.is_grad_enabled()):
+            return "fused"
+        return "sparse"
 
     def forward(self, layer: int, key_states: Tensor, query_states: Tensor,
                 sequences: SequenceBatch) -> Tuple[Tensor, Tensor, Tensor]:
