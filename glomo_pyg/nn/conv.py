@@ -13,7 +13,7 @@ import warnings
 from glomo_pyg.graphs import LatentGraphs
 from glomo_pyg.kernels import (_is_compiling, dense_head_propagate, head_blocked_edges,
                                propagate_unchecked)
-from glomo_pyg.sequences import sequence_batch
+from glomo_pyg.sequences import check_dtype, sequence_batch
 
 UPDATES = (None, "gru", "residual")
 
@@ -45,7 +45,11 @@ class GlomoConv(MessagePassing):
     ``edge_weight``. ``fused=False`` routes through PyG's generic
     gather/scatter ``propagate`` instead (same numbers; for comparison).
     Edges may come in any order (they are sorted by target when needed, also
-    under ``torch.compile``).
+    under ``torch.compile``). Input is validated at the door: ids in range, NaN or
+    Inf in ``x`` or ``edge_weight`` refused (``ValueError``), with one device sync for
+    all of it (skipped while compiling); with an update, ``x`` must have the
+    parameters' dtype unless autocast is on. Empty input (no nodes, no edges) gives
+    an empty or zero aggregation.
 
     Three entry points take the graphs in their three forms: :meth:`forward`
     (PyG edges or a ``torch.sparse`` adjacency), :meth:`forward_dense` (dense
@@ -109,6 +113,10 @@ class GlomoConv(MessagePassing):
                                  "tensor itself; do not pass edge_weight or edge_head")
             return self.forward_dense(x, edge_index, batch)
         num_nodes = x.size(0) if isinstance(x, Tensor) and x.dim() else 0
+        if isinstance(edge_index, Tensor) and edge_index.dim() == 2 and \
+                edge_index.size(0) == 2 and edge_index.size(1) == 0 and \
+                edge_index.dtype != torch.long and not is_torch_sparse_tensor(edge_index):
+            edge_index = edge_index.long()  # torch.zeros(2, 0) is float: no id to misread
         if isinstance(edge_index, Tensor) and is_torch_sparse_tensor(edge_index):
             if edge_weight is not None or edge_head is not None:
                 raise ValueError("with a torch.sparse adjacency, weights and heads come from the "
@@ -133,16 +141,18 @@ class GlomoConv(MessagePassing):
         """Aggregate along graph layer ``layer`` of ``graphs`` (head ``h`` uses the
         ``h``-th chunk of the channels), then update. ``graphs`` must have ``heads``
         heads and cover the rows of ``x``; they were validated when built, so this
-        path does no host synchronisation."""
+        path does no host synchronisation (and so does not test ``x`` for NaN/Inf: callers
+        pass features they produced or checked)."""
         n = x.size(0)
         if graphs.num_heads != self.heads or graphs.num_nodes != n:
             raise ValueError(f"graphs have {graphs.num_heads} heads over {graphs.num_nodes} "
                              f"units; this layer needs {self.heads} heads over {n}")
         if x.dim() != 2 or x.size(1) != self.channels:
             raise ValueError(f"x must have shape [N, {self.channels}], got {tuple(x.shape)}")
-        xb = x.view(n, self.heads, -1).transpose(0, 1)
+        self._check_dtype(x)
+        xb = x.view(n, self.heads, self.channels // self.heads).transpose(0, 1)
         c = graphs.propagate(xb, layer)
-        return self._update(x, c.transpose(0, 1).reshape(n, -1))
+        return self._update(x, c.transpose(0, 1).reshape(n, self.channels))
 
     def _update(self, x: Tensor, c: Tensor) -> Tensor:
         if self.gru is not None:
@@ -156,19 +166,20 @@ class GlomoConv(MessagePassing):
         n = x.size(0)
         if edge_head is None:  # one graph for all channels
             edge_head = torch.zeros_like(edge_index[0])
-            xb = x.view(1, n, -1)
+            xb = x.view(1, n, self.channels)
             heads = 1
         else:  # block-diagonal over heads: node (h, v) has id h * N + v
-            xb = x.view(n, self.heads, -1).transpose(0, 1)
+            xb = x.view(n, self.heads, self.channels // self.heads).transpose(0, 1)
             heads = self.heads
         if self.fused:
             out = propagate_unchecked(xb, edge_index, edge_weight, edge_head, heads)
         else:
             rows, cols, weight = head_blocked_edges(edge_index, edge_weight, edge_head, n,
                                                     num_heads=heads)
-            out = self.propagate(torch.stack([cols, rows]).long(), x=xb.reshape(heads * n, -1),
+            out = self.propagate(torch.stack([cols, rows]).long(),
+                                 x=xb.reshape(heads * n, self.channels // heads),
                                  edge_weight=weight, size=(heads * n, heads * n))
-        return out.view(heads, n, -1).transpose(0, 1).reshape(n, -1)
+        return out.view(heads, n, self.channels // heads).transpose(0, 1).reshape(n, self.channels)
 
     def _aggregate_dense(self, x: Tensor, adj: Tensor, batch: Optional[Tensor]) -> Tensor:
         """Dense layout: per-sequence blocks ``[B, H, T, T]`` (or ``[B, T, T]``, one graph
@@ -184,6 +195,9 @@ class GlomoConv(MessagePassing):
         if block.dim() != 4 or tuple(block.shape) != want:
             raise ValueError(f"dense graph blocks must have shape [B, H, T, T] = {list(want)} "
                              f"(or [B, T, T]) for this batch, got {tuple(adj.shape)}")
+        self._check_dtype(x)
+        if not bool(torch.isfinite(x).all() & torch.isfinite(adj).all()):  # one sync for both
+            raise ValueError("x or adj contains NaN or Inf")
         n = x.size(0)
         if n == seqs.num_sequences * seqs.max_len:  # no padding: stay in [B, T, H, c]
             xb = x.view(seqs.num_sequences, seqs.max_len, heads, -1).transpose(1, 2)
@@ -208,31 +222,66 @@ class GlomoConv(MessagePassing):
         head = idx[0] if adj_t.dim() == 3 else None
         return torch.stack([idx[-1], idx[-2]]), val, head
 
+    def _check_dtype(self, x: Tensor) -> None:
+        """With an update (GRU or linear map) ``x`` meets the parameters: same dtype,
+        unless autocast converts it (host-side, no sync)."""
+        params = self.gru if self.gru is not None else self.lin
+        if params is not None:
+            check_dtype(x, next(params.parameters()).dtype,
+                        owner=f"GlomoConv(update={self.update_kind!r})'s parameters")
+
     def _check(self, x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor],
                edge_head: Optional[Tensor]) -> None:
+        """Types and shapes (host-side), then ids in range and finite features and weights
+        with one device sync for all of them (as :class:`GlomoTransfer` refuses NaN/Inf)."""
         if not isinstance(x, Tensor) or not x.dtype.is_floating_point:
             raise TypeError(f"x must be a floating-point tensor, got "
                             f"{x.dtype if isinstance(x, Tensor) else type(x).__name__}")
         if x.dim() != 2 or x.size(1) != self.channels:
             raise ValueError(f"x must have shape [N, {self.channels}], got {tuple(x.shape)}")
+        self._check_dtype(x)
         if not isinstance(edge_index, Tensor) or edge_index.dtype != torch.long:
             raise TypeError("edge_index must be an int64 tensor [2, E] or a torch.sparse adjacency")
         if edge_index.dim() != 2 or edge_index.size(0) != 2:
             raise ValueError(f"edge_index must have shape [2, E], got {tuple(edge_index.shape)}")
         num_edges = edge_index.size(1)
-        if num_edges and (int(edge_index.min()) < 0 or int(edge_index.max()) >= x.size(0)):
-            raise ValueError(f"edge_index refers to nodes outside [0, {x.size(0)})")
         if edge_weight is not None:
-            if not edge_weight.dtype.is_floating_point:
-                raise TypeError(f"edge_weight must be floating point, got {edge_weight.dtype}")
+            if not isinstance(edge_weight, Tensor) or not edge_weight.dtype.is_floating_point:
+                raise TypeError(f"edge_weight must be a floating-point tensor, got "
+                                f"{getattr(edge_weight, 'dtype', type(edge_weight).__name__)}")
             if edge_weight.shape != (num_edges,):
                 raise ValueError(f"edge_weight must have shape [E] = [{num_edges}], "
                                  f"got {tuple(edge_weight.shape)}")
         if edge_head is not None:
-            if edge_head.dtype != torch.long or edge_head.shape != (num_edges,):
+            if not isinstance(edge_head, Tensor) or edge_head.dtype != torch.long or \
+                    edge_head.shape != (num_edges,):
                 raise ValueError(f"edge_head must be an int64 tensor of shape [E] = [{num_edges}]")
-            if num_edges and (int(edge_head.min()) < 0 or int(edge_head.max()) >= self.heads):
-                raise ValueError(f"edge_head values must lie in [0, {self.heads})")
+        for name, t in (("edge_index", edge_index), ("edge_weight", edge_weight),
+                        ("edge_head", edge_head)):
+            if t is not None and t.device != x.device:
+                raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+        stats = [torch.isfinite(x).all().long()]
+        if edge_weight is not None:
+            stats.append(torch.isfinite(edge_weight).all().long())
+        if num_edges:
+            stats += [edge_index.min(), edge_index.max()]
+            if edge_head is not None:
+                stats += [edge_head.min(), edge_head.max()]
+        values = torch.stack(stats).tolist()  # the one device sync
+        if not values[0]:
+            raise ValueError("x contains NaN or Inf")
+        if edge_weight is not None:
+            if not values[1]:
+                raise ValueError("edge_weight contains NaN or Inf")
+            values = values[1:]
+        if num_edges:
+            low, high = values[1:3]
+            if low < 0 or high >= x.size(0):
+                raise ValueError(f"edge_index refers to nodes outside [0, {x.size(0)}) "
+                                 f"(ids from {low} to {high})")
+            if edge_head is not None and (values[3] < 0 or values[4] >= self.heads):
+                raise ValueError(f"edge_head values must lie in [0, {self.heads}), got values "
+                                 f"from {values[3]} to {values[4]}")
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.channels}, heads={self.heads}, "

@@ -38,6 +38,9 @@ class ContextDecoder(torch.nn.Module):
         super().__init__()
         if context_length < 1:
             raise ValueError(f"context_length must be >= 1, got {context_length}")
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"the decoder needs at least one GRU layer: num_layers (Glomo's "
+                             f"decoder_layers) must be a positive integer, got {num_layers!r}")
         self.embedding = embedding
         self.context_length = context_length
         dim = embedding.embedding_dim

@@ -16,7 +16,10 @@ class UnitEncoder(torch.nn.Module):
     of the two is given. With ``pixel_mean`` and ``pixel_std`` (per channel, [0, 1]
     scale) the features are uint8 pixel values, normalised as
     :math:`(x / 255 - \mu) / \sigma` before the linear map. Validates the input
-    before touching it.
+    before touching it: token ids must be int64 or int32 in ``[0, num_tokens)``;
+    floating features must be finite and are converted to the parameters' dtype (so
+    fp16, bf16 or fp64 features feed an fp32 predictor, inside autocast or not).
+    ``padding_idx`` (token input only) is a token id in ``[-num_tokens, num_tokens)``.
 
     Shapes:
         - **input:** :math:`(N)` int64 ids, :math:`(N, F_{in})` floats or uint8 pixels
@@ -36,9 +39,18 @@ class UnitEncoder(torch.nn.Module):
         self.num_tokens = num_tokens
         self.in_channels = in_channels
         self.out_channels = out_channels
+        if padding_idx is not None and num_tokens is None:
+            raise ValueError("padding_idx applies to token-id input (num_tokens); feature input "
+                             f"has no padding token, got padding_idx={padding_idx!r}")
         if num_tokens is not None:
             if num_tokens <= 0:
                 raise ValueError(f"num_tokens must be positive, got {num_tokens}")
+            if padding_idx is not None and (isinstance(padding_idx, bool) or
+                                            not isinstance(padding_idx, int) or
+                                            not -num_tokens <= padding_idx < num_tokens):
+                raise ValueError(f"padding_idx must be a token id in [0, {num_tokens}) (or "
+                                 f"negative from the end, down to {-num_tokens}), got "
+                                 f"{padding_idx!r}")
             self.embedding = torch.nn.Embedding(num_tokens, out_channels, padding_idx=padding_idx)
             self.linear = None
         else:
@@ -78,9 +90,11 @@ class UnitEncoder(torch.nn.Module):
         """:meth:`forward` without the checks, for input validated at the door."""
         if self.embedding is not None:
             return self.embedding(x)
+        dtype = self.linear.weight.dtype
         if self.pixels:
-            dtype = self.linear.weight.dtype
             x = ((x.to(dtype) / 255.0 - self.pixel_mean.to(dtype)) / self.pixel_std.to(dtype))
+        elif x.dtype != dtype:  # fp16/bf16/fp64 features into (say) an fp32 predictor
+            x = x.to(dtype)
         return self.linear(x)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -172,6 +172,10 @@ class Glomo(torch.nn.Module):
         Others as in :class:`GraphPredictor`, :class:`ContextDecoder` and
         :class:`Glomo`.
         """
+        if isinstance(decoder_layers, bool) or not isinstance(decoder_layers, int) or \
+                decoder_layers < 1:
+            raise ValueError(f"decoder_layers must be a positive integer (GRU layers of the "
+                             f"context decoder), got {decoder_layers!r}")
         if keep_alive and not sparse:
             raise ValueError("keep_alive is for squared-ReLU graphs (sparse=True); softmax "
                              "graphs have no empty columns")

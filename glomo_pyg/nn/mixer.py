@@ -9,7 +9,7 @@ from torch import Tensor
 
 from glomo_pyg.graphs import LatentGraphs
 from glomo_pyg.ordering import DIRECTIONS
-from glomo_pyg.sequences import check_features
+from glomo_pyg.sequences import check_dtype, check_features
 
 MIXINGS = ("free", "conditioned")
 PROPAGATIONS = ("both", "graph", "hierarchical")
@@ -125,7 +125,15 @@ class GraphMixer(torch.nn.Module):
         return torch.stack([torch.softmax(lin(x), dim=-1) for lin in self.weight_lins])
 
     def forward(self, x: Tensor, graphs: GraphsArg) -> List[Tensor]:
+        """``x`` must be finite and have the parameters' dtype (unless autocast converts
+        it): ``ValueError`` / ``TypeError`` otherwise."""
         check_features(x, self.in_channels)
+        return self.mix(x, graphs)
+
+    def mix(self, x: Tensor, graphs: GraphsArg) -> List[Tensor]:
+        """:meth:`forward` for features ``x`` already checked by the caller (shape and
+        NaN/Inf); the graphs and the dtype are still checked (host-side, no sync)."""
+        check_dtype(x, self.gamma.dtype, owner="GraphMixer's parameters")
         graphs = self._check_graphs(x, graphs)
         weights = self.mixture_weights(x)
         return [self.gamma[d] * self._mix(x, g, weights[d]) for d, g in enumerate(graphs)]
@@ -163,6 +171,9 @@ class GraphMixer(torch.nn.Module):
                 propagations.size(-1) != self.in_channels:
             raise ValueError(f"propagations must be [{d}, {k}, N, {self.in_channels}], got "
                              f"{tuple(propagations.shape)}")
+        if self.weight_lins is not None and x is not None:  # host-side checks only
+            check_features(x, self.in_channels, check_finite=False)
+            check_dtype(x, self.gamma.dtype, owner="GraphMixer's parameters")
         weights = self.mixture_weights(x)
         spec = "nk,knc->nc" if weights.dim() == 3 else "k,knc->nc"
         return [self.gamma[i] * torch.einsum(spec, weights[i], propagations[i].to(

@@ -81,6 +81,12 @@ class GlomoTextClassifier(torch.nn.Module):
                 predictor.num_tokens != embedding.size(0):
             raise ValueError(f"the predictor's vocabulary ({predictor.num_tokens} tokens) must "
                              f"be the classifier's ({embedding.size(0)} rows of embedding)")
+        vocab = embedding.size(0)
+        if padding_idx is not None and (isinstance(padding_idx, bool) or
+                                        not isinstance(padding_idx, int) or
+                                        not -vocab <= padding_idx < vocab):
+            raise ValueError(f"padding_idx must be a row of the embedding, in [0, {vocab}) (or "
+                             f"negative from the end), got {padding_idx!r}")
         self.places, self.graph_kind, self.num_classes = places, graph, num_classes
         self.rnn_kind, self.padding_idx = rnn, padding_idx
         self.embedding = torch.nn.Embedding.from_pretrained(

@@ -10,7 +10,7 @@ from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
 from glomo_pyg.nn.fusion import GatedFusion
 from glomo_pyg.nn.mixer import GraphMixer
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
-from glomo_pyg.sequences import check_features, sequence_batch
+from glomo_pyg.sequences import check_dtype, check_features, sequence_batch
 
 GRAPHS = ("learned", "uniform", "none")
 
@@ -143,20 +143,33 @@ class GlomoTransfer(torch.nn.Module):
                 propagated: Optional[Tensor] = None) -> Tensor:
         """``graphs``, when given, are used as they are (e.g. from :meth:`graphs`);
         otherwise they are computed from ``x`` and ``batch``. ``propagated``: the
-        precomputed :meth:`propagations` of this ``h`` (then no graph is used)."""
-        check_features(h, self.in_channels, name="h")
+        precomputed :meth:`propagations` of this ``h`` (then no graph is used).
+
+        ``h`` (and ``propagated``) must be finite and ``h`` of the parameters' dtype
+        unless autocast converts it; one device sync tests them for NaN/Inf."""
+        check_features(h, self.in_channels, name="h", check_finite=False)
+        check_dtype(h, self.fusion.transform.weight.dtype, name="h",
+                    owner="GlomoTransfer's parameters")
+        finite = torch.isfinite(h).all()
+        if propagated is not None and self.graph != "none":
+            if not isinstance(propagated, Tensor) or propagated.dim() != 4 or \
+                    propagated.size(2) != h.size(0):
+                raise ValueError(f"propagated must be [D, K, N, C] with N = {h.size(0)} (the "
+                                 f"units of h), got "
+                                 f"{tuple(getattr(propagated, 'shape', ())) or type(propagated)}")
+            finite = finite & torch.isfinite(propagated).all()
+        if not bool(finite):  # the one device sync
+            raise ValueError("h contains NaN or Inf" if not bool(torch.isfinite(h).all())
+                             else "propagated contains NaN or Inf")
         if self.graph == "none":
             mixed: List[Tensor] = [h] * len(self.mixer.directions)
         elif propagated is not None:
-            if propagated.size(2) != h.size(0):
-                raise ValueError(f"propagated covers {propagated.size(2)} units, h has "
-                                 f"{h.size(0)}")
             mixed = self.mixer.combine(propagated, h)
         else:
             if graphs is None:
                 graphs = self.graphs(x, batch, num_nodes=h.size(0))
-            mixed = self.mixer(h, graphs)
-        return self.fusion(h, mixed)
+            mixed = self.mixer.mix(h, graphs)
+        return self.fusion.fuse(h, mixed)
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.in_channels}, out_channels={self.out_channels}, "
