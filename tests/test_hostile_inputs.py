@@ -1,0 +1,385 @@
+"""Hand-made (hostile) input at the public doors: a named error (what argument, expected
+vs got) or a correct result, never a crash deep inside, a silent wrong result or an
+unbounded allocation. One test (or a few) per finding of the reliability review."""
+import time
+
+import pytest
+import torch
+
+import glomo_pyg.kernels as K
+import glomo_pyg.sequences as S
+from glomo_pyg import (GatedFusion, Glomo, GlomoConv, GlomoTransfer, GraphMixer,
+                       GraphPredictor, LatentGraphs)
+from glomo_pyg.nn import ContextDecoder, GlomoTextClassifier, PretrainedGraphPredictor
+from glomo_pyg.nn.functional import head_propagate, latent_graph_dense, weighted_spmm
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _kq(b=2, h=2, t=7, d=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(b, h, t, d, generator=g), torch.randn(b, h, t, d, generator=g)
+
+
+def _column_sums_ok(graphs):
+    """Finite weights; every (layer, sequence, head, target) column sums to 1 or is empty."""
+    dense = graphs.to_dense()  # [L, B, H, T(i), T(j)]
+    assert bool(torch.isfinite(dense).all())
+    sums = dense.sum(-2)
+    ok = (sums == 0) | ((sums - 1).abs() < 1e-5)
+    assert bool(ok.all()), sums[~ok]
+
+
+# --- silent wrong results ---------------------------------------------------------------
+
+def test_public_sparse_kernels_refuse_unsorted_rows_and_out_of_range_sources():
+    x = torch.randn(4, 3)
+    with pytest.raises(ValueError, match="row must be sorted"):
+        weighted_spmm(torch.tensor([2, 0, 1]), torch.tensor([0, 1, 2]), torch.ones(3), x, 3)
+    ei, eh = torch.tensor([[0, 9], [1, 2]]), torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"outside \[0, 4\)"):
+        head_propagate(x, ei, torch.ones(2), eh, 1)
+    with pytest.raises(ValueError, match=r"outside \[0, 4\)"):  # head-blocked [H, N, C] too
+        head_propagate(x.unsqueeze(0), ei, torch.ones(2), eh, 1)
+    # sorted, in range: the same numbers as the dense product
+    row, col, w = torch.tensor([0, 0, 2]), torch.tensor([1, 3, 0]), torch.rand(3)
+    dense = torch.zeros(3, 4).index_put((row, col), w)
+    torch.testing.assert_close(weighted_spmm(row, col, w, x, 3), dense @ x)
+
+
+def test_glomo_conv_refuses_non_finite_features_and_weights_like_transfer():
+    conv = GlomoConv(4, heads=2)
+    ei = torch.tensor([[0, 1], [1, 2]])
+    eh = torch.tensor([0, 1])
+    for bad in (NAN, INF, -INF):
+        x = torch.randn(3, 4)
+        x[1, 2] = bad
+        with pytest.raises(ValueError, match="x contains NaN or Inf"):
+            conv(x, ei)
+    with pytest.raises(ValueError, match="edge_weight contains NaN or Inf"):
+        conv(torch.randn(3, 4), ei, torch.tensor([NAN, 1.0]), eh)
+    with pytest.raises(ValueError, match="edge_weight contains NaN or Inf"):
+        conv(torch.randn(3, 4), torch.sparse_coo_tensor(ei.flip(0), torch.tensor([INF, 1.0]),
+                                                        (3, 3)))
+    adj = torch.rand(1, 2, 3, 3)
+    with pytest.raises(ValueError, match="x or adj contains NaN or Inf"):
+        conv.forward_dense(torch.full((3, 4), NAN), adj)
+    adj[0, 1, 0, 2] = NAN
+    with pytest.raises(ValueError, match="x or adj contains NaN or Inf"):
+        conv.forward_dense(torch.randn(3, 4), adj)
+
+
+def test_gated_fusion_refuses_non_finite_mixtures_and_transfer_propagations():
+    fusion = GatedFusion(4)
+    x, m = torch.randn(3, 4), torch.randn(3, 4)
+    with pytest.raises(ValueError, match="x contains NaN or Inf"):
+        fusion(torch.full((3, 4), INF), [m, m])
+    bad = m.clone()
+    bad[0, 0] = NAN
+    with pytest.raises(ValueError, match="mixture 1 contains NaN or Inf"):
+        fusion(x, [m, bad])
+    assert torch.isfinite(fusion(x, [m, m])).all()
+    predictor = PretrainedGraphPredictor(GraphPredictor(num_tokens=10, hidden_channels=8,
+                                                        num_layers=1, heads=2, cnn_layers=1))
+    transfer = GlomoTransfer(predictor, in_channels=4)
+    tokens = torch.randint(0, 10, (3,))
+    with pytest.raises(ValueError, match="h contains NaN or Inf"):
+        transfer(torch.full((3, 4), NAN), tokens)
+    propagated = transfer.propagations(x, tokens)
+    with pytest.raises(ValueError, match="propagated contains NaN or Inf"):
+        transfer(x, propagated=propagated * NAN)
+    with pytest.raises(ValueError, match=r"propagated must be \[D, K, N, C\]"):
+        transfer(x, propagated=propagated[0])
+    torch.testing.assert_close(transfer(x, propagated=propagated), transfer(x, tokens))
+
+
+@pytest.mark.parametrize("scale", [1e20, 1e30])
+@pytest.mark.parametrize("sparse", [True, False])
+def test_extreme_weights_never_give_nan_or_silently_empty_graphs(scale, sparse):
+    """Embedding x scale with no CNN: keys and queries ~scale, products overflow fp32. The
+    graphs must be finite, their columns sum to 1 or are empty, and they must be the
+    graphs of the unscaled model (squared ReLU is scale invariant; the softmax of such
+    scores is one-hot at the largest score)."""
+    torch.manual_seed(0)
+    model = GraphPredictor(num_tokens=10, hidden_channels=8, num_layers=2, heads=2,
+                           cnn_layers=0, sparse=sparse, norm=None)
+    x, batch = torch.randint(0, 10, (12,)), torch.tensor([0] * 5 + [1] * 7)
+    with torch.no_grad():
+        for lin in (*model.scorer.key, *model.scorer.query):
+            lin.bias.zero_()  # scores then scale as scale**2 exactly: s(scaled) = scale^2 s
+        model.scorer.bias.zero_()
+    reference = model(x, batch, layout="dense").to_dense()
+    with torch.no_grad():
+        model.encoder.embedding.weight.mul_(scale)
+    for layout in ("sparse", "dense"):
+        graphs = model(x, batch, layout=layout)
+        _column_sums_ok(graphs)
+        got = graphs.to_dense()
+        if sparse:
+            torch.testing.assert_close(got, reference, atol=1e-5, rtol=1e-4)
+        else:  # all weight on the largest allowed score(s) (equal tokens tie exactly)
+            torch.testing.assert_close(got.argmax(-2), reference.argmax(-2))
+            top = got.amax(-2)
+            assert bool(((top == 0) | (top >= 0.5 - 1e-6)).all())
+    if sparse:
+        fused = model(x, batch, layout="fused")
+        _column_sums_ok(fused)
+        torch.testing.assert_close(fused.to_dense(), reference, atol=1e-5, rtol=1e-4)
+        k, q = fused._fused[0]
+        assert float(k.detach().abs().max()) < 2.0 ** K.SAFE_EXPONENT  # FlexAttention sees no inf
+    else:
+        with pytest.raises(ValueError, match="fused softmax layout cannot rescale"):
+            model(x, batch, layout="fused")
+
+
+def test_scorer_refuses_non_finite_keys_and_queries():
+    model = GraphPredictor(num_tokens=10, hidden_channels=8, num_layers=1, heads=2,
+                           cnn_layers=0, norm=None)
+    with torch.no_grad():
+        model.scorer.key[0].weight[0, 0] = NAN  # a diverged parameter
+    for layout in ("sparse", "dense"):
+        with pytest.raises(ValueError, match="keys or queries contain NaN or Inf"):
+            model(torch.randint(0, 10, (6,)), layout=layout)
+    k, q = _kq()
+    lengths, ptr = torch.tensor([7, 5]), torch.tensor([0, 7, 12])
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        K.latent_graph_edges(k * INF, q, lengths, ptr)
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        latent_graph_dense(k, q * NAN, lengths)
+
+
+@pytest.mark.parametrize("normalization", ["relu2", "softmax"])
+def test_rescaled_scores_give_the_same_graphs_and_gradients(normalization):
+    """A key column of 2**60 that meets zero queries leaves every score unchanged but makes
+    the kernels rescale the keys by 2**-11: graphs and gradients must not change (for the
+    softmax the factor is put back after the maximum is subtracted)."""
+    k, q = _kq(t=9, d=4)
+    lengths, ptr = torch.tensor([9, 6]), torch.tensor([0, 9, 15])
+    big = torch.full(k.shape[:-1] + (1,), 2.0 ** 60)
+    k_big = torch.cat([k, big], -1).requires_grad_()
+    q_big = torch.cat([q, torch.zeros_like(big)], -1).requires_grad_()
+    k_ref = torch.cat([k, torch.zeros_like(big)], -1).requires_grad_()
+    q_ref = torch.cat([q, torch.zeros_like(big)], -1).requires_grad_()
+    probe = None
+    for fn in (K.latent_graph_edges, latent_graph_dense):
+        args = (ptr,) if fn is K.latent_graph_edges else ()
+        want = fn(k_ref, q_ref, lengths, *args, normalization=normalization)
+        got = fn(k_big, q_big, lengths, *args, normalization=normalization)
+        w_want = want[1] if isinstance(want, tuple) else want
+        w_got = got[1] if isinstance(got, tuple) else got
+        if isinstance(want, tuple):
+            assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
+        torch.testing.assert_close(w_got, w_want)
+        probe = torch.randn_like(w_want)
+        gk_want, gq_want = torch.autograd.grad((w_want * probe).sum(), (k_ref, q_ref))
+        gk_got, gq_got = torch.autograd.grad((w_got * probe).sum(), (k_big, q_big))
+        torch.testing.assert_close(gk_got[..., :-1], gk_want[..., :-1])
+        torch.testing.assert_close(gq_got[..., :-1], gq_want[..., :-1])
+    assert probe is not None
+
+
+def test_scaling_is_exact_and_a_no_op_for_ordinary_magnitudes():
+    k, q = _kq()
+    ck, cq = K._safe_scales(k * 1e3, q)
+    assert bool((ck == 1).all()) and bool((cq == 1).all())
+    ck, cq = K._safe_scales(k * 1e30, q * 1e25)
+    for c in (ck, cq):
+        assert bool((c < 1).all()) and bool((torch.frexp(c)[0] == 0.5).all())  # powers of 2
+    lengths, ptr = torch.tensor([7, 7]), torch.tensor([0, 7, 14])
+    a = K.latent_graph_edges(k, q, lengths, ptr)
+    b = K.latent_graph_edges(k * 2.0 ** 70, q * 2.0 ** 40, lengths, ptr)
+    for x, y in zip(a, b):  # squared ReLU of exactly rescaled scores: bit for bit the same
+        assert torch.equal(x, y)
+
+
+# --- crashes with unhelpful messages --------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.int16, torch.uint8, torch.int8])
+def test_token_ids_of_unsupported_integer_dtypes_are_named(dtype):
+    model = GraphPredictor(num_tokens=10, hidden_channels=8, num_layers=1, heads=2, cnn_layers=1)
+    x = torch.randint(0, 10, (5,))
+    with pytest.raises(TypeError, match=rf"int64 or int32.*{dtype}.*x.long\(\)"):
+        model(x.to(dtype))
+    glomo = Glomo.text(10, hidden_channels=8, heads=2, num_layers=1)
+    with pytest.raises(TypeError, match="int64 or int32"):
+        glomo(x.to(dtype))
+    assert model(x.int()).num_edges == model(x).num_edges  # int32 ids are fine
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_features_of_other_float_dtypes(dtype):
+    """An fp32 predictor converts its input features (documented); modules whose
+    parameters meet the features name the mismatch instead of failing in a matmul."""
+    torch.manual_seed(0)
+    predictor = GraphPredictor(in_channels=3, hidden_channels=8, num_layers=1, heads=2,
+                               cnn_layers=1)
+    x = torch.randn(6, 3).to(dtype)
+    torch.testing.assert_close(predictor(x).to_dense(), predictor(x.float()).to_dense())
+    graphs = LatentGraphs.uniform(torch.tensor([0, 6]), num_layers=1, num_heads=2,
+                                  direction="forward")
+    h = torch.randn(6, 4).to(dtype)
+    mixer = GraphMixer(4, 1, 2, directions=("forward",))
+    with pytest.raises(TypeError, match=rf"x is {dtype} but GraphMixer's parameters are "
+                                        r"torch.float32"):
+        mixer(h, graphs)
+    with pytest.raises(TypeError, match=rf"x is {dtype} but GatedFusion's parameters"):
+        GatedFusion(4, 1)(h, [h])
+    with pytest.raises(TypeError, match=rf"{dtype} but GlomoConv\(update='gru'\)"):
+        GlomoConv(4, update="gru")(h, torch.tensor([[0], [1]]))
+    transfer = GlomoTransfer(PretrainedGraphPredictor(predictor), in_channels=4)
+    with pytest.raises(TypeError, match=rf"h is {dtype} but GlomoTransfer's parameters"):
+        transfer(h, x)
+    # no parameters meet x without an update: any float dtype propagates
+    assert GlomoConv(4)(h, torch.tensor([[0], [1]])).dtype == dtype
+    if dtype != torch.float64:  # autocast converts fp16/bf16 input itself
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert torch.isfinite(mixer(h, graphs)[0].float()).all()
+
+
+def test_padding_idx_and_decoder_layers_are_validated_in_the_constructors():
+    with pytest.raises(ValueError, match=r"padding_idx must be a token id in \[0, 10\).*got 10"):
+        GraphPredictor(num_tokens=10, hidden_channels=8, heads=2, padding_idx=10)
+    with pytest.raises(ValueError, match="padding_idx must be a token id"):
+        Glomo.text(10, hidden_channels=8, heads=2, padding_idx=-11)
+    with pytest.raises(ValueError, match="padding_idx applies to token-id input"):
+        GraphPredictor(in_channels=3, hidden_channels=8, heads=2, padding_idx=0)
+    with pytest.raises(ValueError, match=r"padding_idx must be a row of the embedding"):
+        GlomoTextClassifier(torch.randn(5, 4), padding_idx=5)
+    assert GraphPredictor(num_tokens=10, hidden_channels=8, heads=2,
+                          padding_idx=-1).encoder.embedding.padding_idx == 9
+    with pytest.raises(ValueError, match="decoder_layers must be a positive integer.*got 0"):
+        Glomo.text(10, hidden_channels=8, heads=2, num_layers=1, decoder_layers=0)
+    with pytest.raises(ValueError, match="at least one GRU layer"):
+        ContextDecoder(torch.nn.Embedding(10, 8), 8, num_layers=0)
+
+
+@pytest.mark.parametrize("update", [None, "gru", "residual"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_glomo_conv_on_empty_input(update, fused):
+    conv = GlomoConv(4, heads=2, update=update, fused=fused)
+    empty = torch.zeros(0, 4)
+    out = conv(empty, torch.zeros(2, 0))  # torch.zeros(2, 0) is float: no id to misread
+    assert out.shape == (0, 4)
+    out = conv(empty, torch.zeros(2, 0, dtype=torch.long), torch.zeros(0),
+               torch.zeros(0, dtype=torch.long))
+    assert out.shape == (0, 4)
+    x = torch.randn(3, 4)  # nodes, no edges: zero aggregation, then the update
+    out = conv(x, torch.zeros(2, 0, dtype=torch.long))
+    assert out.shape == (3, 4) and bool(torch.isfinite(out).all())
+    if update is None:
+        assert torch.equal(out, torch.zeros(3, 4))
+    with pytest.raises(ValueError, match=r"outside \[0, 0\)"):  # no node to point at
+        conv(empty, torch.tensor([[0], [0]]))
+    with pytest.raises(ValueError, match="empty input"):
+        conv.forward_dense(empty, torch.zeros(0, 2, 0, 0))
+
+
+def test_ptr_and_layer_index_are_validated_with_named_errors():
+    with pytest.raises(ValueError, match="start at 0 and never decrease"):
+        LatentGraphs.uniform(torch.tensor([0, 5, 3]), num_layers=1, num_heads=1,
+                             direction="forward")
+    with pytest.raises(ValueError, match="ptr must be an int64"):
+        LatentGraphs.uniform([0, 5, 3], num_layers=1, num_heads=1, direction="forward")
+    model = GraphPredictor(num_tokens=10, hidden_channels=8, num_layers=2, heads=2, cnn_layers=1)
+    x = torch.randint(0, 10, (6,))
+    for layout in ("sparse", "dense"):
+        graphs = model(x, layout=layout)
+        with pytest.raises(IndexError, match=r"graph layer 7 is out of range.*2 layers \(0..1\)"):
+            graphs.layer(7)
+        with pytest.raises(IndexError, match=r"graph layer -3 is out of range"):
+            graphs.propagate(torch.randn(6, 4), -3)
+        with pytest.raises(IndexError, match="out of range"):
+            graphs.to_dense(2)
+        with pytest.raises(TypeError, match="must be an integer"):
+            graphs.layer(1.0)
+        for a, b in zip(graphs.layer(-1), graphs.layer(1)):  # Python's negative indices
+            assert torch.equal(a, b)
+        assert graphs.layer(torch.tensor(1))[0].shape == graphs.layer(1)[0].shape
+    with pytest.raises(IndexError, match=r"0..0"):
+        GlomoConv(4, heads=2).propagate_graphs(
+            torch.randn(6, 4), LatentGraphs.uniform(torch.tensor([0, 6]), num_layers=1,
+                                                    num_heads=2, direction="forward"), 1)
+
+
+def test_from_dense_refuses_non_finite_or_negative_weights():
+    ptr = torch.tensor([0, 3])
+    block = torch.rand(1, 2, 3, 3)
+    assert LatentGraphs.from_dense([block], direction="forward", ptr=ptr).num_layers == 1
+    for bad in (NAN, INF, -0.5):
+        broken = block.clone()
+        broken[0, 1, 0, 2] = bad
+        with pytest.raises(ValueError, match="layer 1: dense graph weights must be finite and "
+                                             "non-negative"):
+            LatentGraphs.from_dense([block, broken], direction="forward", ptr=ptr)
+
+
+# --- memory and time ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("last", [10 ** 6, 10 ** 8, 2 ** 62])
+def test_batch_ids_that_skip_absurdly_are_refused_before_allocating(last):
+    model = GraphPredictor(num_tokens=10, hidden_channels=8, num_layers=1, heads=2, cnn_layers=1)
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=rf"{last + 1} sequences .* for 2 units: at most N "
+                                         r"\+ MAX_EMPTY_SEQUENCES = 1026"):
+        model(torch.tensor([3, 4]), torch.tensor([0, last]))
+    assert time.perf_counter() - start < 2.0  # no O(num_sequences) allocation first
+
+
+def test_a_few_empty_sequences_are_allowed_within_the_slack(monkeypatch):
+    model = GraphPredictor(num_tokens=10, hidden_channels=8, num_layers=1, heads=2, cnn_layers=1)
+    x, batch = torch.randint(0, 10, (5,)), torch.tensor([0, 0, 3, 3, 3])  # 1 and 2 empty
+    graphs = model(x, batch)
+    assert graphs.num_sequences == 4 and graphs.lengths.tolist() == [2, 0, 0, 3]
+    _column_sums_ok(graphs)
+    two, sparse_ids = torch.tensor([1, 2]), torch.tensor([0, 9])  # 10 sequences, 2 units
+    assert model(two, sparse_ids).num_sequences == 10  # within N + 1024
+    monkeypatch.setattr(S, "MAX_EMPTY_SEQUENCES", 0)
+    assert model(x, batch).num_sequences == 4  # 4 sequences <= 5 units + 0
+    with pytest.raises(ValueError, match=r"10 sequences .* 2 units: at most N \+ "
+                                         r"MAX_EMPTY_SEQUENCES = 2"):
+        model(two, sparse_ids)
+    with pytest.raises(ValueError, match="negative"):
+        model(x, batch - 1)
+
+
+def test_a_20000_unit_sequence_is_refused_before_its_quadratic_graphs():
+    """Trained graphs keep 40-85% of the allowed pairs: 8 heads over 20,000 units would be
+    ~1.6e9 candidate edges per layer. Refused from host arithmetic, with what to do."""
+    model = GraphPredictor(num_tokens=10, hidden_channels=8, num_layers=1, heads=8,
+                           head_channels=2, cnn_layers=1)
+    x = torch.randint(0, 10, (20000,))
+    for layout in ("sparse", "dense"):
+        start = time.perf_counter()
+        with pytest.raises(ValueError, match=r"MAX_GRAPH_PAIRS.*Split long sequences into "
+                                             r"chunks .*layout='fused'"):
+            model(x, layout=layout)
+        assert time.perf_counter() - start < 5.0
+    with pytest.raises(ValueError, match="MAX_GRAPH_PAIRS"):  # CPU with gradients: no fused
+        model(x, layout="auto")
+    uniform = LatentGraphs.uniform(torch.tensor([0, 20000]), num_layers=1, num_heads=8,
+                                   direction="forward")
+    assert uniform.propagate(torch.randn(20000, 3), 0).shape == (8, 20000, 3)  # O(N)
+    with pytest.raises(ValueError, match="Uniform graphs propagate in O\\(N\\).*MAX_GRAPH"):
+        uniform.layer(0)
+    with pytest.raises(ValueError, match="dense layout.*MAX_GRAPH_PAIRS"):
+        uniform.to_dense(0)
+
+
+def test_graph_size_limit_is_overridable_and_auto_takes_the_fused_layout(monkeypatch):
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    model = GraphPredictor(num_tokens=10, hidden_channels=8, num_layers=1, heads=2, cnn_layers=1)
+    x, batch = torch.randint(0, 10, (40,)), torch.tensor([0] * 20 + [1] * 20)
+    assert K.graph_pairs("sparse", 2, 40, 20, 2) == 2 * 2 * 20 * 19 // 2  # exact here
+    monkeypatch.setattr(K, "MAX_GRAPH_PAIRS", 2 * 2 * 20 * 19 // 2)
+    reference = model(x, batch, layout="sparse")  # exactly at the limit: allowed
+    monkeypatch.setattr(K, "MAX_GRAPH_PAIRS", 100)
+    with pytest.raises(ValueError, match="MAX_GRAPH_PAIRS = 100"):
+        model(x, batch, layout="sparse")
+    monkeypatch.setattr("glomo_pyg.nn.scorer.dense_fits", lambda *a: False)
+    with torch.no_grad():
+        graphs = model(x, batch, layout="auto")
+    assert graphs.layout == "fused"
+    with pytest.raises(ValueError, match="fused graphs were asked for their edges"):
+        graphs.layer(0)
+    monkeypatch.setattr(K, "MAX_GRAPH_PAIRS", 10 ** 6)
+    torch.testing.assert_close(graphs.to_dense(), reference.to_dense())
