@@ -2,6 +2,7 @@
 import json
 import os
 import pickle
+import time
 
 import pytest
 import torch
@@ -253,3 +254,202 @@ def test_save_rejects_bad_arguments(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(ValueError, match="not a directory"):
         save_pretrained(make(), tmp_path / "f")
+
+
+# --- untrusted configs: bombs, types, nesting, non-finite weights, bad paths -----------
+def set_forward(path, **values):
+    edit_config(path, lambda c: c["directions"]["forward"]["config"].update(values))
+
+
+def raw_config(path, text):
+    (path / "config.json").write_bytes(text if isinstance(text, bytes) else text.encode())
+
+
+def fails_fast(path, match, limit=0.5):
+    """load_pretrained refuses ``path`` with a PretrainedFormatError, within ``limit`` s."""
+    start = time.perf_counter()
+    with pytest.raises(PretrainedFormatError, match=match):
+        load_pretrained(path)
+    assert time.perf_counter() - start < limit
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("num_tokens", 2e7, r"num_tokens must be an integer or null, got 20000000\.0"),
+    ("num_tokens", 20_000_000, r"num_tokens is 20000000, outside the range \[1, 16777216\]"),
+    ("num_layers", 1e5, "num_layers must be an integer, got 100000.0"),
+    ("num_layers", 100_000, r"num_layers is 100000, outside the range \[1, 1024\]"),
+    ("cnn_layers", 1_000_000, r"cnn_layers is 1000000, outside the range \[0, 1024\]"),
+    ("hidden_channels", 1 << 20, r"hidden_channels is 1048576, outside the range \[1, 65536\]"),
+    ("heads", 5000, r"heads is 5000, outside the range \[1, 1024\]"),
+    ("kernel_size", 1 << 30, r"kernel_size is 1073741824, outside the range \[1, 1023\]"),
+    ("block_size", 1 << 40, "block_size is 1099511627776, outside the range"),
+    ("position_frequencies", 10 ** 6, "position_frequencies is 1000000, outside the range"),
+])
+def test_config_bombs_fail_fast_naming_the_key_and_the_bound(tmp_path, key, value, match):
+    save_pretrained(make(), tmp_path)
+    set_forward(tmp_path, **{key: value})
+    fails_fast(tmp_path, r"config.json: forward GraphPredictor config: " + match)
+
+
+@pytest.mark.parametrize("values", [
+    dict(num_tokens=16_000_000),              # within the bounds: an 1 GB embedding
+    dict(num_layers=1024, cnn_layers=1024),   # within the bounds: thousands of modules
+    dict(hidden_channels=65536, heads=1024, bias="threshold"),
+])
+def test_configs_within_the_bounds_are_compared_with_the_header_before_any_real_module(
+        tmp_path, monkeypatch, values):
+    save_pretrained(make(), tmp_path)
+    set_forward(tmp_path, **values)
+    real_builds, build = [], io._build
+
+    def spy(*args, **kwargs):
+        if len(args) < 5 and kwargs.get("budget") is None:  # not on the meta device
+            real_builds.append(args[0])
+        return build(*args, **kwargs)
+    monkeypatch.setattr(io, "_build", spy)
+    fails_fast(tmp_path, "does not match .*config.json|far more tensors than model.safetensors",
+               limit=1.0)
+    assert real_builds == []  # only the allocation-free meta build ran
+
+
+def test_the_header_is_read_without_the_tensors_and_dtypes_are_compared(tmp_path):
+    from safetensors.torch import save
+    save_pretrained(make(), tmp_path)
+    header = io._read_header((tmp_path / "model.safetensors").read_bytes(), tmp_path)
+    assert header["fw.scorer.bias"] == ("F32", (2,))
+    tensors = dict(make().predictors.state_dict())
+    tensors["fw.scorer.bias"] = tensors["fw.scorer.bias"].double()
+    (tmp_path / "model.safetensors").write_bytes(save(tensors))
+    rehash(tmp_path)
+    with pytest.raises(PretrainedFormatError, match=r"unexpected dtypes for \['fw.scorer.bias'\]"):
+        load_pretrained(tmp_path)
+    data = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes((1 << 62).to_bytes(8, "little") + data[8:])
+    rehash(tmp_path)
+    with pytest.raises(PretrainedFormatError, match="not a valid safetensors file .*does not fit"):
+        load_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("sparse", "no", 'sparse must be true or false, got "no" \\(a string\\)'),
+    ("sparse", 0, "sparse must be true or false, got 0 \\(an integer\\)"),
+    ("include_self", None, "include_self must be true or false, got null"),
+    ("dropout", "0.5", 'dropout must be a finite number, got "0.5" \\(a string\\)'),
+    ("dropout", True, "dropout must be a finite number, got true"),
+    ("dropout", 1.5, r"dropout is 1.5, outside the range \[0.0, 1.0\]"),
+    ("num_layers", True, "num_layers must be an integer, got true"),
+    ("num_layers", 2.0, "num_layers must be an integer, got 2.0"),
+    ("hidden_channels", "16", 'hidden_channels must be an integer, got "16"'),
+    ("norm", 5, "norm must be a string of at most 256 characters or null, got 5"),
+    ("bias", ["scalar"], "bias must be a string .*, got a list"),
+    ("head_channels", {"a": 1}, "head_channels must be an integer or null, got an object"),
+    ("position_period", 10 ** 400, "position_period must be a finite number, got 1000"),
+    ("pixel_mean", [0.5, "0.5"],
+     "pixel_mean must be a list of at most 65536 finite numbers or null"),
+])
+def test_config_values_must_have_their_json_type(tmp_path, key, value, match):
+    save_pretrained(make(), tmp_path)
+    set_forward(tmp_path, **{key: value})
+    fails_fast(tmp_path, match)
+
+
+def test_type_rules_cover_every_emitter_argument():
+    """A new constructor argument needs a rule in CONFIG_RULES, or its saved models
+    would not load; the rule's type must be the argument's annotation."""
+    import inspect
+
+    from glomo_pyg.nn.emitter import EMITTERS
+    from glomo_pyg.nn.scorer import GraphScorer
+    kinds = {"int": "int", "Optional[int]": "int?", "float": "float", "bool": "bool",
+             "str": "str", "Optional[str]": "str?", "Sequence[float]": "floats",
+             "Optional[Sequence[float]]": "floats?"}
+    seen = set()
+    for cls in EMITTERS.values():
+        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+        if any(p.kind is p.VAR_KEYWORD for p in params):  # FeatureGraphEmitter: the scorer's
+            params += list(inspect.signature(GraphScorer.__init__).parameters.values())[4:]
+        for p in params:
+            if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+                continue
+            assert p.name in io.CONFIG_RULES, f"{cls.__name__}.{p.name} has no rule"
+            rule, annotation = io.CONFIG_RULES[p.name][0], kinds.get(p.annotation, "?")
+            assert rule in (annotation, annotation + "?"), (cls.__name__, p.name, annotation)
+            seen.add(p.name)
+    assert seen == set(io.CONFIG_RULES)
+
+
+def test_bad_json_is_named_with_the_file(tmp_path, monkeypatch):
+    save_pretrained(make(), tmp_path)
+    good = (tmp_path / "config.json").read_text()
+    cases = [
+        ("[" * 100_000 + "]" * 100_000, "not valid JSON \\(nested more than 16 deep\\)"),
+        ('{"format": ' + "[" * 20 + "]" * 20 + "}", "nested more than 16 deep"),
+        ("\x00\x01garbage", "config.json is not valid JSON"),
+        (b"\xff\xfe{}", "config.json is not valid JSON \\(not UTF-8"),
+        ('{"a": 1, "a": 2}', "config.json is not valid JSON \\(duplicate key 'a'\\)"),
+        ('{"a": NaN}', "config.json is not valid JSON \\(NaN is not a JSON number\\)"),
+        ('{"a": ' + "9" * 5000 + "}", "config.json is not valid JSON"),
+        ("", "config.json is not valid JSON"),
+    ]
+    for text, match in cases:
+        raw_config(tmp_path, text)
+        fails_fast(tmp_path, str(tmp_path / "config.json").replace("\\", "\\\\") + ".*" + match
+                   if "config.json" not in match else match)
+    raw_config(tmp_path, good.replace('"sparse": true', '"sparse": true, "sparse": false'))
+    fails_fast(tmp_path, "duplicate key 'sparse'")
+    raw_config(tmp_path, good)
+    monkeypatch.setattr(io, "MAX_CONFIG_BYTES", 1000)
+    fails_fast(tmp_path, r"config.json has \d+ bytes, more than the 1000")
+    monkeypatch.undo()
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").mkdir()
+    fails_fast(tmp_path, "config.json is not a regular file")
+    os.rmdir(tmp_path / "config.json")
+    if hasattr(os, "mkfifo"):  # a FIFO must not block the loader
+        os.mkfifo(tmp_path / "config.json")
+        fails_fast(tmp_path, "config.json is not a regular file")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_weights_are_refused_at_load_and_at_save(tmp_path, value):
+    from safetensors.torch import save
+    predictor = make()
+    save_pretrained(predictor, tmp_path)
+    tensors = dict(predictor.predictors.state_dict())
+    tensors["bw.key_cnn.convs.0.weight"] = tensors["bw.key_cnn.convs.0.weight"].clone()
+    tensors["bw.key_cnn.convs.0.weight"][0, 0, 1] = value
+    (tmp_path / "model.safetensors").write_bytes(save(tensors))
+    rehash(tmp_path)
+    with pytest.raises(PretrainedFormatError, match=r"NaN or infinite weights in "
+                       r"bw.key_cnn.convs.0.weight \(1 of 768 values\)"):
+        load_pretrained(tmp_path)
+    with torch.no_grad():
+        predictor.predictor("backward").key_cnn.convs[0].weight[0, 0, 1] = value
+    with pytest.raises(ValueError, match="NaN or infinite weights in bw.key_cnn.convs.0.weight"):
+        save_pretrained(predictor, tmp_path / "q")
+    assert not (tmp_path / "q").exists()
+
+
+@pytest.mark.parametrize("bad", [None, 3, b"/tmp/p", ["p"]])
+def test_path_must_be_a_string_or_path_like(tmp_path, bad):
+    with pytest.raises(TypeError, match="path must be a str or os.PathLike"):
+        PretrainedGraphPredictor.from_pretrained(bad)
+    with pytest.raises(TypeError, match="path must be a str or os.PathLike"):
+        load_pretrained(bad)
+    with pytest.raises(TypeError, match="path must be a str or os.PathLike"):
+        save_pretrained(make(), bad)
+    with pytest.raises(PretrainedFormatError, match="path is empty"):
+        load_pretrained("")
+
+
+def test_weights_entry_and_vocabulary_are_checked(tmp_path):
+    save_pretrained(make(), tmp_path)
+    for change, match in [
+            (lambda c: c["weights"].update(bytes=True), "weights.bytes must be .*got true"),
+            (lambda c: c["weights"].update(bytes="12"), "weights.bytes must be"),
+            (lambda c: c["weights"].update(sha256=None), "weights.sha256 must be 64"),
+            (lambda c: c.update(format_version=True), "no integer format_version"),
+            (lambda c: c.update(vocabulary="abc"), "vocabulary must be a list of strings")]:
+        save_pretrained(make(), tmp_path)
+        edit_config(tmp_path, change)
+        fails_fast(tmp_path, match)

@@ -1,13 +1,32 @@
 """Saving and loading pretrained graph predictors: a JSON config with a format
-version plus safetensors weights. Loading never unpickles anything."""
+version plus safetensors weights. Loading never unpickles anything.
+
+A saved predictor is a directory holding ``config.json`` and ``model.safetensors``.
+:func:`save_pretrained` writes a complete new directory beside it and swaps it into
+place, so the path always holds one whole predictor, the previous or the new one.
+:func:`load_pretrained` treats both files as untrusted: every value of the config is
+type- and range-checked, and the config is compared with the safetensors header before
+any module is built at its real size.
+"""
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import hashlib
 import json
+import math
 import os
-import tempfile
+import re
+import secrets
+import shutil
+import stat
+import struct
+import sys
+import threading
+import warnings
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -26,57 +45,363 @@ WEIGHTS_NAME = "model.safetensors"
 
 PathLike = Union[str, os.PathLike]
 
+# --- limits on what a file may ask for ----------------------------------------------
+MAX_CONFIG_BYTES = 256 << 20      # a 16M-token vocabulary fits
+MAX_CONFIG_DEPTH = 16             # a saved config nests 5 deep
+MAX_HEADER_BYTES = 100_000_000    # safetensors' own limit on its JSON header
+MAX_STRING = 256                  # string values of an emitter config
+MAX_VOCABULARY = 1 << 24
+
+# What a saved emitter config may hold: each constructor argument's JSON type and the
+# range a file may ask for, as (kind, low, high); kind is "int", "float", "bool", "str"
+# or "floats" (a list of numbers), with "?" when null is allowed. The upper bounds are
+# far above any real predictor; they stop an edited config from asking for gigabytes or
+# hours before it is compared with the weights. Every constructor argument of every
+# registered emitter must have a rule (tests/test_pretrained_io.py checks it).
+CONFIG_RULES: Dict[str, Tuple[str, Optional[float], Optional[float]]] = {
+    "num_tokens": ("int?", 1, MAX_VOCABULARY),
+    "in_channels": ("int?", 1, 1 << 16),
+    "hidden_channels": ("int", 1, 1 << 16),
+    "head_channels": ("int?", 1, 1 << 16),
+    "heads": ("int", 1, 1024),
+    "num_layers": ("int", 1, 1024),
+    "cnn_layers": ("int", 0, 1024),
+    "kernel_size": ("int", 1, 1023),
+    "padding_idx": ("int?", -MAX_VOCABULARY, MAX_VOCABULARY - 1),
+    "block_size": ("int", 1, 1 << 34),
+    "position_frequencies": ("int", 1, 4096),
+    "position_period": ("float", None, None),
+    "height": ("int", 1, 1 << 16),
+    "width": ("int", 1, 1 << 16),
+    "grid_width": ("int?", 1, 1 << 16),
+    "dropout": ("float", 0.0, 1.0),
+    "pixel_mean": ("floats?", None, None),
+    "pixel_std": ("floats?", None, None),
+    "direction": ("str", None, None),
+    "norm": ("str?", None, None),
+    "bias": ("str", None, None),
+    "position": ("str?", None, None),
+    "update": ("str", None, None),
+    "include_self": ("bool", None, None),
+    "sparse": ("bool", None, None),
+}
+_MAX_LIST = 1 << 16  # entries of a "floats" value
+
+# safetensors dtype names of the torch dtypes a predictor may hold
+_SAFETENSORS_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+    torch.uint8: "U8", torch.bool: "BOOL",
+}
+
 
 class PretrainedFormatError(ValueError):
     """A saved predictor cannot be loaded: missing, corrupt, mismatched or from an
     unsupported format version. The message names the file and the problem."""
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+def _as_path(path: Any, function: str) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{function}: path must be a str or os.PathLike naming the predictor's "
+                        f"directory, got {type(path).__name__}")
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise TypeError(f"{function}: path must be a str or os.PathLike naming the predictor's "
+                        f"directory, got a {type(text).__name__} path")
+    if not text:
+        raise (PretrainedFormatError if function == "load_pretrained" else ValueError)(
+            f"{function}: path is empty")
+    return Path(text)
 
 
-def _atomic_write(path: Path, write) -> None:
-    """Write through a temporary file in the same directory, then rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+# --- strict JSON ------------------------------------------------------------------------
+class _JSONProblem(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:  # parsers disagree on which one wins: refuse
+            raise _JSONProblem(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise _JSONProblem(f"{name} is not a JSON number")
+
+
+def _depth_at_most(value: Any, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return False
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return True
+
+
+def _strict_json(data: bytes, max_depth: int) -> Any:
+    """Standard JSON only (no NaN/Infinity, no duplicate keys), nested at most
+    ``max_depth`` deep; any problem raises :class:`_JSONProblem`."""
     try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        value = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates,
+                           parse_constant=_no_constant)
+    except RecursionError:
+        raise _JSONProblem(f"nested more than {max_depth} deep") from None
+    except UnicodeDecodeError as err:
+        raise _JSONProblem(f"not UTF-8: {err}") from None
+    except ValueError as err:  # JSONDecodeError, too many digits, the hooks above
+        raise _JSONProblem(str(err)) from None
+    if isinstance(value, (dict, list)) and not _depth_at_most(value, max_depth):
+        raise _JSONProblem(f"nested more than {max_depth} deep")
+    return value
+
+
+def _show(value: Any) -> str:
+    kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", dict: "an object", type(None): "null"}.get(type(value), "?")
+    text = json.dumps(value) if not isinstance(value, (dict, list)) else kind
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return text if text == kind else f"{text} ({kind})"
+
+
+# --- saving -------------------------------------------------------------------------------
+_TEMP = re.compile(r"^(new|old)-([0-9]+)-[0-9a-f]{8}$")
+_OLD_TEMP_FILE = re.compile(r"^\.(config\.json|model\.safetensors)\..+\.tmp$")
+_RENAME_EXCHANGE, _AT_FDCWD = 2, -100
+
+
+def _temp_path(target: Path, kind: str) -> Path:
+    return target.parent / f".{target.name}.glomo-{kind}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _temporaries(target: Path) -> List[Tuple[str, int, Path]]:
+    """``(kind, pid, path)`` of the siblings that saves into ``target`` made: ``new``
+    directories being written (or, after the swap, holding the replaced predictor) and
+    ``old`` backups of the two-rename swap."""
+    prefix = f".{target.name}.glomo-"
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        match = _TEMP.match(name[len(prefix):]) if name.startswith(prefix) else None
+        if match:
+            out.append((match.group(1), int(match.group(2)), target.parent / name))
+    return out
+
+
+_ACTIVE: set = set()  # temporaries of the saves running in this process
+
+
+def _alive(pid: int, path: Optional[Path] = None) -> bool:
+    """Whether the process that made a temporary may still be saving."""
+    if pid == os.getpid():
+        return path in _ACTIVE
+    if os.name != "posix":
+        return False  # no harmless liveness probe: treat leftovers as stale
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def _complete(directory: Path) -> bool:
+    return (directory / CONFIG_NAME).is_file() and (directory / WEIGHTS_NAME).is_file()
+
+
+def _fsync_dir(directory: Path) -> None:
+    if os.name != "posix":
+        return
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems cannot sync a directory
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_new_file(file: Path, data: bytes) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | \
+        getattr(os, "O_CLOEXEC", 0)
+    with os.fdopen(os.open(file, flags, 0o666), "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _recover(target: Path) -> None:
+    """Tidy up after saves into ``target`` that were killed: if ``target`` is missing
+    because a two-rename swap stopped half way, move the previous predictor back; then
+    remove every temporary of a process that no longer runs."""
+    stale = [(kind, path) for kind, pid, path in _temporaries(target)
+             if not _alive(pid, path) and not path.is_symlink()]
+    if not os.path.lexists(target):
+        backups = [path for kind, path in stale if kind == "old" and _complete(path)]
+        if backups:
+            newest = max(backups, key=lambda p: p.stat().st_mtime)
+            os.rename(newest, target)
+            _fsync_dir(target.parent)
+            stale = [(kind, path) for kind, path in stale if path != newest]
+    for _, path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+_renameat2_fn: Any = None
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one atomic step (Linux ``renameat2`` with
+    ``RENAME_EXCHANGE``); ``False`` where the system or file system cannot."""
+    global _renameat2_fn
+    if not sys.platform.startswith("linux"):
+        return False
+    if _renameat2_fn is None:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).renameat2
+        except (OSError, AttributeError):
+            fn = False
+        else:
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                           ctypes.c_uint]
+            fn.restype = ctypes.c_int
+        _renameat2_fn = fn
+    if not _renameat2_fn:
+        return False
+    if _renameat2_fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b),
+                     _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(a), None, str(b))
+
+
+# errors that say a directory cannot be replaced as a whole (a mount point, a parent we
+# may not write): the files are then replaced inside it
+_CANNOT_SWAP = (errno.EACCES, errno.EPERM, errno.EBUSY, errno.EXDEV, errno.EROFS)
+
+
+class _CannotSwap(Exception):
+    pass
+
+
+def _swap_in(new: Path, target: Path) -> None:
+    """Put the complete directory ``new`` at ``target``: at every instant ``target`` is
+    the previous directory or ``new`` (one atomic exchange where the system has it;
+    otherwise ``target`` is renamed to a backup and ``new`` into place, and a kill in
+    between leaves the backup, which the next save restores and loading names)."""
+    try:
+        if not os.path.lexists(target):
+            os.rename(new, target)
+        elif _exchange(new, target):
+            pass  # ``new`` now holds the previous predictor
+        else:
+            backup = _temp_path(target, "old")
+            _ACTIVE.add(backup)
+            try:
+                os.rename(target, backup)
+                try:
+                    os.rename(new, target)
+                except BaseException:
+                    os.rename(backup, target)
+                    raise
+                _fsync_dir(target.parent)
+                shutil.rmtree(backup, ignore_errors=True)
+            finally:
+                _ACTIVE.discard(backup)
+            return
+    except OSError as err:
+        if err.errno in _CANNOT_SWAP:
+            raise _CannotSwap(err) from None
         raise
+    _fsync_dir(target.parent)
+
+
+def _save_in_place(target: Path, payload: bytes, text: bytes, reason: Exception) -> None:
+    """Where ``target`` cannot be replaced as a whole: write both files under temporary
+    names inside it, then rename the weights and the config into place (a kill between
+    the two renames leaves a config whose checksum the weights fail: reported on load,
+    never loaded half-updated)."""
+    warnings.warn(f"save_pretrained: cannot replace {target} as a whole ({reason}); writing "
+                  "its files in place instead", RuntimeWarning, stacklevel=3)
+    for name in os.listdir(target):
+        match = _OLD_TEMP_FILE.match(name)
+        pid = re.search(r"\.([0-9]+)-[0-9a-f]{8}\.tmp$", name) if match else None
+        if match and (pid is None or not _alive(int(pid.group(1)))):
+            with contextlib.suppress(OSError):
+                os.unlink(target / name)
+    temps = {}
+    try:
+        for name, data in ((WEIGHTS_NAME, payload), (CONFIG_NAME, text)):
+            temps[name] = target / f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+            _write_new_file(temps[name], data)
+        for name in (WEIGHTS_NAME, CONFIG_NAME):
+            os.replace(temps.pop(name), target / name)
+        _fsync_dir(target)
+    finally:
+        for tmp in temps.values():
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _non_finite(tensors: Dict[str, torch.Tensor]) -> List[str]:
+    return [f"{name} ({int((~torch.isfinite(t)).sum())} of {t.numel()} values)"
+            for name, t in tensors.items()
+            if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all())]
 
 
 def save_pretrained(predictor: PretrainedGraphPredictor, path: PathLike) -> Path:
     """Save ``predictor`` into directory ``path`` (created if needed).
 
     Writes ``model.safetensors`` (all weights of both directions, as
-    ``<fw|bw>.<parameter name>``) and then ``config.json``: the format name and
+    ``<fw|bw>.<parameter name>``) and ``config.json``: the format name and
     version, the glomo_pyg version, each direction's class and constructor
-    arguments, the vocabulary, and the weights file's size and SHA-256. Each
-    file is written to a temporary name and renamed, so an interrupted save
-    never leaves a config that points at partial weights.
+    arguments, the vocabulary, and the weights file's size and SHA-256.
+
+    Both files are written (and synced) into a new sibling directory, which then
+    replaces ``path`` in one atomic exchange (Linux) or two renames: a save killed at
+    any point leaves ``path`` holding the complete previous or the complete new
+    predictor, never a mixture (after a kill between the two renames the previous one
+    waits in a sibling backup, which the next save puts back and loading names).
+    Temporaries of earlier killed saves are removed. Because the whole directory is
+    replaced, ``path`` must not hold anything but a saved predictor. Where ``path``
+    itself cannot be renamed (a mount point, a parent directory without write
+    permission) its two files are replaced in place, with a warning.
+
+    Raises:
+        TypeError: ``predictor`` is not a :class:`PretrainedGraphPredictor` or ``path``
+            not a str or os.PathLike.
+        ValueError: ``path`` is a file or holds other entries, or a weight is NaN or
+            infinite.
     """
     from safetensors.torch import save
 
     if not isinstance(predictor, PretrainedGraphPredictor):
         raise TypeError(f"expected a PretrainedGraphPredictor, got {type(predictor).__name__}")
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{path} exists and is not a directory")
-    path.mkdir(parents=True, exist_ok=True)
+    given = _as_path(path, "save_pretrained")
+    target = Path(os.path.realpath(given))
+    if os.path.lexists(target) and not target.is_dir():
+        raise ValueError(f"{given} exists and is not a directory")
     tensors = {name: t.detach().to("cpu").contiguous()
                for name, t in predictor.predictors.state_dict().items()}
+    bad = _non_finite(tensors)
+    if bad:
+        raise ValueError(f"cannot save {given}: NaN or infinite weights in {', '.join(bad[:5])}"
+                         f"{' ...' if len(bad) > 5 else ''} (load_pretrained refuses them)")
     payload = save(tensors)
-    _atomic_write(path / WEIGHTS_NAME, lambda fh: fh.write(payload))
     config: Dict[str, Any] = dict(
         format=FORMAT, format_version=FORMAT_VERSION, glomo_pyg_version=__version__,
         directions={d: dict(cls=type(predictor.predictor(d)).__name__,
@@ -85,75 +410,183 @@ def save_pretrained(predictor: PretrainedGraphPredictor, path: PathLike) -> Path
         vocabulary=predictor.vocabulary,
         weights=dict(file=WEIGHTS_NAME, bytes=len(payload),
                      sha256=hashlib.sha256(payload).hexdigest()))
-    text = json.dumps(config, indent=2).encode()
-    _atomic_write(path / CONFIG_NAME, lambda fh: fh.write(text))
-    return path
+    try:
+        text = json.dumps(config, indent=2, allow_nan=False).encode()
+    except ValueError as err:
+        raise ValueError(f"cannot save {given}: the config holds a NaN or infinite number "
+                         f"({err})") from None
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _recover(target)
+    if target.is_dir():
+        foreign = sorted(n for n in os.listdir(target)
+                         if n not in (CONFIG_NAME, WEIGHTS_NAME) and not _OLD_TEMP_FILE.match(n))
+        if foreign:
+            raise ValueError(f"{given} holds {foreign[:5]}{' ...' if len(foreign) > 5 else ''} "
+                             "besides a saved predictor: save_pretrained replaces the whole "
+                             "directory, so save into a new or empty directory")
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        cwd = None
+    new = None
+    try:
+        while new is None:
+            try:
+                new = _temp_path(target, "new")
+                _ACTIVE.add(new)
+                os.mkdir(new)
+            except FileExistsError:
+                _ACTIVE.discard(new)
+                new = None
+            except OSError as err:
+                if err.errno in _CANNOT_SWAP and target.is_dir():
+                    _save_in_place(target, payload, text, err)
+                    return given
+                raise
+        _write_new_file(new / WEIGHTS_NAME, payload)
+        _write_new_file(new / CONFIG_NAME, text)
+        if target.is_dir():  # keep the permissions of the directory it replaces
+            os.chmod(new, stat.S_IMODE(os.stat(target).st_mode))
+        _fsync_dir(new)
+        try:
+            _swap_in(new, target)
+        except _CannotSwap as err:
+            _save_in_place(target, payload, text, err.args[0])
+            return given
+        if cwd is not None and cwd == str(target):
+            os.chdir(target)  # our working directory was the replaced one
+    finally:
+        if new is not None:  # the unfinished new directory, or the replaced old one
+            shutil.rmtree(new, ignore_errors=True)
+            _ACTIVE.discard(new)
+    return given
 
 
-def _read_config(path: Path) -> Dict[str, Any]:
+# --- loading ------------------------------------------------------------------------------
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0) | \
+    getattr(os, "O_NONBLOCK", 0)  # a FIFO named config.json must not block the open
+_DIR_FD = os.open in os.supports_dir_fd and hasattr(os, "O_DIRECTORY")
+
+
+def _missing_directory(path: Path) -> PretrainedFormatError:
+    backups = [p for kind, _, p in _temporaries(Path(os.path.realpath(path)))
+               if kind == "old" and _complete(p)]
+    if backups:
+        backup = max(backups, key=lambda p: p.stat().st_mtime)
+        return PretrainedFormatError(
+            f"{path} does not exist: a save_pretrained into it was interrupted while swapping "
+            f"directories (or is running now); the previous predictor is complete in "
+            f"{backup}. Rename {backup} to {path}, or save again (save_pretrained puts it "
+            "back first)")
+    return PretrainedFormatError(f"{path} does not exist")
+
+
+@contextlib.contextmanager
+def _opened(path: Path) -> Iterator[Tuple[Optional[int], Optional[int]]]:
+    """File descriptors of the config and the weights (``None`` where missing), both
+    opened through one handle on the directory: a save that swaps the directory
+    meanwhile cannot pair one save's config with another's weights."""
     if not path.exists():
-        raise PretrainedFormatError(f"{path} does not exist")
+        raise _missing_directory(path)
     if not path.is_dir():
         raise PretrainedFormatError(f"{path} is a file; a pretrained predictor is a directory "
                                     f"holding {CONFIG_NAME} and {WEIGHTS_NAME} (written by "
                                     "save_pretrained)")
+    fds: List[int] = []
+    dir_fd = None
+    try:
+        if _DIR_FD:
+            try:
+                dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+            except OSError as err:
+                raise PretrainedFormatError(f"{path} cannot be opened ({err.strerror})") from None
+        opened: List[Optional[int]] = []
+        for name in (CONFIG_NAME, WEIGHTS_NAME):
+            try:
+                fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd) if dir_fd is not None else \
+                    os.open(path / name, _OPEN_FLAGS)
+            except (FileNotFoundError, NotADirectoryError):
+                opened.append(None)
+                continue
+            except OSError as err:
+                raise PretrainedFormatError(f"{path / name} cannot be opened "
+                                            f"({err.strerror})") from None
+            fds.append(fd)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise PretrainedFormatError(f"{path / name} is not a regular file")
+            opened.append(fd)
+        yield opened[0], opened[1]
+    finally:
+        for fd in fds:
+            os.close(fd)
+        if dir_fd is not None:
+            os.close(dir_fd)
+
+
+def _read_fd(fd: int, limit: int) -> bytes:
+    chunks, size = [], 0
+    os.lseek(fd, 0, os.SEEK_SET)
+    while size <= limit:
+        chunk = os.read(fd, min(1 << 24, limit + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _read_config(path: Path, fd: Optional[int]) -> Dict[str, Any]:
     file = path / CONFIG_NAME
-    if not file.is_file():
+    if fd is None:
         raise PretrainedFormatError(f"{file} is missing: {path} was not written by "
                                     "save_pretrained, or the save did not finish")
+    size = os.fstat(fd).st_size
+    data = _read_fd(fd, MAX_CONFIG_BYTES)
+    if max(size, len(data)) > MAX_CONFIG_BYTES:
+        raise PretrainedFormatError(f"{file} has {max(size, len(data))} bytes, more than the "
+                                    f"{MAX_CONFIG_BYTES} a predictor config may have")
     try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        config = _strict_json(data, MAX_CONFIG_DEPTH)
+    except _JSONProblem as err:
         raise PretrainedFormatError(f"{file} is not valid JSON ({err})") from None
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         raise PretrainedFormatError(f"{file} is not a glomo_pyg pretrained-predictor config "
                                     f"(expected format {FORMAT!r})")
     version = config.get("format_version")
-    if not isinstance(version, int):
+    if not isinstance(version, int) or isinstance(version, bool):
         raise PretrainedFormatError(f"{file} has no integer format_version")
     if version > FORMAT_VERSION:
+        writer = config.get("glomo_pyg_version")
+        writer = writer if isinstance(writer, str) and len(writer) <= 64 else "?"
         raise PretrainedFormatError(
-            f"{file} has format version {version}, written by glomo_pyg "
-            f"{config.get('glomo_pyg_version', '?')}; this glomo_pyg ({__version__}) "
-            f"reads versions up to {FORMAT_VERSION}: upgrade glomo_pyg")
+            f"{file} has format version {version}, written by glomo_pyg {writer}; this "
+            f"glomo_pyg ({__version__}) reads versions up to {FORMAT_VERSION}: upgrade glomo_pyg")
     if version < 1:
         raise PretrainedFormatError(f"{file} has an invalid format version {version}")
     for key, kind in (("directions", dict), ("weights", dict)):
         if not isinstance(config.get(key), kind):
             raise PretrainedFormatError(f"{file} lacks the {key!r} entry")
-    return config
-
-
-def _check_weights_file(path: Path, config: Dict[str, Any]) -> Path:
     meta = config["weights"]
     if meta.get("file") != WEIGHTS_NAME:
-        raise PretrainedFormatError(f"{path / CONFIG_NAME} names weights file "
-                                    f"{meta.get('file')!r}; expected {WEIGHTS_NAME!r}")
-    file = path / WEIGHTS_NAME
-    if not file.is_file():
-        raise PretrainedFormatError(f"{file} is missing")
-    size, expected = file.stat().st_size, meta.get("bytes")
-    if isinstance(expected, int) and size < expected:
-        raise PretrainedFormatError(f"{file} is truncated: {size} of {expected} bytes")
-    if isinstance(expected, int) and size > expected:
-        raise PretrainedFormatError(f"{file} has {size} bytes, its config records {expected}: "
-                                    "the file was replaced or corrupted")
-    if meta.get("sha256") != _sha256(file):
-        raise PretrainedFormatError(f"{file} does not match the SHA-256 recorded in "
-                                    f"{CONFIG_NAME}: the file is corrupt or was modified")
-    return file
-
-
-def _read_weights(file: Path) -> Dict[str, torch.Tensor]:
-    """Parse a safetensors file; anything else (a pickle, random bytes) is refused
-    by the parser before any of it is interpreted as code or objects."""
-    from safetensors.torch import load
-
-    data = file.read_bytes()
-    try:
-        return load(data)
-    except Exception as err:  # safetensors raises its own error types for bad headers
-        raise PretrainedFormatError(f"{file} is not a valid safetensors file ({err})") from None
+        raise PretrainedFormatError(f"{file} names weights file {_show(meta.get('file'))}; "
+                                    f"expected {WEIGHTS_NAME!r}")
+    size = meta.get("bytes")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 8:
+        raise PretrainedFormatError(f"{file}: weights.bytes must be the weights file's size in "
+                                    f"bytes, got {_show(size)}")
+    digest = meta.get("sha256")
+    if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise PretrainedFormatError(f"{file}: weights.sha256 must be 64 lowercase hex digits, "
+                                    f"got {_show(digest)}")
+    vocab = config.get("vocabulary")
+    if vocab is not None and (not isinstance(vocab, list) or
+                              not all(isinstance(t, str) for t in vocab)):
+        raise PretrainedFormatError(f"{file}: the vocabulary must be a list of strings")
+    if vocab is not None and len(vocab) > MAX_VOCABULARY:
+        raise PretrainedFormatError(f"{file}: the vocabulary has {len(vocab)} entries, more "
+                                    f"than the {MAX_VOCABULARY} this loader accepts")
+    return config
 
 
 def _legacy_entry(entry: Any) -> Any:
@@ -170,15 +603,102 @@ def _legacy_entry(entry: Any) -> Any:
     return dict(cls=cls, config=kwargs)
 
 
-def _build(direction: str, entry: Any, file: Path) -> torch.nn.Module:
-    if not isinstance(entry, dict) or entry.get("cls") not in EMITTERS or \
-            not isinstance(entry.get("config"), dict):
+def _finite(value: Any) -> bool:
+    """A JSON number (not a boolean) that is a finite float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an integer beyond the float range
+        return False
+
+
+def _check_value(key: str, value: Any, where: str) -> None:
+    kind, low, high = CONFIG_RULES[key]
+    optional, kind = kind.endswith("?"), kind.rstrip("?")
+    words = {"int": "an integer", "float": "a finite number", "bool": "true or false",
+             "str": f"a string of at most {MAX_STRING} characters",
+             "floats": f"a list of at most {_MAX_LIST} finite numbers"}[kind]
+    if value is None and optional:
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "bool":
+        ok = isinstance(value, bool)
+    elif kind == "str":
+        ok = isinstance(value, str) and len(value) <= MAX_STRING
+    elif kind == "floats":
+        ok = isinstance(value, list) and len(value) <= _MAX_LIST and all(map(_finite, value))
+    elif kind == "int":
+        ok = number and isinstance(value, int)
+    else:
+        ok = _finite(value)
+    if not ok:
+        raise PretrainedFormatError(f"{where}: {key} must be {words}"
+                                    f"{' or null' if optional else ''}, got {_show(value)}")
+    if number and ((low is not None and value < low) or (high is not None and value > high)):
+        raise PretrainedFormatError(f"{where}: {key} is {value}, outside the range "
+                                    f"[{low}, {high}] this loader accepts")
+
+
+def _entry(direction: str, entry: Any, file: Path) -> Tuple[type, Dict[str, Any]]:
+    """The emitter class and the checked config of one direction entry."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("cls"), str) or \
+            entry["cls"] not in EMITTERS or not isinstance(entry.get("config"), dict):
         raise PretrainedFormatError(
             f"{file}: the {direction} entry must name one of {sorted(EMITTERS)} with its config")
-    cls = EMITTERS[entry["cls"]]
+    cls, config = EMITTERS[entry["cls"]], entry["config"]
+    unknown = sorted(k for k in config if k not in CONFIG_RULES)
+    if unknown:
+        raise PretrainedFormatError(f"{file}: cannot build the {direction} {cls.__name__} from "
+                                    f"its config (unknown arguments {unknown[:5]})")
+    for key, value in config.items():
+        _check_value(key, value, f"{file}: {direction} {cls.__name__} config")
+    return cls, config
+
+
+class _TooManyTensors(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _registration_budget(limit: int) -> Iterator[None]:
+    """Raise :class:`_TooManyTensors` once modules built on this thread register more
+    than ``limit`` submodules, parameters and buffers in all."""
+    from torch.nn.modules import module as nn_module
+
+    thread, count = threading.get_ident(), [0]
+
+    def hook(*args):
+        if threading.get_ident() == thread:
+            count[0] += 1
+            if count[0] > limit:
+                raise _TooManyTensors
+        return None
+
+    handles = [nn_module.register_module_module_registration_hook(hook),
+               nn_module.register_module_parameter_registration_hook(hook),
+               nn_module.register_module_buffer_registration_hook(hook)]
     try:
-        module = cls.from_config(dict(entry["config"]))
-    except (TypeError, ValueError) as err:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _build(direction: str, cls: type, config: Dict[str, Any], file: Path,
+           budget: Optional[int] = None) -> torch.nn.Module:
+    """The emitter of ``config``; with ``budget``, on the meta device (no memory) and
+    stopped once it registers more than ``budget`` modules and tensors."""
+    try:
+        if budget is None:
+            module = cls.from_config(dict(config))
+        else:
+            with _registration_budget(budget), torch.device("meta"):
+                module = cls.from_config(dict(config))
+    except _TooManyTensors:
+        raise PretrainedFormatError(f"{file}: the {direction} {cls.__name__} config describes "
+                                    f"far more tensors than {WEIGHTS_NAME} holds") from None
+    except (TypeError, ValueError, OverflowError, RuntimeError) as err:
         raise PretrainedFormatError(f"{file}: cannot build the {direction} {cls.__name__} from "
                                     f"its config ({err})") from None
     if module.direction != direction:
@@ -187,9 +707,103 @@ def _build(direction: str, entry: Any, file: Path) -> torch.nn.Module:
     return module
 
 
+def _read_weights(path: Path, fd: Optional[int], config: Dict[str, Any]) -> bytes:
+    """The weights file's bytes, once its size and SHA-256 match the config."""
+    file = path / WEIGHTS_NAME
+    if fd is None:
+        raise PretrainedFormatError(f"{file} is missing")
+    expected = config["weights"]["bytes"]
+    size = os.fstat(fd).st_size
+    if size < expected:
+        raise PretrainedFormatError(f"{file} is truncated: {size} of {expected} bytes")
+    if size > expected:
+        raise PretrainedFormatError(f"{file} has {size} bytes, its config records {expected}: "
+                                    "the file was replaced or corrupted")
+    data = _read_fd(fd, expected)
+    if len(data) != expected:
+        raise PretrainedFormatError(f"{file} changed while it was read")
+    if config["weights"]["sha256"] != hashlib.sha256(data).hexdigest():
+        raise PretrainedFormatError(f"{file} does not match the SHA-256 recorded in "
+                                    f"{CONFIG_NAME}: the file is corrupt or was modified")
+    return data
+
+
+def _read_header(data: bytes, file: Path) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
+    """Tensor names, dtypes and shapes from the safetensors header (no tensor is read)."""
+    def bad(why: str) -> PretrainedFormatError:
+        return PretrainedFormatError(f"{file} is not a valid safetensors file ({why})")
+
+    if len(data) < 8:
+        raise bad("shorter than the 8-byte header length")
+    length = struct.unpack("<Q", data[:8])[0]
+    if length > MAX_HEADER_BYTES or 8 + length > len(data):
+        raise bad(f"a header of {length} bytes does not fit the file's {len(data)} bytes")
+    try:
+        header = _strict_json(data[8:8 + length], 3)
+    except _JSONProblem as err:
+        raise bad(f"header: {err}") from None
+    if not isinstance(header, dict):
+        raise bad("the header is not a JSON object")
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        shape = info.get("shape") if isinstance(info, dict) else None
+        if not isinstance(info, dict) or not isinstance(info.get("dtype"), str) or \
+                not isinstance(shape, list) or not all(
+                    isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+            raise bad(f"header entry {name[:60]!r} has no dtype and shape")
+        out[name] = (info["dtype"], tuple(shape))
+    return out
+
+
+def _compare(expected: Dict[str, torch.Tensor], header: Dict[str, Tuple[str, Tuple[int, ...]]],
+             weights_file: Path, config_file: Path) -> None:
+    missing = sorted(set(expected) - set(header))
+    unexpected = sorted(set(header) - set(expected))
+    shapes = [f"{k}: file {header[k][1]} vs config {tuple(expected[k].shape)}"
+              for k in sorted(set(expected) & set(header))
+              if header[k][1] != tuple(expected[k].shape)]
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append(f"missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        if unexpected:
+            parts.append(f"unexpected tensors {[k[:60] for k in unexpected[:5]]}"
+                         f"{' ...' if len(unexpected) > 5 else ''}")
+        if shapes:
+            parts.append("shape mismatch " + "; ".join(shapes[:5]))
+        raise PretrainedFormatError(f"{weights_file} does not match {config_file}: "
+                                    + "; ".join(parts))
+    bad_dtype = [k for k in expected
+                 if header[k][0] != _SAFETENSORS_DTYPES.get(expected[k].dtype, "?")]
+    if bad_dtype:
+        raise PretrainedFormatError(f"{weights_file}: unexpected dtypes for {bad_dtype[:5]}")
+
+
+def _parse_weights(data: bytes, file: Path) -> Dict[str, torch.Tensor]:
+    """Parse a safetensors file; anything else (a pickle, random bytes) is refused
+    by the parser before any of it is interpreted as code or objects."""
+    from safetensors.torch import load
+
+    try:
+        return load(data)
+    except Exception as err:  # safetensors raises its own error types for bad headers
+        raise PretrainedFormatError(f"{file} is not a valid safetensors file ({err})") from None
+
+
 def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None] = None,
                     vocabulary: Optional[Sequence[str]] = None) -> PretrainedGraphPredictor:
     """Load a predictor written by :func:`save_pretrained`, in eval mode.
+
+    The files are untrusted input. In order: the config is at most 256 MiB of standard
+    JSON (no NaN, no duplicate keys, nested at most 16 deep); its format and version are
+    known; every emitter argument has the JSON type its constructor takes (``true`` /
+    ``false`` for booleans, numbers for numbers) and lies within a generous range (see
+    ``CONFIG_RULES``); the weights file has the recorded size and SHA-256; its
+    safetensors header lists exactly the tensors, shapes and dtypes the config
+    describes (checked on modules built on the meta device, which allocate nothing);
+    the tensors parse and are all finite. Only then are the modules built and filled.
 
     Args:
         path: the directory given to :func:`save_pretrained`.
@@ -199,48 +813,45 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
             with; it must equal the saved one.
 
     Raises:
+        TypeError: ``path`` is not a str or os.PathLike.
         PretrainedFormatError: a missing, truncated, corrupt or modified file,
-            a format version newer than this library reads, weights that do
-            not match the config (missing, unexpected or differently shaped
-            tensors), or a vocabulary mismatch. The message names the problem.
+            a format version newer than this library reads, a config value of the
+            wrong type or out of range, weights that do not match the config
+            (missing, unexpected or differently shaped tensors) or are NaN or
+            infinite, or a vocabulary mismatch. The message names the file and
+            the problem.
     """
-    path = Path(path)
-    config = _read_config(path)
-    config_file = path / CONFIG_NAME
-    weights = _read_weights(_check_weights_file(path, config))
-    directions = config["directions"]
-    unknown = sorted(set(directions) - set(DIRECTION_KEYS))
-    if unknown or not directions:
-        raise PretrainedFormatError(f"{config_file}: directions must be a non-empty subset of "
-                                    f"{sorted(DIRECTION_KEYS)}, got {sorted(directions)}")
-    if config["format_version"] == 1:
-        directions = {d: _legacy_entry(e) for d, e in directions.items()}
-    modules = {d: _build(d, directions[d], config_file) for d in directions}
+    path = _as_path(path, "load_pretrained")
+    config_file, weights_file = path / CONFIG_NAME, path / WEIGHTS_NAME
+    with _opened(path) as (config_fd, weights_fd):
+        config = _read_config(path, config_fd)
+        directions = config["directions"]
+        unknown = sorted(set(directions) - set(DIRECTION_KEYS))
+        if unknown or not directions:
+            raise PretrainedFormatError(f"{config_file}: directions must be a non-empty subset "
+                                        f"of {sorted(DIRECTION_KEYS)}, got {sorted(directions)[:5]}")
+        if config["format_version"] == 1:
+            directions = {d: _legacy_entry(e) for d, e in directions.items()}
+        entries = {d: _entry(d, directions[d], config_file) for d in DIRECTION_KEYS
+                   if d in directions}
+        data = _read_weights(path, weights_fd, config)
+    header = _read_header(data, weights_file)
+    budget = 8 * len(header) + 256  # modules and non-persistent buffers included
+    shapes = torch.nn.ModuleDict({DIRECTION_KEYS[d]: _build(d, cls, c, config_file, budget)
+                                  for d, (cls, c) in entries.items()})
+    _compare(shapes.state_dict(), header, weights_file, config_file)
+    del shapes
+    weights = _parse_weights(data, weights_file)
+    del data
+    bad = _non_finite(weights)
+    if bad:
+        raise PretrainedFormatError(f"{weights_file}: NaN or infinite weights in "
+                                    f"{', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}; "
+                                    "a predictor with them emits empty or meaningless graphs")
+    modules = {d: _build(d, cls, c, config_file) for d, (cls, c) in entries.items()}
     container = torch.nn.ModuleDict({DIRECTION_KEYS[d]: m for d, m in modules.items()})
-    expected = container.state_dict()
-    missing = sorted(set(expected) - set(weights))
-    unexpected = sorted(set(weights) - set(expected))
-    shapes = [f"{k}: file {tuple(weights[k].shape)} vs config {tuple(expected[k].shape)}"
-              for k in sorted(set(expected) & set(weights)) if weights[k].shape != expected[k].shape]
-    if missing or unexpected or shapes:
-        parts = []
-        if missing:
-            parts.append(f"missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
-        if unexpected:
-            parts.append(f"unexpected tensors {unexpected[:5]}"
-                         f"{' ...' if len(unexpected) > 5 else ''}")
-        if shapes:
-            parts.append("shape mismatch " + "; ".join(shapes[:5]))
-        raise PretrainedFormatError(f"{path / WEIGHTS_NAME} does not match {config_file}: "
-                                    + "; ".join(parts))
-    bad_dtype = [k for k in expected if weights[k].dtype != expected[k].dtype]
-    if bad_dtype:
-        raise PretrainedFormatError(f"{path / WEIGHTS_NAME}: unexpected dtypes for {bad_dtype[:5]}")
     container.load_state_dict(weights, strict=True)
     saved_vocab = config.get("vocabulary")
-    if saved_vocab is not None and (not isinstance(saved_vocab, list) or
-                                    not all(isinstance(t, str) for t in saved_vocab)):
-        raise PretrainedFormatError(f"{config_file}: the vocabulary must be a list of strings")
     if vocabulary is not None:
         vocabulary = [str(t) for t in vocabulary]
         if saved_vocab is None:
