@@ -79,11 +79,13 @@ def hierarchical(graphs: "LatentGraphs", sample: int, layer: int, head: int) -> 
 
 
 def _directions(graphs) -> List[Tuple[str, "LatentGraphs"]]:
-    from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
-
-    if isinstance(graphs, DirectionalGraphs):
-        return [(d, g) for d, g in zip(("forward", "backward"), graphs) if g is not None]
-    if isinstance(graphs, LatentGraphs):
+    # by shape, not isinstance: graphs.py imports this module (no import cycle)
+    if isinstance(graphs, tuple) and getattr(graphs, "_fields", None) == ("forward", "backward"):
+        parts = [(d, g) for d, g in zip(("forward", "backward"), graphs) if g is not None]
+        if parts:
+            return parts
+        raise ValueError("DirectionalGraphs with neither direction")
+    if hasattr(graphs, "num_layers") and hasattr(graphs, "direction") and hasattr(graphs, "ptr"):
         return [(graphs.direction, graphs)]
     raise TypeError(f"expected LatentGraphs or DirectionalGraphs, got {type(graphs).__name__}")
 
