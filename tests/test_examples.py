@@ -44,14 +44,14 @@ def readme_blocks():
     return [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
 
 
-def test_readme_code_blocks_run(tmp_path):
+def test_readme_code_blocks_run(tmp_path, monkeypatch):
     blocks = readme_blocks()
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     exec(compile(blocks[0], "README usage", "exec"), {})
     # the pixel example at a smaller width (same code path)
-    pixels = blocks[2].replace("hidden_channels=128, num_layers=3, heads=8",
+    pixels = blocks[3].replace("hidden_channels=128, num_layers=3, heads=8",
                                "hidden_channels=16, num_layers=2, heads=2")
-    assert pixels != blocks[2]
+    assert pixels != blocks[3]
     env = {}
     exec(compile(pixels, "README pixels", "exec"), env)
     assert env["logits"].shape == (8, 10)
@@ -69,3 +69,17 @@ def test_readme_code_blocks_run(tmp_path):
     x = torch.randint(0, len(tokens), (12,))
     batch = torch.tensor([0] * 5 + [1] * 7)
     assert model(x, batch).shape == (2, 2)
+
+    # the analysis example, on a small untrained text predictor with an English vocabulary
+    from glomo_pyg import Glomo
+    words = ["<pad>", "<unk>", "<bos>", "<eos>", "a", "wonderful", "film", ".", "the", "story",
+             "made", "no", "sense", "to", "me"]
+    model = Glomo.text(len(words), hidden_channels=16, num_layers=2, heads=2, cnn_layers=1)
+    model.to_pretrained(words).save_pretrained(tmp_path / "text")
+    analysis = blocks[2].replace("runs/imdb-cpu/predictor", str(tmp_path / "text"))
+    assert analysis != blocks[2]
+    monkeypatch.chdir(tmp_path)
+    env = {}
+    exec(compile(analysis, "README analysis", "exec"), env)
+    assert len(env["table"].rows) == 8
+    assert (tmp_path / "graphs.png").is_file() and (tmp_path / "statistics.png").is_file()

@@ -52,6 +52,9 @@ def test_committed_outputs_belong_to_the_current_code(path):
 def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
     for key, value in CI_ENV.get(path.name, {}).items():
         monkeypatch.setenv(key, value.format(tmp=tmp_path))
+    # one torch thread in the kernel: on 2 shared cores, 2 threads beside any other work
+    # ran a step several times slower (the committed outputs were made with 1 thread too)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     # raises nbclient's CellExecutionError (with the cell and traceback) on any failure,
     # including a failed assert cell
     nb, _ = execute.execute(path, timeout=600, cwd=tmp_path)
