@@ -7,7 +7,7 @@ from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, 
 import torch
 from torch import Tensor
 
-from glomo_pyg import flex
+from glomo_pyg import flex, sequences
 from glomo_pyg.analysis import export
 from glomo_pyg.kernels import (blocked_propagate, check_graph_size, dense_head_propagate,
                                head_blocked_edges, latent_graph_dense, latent_graph_edges)
@@ -564,6 +564,14 @@ def _check_ptr(ptr: Tensor) -> SequenceBatch:
         raise ValueError("ptr must be an int64 [B + 1] tensor of sequence offsets (B >= 1)")
     if int(ptr[0]) != 0 or bool((ptr[1:] < ptr[:-1]).any()):
         raise ValueError("ptr must start at 0 and never decrease")
+    # read the limits from the module at call time, so users can raise them
+    if int(ptr[-1]) > sequences.MAX_UNITS:
+        raise ValueError(f"ptr claims {int(ptr[-1])} units, more than "
+                         f"glomo_pyg.sequences.MAX_UNITS = {sequences.MAX_UNITS} (per-unit "
+                         "vectors would not fit in memory); split the batch or raise the limit")
+    if ptr.numel() - 1 > int(ptr[-1]) + sequences.MAX_EMPTY_SEQUENCES:
+        raise ValueError(f"ptr has {ptr.numel() - 1} sequences for {int(ptr[-1])} units: at "
+                         "most N + glomo_pyg.sequences.MAX_EMPTY_SEQUENCES are accepted")
     return SequenceBatch.from_ptr(ptr)
 
 

@@ -63,6 +63,10 @@ class SequenceBatch:
 # most this many sequences beyond its number of units: B <= N + MAX_EMPTY_SEQUENCES
 # (docs/design.md, "Limits").
 MAX_EMPTY_SEQUENCES = 1024
+# Units a batch may claim through ``ptr`` alone (LatentGraphs(ptr=...), uniform graphs):
+# per-unit vectors cost 8 bytes each, so 2**28 units are 2 GiB per vector. Raise it
+# (glomo_pyg.sequences.MAX_UNITS) for larger batches.
+MAX_UNITS = 1 << 28
 
 # Token ids the embedding takes as they are.
 TOKEN_DTYPES = (torch.int64, torch.int32)

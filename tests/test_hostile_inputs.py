@@ -383,3 +383,21 @@ def test_graph_size_limit_is_overridable_and_auto_takes_the_fused_layout(monkeyp
         graphs.layer(0)
     monkeypatch.setattr(K, "MAX_GRAPH_PAIRS", 10 ** 6)
     torch.testing.assert_close(graphs.to_dense(), reference.to_dense())
+
+
+def test_ptr_claiming_huge_or_mostly_empty_batches_is_refused_before_allocating():
+    import time
+
+    from glomo_pyg import sequences
+
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="MAX_UNITS"):
+        LatentGraphs.uniform(torch.tensor([0, 10 ** 10]), num_layers=1, num_heads=1,
+                             direction="forward")
+    with pytest.raises(ValueError, match="MAX_EMPTY_SEQUENCES"):
+        LatentGraphs.uniform(torch.zeros(3000, dtype=torch.long), num_layers=1, num_heads=1,
+                             direction="forward")
+    assert time.perf_counter() - start < 1.0
+    ok = LatentGraphs.uniform(torch.tensor([0, 0, 3]), num_layers=1, num_heads=1,
+                              direction="forward")
+    assert ok.num_sequences == 2 and sequences.MAX_UNITS >= 1 << 20
