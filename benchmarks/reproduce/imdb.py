@@ -31,12 +31,13 @@ interrupted reproduction continues where it stopped:
    95% Student-t confidence intervals: all variants use the same seeds, so the
    seed-to-seed variation they share cancels in the difference.
 
-``--reduced`` is the CPU configuration (about two hours on 2 cores, plus the predictor's
-pretraining unless ``--predictor`` is given): the CPU pretraining recipe, 100-d word
-vectors, reviews cut to 128 tokens, 4,000 training / 1,000 validation reviews and a
-fixed random 5,000 of the 25,000 test reviews, 6 epochs, learning rates 1e-3 and 2e-3,
-variants baseline, GLoMo and uniform graph, 5 seeds. Its numbers are not a reproduction of the paper's; the full
-configuration (the default, for a GPU) is.
+``--reduced`` is the CPU configuration: the CPU pretraining recipe, 100-d word vectors,
+reviews cut to 128 tokens, 4,000 training / 1,000 validation reviews and a fixed random
+5,000 of the 25,000 test reviews, 6 epochs, learning rates 1e-3 and 2e-3, variants
+baseline, GLoMo and uniform graph, 5 seeds. On 2 cores its downstream runs took 85 min
+as two processes of 1 thread each (run 5 in ``benchmarks/results/imdb.md``), plus about
+25 min of pretraining unless ``--predictor`` is given. Its numbers are not a
+reproduction of the paper's; the full configuration (the default, for a GPU) is.
 """
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ LABELS = {"baseline": "feature only (word vectors)", "glomo": "GLoMo on embeddin
           "glomo-rnn": "GLoMo on RNN states", "uniform": "uniform graph",
           **{name: f"GLoMo, predictor -{name[3:]}" for name in ABLATIONS}}
 TFIDF_LABEL = "TF-IDF (1-2-gram) + logistic regression"
-TFIDF_CS = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0)  # inverse regularisation strengths tried on validation
+# inverse regularisation strengths tried on validation
+TFIDF_CS = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
 # Two-sided 95% quantiles of Student's t, t(0.975, df) for df = 1..30 (scipy is no
 # dependency); beyond 30 the normal 1.96 (at most 2% narrower than t there).
 T975 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281,
