@@ -1,7 +1,6 @@
 """glomo pretrain reliability: damaged, unsafe and foreign checkpoints, damaged run files,
 corpus changes under a resumed run, kills between checkpoint writes, SIGTERM/SIGINT."""
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -13,6 +12,8 @@ import pytest
 import torch
 import yaml
 
+from benchmarks.reliability import WORDS, write_corpus
+from benchmarks.reliability import pretrain_settings as settings
 from glomo_pyg.cli import main
 from glomo_pyg.training import PretrainConfig, run_pretraining
 from glomo_pyg.training.checkpoints import (CheckpointMismatchError, CorruptCheckpointError,
@@ -21,32 +22,10 @@ from glomo_pyg.training.checkpoints import (CheckpointMismatchError, CorruptChec
 from glomo_pyg.training.interrupts import TrainingInterrupted
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORDS = "the cat sat on a mat and dog ran to park it was good bad movie film".split()
 
 
 def quiet(*args, **kwargs):
     pass
-
-
-def write_corpus(folder, documents=30, seed=0):
-    rng = random.Random(seed)
-    os.makedirs(folder, exist_ok=True)
-    for k in range(documents):
-        with open(os.path.join(folder, f"doc{k:03d}.txt"), "w") as fh:
-            fh.write(" ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 60))) + ".")
-
-
-def settings(out, corpus, **train):
-    options = dict(batch_size=4, max_steps=6, checkpoint_every=2, validate_every=3,
-                   log_every=1, graph_stats_every=2, progress_bar=False, accelerator="cpu",
-                   graph_warmup_steps=2, seed=1, threads=1)
-    options.update(train)
-    return dict(output_dir=str(out),
-                corpus=dict(path=str(corpus), min_count=1, max_length=16, min_length=4,
-                            validation_fraction=0.1),
-                model=dict(hidden_channels=16, num_layers=2, heads=2, cnn_layers=1,
-                           num_positions=4),
-                train=options)
 
 
 def config(out, corpus, **train):
