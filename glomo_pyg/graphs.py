@@ -472,6 +472,32 @@ class LatentGraphs:
         total = float(self.order.num_pairs(self.lengths).sum()) * self.num_heads
         return [e / total if total else 0.0 for e in self.num_edges]
 
+    def column_entropy(self, normalized: bool = True) -> Tensor:
+        r"""Entropy of every target's incoming weights, ``[L, H, N]``.
+
+        :math:`H^{l,h}_j = -\sum_i G^{l,h}_{ij} \log G^{l,h}_{ij}` over the target's
+        edges (its weights sum to 1); with ``normalized`` divided by
+        :math:`\log n_j`, :math:`n_j` its allowed sources, so 1 is uniform over
+        what may be attended and 0 a single source. ``NaN`` where it is undefined:
+        targets with no incoming edge or fewer than two allowed sources.
+        Differentiable w.r.t. the edge weights (graphs in the fused layout are
+        asked for their edges).
+        """
+        s, h_ = self.sequences, self.num_heads
+        allowed = self.order.num_sources(s.position, s.lengths[s.batch])  # [N]
+        out = []
+        for (src, tgt), w, h in self._sparse_edges():
+            column = h * s.num_nodes + tgt
+            plogp = w * w.clamp_min(torch.finfo(w.dtype).tiny).log()
+            entropy = -plogp.new_zeros(h_ * s.num_nodes).index_add(0, column, plogp)
+            has_edge = torch.bincount(column, minlength=h_ * s.num_nodes) > 0
+            entropy, has_edge = entropy.view(h_, -1), has_edge.view(h_, -1)
+            if normalized:  # clamp: no 0/0 in the gradient of the undefined entries
+                entropy = entropy / allowed.clamp_min(2).to(entropy.dtype).log()
+            defined = has_edge & (allowed >= 2)
+            out.append(torch.where(defined, entropy, entropy.new_full((), float("nan"))))
+        return torch.stack(out)
+
     # --- conversion ---------------------------------------------------------------
     def _map(self, fn) -> "LatentGraphs":
         s = self.sequences

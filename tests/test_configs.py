@@ -74,6 +74,7 @@ def test_threads_setting_is_checked():
                                               "integer, got 'abc'"),
     (dict(model=dict(dropout=1.5)), "model.dropout must be a number in [0, 1)"),
     (dict(model=dict(layout="diagonal")), "model.layout must be one of"),
+    (dict(model=dict(entropy_penalty=-0.5)), "model.entropy_penalty must be a non-negative number"),
     (dict(model=dict(hiden_channels=8)), "unknown model settings ['hiden_channels']"),
     (dict(train=dict(learning_rate=1)), "unknown train settings ['learning_rate']"),
     (dict(trainer={}), "unknown configuration keys ['trainer']"),

@@ -1,4 +1,5 @@
 """Per-head graph health: hand-computed values, the dead-head warning, the logged fields."""
+import math
 import warnings
 
 import pytest
@@ -33,6 +34,9 @@ def test_health_against_hand_computed_values(direction):
     torch.testing.assert_close(h.empty, torch.tensor([[0.0, 2 / 3]]))
     torch.testing.assert_close(h.adjacent, torch.tensor([[1.0, 0.0]]))
     torch.testing.assert_close(h.distance, torch.tensor([[1.0, 2.5]]))  # head 1: 3*.5 + 2*.5
+    # entropy over targets with >= 2 allowed sources: head 0 one edge each (0); head 1's
+    # only column with edges splits 0.5 / 0.5 over 3 allowed sources: log 2 / log 3
+    torch.testing.assert_close(h.entropy, torch.tensor([[0.0, math.log(2) / math.log(3)]]))
     # uniform: targets with 1, 2, 3 sources -> adjacent (1 + 1/2 + 1/3) / 3; distance (1 + 1.5 + 2) / 3
     assert h.uniform_adjacent == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
     assert h.uniform_distance == pytest.approx(1.5)
@@ -49,6 +53,7 @@ def test_uniform_graphs_match_their_own_reference():
             h = graph_health(g)
             torch.testing.assert_close(h.adjacent, torch.full((1, 2), h.uniform_adjacent))
             torch.testing.assert_close(h.distance, torch.full((1, 2), h.uniform_distance))
+            torch.testing.assert_close(h.entropy, torch.ones(1, 2))
             assert h.dead_heads() == [] and float(h.empty.max()) == pytest.approx(0.0)
 
 

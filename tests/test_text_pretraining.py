@@ -186,6 +186,7 @@ def test_health_and_syntax_are_logged_while_training(tmp_path):
     health = [r for r in rows if r.get("health/forward/layer1/head1/empty")]
     assert sorted({int(r["step"]) for r in health}) == [2, 4]
     assert all(0 <= float(r["health/forward/layer1/head1/empty"]) <= 1 for r in health)
+    assert all(0 <= float(r["health/forward/layer1/head1/entropy"]) <= 1 for r in health)
     backward = [r for r in rows if r.get("health/backward/uniform_adjacent")]
     assert len(backward) == 2 and all(float(r["health/backward/uniform_adjacent"]) > 0
                                       for r in backward)

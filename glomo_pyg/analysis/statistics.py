@@ -60,7 +60,13 @@ class GraphHealth:
       incoming edge: a head whose ``empty`` exceeds :data:`DEAD_HEAD_SHARE` is *dead*;
     * ``adjacent``: weight on the adjacent unit (previous unit for forward graphs, next
       for backward), averaged over targets;
-    * ``distance``: weight-averaged ``|i - j|``, averaged over targets with edges.
+    * ``distance``: weight-averaged ``|i - j|``, averaged over targets with edges;
+    * ``entropy``: normalised entropy of a target's incoming weights
+      (:meth:`LatentGraphs.column_entropy`: 1 uniform, 0 a single source), averaged over
+      targets with edges and at least two allowed sources (``NaN`` if there are none).
+      Near 1 flags a pooling head (close to the uniform mean, whatever its adjacency);
+      near 0 with ``distance`` near ``uniform_distance * 2`` flags a head that attends
+      to the sequence's first (forward) or last (backward) unit only.
 
     ``uniform_adjacent`` and ``uniform_distance`` are the same statistics of uniform
     graphs over the same allowed sources (the reference a learned graph should depart
@@ -71,6 +77,7 @@ class GraphHealth:
     empty: torch.Tensor
     adjacent: torch.Tensor
     distance: torch.Tensor
+    entropy: torch.Tensor
     uniform_adjacent: float
     uniform_distance: float
 
@@ -113,6 +120,7 @@ def graph_health(graphs: LatentGraphs) -> GraphHealth:
             0, eh, w * (dist == 1)) / max(1.0, eligible)
         out["distance"][l] = torch.zeros(H, dtype=torch.float64).index_add_(
             0, eh, w * dist) / columns.clamp_min(1.0)
+    out["entropy"] = graphs.column_entropy().detach().cpu().double().nanmean(-1)
     return GraphHealth(**{k: v.float() for k, v in out.items()},
                        uniform_adjacent=uniform_adjacent, uniform_distance=uniform_distance)
 

@@ -74,6 +74,13 @@ class Glomo(torch.nn.Module):
             get no gradient from the objective, so without it a head can die
             for good (docs/training.md). (default: :obj:`0.`)
         keep_alive_margin (float): :math:`\delta`. (default: :obj:`0.1`)
+        entropy_penalty (float): weight :math:`\mu` of a sharpness penalty (an
+            extension of the paper): while training, the loss gains :math:`\mu`
+            times the mean over layers, heads and targets of the normalised
+            entropy of the target's incoming weights
+            (:meth:`LatentGraphs.column_entropy`: 1 uniform, 0 one source). It
+            pushes near-uniform "pooling" heads to commit to a few sources
+            (docs/training.md). (default: :obj:`0.`)
 
     Shapes:
         - **input:** token ids :math:`(N)`, sorted batch vector :math:`(N)`
@@ -84,7 +91,7 @@ class Glomo(torch.nn.Module):
                  context_heads: Mapping[str, ContextDecoder],
                  emitters: Optional[Mapping[str, GraphEmitter]] = None, *,
                  num_positions: int = 20, objective: str = "unit", keep_alive: float = 0.0,
-                 keep_alive_margin: float = 0.1):
+                 keep_alive_margin: float = 0.1, entropy_penalty: float = 0.0):
         super().__init__()
         directions = tuple(d for d in DIRECTIONS if d in feature_predictors)
         if not directions or set(feature_predictors) - set(DIRECTIONS):
@@ -100,6 +107,9 @@ class Glomo(torch.nn.Module):
                 (0.0 < float(keep_alive_margin) < float("inf")):
             raise ValueError("keep_alive must be a finite number >= 0 and keep_alive_margin a "
                              f"finite number > 0, got {keep_alive!r}, {keep_alive_margin!r}")
+        if not (0.0 <= float(entropy_penalty) < float("inf")):
+            raise ValueError(f"entropy_penalty must be a finite number >= 0, got "
+                             f"{entropy_penalty!r}")
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
         if num_positions < 1:
@@ -127,6 +137,7 @@ class Glomo(torch.nn.Module):
         if keep_alive and emitters is None:
             raise ValueError("keep_alive applies to the graph predictor g (decouple=True)")
         self.keep_alive, self.keep_alive_margin = float(keep_alive), float(keep_alive_margin)
+        self.entropy_penalty = float(entropy_penalty)
         self.num_positions, self.objective = num_positions, objective
         self.directions = directions
         self.decouple = emitters is not None
@@ -149,7 +160,8 @@ class Glomo(torch.nn.Module):
              dropout: float = 0.0, padding_idx: Optional[int] = None,
              block_size: int = 1 << 22, position: Optional[str] = None,
              position_frequencies: int = 16, position_period: float = 512.0,
-             keep_alive: float = 0.0, keep_alive_margin: float = 0.1) -> "Glomo":
+             keep_alive: float = 0.0, keep_alive_margin: float = 0.1,
+             entropy_penalty: float = 0.0) -> "Glomo":
         r"""The paper's text model over a vocabulary of ``num_tokens`` token ids.
 
         Per direction: a :class:`GraphPredictor` (causal key/query CNNs, paper
@@ -210,7 +222,7 @@ class Glomo(torch.nn.Module):
                                          decoder_layers, dropout)
         return cls(features, decoders, emitters if decouple else None,
                    num_positions=num_positions, objective=objective, keep_alive=keep_alive,
-                   keep_alive_margin=keep_alive_margin)
+                   keep_alive_margin=keep_alive_margin, entropy_penalty=entropy_penalty)
 
     @classmethod
     def image(cls, height: int = 32, width: int = 32, in_channels: int = 3,
@@ -222,7 +234,7 @@ class Glomo(torch.nn.Module):
               position_frequencies: int = 8, position_period: float = 64.0,
               pixel_mean: Sequence[float] = IMAGENET_MEAN,
               pixel_std: Sequence[float] = IMAGENET_STD, keep_alive: float = 0.0,
-              keep_alive_margin: float = 0.1) -> "Glomo":
+              keep_alive_margin: float = 0.1, entropy_penalty: float = 0.0) -> "Glomo":
         r"""The pixel model of paper Sec. 3.5 over ``height x width`` images with
         ``in_channels`` uint8 channels (units from
         :func:`glomo_pyg.pixels.image_units`).
@@ -264,7 +276,8 @@ class Glomo(torch.nn.Module):
                 heads=heads, update=update, decouple=True, dropout=dropout, **stats)
             heads_[d] = PixelContextHead(hidden_channels, height, width, in_channels, d)
         return cls(features, heads_, emitters, num_positions=num_positions, objective="unit",
-                   keep_alive=keep_alive, keep_alive_margin=keep_alive_margin)
+                   keep_alive=keep_alive, keep_alive_margin=keep_alive_margin,
+                   entropy_penalty=entropy_penalty)
 
     # --- parts --------------------------------------------------------------------
     def emitter(self, direction: str) -> GraphEmitter:
@@ -326,15 +339,22 @@ class Glomo(torch.nn.Module):
             targets = self.decoders[_KEY[d]].targets(x, sequences, positions, d)
             state = f if self.objective == "unit" else self._pooled(f, sequences, d)
             loss, correct = self.decoders[_KEY[d]].loss(state[positions], targets)
+            total = loss
+            if self.training and self.entropy_penalty > 0:
+                entropy = graphs.column_entropy()
+                entropy = entropy[~entropy.isnan()]  # targets with edges, >= 2 sources
+                if entropy.numel():
+                    metrics[f"{d}/column_entropy"] = entropy.detach().mean()
+                    total = total + self.entropy_penalty * entropy.mean()
             if column_max is not None:
                 m = torch.stack(column_max)  # [L, B, H, T]
                 real = torch.isfinite(m)  # targets with allowed sources
                 penalty = (self.keep_alive_margin - m[real]).clamp_min(0).mean()
                 metrics[f"{d}/keep_alive"] = penalty.detach()
                 metrics[f"{d}/empty_columns"] = (m[real] <= 0).float().mean()
-                losses.append(loss + self.keep_alive * penalty)
+                losses.append(total + self.keep_alive * penalty)
             else:
-                losses.append(loss)
+                losses.append(total)
             metrics[f"{d}/loss"] = loss.detach()
             metrics[f"{d}/accuracy"] = correct / (targets != IGNORE).sum()
             if graphs.layout != "fused":  # fused graphs hold no edges to count

@@ -10,6 +10,8 @@ import torch
 from glomo_pyg.analysis.statistics import (DEAD_HEAD_SHARE, DISTANCE_EDGES, GraphHealth,
                                            distance_bin_names, graph_health, graph_statistics)
 
+HEALTH_FIELDS = ("density", "empty", "adjacent", "distance", "entropy")
+
 __all__ = ["DEAD_HEAD_SHARE", "DISTANCE_EDGES", "GraphHealth", "GraphStatistics",
            "distance_bin_names", "graph_health", "graph_statistics"]
 
@@ -21,7 +23,8 @@ class GraphStatistics(pl.Callback):
 
     * :func:`graph_statistics` as ``graphs/<direction>/layer<l>/...``;
     * :func:`graph_health` per head as ``health/<direction>/layer<l>/head<h>/<name>``
-      (``density``, ``empty``, ``adjacent``, ``distance``) and the uniform references;
+      (``density``, ``empty``, ``adjacent``, ``distance``, ``entropy``) and the uniform
+      references;
     * in the progress bar, ``dead`` (number of dead heads over both directions) and
       ``adj`` (mean weight on the adjacent unit over all heads; uniform graphs give
       about ``1 / mean sequence length``).
@@ -84,12 +87,12 @@ class GraphStatistics(pl.Callback):
             self.last[direction] = health
             self.history.append(dict(step=step, direction=direction,
                                      **{k: getattr(health, k).tolist() for k in
-                                        ("density", "empty", "adjacent", "distance")},
+                                        HEALTH_FIELDS},
                                      uniform_adjacent=health.uniform_adjacent,
                                      uniform_distance=health.uniform_distance))
             for l in range(g.num_layers):
                 for h in range(g.num_heads):
-                    for name in ("density", "empty", "adjacent", "distance"):
+                    for name in HEALTH_FIELDS:
                         stats[f"health/{direction}/layer{l}/head{h}/{name}"] = \
                             float(getattr(health, name)[l, h])
             stats[f"health/{direction}/dead_heads"] = len(health.dead_heads(self.dead_share))

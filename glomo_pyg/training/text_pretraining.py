@@ -275,7 +275,8 @@ _MODEL_RULES = dict(
     kernel_size=_POSITIVE, dropout=_Rule(float, low=0, high=1, high_open=True),
     block_size=_POSITIVE, position_frequencies=_POSITIVE,
     position_period=_Rule(float, low=0, low_open=True), keep_alive=_Rule(float, low=0),
-    keep_alive_margin=_Rule(float, low=0), layout=_Rule(str, choices=_layouts))
+    keep_alive_margin=_Rule(float, low=0), entropy_penalty=_Rule(float, low=0),
+    layout=_Rule(str, choices=_layouts))
 _ANNOTATION_RULES = {"int": _Rule(int), "float": _Rule(float), "bool": _Rule(bool),
                      "str": _Rule(str), "Optional[int]": _Rule(int, optional=True),
                      "Optional[str]": _Rule(str, optional=True),
