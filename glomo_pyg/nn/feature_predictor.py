@@ -16,6 +16,28 @@ from glomo_pyg.nn.scorer import GraphScorer, resolve_head_channels
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
 
+def context_mean(x: Tensor, sequences: SequenceBatch, direction: str,
+                 include_self: bool = False) -> Tensor:
+    """Mean of ``x`` ``[N, C]`` over each unit's allowed sources (the earlier units of
+    its sequence going forward, the later ones going backward; itself too with
+    ``include_self``), zero where there are none. A running sum along each padded
+    sequence, so no unit's result depends on a unit it may not see, not even through
+    rounding (the gradient of a difference of global prefix sums would be)."""
+    padded = sequences.to_padded(x)  # [B, T, C], zero at padding
+    if direction == "backward":
+        padded = padded.flip(1)  # padding first: it adds zeros
+    total = padded.cumsum(1)
+    if not include_self:
+        total = torch.nn.functional.pad(total[:, :-1], (0, 0, 1, 0))
+    if direction == "backward":
+        total = total.flip(1)
+    extra = int(include_self)
+    length = sequences.lengths[sequences.batch]
+    count = sequences.position + extra if direction == "forward" else \
+        length - sequences.position - 1 + extra
+    return sequences.to_flat(total) / count.clamp_min(1).unsqueeze(1).to(x.dtype)
+
+
 class FeaturePredictor(ConfigurableModule):
     r"""Propagates unit features along the graphs of a graph predictor:
 
@@ -40,6 +62,12 @@ class FeaturePredictor(ConfigurableModule):
             ``False`` makes this module score its own graphs.
         pixel_mean, pixel_std: per-channel statistics for uint8 pixel input
             (see :class:`UnitEncoder`).
+        pooled_context (bool): an extension of the paper: every layer also adds
+            :math:`W_l \bar f^{l-1}_j`, the mean of :math:`f^{l-1}` over the target's
+            allowed sources (the uniform graph's message) through a linear map
+            initialised to zero, so an untrained network is the paper's. It hands
+            the language model the context mean that near-uniform "pooling" heads
+            otherwise provide (docs/training.md). (default: :obj:`False`)
         scorer_kwargs: options of the internal :class:`GraphScorer` when
             ``decouple=False`` (``direction``, ``sparse``, ``bias``, ...).
 
@@ -53,7 +81,8 @@ class FeaturePredictor(ConfigurableModule):
                  hidden_channels: int = 512, num_layers: int = 3, heads: int = 8,
                  update: str = "gru", decouple: bool = True, padding_idx: Optional[int] = None,
                  dropout: float = 0.0, pixel_mean: Optional[Sequence[float]] = None,
-                 pixel_std: Optional[Sequence[float]] = None, **scorer_kwargs):
+                 pixel_std: Optional[Sequence[float]] = None, pooled_context: bool = False,
+                 **scorer_kwargs):
         super().__init__()
         if update not in ("gru", "residual"):
             raise ValueError(f"update must be 'gru' or 'residual', got {update!r}")
@@ -65,6 +94,11 @@ class FeaturePredictor(ConfigurableModule):
                                    pixel_mean, pixel_std)
         self.convs = torch.nn.ModuleList(GlomoConv(hidden_channels, heads, update=update)
                                          for _ in range(num_layers))
+        self.pooled = torch.nn.ModuleList(
+            torch.nn.Linear(hidden_channels, hidden_channels, bias=False)
+            for _ in range(num_layers)) if pooled_context else None
+        for lin in self.pooled or ():
+            torch.nn.init.zeros_(lin.weight)  # untrained: the paper's network
         self.dropout = dropout
         self.decouple = decouple
         self.scorer = None
@@ -81,6 +115,8 @@ class FeaturePredictor(ConfigurableModule):
         self.encoder.reset_parameters()
         for conv in self.convs:
             conv.reset_parameters()
+        for lin in self.pooled or ():
+            torch.nn.init.zeros_(lin.weight)  # untrained: the paper's network
         if self.scorer is not None:
             self.scorer.reset_parameters()
 
@@ -131,8 +167,11 @@ class FeaturePredictor(ConfigurableModule):
                 layer, index = emitted[-1], 0
             else:
                 layer, index = graphs, l
-            f = conv.propagate_graphs(f, layer, index)
-            f = torch.nn.functional.dropout(f, self.dropout, self.training)
+            out = conv.propagate_graphs(f, layer, index)
+            if self.pooled is not None:
+                out = out + self.pooled[l](context_mean(f, sequences, layer.direction,
+                                                        layer.include_self))
+            f = torch.nn.functional.dropout(out, self.dropout, self.training)
         if self.scorer is not None:
             meta = dict(direction=self.scorer.direction, sequences=sequences,
                         include_self=self.scorer.include_self)
