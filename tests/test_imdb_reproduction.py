@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from benchmarks.reproduce.imdb import paired_difference, t_quantile_975, tfidf_baseline
+from benchmarks.reproduce.imdb import (comparisons, paired_difference, t_quantile_975,
+                                       tfidf_baseline)
 
 
 def test_t_quantiles_match_known_values():
@@ -32,6 +33,15 @@ def test_paired_difference_hand_computed():
     d = [1.0, -1.0] * 16
     mean, low, high, n = paired_difference(d, [0.0] * 32)
     assert (mean, n) == (0.0, 32) and high == pytest.approx(1.96 / math.sqrt(31))
+
+
+def test_comparisons_cover_every_variant_and_learned_graphs_against_uniform():
+    assert comparisons(["baseline", "glomo", "glomo-rnn", "uniform"]) == [
+        ("glomo", "baseline"), ("glomo-rnn", "baseline"), ("uniform", "baseline"),
+        ("glomo", "uniform"), ("glomo-rnn", "uniform")]
+    assert comparisons(["baseline", "glomo-rnn", "no-sparse"]) == [
+        ("glomo-rnn", "baseline"), ("no-sparse", "baseline")]
+    assert comparisons(["baseline"]) == []
 
 
 def test_paired_difference_edge_cases():

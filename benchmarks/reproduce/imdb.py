@@ -27,9 +27,10 @@ interrupted reproduction continues where it stopped:
    training reviews is the one evaluated on test;
 5. ``benchmarks/results/imdb.md``: mean ± std over seeds beside the TF-IDF baseline and
    the paper's numbers, the validation accuracy behind each learning-rate choice, and
-   paired differences per seed (every variant - baseline, GLoMo - uniform graph) with
-   95% Student-t confidence intervals: all variants use the same seeds, so the
-   seed-to-seed variation they share cancels in the difference.
+   paired differences per seed (every variant - baseline; GLoMo on embeddings and on
+   RNN states - uniform graph) with 95% Student-t confidence intervals: all variants
+   use the same seeds, so the seed-to-seed variation they share cancels in the
+   difference.
 
 ``--reduced`` is the CPU configuration: the CPU pretraining recipe, 100-d word vectors,
 reviews cut to 128 tokens, 4,000 training / 1,000 validation reviews and a fixed random
@@ -288,6 +289,16 @@ def t_quantile_975(df: int) -> float:
     if df < 1:
         raise ValueError(f"df must be >= 1, got {df}")
     return T975[df - 1] if df <= len(T975) else 1.96
+
+
+def comparisons(variants: Sequence[str]) -> List[Tuple[str, str]]:
+    """The paired comparisons reported, as ``(variant, reference)``: every variant
+    against the feature-only baseline, and each learned graph (GLoMo on embeddings, on
+    RNN states) against the uniform graph (which mixes the embeddings)."""
+    pairs = [(v, "baseline") for v in variants if v != "baseline"]
+    if "uniform" in variants:
+        pairs += [(v, "uniform") for v in ("glomo", "glomo-rnn") if v in variants]
+    return pairs
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float]
@@ -602,9 +613,7 @@ def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_s
                  for lr in setup.lrs]
         lines.append(f"| {LABELS[variant]} | " + " | ".join(cells) + " |")
     # same seeds, same data order per seed: pairing removes the variation the runs share
-    pairs = [(v, "baseline") for v in setup.variants if v != "baseline"]
-    if "glomo" in setup.variants and "uniform" in setup.variants:
-        pairs.append(("glomo", "uniform"))
+    pairs = comparisons(setup.variants)
     lines += ["", "Paired test-accuracy differences, percentage points, over the seeds both "
               "variants ran (the same seeds for every variant), with a two-sided 95% "
               "Student-t confidence interval of the mean difference:", "",
