@@ -25,7 +25,8 @@ def make(kind="graph", norm="layer", bias="scalar", directions=("forward", "back
                                       direction=d, cnn_layers=1, norm=norm, bias=bias)
         else:
             parts[d] = FeatureGraphEmitter(num_tokens=TOKENS, hidden_channels=16, num_layers=2,
-                                           heads=2, direction=d, bias=bias)
+                                           heads=2, direction=d, bias=bias,
+                                           pooled_context=kind == "feature-pooled")
     predictor = PretrainedGraphPredictor(parts.get("forward"), parts.get("backward"),
                                          VOCAB if vocab else None)
     with torch.no_grad():  # non-default values everywhere, BatchNorm buffers included
@@ -53,6 +54,7 @@ def graphs_equal(a, b):
     ("graph", "batch", "threshold", ("forward", "backward")),
     ("graph", None, "scalar", ("backward",)),
     ("feature", "layer", "threshold", ("forward", "backward")),
+    ("feature-pooled", "layer", "scalar", ("forward",)),
 ])
 def test_round_trip_gives_identical_graphs(tmp_path, kind, norm, bias, directions):
     predictor = make(kind, norm, bias, directions)

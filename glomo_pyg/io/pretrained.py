@@ -84,6 +84,7 @@ CONFIG_RULES: Dict[str, Tuple[str, Optional[float], Optional[float]]] = {
     "update": ("str", None, None),
     "include_self": ("bool", None, None),
     "sparse": ("bool", None, None),
+    "pooled_context": ("bool", None, None),
 }
 _MAX_LIST = 1 << 16  # entries of a "floats" value
 

@@ -210,12 +210,12 @@ class FeatureGraphEmitter(FeaturePredictor, GraphEmitter):
     def __init__(self, num_tokens: Optional[int] = None, in_channels: Optional[int] = None,
                  hidden_channels: int = 512, num_layers: int = 3, heads: int = 8,
                  update: str = "gru", padding_idx: Optional[int] = None, dropout: float = 0.0,
-                 **scorer_kwargs):
+                 pooled_context: bool = False, **scorer_kwargs):
         if "decouple" in scorer_kwargs:
             raise TypeError("FeatureGraphEmitter always scores its own graphs (decouple=False)")
         super().__init__(num_tokens, in_channels, hidden_channels, num_layers, heads, update,
                          decouple=False, padding_idx=padding_idx, dropout=dropout,
-                         **scorer_kwargs)
+                         pooled_context=pooled_context, **scorer_kwargs)
 
     @property
     def direction(self) -> str:
