@@ -8,13 +8,34 @@ import sys
 from typing import List, Optional
 
 
-def _quickstart(args: argparse.Namespace) -> int:
+def _set_threads(command: str, threads: int) -> None:
+    """``--threads N``: torch's CPU thread count (0 keeps torch's default)."""
     import torch
 
+    if threads < 0:
+        raise SystemExit(f"glomo {command}: --threads must be >= 0 (0: torch's default), "
+                         f"got {threads}")
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def _check_output_file(command: str, option: str, path: str) -> None:
+    """Refuse, before any work, an output path that cannot be written as a file."""
+    if os.path.isdir(path):
+        raise SystemExit(f"glomo {command}: {option} {path} is a directory; give a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):  # the folders to be created
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise SystemExit(f"glomo {command}: {option} {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK):
+        raise SystemExit(f"glomo {command}: {option} {path}: {parent} is not writable")
+
+
+def _quickstart(args: argparse.Namespace) -> int:
     from glomo_pyg.training.quickstart import QuickstartConfig, run_quickstart
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _set_threads("quickstart", args.threads)
     config = QuickstartConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed,
                               lr=args.lr, graph_lr_scale=args.graph_lr_scale,
                               graph_warmup_steps=args.graph_warmup_steps,
@@ -130,20 +151,23 @@ def _word_vectors(args: argparse.Namespace) -> int:
 
 def _syntax(args: argparse.Namespace) -> int:
     import json
-    import os
-
-    import torch
 
     from glomo_pyg.analysis import TreebankFormatError, compare_with_syntax, read_treebank
     from glomo_pyg.io import PretrainedFormatError
     from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    for name in ("max_sentences", "select_sentences", "batch_size", "max_tokens"):
+    _set_threads("syntax", args.threads)
+    for name in ("max_sentences", "select_sentences", "batch_size"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise SystemExit(f"glomo syntax: --{name.replace('_', '-')} must be >= 1")
+    if args.max_tokens < 2:
+        raise SystemExit("glomo syntax: --max-tokens must be >= 2 (a sentence of one token "
+                         "has nothing to score)")
+    if not -(1 << 63) <= args.seed < (1 << 64):
+        raise SystemExit(f"glomo syntax: --seed must lie in [-2**63, 2**64), got {args.seed}")
+    if args.json:
+        _check_output_file("syntax", "--json", args.json)
     try:
         predictor = PretrainedGraphPredictor.from_pretrained(args.predictor)
         trees = read_treebank(args.treebank, args.format, args.max_sentences)
@@ -154,6 +178,10 @@ def _syntax(args: argparse.Namespace) -> int:
     if predictor.vocabulary is None:
         raise SystemExit("glomo syntax: the predictor has no vocabulary (it reads features, "
                          "not words)")
+    if not trees:
+        raise SystemExit(f"glomo syntax: {args.treebank} holds no sentences")
+    if select is not None and not select:
+        raise SystemExit(f"glomo syntax: {args.select_treebank} holds no sentences")
     print(f"glomo syntax: {len(trees)} gold trees from {args.treebank}"
           + (f"; graph chosen on {len(select)} trees from {args.select_treebank}" if select
              else ""), flush=True)
@@ -166,13 +194,18 @@ def _syntax(args: argparse.Namespace) -> int:
         raise SystemExit(f"glomo syntax: {err}")
     print(result.format())
     if args.json:
-        folder = os.path.dirname(os.path.abspath(args.json))
-        os.makedirs(folder, exist_ok=True)
         tmp = args.json + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(dict(predictor=args.predictor, treebank=args.treebank,
-                           select_treebank=args.select_treebank, **result.to_dict()), fh)
-        os.replace(tmp, args.json)
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            with open(tmp, "w") as fh:
+                json.dump(dict(predictor=args.predictor, treebank=args.treebank,
+                               select_treebank=args.select_treebank, **result.to_dict()), fh,
+                          allow_nan=False)
+            os.replace(tmp, args.json)
+        except (OSError, ValueError) as err:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise SystemExit(f"glomo syntax: cannot write --json {args.json}: {err}")
         print(f"scores written to {args.json}")
     return 0
 
@@ -245,14 +278,11 @@ def _export_image_items(folder: str, max_samples: int, max_units: int):
 
 
 def _export(args: argparse.Namespace) -> int:
-    import torch
-
     from glomo_pyg.io import PretrainedFormatError
     from glomo_pyg.io.graph_export import export_graphs
     from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _set_threads("export", args.threads)
     for name in ("max_samples", "max_tokens", "batch_size", "max_edges", "max_units"):
         if getattr(args, name) < 1:
             raise SystemExit(f"glomo export: --{name.replace('_', '-')} must be >= 1")

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from glomo_pyg import DirectionalGraphs, Glomo, LatentGraphs, PretrainedGraphPredictor
+from glomo_pyg import DirectionalGraphs, Glomo, LatentGraphs
 from glomo_pyg.analysis import (TreebankFormatError, align, compare_with_syntax, read_treebank,
                                 syntax_scores, untrained_copy)
 from glomo_pyg.cli import main
@@ -249,3 +249,92 @@ def test_long_sentences_are_skipped_and_batches_bounded(tmp_path):
     assert sum(sizes) == 10 and max(sizes) <= 4
     assert all(len(b) * b[-1].ids.numel() ** 2 <= 100 or len(b) == 1
                for b in _batches(sents, batch_size=4, scores=100))
+
+
+# --- hostile treebanks and options --------------------------------------------------------
+def test_columns_are_split_on_tabs_only_and_a_bom_is_dropped(tmp_path):
+    # conllu's own line parser also splits on two spaces: "New  York" would shift HEAD
+    spaced = ("1\tNew  York\tx  y\tPROPN\t_\t_\t0\troot\t_\t_\n"
+              "2\tgrows\tgrow\tVERB\t_\tA  B\t1\tdep\t_\t_\n")
+    tree = read_treebank(write(tmp_path, spaced))[0]
+    assert tree.words == ["New  York", "grows"] and tree.heads == [0, 1]
+    path = tmp_path / "bom.conllu"
+    path.write_bytes(b"\xef\xbb\xbf" + CONLLU.encode())
+    assert [t.words for t in read_treebank(str(path))][0] == ["I", "saw", "U.S.", "ships"]
+
+
+def test_not_utf8_names_the_line_and_byte_offset(tmp_path, monkeypatch):
+    path = tmp_path / "late.conllu"
+    good = (CONLLX + "\n") * 3
+    path.write_bytes((good + "1\t\xe9\t_\tX\t_\t_\t0\t_\t_\t_\n").encode("latin-1"))
+    with pytest.raises(TreebankFormatError, match=rf"late.conllu:13: not UTF-8 text \(byte "
+                                                  rf"0xe9 at byte offset {len(good) + 2}\)"):
+        read_treebank(str(path))
+    import glomo_pyg.analysis.treebank as treebank
+    monkeypatch.setattr(treebank, "MAX_LINE_BYTES", 64)
+    long = write(tmp_path, CONLLX + "\n1\t" + "a" * 100 + "\t_\tX\t_\t_\t0\t_\t_\t_\n")
+    with pytest.raises(TreebankFormatError, match=r":5: line longer than 64 bytes"):
+        read_treebank(long)
+    with pytest.raises(TreebankFormatError, match="is a directory"):
+        read_treebank(str(tmp_path))
+
+
+def test_punctuation_as_conllx_eval_and_withheld_forms(tmp_path):
+    text = ("1\tTom\t_\tPROPN\t_\t_\t0\t_\t_\t_\n2\t&\t_\tCCONJ\t_\t_\t3\t_\t_\t_\n"
+            "3\tJo\t_\tPROPN\t_\t_\t1\t_\t_\t_\n4\t%\t_\tSYM\t_\t_\t1\t_\t_\t_\n"
+            "5\t!\t_\tPUNCT\t_\t_\t1\t_\t_\t_\n6\t?\t_\t_\t_\t_\t1\t_\t_\t_\n"
+            "7\tand\t_\t$,\t_\t_\t1\t_\t_\t_\n")
+    # a punctuation tag, or a form of punctuation characters only (CoNLL-X eval.pl)
+    assert read_treebank(write(tmp_path, text))[0].punct == [False, True, False, True, True,
+                                                            True, True]
+    withheld = text
+    for form in ("Tom", "&", "Jo", "%", "!", "?", "and"):
+        withheld = withheld.replace(f"\t{form}\t", "\t_\t")
+    trees = read_treebank(write(tmp_path, withheld))
+    # "_" is a withheld form, not punctuation; the tags still decide
+    assert trees[0].punct == [False] * 4 + [True, False, True]
+    with pytest.raises(ValueError, match="withholds its words"):
+        align(trees, VOCAB)
+
+
+def test_trees_without_scorable_arcs_raise_instead_of_nan(tmp_path):
+    roots = ("1\ti\t_\tX\t_\t_\t0\t_\t_\t_\n2\tsaw\t_\tX\t_\t_\t0\t_\t_\t_\n"
+             "3\tships\t_\tX\t_\t_\t0\t_\t_\t_\n")  # three roots (CoNLL-X allows it)
+    trees = read_treebank(write(tmp_path, roots, "roots.conll"))
+    with pytest.raises(ValueError, match="no gold arc joins any scored forward"):
+        syntax_scores(small_predictor(), align(trees, VOCAB))
+    with pytest.raises(ValueError, match="no gold trees were given"):
+        syntax_scores(small_predictor(), align([], VOCAB))
+    good = read_treebank(write(tmp_path, CONLLU))
+    from glomo_pyg.analysis.treebank import GoldTree
+    skipped = [good[0], GoldTree(["x"], [0], ["X"])]  # 7 tokens > max_tokens; one word
+    with pytest.raises(ValueError, match=r"evaluation trees: .*all 2 trees were skipped: 0 "
+                                         r"with .*1 shorter.*1 longer than max_tokens=6"):
+        compare_with_syntax(small_predictor(), skipped, max_tokens=6)
+    with pytest.raises(ValueError, match="selection trees: .*no gold arc"):
+        compare_with_syntax(small_predictor(), good, select_trees=trees, untrained=False)
+    with pytest.raises(ValueError, match="selection trees: no sentence"):
+        compare_with_syntax(small_predictor(), good, select_trees=skipped, max_tokens=6)
+    with pytest.raises(ValueError, match="seed"):
+        compare_with_syntax(small_predictor(), good, seed=1 << 70)
+
+
+def test_syntax_command_refuses_bad_options_before_scoring(tmp_path, capsys):
+    trees = write(tmp_path, CONLLU)
+    folder = str(tmp_path / "predictor")
+    small_predictor().save_pretrained(folder)
+    base = ["syntax", "--predictor", folder, "--treebank", trees, "--no-untrained"]
+    for extra, message in [(["--threads", "-1"], "--threads must be >= 0"),
+                           (["--max-tokens", "1"], "--max-tokens must be >= 2"),
+                           (["--seed", str(10 ** 23)], "--seed must lie in"),
+                           (["--json", str(tmp_path)], "is a directory"),
+                           (["--json", os.path.join(trees, "x.json")], "is a file, not a folder")]:
+        with pytest.raises(SystemExit, match=message):
+            main(base + extra)
+        assert "gold trees" not in capsys.readouterr().out  # nothing was scored
+    assert not any(name.endswith(".tmp") for name in os.listdir(tmp_path))
+    empty = write(tmp_path, "# only a comment\n\n\n", "empty.conllu")
+    with pytest.raises(SystemExit, match="empty.conllu holds no sentences"):
+        main(["syntax", "--predictor", folder, "--treebank", empty])
+    with pytest.raises(SystemExit, match="empty.conllu holds no sentences"):
+        main(base + ["--select-treebank", empty])

@@ -62,6 +62,17 @@ class Alignment:
     tokens: int
     unknown_tokens: int
     long_sentences: int = 0  # more than max_tokens tokens: skipped (memory is O(T^2))
+    max_tokens: int = 512
+
+    def why_empty(self) -> str:
+        """Why no sentence is left to score (for error messages)."""
+        total = (self.skipped_sentences + self.short_sentences + self.long_sentences
+                 + len(self.sentences))
+        if total == 0:
+            return "no gold trees were given (an empty treebank?)"
+        return (f"all {total} trees were skipped: {self.skipped_sentences} with words that "
+                f"tokenise to nothing, {self.short_sentences} shorter than 2 words, "
+                f"{self.long_sentences} longer than max_tokens={self.max_tokens} tokens")
 
 
 def align(trees: Sequence[GoldTree], vocabulary: Sequence[str], lower: bool = True,
@@ -76,6 +87,9 @@ def align(trees: Sequence[GoldTree], vocabulary: Sequence[str], lower: bool = Tr
     if unknown not in index:
         raise ValueError(f"the vocabulary has no {unknown!r} token")
     unk = index[unknown]
+    if trees and all(w == "_" for tree in trees for w in tree.words):
+        raise ValueError("every word form is '_': the treebank withholds its words, and "
+                         "graphs cannot be computed without them")
     out, skipped, unaligned, short, long, n_tok, n_unk = [], 0, 0, 0, 0, 0, 0
     for tree in trees:
         pieces = [tokenize(w, lower) for w in tree.words]
@@ -100,7 +114,7 @@ def align(trees: Sequence[GoldTree], vocabulary: Sequence[str], lower: bool = Tr
         n_unk += sum(1 for i in ids if i == unk)
         out.append(AlignedSentence(tree, torch.tensor(ids), torch.tensor(first),
                                    torch.tensor(word_of)))
-    return Alignment(out, skipped, unaligned, short, n_tok, n_unk, long)
+    return Alignment(out, skipped, unaligned, short, n_tok, n_unk, long, max_tokens)
 
 
 @dataclass
@@ -233,7 +247,7 @@ def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
     candidate source). Returns per-graph and head-averaged scores and the baselines.
     """
     if not alignment.sentences:
-        raise ValueError("no sentence to score: every sentence was skipped in alignment")
+        raise ValueError(f"no sentence to score: {alignment.why_empty()}")
     was_training = getattr(predictor, "training", False)
     if hasattr(predictor, "eval"):
         predictor.eval()
@@ -284,8 +298,12 @@ def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
                 base_pairs["adj"].append(adj_w[pair].numpy())
                 base_pairs["labels"].append(labels)
         if acc is None or acc.targets == 0:
-            raise ValueError(f"no target to score in the {direction} direction")
+            raise ValueError(f"no target to score in the {direction} direction (every "
+                             "target is punctuation or has no allowed source word)")
         labels = np.concatenate(acc.labels)
+        if not labels.any():  # e.g. only roots: average precision has no positive
+            raise ValueError(f"no gold arc joins any scored {direction} (source, target) "
+                             "pair, so the scores are undefined (do the trees have arcs?)")
         scores = np.concatenate(acc.scores, axis=-1)
         ap = np.array([[_average_precision(scores[l, h], labels) for h in range(scores.shape[1])]
                        for l in range(scores.shape[0])])
@@ -391,17 +409,30 @@ def compare_with_syntax(predictor, trees: Sequence[GoldTree],
     freshly initialised (seeded)."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    if not -(1 << 63) <= seed < (1 << 64):  # what torch.manual_seed accepts
+        raise ValueError(f"seed must lie in [-2**63, 2**64), got {seed}")
     vocabulary = vocabulary if vocabulary is not None else getattr(predictor, "vocabulary", None)
     if vocabulary is None:
         raise ValueError("the predictor carries no vocabulary: pass vocabulary=")
     ev_align = align(trees, vocabulary, lower, max_tokens=max_tokens)
+    if not ev_align.sentences:
+        raise ValueError(f"evaluation trees: no sentence to score: {ev_align.why_empty()}")
+    sel_align = None
+    if select_trees is not None:  # checked before any scoring, which takes a while
+        try:
+            sel_align = align(select_trees, vocabulary, lower, max_tokens=max_tokens)
+        except ValueError as err:
+            raise ValueError(f"selection trees: {err}") from None
+        if not sel_align.sentences:
+            raise ValueError(f"selection trees: no sentence to score: {sel_align.why_empty()}")
     evaluation = syntax_scores(predictor, ev_align, exclude_punct, batch_size)
     notes = []
     selection = None
-    if select_trees is not None:
-        selection = syntax_scores(predictor, align(select_trees, vocabulary, lower,
-                                                   max_tokens=max_tokens),
-                                  exclude_punct, batch_size)
+    if sel_align is not None:
+        try:
+            selection = syntax_scores(predictor, sel_align, exclude_punct, batch_size)
+        except ValueError as err:
+            raise ValueError(f"selection trees: {err}") from None
         chosen = {d: selection.directions[d].best(metric)[:2] for d in evaluation.directions}
     else:
         chosen = {d: s.best(metric)[:2] for d, s in evaluation.directions.items()}

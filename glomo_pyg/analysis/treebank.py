@@ -1,7 +1,7 @@
 """Gold dependency trees from CoNLL-U and CoNLL-X files.
 
-Token lines are parsed by the ``conllu`` library; this module adds what an evaluation
-needs on top of it: multiword-token ranges (``1-2``) and empty nodes (``8.1``) are
+Token IDs and heads are parsed by the ``conllu`` library's field parsers; this module
+adds what an evaluation needs on top of them: multiword-token ranges (``1-2``) and empty nodes (``8.1``) are
 skipped, so a sentence is its sequence of syntactic words, and every structural fault
 (wrong column count, a non-integer or out-of-range head, a cycle, no root) is reported
 as a :class:`TreebankFormatError` naming the file and line.
@@ -11,11 +11,15 @@ from __future__ import annotations
 import os
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from conllu.parser import parse_line
+from conllu.exceptions import ParseException
+from conllu.parser import DEFAULT_FIELD_PARSERS
+
+from glomo_pyg.data.text import TextDataError, _decode, _lines
 
 FORMATS = ("conllu", "conllx")
+MAX_LINE_BYTES = 1 << 20  # a token line longer than this is not a treebank line
 # Columns of the two formats (both have ten; only the names of 4, 5, 9 and 10 differ).
 CONLLU_FIELDS = ("id", "form", "lemma", "upos", "xpos", "feats", "head", "deprel", "deps", "misc")
 CONLLX_FIELDS = ("id", "form", "lemma", "cpostag", "postag", "feats", "head", "deprel",
@@ -53,26 +57,58 @@ class GoldTree:
         return [(h - 1, d) for d, h in enumerate(self.heads) if h > 0]
 
 
-PUNCT_TAGS = frozenset({"PUNCT", ".", ",", ":", "``", "''", "-LRB-", "-RRB-", "#", "$"})
+PUNCT_TAGS = frozenset({"PUNCT", ".", ",", ":", "``", "''", "-LRB-", "-RRB-", "#", "$",
+                        "$,", "$.", "$("})  # UPOS, Penn, STTS
 
 
 def is_punctuation(form: str, tag: str) -> bool:
-    """UPOS ``PUNCT`` (or a Penn punctuation tag in CoNLL-X), or a form made only of
-    Unicode punctuation characters."""
+    """A punctuation tag (UPOS ``PUNCT``, Penn or STTS), or a form made only of Unicode
+    punctuation characters, as the CoNLL-X shared task's evaluation script decides
+    (so ``&`` and ``%`` count as punctuation whatever their tag). A form of just ``_`` is
+    a withheld form, not punctuation."""
     if tag in PUNCT_TAGS:
         return True
-    return bool(form) and all(unicodedata.category(c).startswith("P") for c in form)
+    return bool(form) and form != "_" and \
+        all(unicodedata.category(c).startswith("P") for c in form)
 
 
 def _guess_format(path: str) -> str:
     return "conllx" if path.lower().endswith((".conll", ".conllx")) else "conllu"
 
 
-def _blocks(lines: Sequence[str]) -> Iterator[Tuple[int, List[Tuple[int, str]]]]:
+def _text_lines(path: str) -> Iterator[Tuple[int, str]]:
+    """``(line number, text)`` of each line of ``path``: UTF-8 (a leading byte-order mark
+    dropped), read a line at a time, each at most :data:`MAX_LINE_BYTES` bytes."""
+    try:
+        with open(path, "rb") as fh:
+            for number, offset, data in _lines(fh, path, MAX_LINE_BYTES):
+                yield number, _decode(data, path, number, offset)
+    except TextDataError as err:
+        raise TreebankFormatError(str(err)) from None
+
+
+def _parse_columns(columns: List[str], fields: Sequence[str]) -> Dict[str, object]:
+    """ID and HEAD parsed by the ``conllu`` library's field parsers, FORM and the tag as
+    they are, from already split columns (the library's ``parse_line`` also splits on
+    runs of spaces, which would shift the columns of a form such as ``New  York``). The
+    columns an evaluation does not read (FEATS, DEPS, MISC, ...) are not parsed."""
+    token: Dict[str, object] = {}
+    for i, name in enumerate(fields):
+        if name in ("id", "head"):
+            try:
+                token[name] = DEFAULT_FIELD_PARSERS[name](columns, i)
+            except (ParseException, ValueError) as err:
+                raise ParseException(f"Failed parsing field '{name}': {err}") from None
+        else:
+            token[name] = None if columns[i] == "_" and name != "form" else columns[i]
+    return token
+
+
+def _blocks(lines: Iterable[Tuple[int, str]]) -> Iterator[Tuple[int, List[Tuple[int, str]]]]:
     """Sentence blocks as ``(first line number, [(line number, text), ...])``; blank
     lines separate sentences."""
     block: List[Tuple[int, str]] = []
-    for number, text in enumerate(lines, 1):
+    for number, text in lines:
         text = text.rstrip("\r\n")
         if text.strip():
             block.append((number, text))
@@ -116,9 +152,13 @@ def read_treebank(path: str, format: Optional[str] = None,
 
     Comment lines (``#``) are skipped; in CoNLL-U, ``# sent_id`` is kept. Multiword-token
     ranges and empty nodes are skipped: the words are the syntactic words ``1..n``,
-    which must be numbered consecutively. Raises :class:`TreebankFormatError` with the
-    file and line for a wrong column count, a non-integer head, a head out of range, a
-    word that is its own head, a cycle, or a sentence without a root.
+    which must be numbered consecutively. The file is read a line at a time as UTF-8 (a
+    leading byte-order mark is dropped). Raises :class:`TreebankFormatError` with the
+    file and line for text that is not UTF-8, a line over :data:`MAX_LINE_BYTES` bytes,
+    a wrong column count (columns are separated by tabs only), a non-integer head, a
+    head out of range, a word that is its own head, a cycle, or a sentence without a
+    root; and for a directory given as ``path``.
+    Punctuation (:attr:`GoldTree.punct`) is decided by :func:`is_punctuation`.
     """
     format = format or _guess_format(path)
     if format not in FORMATS:
@@ -127,13 +167,10 @@ def read_treebank(path: str, format: Optional[str] = None,
         raise ValueError(f"max_sentences must be >= 1, got {max_sentences}")
     fields = CONLLU_FIELDS if format == "conllu" else CONLLX_FIELDS
     tag_field = "upos" if format == "conllu" else "cpostag"
-    try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.readlines()
-    except UnicodeDecodeError as err:
-        raise TreebankFormatError(f"{path}: not UTF-8 text ({err})") from err
+    if os.path.isdir(path):
+        raise TreebankFormatError(f"{path} is a directory, not a treebank file")
     trees: List[GoldTree] = []
-    for first, block in _blocks(lines):
+    for first, block in _blocks(_text_lines(path)):
         words, heads, tags, numbers, sent_id = [], [], [], [], ""
         for number, text in block:
             if text.startswith("#"):
@@ -146,8 +183,8 @@ def read_treebank(path: str, format: Optional[str] = None,
                 raise TreebankFormatError(f"{path}:{number}: expected 10 tab-separated columns "
                                           f"({format}), found {len(columns)}")
             try:
-                token = parse_line(text, fields)
-            except Exception as err:  # the library's own message, located
+                token = _parse_columns(columns, fields)
+            except ParseException as err:  # the library's own message, located
                 raise TreebankFormatError(f"{path}:{number}: {err}") from err
             tid = token["id"]
             if not isinstance(tid, int):  # (1, '-', 2) range or (8, '.', 1) empty node
