@@ -56,10 +56,36 @@ def _quickstart(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_value(text: str):
+def _load_yaml(stream):
+    """``yaml.safe_load`` that also refuses aliases (``*name``: a few hundred bytes of
+    nested aliases expand to gigabytes) and duplicate keys (the later one would silently
+    win)."""
     import yaml
 
-    return yaml.safe_load(text)
+    class StrictLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                raise yaml.composer.ComposerError(
+                    None, None, "aliases (*name) are not allowed in a configuration",
+                    self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if isinstance(key, (str, int, float, bool)) or key is None:
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key {key!r}", key_node.start_mark)
+                    seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    return yaml.load(stream, Loader=StrictLoader)
+
+
+def _parse_value(text: str):
+    return _load_yaml(text)
 
 
 def _pretrain(args: argparse.Namespace) -> int:
@@ -72,9 +98,9 @@ def _pretrain(args: argparse.Namespace) -> int:
     data = {}
     if args.config:
         try:
-            with open(args.config) as fh:
-                data = yaml.safe_load(fh) or {}
-        except (OSError, yaml.YAMLError) as err:
+            with open(args.config, encoding="utf-8") as fh:
+                data = _load_yaml(fh) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
             raise SystemExit(f"glomo pretrain: cannot read {args.config}: {err}")
         if not isinstance(data, dict):
             raise SystemExit(f"glomo pretrain: {args.config} must hold a mapping")

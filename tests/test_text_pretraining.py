@@ -193,3 +193,110 @@ def test_health_and_syntax_are_logged_while_training(tmp_path):
     syntax = [r for r in rows if r.get("syntax/forward/best")]
     assert sorted({int(r["step"]) for r in syntax}) == [2, 4]
     assert all(0 <= float(r["syntax/backward/next_word"]) <= 1 for r in syntax)
+
+
+# --- hostile configurations ----------------------------------------------------------------
+def test_config_yaml_refuses_alias_bombs_and_duplicate_keys(tmp_path):
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("train: {lr: [&a [x, x, x, x, x, x, x, x, x, x], [*a, *a, *a, *a]]}\n")
+    with pytest.raises(SystemExit, match=r"aliases \(\*name\) are not allowed"):
+        main(["pretrain", "--config", str(bomb), "--print-config"])
+    with pytest.raises(SystemExit, match="aliases"):
+        main(["pretrain", "--set", "train.lr=[&a 1, *a]", "--print-config"])
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("train:\n  lr: 0.5\ntrain:\n  max_steps: 7\n")
+    with pytest.raises(SystemExit, match="duplicate key 'train'"):
+        main(["pretrain", "--config", str(dup), "--print-config"])
+    # an error message quotes a hostile value only in part
+    with pytest.raises(ValueError) as err:
+        PretrainConfig.from_dict(dict(train=dict(lr=[list(range(1000))] * 1000)))
+    assert "train.lr" in str(err.value) and len(str(err.value)) < 300
+
+
+def test_numbers_and_choices_written_as_yaml_reads_them(capsys):
+    assert main(["pretrain", "--set", "train.lr=1e-3", "--set", "train.precision=32",
+                 "--set", "model.keep_alive=5E-2", "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert "lr: 0.001" in printed and "precision: '32'" in printed and "keep_alive: 0.05" in printed
+    for key, value, message in [("train.lr", ".inf", "train.lr must be a positive number"),
+                                ("train.weight_decay", "inf", "train.weight_decay"),
+                                ("train.graph_lr_scale", "nan", "train.graph_lr_scale"),
+                                ("train.lr", "fast", "train.lr must be"),
+                                ("corpus.min_length", "1", "corpus.min_length must be an "
+                                                           "integer >= 2")]:
+        with pytest.raises(SystemExit, match=message):
+            main(["pretrain", "--set", f"{key}={value}", "--print-config"])
+
+
+def test_bad_train_settings_fail_before_the_corpus_is_prepared(tmp_path, monkeypatch):
+    write_corpus(tmp_path / "corpus", documents=10)
+    for name in ("MASTER_ADDR", "NODE_RANK", "SLURM_NTASKS", "TORCHELASTIC_RUN_ID",
+                 "OMPI_COMM_WORLD_SIZE", "LSB_JOBID"):
+        monkeypatch.delenv(name, raising=False)
+    cases = [(dict(num_nodes=2), "no cluster environment"),  # (would wait forever)
+             (dict(devices=[0, 1]), "train settings"),
+             (dict(precision="16-true"), "not supported on the CPU"),
+             (dict(syntax_treebank=str(tmp_path / "missing.conllu")),
+              "train.syntax_treebank: .*No such file")]
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        cases.append((dict(logger="tensorboard"), "train settings.*tensorboard"))
+    for k, (train, message) in enumerate(cases):
+        cfg = config(tmp_path, f"bad{k}", **train)
+        with pytest.raises(ValueError, match=message):
+            run_pretraining(cfg, log=lambda *a: None)
+        assert not os.path.exists(tmp_path / f"bad{k}" / "tokens")  # nothing was tokenised
+    (tmp_path / "empty.conllu").write_text("# no sentences\n")
+    with pytest.raises(ValueError, match="empty.conllu holds no sentences"):
+        run_pretraining(config(tmp_path, "bad-empty", syntax_treebank=str(tmp_path / "empty.conllu")),
+                        log=lambda *a: None)
+    rare = config(tmp_path, "rare")
+    rare.corpus.min_count = 1000
+    with pytest.raises(ValueError, match="only the special tokens"):
+        run_pretraining(rare, log=lambda *a: None)
+    (tmp_path / "a-file").write_text("x")
+    as_file = config(tmp_path, "a-file")
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        run_pretraining(as_file, log=lambda *a: None)
+
+
+def test_a_warm_up_as_long_as_the_run_is_named(tmp_path):
+    write_corpus(tmp_path / "corpus", documents=10)
+    messages = []
+    with pytest.warns(RuntimeWarning, match="graph_warmup_steps .3. >= train.max_steps .2."):
+        run_pretraining(config(tmp_path, "frozen", max_steps=2, graph_warmup_steps=3),
+                        log=messages.append)
+    assert any("random initialisation" in m for m in messages)
+
+
+def test_final_steps_are_checkpointed_and_resume_keeps_optimiser_settings(tmp_path):
+    import json
+
+    write_corpus(tmp_path / "corpus")
+    quiet = dict(log=lambda *a: None)
+    # 5 steps with checkpoints every 3: last.ckpt must hold step 5, not 3
+    summary = run_pretraining(config(tmp_path, "odd", max_steps=5, validate_every=10), **quiet)
+    assert model_state(tmp_path / "odd")[1] == 5
+    with open(tmp_path / "odd" / "pretrain.json") as fh:
+        saved = json.load(fh, parse_constant=lambda c: pytest.fail(f"{c} in pretrain.json"))
+    assert saved["val_loss"] is None and summary["val_loss"] is None  # no validation ran
+    # resuming from the end-of-run checkpoint gives the uninterrupted run's state
+    run_pretraining(config(tmp_path, "odd", max_steps=6, validate_every=10), resume=True, **quiet)
+    run_pretraining(config(tmp_path, "six", max_steps=6, validate_every=10), **quiet)
+    odd, step_a = model_state(tmp_path / "odd")
+    six, step_b = model_state(tmp_path / "six")
+    assert step_a == step_b == 6
+    for key in six:
+        assert torch.equal(odd[key], six[key]), key
+    # a finished run resumed at the same max_steps trains nothing and keeps its summary
+    assert run_pretraining(config(tmp_path, "six", max_steps=6), resume=True,
+                           **quiet)["steps"] == 6
+    with pytest.raises(ValueError, match="at step 6, past train.max_steps .4."):
+        run_pretraining(config(tmp_path, "six", max_steps=4), resume=True, **quiet)
+    for change, message in [(dict(lr=0.5), r"train.lr 0.001 -> 0.5"),
+                            (dict(optimizer="sgd"), "train.optimizer 'adam' -> 'sgd'"),
+                            (dict(batch_size=8), "train.batch_size 4 -> 8"),
+                            (dict(weight_decay=0.1), "train.weight_decay")]:
+        with pytest.raises(ValueError, match=message):
+            run_pretraining(config(tmp_path, "six", max_steps=8, **change), resume=True, **quiet)

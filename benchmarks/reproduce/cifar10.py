@@ -411,7 +411,7 @@ def write_results(args, setup, mode, command, runs, check, pretrain_summary, pre
             + (f", random {corpus.get('crop')}x{corpus.get('crop')} crops" if corpus.get("crop")
                else "")
             + f"; {pretrain_summary.get('steps')} steps in {pretrain_summary.get('seconds')} s; "
-            f"final validation loss {pretrain_summary.get('val_loss', float('nan')):.3f} nats "
+            f"final validation loss {pretrain_summary.get('val_loss') or float('nan'):.3f} nats "
             f"per sub-pixel (uniform: {math.log(256):.3f})")
     if model:
         lines.append(f"- predictor: {model.get('num_layers')} layers x {model.get('heads')} heads "

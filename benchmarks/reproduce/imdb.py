@@ -560,7 +560,8 @@ def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_s
     for name, s in pretrain_summaries.items():
         lines.append(f"- predictor `{name}`: {s['steps']} steps on {s['tokens']:,} corpus tokens "
                      f"(training sequences), vocabulary {s['vocabulary']}, "
-                     f"{s['seconds'] / 60:.1f} min, final validation loss {s['val_loss']:.3f}")
+                     f"{s['seconds'] / 60:.1f} min, final validation loss "
+                     + (f"{s['val_loss']:.3f}" if s.get("val_loss") is not None else "(none)"))
     lines += ["", "Forward graphs on the first 256 test reviews, per layer (learned / uniform "
               "over the same allowed sources): density; weight-averaged edge distance; share "
               "of each target's weight on the previous unit, and on the previous two units.", "",

@@ -35,8 +35,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import random
+import reprlib
 import time
 import warnings
 from collections import Counter
@@ -123,9 +125,31 @@ class TrainConfig:
     syntax_every: int = 500
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxlevel = \
+    80, 80, 6, 6, 3
+
+
+def _short(value: Any) -> str:
+    """A bounded repr for error messages: a hostile value (a YAML alias bomb, say)
+    must not make the message itself huge."""
+    return _SHORT.repr(value)
+
+
+def _number_from_text(value: str) -> Optional[float]:
+    """``'1e-3'`` as 1e-3: YAML 1.1 reads exponents without a dot as strings."""
+    try:
+        number = float(value.strip())
+    except ValueError:
+        return None
+    return number if value.strip().lower() not in ("nan", "inf", "-inf", "+inf",
+                                                   "infinity", "-infinity") else None
+
+
 class _Rule:
-    """What one setting may hold: ``kind`` int, float, bool or str (an int is accepted
-    where a float is expected), optionally None, a range, or a set of choices."""
+    """What one setting may hold: ``kind`` int, float, bool or str (an int, or a number
+    written as text such as ``1e-3``, is accepted where a float is expected), optionally
+    None, a range, or a set of choices. Floats must be finite."""
 
     def __init__(self, kind: type, low=None, high=None, low_open: bool = False,
                  high_open: bool = False, optional: bool = False, choices=None,
@@ -170,8 +194,11 @@ class _Rule:
             return None
         if self.kind is str and self.choices is None and isinstance(value, os.PathLike):
             value = os.fspath(value)
-        fail = ValueError(f"{key} must be {self.describe()}, got {value!r}")
+        fail = ValueError(f"{key} must be {self.describe()}, got {_short(value)}")
         if self.choices is not None:
+            if isinstance(value, int) and not isinstance(value, bool) and \
+                    str(value) in self._choices():
+                value = str(value)  # precision: 32
             if not isinstance(value, str) or value not in self._choices():
                 raise fail
             return value
@@ -179,11 +206,13 @@ class _Rule:
             if not isinstance(value, self.kind):
                 raise fail
             return value
+        if self.kind is float and isinstance(value, str):
+            value = _number_from_text(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise fail
         if self.kind is int and not isinstance(value, int):
             raise fail
-        if isinstance(value, float) and value != value:  # NaN
+        if isinstance(value, float) and not math.isfinite(value):
             raise fail
         if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
             raise fail
@@ -210,7 +239,7 @@ class _Devices(_Rule):
             (isinstance(value, list) and value and
              all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value))
         if not ok:
-            raise ValueError(f"{key} must be {self.describe()}, got {value!r}")
+            raise ValueError(f"{key} must be {self.describe()}, got {_short(value)}")
         return value
 
 
@@ -247,7 +276,7 @@ _RULES: Dict[str, Dict[str, _Rule]] = dict(
         one_per_line=_Rule(bool), lower=_Rule(bool), min_count=_POSITIVE,
         max_size=_Rule(int, low=len(SPECIALS) + 1, optional=True,
                        note="the special tokens included"), max_length=_Rule(int, low=2),
-        min_length=_POSITIVE, max_documents=_Rule(int, low=1, optional=True),
+        min_length=_Rule(int, low=2), max_documents=_Rule(int, low=1, optional=True),
         validation_fraction=_Rule(float, low=0, high=1, high_open=True),
         shard_tokens=_POSITIVE, max_images=_Rule(int, low=2, optional=True),
         flip=_Rule(bool), crop=_Rule(int, low=2, optional=True, note="pixels per side")),
@@ -316,7 +345,7 @@ def _section(data: Mapping[str, Any], name: str) -> Dict[str, Any]:
         return {}
     if not isinstance(section, Mapping):
         raise ValueError(f"{name} must be a mapping of {name} settings (e.g. "
-                         f"{name}.{_EXAMPLE[name]}), got {section!r}")
+                         f"{name}.{_EXAMPLE[name]}), got {_short(section)}")
     return dict(section)
 
 
@@ -344,7 +373,7 @@ class PretrainConfig:
             data = {}
         if not isinstance(data, Mapping):
             raise ValueError("the configuration must be a mapping with the sections "
-                             f"corpus, model and train, got {data!r}")
+                             f"corpus, model and train, got {_short(data)}")
         data = dict(data)
         unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
@@ -375,7 +404,7 @@ class PretrainConfig:
         naming the dotted key. Numbers given as integers where a float is expected are
         converted."""
         if not isinstance(self.output_dir, str) or not self.output_dir.strip():
-            raise ValueError(f"output_dir must be a folder path, got {self.output_dir!r}")
+            raise ValueError(f"output_dir must be a folder path, got {_short(self.output_dir)}")
         for name in ("corpus", "train"):
             section = getattr(self, name)
             for f in dataclasses.fields(section):
@@ -388,7 +417,7 @@ class PretrainConfig:
                              f"corpus.max_length ({c.max_length})")
         if not isinstance(self.model, dict):
             raise ValueError(f"model must be a mapping of model settings (e.g. "
-                             f"model.hidden_channels), got {self.model!r}")
+                             f"model.hidden_channels), got {_short(self.model)}")
         images = c.format in IMAGE_FORMATS
         if images:
             for key in ("height", "width", "in_channels", "num_tokens", "modality"):
@@ -416,7 +445,7 @@ def set_by_path(data: Dict[str, Any], dotted: str, value: Any) -> None:
         node = node[key]
         if not isinstance(node, dict):
             raise ValueError(f"cannot set {dotted}: {'.'.join(keys[:depth + 1])} is not a "
-                             f"section but the value {node!r}")
+                             f"section but the value {_short(node)}")
     node[keys[-1]] = value
 
 
@@ -503,6 +532,11 @@ def prepare_corpus(corpus: CorpusConfig, folder: str, log=print):
     if not num_docs:
         raise ValueError(f"{corpus.path}: no documents")
     vocab = WordVocabulary.build(counts, corpus.min_count, corpus.max_size)
+    if len(vocab) <= len(SPECIALS):
+        raise ValueError(f"{corpus.path}: no word occurs corpus.min_count={corpus.min_count} "
+                         f"times in {num_docs} documents ({len(counts)} distinct words): the "
+                         "vocabulary would hold only the special tokens; lower min_count or "
+                         "use a larger corpus")
     log(f"corpus: {num_docs} documents, {sum(counts.values())} tokens, {len(counts)} distinct; "
         f"vocabulary {len(vocab)} (min_count {corpus.min_count}, max_size {corpus.max_size})")
     if os.path.isdir(shards):
@@ -680,6 +714,20 @@ class ImagePretrainingData(TextPretrainingData):
         self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
 
 
+class _FinalCheckpoint(pl.Callback):
+    """Writes ``last.ckpt`` at the last step when it falls between the periodic
+    checkpoints, from inside the training loop (as the periodic ones are written), so
+    that it holds the data position and a resumed run continues exactly."""
+
+    def __init__(self, path: str, every: int):
+        self.path, self.every = path, every
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step >= trainer.max_steps and step % self.every:
+            trainer.save_checkpoint(self.path)
+
+
 class _RandomState(pl.Callback):
     """Saves and restores every random generator training uses (Python, NumPy, torch CPU
     and CUDA) in the checkpoint, so a resumed run draws the same positions."""
@@ -720,17 +768,18 @@ def build_trainer(config: PretrainConfig, extra_callbacks: Optional[List[pl.Call
                                   save_last=True, enable_version_counter=False)
     # (no version counter: a resumed run rewrites last.ckpt and step<N>.ckpt of the same
     # state, never 'last-v1.ckpt' beside a damaged 'last.ckpt')
-    if t.logger == "tensorboard":
-        from lightning.pytorch.loggers import TensorBoardLogger
-        logger = TensorBoardLogger(config.output_dir, name="logs")
-    else:
-        from lightning.pytorch.loggers import CSVLogger
-        logger = CSVLogger(config.output_dir, name="logs")
     callbacks = [checkpoints, GraphStatistics(t.graph_stats_every), _RandomState(),
-                 *(extra_callbacks or [])]
+                 _FinalCheckpoint(os.path.join(config.output_dir, "checkpoints", "last.ckpt"),
+                                  t.checkpoint_every), *(extra_callbacks or [])]
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
     try:
+        if t.logger == "tensorboard":
+            from lightning.pytorch.loggers import TensorBoardLogger
+            logger = TensorBoardLogger(config.output_dir, name="logs")
+        else:
+            from lightning.pytorch.loggers import CSVLogger
+            logger = CSVLogger(config.output_dir, name="logs")
         return pl.Trainer(max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices,
                           num_nodes=t.num_nodes, strategy=t.strategy, precision=_precision(t),
                           gradient_clip_val=t.grad_clip or None, logger=logger,
@@ -739,8 +788,10 @@ def build_trainer(config: PretrainConfig, extra_callbacks: Optional[List[pl.Call
                           enable_progress_bar=t.progress_bar, enable_model_summary=False,
                           use_distributed_sampler=False, default_root_dir=config.output_dir,
                           plugins=[AtomicCheckpointIO()])
-    except MisconfigurationException as err:
-        raise ValueError(f"train settings (accelerator {t.accelerator!r}, devices "
+    except (MisconfigurationException, TypeError, ImportError) as err:
+        # (ImportError: e.g. a logger, accelerator or precision plugin whose package is
+        # missing; TypeError: devices Lightning cannot parse for the accelerator)
+        raise ValueError(f"train settings (logger {t.logger!r}, accelerator {t.accelerator!r}, devices "
                          f"{t.devices!r}, strategy {t.strategy!r}, precision "
                          f"{_precision(t)!r}): {err}") from None
 
@@ -770,7 +821,49 @@ def _check_model_builds(config: PretrainConfig) -> None:
     try:
         GlomoPretraining(kwargs)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"model settings {config.model}: {err}") from None
+        raise ValueError(f"model settings {_short(config.model)}: {err}") from None
+
+
+_CLUSTER_ENVIRONMENTS = (("MASTER_ADDR", "NODE_RANK"), ("SLURM_NTASKS",),
+                         ("TORCHELASTIC_RUN_ID",), ("OMPI_COMM_WORLD_SIZE",), ("LSB_JOBID",))
+
+
+def _check_trainer_builds(config: PretrainConfig) -> None:
+    """Build the trainer once before the corpus is prepared (which can take long), so that
+    bad train settings fail first; refuse what would hang or fail at the first step."""
+    t = config.train
+    if t.num_nodes > 1 and not any(all(k in os.environ for k in keys)
+                                   for keys in _CLUSTER_ENVIRONMENTS):
+        raise ValueError(f"train.num_nodes is {t.num_nodes}, but no cluster environment is set "
+                         "(MASTER_ADDR and NODE_RANK, SLURM, torchrun, MPI or LSF): started on "
+                         "one machine, the run would wait for the other nodes indefinitely")
+    from lightning.pytorch.accelerators import CPUAccelerator
+
+    with quiet_lightning():
+        trainer = build_trainer(config)
+    if isinstance(trainer.accelerator, CPUAccelerator) and trainer.precision == "16-true":
+        raise ValueError("train.precision '16-true' is not supported on the CPU (float16 "
+                         "training diverges there); use '32-true' or 'bf16-mixed'")
+
+
+def _read_syntax_treebank(t: TrainConfig):
+    """The trees of ``train.syntax_treebank`` (read before the corpus is prepared)."""
+    from glomo_pyg.analysis.treebank import TreebankFormatError, read_treebank
+
+    path = os.path.expanduser(t.syntax_treebank)
+    try:
+        trees = read_treebank(path, max_sentences=t.syntax_sentences)
+    except (OSError, TreebankFormatError) as err:
+        raise ValueError(f"train.syntax_treebank: {err}") from None
+    if not trees:
+        raise ValueError(f"train.syntax_treebank: {path} holds no sentences")
+    return trees
+
+
+# train settings a resumed run must keep: the optimiser state and the data position
+# in the checkpoint were made with them (Lightning restores the optimiser's own lr)
+RESUME_FIXED_TRAIN = ("optimizer", "lr", "graph_lr_scale", "weight_decay", "momentum",
+                      "batch_size")
 
 
 def _check_saved_config(config: PretrainConfig, saved_config: str, out: str) -> None:
@@ -786,6 +879,20 @@ def _check_saved_config(config: PretrainConfig, saved_config: str, out: str) -> 
         raise ValueError(f"{out}: the checkpoint was trained with other {' and '.join(changed)} "
                          f"settings ({saved_config}); resume with the same ones (only "
                          "train settings such as max_steps may change)")
+    saved_train = before.get("train") if isinstance(before.get("train"), dict) else {}
+    fixed = [f"train.{k} {_short(saved_train[k])} -> {_short(now['train'][k])}"
+             for k in RESUME_FIXED_TRAIN if k in saved_train and saved_train[k] != now["train"][k]]
+    if fixed:
+        raise ValueError(f"{out}: cannot resume with changed {', '.join(fixed)}: the "
+                         "checkpoint's optimiser state and data position were made with the "
+                         f"saved ones ({saved_config}); start a new output_dir to change them")
+
+
+def _metric(trainer: pl.Trainer, name: str) -> Optional[float]:
+    """A logged metric as a float, or None (not NaN: the summary is strict JSON) when it
+    was not logged, e.g. no validation ran."""
+    value = trainer.callback_metrics.get(name)
+    return float(value) if value is not None and math.isfinite(float(value)) else None
 
 
 def run_pretraining(config: PretrainConfig, resume: bool = False,
@@ -807,6 +914,8 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
         log = lambda *args, **kwargs: None  # noqa: E731 (the first process reports)
     out = config.output_dir
     folder = os.path.join(out, "checkpoints")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"output_dir {out} is a file, not a folder")
     os.makedirs(out, exist_ok=True)
     existing = newest_checkpoint_file(folder)
     if not resume and existing is not None and not child:
@@ -822,14 +931,26 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
         if found is None:
             log(f"--resume: no checkpoint in {folder} yet; starting from scratch")
     ckpt, contents = found if found is not None else (None, None)
+    start_step = int(contents.get("global_step", 0)) if contents is not None else 0
+    if start_step > config.train.max_steps:
+        raise ValueError(f"{ckpt} is at step {start_step}, past train.max_steps "
+                         f"({config.train.max_steps}); raise max_steps to continue the run")
     saved_config = os.path.join(out, "config.json")
     if ckpt is not None and os.path.exists(saved_config):
         _check_saved_config(config, saved_config, out)
     if not child and ckpt is None:  # (resumed runs: once the checkpoint passed its checks)
         _write_json(saved_config, config.to_dict())
     _check_model_builds(config)
+    _check_trainer_builds(config)
     c, t = config.corpus, config.train
+    if t.graph_warmup_steps and t.graph_warmup_steps >= t.max_steps:
+        message = (f"train.graph_warmup_steps ({t.graph_warmup_steps}) >= train.max_steps "
+                   f"({t.max_steps}): the graph predictor is frozen during the warm-up, so "
+                   "the saved graphs will be those of its random initialisation")
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        log(f"warning: {message}")
     images = c.format in IMAGE_FORMATS
+    trees = _read_syntax_treebank(t) if t.syntax_treebank and not images else None
     if images:
         vocab, pixels = None, load_pretraining_images(c)
         log(f"images: {len(pixels)} of {tuple(pixels.shape[1:])} from {c.path}")
@@ -872,12 +993,9 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
             if not child:
                 _write_json(saved_config, config.to_dict())
         extra_callbacks = list(extra_callbacks or [])
-        if t.syntax_treebank and not images:
-            from glomo_pyg.analysis.treebank import read_treebank
+        if trees is not None:
             from glomo_pyg.training.syntax_monitor import SyntaxMonitor
 
-            trees = read_treebank(os.path.expanduser(t.syntax_treebank),
-                                  max_sentences=t.syntax_sentences)
             extra_callbacks.append(SyntaxMonitor(trees, vocab.tokens(), t.syntax_every,
                                                  lower=c.lower))
         interrupt = GracefulInterrupt(os.path.join(folder, "last.ckpt"), quiet=child)
@@ -912,18 +1030,23 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
                                       detail) from None
         finally:
             interrupt.restore()
+        summary_path = os.path.join(out, "pretrain.json")
+        if trainer.global_step == start_step and ckpt is not None and \
+                os.path.exists(summary_path) and os.path.isdir(os.path.join(out, "predictor")):
+            log(f"{ckpt} is already at train.max_steps ({t.max_steps}): nothing to train")
+            return _read_json(summary_path, "delete it; it is rewritten by a run that trains")
         seconds = time.time() - start
         size = dict(images=len(pixels)) if images else dict(tokens=data.windows.num_tokens,
                                                              vocabulary=len(vocab))
         summary = dict(steps=trainer.global_step, seconds=round(seconds, 1), **size,
-                       train_loss=float(trainer.callback_metrics.get("train_loss", float("nan"))),
-                       val_loss=float(trainer.callback_metrics.get("val_loss", float("nan"))))
+                       train_loss=_metric(trainer, "train_loss"),
+                       val_loss=_metric(trainer, "val_loss"))
         if trainer.is_global_zero:
             predictor = module.model.cpu().to_pretrained(vocab.tokens() if vocab else None)
             if images and crop != full:  # trained on crops: the same weights at full size
                 predictor = predictor.resized(*full)
             save_pretrained(predictor, os.path.join(out, "predictor"))
-            _write_json(os.path.join(out, "pretrain.json"), summary)
+            _write_json(summary_path, summary)
             log(f"done: {summary['steps']} steps in {seconds:.0f} s; predictor saved to "
                 f"{os.path.join(out, 'predictor')}")
         return summary
