@@ -21,15 +21,12 @@ def _set_threads(command: str, threads: int) -> None:
 
 def _check_output_file(command: str, option: str, path: str) -> None:
     """Refuse, before any work, an output path that cannot be written as a file."""
-    if os.path.isdir(path):
-        raise SystemExit(f"glomo {command}: {option} {path} is a directory; give a file name")
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent):  # the folders to be created
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise SystemExit(f"glomo {command}: {option} {path}: {parent} is a file, not a folder")
-    if not os.access(parent, os.W_OK):
-        raise SystemExit(f"glomo {command}: {option} {path}: {parent} is not writable")
+    from glomo_pyg.io.paths import check_output_file
+
+    try:
+        check_output_file(path)
+    except ValueError as err:
+        raise SystemExit(f"glomo {command}: {option} {err}")
 
 
 def _quickstart(args: argparse.Namespace) -> int:
@@ -142,13 +139,21 @@ def _word_vectors(args: argparse.Namespace) -> int:
     from collections import Counter
 
     from glomo_pyg.data.text import tokenize
-    from glomo_pyg.data.word_vectors import train_word_vectors, write_word_vectors
+    from glomo_pyg.data.word_vectors import (MAX_DIM, MAX_SEED, MAX_WINDOW,
+                                             train_word_vectors, write_word_vectors)
     from glomo_pyg.training.text_pretraining import CorpusConfig, iter_documents
 
+    highest = dict(dim=MAX_DIM, window=MAX_WINDOW)
     for name in WORD_VECTOR_COUNTS:  # checked before anything is read or written
-        if getattr(args, name) < 1:
-            raise SystemExit(f"glomo word-vectors: --{name.replace('_', '-')} must be >= 1, "
-                             f"got {getattr(args, name)}")
+        value, high = getattr(args, name), highest.get(name)
+        if value < 1 or (high is not None and value > high):
+            raise SystemExit(f"glomo word-vectors: --{name.replace('_', '-')} must be >= 1"
+                             + (f" and <= {high}" if high is not None else "")
+                             + f", got {value}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise SystemExit(f"glomo word-vectors: --seed must lie in [0, {MAX_SEED}], got "
+                         f"{args.seed}")
+    _check_output_file("word-vectors", "--output", args.output)
     if args.max_documents is not None and args.max_documents < 1:
         raise SystemExit(f"glomo word-vectors: --max-documents must be >= 1, got "
                          f"{args.max_documents}")
@@ -239,8 +244,11 @@ def _syntax(args: argparse.Namespace) -> int:
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 
 
+EXPORT_LINE_BYTES = 1 << 22  # one document per line: 4 MiB is far beyond any review
+
+
 def _export_text_items(path: str, predictor, max_samples: int, max_tokens: int, lower: bool):
-    from glomo_pyg.data.text import UNK, tokenize
+    from glomo_pyg.data.text import UNK, TextDataError, _decode, _lines, tokenize
     from glomo_pyg.io.graph_export import ExportItem
 
     if predictor.vocabulary is None:
@@ -250,8 +258,9 @@ def _export_text_items(path: str, predictor, max_samples: int, max_tokens: int, 
         raise SystemExit(f"glomo export: the predictor's vocabulary has no {UNK!r} token")
     items, short = [], 0
     try:
-        with open(path, encoding="utf-8") as fh:
-            for number, line in enumerate(fh, 1):
+        with open(path, "rb") as fh:  # a line at a time, bounded (a huge line is refused)
+            for number, offset, data in _lines(fh, path, EXPORT_LINE_BYTES):
+                line = _decode(data, path, number, offset)
                 tokens = tokenize(line, lower)[:max_tokens]
                 if not tokens:
                     continue
@@ -262,9 +271,8 @@ def _export_text_items(path: str, predictor, max_samples: int, max_tokens: int, 
                                         f"{path}:{number}", tokens))
                 if len(items) == max_samples:
                     break
-    except UnicodeDecodeError as err:
-        raise SystemExit(f"glomo export: {path} is not UTF-8 text ({err.reason} at byte "
-                         f"{err.start})")
+    except TextDataError as err:
+        raise SystemExit(f"glomo export: {err}")
     except OSError as err:
         raise SystemExit(f"glomo export: cannot read {path}: {err}")
     if short:
@@ -296,6 +304,10 @@ def _export_image_items(folder: str, max_samples: int, max_units: int):
                                      "with the square of the pixel count; downscale it or "
                                      "raise --max-units)")
                 rgb = np.asarray(img.convert("RGB"), dtype=np.uint8)
+        except Image.DecompressionBombError as err:  # (not an OSError) a header claiming
+            # billions of pixels, refused by Pillow before anything is decoded
+            raise SystemExit(f"glomo export: {path}: {err}; graphs grow with the square of "
+                             f"the pixel count (--max-units {max_units})")
         except (UnidentifiedImageError, OSError, ValueError) as err:
             raise SystemExit(f"glomo export: cannot read image {path}: {err}")
         items.append(ExportItem(torch.from_numpy(rgb.copy()).permute(2, 0, 1).contiguous(),

@@ -227,3 +227,29 @@ def test_token_shards_corrupt_index_offsets_ids_and_empty_corpus(tmp_path):
     with pytest.raises(TextDataError, match="emptied: the corpus is empty"):
         TokenWindows.from_shards(str(folder), 4, 2)
 
+
+
+def test_word_vector_limits_that_would_hang_or_overflow(tmp_path):
+    from glomo_pyg.data import embedding_matrix
+    from glomo_pyg.data.word_vectors import MAX_DIM, MAX_WINDOW
+
+    # a header claiming more numbers per line than any line may hold
+    with pytest.raises(TextDataError, match=r"v.txt:1: .*dimension 999999999999999999"):
+        read_word_vectors(_vectors(tmp_path, "0 999999999999999999\n"))
+    docs = [["a", "b", "a"], ["b", "a"]]
+    # gensim's C settings are 32-bit: a larger window killed a worker and training hung
+    for key, value in [("window", MAX_WINDOW + 1), ("dim", MAX_DIM + 1)]:
+        with pytest.raises(ValueError, match=f"{key} must be a positive integer <= "):
+            train_word_vectors(docs, **{"dim": 4, "min_count": 1, key: value})
+    for seed in (-1, 1 << 32):
+        with pytest.raises(ValueError, match="seed must be an integer in"):
+            train_word_vectors(docs, dim=4, min_count=1, seed=seed)
+    # huge but finite vectors: their float32 std overflowed to inf rows for the other words
+    words, vectors = ["good"], np.array([[1e30, -1e30, 1e30, -1e30]], dtype=np.float32)
+    matrix, _ = embedding_matrix(["<pad>", "<unk>", "good", "bad"], words, vectors)
+    assert torch.isfinite(matrix).all()
+    # a failed write leaves no temporary file behind
+    (tmp_path / "out").mkdir()
+    with pytest.raises(OSError):
+        write_word_vectors(str(tmp_path / "out"), ["a"], np.ones((1, 2)))
+    assert sorted(os.listdir(tmp_path)) == ["out", "v.txt"]

@@ -233,3 +233,35 @@ def test_glomo_export_command_refuses_bad_input(tmp_path):
     with pytest.raises(SystemExit, match="reads features"):
         main(["export", "--predictor", str(tmp_path / "feat"), "--text", str(empty), "--output",
               out])
+
+
+def test_glomo_export_refuses_decompression_bombs_and_huge_lines(tmp_path, monkeypatch):
+    import struct
+    import zlib
+
+    import glomo_pyg.cli as cli
+
+    pred_dir, pix_dir = tmp_path / "pred", tmp_path / "pix"
+    text_predictor().save_pretrained(str(pred_dir))
+    pixel_predictor().save_pretrained(str(pix_dir))
+    bomb = tmp_path / "bomb"
+    bomb.mkdir()
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + \
+            struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    # an 80-byte PNG whose header claims 100000 x 100000 pixels
+    header = struct.pack(">IIBBBBB", 100000, 100000, 8, 2, 0, 0, 0)
+    (bomb / "x.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) +
+                                 chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+    for units in ("4096", str(10 ** 12)):
+        with pytest.raises(SystemExit, match="x.png: .*pixels"):
+            main(["export", "--predictor", str(pix_dir), "--images", str(bomb), "--output",
+                  str(tmp_path / "o"), "--max-units", units])
+    monkeypatch.setattr(cli, "EXPORT_LINE_BYTES", 64)
+    text = tmp_path / "long.txt"
+    text.write_text("the cat sat\n" + "word " * 100 + "\n")
+    with pytest.raises(SystemExit, match=r"long.txt:2: line longer than 64 bytes"):
+        main(["export", "--predictor", str(pred_dir), "--text", str(text), "--output",
+              str(tmp_path / "o2")])

@@ -109,6 +109,27 @@ def test_train_and_test_selects_on_validation_and_learns_a_keyword_task():
     assert result.loss_history[-1] < result.loss_history[0]
     with pytest.raises(ValueError, match="labels"):
         encode_documents(["a"], [0, 1], vocab)
+    for kwargs, message in [(dict(epochs=0), "epochs must be a positive integer"),
+                            (dict(batch_size=0), "batch_size must be"),
+                            (dict(lr=float("nan")), "lr must be a finite positive"),
+                            (dict(lr=-1e-3), "lr must be a finite positive")]:
+        with pytest.raises(ValueError, match=message):
+            train_and_test(model, data[:10], data[10:12], data[12:14], **kwargs)
+    with pytest.raises(ValueError, match="the val split is empty"):
+        train_and_test(model, data[:10], [], data[12:14])
+    # a loss that is not finite stops training instead of being recorded as a result
+
+    class NanLogits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, x, batch):
+            return (self.weight * float("nan")).expand(int(batch.max()) + 1, 2)
+
+    with pytest.raises(FloatingPointError, match="training loss is nan at step 0"):
+        train_and_test(NanLogits(), data[:16], data[16:20], data[20:24], epochs=1,
+                       batch_size=8, accelerator="cpu")
 
 
 def test_imdb_reproduction_script_end_to_end(tmp_path):
@@ -144,7 +165,10 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
     assert "| GLoMo on embeddings − feature only (word vectors) |" in text  # paired table
     assert "| GLoMo on embeddings − uniform graph |" in text
     assert os.path.exists(tmp_path / "run" / "pretrain" / "no-decouple" / "predictor")
-    runs = json.load(open(tmp_path / "run" / "downstream.json"))
+    with open(tmp_path / "run" / "downstream.json") as fh:
+        cache = json.load(fh)
+    runs = cache["runs"]
+    assert cache["settings"]["epochs"] == imdb.SMOKE.epochs  # the runs' own settings
     lrs = imdb.SMOKE.lrs
     assert len(lrs) > 1  # the smoke run goes through the learning-rate choice
     for v in variants:  # seed 0 at every rate, validation only except at the chosen rate
@@ -163,3 +187,21 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
     imdb.main(args)
     assert os.path.getmtime(tmp_path / "run" / "word_vectors.txt") == mtime
     assert results.read_text().count("## ") == 2
+    # cached runs made with other settings are refused, not reported as these settings'
+    with pytest.raises(SystemExit, match="other settings or inputs .epochs"):
+        imdb.main(args + ["--epochs", "2"])
+    # options are checked before any stage runs
+    for extra, message in [(["--seeds", "0"], "--seeds must be >= 1"),
+                           (["--epochs", "-1"], "--epochs must be >= 1"),
+                           (["--lrs", "nan"], "--lrs must be finite positive"),
+                           (["--lrs", "0.001", "0.0010000001"], "equal to 6 digits"),
+                           (["--accelerator", "tpu9000"], "--accelerator must be one of"),
+                           (["--results", str(tmp_path)], "is a directory"),
+                           (["--output-dir", str(results)], "is a file, not a folder"),
+                           (["--predictor", str(tmp_path / "missing")], "missing")]:
+        with pytest.raises(SystemExit, match=message):
+            imdb.main(args + extra)
+    assert results.read_text().count("## ") == 2
+    (tmp_path / "run" / "downstream.json").write_text("{")
+    with pytest.raises(SystemExit, match=r"downstream.json \(downstream runs\) is damaged"):
+        imdb.main(args)

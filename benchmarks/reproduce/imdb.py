@@ -18,7 +18,9 @@ interrupted reproduction continues where it stopped:
    same training reviews, cut to the same number of the project's tokens; C chosen on the
    same validation reviews, evaluated once on the same test reviews: the score a user
    would get without any neural model;
-4. downstream (``downstream.json``, one entry per ``variant/seed/lr=...``):
+4. downstream (``downstream.json``, one entry per ``variant/seed/lr=...``, beside the
+   settings and input digests (word vectors, predictors) they were made with: a cache
+   made with others is refused, not reported under the new settings):
    ``GlomoTextClassifier`` (word vectors -> BiGRU -> self-attention -> pooling -> MLP).
    Per variant, seed 0 is trained at every learning rate of the grid (``--lrs``) and only
    validated; the rate with the best validation accuracy is kept, seed 0's model at that
@@ -39,6 +41,10 @@ baseline, GLoMo and uniform graph, 5 seeds. On 2 cores its downstream runs took 
 as two processes of 1 thread each (run 5 in ``benchmarks/results/imdb.md``), plus about
 25 min of pretraining unless ``--predictor`` is given. Its numbers are not a
 reproduction of the paper's; the full configuration (the default, for a GPU) is.
+
+Every option, the ``--predictor`` and the reviews are checked before the long stages;
+bad input and damaged caches stop with one line naming them (``GLOMO_TRACEBACK=1``
+shows the traceback).
 """
 from __future__ import annotations
 
@@ -48,6 +54,7 @@ import datetime
 import json
 import math
 import os
+import pickle  # (only its error type: checkpoints are loaded with weights_only=True)
 import sys
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -143,6 +150,70 @@ def log(*args):
     print(time.strftime("[%H:%M:%S]"), *args, flush=True)
 
 
+def read_cache(path: str, what: str) -> Dict:
+    """A JSON cache of this script (a mapping); a damaged one stops with its name."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path} ({what}) is damaged ({err}); delete it to recompute") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} ({what}) is damaged (not a mapping); delete it to recompute")
+    return data
+
+
+def file_digest(path: str) -> str:
+    """SHA-256 (first 16 hex digits) of a file: ties cached runs to their inputs."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+RUN_FIELDS = {"val_acc": float, "best_epoch": int, "seconds": float, "lr": float}
+
+
+def check_runs(runs: Dict, path: str) -> None:
+    """Every cached run entry holds the fields the tables read."""
+    for key, entry in runs.items():
+        ok = isinstance(entry, dict) and all(
+            isinstance(entry.get(f), (int, float)) and not isinstance(entry.get(f), bool)
+            for f in RUN_FIELDS) and (entry.get("test_acc") is None or
+                                      isinstance(entry.get("test_acc"), (int, float)))
+        if not ok:
+            raise ValueError(f"{path}: run {key!r} is damaged (needs {sorted(RUN_FIELDS)} and "
+                             "test_acc); delete the file to recompute")
+
+
+def check_arguments(args, setup: "Setup") -> None:
+    """Every option checked before any work (word vectors and pretraining take long)."""
+    from glomo_pyg.io.paths import check_output_file, check_output_folder
+    from glomo_pyg.training.text_pretraining import _accelerators
+
+    for name in ("seeds", "epochs"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be >= 1, got {value}")
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    if args.lrs is not None:
+        bad = [lr for lr in args.lrs if not math.isfinite(lr) or lr <= 0]
+        if bad:
+            raise ValueError(f"--lrs must be finite positive numbers, got {bad}")
+        keys = [f"{lr:g}" for lr in args.lrs]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"--lrs holds rates that are equal to 6 digits ({keys}); runs are "
+                             "cached by that key")
+    if args.accelerator not in _accelerators():
+        raise ValueError(f"--accelerator must be one of {_accelerators()}, got "
+                         f"{args.accelerator!r}")
+    check_output_file(args.results)
+    check_output_folder(args.output_dir or ".")
+
+
 def word_vectors(args, setup: Setup, out: str):
     from glomo_pyg.data import read_word_vectors, tokenize, train_word_vectors, write_word_vectors
     from glomo_pyg.training.text_pretraining import CorpusConfig, iter_documents
@@ -160,7 +231,11 @@ def word_vectors(args, setup: Setup, out: str):
         write_word_vectors(path, words, vectors)
         log(f"word vectors: {len(words)} x {setup.vector_dim} from {len(docs)} reviews "
             f"({time.time() - start:.0f} s)")
-    return read_word_vectors(path)
+    words, vectors = read_word_vectors(path)
+    if vectors.shape[1] != setup.vector_dim:
+        raise ValueError(f"{path} holds {vectors.shape[1]}-d vectors, this configuration uses "
+                         f"{setup.vector_dim}-d ones; delete it or use another --output-dir")
+    return words, vectors
 
 
 def pretrain_settings(args, setup: Setup, folder: str, name: str) -> Dict:
@@ -197,8 +272,7 @@ def pretrain(args, setup: Setup, out: str, name: str):
     steps = config.train.max_steps
     summary_path = os.path.join(folder, "pretrain.json")
     if os.path.exists(summary_path):
-        with open(summary_path) as fh:
-            summary = json.load(fh)
+        summary = read_cache(summary_path, "pretraining summary")
         if summary.get("steps") == steps:
             return os.path.join(folder, "predictor"), summary
     log(f"pretraining predictor '{name}' ({steps} steps) in {folder}")
@@ -213,6 +287,11 @@ def review_splits(args, setup: Setup) -> Tuple[List, List, List]:
 
     train = read_aclimdb(args.data_dir, "train")
     test = read_aclimdb(args.data_dir, "test")
+    for name, items in (("train", train), ("test", test)):
+        if {r.label for r in items} != {0, 1}:
+            raise ValueError(f"{args.data_dir}: the {name} reviews must hold both labels "
+                             f"(found {len(items)} reviews, labels "
+                             f"{sorted({r.label for r in items})})")
     train_part, val_part = split_train_validation(train, setup.validation_reviews, seed=0)
     if setup.train_reviews is not None:
         train_part = train_part[:setup.train_reviews]
@@ -273,8 +352,7 @@ def tfidf(setup: Setup, out: str, splits) -> Dict:
     config = dict(cs=list(TFIDF_CS), review_length=setup.review_length,
                   reviews=[len(rs) for rs in splits])
     if os.path.exists(path):
-        with open(path) as fh:
-            result = json.load(fh)
+        result = read_cache(path, "TF-IDF baseline")
         if result.get("config") == config:
             return result
     pairs = [([r.text for r in rs], [r.label for r in rs]) for rs in splits]
@@ -402,21 +480,45 @@ def main(argv=None) -> None:
     parser.add_argument("--workers", type=int, default=2, help="word2vec threads")
     parser.add_argument("--results", default="benchmarks/results/imdb.md")
     args = parser.parse_args(argv)
+    try:
+        run(args, argv)
+    except (ValueError, OSError) as err:
+        # bad input (files, options, caches): one line naming it, not a traceback
+        # (GLOMO_TRACEBACK=1 shows the traceback)
+        if os.environ.get("GLOMO_TRACEBACK"):
+            raise
+        raise SystemExit(f"benchmarks.reproduce.imdb: {err}") from None
+
+
+def run(args, argv=None) -> None:
+    """The reproduction for parsed ``args`` (see :func:`main`)."""
     setup = dataclasses.replace(SMOKE if args.smoke else REDUCED if args.reduced else FULL)
-    if args.seeds:
+    check_arguments(args, setup)
+    if args.seeds is not None:
         setup.seeds = args.seeds
-    if args.epochs:
+    if args.epochs is not None:
         setup.epochs = args.epochs
     if args.lrs:
         setup.lrs = tuple(args.lrs)
     if args.variants:
-        setup.variants = tuple(args.variants)
+        setup.variants = tuple(dict.fromkeys(args.variants))  # each once, in order
     mode = "smoke" if args.smoke else "reduced" if args.reduced else "full"
     out = args.output_dir or f"runs/imdb-{mode}"
     os.makedirs(out, exist_ok=True)
     command = "python -m benchmarks.reproduce.imdb " + " ".join(sys.argv[1:] if argv is None
                                                                  else argv)
     start = time.time()
+    from glomo_pyg import GlomoTextClassifier, PretrainedGraphPredictor
+    from glomo_pyg.data import embedding_matrix
+    from glomo_pyg.training.text_classification import train_and_test
+
+    given = None
+    if args.predictor:  # checked before the long stages
+        given = PretrainedGraphPredictor.from_pretrained(args.predictor)
+        if given.vocabulary is None:
+            raise ValueError(f"--predictor {args.predictor} reads pixels or features, not "
+                             "words: IMDB needs a text predictor (glomo pretrain on text)")
+    splits = review_splits(args, setup)
     words, vectors = word_vectors(args, setup, out)
     predictors, pretrain_summaries = {}, {}
     needed = sorted({VARIANTS[v]["predictor"] for v in setup.variants} - {None})
@@ -426,26 +528,20 @@ def main(argv=None) -> None:
             summary_path = os.path.join(os.path.dirname(os.path.abspath(args.predictor)),
                                         "pretrain.json")  # written by glomo pretrain
             if os.path.exists(summary_path):
-                with open(summary_path) as fh:
-                    pretrain_summaries[name] = json.load(fh)
+                pretrain_summaries[name] = read_cache(summary_path, "pretraining summary")
             continue
         predictors[name], pretrain_summaries[name] = pretrain(args, setup, out, name)
-    from glomo_pyg import GlomoTextClassifier, PretrainedGraphPredictor
-    from glomo_pyg.data import embedding_matrix
-    from glomo_pyg.training.text_classification import train_and_test
-
-    loaded = {name: PretrainedGraphPredictor.from_pretrained(path)
-              for name, path in predictors.items()}
+    loaded = {name: given if name == "default" and given is not None else
+              PretrainedGraphPredictor.from_pretrained(path) for name, path in predictors.items()}
     vocabulary = next(iter(loaded.values())).vocabulary if loaded else None
-    if vocabulary is None and args.predictor:  # the baseline alone: the predictor's vocabulary
-        vocabulary = PretrainedGraphPredictor.from_pretrained(args.predictor).vocabulary
+    if vocabulary is None and given is not None:  # the baseline alone: its vocabulary
+        vocabulary = given.vocabulary
     if vocabulary is None:
-        raise SystemExit("the baseline alone needs a vocabulary: include a GLoMo variant or "
+        raise ValueError("the baseline alone needs a vocabulary: include a GLoMo variant or "
                          "pass --predictor")
     if any(p.vocabulary != vocabulary for p in loaded.values()):
-        raise SystemExit("predictors were pretrained with different vocabularies")
+        raise ValueError("predictors were pretrained with different vocabularies")
     embedding, coverage = embedding_matrix(vocabulary, words, vectors, seed=0)
-    splits = review_splits(args, setup)
     train, val, test = reviews(splits, setup, vocabulary)
     log(f"reviews: {len(train)} train / {len(val)} validation / {len(test)} test, cut to "
         f"{setup.review_length} tokens; word vectors cover {coverage:.1%} of the vocabulary")
@@ -454,14 +550,39 @@ def main(argv=None) -> None:
         f"{baseline_tfidf['val_acc']:.4f}), test {baseline_tfidf['test_acc']:.4f}, "
         f"{baseline_tfidf['features']} features")
 
+    # cached runs are valid only for the inputs and settings that made them
+    settings = dict(
+        {f: getattr(setup, f) for f in ("vector_dim", "vector_epochs", "corpus_documents",
+                                        "review_length", "train_reviews", "validation_reviews",
+                                        "test_reviews", "hidden", "epochs", "batch_size")},
+        reviews=[len(train), len(val), len(test)],
+        word_vectors=file_digest(os.path.join(out, "word_vectors.txt")),
+        predictors={name: file_digest(os.path.join(path, "model.safetensors"))
+                    for name, path in sorted(predictors.items())})
     runs_path = os.path.join(out, "downstream.json")
-    runs = json.load(open(runs_path)) if os.path.exists(runs_path) else {}
+    runs: Dict = {}
+    if os.path.exists(runs_path):
+        cached = read_cache(runs_path, "downstream runs")
+        if "settings" not in cached:  # written before settings were recorded
+            log(f"warning: {runs_path} does not record the settings its runs were made with; "
+                "its runs are reused unchecked")
+            runs = cached
+        elif cached["settings"] != settings:
+            differ = sorted(k for k in set(settings) | set(cached["settings"])
+                            if settings.get(k) != cached["settings"].get(k))
+            raise ValueError(f"{runs_path} holds runs made with other settings or inputs "
+                             f"({', '.join(differ)}); use another --output-dir or delete it")
+        else:
+            runs = cached.get("runs")
+            if not isinstance(runs, dict):
+                raise ValueError(f"{runs_path} (downstream runs) is damaged; delete it")
+        check_runs(runs, runs_path)
     checkpoints = os.path.join(out, "lr-search")
     os.makedirs(checkpoints, exist_ok=True)
 
     def save_runs():
         with open(runs_path + ".tmp", "w") as fh:
-            json.dump(runs, fh, indent=1)
+            json.dump(dict(settings=settings, runs=runs), fh, indent=1)
         os.replace(runs_path + ".tmp", runs_path)
 
     def build(variant: str, seed: int) -> GlomoTextClassifier:
@@ -502,13 +623,19 @@ def main(argv=None) -> None:
         key = run_key(variant, 0, chosen[variant])
         if runs[key]["test_acc"] is None:
             path = os.path.join(checkpoints, f"{variant}-{chosen[variant]:g}.pt")
+            state = None
             if os.path.exists(path):
+                try:
+                    state = torch.load(path, weights_only=True)
+                except (RuntimeError, OSError, ValueError, EOFError,
+                        pickle.UnpicklingError) as err:
+                    log(f"{path} is damaged ({err}); training the run again")
+            if state is not None:
                 model = build(variant, 0)
-                missing, unexpected = model.load_state_dict(torch.load(path, weights_only=True),
-                                                            strict=False)
+                missing, unexpected = model.load_state_dict(state, strict=False)
                 frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
                 if unexpected or set(missing) - frozen:
-                    raise RuntimeError(f"{path} does not fit variant {variant}")
+                    raise ValueError(f"{path} does not fit variant {variant}; delete it")
                 entry = dict(runs[key], test_acc=evaluate_accuracy(
                     model, test, setup.batch_size, args.accelerator))
             else:  # checkpoint lost: train this run again, now with the test evaluation

@@ -23,6 +23,11 @@ import torch
 from glomo_pyg.data.text import TextDataError, _decode, _lines
 
 MAX_LINE_BYTES = 1 << 20  # a 300-d vector line is about 4 KB
+MAX_DIM = MAX_LINE_BYTES // 2  # no line of the text format could hold more numbers
+# word2vec's C settings are 32-bit ints (a larger window made a gensim worker die while
+# training waited for it forever)
+MAX_WINDOW = (1 << 31) - 1
+MAX_SEED = (1 << 32) - 1
 _COUNT = re.compile(r"[0-9]{1,18}")
 
 
@@ -61,9 +66,10 @@ def read_word_vectors(path: str, vocabulary: Optional[Sequence[str]] = None,
             parts = line.split(" ")
             if number == 1 and len(parts) == 2 and all(_COUNT.fullmatch(p) for p in parts):
                 declared, dim, dim_line = int(parts[0]), int(parts[1]), 1
-                if dim < 1:
+                if not 1 <= dim <= MAX_DIM:
                     raise TextDataError(f"{path}:1: the word2vec header declares dimension "
-                                        f"{dim}; it must be at least 1")
+                                        f"{dim}; it must lie in [1, {MAX_DIM}] (a line holds "
+                                        f"at most {MAX_LINE_BYTES} bytes)")
                 continue
             if dim is None:
                 dim, dim_line = len(parts) - 1, number
@@ -117,12 +123,16 @@ def write_word_vectors(path: str, words: Sequence[str], vectors, header: bool = 
         if not isinstance(word, str) or not word or any(c in word for c in " \n\r"):
             raise ValueError(f"word {word!r} cannot be written in the text format")
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        if header:
-            fh.write(f"{len(words)} {vectors.shape[1]}\n")
-        for word, vec in zip(words, vectors):
-            fh.write(word + " " + " ".join(f"{v:.6g}" for v in vec) + "\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            if header:
+                fh.write(f"{len(words)} {vectors.shape[1]}\n")
+            for word, vec in zip(words, vectors):
+                fh.write(word + " " + " ".join(f"{v:.6g}" for v in vec) + "\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):  # a failed write or rename leaves nothing behind
+            os.remove(tmp)
 
 
 def embedding_matrix(vocabulary: Sequence[str], words: Sequence[str], vectors: np.ndarray,
@@ -133,7 +143,12 @@ def embedding_matrix(vocabulary: Sequence[str], words: Sequence[str], vectors: n
     vocabulary found in the file."""
     index: Dict[str, int] = {w: i for i, w in enumerate(words)}
     dim = vectors.shape[1]
-    std = scale if scale is not None else (float(vectors.std()) if vectors.size else 0.0)
+    # (the std in float64: float32 overflows to inf on huge but finite vectors)
+    std = scale if scale is not None else \
+        (float(vectors.std(dtype=np.float64)) if vectors.size else 0.0)
+    if not np.isfinite(std) or std > np.finfo(np.float32).max:
+        raise ValueError(f"the word vectors' scale is not finite in float32 ({std}); "
+                         "their values are too large to be features")
     std = std if std > 0 else 0.1
     gen = torch.Generator().manual_seed(seed)
     out = torch.randn(len(vocabulary), dim, generator=gen) * std
@@ -153,12 +168,19 @@ def train_word_vectors(documents: Iterable[Sequence[str]], dim: int = 300, windo
     """word2vec (gensim) on tokenised documents; returns words (most frequent first) and
     ``[n, dim]`` vectors. ``documents`` (lists of str tokens) is iterated ``epochs + 2``
     times (a list, or a re-iterable corpus object). Settings that are not positive
-    integers, documents that are not token lists, or a corpus with no word that occurs
+    integers (``dim`` at most :data:`MAX_DIM`, ``window`` at most :data:`MAX_WINDOW`), a
+    seed outside ``[0, 2**32 - 1]``, documents that are not token lists, or a corpus with no word that occurs
     ``min_count`` times raise a :class:`ValueError` before gensim runs."""
-    for name, value in (("dim", dim), ("window", window), ("min_count", min_count),
-                        ("epochs", epochs), ("workers", workers)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    for name, value, high in (("dim", dim, MAX_DIM), ("window", window, MAX_WINDOW),
+                              ("min_count", min_count, None), ("epochs", epochs, None),
+                              ("workers", workers, None)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1 or \
+                (high is not None and value > high):
+            raise ValueError(f"{name} must be a positive integer"
+                             + (f" <= {high}" if high is not None else "") + f", got {value!r}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or \
+            not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed must be an integer in [0, {MAX_SEED}], got {seed!r}")
     docs = documents if isinstance(documents, list) else _Reiterable(documents)
     counts: Counter = Counter()
     for doc in docs:

@@ -2,6 +2,8 @@
 validation split, one evaluation on the test set."""
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import tempfile
 import time
@@ -45,6 +47,10 @@ class TextClassification(pl.LightningModule):
 
     def training_step(self, data, batch_idx):
         loss = torch.nn.functional.cross_entropy(self(data.x, data.batch), data.y)
+        if not torch.isfinite(loss):  # stop instead of recording a NaN run as a result
+            raise FloatingPointError(f"the training loss is {loss.item()} at step "
+                                     f"{self.global_step}: non-finite features (word vectors "
+                                     "too large?) or a learning rate too high")
         self.log("train_loss", loss, batch_size=int(data.num_graphs), prog_bar=True,
                  on_step=True, on_epoch=True)
         return loss
@@ -92,8 +98,21 @@ def train_and_test(model: torch.nn.Module, train: List[Data], val: List[Data], t
                    accelerator: str = "auto", precision: str = "32-true",
                    progress_bar: bool = False) -> ClassificationResult:
     """Train for ``epochs``, keep the epoch with the best validation accuracy, and
-    evaluate that one once on ``test``."""
+    evaluate that one once on ``test``. ``epochs`` and ``batch_size`` must be positive
+    integers, ``lr`` a finite positive number, and ``train``, ``val`` and ``test``
+    non-empty (:class:`ValueError` otherwise); a non-finite training loss raises
+    :class:`FloatingPointError`."""
     from lightning.pytorch.callbacks import ModelCheckpoint
+
+    for name, value in (("epochs", epochs), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not math.isfinite(lr) or \
+            lr <= 0:
+        raise ValueError(f"lr must be a finite positive number, got {lr!r}")
+    for name, items in (("train", train), ("val", val), ("test", test)):
+        if len(items) == 0:
+            raise ValueError(f"the {name} split is empty")
 
     pl.seed_everything(seed, workers=True, verbose=False)
     module = TextClassification(model, lr)
