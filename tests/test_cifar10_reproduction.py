@@ -33,7 +33,10 @@ def test_cifar10_reproduction_runs_end_to_end_and_resumes(tmp_path):
     argv = ["--data-dir", str(tmp_path / "data"), "--smoke", "--output-dir", str(out),
             "--results", str(results), "--figure", str(fig), "--accelerator", "cpu"]
     cifar10.main(argv)
-    runs = json.load(open(out / "downstream.json"))
+    with open(out / "downstream.json") as fh:
+        cache = json.load(fh)
+    runs = cache["runs"]
+    assert cache["settings"]["epochs"] == cifar10.SMOKE.epochs
     assert sorted(runs) == ["resnet18/baseline/seed0", "resnet18/glomo/seed0",
                             "resnet18/uniform/seed0"]
     assert all(0 <= r["test_acc"] <= 1 and len(r["epoch_seconds"]) == 1 for r in runs.values())
@@ -48,6 +51,30 @@ def test_cifar10_reproduction_runs_end_to_end_and_resumes(tmp_path):
     mtime = os.path.getmtime(out / "downstream.json")
     cifar10.main(argv)  # everything cached: nothing retrained
     assert os.path.getmtime(out / "downstream.json") == mtime
+    # cached runs of another recipe are refused, not reported under the new one
+    with pytest.raises(SystemExit, match="other settings or inputs .epochs"):
+        cifar10.main(argv + ["--epochs", "2"])
+    # options and input folders are checked before any stage
+    (tmp_path / "empty").mkdir()
+    for extra, message in [(["--seeds", "0"], "--seeds must be >= 1"),
+                           (["--epochs", "-1"], "--epochs must be >= 1"),
+                           (["--threads", "-1"], "--threads must be >= 0"),
+                           (["--results", str(tmp_path)], "is a directory"),
+                           (["--data-dir", str(tmp_path / "empty")], "is not a folder")]:
+        with pytest.raises(SystemExit, match=message):
+            cifar10.main(argv + extra)
+    # a cached split that overlaps or points outside the data is refused
+    split_path = out / "split.json"
+    good = split_path.read_text()
+    for edit, message in [(lambda d: dict(d, validation=d["train"][:1]), "overlap"),
+                          (lambda d: dict(d, test=[99999]), "indices in"),
+                          (lambda d: dict(d, counts=dict(train=3, test=1)), "other data")]:
+        split_path.write_text(json.dumps(edit(json.loads(good))))
+        with pytest.raises(SystemExit, match=message):
+            cifar10.main(argv)
+    split_path.write_text("[]")
+    with pytest.raises(SystemExit, match="split.json .image split. is damaged"):
+        cifar10.main(argv)
 
 
 def test_image_training_resumes_from_its_epoch_checkpoint_exactly(tmp_path):
@@ -80,3 +107,32 @@ def test_image_training_resumes_from_its_epoch_checkpoint_exactly(tmp_path):
     with pytest.raises(ValueError, match="crops"):
         train_image_classifier(GlomoResNet(None, width=4), (images, labels),
                                (images, labels), config, train_propagations=(images, images))
+
+
+def test_image_training_refuses_bad_input_and_another_recipe_on_resume(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (8, 3, 8, 8), generator=g, dtype=torch.uint8)
+    labels = torch.randint(0, 10, (8,), generator=g)
+    config = ImageTrainConfig(epochs=3, batch_size=4, lr=0.05, crop_padding=1)
+    model = GlomoResNet(None, width=4)
+    cases = [((images, torch.full_like(labels, 10)), (images, labels), config, "model has 10"),
+             ((images, labels), (images, labels), ImageTrainConfig(epochs=1, batch_size=2),
+              "exactly one step"),
+             ((images, labels[:5]), (images, labels), config, "labels"),
+             ((images, labels), (images[:0], labels[:0]), config, "val split is empty"),
+             ((images, labels), (images, labels), ImageTrainConfig(crop_padding=8), "crop_padding"),
+             ((images, labels), (images, labels), ImageTrainConfig(lr=float("inf")),
+              "invalid optimisation")]
+    for train, val, cfg, message in cases:
+        with pytest.raises(ValueError, match=message):
+            train_image_classifier(model, train, val, cfg, device="cpu", log=lambda *a: None)
+    ckpt = str(tmp_path / "run.pt")
+    train_image_classifier(GlomoResNet(None, width=4), (images, labels), (images, labels),
+                           config, device="cpu", checkpoint=ckpt, log=lambda *a: None)
+    longer = ImageTrainConfig(epochs=5, batch_size=4, lr=0.05, crop_padding=1)
+    with pytest.raises(ValueError, match="another recipe"):
+        train_image_classifier(GlomoResNet(None, width=4), (images, labels), (images, labels),
+                               longer, device="cpu", checkpoint=ckpt, log=lambda *a: None)
+    with pytest.raises(ValueError, match="does not fit this model"):
+        train_image_classifier(GlomoResNet(None, width=8), (images, labels), (images, labels),
+                               config, device="cpu", checkpoint=ckpt, log=lambda *a: None)

@@ -134,3 +134,28 @@ def test_augmentation_flips_and_crops_pixels():
     assert any(torch.equal(m, img[0].flip(2)) for m in many[::2])
     cropped = augment(img, torch.Generator().manual_seed(0), flip=False, crop_padding=1)
     assert cropped.shape == img.shape and cropped.dtype == torch.uint8
+
+
+def test_shared_reference_bombs_and_degenerate_arrays_are_refused_quickly(tmp_path):
+    import time
+
+    x = [0] * 60
+    for _ in range(5):  # 60^6 leaves from a few KB: walking it naively takes hours
+        x = [x] * 60
+    data = np.zeros((2, 3072), dtype=np.uint8)
+    bad = tmp_path / "bad"
+    write(bad, {"data": data, "labels": [0, 1], "extra": x})
+    start = time.time()
+    images, labels = read_image_batch(str(bad), num_classes=10)  # each object visited once
+    assert images.shape == (2, 3, 32, 32) and time.time() - start < 5
+    write(bad, {"data": data, "labels": [x, x]})
+    with pytest.raises(ImageDataError, match="flat list of integers"):
+        read_image_batch(str(bad))
+    from glomo_pyg.data.images import _check_plain
+
+    write(bad, {"data": data, "labels": [0, 1], "extra": [[k] for k in range(3000)]})
+    with pytest.raises(UnsafePickleError, match="more than 100 objects"):
+        _check_plain(safe_load(str(bad)), max_nodes=100)
+    write(bad, {"data": np.zeros((2, 0), dtype=np.uint8), "labels": [0, 1]})
+    with pytest.raises(ImageDataError, match="colour planes"):
+        read_image_batch(str(bad))

@@ -203,5 +203,5 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
             imdb.main(args + extra)
     assert results.read_text().count("## ") == 2
     (tmp_path / "run" / "downstream.json").write_text("{")
-    with pytest.raises(SystemExit, match=r"downstream.json \(downstream runs\) is damaged"):
+    with pytest.raises(SystemExit, match=r"downstream.json \(cached runs\) is damaged"):
         imdb.main(args)

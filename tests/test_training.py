@@ -77,6 +77,20 @@ def test_bad_settings_are_rejected():
         run_quickstart(QuickstartConfig(steps=0))
     with pytest.raises(SystemExit):
         main(["quickstart", "--steps", "many"])
+    for kwargs in (dict(lr=float("nan")), dict(lr=float("inf")),
+                   dict(graph_lr_scale=float("inf")), dict(weight_decay=float("nan"))):
+        with pytest.raises(ValueError, match="finite"):
+            GlomoPretraining(dict(num_tokens=20, **TINY_MODEL), **kwargs)
+    for argv, message in [(["--lr", "nan"], "finite"),
+                          (["--steps", str(10 ** 9)], "at most"),
+                          (["--accelerator", "gpu"] if not torch.cuda.is_available() else
+                           ["--accelerator", "banana"], "accelerator")]:
+        with pytest.raises(SystemExit, match=message):
+            main(["quickstart", "--output-dir", "", "--no-progress", *argv])
+    with pytest.warns(RuntimeWarning, match="graph predictor stays frozen"):
+        run_quickstart(QuickstartConfig(steps=2, batch_size=2, test_sequences=4,
+                                        graph_warmup_steps=5, progress_bar=False,
+                                        output_dir=None, model=dict(TINY_MODEL)))
 
 
 def test_pretraining_recovers_planted_sources_above_baselines():

@@ -16,12 +16,16 @@ spread over several short GPU allocations) continues where it stopped:
    check) against uniform graphs over the same sources, and dead heads, on 64 CIFAR
    validation images; the same for the untrained predictor;
 3. **split** (``split.json``): the seeded 42,000 / 8,000 train / validation split of the
-   CIFAR-10 training images (indices recorded; the reduced run uses a fixed subset);
+   CIFAR-10 training images (indices and image counts recorded; a cached split for other
+   data, with indices out of range or overlapping train and validation is refused; the
+   reduced run uses a fixed subset);
 4. **downstream** (``downstream.json``, one entry per ``resnet<depth>/<variant>/seed<s>``):
    :class:`~glomo_pyg.GlomoResNet` with ``graph='none'`` (baseline), ``'learned'`` (GLoMo)
    and ``'uniform'``, the identical recipe (:mod:`glomo_pyg.training.image_classification`),
    the same seeds; the epoch with the best validation accuracy is evaluated once on the
-   10,000 test images (reduced: a fixed subset). Per-epoch checkpoints in ``runs/``;
+   10,000 test images (reduced: a fixed subset). Per-epoch checkpoints in ``runs/``; the
+   runs are stored with their recipe, image counts and the predictor's digest, and a cache
+   made with others is refused (as is a checkpoint of another recipe);
 5. ``benchmarks/results/cifar10.md``: a table shaped like paper Table 3 (mean +- std over
    seeds beside the paper's numbers), paired differences with 95% confidence intervals,
    epoch times, the pixel-graph check, and ``benchmarks/results/cifar10_graphs.png``: for
@@ -34,6 +38,10 @@ crops of 20,000 ImageNet images, a 2-layer x 4-head predictor, ResNet-18 of widt
 (so the GLoMo stage's propagations are precomputed once per image and orientation),
 3 seeds. Its numbers are **not** a reproduction of the paper's; the full configuration
 (the default, for a GPU) is.
+
+Options, output paths and the input folders are checked before any stage; bad input and
+damaged caches stop with one line naming them (``GLOMO_TRACEBACK=1`` shows the
+traceback).
 """
 from __future__ import annotations
 
@@ -50,6 +58,8 @@ from typing import Dict, List, Optional
 
 import torch
 
+from benchmarks.common import (cached_runs, check_common_arguments, file_digest, read_cache,
+                               run_reporting_errors, write_runs)
 from benchmarks.reproduce.imdb import paired_difference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -105,6 +115,36 @@ def write_json(path: str, obj) -> None:
     with open(path + ".tmp", "w") as fh:
         json.dump(obj, fh, indent=1)
     os.replace(path + ".tmp", path)
+
+
+def check_arguments(args) -> None:
+    """Every option and input folder checked before any stage (pretraining takes hours)."""
+    check_common_arguments(args, (args.results, args.figure))
+    if args.threads < 0:
+        raise ValueError(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
+    needed = ["cifar-10-batches-py"] + ([] if args.predictor else ["imagenet32"])
+    for name in needed:
+        if not os.path.isdir(os.path.join(args.data_dir, name)):
+            raise ValueError(f"{os.path.join(args.data_dir, name)} is not a folder (--data-dir "
+                             "must hold imagenet32/ and cifar-10-batches-py/)")
+
+
+def checked_split(split: Dict, counts: Dict, path: str) -> Dict:
+    """A cached ``split.json``: index lists in range, train and validation disjoint, made
+    for data of the same size."""
+    if split.get("counts") != counts:
+        raise ValueError(f"{path} was made for other data ({split.get('counts')}, now "
+                         f"{counts}); delete it to draw the split again")
+    for key, size in (("train", counts["train"]), ("validation", counts["train"]),
+                      ("test", counts["test"])):
+        idx = split.get(key)
+        if not isinstance(idx, list) or not idx or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < size for i in idx):
+            raise ValueError(f"{path}: '{key}' must be a non-empty list of image indices in "
+                             f"[0, {size}); delete it to draw the split again")
+    if set(split["train"]) & set(split["validation"]):
+        raise ValueError(f"{path}: training and validation images overlap; delete it")
+    return split
 
 
 def pretrain(args, setup: Setup, out: str) -> str:
@@ -193,14 +233,20 @@ def main(argv=None) -> None:
     parser.add_argument("--results", default="benchmarks/results/cifar10.md")
     parser.add_argument("--figure", default="benchmarks/results/cifar10_graphs.png")
     args = parser.parse_args(argv)
+    run_reporting_errors("benchmarks.reproduce.cifar10", run, args, argv)
+
+
+def run(args, argv=None) -> None:
+    """The reproduction for parsed ``args`` (see :func:`main`)."""
+    check_arguments(args)
     setup = dataclasses.replace(SMOKE if args.smoke else REDUCED if args.reduced else FULL)
-    if args.seeds:
+    if args.seeds is not None:
         setup.seeds = args.seeds
-    if args.epochs:
+    if args.epochs is not None:
         setup.epochs = args.epochs
     if args.depths:
         setup.depths = tuple(args.depths)
-    variants = tuple(args.variants or VARIANTS)
+    variants = tuple(dict.fromkeys(args.variants or VARIANTS))
     if args.threads:
         torch.set_num_threads(args.threads)
     mode = "smoke" if args.smoke else "reduced" if args.reduced else "full"
@@ -223,20 +269,25 @@ def main(argv=None) -> None:
         return
     # 'auto': the fused layout (FlexAttention) for these 1024-unit images without gradients
     predictor = PretrainedGraphPredictor.from_pretrained(predictor_dir).eval().set_layout("auto")
-    pretrain_summary = {}
+    if predictor.vocabulary is not None or "height" not in \
+            predictor.predictor(predictor.directions[0]).config():
+        raise ValueError(f"{predictor_dir} is not a pixel predictor (it reads words or "
+                         "features); pretrain one on images (corpus.format imagenet32)")
+    pretrain_summary, pretrain_config = {}, {}
     summary_path = os.path.join(os.path.dirname(os.path.abspath(predictor_dir)), "pretrain.json")
     if os.path.exists(summary_path):
-        with open(summary_path) as fh:
-            pretrain_summary = json.load(fh)
+        pretrain_summary = read_cache(summary_path, "pretraining summary")
     config_path = os.path.join(os.path.dirname(os.path.abspath(predictor_dir)), "config.json")
-    pretrain_config = json.load(open(config_path)) if os.path.exists(config_path) else {}
+    if os.path.exists(config_path):
+        pretrain_config = read_cache(config_path, "pretraining settings")
 
     cifar = os.path.join(args.data_dir, "cifar-10-batches-py")
     images, labels = load_cifar10(cifar, "train")
     test_images, test_labels = load_cifar10(cifar, "test")
     split_path = os.path.join(out, "split.json")
+    counts = dict(train=len(images), test=len(test_images))
     if os.path.exists(split_path):
-        split = json.load(open(split_path))
+        split = checked_split(read_cache(split_path, "image split"), counts, split_path)
     else:
         train_idx, val_idx = train_validation_split(len(images), 8000 if len(images) > 8000
                                                     else len(images) // 5, seed=0)
@@ -249,7 +300,7 @@ def main(argv=None) -> None:
         if setup.test_images:
             perm = torch.randperm(len(test_images), generator=torch.Generator().manual_seed(1))
             test_idx = sorted(perm[:setup.test_images].tolist())
-        split = dict(seed=0, train=train_idx, validation=val_idx, test=test_idx)
+        split = dict(seed=0, counts=counts, train=train_idx, validation=val_idx, test=test_idx)
         write_json(split_path, split)
     train = (images[split["train"]], labels[split["train"]])
     val = (images[split["validation"]], labels[split["validation"]])
@@ -257,9 +308,12 @@ def main(argv=None) -> None:
     log(f"CIFAR-10: {len(train[0])} train / {len(val[0])} validation / {len(test[0])} test")
 
     graphs_path = os.path.join(out, "pixel_graphs.json")
-    if os.path.exists(graphs_path):
-        check = json.load(open(graphs_path))
-    else:
+    check = read_cache(graphs_path, "pixel graph check") if os.path.exists(graphs_path) else None
+    if check is not None and not (isinstance(check.get("learned"), dict) and all(
+            isinstance(v, dict) and {"neighbour", "uniform_neighbour", "dead_heads"} <= set(v)
+            for v in check["learned"].values())):
+        raise ValueError(f"{graphs_path} (pixel graph check) is damaged; delete it")
+    if check is None:
         sample = val[0][:min(64, len(val[0]))]
         t0 = time.time()
         learned = pixel_graph_check(predictor, sample)
@@ -284,9 +338,13 @@ def main(argv=None) -> None:
         return
 
     runs_path = os.path.join(out, "downstream.json")
-    runs = json.load(open(runs_path)) if os.path.exists(runs_path) else {}
     recipe = ImageTrainConfig(epochs=setup.epochs, batch_size=setup.batch_size, lr=setup.lr,
                               crop_padding=setup.crop_padding)
+    settings = dict(dataclasses.asdict(recipe), width=setup.width,
+                    precompute=setup.precompute,
+                    images=[len(train[0]), len(val[0]), len(test[0])],
+                    predictor=file_digest(os.path.join(predictor_dir, "model.safetensors")))
+    runs = cached_runs(runs_path, settings, log)
     cache: Dict[str, torch.Tensor] = {}
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
 
@@ -329,7 +387,7 @@ def main(argv=None) -> None:
                                  epoch_seconds=result["epoch_seconds"],
                                  trainable=sum(p.numel() for p in model.parameters()
                                                if p.requires_grad))
-                write_json(runs_path, runs)
+                write_runs(runs_path, settings, runs)
                 log(f"{key}: test {test_acc:.4f} (validation {result['best_val']:.4f} at "
                     f"epoch {result['best_epoch'] + 1})")
     if args.stop_after == "downstream":

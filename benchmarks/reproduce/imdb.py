@@ -61,6 +61,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from benchmarks.common import (cached_runs, check_common_arguments, file_digest, read_cache,
+                               run_reporting_errors, write_runs)
+
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))), "configs")
 # Paper Tables 1-2, IMDB test accuracy (%), GloVe features.
@@ -150,29 +153,6 @@ def log(*args):
     print(time.strftime("[%H:%M:%S]"), *args, flush=True)
 
 
-def read_cache(path: str, what: str) -> Dict:
-    """A JSON cache of this script (a mapping); a damaged one stops with its name."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError) as err:
-        raise ValueError(f"{path} ({what}) is damaged ({err}); delete it to recompute") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} ({what}) is damaged (not a mapping); delete it to recompute")
-    return data
-
-
-def file_digest(path: str) -> str:
-    """SHA-256 (first 16 hex digits) of a file: ties cached runs to their inputs."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
-
-
 RUN_FIELDS = {"val_acc": float, "best_epoch": int, "seconds": float, "lr": float}
 
 
@@ -188,15 +168,9 @@ def check_runs(runs: Dict, path: str) -> None:
                              "test_acc); delete the file to recompute")
 
 
-def check_arguments(args, setup: "Setup") -> None:
+def check_arguments(args) -> None:
     """Every option checked before any work (word vectors and pretraining take long)."""
-    from glomo_pyg.io.paths import check_output_file, check_output_folder
-    from glomo_pyg.training.text_pretraining import _accelerators
-
-    for name in ("seeds", "epochs"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name} must be >= 1, got {value}")
+    check_common_arguments(args, (args.results,))
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     if args.lrs is not None:
@@ -207,11 +181,6 @@ def check_arguments(args, setup: "Setup") -> None:
         if len(set(keys)) != len(keys):
             raise ValueError(f"--lrs holds rates that are equal to 6 digits ({keys}); runs are "
                              "cached by that key")
-    if args.accelerator not in _accelerators():
-        raise ValueError(f"--accelerator must be one of {_accelerators()}, got "
-                         f"{args.accelerator!r}")
-    check_output_file(args.results)
-    check_output_folder(args.output_dir or ".")
 
 
 def word_vectors(args, setup: Setup, out: str):
@@ -480,20 +449,13 @@ def main(argv=None) -> None:
     parser.add_argument("--workers", type=int, default=2, help="word2vec threads")
     parser.add_argument("--results", default="benchmarks/results/imdb.md")
     args = parser.parse_args(argv)
-    try:
-        run(args, argv)
-    except (ValueError, OSError) as err:
-        # bad input (files, options, caches): one line naming it, not a traceback
-        # (GLOMO_TRACEBACK=1 shows the traceback)
-        if os.environ.get("GLOMO_TRACEBACK"):
-            raise
-        raise SystemExit(f"benchmarks.reproduce.imdb: {err}") from None
+    run_reporting_errors("benchmarks.reproduce.imdb", run, args, argv)
 
 
 def run(args, argv=None) -> None:
     """The reproduction for parsed ``args`` (see :func:`main`)."""
     setup = dataclasses.replace(SMOKE if args.smoke else REDUCED if args.reduced else FULL)
-    check_arguments(args, setup)
+    check_arguments(args)
     if args.seeds is not None:
         setup.seeds = args.seeds
     if args.epochs is not None:
@@ -560,30 +522,13 @@ def run(args, argv=None) -> None:
         predictors={name: file_digest(os.path.join(path, "model.safetensors"))
                     for name, path in sorted(predictors.items())})
     runs_path = os.path.join(out, "downstream.json")
-    runs: Dict = {}
-    if os.path.exists(runs_path):
-        cached = read_cache(runs_path, "downstream runs")
-        if "settings" not in cached:  # written before settings were recorded
-            log(f"warning: {runs_path} does not record the settings its runs were made with; "
-                "its runs are reused unchecked")
-            runs = cached
-        elif cached["settings"] != settings:
-            differ = sorted(k for k in set(settings) | set(cached["settings"])
-                            if settings.get(k) != cached["settings"].get(k))
-            raise ValueError(f"{runs_path} holds runs made with other settings or inputs "
-                             f"({', '.join(differ)}); use another --output-dir or delete it")
-        else:
-            runs = cached.get("runs")
-            if not isinstance(runs, dict):
-                raise ValueError(f"{runs_path} (downstream runs) is damaged; delete it")
-        check_runs(runs, runs_path)
+    runs = cached_runs(runs_path, settings, log)
+    check_runs(runs, runs_path)
     checkpoints = os.path.join(out, "lr-search")
     os.makedirs(checkpoints, exist_ok=True)
 
     def save_runs():
-        with open(runs_path + ".tmp", "w") as fh:
-            json.dump(dict(settings=settings, runs=runs), fh, indent=1)
-        os.replace(runs_path + ".tmp", runs_path)
+        write_runs(runs_path, settings, runs)
 
     def build(variant: str, seed: int) -> GlomoTextClassifier:
         spec = dict(VARIANTS[variant])

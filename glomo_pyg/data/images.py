@@ -83,21 +83,33 @@ class _RestrictedUnpickler(pickle.Unpickler):
                                     "numpy arrays are allowed in image batch files") from None
 
 
-def _check_plain(obj: Any, depth: int = 0) -> None:
-    if depth > 8:
-        raise UnsafePickleError("nesting too deep for an image batch file")
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            _check_plain(k, depth + 1)
-            _check_plain(v, depth + 1)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            _check_plain(v, depth + 1)
-    elif isinstance(obj, np.ndarray):
-        if obj.dtype.hasobject:
-            raise UnsafePickleError("refusing a numpy object array")
-    elif not isinstance(obj, (str, bytes, int, float, bool, type(None), np.generic)):
-        raise UnsafePickleError(f"refusing an object of type {type(obj).__name__}")
+MAX_PICKLE_NODES = 1 << 22  # an ImageNet-32 batch holds about 130k labels
+
+
+def _check_plain(obj: Any, max_depth: int = 8, max_nodes: int = MAX_PICKLE_NODES) -> None:
+    """Plain containers, numbers, strings and non-object numpy arrays only. Each object is
+    visited once and at most ``max_nodes`` in all: containers that share references
+    (``x = [x] * 60``, nested) would otherwise take hours to walk from a few KB."""
+    seen, stack, nodes = set(), [(obj, 0)], 0
+    while stack:
+        item, depth = stack.pop()
+        if depth > max_depth:
+            raise UnsafePickleError("nesting too deep for an image batch file")
+        if isinstance(item, (dict, list, tuple)):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+            children = [c for kv in item.items() for c in kv] if isinstance(item, dict) \
+                else list(item)
+            nodes += len(children)
+            if nodes > max_nodes:
+                raise UnsafePickleError(f"more than {max_nodes} objects: not an image batch file")
+            stack.extend((c, depth + 1) for c in children)
+        elif isinstance(item, np.ndarray):
+            if item.dtype.hasobject:
+                raise UnsafePickleError("refusing a numpy object array")
+        elif not isinstance(item, (str, bytes, int, float, bool, type(None), np.generic)):
+            raise UnsafePickleError(f"refusing an object of type {type(item).__name__}")
 
 
 def safe_load(path: str) -> Any:
@@ -137,13 +149,17 @@ def read_image_batch(path: str, num_classes: Optional[int] = None, label_offset:
                              f"{getattr(data, 'dtype', type(data).__name__)} "
                              f"{getattr(data, 'shape', '')}")
     side = int(round((data.shape[1] / 3) ** 0.5))
-    if data.shape[0] < 1 or 3 * side * side != data.shape[1]:
+    if data.shape[0] < 1 or side < 1 or 3 * side * side != data.shape[1]:
         raise ImageDataError(f"{path}: 'data' rows of {data.shape[1]} values are not 3 square "
                              "colour planes")
     images = torch.from_numpy(np.ascontiguousarray(data)).view(-1, 3, side, side)
     if not labels:
         return images, None
     raw = _field(batch, "labels", path)
+    if isinstance(raw, (list, tuple)) and not all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in raw):
+        # (checked before np.asarray: nested lists that share references would expand)
+        raise ImageDataError(f"{path}: 'labels' must be a flat list of integers")
     y = np.asarray(raw)
     if y.ndim != 1 or y.shape[0] != data.shape[0] or not np.issubdtype(y.dtype, np.integer):
         raise ImageDataError(f"{path}: 'labels' must be {data.shape[0]} integers, got "

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
@@ -46,7 +46,10 @@ class ImageTrainConfig:
     def validate(self) -> None:
         if self.epochs < 1 or self.batch_size < 1 or self.eval_batch_size < 1:
             raise ValueError("epochs and batch sizes must be >= 1")
-        if not (self.lr > 0 and self.weight_decay >= 0 and 0 <= self.momentum < 1 and
+        numbers = (self.lr, self.weight_decay, self.momentum, self.warmup_fraction,
+                   self.label_smoothing)
+        if not all(math.isfinite(v) for v in numbers) or not (
+                self.lr > 0 and self.weight_decay >= 0 and 0 <= self.momentum < 1 and
                 0 < self.warmup_fraction < 1 and 0 <= self.label_smoothing < 1):
             raise ValueError(f"invalid optimisation settings: {self}")
         if self.crop_padding < 0:
@@ -118,6 +121,20 @@ def train_image_classifier(model: GlomoResNet, train: Tuple[Tensor, Tensor],
     ``images.flip(3)``), which needs ``crop_padding=0``. ``checkpoint``: a file for an
     atomic per-epoch checkpoint; an existing one is resumed."""
     config.validate()
+    for name, (x, y) in (("train", train), ("val", val)):
+        if x.dim() != 4 or x.dtype != torch.uint8 or y.dim() != 1 or len(y) != len(x):
+            raise ValueError(f"{name} must be (uint8 images [n, C, H, W], labels [n]), got "
+                             f"{x.dtype} {tuple(x.shape)} and {tuple(y.shape)}")
+        if len(x) == 0:
+            raise ValueError(f"the {name} split is empty")
+    classes = model.resnet.fc.out_features if hasattr(model.resnet, "fc") else None
+    for name, y in (("train", train[1]), ("val", val[1])):
+        if int(y.min()) < 0 or (classes is not None and int(y.max()) >= classes):
+            raise ValueError(f"{name} labels lie in [{int(y.min())}, {int(y.max())}], the "
+                             f"model has {classes} classes")
+    if config.crop_padding >= min(train[0].shape[2:]):
+        raise ValueError(f"crop_padding {config.crop_padding} must be below the image side "
+                         f"{min(train[0].shape[2:])}")
     if train_propagations is not None and config.crop_padding:
         raise ValueError("precomputed propagations cannot follow random crops: set "
                          "crop_padding=0 (flips are fine)")
@@ -129,6 +146,12 @@ def train_image_classifier(model: GlomoResNet, train: Tuple[Tensor, Tensor],
     images, labels = train
     n = len(images)
     steps_per_epoch = math.ceil(n / config.batch_size)
+    if math.isclose(config.warmup_fraction * config.epochs * steps_per_epoch, 1.0):
+        # torch's one-cycle schedule divides by (warm-up steps - 1): zero here
+        raise ValueError(f"{config.epochs} epochs x {steps_per_epoch} steps with "
+                         f"warmup_fraction {config.warmup_fraction} give a warm-up of exactly "
+                         "one step, which the one-cycle schedule cannot take; change epochs, "
+                         "batch_size or warmup_fraction")
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, nesterov=True,
                                 weight_decay=config.weight_decay)
@@ -139,9 +162,20 @@ def train_image_classifier(model: GlomoResNet, train: Tuple[Tensor, Tensor],
     gen = torch.Generator().manual_seed(seed)
     state = dict(epoch=0, best_val=-1.0, best_epoch=-1, val_curve=[], epoch_seconds=[],
                  best_state=None)
+    recipe = dict(asdict(config), train_images=n)
     if checkpoint and os.path.exists(checkpoint):
         saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
-        model.load_state_dict(saved["model"])
+        if "recipe" not in saved:
+            log(f"warning: {checkpoint} does not record its recipe (an older file); resumed "
+                "unchecked")
+        elif saved["recipe"] != recipe:  # its optimiser schedule and data order differ
+            raise ValueError(f"{checkpoint} was written by a run with another recipe or "
+                             f"training set ({saved.get('recipe')}, now {recipe}); delete it "
+                             "to start this run afresh")
+        try:
+            model.load_state_dict(saved["model"])
+        except RuntimeError as err:
+            raise ValueError(f"{checkpoint} does not fit this model: {err}") from None
         optimizer.load_state_dict(saved["optimizer"])
         schedule.load_state_dict(saved["schedule"])
         gen.set_state(saved["generator"])
@@ -189,7 +223,8 @@ def train_image_classifier(model: GlomoResNet, train: Tuple[Tensor, Tensor],
                                    model.state_dict().items()}
         state["epoch"] = epoch + 1
         if checkpoint:
-            _save_atomic(dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
+            _save_atomic(dict(recipe=recipe, model=model.state_dict(),
+                              optimizer=optimizer.state_dict(),
                               schedule=schedule.state_dict(), generator=gen.get_state(),
                               **{k: state[k] for k in ("epoch", "best_val", "best_epoch",
                                                        "val_curve", "epoch_seconds",

@@ -1,6 +1,8 @@
 """Lightning module for unsupervised GLoMo pretraining."""
 from __future__ import annotations
 
+import math
+
 from typing import Any, Dict, Optional, Tuple
 
 import lightning.pytorch as pl
@@ -60,9 +62,13 @@ class GlomoPretraining(pl.LightningModule):
                  optimizer: str = "adam", momentum: float = 0.0, flip: bool = True,
                  image_size: Optional[Tuple[int, int]] = None):
         super().__init__()
-        if lr <= 0 or graph_lr_scale < 0 or graph_warmup_steps < 0:
-            raise ValueError("lr must be positive, graph_lr_scale and graph_warmup_steps "
-                             "non-negative")
+        if not (math.isfinite(lr) and lr > 0) or not (math.isfinite(graph_lr_scale) and
+                                                       graph_lr_scale >= 0) or \
+                graph_warmup_steps < 0 or not (math.isfinite(weight_decay) and weight_decay >= 0):
+            raise ValueError(f"lr must be a finite positive number (got {lr}), graph_lr_scale "
+                             f"and weight_decay finite and non-negative (got {graph_lr_scale}, "
+                             f"{weight_decay}), graph_warmup_steps non-negative (got "
+                             f"{graph_warmup_steps})")
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
         if not 0 <= momentum < 1:

@@ -24,6 +24,9 @@ from glomo_pyg.training.utils import quiet_lightning
 VALID_START, TEST_START = 10**7, 2 * 10**7
 
 
+MAX_SEQUENCES = 1 << 24  # steps x batch size: 16.8M sequences, a 134 MB shuffled index
+
+
 def predictor_dir(output_dir: str) -> str:
     """Where the quickstart saves its pretrained graph predictor."""
     return os.path.join(output_dir, "predictor")
@@ -111,6 +114,13 @@ def run_quickstart(config: QuickstartConfig = QuickstartConfig()) -> QuickstartR
     """Pretrain GLoMo on the synthetic corpus and measure planted-source recovery."""
     if config.steps < 1 or config.batch_size < 1:
         raise ValueError("steps and batch_size must be positive")
+    if config.steps * config.batch_size > MAX_SEQUENCES:  # the shuffled index is allocated
+        raise ValueError(f"steps x batch_size = {config.steps * config.batch_size} sequences; at "
+                         f"most {MAX_SEQUENCES} (the quickstart corpus is generated per run)")
+    if config.graph_warmup_steps >= config.steps:
+        warnings.warn(f"graph_warmup_steps ({config.graph_warmup_steps}) >= steps "
+                      f"({config.steps}): the graph predictor stays frozen, so the scores "
+                      "are those of its random initialisation", RuntimeWarning, stacklevel=2)
     pl.seed_everything(config.seed, verbose=False)
     train = PlantedDependencyCorpus(num_sequences=config.steps * config.batch_size,
                                     seed=config.seed, **config.corpus)
@@ -128,12 +138,17 @@ def run_quickstart(config: QuickstartConfig = QuickstartConfig()) -> QuickstartR
     logger = False
     if config.output_dir:
         logger = pl.loggers.CSVLogger(config.output_dir, name="quickstart")
-    with quiet_lightning():
-        trainer = pl.Trainer(max_steps=config.steps, accelerator=config.accelerator, devices=1,
-                             gradient_clip_val=config.grad_clip, logger=logger,
-                             enable_checkpointing=False, enable_model_summary=False,
-                             enable_progress_bar=config.progress_bar, log_every_n_steps=10,
-                             num_sanity_val_steps=0)
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    try:
+        with quiet_lightning():
+            trainer = pl.Trainer(max_steps=config.steps, accelerator=config.accelerator,
+                                 devices=1, gradient_clip_val=config.grad_clip, logger=logger,
+                                 enable_checkpointing=False, enable_model_summary=False,
+                                 enable_progress_bar=config.progress_bar, log_every_n_steps=10,
+                                 num_sanity_val_steps=0)
+    except (MisconfigurationException, TypeError, ImportError) as err:
+        raise ValueError(f"accelerator {config.accelerator!r}: {err}") from None
     start = time.perf_counter()
     with warnings.catch_warnings(), quiet_lightning():
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
