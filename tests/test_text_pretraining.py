@@ -223,7 +223,9 @@ def test_numbers_and_choices_written_as_yaml_reads_them(capsys):
                                 ("train.graph_lr_scale", "nan", "train.graph_lr_scale"),
                                 ("train.lr", "fast", "train.lr must be"),
                                 ("corpus.min_length", "1", "corpus.min_length must be an "
-                                                           "integer >= 2")]:
+                                                           "integer >= 2"),
+                                ("model.context_length", "500", "must be below "
+                                                                "corpus.max_length")]:
         with pytest.raises(SystemExit, match=message):
             main(["pretrain", "--set", f"{key}={value}", "--print-config"])
 

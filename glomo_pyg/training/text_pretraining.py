@@ -428,6 +428,11 @@ class PretrainConfig:
                 if key in self.model:
                     raise ValueError(f"model.{key} is set from the vocabulary; remove it")
         _check_model_settings(self.model, images)
+        context = self.model.get("context_length", 3)
+        if not images and isinstance(context, int) and context >= c.max_length:
+            raise ValueError(f"model.context_length ({context}) must be below "
+                             f"corpus.max_length ({c.max_length}): each position predicts "
+                             "the next context_length tokens of its sequence")
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
