@@ -14,6 +14,11 @@ from glomo_pyg.kernels import (blocked_propagate, check_graph_size, dense_head_p
 from glomo_pyg.ordering import DIRECTIONS, SequenceOrder, UnitOrder
 from glomo_pyg.sequences import SequenceBatch
 
+# far beyond any model (the paper: 3 layers of 8 heads); per-head statistics allocate
+# [layers, heads, units] tensors, so absurd counts are refused before they are used
+MAX_HEADS = 4096
+MAX_LAYERS = 4096
+
 LayerEdges = Tuple[Tensor, Tensor, Tensor]
 # Short keys of the two directions, for ModuleDicts ('forward' is a Module method) and
 # the saved weights' names.
@@ -69,11 +74,15 @@ class LatentGraphs:
                  order: Optional[UnitOrder] = None):
         if direction not in DIRECTIONS:
             raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
-        if not isinstance(num_heads, int) or isinstance(num_heads, bool) or num_heads < 1:
-            raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
+        if not isinstance(num_heads, int) or isinstance(num_heads, bool) or \
+                not 1 <= num_heads <= MAX_HEADS:
+            raise ValueError(f"num_heads must be an integer in [1, {MAX_HEADS}], got "
+                             f"{num_heads!r}")
         edge_index, edge_weight, edge_head = list(edge_index), list(edge_weight), list(edge_head)
         if not (len(edge_index) == len(edge_weight) == len(edge_head)):
             raise ValueError("edge_index, edge_weight and edge_head need one entry per layer each")
+        if not edge_index:
+            raise ValueError("graphs need at least one layer")
         sequences = _check_ptr(ptr)
         for l, (ei, ew, eh) in enumerate(zip(edge_index, edge_weight, edge_head)):
             _check_layer(l, ei, ew, eh, sequences, num_heads)
@@ -157,7 +166,8 @@ class LatentGraphs:
         """Graphs in the dense layout: one ``[B, H, T, T]`` block per layer with
         ``[b, h, i, j] = G_ij`` (``T`` the longest sequence), zero at padding and
         at absent edges. ``dense`` is a list of blocks or an ``[L, B, H, T, T]``
-        tensor."""
+        tensor. Weights must be finite, non-negative, and zero outside the pairs the
+        direction allows (:class:`ValueError` otherwise)."""
         if direction not in DIRECTIONS:
             raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
         blocks = list(dense.unbind(0)) if isinstance(dense, Tensor) else list(dense)
@@ -176,11 +186,22 @@ class LatentGraphs:
             if block.device != seqs.ptr.device:
                 raise ValueError(f"layer {l}: dense graphs are on {block.device}, ptr on "
                                  f"{seqs.ptr.device}")
+        # weight outside the allowed (source, target) pairs of each sequence, e.g. at
+        # padding, would become edges between sequences or past the last unit
+        allowed = SequenceOrder(direction, include_self).block_mask(
+            0, seqs.max_len, 0, seqs.max_len, seqs.lengths).transpose(1, 2).unsqueeze(1)
         bad = torch.stack([(~torch.isfinite(block)).any() | (block < 0).any()
-                           for block in blocks]).tolist()  # one device sync for all layers
-        if any(bad):
+                           for block in blocks] +
+                          [(block.masked_fill(allowed, 0) != 0).any() for block in blocks]
+                          ).tolist()  # one device sync for all layers
+        if any(bad[:len(blocks)]):
             raise ValueError(f"layer {bad.index(True)}: dense graph weights must be finite and "
                              f"non-negative")
+        if any(bad[len(blocks):]):
+            raise ValueError(f"layer {bad[len(blocks):].index(True)}: dense graphs must be zero "
+                             f"outside each sequence's allowed (source, target) pairs: at "
+                             f"padding, and where the {direction} order (include_self="
+                             f"{include_self}) forbids an edge")
         return cls._trusted_dense(blocks, direction=direction, sequences=seqs,
                                   include_self=include_self)
 
@@ -196,8 +217,10 @@ class LatentGraphs:
         only when asked for (export, analysis, conversion)."""
         if direction not in DIRECTIONS:
             raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
-        if num_layers < 1 or num_heads < 1:
-            raise ValueError("num_layers and num_heads must be positive")
+        for name, value, high in (("num_layers", num_layers, MAX_LAYERS),
+                                  ("num_heads", num_heads, MAX_HEADS)):
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
+                raise ValueError(f"{name} must be an integer in [1, {high}], got {value!r}")
         seqs = _check_ptr(ptr)
         graphs = cls.__new__(cls)
         graphs._init([], [], [], num_heads, direction, seqs, include_self, sorted_edges=True)

@@ -113,3 +113,17 @@ def test_propagation_is_owned_by_the_graphs_and_caches_the_sparse_index():
     torch.testing.assert_close(conv.propagate_graphs(h, shuffled, 0), conv(h, *graphs.layer(1)))
     with pytest.raises(ValueError, match="this layer needs 2 heads over 8"):
         conv.propagate_graphs(torch.randn(8, 6), shuffled, 0)
+
+
+def test_layer_and_head_counts_are_bounded():
+    from glomo_pyg.graphs import MAX_HEADS
+
+    ptr = torch.tensor([0, 4])
+    with pytest.raises(ValueError, match="at least one layer"):
+        LatentGraphs([], [], [], num_heads=1, direction="forward", ptr=ptr)
+    with pytest.raises(ValueError, match="num_heads must be an integer in"):
+        LatentGraphs([], [], [], num_heads=MAX_HEADS + 1, direction="forward", ptr=ptr)
+    for kwargs in (dict(num_layers=2.5, num_heads=1), dict(num_layers="3", num_heads=1),
+                   dict(num_layers=10 ** 7, num_heads=1), dict(num_layers=1, num_heads=1.5)):
+        with pytest.raises(ValueError, match="must be an integer in"):
+            LatentGraphs.uniform(ptr, direction="forward", **kwargs)

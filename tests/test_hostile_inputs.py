@@ -303,7 +303,7 @@ def test_ptr_and_layer_index_are_validated_with_named_errors():
 
 def test_from_dense_refuses_non_finite_or_negative_weights():
     ptr = torch.tensor([0, 3])
-    block = torch.rand(1, 2, 3, 3)
+    block = torch.rand(1, 2, 3, 3).triu(1)  # forward: source i < target j
     assert LatentGraphs.from_dense([block], direction="forward", ptr=ptr).num_layers == 1
     for bad in (NAN, INF, -0.5):
         broken = block.clone()
@@ -311,6 +311,28 @@ def test_from_dense_refuses_non_finite_or_negative_weights():
         with pytest.raises(ValueError, match="layer 1: dense graph weights must be finite and "
                                              "non-negative"):
             LatentGraphs.from_dense([block, broken], direction="forward", ptr=ptr)
+
+
+def test_from_dense_refuses_weight_at_padding_or_forbidden_pairs():
+    """Weight at padding became edges into the next sequence or past the last unit (an
+    out-of-bounds read in the sparse kernel, heap corruption building CSR rows)."""
+    ptr = torch.tensor([0, 4, 6])  # lengths 4 and 2, padded to 4
+    good = torch.zeros(2, 1, 4, 4)
+    good[0, 0, 0, 3], good[1, 0, 0, 1] = 1.0, 1.0
+    graphs = LatentGraphs.from_dense([good], direction="forward", ptr=ptr)
+    assert graphs.to_dense().equal(good.unsqueeze(0))
+    for b, i, j in [(1, 3, 0), (1, 0, 3), (1, 2, 3), (0, 3, 1), (0, 2, 2)]:
+        broken = good.clone()
+        broken[b, 0, i, j] = 0.5  # padding source / target, a later source, a self-loop
+        with pytest.raises(ValueError, match="layer 0: dense graphs must be zero outside"):
+            LatentGraphs.from_dense([broken], direction="forward", ptr=ptr)
+    selfish = good.clone()
+    selfish[0, 0, 2, 2] = 0.5
+    LatentGraphs.from_dense([selfish], direction="forward", ptr=ptr, include_self=True)
+    with pytest.raises(ValueError, match="backward"):
+        LatentGraphs.from_dense([good], direction="backward", ptr=ptr)
+    assert LatentGraphs.from_dense([good.transpose(2, 3)], direction="backward",
+                                   ptr=ptr).num_layers == 1
 
 
 # --- memory and time ------------------------------------------------------------------------

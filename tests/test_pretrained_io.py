@@ -455,3 +455,24 @@ def test_weights_entry_and_vocabulary_are_checked(tmp_path):
         save_pretrained(make(), tmp_path)
         edit_config(tmp_path, change)
         fails_fast(tmp_path, match)
+
+
+def test_sparse_huge_files_are_refused_before_they_are_read(tmp_path):
+    """A sparse file can claim gigabytes on a few disk blocks: the config's size and the
+    weights' header are checked before any of the rest is read."""
+    folder = tmp_path / "p"
+    make().save_pretrained(folder)
+    weights = folder / "model.safetensors"
+    config = json.loads((folder / "config.json").read_text())
+    with open(weights, "r+b") as fh:
+        fh.truncate(1 << 30)  # sparse: 1 GiB of zeros after the real tensors
+    config["weights"]["bytes"] = 1 << 30
+    (folder / "config.json").write_text(json.dumps(config))
+    start = time.time()
+    with pytest.raises(PretrainedFormatError, match="its header and tensors take"):
+        load_pretrained(folder)
+    assert time.time() - start < 5
+    with open(folder / "config.json", "r+b") as fh:
+        fh.truncate(io.MAX_CONFIG_BYTES + 1)
+    with pytest.raises(PretrainedFormatError, match="more than the"):
+        load_pretrained(folder)

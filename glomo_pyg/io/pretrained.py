@@ -543,6 +543,9 @@ def _read_config(path: Path, fd: Optional[int]) -> Dict[str, Any]:
         raise PretrainedFormatError(f"{file} is missing: {path} was not written by "
                                     "save_pretrained, or the save did not finish")
     size = os.fstat(fd).st_size
+    if size > MAX_CONFIG_BYTES:  # (refused before reading: it may be sparse and huge)
+        raise PretrainedFormatError(f"{file} has {size} bytes, more than the "
+                                    f"{MAX_CONFIG_BYTES} a predictor config may have")
     data = _read_fd(fd, MAX_CONFIG_BYTES)
     if max(size, len(data)) > MAX_CONFIG_BYTES:
         raise PretrainedFormatError(f"{file} has {max(size, len(data))} bytes, more than the "
@@ -708,9 +711,8 @@ def _build(direction: str, cls: type, config: Dict[str, Any], file: Path,
     return module
 
 
-def _read_weights(path: Path, fd: Optional[int], config: Dict[str, Any]) -> bytes:
-    """The weights file's bytes, once its size and SHA-256 match the config."""
-    file = path / WEIGHTS_NAME
+def _check_weights_size(file: Path, fd: Optional[int], config: Dict[str, Any]) -> int:
+    """The weights file's size, which must be the one its config records."""
     if fd is None:
         raise PretrainedFormatError(f"{file} is missing")
     expected = config["weights"]["bytes"]
@@ -720,6 +722,13 @@ def _read_weights(path: Path, fd: Optional[int], config: Dict[str, Any]) -> byte
     if size > expected:
         raise PretrainedFormatError(f"{file} has {size} bytes, its config records {expected}: "
                                     "the file was replaced or corrupted")
+    return expected
+
+
+def _read_weights(path: Path, fd: Optional[int], config: Dict[str, Any]) -> bytes:
+    """The weights file's bytes, once its size and SHA-256 match the config."""
+    file = path / WEIGHTS_NAME
+    expected = _check_weights_size(file, fd, config)
     data = _read_fd(fd, expected)
     if len(data) != expected:
         raise PretrainedFormatError(f"{file} changed while it was read")
@@ -727,6 +736,23 @@ def _read_weights(path: Path, fd: Optional[int], config: Dict[str, Any]) -> byte
         raise PretrainedFormatError(f"{file} does not match the SHA-256 recorded in "
                                     f"{CONFIG_NAME}: the file is corrupt or was modified")
     return data
+
+
+def _read_header_prefix(fd: int, file: Path) -> bytes:
+    """The first ``8 + header length`` bytes of the weights file: enough to check its
+    tensors against the config before the (possibly large) rest is read."""
+    size = os.fstat(fd).st_size
+    os.lseek(fd, 0, os.SEEK_SET)
+    first = os.read(fd, 8)
+    if len(first) < 8:
+        raise PretrainedFormatError(f"{file} is not a valid safetensors file (shorter than "
+                                    "the 8-byte header length)")
+    length = struct.unpack("<Q", first)[0]
+    if length > MAX_HEADER_BYTES or 8 + length > size:
+        raise PretrainedFormatError(f"{file} is not a valid safetensors file (a header of "
+                                    f"{length} bytes does not fit the file's {size} bytes)")
+    data = _read_fd(fd, 8 + length)
+    return data[:8 + length]
 
 
 def _read_header(data: bytes, file: Path) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
@@ -835,13 +861,26 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
             directions = {d: _legacy_entry(e) for d, e in directions.items()}
         entries = {d: _entry(d, directions[d], config_file) for d in DIRECTION_KEYS
                    if d in directions}
+        _check_weights_size(weights_file, weights_fd, config)
+        # the header first: the tensors it lists must be the config's, and the file
+        # exactly their size, before the rest is read (a sparse file may claim terabytes)
+        prefix = _read_header_prefix(weights_fd, weights_file)
+        header = _read_header(prefix, weights_file)
+        budget = 8 * len(header) + 256  # modules and non-persistent buffers included
+        shapes = torch.nn.ModuleDict({DIRECTION_KEYS[d]: _build(d, cls, c, config_file, budget)
+                                      for d, (cls, c) in entries.items()})
+        expected = shapes.state_dict()
+        _compare(expected, header, weights_file, config_file)
+        tensor_bytes = sum(t.numel() * t.element_size() for t in expected.values())
+        del shapes, expected
+        if config["weights"]["bytes"] != len(prefix) + tensor_bytes:
+            raise PretrainedFormatError(
+                f"{weights_file}: {CONFIG_NAME} records {config['weights']['bytes']} bytes, "
+                f"its header and tensors take {len(prefix) + tensor_bytes}: the file was "
+                "replaced or corrupted")
         data = _read_weights(path, weights_fd, config)
-    header = _read_header(data, weights_file)
-    budget = 8 * len(header) + 256  # modules and non-persistent buffers included
-    shapes = torch.nn.ModuleDict({DIRECTION_KEYS[d]: _build(d, cls, c, config_file, budget)
-                                  for d, (cls, c) in entries.items()})
-    _compare(shapes.state_dict(), header, weights_file, config_file)
-    del shapes
+    if data[:len(prefix)] != prefix:
+        raise PretrainedFormatError(f"{weights_file} changed while it was read")
     weights = _parse_weights(data, weights_file)
     del data
     bad = _non_finite(weights)
