@@ -476,3 +476,25 @@ def test_sparse_huge_files_are_refused_before_they_are_read(tmp_path):
         fh.truncate(io.MAX_CONFIG_BYTES + 1)
     with pytest.raises(PretrainedFormatError, match="more than the"):
         load_pretrained(folder)
+
+
+def test_duplicate_vocabulary_and_bad_map_location_are_named(tmp_path):
+    folder = tmp_path / "p"
+    make().save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    vocab = config["vocabulary"]
+    with pytest.raises(ValueError, match="more than once"):
+        PretrainedGraphPredictor(load_pretrained(folder).predictor("forward"),
+                                 vocabulary=[vocab[0]] + vocab[:-1])
+    config["vocabulary"] = [vocab[0]] + vocab[:-1]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PretrainedFormatError, match="more than once"):
+        load_pretrained(folder)
+    for bad in ("banana", 3.5):
+        with pytest.raises(ValueError, match="is not a device"):
+            load_pretrained(folder, map_location=bad)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            load_pretrained(folder, map_location="cuda")
+    with pytest.raises(TypeError, match="sequence of tokens"):
+        load_pretrained(folder, vocabulary=5)

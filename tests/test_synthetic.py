@@ -109,3 +109,25 @@ def test_recovery_rejects_bad_input():
                             direction="backward", ptr=graphs.ptr)
     with pytest.raises(ValueError, match="forward"):
         planted_source_recovery(backward, torch.tensor([-1, 0, -1]))
+
+
+def test_recovery_shares_credit_among_tied_sources_and_checks_readers():
+    """Uniform weights used to credit whichever tied source was written last."""
+    source = torch.full((6,), -1)
+    source[4] = 1  # reader 3 (positions 0..2 allowed), planted source 1
+    uniform = LatentGraphs.uniform(torch.tensor([0, 6]), num_layers=1, num_heads=2,
+                                   direction="forward")
+    report = planted_source_recovery(uniform, source)
+    assert report.per_graph.tolist() == [[pytest.approx(1 / 3)] * 2]
+    assert report.per_layer.tolist() == [pytest.approx(1 / 3)]
+    assert report.uniform == pytest.approx(1 / 3)
+    two_way = _graphs([(0, 0, 3, 0.5), (0, 1, 3, 0.5)], [6])  # a tie between 0 and 1
+    assert planted_source_recovery(two_way, source).per_graph.item() == pytest.approx(0.5)
+    last = torch.full((6,), -1)
+    last[5] = 0
+    with pytest.raises(ValueError, match="outside"):
+        planted_source_recovery(uniform, last, reader_offset=3)
+    with pytest.raises(ValueError, match="reader_offset must be an integer"):
+        planted_source_recovery(uniform, last, reader_offset=0.5)
+    with pytest.raises(ValueError, match="int64 tensor"):
+        planted_source_recovery(uniform, [-1] * 6)

@@ -12,7 +12,8 @@ from glomo_pyg.graphs import LatentGraphs
 
 @dataclass
 class RecoveryReport:
-    """Precision@1 of the max-weight incoming edge of each dependency's reader.
+    """Precision@1 of the max-weight incoming edge of each dependency's reader (sources
+    tied at the maximum share the credit: the expected precision of a random tie-break).
 
     ``per_graph[l, h]``: graph (layer ``l``, head ``h``); ``per_layer[l]``: the
     head-averaged graph of layer ``l`` (no head selection involved);
@@ -45,14 +46,19 @@ class RecoveryReport:
         return "\n".join(lines)
 
 
-def _argmax_source(src: Tensor, tgt_key: Tensor, weight: Tensor, size: int) -> Tensor:
-    """For each target key, the source of its heaviest incoming edge (-1 if none)."""
+def _max_source_credit(src: Tensor, key: Tensor, weight: Tensor, size: int,
+                       wanted: Tensor) -> Tensor:
+    """``[size]``: for each target key, ``1 / k`` if ``wanted[key]`` is one of the ``k``
+    sources tied at its heaviest incoming weight, else 0 (also with no incoming edge): the
+    expected precision of breaking ties at random, independent of the edges' order."""
     best = torch.zeros(size, dtype=weight.dtype, device=weight.device)
-    best = best.scatter_reduce(0, tgt_key, weight, "amax", include_self=False)
-    is_max = weight == best[tgt_key]
-    out = torch.full((size,), -1, dtype=torch.long, device=src.device)
-    out[tgt_key[is_max]] = src[is_max]
-    return out
+    best = best.scatter_reduce(0, key, weight, "amax", include_self=False)
+    is_max = weight == best[key]
+    ties = torch.zeros(size, dtype=torch.double, device=weight.device)
+    ties.index_add_(0, key, is_max.double())
+    credit = torch.zeros(size, dtype=torch.double, device=weight.device)
+    credit.index_add_(0, key, (is_max & (src == wanted[key])).double())
+    return credit / ties.clamp_min(1)
 
 
 @torch.no_grad()
@@ -69,6 +75,10 @@ def planted_source_recovery(graphs: LatentGraphs, source: Tensor,
             dependent: ``-1`` (the unit whose next-unit prediction is the
             dependent) for GLoMo's context-prediction objective.
     """
+    if isinstance(reader_offset, bool) or not isinstance(reader_offset, int):
+        raise ValueError(f"reader_offset must be an integer, got {reader_offset!r}")
+    if not isinstance(source, Tensor) or source.dtype != torch.long:
+        raise ValueError("source must be an int64 tensor of positions (-1: not a dependent)")
     if graphs.direction != "forward":
         raise ValueError("planted sources precede their dependents: score forward graphs")
     n = graphs.num_nodes
@@ -82,21 +92,24 @@ def planted_source_recovery(graphs: LatentGraphs, source: Tensor,
     true_src = graphs.ptr[seq] + source[dependents]
     reader = dependents + reader_offset
     reader_pos = reader - graphs.ptr[seq]
-    if bool((reader_pos < 0).any()) or bool((graphs.batch[reader.clamp(0, n - 1)] != seq).any()):
+    if bool((reader < 0).any()) or bool((reader >= n).any()) or bool((reader_pos < 0).any()) \
+            or bool((graphs.batch[reader.clamp(0, n - 1)] != seq).any()):
         raise ValueError("reader_offset moves a reader outside its sequence")
 
     per_graph: List[Tensor] = []
     per_layer: List[Tensor] = []
+    h = graphs.num_heads
+    wanted = torch.full((n,), -1, dtype=torch.long, device=graphs.device)
+    wanted[reader] = true_src  # each reader's planted source
     for (src, tgt), weight, head in graphs:
-        best = _argmax_source(src, head * n + tgt, weight, graphs.num_heads * n)
-        pred = best.view(graphs.num_heads, n)[:, reader]
-        per_graph.append((pred == true_src).double().mean(1))
+        credit = _max_source_credit(src, head * n + tgt, weight, h * n, wanted.repeat(h))
+        per_graph.append(credit.view(h, n)[:, reader].mean(1))
         # Head-averaged graph: sum weights of parallel edges across heads.
         pair, inverse = torch.unique(tgt * n + src, return_inverse=True)
         summed = torch.zeros(pair.numel(), dtype=weight.dtype, device=weight.device)
         summed.index_add_(0, inverse, weight)
-        best = _argmax_source(pair % n, pair // n, summed, n)
-        per_layer.append((best[reader] == true_src).double().mean())
+        per_layer.append(_max_source_credit(pair % n, pair // n, summed, n, wanted)[reader]
+                         .mean())
     allowed = graphs.order.num_sources(reader_pos, graphs.lengths[seq])
     uniform = (1.0 / allowed.clamp_min(1).double()).where(allowed > 0, torch.zeros((), dtype=torch.double))
     previous = (true_src == reader - 1).double()

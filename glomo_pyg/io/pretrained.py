@@ -849,6 +849,17 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
             the problem.
     """
     path = _as_path(path, "load_pretrained")
+    if map_location is not None:  # checked before anything is read
+        try:
+            device = torch.device(map_location)
+        except (RuntimeError, TypeError) as err:
+            raise ValueError(f"map_location {map_location!r} is not a device: {err}") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"map_location {map_location!r}: CUDA is not available here")
+    if vocabulary is not None and (isinstance(vocabulary, (str, bytes)) or
+                                   not hasattr(vocabulary, "__iter__")):
+        raise TypeError(f"vocabulary must be a sequence of tokens, got "
+                        f"{type(vocabulary).__name__}")
     config_file, weights_file = path / CONFIG_NAME, path / WEIGHTS_NAME
     with _opened(path) as (config_fd, weights_fd):
         config = _read_config(path, config_fd)

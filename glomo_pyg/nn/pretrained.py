@@ -91,6 +91,10 @@ class PretrainedGraphPredictor(torch.nn.Module):
             if len(vocabulary) != self.num_tokens:
                 raise ValueError(f"the vocabulary has {len(vocabulary)} entries, the predictor "
                                  f"embeds {self.num_tokens} token ids")
+            if len(set(vocabulary)) != len(vocabulary):  # encode() would pick one id silently
+                seen: set = set()
+                twice = next(t for t in vocabulary if t in seen or seen.add(t))
+                raise ValueError(f"the vocabulary lists {twice!r} more than once")
         self.vocabulary: Optional[List[str]] = vocabulary
 
     @classmethod
