@@ -155,3 +155,14 @@ def test_bad_input():
         plot_pixel_weights(pixel, image[:, :3], [(0, 0)])
     with pytest.raises(ValueError, match="at least one pixel"):
         plot_pixel_weights(pixel, image, [])
+
+
+def test_heatmaps_refuse_a_sequence_too_long_for_dense_weights(monkeypatch):
+    import glomo_pyg.kernels as kernels
+    from glomo_pyg.analysis.figures import plot_graph_heatmaps
+
+    monkeypatch.setattr(kernels, "MAX_GRAPH_PAIRS", 100)
+    graphs = LatentGraphs.uniform(torch.tensor([0, 20]), num_layers=1, num_heads=2,
+                                  direction="forward")
+    with pytest.raises(ValueError, match="A heatmap holds one sequence's dense weights"):
+        plot_graph_heatmaps(graphs, heads=[0])

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from glomo_pyg.analysis.statistics import GraphStatisticsTable
+from glomo_pyg.kernels import check_graph_size
 
 _SHORT = {"forward": "fw", "backward": "bw"}
 _DEAD, _NEAR_UNIFORM, _OK = "#c0392b", "#e67e22", "#2e86c1"
@@ -56,6 +57,8 @@ def _sample_dense(graphs, sample: int, layer: int) -> Tensor:
     if not 0 <= layer < graphs.num_layers:
         raise ValueError(f"layer must lie in [0, {graphs.num_layers}), got {layer}")
     t = int(graphs.lengths[sample])
+    check_graph_size("dense", 1, t, t, graphs.num_heads,
+                     hint="A heatmap holds one sequence's dense weights. ")
     dense = torch.zeros(graphs.num_heads, t, t, dtype=torch.float64)
     (src, tgt), weight, heads = graphs.layer(layer)
     lo = int(graphs.ptr[sample])
