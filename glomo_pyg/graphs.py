@@ -85,7 +85,8 @@ class LatentGraphs:
             raise ValueError("graphs need at least one layer")
         sequences = _check_ptr(ptr)
         for l, (ei, ew, eh) in enumerate(zip(edge_index, edge_weight, edge_head)):
-            _check_layer(l, ei, ew, eh, sequences, num_heads)
+            _check_layer(l, ei, ew, eh, sequences, num_heads,
+                         SequenceOrder(direction, include_self))
         self._init(edge_index, edge_weight, edge_head, num_heads, direction, sequences,
                    include_self, sorted_edges=False)
         self._with_order(order)
@@ -624,7 +625,8 @@ def _check_ptr(ptr: Tensor) -> SequenceBatch:
     return SequenceBatch.from_ptr(ptr)
 
 
-def _check_layer(l: int, ei, ew, eh, seqs: SequenceBatch, num_heads: int) -> None:
+def _check_layer(l: int, ei, ew, eh, seqs: SequenceBatch, num_heads: int,
+                 rule: Optional[SequenceOrder] = None) -> None:
     if not all(isinstance(t, Tensor) for t in (ei, ew, eh)):
         raise ValueError(f"layer {l}: edge_index, edge_weight and edge_head must be tensors")
     if ei.dim() != 2 or ei.size(0) != 2 or ew.shape != (ei.size(1),) or eh.shape != ew.shape:
@@ -647,5 +649,11 @@ def _check_layer(l: int, ei, ew, eh, seqs: SequenceBatch, num_heads: int) -> Non
         raise ValueError(f"layer {l}: edge_head holds heads outside [0, {num_heads})")
     if bool((seqs.batch[ei[0]] != seqs.batch[ei[1]]).any()):
         raise ValueError(f"layer {l}: an edge connects two different sequences")
+    if rule is not None:
+        start = seqs.ptr[seqs.batch[ei[1]]]
+        if not bool(rule.allowed(target=ei[1] - start, source=ei[0] - start).all()):
+            raise ValueError(f"layer {l}: an edge goes against the {rule.direction} order "
+                             f"(include_self={rule.include_self}): forward graphs take "
+                             "earlier sources, backward graphs later ones")
     if not bool(torch.isfinite(ew).all()) or bool((ew < 0).any()):
         raise ValueError(f"layer {l}: edge weights must be finite and non-negative")

@@ -25,7 +25,8 @@ def _inputs(lengths=LENGTHS, heads=3, dim=4, dtype=torch.float64):
 def _emit_dense(key, query, lengths, ptr, **kw):
     ei, w, h = latent_graph_edges(key, query, lengths, ptr, **kw)
     graphs = LatentGraphs([ei], [w], [h], num_heads=key.size(1),
-                          direction=kw.get("direction", "forward"), ptr=ptr)
+                          direction=kw.get("direction", "forward"), ptr=ptr,
+                          include_self=kw.get("include_self", False))
     return graphs.to_dense(0), (ei, w, h)
 
 

@@ -127,3 +127,18 @@ def test_layer_and_head_counts_are_bounded():
                    dict(num_layers=10 ** 7, num_heads=1), dict(num_layers=1, num_heads=1.5)):
         with pytest.raises(ValueError, match="must be an integer in"):
             LatentGraphs.uniform(ptr, direction="forward", **kwargs)
+
+
+def test_edges_against_the_direction_are_refused():
+    ptr = torch.tensor([0, 3, 6])
+    for direction, edge, message in [("forward", (2, 1), "against the forward order"),
+                                     ("forward", (4, 4), "against the forward order"),
+                                     ("backward", (3, 5), "against the backward order")]:
+        with pytest.raises(ValueError, match=message):
+            LatentGraphs([torch.tensor([[edge[0]], [edge[1]]])], [torch.ones(1)],
+                         [torch.zeros(1, dtype=torch.long)], num_heads=1, direction=direction,
+                         ptr=ptr)
+    LatentGraphs([torch.tensor([[4], [4]])], [torch.ones(1)], [torch.zeros(1, dtype=torch.long)],
+                 num_heads=1, direction="forward", ptr=ptr, include_self=True)
+    LatentGraphs([torch.tensor([[5], [3]])], [torch.ones(1)], [torch.zeros(1, dtype=torch.long)],
+                 num_heads=1, direction="backward", ptr=ptr)

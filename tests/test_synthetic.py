@@ -105,8 +105,8 @@ def test_recovery_rejects_bad_input():
         planted_source_recovery(graphs, torch.full((4,), -1))
     with pytest.raises(ValueError, match="outside"):
         planted_source_recovery(graphs, torch.tensor([-1, -1, 0]), reader_offset=-3)
-    backward = LatentGraphs(graphs.edge_index, graphs.edge_weight, graphs.edge_head, num_heads=1,
-                            direction="backward", ptr=graphs.ptr)
+    backward = LatentGraphs.uniform(graphs.ptr, num_layers=1, num_heads=1,
+                                    direction="backward")
     with pytest.raises(ValueError, match="forward"):
         planted_source_recovery(backward, torch.tensor([-1, 0, -1]))
 
