@@ -361,8 +361,16 @@ class LatentGraphs:
         result is ``[H, N, C]``. Sparse layout: one CSR product over all heads, whose
         head-blocked index arrays are built once per layer and input kind and then
         reused; dense layout: batched matmuls over the blocks. Differentiable with
-        respect to ``x`` and the edge weights. ``x`` is trusted to have ``N`` rows
-        (callers validate it at their door)."""
+        respect to ``x`` and the edge weights. The shape of ``x`` is checked (on the
+        host, no device sync): the sparse kernels index rows by node id, so a wrong row
+        count would read and write out of bounds; its values are trusted (callers
+        validate them at their door)."""
+        if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() not in (2, 3) or \
+                x.size(-2) != self.num_nodes or (x.dim() == 3 and x.size(0) != self.num_heads):
+            raise ValueError(f"x must be floating-point [N, C] or [H, N, C] with N = "
+                             f"{self.num_nodes} units and H = {self.num_heads} heads, got "
+                             f"{getattr(x, 'dtype', type(x).__name__)} "
+                             f"{tuple(getattr(x, 'shape', ()))}")
         layer = self._layer_index(layer)
         if self._dense is not None:
             seqs = self.sequences
@@ -552,6 +560,12 @@ class LatentGraphs:
         return out._with_order(self._order)
 
     def to(self, device: Union[str, torch.device]) -> "LatentGraphs":
+        """The graphs on ``device`` (a device only: a dtype would also convert the node
+        ids and heads, which must stay int64)."""
+        if isinstance(device, torch.dtype):
+            raise TypeError("LatentGraphs.to takes a device, not a dtype: node ids and heads "
+                            "must stay int64 (weights follow the features' dtype when used)")
+        device = torch.device(device)
         return self._map(lambda t: t.to(device))
 
     def detach(self) -> "LatentGraphs":

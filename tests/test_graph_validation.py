@@ -142,3 +142,20 @@ def test_edges_against_the_direction_are_refused():
                  num_heads=1, direction="forward", ptr=ptr, include_self=True)
     LatentGraphs([torch.tensor([[5], [3]])], [torch.ones(1)], [torch.zeros(1, dtype=torch.long)],
                  num_heads=1, direction="backward", ptr=ptr)
+
+
+def test_propagate_checks_the_rows_of_x_and_to_refuses_dtypes():
+    """A wrong row count reached the sparse kernel and corrupted the heap (SIGABRT)."""
+    predictor = GraphPredictor(num_tokens=20, hidden_channels=16, num_layers=1, heads=2).eval()
+    n = 300
+    graphs = predictor(torch.randint(0, 20, (n,)), torch.arange(n) // 100)
+    for layout in ("sparse", "dense"):
+        g = graphs if layout == "sparse" else LatentGraphs.from_dense(
+            graphs.to_dense(), direction="forward", ptr=graphs.ptr)
+        for bad in (torch.randn(1, 6), torch.randn(n - 1, 6), torch.randn(3, n, 6),
+                    torch.ones(n, 6, dtype=torch.long), torch.randn(n)):
+            with pytest.raises(ValueError, match="x must be floating-point"):
+                g.propagate(bad, 0)
+        assert g.propagate(torch.randn(n, 6), 0).shape == (2, n, 6)
+    with pytest.raises(TypeError, match="not a dtype"):
+        graphs.to(torch.float16)

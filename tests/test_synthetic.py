@@ -131,3 +131,10 @@ def test_recovery_shares_credit_among_tied_sources_and_checks_readers():
         planted_source_recovery(uniform, last, reader_offset=0.5)
     with pytest.raises(ValueError, match="int64 tensor"):
         planted_source_recovery(uniform, [-1] * 6)
+
+
+def test_recovery_gives_no_credit_to_zero_weight_edges():
+    source = torch.full((6,), -1)
+    source[4] = 1
+    dead = _graphs([(0, 0, 3, 0.0), (0, 1, 3, 0.0), (0, 2, 3, 0.0)], [6])
+    assert planted_source_recovery(dead, source).per_graph.item() == 0.0

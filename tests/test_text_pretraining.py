@@ -302,3 +302,32 @@ def test_final_steps_are_checkpointed_and_resume_keeps_optimiser_settings(tmp_pa
                             (dict(weight_decay=0.1), "train.weight_decay")]:
         with pytest.raises(ValueError, match=message):
             run_pretraining(config(tmp_path, "six", max_steps=8, **change), resume=True, **quiet)
+
+
+def test_prepare_only_needs_no_cluster_and_a_stale_summary_is_rewritten(tmp_path, monkeypatch):
+    write_corpus(tmp_path / "corpus", documents=10)
+    for name in ("MASTER_ADDR", "NODE_RANK", "GROUP_RANK", "RANK", "SLURM_NTASKS",
+                 "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "LSB_JOBID"):
+        monkeypatch.delenv(name, raising=False)
+    quiet = dict(log=lambda *a: None)
+    # the documented multi-node flow: tokenise once, on a machine outside the cluster
+    prepared = run_pretraining(config(tmp_path, "nodes", num_nodes=2), prepare_only=True,
+                               **quiet)
+    assert prepared["tokens"] > 0
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("RANK", "0")  # (Kubeflow sets RANK, not NODE_RANK)
+    from glomo_pyg.training.text_pretraining import _CLUSTER_ENVIRONMENTS
+    assert any(all(k in os.environ for k in keys) for keys in _CLUSTER_ENVIRONMENTS)
+    # a checkpoint at max_steps beside the summary of an earlier, shorter end
+    run_pretraining(config(tmp_path, "stale", max_steps=5), **quiet)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_pretraining(config(tmp_path, "stale", max_steps=7), resume=True,
+                        extra_callbacks=[Crash(7)], **quiet)
+    assert model_state(tmp_path / "stale")[1] == 7
+    summary = run_pretraining(config(tmp_path, "stale", max_steps=7), resume=True, **quiet)
+    assert summary["steps"] == 7
+    predictor = PretrainedGraphPredictor.from_pretrained(str(tmp_path / "stale" / "predictor"))
+    state = model_state(tmp_path / "stale")[0]
+    emb = [k for k in state if k.endswith("graph_predictors.fw.encoder.embedding.weight")][0]
+    assert torch.equal(predictor.predictor("forward").state_dict()["encoder.embedding.weight"],
+                       state[emb])

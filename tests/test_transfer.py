@@ -399,3 +399,33 @@ def test_transfer_under_cpu_autocast_is_finite_and_close(setting, dtype):
     torch.testing.assert_close(got.float(), want, atol=0.05, rtol=0.05)
     got.float().sum().backward()
     assert torch.isfinite(h.grad).all() and transfer.mixer.gamma.grad is not None
+
+
+def test_given_graphs_must_belong_to_the_batch_and_inputs_be_sound():
+    """Graphs of another batch with the same number of units mixed features across the
+    wrong sequences without an error; NaN embeddings and zero stds gave NaN silently."""
+    from glomo_pyg import GlomoResNet, GlomoTextClassifier
+
+    torch.manual_seed(0)
+    predictor = Glomo.text(20, hidden_channels=8, num_layers=1, heads=2,
+                           cnn_layers=1).to_pretrained()
+    transfer = GlomoTransfer(predictor, 4)
+    x = torch.randint(0, 20, (7,))
+    b1, b2 = torch.tensor([0, 0, 0, 1, 1, 1, 1]), torch.tensor([0, 0, 0, 0, 1, 1, 1])
+    h = torch.randn(7, 4)
+    graphs = transfer.graphs(x, b1)
+    assert torch.equal(transfer(h, batch=b1, graphs=graphs), transfer(h, x, b1))
+    with pytest.raises(ValueError, match="batch differs"):
+        transfer(h, batch=b2, graphs=graphs)
+    with pytest.raises(ValueError, match="either x .* or graphs"):
+        transfer(h, x, b1, graphs=graphs)
+    with pytest.raises(ValueError, match="either propagated or graphs"):
+        transfer(h, propagated=transfer.propagations(h, x, b1), graphs=graphs)
+    with pytest.raises(TypeError, match="DirectionalGraphs"):
+        transfer(h, graphs=graphs.forward)
+    embedding = torch.randn(20, 4)
+    embedding[3] = float("nan")
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        GlomoTextClassifier(embedding, 2, None, hidden_channels=8, attention_heads=2)
+    with pytest.raises(ValueError, match="pixel_mean and pixel_std"):
+        GlomoResNet(None, width=4, pixel_std=(0.0, 0.0, 0.0))

@@ -122,7 +122,11 @@ def check_arguments(args) -> None:
     check_common_arguments(args, (args.results, args.figure))
     if args.threads < 0:
         raise ValueError(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
-    needed = ["cifar-10-batches-py"] + ([] if args.predictor else ["imagenet32"])
+    mode = "smoke" if args.smoke else "reduced" if args.reduced else "full"
+    out = args.output_dir or f"runs/cifar10-{mode}"
+    cached = os.path.exists(os.path.join(out, "pretrain", "pretrain.json"))  # stage 1 done
+    needed = ([] if args.stop_after == "pretrain" else ["cifar-10-batches-py"]) + \
+        ([] if args.predictor or cached else ["imagenet32"])
     for name in needed:
         if not os.path.isdir(os.path.join(args.data_dir, name)):
             raise ValueError(f"{os.path.join(args.data_dir, name)} is not a folder (--data-dir "

@@ -53,7 +53,7 @@ def _max_source_credit(src: Tensor, key: Tensor, weight: Tensor, size: int,
     expected precision of breaking ties at random, independent of the edges' order."""
     best = torch.zeros(size, dtype=weight.dtype, device=weight.device)
     best = best.scatter_reduce(0, key, weight, "amax", include_self=False)
-    is_max = weight == best[key]
+    is_max = (weight == best[key]) & (weight > 0)  # zero-weight edges point nowhere
     ties = torch.zeros(size, dtype=torch.double, device=weight.device)
     ties.index_add_(0, key, is_max.double())
     credit = torch.zeros(size, dtype=torch.double, device=weight.device)

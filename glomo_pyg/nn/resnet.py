@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from glomo_pyg.nn.transfer import GlomoTransfer
-from glomo_pyg.pixels import check_images, image_units, normalize
+from glomo_pyg.pixels import check_images, check_statistics, image_units, normalize
 
 # Per-channel statistics of the CIFAR-10 training images ([0, 1] scale).
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -113,6 +113,7 @@ class GlomoResNet(torch.nn.Module):
                  pixel_mean: Sequence[float] = CIFAR10_MEAN,
                  pixel_std: Sequence[float] = CIFAR10_STD):
         super().__init__()
+        check_statistics(pixel_mean, pixel_std, len(pixel_mean))
         if transfer is not None and transfer.in_channels != len(pixel_mean):
             raise ValueError(f"the transfer stage must read the {len(pixel_mean)} pixel "
                              f"channels, it reads {transfer.in_channels}")

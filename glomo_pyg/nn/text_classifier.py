@@ -74,11 +74,16 @@ class GlomoTextClassifier(torch.nn.Module):
             raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
         if "rnn" in places and rnn_layers < 2:
             raise ValueError("graphs after the first RNN layer need rnn_layers >= 2")
-        if embedding.dim() != 2 or not embedding.dtype.is_floating_point:
+        if embedding.dim() != 2 or not embedding.dtype.is_floating_point or \
+                embedding.size(0) < 1 or embedding.size(1) < 1:
             raise ValueError(f"embedding must be a float [V, d] matrix, got "
                              f"{tuple(embedding.shape)} {embedding.dtype}")
-        if predictor is not None and predictor.num_tokens is not None and \
-                predictor.num_tokens != embedding.size(0):
+        if not bool(torch.isfinite(embedding).all()):  # NaN logits otherwise, silently
+            raise ValueError("embedding holds NaN or Inf values")
+        if predictor is not None and predictor.num_tokens is None:
+            raise ValueError("the predictor reads features, not token ids: a text classifier "
+                             "needs a predictor pretrained on its vocabulary")
+        if predictor is not None and predictor.num_tokens != embedding.size(0):
             raise ValueError(f"the predictor's vocabulary ({predictor.num_tokens} tokens) must "
                              f"be the classifier's ({embedding.size(0)} rows of embedding)")
         vocab = embedding.size(0)

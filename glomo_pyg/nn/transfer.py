@@ -136,7 +136,27 @@ class GlomoTransfer(torch.nn.Module):
             return None
         if graphs is None:
             graphs = self.graphs(x, batch, num_nodes=h.size(0))
+        else:
+            self._check_given_graphs(graphs, x, batch)
         return self.mixer.propagations(h, graphs)
+
+    @staticmethod
+    def _check_given_graphs(graphs: DirectionalGraphs, x: Optional[Tensor],
+                            batch: Optional[Tensor]) -> None:
+        """Graphs passed in are used as they are: ``x`` would be ignored, and a ``batch``
+        given beside them must be theirs (graphs of another batch with the same number
+        of units would mix features across the wrong sequences without any error)."""
+        if not isinstance(graphs, DirectionalGraphs):
+            raise TypeError(f"graphs must be DirectionalGraphs, got {type(graphs).__name__}")
+        if x is not None:
+            raise ValueError("pass either x (graphs are computed from it) or graphs (used as "
+                             "given), not both")
+        if batch is not None:
+            own = next(g for g in (graphs.forward, graphs.backward) if g is not None).batch
+            if not isinstance(batch, Tensor) or batch.shape != own.shape or \
+                    not torch.equal(batch.to(own.device), own):
+                raise ValueError("batch differs from the batch the given graphs were computed "
+                                 "for")
 
     def forward(self, h: Tensor, x: Optional[Tensor] = None, batch: Optional[Tensor] = None,
                 graphs: Optional[DirectionalGraphs] = None,
@@ -164,10 +184,14 @@ class GlomoTransfer(torch.nn.Module):
         if self.graph == "none":
             mixed: List[Tensor] = [h] * len(self.mixer.directions)
         elif propagated is not None:
+            if graphs is not None:
+                raise ValueError("pass either propagated or graphs, not both")
             mixed = self.mixer.combine(propagated, h)
         else:
             if graphs is None:
                 graphs = self.graphs(x, batch, num_nodes=h.size(0))
+            else:
+                self._check_given_graphs(graphs, x, batch)
             mixed = self.mixer.mix(h, graphs)
         return self.fusion.fuse(h, mixed)
 

@@ -163,6 +163,7 @@ def train_image_classifier(model: GlomoResNet, train: Tuple[Tensor, Tensor],
     state = dict(epoch=0, best_val=-1.0, best_epoch=-1, val_curve=[], epoch_seconds=[],
                  best_state=None)
     recipe = dict(asdict(config), train_images=n)
+    recipe.pop("eval_batch_size")  # (does not change training)
     if checkpoint and os.path.exists(checkpoint):
         saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
         if "recipe" not in saved:

@@ -829,8 +829,10 @@ def _check_model_builds(config: PretrainConfig) -> None:
         raise ValueError(f"model settings {_short(config.model)}: {err}") from None
 
 
-_CLUSTER_ENVIRONMENTS = (("MASTER_ADDR", "NODE_RANK"), ("SLURM_NTASKS",),
-                         ("TORCHELASTIC_RUN_ID",), ("OMPI_COMM_WORLD_SIZE",), ("LSB_JOBID",))
+# (Lightning's own environment reads the node rank from NODE_RANK, GROUP_RANK or RANK)
+_CLUSTER_ENVIRONMENTS = (("MASTER_ADDR", "NODE_RANK"), ("MASTER_ADDR", "GROUP_RANK"),
+                         ("MASTER_ADDR", "RANK"), ("SLURM_NTASKS",), ("TORCHELASTIC_RUN_ID",),
+                         ("OMPI_COMM_WORLD_SIZE",), ("PMI_SIZE",), ("LSB_JOBID",))
 
 
 def _check_trainer_builds(config: PretrainConfig) -> None:
@@ -840,7 +842,8 @@ def _check_trainer_builds(config: PretrainConfig) -> None:
     if t.num_nodes > 1 and not any(all(k in os.environ for k in keys)
                                    for keys in _CLUSTER_ENVIRONMENTS):
         raise ValueError(f"train.num_nodes is {t.num_nodes}, but no cluster environment is set "
-                         "(MASTER_ADDR and NODE_RANK, SLURM, torchrun, MPI or LSF): started on "
+                         "(MASTER_ADDR with NODE_RANK, GROUP_RANK or RANK; SLURM, torchrun, MPI "
+                         "or LSF): started on "
                          "one machine, the run would wait for the other nodes indefinitely")
     from lightning.pytorch.accelerators import CPUAccelerator
 
@@ -885,8 +888,10 @@ def _check_saved_config(config: PretrainConfig, saved_config: str, out: str) -> 
                          f"settings ({saved_config}); resume with the same ones (only "
                          "train settings such as max_steps may change)")
     saved_train = before.get("train") if isinstance(before.get("train"), dict) else {}
+    used = [k for k in RESUME_FIXED_TRAIN  # (Adam ignores momentum)
+            if k != "momentum" or "sgd" in (saved_train.get("optimizer"), now["train"]["optimizer"])]
     fixed = [f"train.{k} {_short(saved_train[k])} -> {_short(now['train'][k])}"
-             for k in RESUME_FIXED_TRAIN if k in saved_train and saved_train[k] != now["train"][k]]
+             for k in used if k in saved_train and saved_train[k] != now["train"][k]]
     if fixed:
         raise ValueError(f"{out}: cannot resume with changed {', '.join(fixed)}: the "
                          "checkpoint's optimiser state and data position were made with the "
@@ -946,7 +951,8 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
     if not child and ckpt is None:  # (resumed runs: once the checkpoint passed its checks)
         _write_json(saved_config, config.to_dict())
     _check_model_builds(config)
-    _check_trainer_builds(config)
+    if not prepare_only:  # (a corpus may be prepared on a machine without the cluster/GPU)
+        _check_trainer_builds(config)
     c, t = config.corpus, config.train
     if t.graph_warmup_steps and t.graph_warmup_steps >= t.max_steps:
         message = (f"train.graph_warmup_steps ({t.graph_warmup_steps}) >= train.max_steps "
@@ -955,7 +961,8 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
         warnings.warn(message, RuntimeWarning, stacklevel=2)
         log(f"warning: {message}")
     images = c.format in IMAGE_FORMATS
-    trees = _read_syntax_treebank(t) if t.syntax_treebank and not images else None
+    trees = _read_syntax_treebank(t) if t.syntax_treebank and not images and \
+        not prepare_only else None
     if images:
         vocab, pixels = None, load_pretraining_images(c)
         log(f"images: {len(pixels)} of {tuple(pixels.shape[1:])} from {c.path}")
@@ -1038,8 +1045,11 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
         summary_path = os.path.join(out, "pretrain.json")
         if trainer.global_step == start_step and ckpt is not None and \
                 os.path.exists(summary_path) and os.path.isdir(os.path.join(out, "predictor")):
-            log(f"{ckpt} is already at train.max_steps ({t.max_steps}): nothing to train")
-            return _read_json(summary_path, "delete it; it is rewritten by a run that trains")
+            saved = _read_json(summary_path, "delete it; it is rewritten by a run that trains")
+            if isinstance(saved, dict) and saved.get("steps") == trainer.global_step:
+                log(f"{ckpt} is already at train.max_steps ({t.max_steps}): nothing to train")
+                return saved
+            # (else the summary and predictor are from an earlier end: saved again below)
         seconds = time.time() - start
         size = dict(images=len(pixels)) if images else dict(tokens=data.windows.num_tokens,
                                                              vocabulary=len(vocab))
