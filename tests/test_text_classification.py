@@ -205,3 +205,15 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
     (tmp_path / "run" / "downstream.json").write_text("{")
     with pytest.raises(SystemExit, match=r"downstream.json \(cached runs\) is damaged"):
         imdb.main(args)
+
+
+def test_classifier_constructor_names_bad_sizes():
+    embedding = torch.randn(10, 4)
+    for kwargs, message in [(dict(hidden_channels=5, attention_heads=4), "divisible"),
+                            (dict(attention_heads=0), "attention_heads must be"),
+                            (dict(num_classes=1), "num_classes must be"),
+                            (dict(rnn_layers=0), "rnn_layers must be"),
+                            (dict(dropout=-0.1), "dropout must lie"),
+                            (dict(hidden_channels=True), "hidden_channels must be")]:
+        with pytest.raises(ValueError, match=message):
+            GlomoTextClassifier(embedding, predictor=None, **kwargs)

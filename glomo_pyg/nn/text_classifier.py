@@ -72,6 +72,16 @@ class GlomoTextClassifier(torch.nn.Module):
             raise ValueError(f"rnn must be one of {RNNS}, got {rnn!r}")
         if graph not in GRAPHS:
             raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
+        for name, value, low in (("num_classes", num_classes, 2), ("rnn_layers", rnn_layers, 1),
+                                 ("hidden_channels", hidden_channels, 1),
+                                 ("attention_heads", attention_heads, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if (2 * hidden_channels) % attention_heads:  # the BiRNN's 2 x hidden feeds attention
+            raise ValueError(f"2 x hidden_channels ({2 * hidden_channels}) must be divisible by "
+                             f"attention_heads ({attention_heads})")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), got {dropout!r}")
         if "rnn" in places and rnn_layers < 2:
             raise ValueError("graphs after the first RNN layer need rnn_layers >= 2")
         if embedding.dim() != 2 or not embedding.dtype.is_floating_point or \
