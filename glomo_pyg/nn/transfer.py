@@ -146,13 +146,15 @@ class GlomoTransfer(torch.nn.Module):
         """Graphs passed in are used as they are: ``x`` would be ignored, and a ``batch``
         given beside them must be theirs (graphs of another batch with the same number
         of units would mix features across the wrong sequences without any error)."""
-        if not isinstance(graphs, DirectionalGraphs):
-            raise TypeError(f"graphs must be DirectionalGraphs, got {type(graphs).__name__}")
+        if not isinstance(graphs, tuple) or len(graphs) != 2:  # DirectionalGraphs or a pair
+            raise TypeError(f"graphs must be DirectionalGraphs (forward, backward), got "
+                            f"{type(graphs).__name__}")
         if x is not None:
             raise ValueError("pass either x (graphs are computed from it) or graphs (used as "
                              "given), not both")
-        if batch is not None:
-            own = next(g for g in (graphs.forward, graphs.backward) if g is not None).batch
+        present = [g for g in graphs if isinstance(g, LatentGraphs)]  # (others: the mixer)
+        if batch is not None and present:
+            own = present[0].batch
             if not isinstance(batch, Tensor) or batch.shape != own.shape or \
                     not torch.equal(batch.to(own.device), own):
                 raise ValueError("batch differs from the batch the given graphs were computed "
