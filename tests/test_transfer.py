@@ -429,3 +429,14 @@ def test_given_graphs_must_belong_to_the_batch_and_inputs_be_sound():
         GlomoTextClassifier(embedding, 2, None, hidden_channels=8, attention_heads=2)
     with pytest.raises(ValueError, match="pixel_mean and pixel_std"):
         GlomoResNet(None, width=4, pixel_std=(0.0, 0.0, 0.0))
+
+
+def test_mixer_sizes_and_layers_must_be_integers():
+    for kwargs, message in [(dict(layers=[0.7]), "integer layer indices"),
+                            (dict(layers=["a"]), "integer layer indices"),
+                            (dict(in_channels=6.5), "positive integers, got in_channels=6.5"),
+                            (dict(heads=True), "heads=True")]:
+        args = dict(in_channels=4, num_layers=2, heads=2)
+        args.update(kwargs)
+        with pytest.raises(ValueError, match=message):
+            GraphMixer(**args)

@@ -2,6 +2,7 @@
 (paper Sec. 2.2)."""
 from __future__ import annotations
 
+import numbers
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -75,8 +76,11 @@ class GraphMixer(torch.nn.Module):
                  directions: Sequence[str] = DIRECTIONS, mixing: str = "free",
                  propagation: str = "both", layers: Optional[Sequence[int]] = None):
         super().__init__()
-        if min(in_channels, num_layers, heads) <= 0:
-            raise ValueError("in_channels, num_layers and heads must be positive")
+        for name, value in (("in_channels", in_channels), ("num_layers", num_layers),
+                            ("heads", heads)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+                raise ValueError(f"in_channels, num_layers and heads must be positive "
+                                 f"integers, got {name}={value!r}")
         directions = tuple(directions)
         if not directions or len(set(directions)) != len(directions) or \
                 any(d not in DIRECTIONS for d in directions):
@@ -85,7 +89,11 @@ class GraphMixer(torch.nn.Module):
             raise ValueError(f"mixing must be one of {MIXINGS}, got {mixing!r}")
         if propagation not in PROPAGATIONS:
             raise ValueError(f"propagation must be one of {PROPAGATIONS}, got {propagation!r}")
-        layers = tuple(range(num_layers)) if layers is None else tuple(sorted(set(int(l) for l in layers)))
+        if layers is not None and any(isinstance(l, bool) or not isinstance(l, numbers.Integral)
+                                      for l in layers):  # (int(0.7) would pick layer 0)
+            raise ValueError(f"layers must be integer layer indices, got {list(layers)!r}")
+        layers = tuple(range(num_layers)) if layers is None else \
+            tuple(sorted(set(int(l) for l in layers)))
         if not layers or layers[0] < 0 or layers[-1] >= num_layers:
             raise ValueError(f"layers must be a non-empty subset of 0..{num_layers - 1}, got {layers}")
         self.in_channels, self.num_layers, self.heads = in_channels, num_layers, heads
