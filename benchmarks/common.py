@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 from typing import Dict
 
@@ -56,8 +57,6 @@ def cached_runs(path: str, settings: Dict, log=print) -> Dict:
     the ``settings`` (and input digests) they were made with: other settings raise
     :class:`ValueError` naming what differs. A file written before settings were recorded
     (a bare mapping of runs) is reused with a warning."""
-    import os
-
     if not os.path.exists(path):
         return {}
     cached = read_cache(path, "cached runs")
@@ -80,8 +79,6 @@ def cached_runs(path: str, settings: Dict, log=print) -> Dict:
 
 def write_runs(path: str, settings: Dict, runs: Dict) -> None:
     """Write ``runs`` with their ``settings`` through a temporary file renamed into place."""
-    import os
-
     with open(path + ".tmp", "w") as fh:
         json.dump(dict(settings=settings, runs=runs), fh, indent=1)
     os.replace(path + ".tmp", path)
@@ -91,8 +88,6 @@ def run_reporting_errors(name: str, function, *args) -> None:
     """``function(*args)``; bad input (a ``ValueError`` or ``OSError``: files, options,
     caches) ends with one line naming it instead of a traceback (``GLOMO_TRACEBACK=1``
     shows the traceback)."""
-    import os
-
     try:
         function(*args)
     except (ValueError, OSError) as err:
