@@ -1,4 +1,5 @@
 """glomo pretrain: corpus preparation, Lightning training, kill and resume, DDP, CLI."""
+import json
 import os
 import random
 
@@ -92,6 +93,15 @@ def test_pretrain_reuses_the_prepared_corpus_and_rejects_bad_settings(tmp_path):
     wider.model["hidden_channels"] = 32  # a checkpoint of another model shape
     with pytest.raises(ValueError, match="other model settings"):
         run_pretraining(wider, resume=True, log=lambda *a: None)
+    # settings saved before a corpus key existed (here: crop) mean its default
+    saved = tmp_path / "run" / "config.json"
+    settings = json.loads(saved.read_text())
+    del settings["corpus"]["crop"]
+    saved.write_text(json.dumps(settings))
+    built = tmp_path / "run" / "corpus.json"
+    prepared = json.loads(built.read_text())
+    del prepared["settings"]["crop"]
+    built.write_text(json.dumps(prepared))
     longer = config(tmp_path, "run", max_steps=3)  # train settings may change on resume
     assert run_pretraining(longer, resume=True, log=lambda *a: None)["steps"] == 3
     with pytest.raises(ValueError, match="unknown train settings"):

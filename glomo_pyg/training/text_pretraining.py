@@ -506,6 +506,13 @@ def iter_documents(corpus: CorpusConfig) -> Iterator[str]:
                 return
 
 
+def _with_corpus_defaults(saved: Dict[str, Any], keys) -> Dict[str, Any]:
+    """Saved corpus settings completed with the defaults of the ``keys`` they lack: a run
+    saved before a setting existed (e.g. ``crop``) was prepared with its default."""
+    defaults = dataclasses.asdict(CorpusConfig())
+    return {**{k: defaults[k] for k in keys if k in defaults}, **saved}
+
+
 def prepare_corpus(corpus: CorpusConfig, folder: str, log=print):
     """Vocabulary and token shards in ``folder`` (built once: two passes over the
     documents, counting then encoding; reused when present and built from the same
@@ -523,7 +530,8 @@ def prepare_corpus(corpus: CorpusConfig, folder: str, log=print):
         if not isinstance(built, dict):
             raise ValueError(f"{meta_path} is damaged (not a corpus description); delete it "
                              f"and {shards} to rebuild the corpus")
-        if built.get("settings") != settings:
+        saved = built.get("settings")
+        if not isinstance(saved, dict) or _with_corpus_defaults(saved, settings) != settings:
             raise ValueError(f"{folder} holds a corpus built with other settings "
                              f"({built.get('settings')}); use another output_dir")
         read_shard_index(shards)
@@ -882,6 +890,8 @@ def _check_saved_config(config: PretrainConfig, saved_config: str, out: str) -> 
         raise ValueError(f"{saved_config} is damaged (not a settings mapping); delete it to "
                          "skip this check")
     now = config.to_dict()
+    if isinstance(before.get("corpus"), dict):
+        before = dict(before, corpus=_with_corpus_defaults(before["corpus"], now["corpus"]))
     changed = [k for k in ("model", "corpus") if before.get(k) != now[k]]
     if changed:
         raise ValueError(f"{out}: the checkpoint was trained with other {' and '.join(changed)} "
