@@ -273,6 +273,22 @@ def test_bad_train_settings_fail_before_the_corpus_is_prepared(tmp_path, monkeyp
         run_pretraining(as_file, log=lambda *a: None)
 
 
+def test_model_widths_beyond_memory_fail_before_the_corpus_is_prepared(tmp_path):
+    write_corpus(tmp_path / "corpus", documents=10)
+    for k, (width, message) in enumerate([(10 ** 9, "cannot be built: .*overflow"),
+                                          (10 ** 5, r"parameters \(.* GiB\), more than this "
+                                                    "machine's memory")]):
+        cfg = config(tmp_path, f"wide{k}")
+        cfg.model["hidden_channels"] = width
+        with pytest.raises(ValueError, match=message):
+            run_pretraining(cfg, log=lambda *a: None)
+        assert not os.path.exists(tmp_path / f"wide{k}" / "tokens")  # nothing was tokenised
+    bad = config(tmp_path, "bad-heads")
+    bad.model["heads"] = 3  # does not divide hidden_channels: the constructor's own check
+    with pytest.raises(ValueError, match="model settings"):
+        run_pretraining(bad, log=lambda *a: None)
+
+
 def test_a_warm_up_as_long_as_the_run_is_named(tmp_path):
     write_corpus(tmp_path / "corpus", documents=10)
     messages = []

@@ -823,18 +823,38 @@ def _is_launcher_child() -> bool:
 
 
 def _check_model_builds(config: PretrainConfig) -> None:
-    """Build the model once, small, so that bad model settings fail before the corpus
-    is prepared (which can take long)."""
+    """Build the model once, on the meta device, so that bad model settings (including
+    widths whose weights would not fit in memory) fail before the corpus is prepared
+    (which can take long)."""
     c = config.corpus
     if c.format in IMAGE_FORMATS:
         side = c.crop or 32
         kwargs = dict(config.model, modality="image", in_channels=3, height=side, width=side)
-    else:
-        kwargs = dict(config.model, num_tokens=8, padding_idx=0)
+    else:  # (the vocabulary is not read yet: its largest size, when set)
+        kwargs = dict(config.model, num_tokens=c.max_size or 8, padding_idx=0)
     try:
-        GlomoPretraining(kwargs)
+        with torch.device("meta"):  # shapes only: no memory, however wide the settings
+            module = GlomoPretraining(kwargs)
     except (TypeError, ValueError) as err:
         raise ValueError(f"model settings {_short(config.model)}: {err}") from None
+    except RuntimeError as err:  # e.g. a weight's element count overflows
+        raise ValueError(f"model settings {_short(config.model)} cannot be built: "
+                         f"{_short(str(err))}") from None
+    size = sum(p.numel() * p.element_size() for p in module.parameters())
+    memory = _physical_memory()
+    if memory is not None and size > memory:
+        raise ValueError(f"model settings {_short(config.model)} give "
+                         f"{sum(p.numel() for p in module.parameters()):,} parameters "
+                         f"({size / 2**30:.1f} GiB), more than this machine's memory "
+                         f"({memory / 2**30:.1f} GiB); lower hidden_channels or num_layers")
+
+
+def _physical_memory() -> Optional[int]:
+    """Bytes of physical memory, or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 # (Lightning's own environment reads the node rank from NODE_RANK, GROUP_RANK or RANK)
