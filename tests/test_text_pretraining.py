@@ -2,6 +2,7 @@
 import json
 import os
 import random
+import warnings
 
 import lightning.pytorch as pl
 import pytest
@@ -287,6 +288,17 @@ def test_model_widths_beyond_memory_fail_before_the_corpus_is_prepared(tmp_path)
     bad.model["heads"] = 3  # does not divide hidden_channels: the constructor's own check
     with pytest.raises(ValueError, match="model settings"):
         run_pretraining(bad, log=lambda *a: None)
+
+
+def test_a_validation_share_above_half_is_named(tmp_path):
+    write_corpus(tmp_path / "corpus")
+    cfg = config(tmp_path, "mostly-validation", max_steps=1)
+    cfg.corpus.validation_fraction = 0.9
+    with pytest.warns(RuntimeWarning, match="validation_fraction 0.9 keeps only .* for training"):
+        run_pretraining(cfg, log=lambda *a: None)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", ".*validation_fraction", RuntimeWarning)
+        run_pretraining(config(tmp_path, "usual", max_steps=1), log=lambda *a: None)
 
 
 def test_a_warm_up_as_long_as_the_run_is_named(tmp_path):

@@ -641,6 +641,18 @@ def _ignore_interrupts(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _split(count: int, validation_fraction: float, seed: int, unit: str):
+    """A seeded (validation, sorted training) split of ``range(count)``; warns when the
+    validation share leaves training the smaller part."""
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(seed)).tolist()
+    n_val = int(count * validation_fraction)
+    if n_val > count - n_val:
+        warnings.warn(f"corpus.validation_fraction {validation_fraction} keeps only "
+                      f"{count - n_val} of {count} {unit} for training", RuntimeWarning,
+                      stacklevel=3)
+    return order[:n_val], sorted(order[n_val:])
+
+
 class TextPretrainingData(pl.LightningDataModule):
     """Training and validation sequences from token shards; the training loader is a
     :class:`~glomo_pyg.data.ResumableLoader` split across the trainer's ranks."""
@@ -652,10 +664,8 @@ class TextPretrainingData(pl.LightningDataModule):
         if len(self.windows) < 2:
             raise ValueError(f"{shards}: fewer than 2 training sequences of >= {min_length} "
                              "tokens; use a larger corpus or a smaller corpus.min_length")
-        gen = torch.Generator().manual_seed(seed)
-        order = torch.randperm(len(self.windows), generator=gen).tolist()
-        n_val = int(len(order) * validation_fraction)
-        self.val_ids, self.train_ids = order[:n_val], sorted(order[n_val:])
+        self.val_ids, self.train_ids = _split(len(self.windows), validation_fraction, seed,
+                                              "sequences")
         self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
 
     def train_dataloader(self):
@@ -720,10 +730,7 @@ class ImagePretrainingData(TextPretrainingData):
                  seed: int, num_workers: int = 0):
         pl.LightningDataModule.__init__(self)
         self.windows = ImageUnits(images)
-        gen = torch.Generator().manual_seed(seed)
-        order = torch.randperm(len(images), generator=gen).tolist()
-        n_val = int(len(order) * validation_fraction)
-        self.val_ids, self.train_ids = order[:n_val], sorted(order[n_val:])
+        self.val_ids, self.train_ids = _split(len(images), validation_fraction, seed, "images")
         self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
 
 
