@@ -295,10 +295,18 @@ def test_ptr_and_layer_index_are_validated_with_named_errors():
         for a, b in zip(graphs.layer(-1), graphs.layer(1)):  # Python's negative indices
             assert torch.equal(a, b)
         assert graphs.layer(torch.tensor(1))[0].shape == graphs.layer(1)[0].shape
+    one_layer = LatentGraphs.uniform(torch.tensor([0, 6]), num_layers=1, num_heads=2,
+                                     direction="forward")
     with pytest.raises(IndexError, match=r"0..0"):
-        GlomoConv(4, heads=2).propagate_graphs(
-            torch.randn(6, 4), LatentGraphs.uniform(torch.tensor([0, 6]), num_layers=1,
-                                                    num_heads=2, direction="forward"), 1)
+        GlomoConv(4, heads=2).propagate_graphs(torch.randn(6, 4), one_layer, 1)
+    for update in ("gru", None):  # (without an update there are no parameters to meet x)
+        conv = GlomoConv(4, heads=2, update=update)
+        with pytest.raises(TypeError, match="graphs must be LatentGraphs.*got NoneType"):
+            conv.propagate_graphs(torch.randn(6, 4), None, 0)
+        with pytest.raises(ValueError, match="floating-point.*dtype torch.int64"):
+            conv.propagate_graphs(torch.ones(6, 4, dtype=torch.long), one_layer, 0)
+        with pytest.raises(ValueError, match="floating-point.*got tuple"):
+            conv.propagate_graphs((1, 2), one_layer, 0)
 
 
 def test_from_dense_refuses_non_finite_or_negative_weights():

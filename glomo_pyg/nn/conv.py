@@ -143,6 +143,12 @@ class GlomoConv(MessagePassing):
         heads and cover the rows of ``x``; they were validated when built, so this
         path does no host synchronisation (and so does not test ``x`` for NaN/Inf: callers
         pass features they produced or checked)."""
+        if not isinstance(graphs, LatentGraphs):
+            raise TypeError(f"graphs must be LatentGraphs (e.g. a predictor's forward graphs), "
+                            f"got {type(graphs).__name__}")
+        if not isinstance(x, Tensor) or not x.is_floating_point():
+            raise ValueError(f"x must be a floating-point tensor [N, {self.channels}], got "
+                             + (f"dtype {x.dtype}" if isinstance(x, Tensor) else type(x).__name__))
         n = x.size(0)
         if graphs.num_heads != self.heads or graphs.num_nodes != n:
             raise ValueError(f"graphs have {graphs.num_heads} heads over {graphs.num_nodes} "
