@@ -81,8 +81,13 @@ def test_classifier_rejects_bad_input():
     model = GlomoTextClassifier(emb, predictor=predictor(), hidden_channels=4, attention_heads=2)
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 20\)"):
         model(torch.tensor([1, 25]), torch.tensor([0, 0]))
-    with pytest.raises(ValueError, match="int64"):
+    with pytest.raises(ValueError, match="int64 or int32 token ids.*got torch.float32"):
         model(torch.tensor([1.0, 2.0]), torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="int64 or int32 token ids.*got torch.int16"):
+        model(torch.tensor([1, 2], dtype=torch.int16), torch.tensor([0, 0]))
+    # int32 ids, which the predictor also takes, give the int64 result
+    x, batch = batch_of([5, 3])
+    torch.testing.assert_close(model.eval()(x.int(), batch), model(x, batch))
 
 
 def test_train_and_test_selects_on_validation_and_learns_a_keyword_task():

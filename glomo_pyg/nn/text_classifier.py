@@ -53,7 +53,7 @@ class GlomoTextClassifier(torch.nn.Module):
         mixing (str): mixture weights of :class:`GlomoTransfer`.
 
     Shapes:
-        - **input:** token ids :math:`(N)` (flat), sorted ``batch`` :math:`(N)`
+        - **input:** token ids :math:`(N)` (flat, int64 or int32), sorted ``batch`` :math:`(N)`
         - **output:** logits :math:`(B, \text{num\_classes})`
     """
 
@@ -144,8 +144,11 @@ class GlomoTextClassifier(torch.nn.Module):
         return seqs.to_flat(out)
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
-        if not isinstance(x, Tensor) or x.dtype != torch.long or x.dim() != 1:
-            raise ValueError("x must be flat int64 token ids [N]")
+        if not isinstance(x, Tensor) or x.dtype not in (torch.int64, torch.int32) or \
+                x.dim() != 1:  # (the integer types an embedding indexes with, as in Glomo)
+            raise ValueError("x must be flat int64 or int32 token ids [N], got "
+                             + (f"{x.dtype} of shape {tuple(x.shape)}" if isinstance(x, Tensor)
+                                else type(x).__name__))
         if x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.embedding.num_embeddings):
             raise ValueError(f"token ids must lie in [0, {self.embedding.num_embeddings}), got "
                              f"[{int(x.min())}, {int(x.max())}]")
