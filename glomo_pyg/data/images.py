@@ -16,11 +16,15 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import zipfile
+import zlib
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from glomo_pyg.io.memory import physical_memory
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
                    "ship", "truck")
@@ -129,6 +133,26 @@ def safe_load(path: str) -> Any:
     return obj
 
 
+def load_npz(path: str) -> Dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file (e.g. Downsampled-ImageNet's numpy release), read
+    without pickle (object arrays are refused); a file whose arrays would not fit in
+    memory, as declared in its zip directory, is refused before anything is inflated."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            declared = sum(info.file_size for info in archive.infolist())
+        memory = physical_memory()
+        if memory is not None and declared > memory:
+            raise ImageDataError(f"{path}: its arrays would take {declared / 2**30:.1f} GiB, "
+                                 f"more than this machine's memory ({memory / 2**30:.1f} GiB)")
+        with np.load(path, allow_pickle=False) as arrays:
+            return {name: arrays[name] for name in arrays.files}
+    except ImageDataError:
+        raise
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, zlib.error) as e:
+        raise ImageDataError(f"{path}: truncated or corrupt .npz ({type(e).__name__}: "
+                             f"{e})") from None
+
+
 def _field(batch: Dict, name: str, path: str) -> Any:
     for key in (name, name.encode()):
         if key in batch:
@@ -139,8 +163,10 @@ def _field(batch: Dict, name: str, path: str) -> Any:
 def read_image_batch(path: str, num_classes: Optional[int] = None, label_offset: int = 0,
                      labels: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
     """One batch file: ``(images, labels)``, uint8 ``[n, 3, s, s]`` and int64 ``[n]``
-    (``labels - label_offset``, checked to lie in ``[0, num_classes)``)."""
-    batch = safe_load(path)
+    (``labels - label_offset``, checked to lie in ``[0, num_classes)``). A pickled dict
+    (CIFAR's and Downsampled-ImageNet's python batches) or an ``.npz`` file with the same
+    entries."""
+    batch = load_npz(path) if path.endswith(".npz") else safe_load(path)
     if not isinstance(batch, dict):
         raise ImageDataError(f"{path}: expected a dict, got {type(batch).__name__}")
     data = _field(batch, "data", path)
@@ -203,13 +229,20 @@ def load_cifar10(root: str, split: str = "train") -> Tuple[Tensor, Tensor]:
 
 
 def imagenet32_files(root: str) -> List[str]:
-    """The ``train_data_batch_*`` files of a Downsampled-ImageNet folder, in order."""
+    """The ``train_data_batch_*`` files of a Downsampled-ImageNet folder in numeric order:
+    the python batches, or (when there are none) the ``.npz`` release."""
     names = [n for n in os.listdir(root) if n.startswith("train_data_batch_")]
+    plain = [n for n in names if not n.endswith(".npz")]
+    names = plain or names
     if not names:
         raise FileNotFoundError(f"{root}: no train_data_batch_* files (Downsampled-ImageNet "
-                                "format)")
-    return sorted(names, key=lambda n: int(n.rsplit("_", 1)[1]) if n.rsplit("_", 1)[1].isdigit()
-                  else 10 ** 9)
+                                "format: python batches or .npz)")
+
+    def number(name: str) -> Tuple[int, str]:
+        tail = name[len("train_data_batch_"):].removesuffix(".npz")
+        return (int(tail) if tail.isdigit() else 10 ** 9, name)
+
+    return sorted(names, key=number)
 
 
 def load_imagenet32(root: str, max_images: Optional[int] = None,

@@ -53,6 +53,7 @@ from glomo_pyg.data.aclimdb import read_aclimdb
 from glomo_pyg.data.text import SPECIALS, WordVocabulary, read_text_documents, tokenize
 from glomo_pyg.data.tokens import (ResumableLoader, ResumableSampler, TokenWindows,
                                    read_shard_index, write_token_shards)
+from glomo_pyg.io.memory import physical_memory
 from glomo_pyg.training.checkpoints import (CHECKPOINT_KEY, AtomicCheckpointIO,
                                             CheckpointMismatchError, check_checkpoint_matches,
                                             find_resume_checkpoint, newest_checkpoint_file,
@@ -848,20 +849,12 @@ def _check_model_builds(config: PretrainConfig) -> None:
         raise ValueError(f"model settings {_short(config.model)} cannot be built: "
                          f"{_short(str(err))}") from None
     size = sum(p.numel() * p.element_size() for p in module.parameters())
-    memory = _physical_memory()
+    memory = physical_memory()
     if memory is not None and size > memory:
         raise ValueError(f"model settings {_short(config.model)} give "
                          f"{sum(p.numel() for p in module.parameters()):,} parameters "
                          f"({size / 2**30:.1f} GiB), more than this machine's memory "
                          f"({memory / 2**30:.1f} GiB); lower hidden_channels or num_layers")
-
-
-def _physical_memory() -> Optional[int]:
-    """Bytes of physical memory, or None where the platform does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
 
 
 # (Lightning's own environment reads the node rank from NODE_RANK, GROUP_RANK or RANK)
