@@ -220,7 +220,8 @@ def _syntax(args: argparse.Namespace) -> int:
         result = compare_with_syntax(predictor, trees, select, lower=not args.cased,
                                      exclude_punct=not args.include_punct, metric=args.metric,
                                      untrained=not args.no_untrained, seed=args.seed,
-                                     batch_size=args.batch_size, max_tokens=args.max_tokens)
+                                     batch_size=args.batch_size, max_tokens=args.max_tokens,
+                                     beyond_adjacent=args.beyond_adjacent)
     except ValueError as err:
         raise SystemExit(f"glomo syntax: {err}")
     print(result.format())
@@ -427,6 +428,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     y.add_argument("--metric", default="undirected", choices=("undirected", "directed", "ap"),
                    help="what the graph is chosen by")
     y.add_argument("--include-punct", action="store_true", help="score punctuation targets too")
+    y.add_argument("--beyond-adjacent", action="store_true",
+                   help="score only targets whose adjacent word is not a gold neighbour: "
+                        "structure beyond adjacency (the adjacent-word baseline scores 0)")
     y.add_argument("--cased", action="store_true",
                    help="do not lower-case words (for a predictor trained on cased text)")
     y.add_argument("--no-untrained", action="store_true", help="skip the untrained baseline")

@@ -155,6 +155,29 @@ def test_backward_next_token_lands_inside_a_split_word(tmp_path):
     assert nxt["undirected"] == pytest.approx(2 / 3) and nxt["directed"] == pytest.approx(2 / 3)
 
 
+def test_beyond_adjacent_scores_only_targets_whose_adjacent_word_is_no_gold_neighbour(tmp_path):
+    alignment = tokens_of_first_sentence(tmp_path)
+    g = torch.zeros(1, 1, 1, 7, 7)  # backward: sources after the target
+    g[..., 6, 1], g[..., 2, 1] = 0.6, 0.4  # saw <- ships (gold) over U.S. (no arc)
+    g[..., 1, 0] = 1.0  # I <- saw: a gold arc to the adjacent word, so not scored
+    whole = syntax_scores(FixedGraphs(backward=g), alignment).directions["backward"]
+    beyond = syntax_scores(FixedGraphs(backward=g), alignment,
+                           beyond_adjacent=True).directions["backward"]
+    # next word: I-saw (arc), saw-U.S. (no arc), U.S.-ships (arc): only "saw" remains
+    assert (whole.targets, beyond.targets) == (3, 1)
+    assert beyond.per_graph["undirected"][0, 0] == 1.0  # ships
+    assert beyond.per_graph["directed"][0, 0] == 0.0  # saw is the root
+    assert beyond.per_graph["ap"][0, 0] == pytest.approx(1.0)  # ships 0.6 (+) over U.S. 0.4
+    assert beyond.baselines["next word"] == dict(undirected=0.0, directed=0.0,
+                                                 ap=pytest.approx(0.5))
+    uni = beyond.baselines["uniform"]  # sources U.S. and ships, one gold neighbour
+    assert (uni["undirected"], uni["directed"], uni["ap"]) == (pytest.approx(0.5), 0.0,
+                                                              pytest.approx(0.5))
+    # forward: only U.S. (after saw, no arc) remains, and no allowed source is gold
+    with pytest.raises(ValueError, match="no gold arc joins"):
+        syntax_scores(FixedGraphs(forward_block()), alignment, beyond_adjacent=True)
+
+
 def test_head_averaged_graph_and_punctuation(tmp_path):
     alignment = tokens_of_first_sentence(tmp_path)
     second = torch.zeros(1, 1, 1, 7, 7)
@@ -226,6 +249,8 @@ def test_syntax_command(tmp_path, capsys):
         data = json.load(fh)
     assert data["evaluation"]["directions"]["forward"]["targets"] == 4  # 3 + "not"
     assert not math.isnan(data["evaluation"]["directions"]["forward"]["baselines"]["uniform"]["ap"])
+    with pytest.raises(SystemExit, match="no gold arc joins any scored forward"):
+        main(["syntax", "--predictor", folder, "--treebank", trees, "--beyond-adjacent"])
     bad = write(tmp_path, "1\ta\n", "bad.conllu")
     with pytest.raises(SystemExit, match="bad.conllu:1"):
         main(["syntax", "--predictor", folder, "--treebank", bad])

@@ -149,12 +149,14 @@ class SyntaxScores:
     unknown_fraction: float
     exclude_punct: bool
     long_sentences: int = 0
+    beyond_adjacent: bool = False  # only targets whose adjacent word is no gold neighbour
 
     def to_dict(self) -> Dict:
         return dict(
             sentences=self.sentences, skipped_sentences=self.skipped_sentences,
             unaligned_words=self.unaligned_words, short_sentences=self.short_sentences,
-            long_sentences=self.long_sentences, unknown_fraction=self.unknown_fraction, exclude_punct=self.exclude_punct,
+            long_sentences=self.long_sentences, unknown_fraction=self.unknown_fraction,
+            exclude_punct=self.exclude_punct, beyond_adjacent=self.beyond_adjacent,
             directions={d: dict(targets=s.targets,
                                 per_graph={m: v.tolist() for m, v in s.per_graph.items()},
                                 per_layer={m: v.tolist() for m, v in s.per_layer.items()},
@@ -204,6 +206,14 @@ def _targets_and_sources(sent: AlignedSentence, direction: str, exclude_punct: b
     return targets, allowed
 
 
+def _adjacent_is_gold(link: Tensor, direction: str) -> Tensor:
+    """``[W]``: the target's adjacent source word (previous for forward graphs, next for
+    backward ones) shares a gold arc with it."""
+    near = link.diagonal(1)  # [w] = link[w, w + 1]
+    no = torch.zeros(1, dtype=torch.bool)
+    return torch.cat([no, near]) if direction == "forward" else torch.cat([near, no])
+
+
 def _gold(sent: AlignedSentence) -> Tuple[Tensor, Tensor]:
     """``[W, W]`` undirected arc indicator and ``[W]`` 0-based heads (-1 = root)."""
     w = len(sent.tree)
@@ -237,14 +247,18 @@ def _emit_dense(predictor, batch: List[AlignedSentence], direction: str) -> Tens
 
 @torch.no_grad()
 def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
-                  batch_size: int = 64, directions: Optional[Sequence[str]] = None
-                  ) -> SyntaxScores:
+                  batch_size: int = 64, directions: Optional[Sequence[str]] = None,
+                  beyond_adjacent: bool = False) -> SyntaxScores:
     """Scores of every graph of ``predictor`` (a
     :class:`~glomo_pyg.PretrainedGraphPredictor`, or any module returning
     :class:`~glomo_pyg.DirectionalGraphs` for ``(x, batch)``) on aligned gold trees.
 
     Punctuation targets are left out with ``exclude_punct`` (punctuation stays a
-    candidate source). Returns per-graph and head-averaged scores and the baselines.
+    candidate source). With ``beyond_adjacent``, only targets whose adjacent source word
+    (previous for forward graphs, next for backward ones) is *not* a gold neighbour are
+    scored: there the adjacent-word baseline scores 0, and a graph above uniform carries
+    structure that adjacency does not. Returns per-graph and head-averaged scores and the
+    baselines.
     """
     if not alignment.sentences:
         raise ValueError(f"no sentence to score: {alignment.why_empty()}")
@@ -270,9 +284,11 @@ def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
                 ww = _word_weights(dense[:, k, :, :t, :t], sent)  # [L, H, W, W]
                 ww = torch.cat([ww, ww.mean(1, keepdim=True)], 1)  # + head-averaged
                 targets, allowed = _targets_and_sources(sent, direction, exclude_punct)
+                link, heads_gold = _gold(sent)
+                if beyond_adjacent:
+                    targets &= ~_adjacent_is_gold(link, direction)
                 if not targets.any():
                     continue
-                link, heads_gold = _gold(sent)
                 masked = ww.masked_fill(~allowed, -1.0)[..., targets]  # [L, H+1, W, n]
                 top, choice = masked.max(2)  # heaviest allowed source word per target
                 hit = top > 0  # a column with no weight on other words attaches nowhere
@@ -299,7 +315,9 @@ def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
                 base_pairs["labels"].append(labels)
         if acc is None or acc.targets == 0:
             raise ValueError(f"no target to score in the {direction} direction (every "
-                             "target is punctuation or has no allowed source word)")
+                             "target is punctuation, has no allowed source word"
+                             + (", or has a gold arc to its adjacent word" if beyond_adjacent
+                                else "") + ")")
         labels = np.concatenate(acc.labels)
         if not labels.any():  # e.g. only roots: average precision has no positive
             raise ValueError(f"no gold arc joins any scored {direction} (source, target) "
@@ -325,7 +343,7 @@ def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
     return SyntaxScores(results, len(alignment.sentences), alignment.skipped_sentences,
                         alignment.unaligned_words, alignment.short_sentences,
                         alignment.unknown_tokens / max(1, alignment.tokens), exclude_punct,
-                        alignment.long_sentences)
+                        alignment.long_sentences, beyond_adjacent)
 
 
 def untrained_copy(predictor, seed: int = 0):
@@ -362,6 +380,10 @@ class SyntaxComparison:
                  f"{ev.unaligned_words} unaligned words, {ev.short_sentences} shorter than 2 "
                  f"words, {ev.long_sentences} longer than the token limit); unknown tokens {ev.unknown_fraction:.1%}; punctuation targets "
                  f"{'excluded' if ev.exclude_punct else 'included'}"]
+        if ev.beyond_adjacent:
+            lines.append("targets: only those whose adjacent word (previous for forward graphs, "
+                         "next for backward ones) is not a gold neighbour, so that baseline "
+                         "scores 0 and uniform is the one to beat")
         for d, s in ev.directions.items():
             l, h = self.chosen[d]
             un = self.untrained.directions[d] if self.untrained else None
@@ -402,11 +424,13 @@ def compare_with_syntax(predictor, trees: Sequence[GoldTree],
                         vocabulary: Optional[Sequence[str]] = None, lower: bool = True,
                         exclude_punct: bool = True, metric: str = "undirected",
                         untrained: bool = True, seed: int = 0, batch_size: int = 64,
-                        max_tokens: int = 512) -> SyntaxComparison:
+                        max_tokens: int = 512, beyond_adjacent: bool = False
+                        ) -> SyntaxComparison:
     """Score ``predictor`` on ``trees``, choosing the single graph per direction on
     ``select_trees`` (by ``metric``; on ``trees`` themselves if not given, which the
     report notes), beside the baselines and, with ``untrained``, the same architecture
-    freshly initialised (seeded)."""
+    freshly initialised (seeded). ``beyond_adjacent`` scores (and chooses on) only the
+    targets whose adjacent word is not a gold neighbour (:func:`syntax_scores`)."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
     if not -(1 << 63) <= seed < (1 << 64):  # what torch.manual_seed accepts
@@ -425,12 +449,14 @@ def compare_with_syntax(predictor, trees: Sequence[GoldTree],
             raise ValueError(f"selection trees: {err}") from None
         if not sel_align.sentences:
             raise ValueError(f"selection trees: no sentence to score: {sel_align.why_empty()}")
-    evaluation = syntax_scores(predictor, ev_align, exclude_punct, batch_size)
+    options = dict(exclude_punct=exclude_punct, batch_size=batch_size,
+                   beyond_adjacent=beyond_adjacent)
+    evaluation = syntax_scores(predictor, ev_align, **options)
     notes = []
     selection = None
     if sel_align is not None:
         try:
-            selection = syntax_scores(predictor, sel_align, exclude_punct, batch_size)
+            selection = syntax_scores(predictor, sel_align, **options)
         except ValueError as err:
             raise ValueError(f"selection trees: {err}") from None
         chosen = {d: selection.directions[d].best(metric)[:2] for d in evaluation.directions}
@@ -438,6 +464,6 @@ def compare_with_syntax(predictor, trees: Sequence[GoldTree],
         chosen = {d: s.best(metric)[:2] for d, s in evaluation.directions.items()}
         notes.append("note: the graph was chosen on the evaluation trees themselves "
                      "(pass selection trees for an unbiased choice)")
-    fresh = syntax_scores(untrained_copy(predictor, seed), ev_align, exclude_punct,
-                          batch_size) if untrained else None
+    fresh = syntax_scores(untrained_copy(predictor, seed), ev_align, **options) \
+        if untrained else None
     return SyntaxComparison(evaluation, fresh, selection, chosen, metric, notes)
