@@ -155,7 +155,7 @@ def test_backward_next_token_lands_inside_a_split_word(tmp_path):
     assert nxt["undirected"] == pytest.approx(2 / 3) and nxt["directed"] == pytest.approx(2 / 3)
 
 
-def test_beyond_adjacent_scores_only_targets_whose_adjacent_word_is_no_gold_neighbour(tmp_path):
+def test_beyond_adjacent_scores_targets_with_a_gold_neighbour_other_than_the_adjacent(tmp_path):
     alignment = tokens_of_first_sentence(tmp_path)
     g = torch.zeros(1, 1, 1, 7, 7)  # backward: sources after the target
     g[..., 6, 1], g[..., 2, 1] = 0.6, 0.4  # saw <- ships (gold) over U.S. (no arc)
@@ -173,8 +173,9 @@ def test_beyond_adjacent_scores_only_targets_whose_adjacent_word_is_no_gold_neig
     uni = beyond.baselines["uniform"]  # sources U.S. and ships, one gold neighbour
     assert (uni["undirected"], uni["directed"], uni["ap"]) == (pytest.approx(0.5), 0.0,
                                                               pytest.approx(0.5))
-    # forward: only U.S. (after saw, no arc) remains, and no allowed source is gold
-    with pytest.raises(ValueError, match="no gold arc joins"):
+    # forward: U.S. follows saw (no arc), but no earlier word is its gold neighbour either
+    with pytest.raises(ValueError, match="no target to score in the forward direction.*"
+                                         "no other gold neighbour"):
         syntax_scores(FixedGraphs(forward_block()), alignment, beyond_adjacent=True)
 
 
@@ -249,7 +250,7 @@ def test_syntax_command(tmp_path, capsys):
         data = json.load(fh)
     assert data["evaluation"]["directions"]["forward"]["targets"] == 4  # 3 + "not"
     assert not math.isnan(data["evaluation"]["directions"]["forward"]["baselines"]["uniform"]["ap"])
-    with pytest.raises(SystemExit, match="no gold arc joins any scored forward"):
+    with pytest.raises(SystemExit, match="no target to score in the forward direction"):
         main(["syntax", "--predictor", folder, "--treebank", trees, "--beyond-adjacent"])
     bad = write(tmp_path, "1\ta\n", "bad.conllu")
     with pytest.raises(SystemExit, match="bad.conllu:1"):

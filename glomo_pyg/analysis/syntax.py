@@ -149,7 +149,7 @@ class SyntaxScores:
     unknown_fraction: float
     exclude_punct: bool
     long_sentences: int = 0
-    beyond_adjacent: bool = False  # only targets whose adjacent word is no gold neighbour
+    beyond_adjacent: bool = False  # only targets with a gold neighbour, but not the adjacent word
 
     def to_dict(self) -> Dict:
         return dict(
@@ -254,10 +254,10 @@ def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
     :class:`~glomo_pyg.DirectionalGraphs` for ``(x, batch)``) on aligned gold trees.
 
     Punctuation targets are left out with ``exclude_punct`` (punctuation stays a
-    candidate source). With ``beyond_adjacent``, only targets whose adjacent source word
-    (previous for forward graphs, next for backward ones) is *not* a gold neighbour are
-    scored: there the adjacent-word baseline scores 0, and a graph above uniform carries
-    structure that adjacency does not. Returns per-graph and head-averaged scores and the
+    candidate source). With ``beyond_adjacent``, only targets with a gold neighbour among
+    their allowed source words, but not their adjacent source word (previous for forward
+    graphs, next for backward ones), are scored: there the adjacent-word baseline scores
+    0, and a graph above uniform carries structure that adjacency does not. Returns per-graph and head-averaged scores and the
     baselines.
     """
     if not alignment.sentences:
@@ -285,8 +285,8 @@ def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
                 ww = torch.cat([ww, ww.mean(1, keepdim=True)], 1)  # + head-averaged
                 targets, allowed = _targets_and_sources(sent, direction, exclude_punct)
                 link, heads_gold = _gold(sent)
-                if beyond_adjacent:
-                    targets &= ~_adjacent_is_gold(link, direction)
+                if beyond_adjacent:  # a gold neighbour to find, but not the adjacent word
+                    targets &= ~_adjacent_is_gold(link, direction) & (link & allowed).any(0)
                 if not targets.any():
                     continue
                 masked = ww.masked_fill(~allowed, -1.0)[..., targets]  # [L, H+1, W, n]
@@ -316,7 +316,8 @@ def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
         if acc is None or acc.targets == 0:
             raise ValueError(f"no target to score in the {direction} direction (every "
                              "target is punctuation, has no allowed source word"
-                             + (", or has a gold arc to its adjacent word" if beyond_adjacent
+                             + (", has a gold arc to its adjacent word, or has no other "
+                                "gold neighbour among its sources" if beyond_adjacent
                                 else "") + ")")
         labels = np.concatenate(acc.labels)
         if not labels.any():  # e.g. only roots: average precision has no positive
@@ -381,9 +382,10 @@ class SyntaxComparison:
                  f"words, {ev.long_sentences} longer than the token limit); unknown tokens {ev.unknown_fraction:.1%}; punctuation targets "
                  f"{'excluded' if ev.exclude_punct else 'included'}"]
         if ev.beyond_adjacent:
-            lines.append("targets: only those whose adjacent word (previous for forward graphs, "
-                         "next for backward ones) is not a gold neighbour, so that baseline "
-                         "scores 0 and uniform is the one to beat")
+            lines.append("targets: only those with a gold neighbour among their source words "
+                         "but not their adjacent word (previous for forward graphs, next for "
+                         "backward ones), so that baseline scores 0 and uniform is the one "
+                         "to beat")
         for d, s in ev.directions.items():
             l, h = self.chosen[d]
             un = self.untrained.directions[d] if self.untrained else None
