@@ -303,10 +303,12 @@ def test_ptr_and_layer_index_are_validated_with_named_errors():
         conv = GlomoConv(4, heads=2, update=update)
         with pytest.raises(TypeError, match="graphs must be LatentGraphs.*got NoneType"):
             conv.propagate_graphs(torch.randn(6, 4), None, 0)
-        with pytest.raises(ValueError, match="floating-point.*dtype torch.int64"):
+        with pytest.raises(TypeError, match="floating-point.*dtype torch.int64"):
             conv.propagate_graphs(torch.ones(6, 4, dtype=torch.long), one_layer, 0)
-        with pytest.raises(ValueError, match="floating-point.*got tuple"):
+        with pytest.raises(TypeError, match="floating-point.*got tuple"):
             conv.propagate_graphs((1, 2), one_layer, 0)
+        with pytest.raises(ValueError, match=r"x must have shape \[N, 4\], got \(\)"):
+            conv.propagate_graphs(torch.tensor(1.0), one_layer, 0)
 
 
 def test_from_dense_refuses_non_finite_or_negative_weights():

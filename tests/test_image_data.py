@@ -1,8 +1,10 @@
 """Image loaders on tiny files written here: the CIFAR-10 and Downsampled-ImageNet pickle
 formats, Downsampled-ImageNet's .npz release, the restricted unpickler, splits and
 augmentation."""
+import io
 import os
 import pickle
+import zipfile
 
 import numpy as np
 import pytest
@@ -80,7 +82,20 @@ def test_imagenet32_npz_release_loads_in_numeric_order_without_pickle(tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
     np.savez(bad / "train_data_batch_1.npz", data=np.array([{"a": 1}], dtype=object))
-    with pytest.raises(ImageDataError, match="train_data_batch_1.npz: truncated or corrupt"):
+    with pytest.raises(ImageDataError, match="data.npy holds Python objects, which would need "
+                                             "pickle"):
+        load_imagenet32(str(bad))
+    # a header that declares far more data than its member holds: refused before allocating
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, dict(descr="|u1", fortran_order=False,
+                                                      shape=(10 ** 15,)))
+    with zipfile.ZipFile(bad / "train_data_batch_1.npz", "w") as archive:
+        archive.writestr("data.npy", header.getvalue() + b"\0" * 16)
+    with pytest.raises(ImageDataError, match="declares 1000000000000000 bytes of data"):
+        load_imagenet32(str(bad))
+    with zipfile.ZipFile(bad / "train_data_batch_1.npz", "w") as archive:
+        archive.writestr("readme.txt", "no arrays")
+    with pytest.raises(ImageDataError, match="no arrays"):
         load_imagenet32(str(bad))
     (bad / "train_data_batch_1.npz").write_bytes(valid[:200])
     with pytest.raises(ImageDataError, match="truncated or corrupt .npz"):

@@ -94,7 +94,8 @@ def test_pretrain_reuses_the_prepared_corpus_and_rejects_bad_settings(tmp_path):
     wider.model["hidden_channels"] = 32  # a checkpoint of another model shape
     with pytest.raises(ValueError, match="other model settings"):
         run_pretraining(wider, resume=True, log=lambda *a: None)
-    # settings saved before a corpus key existed (here: crop) mean its default
+    # settings saved before a corpus key existed (here: crop) mean what those runs did;
+    # any other missing key is a difference
     saved = tmp_path / "run" / "config.json"
     settings = json.loads(saved.read_text())
     del settings["corpus"]["crop"]
@@ -105,6 +106,10 @@ def test_pretrain_reuses_the_prepared_corpus_and_rejects_bad_settings(tmp_path):
     built.write_text(json.dumps(prepared))
     longer = config(tmp_path, "run", max_steps=3)  # train settings may change on resume
     assert run_pretraining(longer, resume=True, log=lambda *a: None)["steps"] == 3
+    del prepared["settings"]["lower"]
+    built.write_text(json.dumps(prepared))
+    with pytest.raises(ValueError, match="holds a corpus built with other settings"):
+        run_pretraining(config(tmp_path, "run", max_steps=4), resume=True, log=lambda *a: None)
     with pytest.raises(ValueError, match="unknown train settings"):
         PretrainConfig.from_dict(dict(train=dict(learning_rate=1)))
     with pytest.raises(ValueError, match="unknown configuration keys"):
@@ -274,16 +279,23 @@ def test_bad_train_settings_fail_before_the_corpus_is_prepared(tmp_path, monkeyp
         run_pretraining(as_file, log=lambda *a: None)
 
 
-def test_model_widths_beyond_memory_fail_before_the_corpus_is_prepared(tmp_path):
+def test_model_widths_beyond_memory_fail_before_the_corpus_is_prepared(tmp_path, monkeypatch):
+    import glomo_pyg.training.text_pretraining as pretraining
+
+    monkeypatch.setattr(pretraining, "physical_memory", lambda: 2 ** 30)  # any machine: 1 GiB
     write_corpus(tmp_path / "corpus", documents=10)
     for k, (width, message) in enumerate([(10 ** 9, "cannot be built: .*overflow"),
-                                          (10 ** 5, r"parameters \(.* GiB\), more than this "
-                                                    "machine's memory")]):
+                                          (10 ** 30, "model settings .*: [^\n]{1,300}$"),
+                                          (2 ** 14, r"parameters \(.* GiB\), more than this "
+                                                    r"machine's memory \(1.0 GiB\)")]):
         cfg = config(tmp_path, f"wide{k}")
         cfg.model["hidden_channels"] = width
         with pytest.raises(ValueError, match=message):
             run_pretraining(cfg, log=lambda *a: None)
         assert not os.path.exists(tmp_path / f"wide{k}" / "tokens")  # nothing was tokenised
+    big_vocabulary = config(tmp_path, "big-vocabulary", max_steps=1)
+    big_vocabulary.corpus.max_size = 10 ** 7  # only a cap: the corpus has a few words
+    run_pretraining(big_vocabulary, log=lambda *a: None)
     bad = config(tmp_path, "bad-heads")
     bad.model["heads"] = 3  # does not divide hidden_channels: the constructor's own check
     with pytest.raises(ValueError, match="model settings"):

@@ -17,7 +17,6 @@ import io
 import os
 import pickle
 import zipfile
-import zlib
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -135,22 +134,53 @@ def safe_load(path: str) -> Any:
 
 def load_npz(path: str) -> Dict[str, np.ndarray]:
     """The arrays of an ``.npz`` file (e.g. Downsampled-ImageNet's numpy release), read
-    without pickle (object arrays are refused); a file whose arrays would not fit in
-    memory, as declared in its zip directory, is refused before anything is inflated."""
+    without pickle. Each array's header is read first: object arrays (which would need
+    pickle) are refused, and so are arrays larger than their zip member or, together,
+    than this machine's memory, before anything is allocated."""
     try:
         with zipfile.ZipFile(path) as archive:
-            declared = sum(info.file_size for info in archive.infolist())
-        memory = physical_memory()
-        if memory is not None and declared > memory:
-            raise ImageDataError(f"{path}: its arrays would take {declared / 2**30:.1f} GiB, "
-                                 f"more than this machine's memory ({memory / 2**30:.1f} GiB)")
-        with np.load(path, allow_pickle=False) as arrays:
-            return {name: arrays[name] for name in arrays.files}
+            members = [i for i in archive.infolist() if i.filename.endswith(".npy")]
+            if not members:
+                raise ImageDataError(f"{path}: no arrays (.npy members) in this .npz")
+            headers = [_npy_header(archive, info, path) for info in members]
+            total = sum(nbytes for _, nbytes in headers)
+            memory = physical_memory()
+            if memory is not None and total > memory:
+                raise ImageDataError(f"{path}: its arrays would take {total / 2**30:.1f} GiB, "
+                                     f"more than this machine's memory "
+                                     f"({memory / 2**30:.1f} GiB)")
+            arrays = {}
+            for info in members:
+                with archive.open(info) as fh:
+                    arrays[info.filename[:-len(".npy")]] = np.lib.format.read_array(
+                        fh, allow_pickle=False)
+            return arrays
     except ImageDataError:
         raise
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, zlib.error) as e:
+    except Exception as e:  # truncated, corrupt, encrypted, an unknown compression...
         raise ImageDataError(f"{path}: truncated or corrupt .npz ({type(e).__name__}: "
                              f"{e})") from None
+
+
+def _npy_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: str):
+    """``(dtype, bytes)`` of one ``.npy`` member, from its header alone."""
+    with archive.open(info) as fh:
+        version = np.lib.format.read_magic(fh)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
+        elif version == (2, 0):
+            shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
+        else:
+            raise ImageDataError(f"{path}: {info.filename}: .npy format {version} is not "
+                                 "supported (1.0 or 2.0)")
+    if dtype.hasobject:
+        raise ImageDataError(f"{path}: {info.filename} holds Python objects, which would "
+                             "need pickle to read: refused")
+    nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if nbytes > info.file_size:  # (the zip member's size is enforced while inflating)
+        raise ImageDataError(f"{path}: {info.filename} declares {nbytes} bytes of data in a "
+                             f"member of {info.file_size}: corrupt")
+    return dtype, nbytes
 
 
 def _field(batch: Dict, name: str, path: str) -> Any:

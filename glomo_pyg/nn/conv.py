@@ -147,14 +147,14 @@ class GlomoConv(MessagePassing):
             raise TypeError(f"graphs must be LatentGraphs (e.g. a predictor's forward graphs), "
                             f"got {type(graphs).__name__}")
         if not isinstance(x, Tensor) or not x.is_floating_point():
-            raise ValueError(f"x must be a floating-point tensor [N, {self.channels}], got "
-                             + (f"dtype {x.dtype}" if isinstance(x, Tensor) else type(x).__name__))
+            raise TypeError(f"x must be a floating-point tensor [N, {self.channels}], got "
+                            + (f"dtype {x.dtype}" if isinstance(x, Tensor) else type(x).__name__))
+        if x.dim() != 2 or x.size(1) != self.channels:
+            raise ValueError(f"x must have shape [N, {self.channels}], got {tuple(x.shape)}")
         n = x.size(0)
         if graphs.num_heads != self.heads or graphs.num_nodes != n:
             raise ValueError(f"graphs have {graphs.num_heads} heads over {graphs.num_nodes} "
                              f"units; this layer needs {self.heads} heads over {n}")
-        if x.dim() != 2 or x.size(1) != self.channels:
-            raise ValueError(f"x must have shape [N, {self.channels}], got {tuple(x.shape)}")
         self._check_dtype(x)
         xb = x.view(n, self.heads, self.channels // self.heads).transpose(0, 1)
         c = graphs.propagate(xb, layer)

@@ -507,11 +507,15 @@ def iter_documents(corpus: CorpusConfig) -> Iterator[str]:
                 return
 
 
+# corpus settings added after runs were first saved, with the behaviour those runs had
+_ADDED_CORPUS_SETTINGS = dict(max_images=None, flip=True, crop=None)
+
+
 def _with_corpus_defaults(saved: Dict[str, Any], keys) -> Dict[str, Any]:
-    """Saved corpus settings completed with the defaults of the ``keys`` they lack: a run
-    saved before a setting existed (e.g. ``crop``) was prepared with its default."""
-    defaults = dataclasses.asdict(CorpusConfig())
-    return {**{k: defaults[k] for k in keys if k in defaults}, **saved}
+    """Saved corpus settings completed with the settings added since, among ``keys``: a
+    run saved before e.g. ``crop`` existed was prepared without a crop. Any other missing
+    key still counts as a difference."""
+    return {**{k: v for k, v in _ADDED_CORPUS_SETTINGS.items() if k in keys}, **saved}
 
 
 def prepare_corpus(corpus: CorpusConfig, folder: str, log=print):
@@ -838,16 +842,16 @@ def _check_model_builds(config: PretrainConfig) -> None:
     if c.format in IMAGE_FORMATS:
         side = c.crop or 32
         kwargs = dict(config.model, modality="image", in_channels=3, height=side, width=side)
-    else:  # (the vocabulary is not read yet: its largest size, when set)
-        kwargs = dict(config.model, num_tokens=c.max_size or 8, padding_idx=0)
+    else:  # (the vocabulary is not read yet; max_size is only its cap)
+        kwargs = dict(config.model, num_tokens=8, padding_idx=0)
     try:
         with torch.device("meta"):  # shapes only: no memory, however wide the settings
             module = GlomoPretraining(kwargs)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"model settings {_short(config.model)}: {err}") from None
+        raise ValueError(f"model settings {_short(config.model)}: {_first_line(err)}") from None
     except RuntimeError as err:  # e.g. a weight's element count overflows
         raise ValueError(f"model settings {_short(config.model)} cannot be built: "
-                         f"{_short(str(err))}") from None
+                         f"{_first_line(err)}") from None
     size = sum(p.numel() * p.element_size() for p in module.parameters())
     memory = physical_memory()
     if memory is not None and size > memory:
@@ -855,6 +859,12 @@ def _check_model_builds(config: PretrainConfig) -> None:
                          f"{sum(p.numel() for p in module.parameters()):,} parameters "
                          f"({size / 2**30:.1f} GiB), more than this machine's memory "
                          f"({memory / 2**30:.1f} GiB); lower hidden_channels or num_layers")
+
+
+def _first_line(err: BaseException, limit: int = 300) -> str:
+    """An exception's first line, bounded (torch's can carry C++ stack frames)."""
+    text = str(err).strip().splitlines()
+    return (text[0] if text else type(err).__name__)[:limit]
 
 
 # (Lightning's own environment reads the node rank from NODE_RANK, GROUP_RANK or RANK)
