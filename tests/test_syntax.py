@@ -155,7 +155,7 @@ def test_backward_next_token_lands_inside_a_split_word(tmp_path):
     assert nxt["undirected"] == pytest.approx(2 / 3) and nxt["directed"] == pytest.approx(2 / 3)
 
 
-def test_beyond_adjacent_scores_targets_with_a_gold_neighbour_other_than_the_adjacent(tmp_path):
+def test_beyond_adjacent_scores_targets_whose_adjacent_word_is_no_gold_neighbour(tmp_path):
     alignment = tokens_of_first_sentence(tmp_path)
     g = torch.zeros(1, 1, 1, 7, 7)  # backward: sources after the target
     g[..., 6, 1], g[..., 2, 1] = 0.6, 0.4  # saw <- ships (gold) over U.S. (no arc)
@@ -173,6 +173,17 @@ def test_beyond_adjacent_scores_targets_with_a_gold_neighbour_other_than_the_adj
     uni = beyond.baselines["uniform"]  # sources U.S. and ships, one gold neighbour
     assert (uni["undirected"], uni["directed"], uni["ap"]) == (pytest.approx(0.5), 0.0,
                                                               pytest.approx(0.5))
+    assert beyond.baselines["word two ahead"] == dict(undirected=1.0, directed=0.0,
+                                                      ap=pytest.approx(1.0))  # ships
+    assert "word two ahead" not in whole.baselines  # only beyond adjacency
+    # through compare_with_syntax: the same targets for the choice and the report
+    trees = read_treebank(write(tmp_path, CONLLU), max_sentences=1)
+    result = compare_with_syntax(FixedGraphs(backward=g), trees, select_trees=trees,
+                                 vocabulary=VOCAB, untrained=False, beyond_adjacent=True)
+    assert result.evaluation.directions["backward"].targets == 1
+    assert result.selection.directions["backward"].targets == 1
+    assert "targets: only those with a gold neighbour" in result.format()
+    assert result.to_dict()["evaluation"]["beyond_adjacent"] is True
     # forward: U.S. follows saw (no arc), but no earlier word is its gold neighbour either
     with pytest.raises(ValueError, match="no target to score in the forward direction.*"
                                          "no other gold neighbour"):
