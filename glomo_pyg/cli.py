@@ -430,8 +430,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     y.add_argument("--include-punct", action="store_true", help="score punctuation targets too")
     y.add_argument("--beyond-adjacent", action="store_true",
                    help="score only targets with a gold neighbour among their sources but "
-                        "not their adjacent word: structure beyond adjacency (the "
-                        "adjacent-word baseline scores 0)")
+                        "not their adjacent word, beside the word at distance 2: "
+                        "structure beyond position")
     y.add_argument("--cased", action="store_true",
                    help="do not lower-case words (for a predictor trained on cased text)")
     y.add_argument("--no-untrained", action="store_true", help="skip the untrained baseline")

@@ -439,7 +439,7 @@ def compare_with_syntax(predictor, trees: Sequence[GoldTree],
     ``select_trees`` (by ``metric``; on ``trees`` themselves if not given, which the
     report notes), beside the baselines and, with ``untrained``, the same architecture
     freshly initialised (seeded). ``beyond_adjacent`` scores (and chooses on) only the
-    targets whose adjacent word is not a gold neighbour (:func:`syntax_scores`)."""
+    targets with a gold neighbour other than their adjacent word (:func:`syntax_scores`)."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
     if not -(1 << 63) <= seed < (1 << 64):  # what torch.manual_seed accepts

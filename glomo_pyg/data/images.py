@@ -142,8 +142,7 @@ def load_npz(path: str) -> Dict[str, np.ndarray]:
             members = [i for i in archive.infolist() if i.filename.endswith(".npy")]
             if not members:
                 raise ImageDataError(f"{path}: no arrays (.npy members) in this .npz")
-            headers = [_npy_header(archive, info, path) for info in members]
-            total = sum(nbytes for _, nbytes in headers)
+            total = sum(_npy_bytes(archive, info, path) for info in members)
             memory = physical_memory()
             if memory is not None and total > memory:
                 raise ImageDataError(f"{path}: its arrays would take {total / 2**30:.1f} GiB, "
@@ -162,8 +161,8 @@ def load_npz(path: str) -> Dict[str, np.ndarray]:
                              f"{e})") from None
 
 
-def _npy_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: str):
-    """``(dtype, bytes)`` of one ``.npy`` member, from its header alone."""
+def _npy_bytes(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: str) -> int:
+    """The data size of one ``.npy`` member, from its header alone (checked)."""
     with archive.open(info) as fh:
         version = np.lib.format.read_magic(fh)
         if version == (1, 0):
@@ -180,7 +179,7 @@ def _npy_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: str):
     if nbytes > info.file_size:  # (the zip member's size is enforced while inflating)
         raise ImageDataError(f"{path}: {info.filename} declares {nbytes} bytes of data in a "
                              f"member of {info.file_size}: corrupt")
-    return dtype, nbytes
+    return nbytes
 
 
 def _field(batch: Dict, name: str, path: str) -> Any:
