@@ -162,8 +162,16 @@ def test_foreign_checkpoint_is_refused_with_the_differences(straight, tmp_path):
 
 
 # --- run files and the corpus ---------------------------------------------------------------
+def without_recorded_settings(path):
+    """The checkpoint as glomo_pyg 0.2.0 wrote it: the corpus fingerprint alone."""
+    data = torch.load(path, weights_only=True)
+    data["glomo"] = dict(version=1, corpus=data["glomo"]["corpus"])
+    atomic_save(data, path)
+
+
 def test_damaged_run_files_are_named(straight, tmp_path):
     run = copy_run(straight, tmp_path, keep=("last.ckpt",))
+    without_recorded_settings(ckpt(run))  # config.json is read only for such checkpoints
     (run / "config.json").write_text('{"model": {')
     with pytest.raises(ValueError, match=r"config\.json is damaged \(not valid JSON"):
         resume(straight, run)
@@ -172,6 +180,27 @@ def test_damaged_run_files_are_named(straight, tmp_path):
     with pytest.raises(ValueError, match=r"corpus\.json is damaged") as info:
         resume(straight, run)
     assert str(run / "corpus.json") in str(info.value)
+
+
+def test_resume_is_checked_against_the_checkpoints_own_settings(straight, tmp_path):
+    """Each checkpoint records the run's settings: with config.json damaged or deleted, a
+    resume with other windows (corpus.max_length) or another split (train.seed) is still
+    refused, and the same settings resume and rewrite config.json."""
+    run = copy_run(straight, tmp_path, keep=("step4.ckpt",))
+    recorded = torch.load(ckpt(run, "step4.ckpt"), weights_only=True)["glomo"]
+    assert recorded["version"] == 2
+    assert recorded["settings"] == config(straight / "run", straight / "corpus").to_dict()
+    os.remove(run / "config.json")
+    longer = settings(run, straight / "corpus")
+    longer["corpus"]["max_length"] = 24
+    with pytest.raises(ValueError, match=r"other corpus settings \(.*step4\.ckpt\)"):
+        run_pretraining(PretrainConfig.from_dict(longer), resume=True, log=quiet)
+    with pytest.raises(ValueError, match=r"changed train\.seed 1 -> 2"):
+        resume(straight, run, seed=2)
+    (run / "config.json").write_text('{"model": {')  # a copy only: not read, rewritten
+    assert resume(straight, run)["steps"] == 6
+    assert_same_weights(ckpt(straight / "run"), ckpt(run))
+    assert yaml.safe_load((run / "config.json").read_text())["corpus"]["max_length"] == 16
 
 
 def test_corpus_change_under_a_resumed_run_is_refused(tmp_path):

@@ -629,14 +629,17 @@ def _check_fingerprint(contents: Dict[str, Any], path: str, current: Dict[str, A
         "(and its tokens folder) to resume, or start a new run in another output_dir")
 
 
-class _CorpusRecord(pl.Callback):
-    """Writes the corpus fingerprint into every checkpoint (``checkpoint['glomo']``)."""
+class _RunRecord(pl.Callback):
+    """Writes the corpus fingerprint and the run's settings into every checkpoint
+    (``checkpoint['glomo']``), so that a resume is checked against the checkpoint itself,
+    whatever became of ``config.json``."""
 
-    def __init__(self, fingerprint: Dict[str, Any]):
-        self.fingerprint = fingerprint
+    def __init__(self, fingerprint: Dict[str, Any], settings: Dict[str, Any]):
+        self.fingerprint, self.settings = fingerprint, settings
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: Dict[str, Any]) -> None:
-        checkpoint[CHECKPOINT_KEY] = dict(version=1, corpus=self.fingerprint)
+        checkpoint[CHECKPOINT_KEY] = dict(version=2, corpus=self.fingerprint,
+                                          settings=self.settings)
 
 
 def _ignore_interrupts(worker_id: int) -> None:
@@ -909,23 +912,24 @@ def _read_syntax_treebank(t: TrainConfig):
 # train settings a resumed run must keep: the optimiser state and the data position
 # in the checkpoint were made with them (Lightning restores the optimiser's own lr)
 RESUME_FIXED_TRAIN = ("optimizer", "lr", "graph_lr_scale", "weight_decay", "momentum",
-                      "batch_size")
+                      "batch_size", "seed")  # (the seed draws the validation split)
 
 
-def _check_saved_config(config: PretrainConfig, saved_config: str, out: str) -> None:
-    before = _read_json(saved_config, "delete it to skip this check (it is rewritten from "
-                                      "the current settings; the checkpoint itself is still "
-                                      "checked against the model and corpus)")
+def _check_resume_settings(config: PretrainConfig, before: Any, source: str,
+                           out: str) -> None:
+    """Refuse to resume a run whose checkpoint was made with other model or corpus
+    settings, or other train settings that its optimiser state and data position depend
+    on. ``before`` is the settings mapping recorded in ``source`` (the checkpoint, or
+    ``config.json`` for checkpoints written before checkpoints recorded them)."""
     if not isinstance(before, dict):
-        raise ValueError(f"{saved_config} is damaged (not a settings mapping); delete it to "
-                         "skip this check")
+        raise ValueError(f"{source} is damaged (not a settings mapping)")
     now = config.to_dict()
     if isinstance(before.get("corpus"), dict):
         before = dict(before, corpus=_with_corpus_defaults(before["corpus"], now["corpus"]))
     changed = [k for k in ("model", "corpus") if before.get(k) != now[k]]
     if changed:
         raise ValueError(f"{out}: the checkpoint was trained with other {' and '.join(changed)} "
-                         f"settings ({saved_config}); resume with the same ones (only "
+                         f"settings ({source}); resume with the same ones (only "
                          "train settings such as max_steps may change)")
     saved_train = before.get("train") if isinstance(before.get("train"), dict) else {}
     used = [k for k in RESUME_FIXED_TRAIN  # (Adam ignores momentum)
@@ -935,7 +939,7 @@ def _check_saved_config(config: PretrainConfig, saved_config: str, out: str) -> 
     if fixed:
         raise ValueError(f"{out}: cannot resume with changed {', '.join(fixed)}: the "
                          "checkpoint's optimiser state and data position were made with the "
-                         f"saved ones ({saved_config}); start a new output_dir to change them")
+                         f"saved ones ({source}); start a new output_dir to change them")
 
 
 def _metric(trainer: pl.Trainer, name: str) -> Optional[float]:
@@ -986,8 +990,14 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
         raise ValueError(f"{ckpt} is at step {start_step}, past train.max_steps "
                          f"({config.train.max_steps}); raise max_steps to continue the run")
     saved_config = os.path.join(out, "config.json")
-    if ckpt is not None and os.path.exists(saved_config):
-        _check_saved_config(config, saved_config, out)
+    recorded = (contents.get(CHECKPOINT_KEY) or {}).get("settings") if contents else None
+    if recorded is not None:  # the checkpoint's own record: config.json is only a copy
+        _check_resume_settings(config, recorded, ckpt, out)
+    elif ckpt is not None and os.path.exists(saved_config):  # older checkpoints
+        _check_resume_settings(config, _read_json(
+            saved_config, "delete it to skip this check (it is rewritten from the current "
+                          "settings; the checkpoint itself is still checked against the model "
+                          "and corpus)"), saved_config, out)
     if not child and ckpt is None:  # (resumed runs: once the checkpoint passed its checks)
         _write_json(saved_config, config.to_dict())
     _check_model_builds(config)
@@ -1052,7 +1062,7 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
                                                  lower=c.lower))
         interrupt = GracefulInterrupt(os.path.join(folder, "last.ckpt"), quiet=child)
         with quiet_lightning():
-            trainer = build_trainer(config, [*extra_callbacks, _CorpusRecord(fingerprint),
+            trainer = build_trainer(config, [*extra_callbacks, _RunRecord(fingerprint, config.to_dict()),
                                              interrupt])
         log(f"trainer: {type(trainer.accelerator).__name__}, {trainer.num_devices} device(s) x "
             f"{trainer.num_nodes} node(s), {type(trainer.strategy).__name__}, precision "
