@@ -355,6 +355,24 @@ def test_config_values_must_have_their_json_type(tmp_path, key, value, match):
     fails_fast(tmp_path, match)
 
 
+@pytest.mark.parametrize("kind, key, cls", [("graph", "include_self", "GraphPredictor"),
+                                             ("feature", "padding_idx", "FeatureGraphEmitter")])
+def test_format_2_config_missing_an_argument_is_refused_not_defaulted(tmp_path, kind, key,
+                                                                      cls, monkeypatch):
+    """A format-2 file records every named constructor argument: a missing one (here
+    one that no tensor shape reveals) means an edited file and is named, not silently
+    replaced by its default. Arguments declared as added since load without it."""
+    from glomo_pyg.io import pretrained as io
+
+    save_pretrained(make(kind), tmp_path)
+    edit_config(tmp_path, lambda c: c["directions"]["backward"]["config"].pop(key))
+    with pytest.raises(PretrainedFormatError,
+                       match=rf"the backward {cls} config lacks arguments \['{key}'\]"):
+        load_pretrained(tmp_path)
+    monkeypatch.setitem(io.ADDED_SINCE_FORMAT_2, cls, (key,))
+    assert load_pretrained(tmp_path).predictor("backward") is not None
+
+
 def test_type_rules_cover_every_emitter_argument():
     """A new constructor argument needs a rule in CONFIG_RULES, or its saved models
     would not load; the rule's type must be the argument's annotation."""

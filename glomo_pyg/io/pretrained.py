@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import errno
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -644,8 +645,26 @@ def _check_value(key: str, value: Any, where: str) -> None:
                                     f"[{low}, {high}] this loader accepts")
 
 
-def _entry(direction: str, entry: Any, file: Path) -> Tuple[type, Dict[str, Any]]:
-    """The emitter class and the checked config of one direction entry."""
+# Emitter constructor arguments added after format 2, each with the default that
+# reproduces what files saved without it did. A format-2 file records every constructor
+# argument its writer had (ConfigurableModule.config), so any other missing argument means
+# an edited or truncated file, never an older one: it is refused rather than defaulted.
+ADDED_SINCE_FORMAT_2: Dict[str, Tuple[str, ...]] = {}
+
+
+def _missing_arguments(cls: type, config: Dict[str, Any]) -> List[str]:
+    """Constructor arguments of ``cls`` that a format-2 ``config`` should hold but lacks."""
+    params = inspect.signature(cls.__init__).parameters
+    added = set(ADDED_SINCE_FORMAT_2.get(cls.__name__, ()))
+    return sorted(name for name, p in params.items() if name != "self" and p.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        and name not in config and name not in added)
+
+
+def _entry(direction: str, entry: Any, file: Path,
+           complete: bool = True) -> Tuple[type, Dict[str, Any]]:
+    """The emitter class and the checked config of one direction entry; ``complete``
+    (format 2) requires every constructor argument (:data:`ADDED_SINCE_FORMAT_2` aside)."""
     if not isinstance(entry, dict) or not isinstance(entry.get("cls"), str) or \
             entry["cls"] not in EMITTERS or not isinstance(entry.get("config"), dict):
         raise PretrainedFormatError(
@@ -655,6 +674,11 @@ def _entry(direction: str, entry: Any, file: Path) -> Tuple[type, Dict[str, Any]
     if unknown:
         raise PretrainedFormatError(f"{file}: cannot build the {direction} {cls.__name__} from "
                                     f"its config (unknown arguments {unknown[:5]})")
+    missing = _missing_arguments(cls, config) if complete else []
+    if missing:
+        raise PretrainedFormatError(f"{file}: the {direction} {cls.__name__} config lacks "
+                                    f"arguments {missing[:5]} (it was edited or truncated: "
+                                    "a saved config records every argument)")
     for key, value in config.items():
         _check_value(key, value, f"{file}: {direction} {cls.__name__} config")
     return cls, config
@@ -870,8 +894,9 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
                                         f"of {sorted(DIRECTION_KEYS)}, got {sorted(directions)[:5]}")
         if config["format_version"] == 1:
             directions = {d: _legacy_entry(e) for d, e in directions.items()}
-        entries = {d: _entry(d, directions[d], config_file) for d in DIRECTION_KEYS
-                   if d in directions}
+        entries = {d: _entry(d, directions[d], config_file,
+                             complete=config["format_version"] >= 2)
+                   for d in DIRECTION_KEYS if d in directions}
         _check_weights_size(weights_file, weights_fd, config)
         # the header first: the tensors it lists must be the config's, and the file
         # exactly their size, before the rest is read (a sparse file may claim terabytes)
