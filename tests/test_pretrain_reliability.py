@@ -175,6 +175,10 @@ def test_damaged_run_files_are_named(straight, tmp_path):
     (run / "config.json").write_text('{"model": {')
     with pytest.raises(ValueError, match=r"config\.json is damaged \(not valid JSON"):
         resume(straight, run)
+    (run / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"config\.json is damaged \(its settings are not a "
+                                         r"mapping\); delete it to skip this check"):
+        resume(straight, run)
     os.remove(run / "config.json")  # as the message says: the check is skipped, rest holds
     (run / "corpus.json").write_text("\x00garbage")
     with pytest.raises(ValueError, match=r"corpus\.json is damaged") as info:
@@ -198,6 +202,14 @@ def test_resume_is_checked_against_the_checkpoints_own_settings(straight, tmp_pa
     with pytest.raises(ValueError, match=r"changed train\.seed 1 -> 2"):
         resume(straight, run, seed=2)
     (run / "config.json").write_text('{"model": {')  # a copy only: not read, rewritten
+    damaged = torch.load(ckpt(run, "step4.ckpt"), weights_only=True)
+    for record, match in ((dict(damaged["glomo"], settings=[1]),
+                           r"step4\.ckpt is damaged \(its settings are not a mapping\)"),
+                          ("corrupt", r"step4\.ckpt: its 'glomo' record .* is damaged")):
+        atomic_save(dict(damaged, glomo=record), ckpt(run, "step4.ckpt"))
+        with pytest.raises(ValueError, match=match):
+            resume(straight, run)
+    atomic_save(damaged, ckpt(run, "step4.ckpt"))
     assert resume(straight, run)["steps"] == 6
     assert_same_weights(ckpt(straight / "run"), ckpt(run))
     assert yaml.safe_load((run / "config.json").read_text())["corpus"]["max_length"] == 16

@@ -915,14 +915,14 @@ RESUME_FIXED_TRAIN = ("optimizer", "lr", "graph_lr_scale", "weight_decay", "mome
                       "batch_size", "seed")  # (the seed draws the validation split)
 
 
-def _check_resume_settings(config: PretrainConfig, before: Any, source: str,
-                           out: str) -> None:
+def _check_resume_settings(config: PretrainConfig, before: Any, source: str, out: str,
+                           remedy: str = "") -> None:
     """Refuse to resume a run whose checkpoint was made with other model or corpus
     settings, or other train settings that its optimiser state and data position depend
     on. ``before`` is the settings mapping recorded in ``source`` (the checkpoint, or
     ``config.json`` for checkpoints written before checkpoints recorded them)."""
     if not isinstance(before, dict):
-        raise ValueError(f"{source} is damaged (not a settings mapping)")
+        raise ValueError(f"{source} is damaged (its settings are not a mapping){remedy}")
     now = config.to_dict()
     if isinstance(before.get("corpus"), dict):
         before = dict(before, corpus=_with_corpus_defaults(before["corpus"], now["corpus"]))
@@ -994,10 +994,10 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
     if recorded is not None:  # the checkpoint's own record: config.json is only a copy
         _check_resume_settings(config, recorded, ckpt, out)
     elif ckpt is not None and os.path.exists(saved_config):  # older checkpoints
-        _check_resume_settings(config, _read_json(
-            saved_config, "delete it to skip this check (it is rewritten from the current "
-                          "settings; the checkpoint itself is still checked against the model "
-                          "and corpus)"), saved_config, out)
+        skip = ("delete it to skip this check (it is rewritten from the current settings; "
+                "the checkpoint itself is still checked against the model and corpus)")
+        _check_resume_settings(config, _read_json(saved_config, skip), saved_config, out,
+                               remedy=f"; {skip}")
     if not child and ckpt is None:  # (resumed runs: once the checkpoint passed its checks)
         _write_json(saved_config, config.to_dict())
     _check_model_builds(config)
