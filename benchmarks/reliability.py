@@ -853,6 +853,11 @@ def _damaged_run_file(name: str, content: str):
         run_dir = copy_run(ctx, keep=("last.ckpt",))
         if name == "corpus.json":
             os.remove(run_dir / "config.json")
+        else:  # config.json is read only for checkpoints without their own settings record
+            from glomo_pyg.training.checkpoints import atomic_save
+            data = torch.load(ckpt(run_dir), weights_only=True)
+            data["glomo"] = dict(version=1, corpus=data["glomo"]["corpus"])
+            atomic_save(data, ckpt(run_dir))
         (run_dir / name).write_text(content)
         resume_cli(ctx, run_dir)
     return run

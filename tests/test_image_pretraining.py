@@ -46,7 +46,10 @@ def test_image_pretraining_runs_resumes_exactly_and_saves_a_pixel_predictor(tmp_
     assert np.isfinite(summary["train_loss"]) and np.isfinite(summary["val_loss"])
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_pretraining(config(tmp_path, "crashed"), extra_callbacks=[Crash(3)], **quiet)
-    run_pretraining(config(tmp_path, "crashed"), resume=True, **quiet)
+    os.rename(tmp_path / "cifar", tmp_path / "moved")  # a moved data set: same content
+    moved = config(tmp_path, "crashed")
+    moved.corpus.path = str(tmp_path / "moved")
+    run_pretraining(moved, resume=True, **quiet)
     straight, step_a = model_state(tmp_path / "straight")
     resumed, step_b = model_state(tmp_path / "crashed")
     assert step_a == step_b == 4

@@ -373,6 +373,16 @@ def test_format_2_config_missing_an_argument_is_refused_not_defaulted(tmp_path, 
     assert load_pretrained(tmp_path).predictor("backward") is not None
 
 
+def test_format_2_feature_emitter_saved_before_pooled_context_was_named(tmp_path):
+    """glomo_pyg 0.2.0 first wrote -decouple predictors whose config had no pooled_context
+    (it went through **scorer_kwargs): they load, without the pooled context."""
+    save_pretrained(make("feature"), tmp_path)
+    edit_config(tmp_path, lambda c: [c["directions"][d]["config"].pop("pooled_context")
+                                     for d in ("forward", "backward")])
+    loaded = load_pretrained(tmp_path)
+    assert loaded.predictor("forward").config()["pooled_context"] is False
+
+
 def test_type_rules_cover_every_emitter_argument():
     """A new constructor argument needs a rule in CONFIG_RULES, or its saved models
     would not load; the rule's type must be the argument's annotation."""

@@ -79,6 +79,16 @@ def test_pretrain_killed_and_resumed_reaches_the_uninterrupted_state(tmp_path):
         assert name in metrics
 
 
+def edit_checkpoints(run, change):
+    """Apply ``change`` to the 'glomo' record of every checkpoint of ``run``."""
+    from glomo_pyg.training.checkpoints import atomic_save
+    folder = run / "checkpoints"
+    for name in os.listdir(folder):
+        data = torch.load(folder / name, weights_only=True)
+        change(data["glomo"])
+        atomic_save(data, folder / name)
+
+
 def test_pretrain_reuses_the_prepared_corpus_and_rejects_bad_settings(tmp_path):
     write_corpus(tmp_path / "corpus")
     cfg = config(tmp_path, "run", max_steps=2)
@@ -95,7 +105,9 @@ def test_pretrain_reuses_the_prepared_corpus_and_rejects_bad_settings(tmp_path):
     with pytest.raises(ValueError, match="other model settings"):
         run_pretraining(wider, resume=True, log=lambda *a: None)
     # settings saved before a corpus key existed (here: crop) mean what those runs did;
-    # any other missing key is a difference
+    # any other missing key is a difference. First a run whose checkpoints hold no
+    # settings record (glomo_pyg 0.2.0): its config.json is checked
+    edit_checkpoints(tmp_path / "run", lambda record: record.pop("settings"))
     saved = tmp_path / "run" / "config.json"
     settings = json.loads(saved.read_text())
     del settings["corpus"]["crop"]
@@ -106,10 +118,21 @@ def test_pretrain_reuses_the_prepared_corpus_and_rejects_bad_settings(tmp_path):
     built.write_text(json.dumps(prepared))
     longer = config(tmp_path, "run", max_steps=3)  # train settings may change on resume
     assert run_pretraining(longer, resume=True, log=lambda *a: None)["steps"] == 3
+    # then the checkpoint's own record, which config.json no longer overrides
+    os.remove(saved)
+    edit_checkpoints(tmp_path / "run", lambda record: record["settings"]["corpus"].pop("crop"))
+    assert run_pretraining(config(tmp_path, "run", max_steps=4), resume=True,
+                           log=lambda *a: None)["steps"] == 4
+    edit_checkpoints(tmp_path / "run",
+                     lambda record: record["settings"]["corpus"].pop("min_count"))
+    with pytest.raises(ValueError, match="other corpus settings"):
+        run_pretraining(config(tmp_path, "run", max_steps=5), resume=True, log=lambda *a: None)
+    edit_checkpoints(tmp_path / "run",
+                     lambda record: record["settings"]["corpus"].update(min_count=1))
     del prepared["settings"]["lower"]
     built.write_text(json.dumps(prepared))
     with pytest.raises(ValueError, match="holds a corpus built with other settings"):
-        run_pretraining(config(tmp_path, "run", max_steps=4), resume=True, log=lambda *a: None)
+        run_pretraining(config(tmp_path, "run", max_steps=5), resume=True, log=lambda *a: None)
     with pytest.raises(ValueError, match="unknown train settings"):
         PretrainConfig.from_dict(dict(train=dict(learning_rate=1)))
     with pytest.raises(ValueError, match="unknown configuration keys"):

@@ -645,11 +645,13 @@ def _check_value(key: str, value: Any, where: str) -> None:
                                     f"[{low}, {high}] this loader accepts")
 
 
-# Emitter constructor arguments added after format 2, each with the default that
-# reproduces what files saved without it did. A format-2 file records every constructor
-# argument its writer had (ConfigurableModule.config), so any other missing argument means
-# an edited or truncated file, never an older one: it is refused rather than defaulted.
-ADDED_SINCE_FORMAT_2: Dict[str, Tuple[str, ...]] = {}
+# Named emitter constructor arguments that format-2 files may lack: arguments added
+# after format 2 first appeared, whose constructor defaults reproduce what files saved
+# without them did (FeatureGraphEmitter took pooled_context through **scorer_kwargs at
+# first, recorded only when passed). A format-2 file records every named constructor
+# argument its writer had (ConfigurableModule.config), so any other missing one means an
+# edited or truncated file: it is refused rather than filled with a default.
+ADDED_SINCE_FORMAT_2: Dict[str, Tuple[str, ...]] = {"FeatureGraphEmitter": ("pooled_context",)}
 
 
 def _missing_arguments(cls: type, config: Dict[str, Any]) -> List[str]:
@@ -677,8 +679,8 @@ def _entry(direction: str, entry: Any, file: Path,
     missing = _missing_arguments(cls, config) if complete else []
     if missing:
         raise PretrainedFormatError(f"{file}: the {direction} {cls.__name__} config lacks "
-                                    f"arguments {missing[:5]} (it was edited or truncated: "
-                                    "a saved config records every argument)")
+                                    f"arguments {missing[:5]} (a saved config records every "
+                                    "named argument: the file was edited or truncated)")
     for key, value in config.items():
         _check_value(key, value, f"{file}: {direction} {cls.__name__} config")
     return cls, config

@@ -149,7 +149,10 @@ def read_checkpoint(path: str) -> Dict[str, Any]:
             not isinstance(data.get("global_step"), int):
         raise CheckpointError(f"{path} is not a Lightning checkpoint of glomo pretrain (no "
                               "state_dict and global_step)")
-    if not isinstance(data.get(CHECKPOINT_KEY, {}), Mapping):
+    record = data.get(CHECKPOINT_KEY) or {}
+    if not isinstance(record, Mapping) or any(
+            record.get(k) is not None and not isinstance(record[k], Mapping)
+            for k in ("corpus", "settings")):
         raise CheckpointError(f"{path}: its '{CHECKPOINT_KEY}' record (corpus fingerprint and "
                               "settings) is damaged")
     return data

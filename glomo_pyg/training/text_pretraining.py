@@ -17,8 +17,8 @@ drives the whole run:
    weights, optimiser, schedule, step, random state, and the position inside the
    epoch's data order. Checkpoints are loaded with ``weights_only=True`` (nothing
    unpickled); a damaged one is named (and an older usable one taken instead, with a
-   warning), one of another model or corpus is refused (the corpus fingerprint every
-   checkpoint records: vocabulary, counts and token hash). SIGTERM or SIGINT while
+   warning), one of another model or corpus is refused (every checkpoint records the
+   run's settings and a corpus fingerprint: vocabulary, counts and token hash). SIGTERM or SIGINT while
    training finishes the step, writes ``last.ckpt`` and stops with
    :class:`~glomo_pyg.training.interrupts.TrainingInterrupted` (``glomo pretrain``
    exits with 143 or 130).
@@ -926,6 +926,9 @@ def _check_resume_settings(config: PretrainConfig, before: Any, source: str, out
     now = config.to_dict()
     if isinstance(before.get("corpus"), dict):
         before = dict(before, corpus=_with_corpus_defaults(before["corpus"], now["corpus"]))
+        # where the corpus lies may change (another machine): its fingerprint checks the
+        # content; a text corpus's prepared tokens are tied to their path (corpus.json)
+        before["corpus"] = dict(before["corpus"], path=now["corpus"]["path"])
     changed = [k for k in ("model", "corpus") if before.get(k) != now[k]]
     if changed:
         raise ValueError(f"{out}: the checkpoint was trained with other {' and '.join(changed)} "
@@ -957,7 +960,9 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
     vocabulary): do that once before a multi-node run whose nodes share the folder.
 
     ``resume`` continues from the newest usable checkpoint of ``<output>/checkpoints``
-    after checking that it matches the model settings and the corpus (fingerprint).
+    after checking it against the settings it records (model, corpus, and the train
+    settings its optimiser state and data position depend on) and against the corpus
+    (fingerprint).
     SIGTERM or SIGINT while training writes a checkpoint and raises
     :class:`~glomo_pyg.training.interrupts.TrainingInterrupted`."""
     from glomo_pyg.io.pretrained import save_pretrained
@@ -1061,9 +1066,9 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
             extra_callbacks.append(SyntaxMonitor(trees, vocab.tokens(), t.syntax_every,
                                                  lower=c.lower))
         interrupt = GracefulInterrupt(os.path.join(folder, "last.ckpt"), quiet=child)
+        record = _RunRecord(fingerprint, config.to_dict())
         with quiet_lightning():
-            trainer = build_trainer(config, [*extra_callbacks, _RunRecord(fingerprint, config.to_dict()),
-                                             interrupt])
+            trainer = build_trainer(config, [*extra_callbacks, record, interrupt])
         log(f"trainer: {type(trainer.accelerator).__name__}, {trainer.num_devices} device(s) x "
             f"{trainer.num_nodes} node(s), {type(trainer.strategy).__name__}, precision "
             f"{trainer.precision}")
