@@ -214,6 +214,15 @@ def ckpt(run: Path, name: str = "last.ckpt") -> Path:
     return run / "checkpoints" / name
 
 
+def without_recorded_settings(path: Path) -> None:
+    """Rewrite a checkpoint as glomo_pyg 0.2.0 wrote it: the corpus fingerprint alone,
+    no settings record (its resume is checked against config.json)."""
+    from glomo_pyg.training.checkpoints import atomic_save
+    data = torch.load(path, weights_only=True)
+    data["glomo"] = dict(version=1, corpus=data["glomo"]["corpus"])
+    atomic_save(data, path)
+
+
 def checkpoint_weights(path: Path):
     data = torch.load(path, weights_only=True)
     return data["state_dict"], data["global_step"]
@@ -854,10 +863,7 @@ def _damaged_run_file(name: str, content: str):
         if name == "corpus.json":
             os.remove(run_dir / "config.json")
         else:  # config.json is read only for checkpoints without their own settings record
-            from glomo_pyg.training.checkpoints import atomic_save
-            data = torch.load(ckpt(run_dir), weights_only=True)
-            data["glomo"] = dict(version=1, corpus=data["glomo"]["corpus"])
-            atomic_save(data, ckpt(run_dir))
+            without_recorded_settings(ckpt(run_dir))
         (run_dir / name).write_text(content)
         resume_cli(ctx, run_dir)
     return run

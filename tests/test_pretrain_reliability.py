@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from benchmarks.reliability import WORDS, write_corpus
+from benchmarks.reliability import WORDS, without_recorded_settings, write_corpus
 from benchmarks.reliability import pretrain_settings as settings
 from glomo_pyg.cli import main
 from glomo_pyg.training import PretrainConfig, run_pretraining
@@ -162,13 +162,6 @@ def test_foreign_checkpoint_is_refused_with_the_differences(straight, tmp_path):
 
 
 # --- run files and the corpus ---------------------------------------------------------------
-def without_recorded_settings(path):
-    """The checkpoint as glomo_pyg 0.2.0 wrote it: the corpus fingerprint alone."""
-    data = torch.load(path, weights_only=True)
-    data["glomo"] = dict(version=1, corpus=data["glomo"]["corpus"])
-    atomic_save(data, path)
-
-
 def test_damaged_run_files_are_named(straight, tmp_path):
     run = copy_run(straight, tmp_path, keep=("last.ckpt",))
     without_recorded_settings(ckpt(run))  # config.json is read only for such checkpoints

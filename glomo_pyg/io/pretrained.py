@@ -666,7 +666,8 @@ def _missing_arguments(cls: type, config: Dict[str, Any]) -> List[str]:
 def _entry(direction: str, entry: Any, file: Path,
            complete: bool = True) -> Tuple[type, Dict[str, Any]]:
     """The emitter class and the checked config of one direction entry; ``complete``
-    (format 2) requires every constructor argument (:data:`ADDED_SINCE_FORMAT_2` aside)."""
+    (format 2) requires every named constructor argument (:data:`ADDED_SINCE_FORMAT_2`
+    aside)."""
     if not isinstance(entry, dict) or not isinstance(entry.get("cls"), str) or \
             entry["cls"] not in EMITTERS or not isinstance(entry.get("config"), dict):
         raise PretrainedFormatError(

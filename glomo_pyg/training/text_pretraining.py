@@ -18,8 +18,8 @@ drives the whole run:
    epoch's data order. Checkpoints are loaded with ``weights_only=True`` (nothing
    unpickled); a damaged one is named (and an older usable one taken instead, with a
    warning), one of another model or corpus is refused (every checkpoint records the
-   run's settings and a corpus fingerprint: vocabulary, counts and token hash). SIGTERM or SIGINT while
-   training finishes the step, writes ``last.ckpt`` and stops with
+   run's settings and a corpus fingerprint: vocabulary, counts and token hash). SIGTERM
+   or SIGINT while training finishes the step, writes ``last.ckpt`` and stops with
    :class:`~glomo_pyg.training.interrupts.TrainingInterrupted` (``glomo pretrain``
    exits with 143 or 130).
 3. **Result**: the pretrained graph predictor with its vocabulary,
