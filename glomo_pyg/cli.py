@@ -472,6 +472,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv
     try:
+        from glomo_pyg.allocator import keep_freed_memory
+
+        keep_freed_memory()  # large tensors reuse mapped pages (glomo_pyg/allocator.py)
         return args.func(args)
     except KeyboardInterrupt:
         print(f"\nglomo {args.command}: interrupted", file=sys.stderr)

@@ -1,0 +1,54 @@
+"""Keeping freed memory for reuse (glomo_pyg.allocator): it takes effect, can be turned
+off, and a bad setting is named. Each case runs in its own process."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from glomo_pyg.allocator import _glibc
+
+# allocate and free 64 MiB ten times, then count the page faults of ten more rounds
+PROBE = """
+import resource, sys, torch
+from glomo_pyg.allocator import keep_freed_memory
+applied = keep_freed_memory() if sys.argv[1] == "keep" else False
+def rounds():
+    for _ in range(10):
+        t = torch.ones(16 << 20)
+        del t
+rounds()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+rounds()
+print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def probe(mode, **env):
+    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True,
+                         env=dict(os.environ, **env), check=True).stdout.split()
+    return out[0] == "True", int(out[1])
+
+
+@pytest.mark.skipif(not _glibc(), reason="glibc's malloc only")
+def test_freed_memory_is_reused_instead_of_faulted_in_again():
+    applied, faults = probe("keep")
+    assert applied and faults < 1000  # the pages stay mapped
+    _, faults = probe("leave")
+    assert faults > 100_000  # each 64 MiB block is mapped and faulted in again (16k pages)
+
+
+def test_the_environment_turns_it_off_and_bad_values_are_named(monkeypatch):
+    from glomo_pyg.allocator import keep_freed_memory
+    from glomo_pyg.cli import main
+
+    monkeypatch.setenv("GLOMO_MALLOC", "system")
+    assert keep_freed_memory() is False
+    if _glibc():
+        assert probe("keep", GLOMO_MALLOC="system")[0] is False
+    monkeypatch.setenv("GLOMO_MALLOC", "jemalloc")
+    with pytest.raises(ValueError, match=r"GLOMO_MALLOC must be one of \('keep', 'system'\), "
+                                         r"got 'jemalloc'"):
+        keep_freed_memory()
+    with pytest.raises(SystemExit, match="glomo syntax: GLOMO_MALLOC must be one of"):
+        main(["syntax", "--predictor", "x", "--treebank", "y"])
