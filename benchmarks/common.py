@@ -52,6 +52,11 @@ def file_digest(path: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def text_digest(text: str) -> str:
+    """SHA-256 (first 16 hex digits) of a string, as :func:`file_digest` of a file."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def cached_runs(path: str, settings: Dict, log=print) -> Dict:
     """The runs cached in ``path`` (``{"settings": ..., "runs": {...}}``), valid only for
     the ``settings`` (and input digests) they were made with: other settings raise
@@ -87,8 +92,12 @@ def write_runs(path: str, settings: Dict, runs: Dict) -> None:
 def run_reporting_errors(name: str, function, *args) -> None:
     """``function(*args)``; bad input (a ``ValueError`` or ``OSError``: files, options,
     caches) ends with one line naming it instead of a traceback (``GLOMO_TRACEBACK=1``
-    shows the traceback)."""
+    shows the traceback). Freed memory is kept for reuse, as in the ``glomo`` command
+    (:func:`glomo_pyg.allocator.keep_freed_memory`)."""
+    from glomo_pyg.allocator import keep_freed_memory
+
     try:
+        keep_freed_memory()
         function(*args)
     except (ValueError, OSError) as err:
         if os.environ.get("GLOMO_TRACEBACK"):

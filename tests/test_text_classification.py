@@ -207,6 +207,25 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
         with pytest.raises(SystemExit, match=message):
             imdb.main(args + extra)
     assert results.read_text().count("## ") == 2
+    # another predictor (same architecture, other weights) retrains only the runs that
+    # read its weights: the baseline reads none, uniform graphs only its config
+    other = PretrainedGraphPredictor.from_pretrained(tmp_path / "run" / "pretrain" / "default"
+                                                     / "predictor")
+    with torch.no_grad():
+        next(other.parameters()).add_(0.5)
+    other.save_pretrained(tmp_path / "other")
+    imdb.main(args[:-len(variants)] + ["baseline", "glomo", "uniform",
+                                       "--predictor", str(tmp_path / "other")])
+    with open(tmp_path / "run" / "downstream.json") as fh:
+        after = json.load(fh)["runs"]
+    for key, entry in runs.items():
+        if key.startswith(("baseline/", "uniform/", "no-decouple/")):
+            assert after[key] == entry  # kept as they were
+        else:
+            assert after[key]["inputs"] != entry["inputs"]  # trained again
+            assert set(after[key]["inputs"]) == {"weights"}
+    assert all(entry["inputs"] == {} for key, entry in runs.items()
+               if key.startswith("baseline/"))
     (tmp_path / "run" / "downstream.json").write_text("{")
     with pytest.raises(SystemExit, match=r"downstream.json \(cached runs\) is damaged"):
         imdb.main(args)

@@ -19,8 +19,11 @@ interrupted reproduction continues where it stopped:
    same validation reviews, evaluated once on the same test reviews: the score a user
    would get without any neural model;
 4. downstream (``downstream.json``, one entry per ``variant/seed/lr=...``, beside the
-   settings and input digests (word vectors, predictors) they were made with: a cache
-   made with others is refused, not reported under the new settings):
+   settings and input digests (word vectors, vocabulary) they were made with: a cache
+   made with others is refused, not reported under the new settings. Each run also
+   records the predictor files its variant reads (weights for learned graphs, the config
+   for uniform graphs, none for the baseline): a new ``--predictor`` retrains only the
+   runs that read it):
    ``GlomoTextClassifier`` (word vectors -> BiGRU -> self-attention -> pooling -> MLP).
    Per variant, seed 0 is trained at every learning rate of the grid (``--lrs``) and only
    validated; the rate with the best validation accuracy is kept, seed 0's model at that
@@ -62,7 +65,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 from benchmarks.common import (cached_runs, check_common_arguments, file_digest, read_cache,
-                               run_reporting_errors, write_runs)
+                               run_reporting_errors, text_digest, write_runs)
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))), "configs")
@@ -371,6 +374,35 @@ def run_key(variant: str, seed: int, lr: float) -> str:
     return f"{variant}/{seed}/lr={lr:g}"
 
 
+def run_inputs(variant: str, predictors: Dict[str, str]) -> Dict[str, str]:
+    """Digests of the predictor files a run of ``variant`` reads: the weights for learned
+    graphs; for uniform graphs only the config (their layers, heads and allowed sources
+    come from it, the weights are never run); nothing for the feature-only baseline. A
+    new predictor therefore retrains only the runs that depend on it."""
+    spec = VARIANTS[variant]
+    if spec["predictor"] is None:
+        return {}
+    folder = predictors[spec["predictor"]]
+    if spec.get("graph") == "uniform":  # the config without its record of the weights
+        with open(os.path.join(folder, "config.json")) as fh:
+            config = {k: v for k, v in json.load(fh).items() if k != "weights"}
+        return {"config": text_digest(json.dumps(config, sort_keys=True))}
+    return {"weights": file_digest(os.path.join(folder, "model.safetensors"))}
+
+
+def stale_runs(runs: Dict, inputs: Dict[str, Dict[str, str]]) -> Dict[str, int]:
+    """Drop from ``runs`` the runs of the variants in ``inputs`` that were made with other
+    predictor files; returns how many were dropped, by variant. Runs of other variants
+    stay: they are checked when a reproduction asks for them."""
+    dropped: Dict[str, int] = {}
+    for key in list(runs):
+        variant = key.split("/", 1)[0]
+        if variant in inputs and runs[key].get("inputs") != inputs[variant]:
+            del runs[key]
+            dropped[variant] = dropped.get(variant, 0) + 1
+    return dropped
+
+
 def trainable_state(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
     """The state that training changes: everything but the frozen parameters (word
     vectors, predictor), which are rebuilt identically, so a checkpoint stays small."""
@@ -512,18 +544,22 @@ def run(args, argv=None) -> None:
         f"{baseline_tfidf['val_acc']:.4f}), test {baseline_tfidf['test_acc']:.4f}, "
         f"{baseline_tfidf['features']} features")
 
-    # cached runs are valid only for the inputs and settings that made them
+    # cached runs are valid only for the inputs and settings that made them: the shared
+    # ones here, and per run the predictor files its variant reads (run_inputs)
     settings = dict(
         {f: getattr(setup, f) for f in ("vector_dim", "vector_epochs", "corpus_documents",
                                         "review_length", "train_reviews", "validation_reviews",
                                         "test_reviews", "hidden", "epochs", "batch_size")},
         reviews=[len(train), len(val), len(test)],
         word_vectors=file_digest(os.path.join(out, "word_vectors.txt")),
-        predictors={name: file_digest(os.path.join(path, "model.safetensors"))
-                    for name, path in sorted(predictors.items())})
+        vocabulary=text_digest(json.dumps(vocabulary)))
     runs_path = os.path.join(out, "downstream.json")
     runs = cached_runs(runs_path, settings, log)
     check_runs(runs, runs_path)
+    inputs = {v: run_inputs(v, predictors) for v in setup.variants}
+    for variant, count in stale_runs(runs, inputs).items():
+        log(f"{count} cached run(s) of {variant} were made with another predictor; "
+            "training them again")
     checkpoints = os.path.join(out, "lr-search")
     os.makedirs(checkpoints, exist_ok=True)
 
@@ -543,7 +579,7 @@ def run(args, argv=None) -> None:
         result = train_and_test(model, train, val, test_data, epochs=setup.epochs,
                                 batch_size=setup.batch_size, lr=lr, seed=seed,
                                 accelerator=args.accelerator)
-        return dict(dataclasses.asdict(result), lr=lr), model
+        return dict(dataclasses.asdict(result), lr=lr, inputs=inputs[variant]), model
 
     def record(key: str, entry: Dict):
         runs[key] = entry
