@@ -207,6 +207,17 @@ def test_resume_is_checked_against_the_checkpoints_own_settings(straight, tmp_pa
     assert yaml.safe_load((run / "config.json").read_text())["corpus"]["max_length"] == 16
 
 
+def test_older_checkpoints_are_checked_against_config_json(straight, tmp_path):
+    """A checkpoint written before checkpoints recorded settings falls back to the run's
+    config.json: another train.seed is refused there too, naming config.json."""
+    run = copy_run(straight, tmp_path, keep=("step4.ckpt",))
+    without_recorded_settings(ckpt(run, "step4.ckpt"))
+    with pytest.raises(ValueError, match=r"changed train\.seed 1 -> 2") as info:
+        resume(straight, run, seed=2)
+    assert str(run / "config.json") in str(info.value)
+    assert resume(straight, run)["steps"] == 6  # the same seed resumes
+
+
 def test_corpus_change_under_a_resumed_run_is_refused(tmp_path):
     write_corpus(tmp_path / "corpus", documents=20)
     run = tmp_path / "run"
