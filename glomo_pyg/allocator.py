@@ -5,13 +5,13 @@ threshold (at most 32 MiB) with a fresh ``mmap`` and unmaps them on ``free``, so
 step of a text model re-faults its largest tensors page by page: the decoder's logits
 alone (positions x context x vocabulary floats) are tens of MiB. In 3,000 steps of
 ``configs/imdb-cpu.yaml`` on 2 cores that was 245 million minor page faults and 21% of
-the CPU time spent in the kernel; with freed memory kept for reuse a step took 0.47 s
-instead of 0.59 s (``docs/training.md``, "Time on 2 cores").
+the CPU time spent in the kernel. With freed memory kept for reuse, a step of that
+model took 0.51 s instead of 0.73 s (``python -m benchmarks.cpu_recipe_step``;
+``docs/training.md``, "Time on 2 cores").
 """
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 
@@ -48,8 +48,7 @@ def keep_freed_memory() -> bool:
     if choice == "system" or not _glibc():
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own symbols: glibc's
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
