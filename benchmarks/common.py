@@ -89,15 +89,24 @@ def write_runs(path: str, settings: Dict, runs: Dict) -> None:
     os.replace(path + ".tmp", path)
 
 
-def run_reporting_errors(name: str, function, *args) -> None:
-    """``function(*args)``; bad input (a ``ValueError`` or ``OSError``: files, options,
-    caches) ends with one line naming it instead of a traceback (``GLOMO_TRACEBACK=1``
-    shows the traceback). Freed memory is kept for reuse, as in the ``glomo`` command
-    (:func:`glomo_pyg.allocator.keep_freed_memory`)."""
+def as_script(main) -> None:
+    """Run a reproduction's ``main()`` as a script: in a process whose ``malloc`` keeps
+    freed memory for reuse, as the ``glomo`` command does
+    (:func:`glomo_pyg.allocator.keep_freed_memory`; ``GLOMO_MALLOC=system`` leaves it)."""
     from glomo_pyg.allocator import keep_freed_memory
 
     try:
         keep_freed_memory()
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    main()
+
+
+def run_reporting_errors(name: str, function, *args) -> None:
+    """``function(*args)``; bad input (a ``ValueError`` or ``OSError``: files, options,
+    caches) ends with one line naming it instead of a traceback (``GLOMO_TRACEBACK=1``
+    shows the traceback)."""
+    try:
         function(*args)
     except (ValueError, OSError) as err:
         if os.environ.get("GLOMO_TRACEBACK"):

@@ -93,7 +93,7 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--results", default="benchmarks/results/cpu_recipe_step.md")
     args = parser.parse_args(argv)
-    if args.threads < 1 or args.steps < 1 or args.rounds < 1:
+    if min(args.threads, args.steps, args.rounds) < 1:
         raise SystemExit("--threads, --steps and --rounds must be >= 1")
     if not os.path.isfile(args.config):
         raise SystemExit(f"--config {args.config}: no such file")
@@ -110,21 +110,23 @@ def main(argv=None) -> None:
                      for k in ("s_per_step", "faults_per_step", "sys_s_per_step", "density")}
               for case, runs in results.items()}
     base = median[CASES[0]]["s_per_step"]
-    command = "python -m benchmarks.cpu_recipe_step " + " ".join(
-        sys.argv[1:] if argv is None else argv)
+    command = " ".join(["python -m benchmarks.cpu_recipe_step",
+                        *(sys.argv[1:] if argv is None else argv)])
     import torch
 
     torch.set_num_threads(args.threads)  # so hardware() names the children's thread count
     lines = [f"## {datetime.date.today().isoformat()}: {args.config}, {args.threads} "
-             f"thread(s)", "", f"    {command}", "", f"- hardware: {hardware()}, torch {torch.__version__}",
+             f"thread(s)", "", f"    {command}", "",
+             f"- hardware: {hardware()}, torch {torch.__version__}",
              f"- {args.steps} timed steps per case (median), {args.rounds} rounds of the four "
              f"cases in turn (median over rounds); forward graph density at initialisation "
              f"{median[CASES[0]]['density']:.2f}", "",
-             "| malloc | layout | s/step | speed vs system/sparse | minor faults/step | "
-             "kernel CPU s/step |", "|---|---|---|---|---|---|"]
+             "| malloc | layout | s/step | per round | speed vs system/sparse | "
+             "minor faults/step | kernel CPU s/step |", "|---|---|---|---|---|---|---|"]
     for case in CASES:
         m = median[case]
-        lines.append(f"| {case[0]} | {case[1]} | {m['s_per_step']:.3f} | "
+        rounds = ", ".join(f"{r['s_per_step']:.3f}" for r in results[case])
+        lines.append(f"| {case[0]} | {case[1]} | {m['s_per_step']:.3f} | {rounds} | "
                      f"{base / m['s_per_step']:.2f}x | {m['faults_per_step']:.0f} | "
                      f"{m['sys_s_per_step']:.3f} |")
     lines.append("")

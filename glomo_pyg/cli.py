@@ -7,6 +7,8 @@ import shlex
 import sys
 from typing import List, Optional
 
+from glomo_pyg.allocator import keep_freed_memory
+
 
 def _set_threads(command: str, threads: int) -> None:
     """``--threads N``: torch's CPU thread count (0 keeps torch's default)."""
@@ -472,9 +474,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv
     try:
-        from glomo_pyg.allocator import keep_freed_memory
-
-        keep_freed_memory()  # large tensors reuse mapped pages (glomo_pyg/allocator.py)
         return args.func(args)
     except KeyboardInterrupt:
         print(f"\nglomo {args.command}: interrupted", file=sys.stderr)
@@ -487,5 +486,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise SystemExit(f"glomo {args.command}: {err}") from None
 
 
+def console_main() -> int:
+    """The ``glomo`` executable: :func:`main` in a process whose ``malloc`` keeps freed
+    memory for reuse (:func:`glomo_pyg.allocator.keep_freed_memory`; ``GLOMO_MALLOC=system``
+    leaves it alone). :func:`main` itself changes no process-wide setting."""
+    try:
+        keep_freed_memory()
+    except ValueError as err:
+        raise SystemExit(f"glomo: {err}") from None
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())

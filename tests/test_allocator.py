@@ -25,12 +25,23 @@ print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 
 def probe(mode, **env):
+    base = {k: v for k, v in os.environ.items() if k != "GLOMO_MALLOC"}
     out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True,
-                         env=dict(os.environ, **env), check=True).stdout.split()
+                         env=dict(base, **env), check=True).stdout.split()
     return out[0] == "True", int(out[1])
 
 
+def huge_pages_always() -> bool:
+    """Transparent huge pages on every mapping: 2 MiB pages fault 512x less often."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as fh:
+            return "[always]" in fh.read()
+    except OSError:
+        return False
+
+
 @pytest.mark.skipif(not _glibc(), reason="glibc's malloc only")
+@pytest.mark.skipif(huge_pages_always(), reason="page faults are counted in 4 KiB pages")
 def test_freed_memory_is_reused_instead_of_faulted_in_again():
     applied, faults = probe("keep")
     assert applied and faults < 1000  # the pages stay mapped
@@ -40,7 +51,7 @@ def test_freed_memory_is_reused_instead_of_faulted_in_again():
 
 def test_the_environment_turns_it_off_and_bad_values_are_named(monkeypatch):
     from glomo_pyg.allocator import keep_freed_memory
-    from glomo_pyg.cli import main
+    from glomo_pyg.cli import console_main
 
     monkeypatch.setenv("GLOMO_MALLOC", "system")
     assert keep_freed_memory() is False
@@ -50,5 +61,28 @@ def test_the_environment_turns_it_off_and_bad_values_are_named(monkeypatch):
     with pytest.raises(ValueError, match=r"GLOMO_MALLOC must be one of \('keep', 'system'\), "
                                          r"got 'jemalloc'"):
         keep_freed_memory()
-    with pytest.raises(SystemExit, match="glomo syntax: GLOMO_MALLOC must be one of"):
-        main(["syntax", "--predictor", "x", "--treebank", "y"])
+    monkeypatch.setattr(sys, "argv", ["glomo", "syntax", "--predictor", "x", "--treebank",
+                                      "y"])
+    with pytest.raises(SystemExit, match="glomo: GLOMO_MALLOC must be one of"):
+        console_main()  # the executable refuses it before any work
+
+
+def test_importing_or_calling_main_changes_no_process_setting():
+    """Only the executable sets malloc up: cli.main() called inside a process (a notebook,
+    a test) leaves it as it is, so large blocks are still mapped afresh afterwards."""
+    if not _glibc() or huge_pages_always():
+        pytest.skip("counts glibc's 4 KiB page faults")
+    call_main = ("import glomo_pyg.cli\n"
+                 "try:\n"
+                 "    glomo_pyg.cli.main(['syntax', '--predictor', '/nonexistent', "
+                 "'--treebank', '/nonexistent'])\n"
+                 "except SystemExit:\n"
+                 "    pass\n"
+                 "applied = False")
+    code = PROBE.replace('applied = keep_freed_memory() if sys.argv[1] == "keep" else False',
+                         call_main)
+    assert call_main in code
+    env = {k: v for k, v in os.environ.items() if k != "GLOMO_MALLOC"}
+    out = subprocess.run([sys.executable, "-c", code, "keep"], capture_output=True, text=True,
+                         env=env, check=True).stdout.split()
+    assert int(out[1]) > 100_000

@@ -207,6 +207,18 @@ def test_resume_is_checked_against_the_checkpoints_own_settings(straight, tmp_pa
     assert yaml.safe_load((run / "config.json").read_text())["corpus"]["max_length"] == 16
 
 
+def test_resume_may_change_the_layout(straight, tmp_path):
+    """The layout changes only the speed (the same graphs): a run started with the
+    default sparse layout resumes with layout 'dense' and with 'auto'."""
+    for layout in ("dense", "auto"):
+        run = copy_run(straight, tmp_path / layout, keep=("step4.ckpt",))
+        data = settings(run, straight / "corpus")
+        assert "layout" not in data["model"]
+        data["model"]["layout"] = layout
+        assert run_pretraining(PretrainConfig.from_dict(data), resume=True,
+                               log=quiet)["steps"] == 6
+
+
 def test_older_checkpoints_are_checked_against_config_json(straight, tmp_path):
     """A checkpoint written before checkpoints recorded settings falls back to the run's
     config.json: another train.seed is refused there too, naming config.json."""

@@ -208,24 +208,46 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
             imdb.main(args + extra)
     assert results.read_text().count("## ") == 2
     # another predictor (same architecture, other weights) retrains only the runs that
-    # read its weights: the baseline reads none, uniform graphs only its config
+    # read its weights: the baseline reads none, uniform graphs only their shape
     other = PretrainedGraphPredictor.from_pretrained(tmp_path / "run" / "pretrain" / "default"
                                                      / "predictor")
     with torch.no_grad():
         next(other.parameters()).add_(0.5)
     other.save_pretrained(tmp_path / "other")
-    imdb.main(args[:-len(variants)] + ["baseline", "glomo", "uniform",
-                                       "--predictor", str(tmp_path / "other")])
+    again = args[:-len(variants)] + ["baseline", "glomo", "uniform",
+                                     "--predictor", str(tmp_path / "other")]
+    imdb.main(again)
     with open(tmp_path / "run" / "downstream.json") as fh:
-        after = json.load(fh)["runs"]
-    for key, entry in runs.items():
-        if key.startswith(("baseline/", "uniform/", "no-decouple/")):
-            assert after[key] == entry  # kept as they were
-        else:
-            assert after[key]["inputs"] != entry["inputs"]  # trained again
-            assert set(after[key]["inputs"]) == {"weights"}
-    assert all(entry["inputs"] == {} for key, entry in runs.items()
-               if key.startswith("baseline/"))
+        cache = json.load(fh)
+    after = cache["runs"]
+    weights = imdb.file_digest(str(tmp_path / "other" / "model.safetensors"))
+    for prefix in ("baseline/", "uniform/", "no-decouple/"):  # kept as they were
+        assert {k: e for k, e in after.items() if k.startswith(prefix)} == \
+            {k: e for k, e in runs.items() if k.startswith(prefix)}
+    retrained = {k: e for k, e in after.items() if k.startswith("glomo/")}
+    assert retrained and all(e["inputs"] == {"weights": weights} for e in retrained.values())
+    assert all(e["inputs"] != {"weights": weights} for k, e in runs.items()
+               if k.startswith("glomo/"))
+    assert all(e["inputs"] == {} for k, e in after.items() if k.startswith("baseline/"))
+    # a cache of the earlier format (predictor digests in the shared settings) made with
+    # the same predictor is upgraded in place and reused: nothing is trained again
+    old_settings = {k: v for k, v in cache["settings"].items() if k != "vocabulary"}
+    old_settings["predictors"] = {"default": weights}
+    old_runs = {k: {f: v for f, v in e.items() if f != "inputs"} for k, e in after.items()}
+    (tmp_path / "run" / "downstream.json").write_text(json.dumps(
+        dict(settings=old_settings, runs=old_runs)))
+    imdb.main(again)
+    with open(tmp_path / "run" / "downstream.json") as fh:
+        upgraded = json.load(fh)
+    assert upgraded["settings"] == cache["settings"]
+    assert {k: e for k, e in upgraded["runs"].items() if not k.startswith("no-decouple/")} == \
+        {k: e for k, e in after.items() if not k.startswith("no-decouple/")}
+    # made with another predictor, it is refused as before, naming what differs
+    old_settings["predictors"] = {"default": "0" * 16}
+    (tmp_path / "run" / "downstream.json").write_text(json.dumps(
+        dict(settings=old_settings, runs=old_runs)))
+    with pytest.raises(SystemExit, match="other settings or inputs .predictors, vocabulary"):
+        imdb.main(again)
     (tmp_path / "run" / "downstream.json").write_text("{")
     with pytest.raises(SystemExit, match=r"downstream.json \(cached runs\) is damaged"):
         imdb.main(args)

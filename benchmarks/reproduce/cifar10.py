@@ -58,8 +58,8 @@ from typing import Dict, List, Optional
 
 import torch
 
-from benchmarks.common import (cached_runs, check_common_arguments, file_digest, read_cache,
-                               run_reporting_errors, write_runs)
+from benchmarks.common import (as_script, cached_runs, check_common_arguments, file_digest,
+                               read_cache, run_reporting_errors, write_runs)
 from benchmarks.reproduce.imdb import paired_difference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -544,4 +544,4 @@ def write_results(args, setup, mode, command, runs, check, pretrain_summary, pre
 
 
 if __name__ == "__main__":
-    main()
+    as_script(main)

@@ -64,8 +64,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from benchmarks.common import (cached_runs, check_common_arguments, file_digest, read_cache,
-                               run_reporting_errors, text_digest, write_runs)
+from benchmarks.common import (as_script, cached_runs, check_common_arguments, file_digest,
+                               read_cache, run_reporting_errors, text_digest, write_runs)
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))), "configs")
@@ -374,33 +374,64 @@ def run_key(variant: str, seed: int, lr: float) -> str:
     return f"{variant}/{seed}/lr={lr:g}"
 
 
-def run_inputs(variant: str, predictors: Dict[str, str]) -> Dict[str, str]:
-    """Digests of the predictor files a run of ``variant`` reads: the weights for learned
-    graphs; for uniform graphs only the config (their layers, heads and allowed sources
-    come from it, the weights are never run); nothing for the feature-only baseline. A
-    new predictor therefore retrains only the runs that depend on it."""
-    spec = VARIANTS[variant]
-    if spec["predictor"] is None:
+def run_inputs(variant: str, predictors: Dict[str, str], loaded: Dict) -> Dict[str, str]:
+    """What a run of ``variant`` reads from its predictor, as digests: the weights file
+    for learned graphs; for uniform graphs only what shapes them (directions, layers,
+    heads, self-loops: the predictor is never run); nothing for the feature-only
+    baseline. A new predictor therefore retrains only the runs that depend on it."""
+    name = VARIANTS[variant]["predictor"]
+    if name is None:
         return {}
-    folder = predictors[spec["predictor"]]
-    if spec.get("graph") == "uniform":  # the config without its record of the weights
-        with open(os.path.join(folder, "config.json")) as fh:
-            config = {k: v for k, v in json.load(fh).items() if k != "weights"}
-        return {"config": text_digest(json.dumps(config, sort_keys=True))}
-    return {"weights": file_digest(os.path.join(folder, "model.safetensors"))}
+    if VARIANTS[variant].get("graph") == "uniform":
+        p = loaded[name]
+        shape = dict(directions=list(p.directions), num_layers=p.num_layers, heads=p.heads,
+                     include_self=p.include_self)
+        return {"uniform_graphs": text_digest(json.dumps(shape, sort_keys=True))}
+    return {"weights": file_digest(os.path.join(predictors[name], "model.safetensors"))}
 
 
 def stale_runs(runs: Dict, inputs: Dict[str, Dict[str, str]]) -> Dict[str, int]:
     """Drop from ``runs`` the runs of the variants in ``inputs`` that were made with other
-    predictor files; returns how many were dropped, by variant. Runs of other variants
-    stay: they are checked when a reproduction asks for them."""
+    predictor inputs; returns how many were dropped, by variant. Runs that record no
+    inputs (caches written before runs recorded them) and runs of other variants stay."""
     dropped: Dict[str, int] = {}
     for key in list(runs):
         variant = key.split("/", 1)[0]
-        if variant in inputs and runs[key].get("inputs") != inputs[variant]:
+        recorded = runs[key].get("inputs") if isinstance(runs[key], dict) else None
+        if variant in inputs and recorded is not None and recorded != inputs[variant]:
             del runs[key]
             dropped[variant] = dropped.get(variant, 0) + 1
     return dropped
+
+
+def upgrade_cache(path: str, settings: Dict, predictors: Dict[str, str], loaded: Dict,
+                  log=print) -> None:
+    """Rewrite a ``downstream.json`` of the earlier format, whose settings held the digests
+    of every predictor's weights, in the current one when those are the predictors used
+    now: each run then records the inputs its variant reads. Caches made with other
+    predictors are left as they are (and refused, naming ``predictors``)."""
+    if not os.path.exists(path):
+        return
+    cached = read_cache(path, "cached runs")
+    old = cached.get("settings")
+    if not isinstance(old, dict) or "predictors" not in old or \
+            not isinstance(cached.get("runs"), dict):
+        return
+    digests = {name: file_digest(os.path.join(folder, "model.safetensors"))
+               for name, folder in sorted(predictors.items())}
+    if old["predictors"] != digests or \
+            {k: v for k, v in old.items() if k != "predictors"} != \
+            {k: v for k, v in settings.items() if k != "vocabulary"}:
+        return
+    runs = {}
+    for key, entry in cached["runs"].items():
+        variant = key.split("/", 1)[0]
+        if isinstance(entry, dict) and variant in VARIANTS and \
+                VARIANTS[variant]["predictor"] in (None, *predictors):
+            entry = dict(entry, inputs=run_inputs(variant, predictors, loaded))
+        runs[key] = entry
+    write_runs(path, settings, runs)
+    log(f"{path}: upgraded to per-run predictor inputs ({len(runs)} runs kept)")
 
 
 def trainable_state(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
@@ -554,9 +585,10 @@ def run(args, argv=None) -> None:
         word_vectors=file_digest(os.path.join(out, "word_vectors.txt")),
         vocabulary=text_digest(json.dumps(vocabulary)))
     runs_path = os.path.join(out, "downstream.json")
+    inputs = {v: run_inputs(v, predictors, loaded) for v in setup.variants}
+    upgrade_cache(runs_path, settings, predictors, loaded, log)
     runs = cached_runs(runs_path, settings, log)
     check_runs(runs, runs_path)
-    inputs = {v: run_inputs(v, predictors) for v in setup.variants}
     for variant, count in stale_runs(runs, inputs).items():
         log(f"{count} cached run(s) of {variant} were made with another predictor; "
             "training them again")
@@ -745,4 +777,4 @@ def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_s
 
 
 if __name__ == "__main__":
-    main()
+    as_script(main)

@@ -22,7 +22,7 @@ import pickle
 import re
 import tempfile
 import zipfile
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -239,14 +239,15 @@ def _shape(value) -> Optional[Tuple[int, ...]]:
 def check_checkpoint_matches(contents: Mapping[str, Any], path: str,
                              module: torch.nn.Module,
                              model_settings: Optional[Mapping[str, Any]] = None,
-                             limit: int = 5) -> None:
+                             limit: int = 5, ignore: Sequence[str] = ()) -> None:
     """Raise :class:`CheckpointMismatchError` naming the differences when the checkpoint's
     weights (names and shapes) or recorded model settings (``hyper_parameters``'
-    ``model_kwargs``) differ from ``module``'s and ``model_settings``."""
+    ``model_kwargs``, except the keys in ``ignore``) differ from ``module``'s and
+    ``model_settings``."""
     problems: List[str] = []
     saved_settings = (contents.get("hyper_parameters") or {}).get("model_kwargs")
     if model_settings is not None and isinstance(saved_settings, Mapping):
-        keys = sorted(set(saved_settings) | set(model_settings), key=str)
+        keys = sorted((set(saved_settings) | set(model_settings)) - set(ignore), key=str)
         diff = [f"model.{k}: checkpoint {saved_settings.get(k, '(unset)')!r}, this run "
                 f"{model_settings.get(k, '(unset)')!r}" for k in keys
                 if saved_settings.get(k, "(unset)") != model_settings.get(k, "(unset)")]

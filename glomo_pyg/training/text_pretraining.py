@@ -913,6 +913,8 @@ def _read_syntax_treebank(t: TrainConfig):
 # in the checkpoint were made with them (Lightning restores the optimiser's own lr)
 RESUME_FIXED_TRAIN = ("optimizer", "lr", "graph_lr_scale", "weight_decay", "momentum",
                       "batch_size", "seed")  # (the seed draws the validation split)
+# model settings that change only the speed (the same graphs), so a resume may change them
+RESUME_FREE_MODEL = ("layout",)
 
 
 def _check_resume_settings(config: PretrainConfig, before: Any, source: str, out: str,
@@ -929,11 +931,15 @@ def _check_resume_settings(config: PretrainConfig, before: Any, source: str, out
         # where the corpus lies may change (another machine): its fingerprint checks the
         # content; a text corpus's prepared tokens are tied to their path (corpus.json)
         before["corpus"] = dict(before["corpus"], path=now["corpus"]["path"])
+    if isinstance(before.get("model"), dict):
+        before = dict(before, model={k: v for k, v in before["model"].items()
+                                     if k not in RESUME_FREE_MODEL})
+    now = dict(now, model={k: v for k, v in now["model"].items() if k not in RESUME_FREE_MODEL})
     changed = [k for k in ("model", "corpus") if before.get(k) != now[k]]
     if changed:
         raise ValueError(f"{out}: the checkpoint was trained with other {' and '.join(changed)} "
                          f"settings ({source}); resume with the same ones (only "
-                         "train settings such as max_steps may change)")
+                         "train settings such as max_steps, and model.layout, may change)")
     saved_train = before.get("train") if isinstance(before.get("train"), dict) else {}
     used = [k for k in RESUME_FIXED_TRAIN  # (Adam ignores momentum)
             if k != "momentum" or "sgd" in (saved_train.get("optimizer"), now["train"]["optimizer"])]
@@ -1055,7 +1061,8 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
                                   image_size=full if images else None)
         if contents is not None:
             _check_fingerprint(contents, ckpt, fingerprint, where, log)
-            check_checkpoint_matches(contents, ckpt, module, model_kwargs)
+            check_checkpoint_matches(contents, ckpt, module, model_kwargs,
+                                     ignore=RESUME_FREE_MODEL)
             contents = found = None  # let go of the memory-mapped file
             if not child:
                 _write_json(saved_config, config.to_dict())
