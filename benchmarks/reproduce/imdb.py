@@ -21,9 +21,9 @@ interrupted reproduction continues where it stopped:
 4. downstream (``downstream.json``, one entry per ``variant/seed/lr=...``, beside the
    settings and input digests (word vectors, vocabulary) they were made with: a cache
    made with others is refused, not reported under the new settings. Each run also
-   records the predictor files its variant reads (weights for learned graphs, the config
-   for uniform graphs, none for the baseline): a new ``--predictor`` retrains only the
-   runs that read it):
+   records what its variant reads from the predictor (the weights for learned graphs,
+   the graphs' shape for uniform ones, nothing for the baseline): a new ``--predictor``
+   retrains only the runs that depend on it):
    ``GlomoTextClassifier`` (word vectors -> BiGRU -> self-attention -> pooling -> MLP).
    Per variant, seed 0 is trained at every learning rate of the grid (``--lrs``) and only
    validated; the rate with the best validation accuracy is kept, seed 0's model at that
