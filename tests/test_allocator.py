@@ -24,9 +24,9 @@ print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def probe(mode, **env):
+def probe(mode, code=PROBE, **env):
     base = {k: v for k, v in os.environ.items() if k != "GLOMO_MALLOC"}
-    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True,
                          env=dict(base, **env), check=True).stdout.split()
     return out[0] == "True", int(out[1])
 
@@ -82,7 +82,4 @@ def test_importing_or_calling_main_changes_no_process_setting():
     code = PROBE.replace('applied = keep_freed_memory() if sys.argv[1] == "keep" else False',
                          call_main)
     assert call_main in code
-    env = {k: v for k, v in os.environ.items() if k != "GLOMO_MALLOC"}
-    out = subprocess.run([sys.executable, "-c", code, "keep"], capture_output=True, text=True,
-                         env=env, check=True).stdout.split()
-    assert int(out[1]) > 100_000
+    assert probe("keep", code)[1] > 100_000
