@@ -33,13 +33,15 @@ def _probe_embeddings(model):
 @pytest.mark.parametrize("kw", [dict(), dict(decouple=False), dict(sparse=False),
                                 dict(include_self=True, update="residual"),
                                 dict(pooled_context=True),
-                                dict(pooled_context=True, decouple=False, include_self=True)])
+                                dict(pooled_context=True, decouple=False, include_self=True),
+                                dict(local_context=2),
+                                dict(local_context=1, decouple=False, update="residual")])
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 def test_features_are_causal_through_the_whole_network(kw, direction):
     model = Glomo.text(25, **SMALL, **kw).double().train()
-    for module in model.modules():  # pooled-context maps start at zero: make them count
-        if isinstance(module, FeaturePredictor) and module.pooled is not None:
-            for lin in module.pooled:
+    for module in model.modules():  # pooled/local-context maps start at zero: make them count
+        if isinstance(module, FeaturePredictor):
+            for lin in [*(module.pooled or ()), *(module.local or ())]:
                 torch.nn.init.normal_(lin.weight)
     x = torch.randint(0, 25, (10,))
     probes, handles = _probe_embeddings(model)

@@ -26,7 +26,8 @@ def make(kind="graph", norm="layer", bias="scalar", directions=("forward", "back
         else:
             parts[d] = FeatureGraphEmitter(num_tokens=TOKENS, hidden_channels=16, num_layers=2,
                                            heads=2, direction=d, bias=bias,
-                                           pooled_context=kind == "feature-pooled")
+                                           pooled_context=kind == "feature-pooled",
+                                           local_context=2 if kind == "feature-pooled" else 0)
     predictor = PretrainedGraphPredictor(parts.get("forward"), parts.get("backward"),
                                          VOCAB if vocab else None)
     with torch.no_grad():  # non-default values everywhere, BatchNorm buffers included
@@ -375,12 +376,15 @@ def test_format_2_config_missing_an_argument_is_refused_not_defaulted(tmp_path, 
 
 def test_format_2_feature_emitter_saved_before_pooled_context_was_named(tmp_path):
     """glomo_pyg 0.2.0 first wrote -decouple predictors whose config had no pooled_context
-    (it went through **scorer_kwargs): they load, without the pooled context."""
+    (it went through **scorer_kwargs) and no local_context (added later): they load,
+    without either."""
     save_pretrained(make("feature"), tmp_path)
-    edit_config(tmp_path, lambda c: [c["directions"][d]["config"].pop("pooled_context")
-                                     for d in ("forward", "backward")])
+    edit_config(tmp_path, lambda c: [c["directions"][d]["config"].pop(key)
+                                     for d in ("forward", "backward")
+                                     for key in ("pooled_context", "local_context")])
     loaded = load_pretrained(tmp_path)
     assert loaded.predictor("forward").config()["pooled_context"] is False
+    assert loaded.predictor("forward").config()["local_context"] == 0
 
 
 def test_type_rules_cover_every_emitter_argument():

@@ -86,6 +86,7 @@ CONFIG_RULES: Dict[str, Tuple[str, Optional[float], Optional[float]]] = {
     "include_self": ("bool", None, None),
     "sparse": ("bool", None, None),
     "pooled_context": ("bool", None, None),
+    "local_context": ("int", 0, 64),
 }
 _MAX_LIST = 1 << 16  # entries of a "floats" value
 
@@ -648,10 +649,11 @@ def _check_value(key: str, value: Any, where: str) -> None:
 # Named emitter constructor arguments that format-2 files may lack: arguments added
 # after format 2 first appeared, whose constructor defaults reproduce what files saved
 # without them did (FeatureGraphEmitter took pooled_context through **scorer_kwargs at
-# first, recorded only when passed). A format-2 file records every named constructor
+# first, recorded only when passed; local_context came later). A format-2 file records every named constructor
 # argument its writer had (ConfigurableModule.config), so any other missing one means an
 # edited or truncated file: it is refused rather than filled with a default.
-ADDED_SINCE_FORMAT_2: Dict[str, Tuple[str, ...]] = {"FeatureGraphEmitter": ("pooled_context",)}
+ADDED_SINCE_FORMAT_2: Dict[str, Tuple[str, ...]] = {
+    "FeatureGraphEmitter": ("pooled_context", "local_context")}
 
 
 def _missing_arguments(cls: type, config: Dict[str, Any]) -> List[str]:

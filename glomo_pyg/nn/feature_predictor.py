@@ -38,6 +38,27 @@ def context_mean(x: Tensor, sequences: SequenceBatch, direction: str,
     return sequences.to_flat(total) / count.clamp_min(1).unsqueeze(1).to(x.dtype)
 
 
+def nearest_sources(x: Tensor, sequences: SequenceBatch, direction: str, k: int) -> Tensor:
+    """Features ``[N, k * C]`` of each unit's ``k`` nearest other units on its allowed side
+    (units ``j-1 .. j-k`` going forward, ``j+1 .. j+k`` going backward), nearest first,
+    zero where the sequence has none."""
+    padded = sequences.to_padded(x)  # [B, T, C], zero at padding
+    steps = padded.size(1)
+    parts = []
+    for d in range(1, k + 1):
+        shifted = torch.zeros_like(padded)
+        if d < steps:  # padding sits after each sequence, so shifts pull in zeros
+            if direction == "forward":
+                shifted[:, d:] = padded[:, :steps - d]
+            else:
+                shifted[:, :steps - d] = padded[:, d:]
+        parts.append(shifted)
+    return sequences.to_flat(torch.cat(parts, -1))
+
+
+MAX_LOCAL_CONTEXT = 64  # nearest units a layer may read directly (local_context)
+
+
 class FeaturePredictor(ConfigurableModule):
     r"""Propagates unit features along the graphs of a graph predictor:
 
@@ -68,6 +89,15 @@ class FeaturePredictor(ConfigurableModule):
             initialised to zero, so an untrained network is the paper's. It hands
             the language model the context mean that near-uniform "pooling" heads
             otherwise provide (docs/training.md). (default: :obj:`False`)
+        local_context (int): an extension of the paper: every layer also adds
+            :math:`W_l [f^{l-1}_{j-1}; \dots; f^{l-1}_{j-k}]`, the features of the
+            target's :math:`k` nearest units on its allowed side (:math:`j+1..j+k`
+            going backward; zero past the sequence's ends), through a linear map
+            initialised to zero, so an untrained network is the paper's. The language
+            model then reads the adjacent units without a graph, which leaves the
+            graphs to learn what lies beyond them; without it, at small scale, they
+            settle on previous- and next-unit heads (docs/training.md).
+            (default: :obj:`0`)
         scorer_kwargs: options of the internal :class:`GraphScorer` when
             ``decouple=False`` (``direction``, ``sparse``, ``bias``, ...).
 
@@ -82,10 +112,14 @@ class FeaturePredictor(ConfigurableModule):
                  update: str = "gru", decouple: bool = True, padding_idx: Optional[int] = None,
                  dropout: float = 0.0, pixel_mean: Optional[Sequence[float]] = None,
                  pixel_std: Optional[Sequence[float]] = None, pooled_context: bool = False,
-                 **scorer_kwargs):
+                 local_context: int = 0, **scorer_kwargs):
         super().__init__()
         if update not in ("gru", "residual"):
             raise ValueError(f"update must be 'gru' or 'residual', got {update!r}")
+        if isinstance(local_context, bool) or not isinstance(local_context, int) or \
+                not 0 <= local_context <= MAX_LOCAL_CONTEXT:
+            raise ValueError(f"local_context must be an integer in [0, {MAX_LOCAL_CONTEXT}], "
+                             f"got {local_context!r}")
         if "layout" in scorer_kwargs:
             raise TypeError("layout is a run-time choice: use set_layout() or "
                             "from_sequences(..., layout=...)")
@@ -97,7 +131,11 @@ class FeaturePredictor(ConfigurableModule):
         self.pooled = torch.nn.ModuleList(
             torch.nn.Linear(hidden_channels, hidden_channels, bias=False)
             for _ in range(num_layers)) if pooled_context else None
-        for lin in self.pooled or ():
+        self.local_context = local_context
+        self.local = torch.nn.ModuleList(
+            torch.nn.Linear(local_context * hidden_channels, hidden_channels, bias=False)
+            for _ in range(num_layers)) if local_context else None
+        for lin in [*(self.pooled or ()), *(self.local or ())]:
             torch.nn.init.zeros_(lin.weight)  # untrained: the paper's network
         self.dropout = dropout
         self.decouple = decouple
@@ -115,7 +153,7 @@ class FeaturePredictor(ConfigurableModule):
         self.encoder.reset_parameters()
         for conv in self.convs:
             conv.reset_parameters()
-        for lin in self.pooled or ():
+        for lin in [*(self.pooled or ()), *(self.local or ())]:
             torch.nn.init.zeros_(lin.weight)  # untrained: the paper's network
         if self.scorer is not None:
             self.scorer.reset_parameters()
@@ -171,6 +209,9 @@ class FeaturePredictor(ConfigurableModule):
             if self.pooled is not None:
                 out = out + self.pooled[l](context_mean(f, sequences, layer.direction,
                                                         layer.include_self))
+            if self.local is not None:
+                out = out + self.local[l](nearest_sources(f, sequences, layer.direction,
+                                                          self.local_context))
             f = torch.nn.functional.dropout(out, self.dropout, self.training)
         if self.scorer is not None:
             meta = dict(direction=self.scorer.direction, sequences=sequences,
@@ -210,12 +251,13 @@ class FeatureGraphEmitter(FeaturePredictor, GraphEmitter):
     def __init__(self, num_tokens: Optional[int] = None, in_channels: Optional[int] = None,
                  hidden_channels: int = 512, num_layers: int = 3, heads: int = 8,
                  update: str = "gru", padding_idx: Optional[int] = None, dropout: float = 0.0,
-                 pooled_context: bool = False, **scorer_kwargs):
+                 pooled_context: bool = False, local_context: int = 0, **scorer_kwargs):
         if "decouple" in scorer_kwargs:
             raise TypeError("FeatureGraphEmitter always scores its own graphs (decouple=False)")
         super().__init__(num_tokens, in_channels, hidden_channels, num_layers, heads, update,
                          decouple=False, padding_idx=padding_idx, dropout=dropout,
-                         pooled_context=pooled_context, **scorer_kwargs)
+                         pooled_context=pooled_context, local_context=local_context,
+                         **scorer_kwargs)
 
     @property
     def direction(self) -> str:

@@ -162,7 +162,8 @@ class Glomo(torch.nn.Module):
              block_size: int = 1 << 22, position: Optional[str] = None,
              position_frequencies: int = 16, position_period: float = 512.0,
              keep_alive: float = 0.0, keep_alive_margin: float = 0.1,
-             entropy_penalty: float = 0.0, pooled_context: bool = False) -> "Glomo":
+             entropy_penalty: float = 0.0, pooled_context: bool = False,
+             local_context: int = 0) -> "Glomo":
         r"""The paper's text model over a vocabulary of ``num_tokens`` token ids.
 
         Per direction: a :class:`GraphPredictor` (causal key/query CNNs, paper
@@ -184,6 +185,9 @@ class Glomo(torch.nn.Module):
             pooled_context (bool): :math:`f` also receives the mean over each
                 target's allowed sources at every layer (an extension, see
                 :class:`FeaturePredictor`).
+            local_context (int): :math:`f` also reads the features of each target's
+                ``local_context`` nearest units on its allowed side directly, at every
+                layer (an extension, see :class:`FeaturePredictor`).
 
         Others as in :class:`GraphPredictor`, :class:`ContextDecoder` and
         :class:`Glomo`.
@@ -214,14 +218,16 @@ class Glomo(torch.nn.Module):
                 features[d] = FeaturePredictor(
                     num_tokens=num_tokens, hidden_channels=hidden_channels, num_layers=num_layers,
                     heads=heads, update=update, decouple=True, padding_idx=padding_idx,
-                    dropout=dropout, pooled_context=pooled_context)
+                    dropout=dropout, pooled_context=pooled_context,
+                    local_context=local_context)
             else:
                 scorer_kwargs = {k: v for k, v in graph_kwargs.items()
                                  if k not in ("num_layers", "heads")}
                 features[d] = FeatureGraphEmitter(
                     num_tokens=num_tokens, hidden_channels=hidden_channels, num_layers=num_layers,
                     heads=heads, update=update, padding_idx=padding_idx, dropout=dropout,
-                    direction=d, pooled_context=pooled_context, **scorer_kwargs)
+                    direction=d, pooled_context=pooled_context, local_context=local_context,
+                    **scorer_kwargs)
             decoders[d] = ContextDecoder(features[d].embedding, hidden_channels, context_length,
                                          decoder_layers, dropout)
         return cls(features, decoders, emitters if decouple else None,

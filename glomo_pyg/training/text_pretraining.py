@@ -306,7 +306,7 @@ _MODEL_RULES = dict(
     block_size=_POSITIVE, position_frequencies=_POSITIVE,
     position_period=_Rule(float, low=0, low_open=True), keep_alive=_Rule(float, low=0),
     keep_alive_margin=_Rule(float, low=0), entropy_penalty=_Rule(float, low=0),
-    layout=_Rule(str, choices=_layouts))
+    local_context=_Rule(int, low=0, high=64), layout=_Rule(str, choices=_layouts))
 _ANNOTATION_RULES = {"int": _Rule(int), "float": _Rule(float), "bool": _Rule(bool),
                      "str": _Rule(str), "Optional[int]": _Rule(int, optional=True),
                      "Optional[str]": _Rule(str, optional=True),
