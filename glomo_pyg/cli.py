@@ -14,9 +14,11 @@ def _set_threads(command: str, threads: int) -> None:
     """``--threads N``: torch's CPU thread count (0 keeps torch's default)."""
     import torch
 
-    if threads < 0:
-        raise SystemExit(f"glomo {command}: --threads must be >= 0 (0: torch's default), "
-                         f"got {threads}")
+    from glomo_pyg.threads import MAX_THREADS
+
+    if not 0 <= threads <= MAX_THREADS:
+        raise SystemExit(f"glomo {command}: --threads must be in [0, {MAX_THREADS}] "
+                         f"(0: torch's default), got {threads}")
     if threads:
         torch.set_num_threads(threads)
 
@@ -96,11 +98,15 @@ def _pretrain(args: argparse.Namespace) -> int:
 
     data = {}
     if args.config:
+        if os.path.exists(args.config) and not os.path.isfile(args.config):
+            raise SystemExit(f"glomo pretrain: {args.config} is not a regular file")
         try:
             with open(args.config, encoding="utf-8") as fh:
                 data = _load_yaml(fh) or {}
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
             raise SystemExit(f"glomo pretrain: cannot read {args.config}: {err}")
+        except RecursionError:
+            raise SystemExit(f"glomo pretrain: cannot read {args.config}: nested too deeply")
         if not isinstance(data, dict):
             raise SystemExit(f"glomo pretrain: {args.config} must hold a mapping")
     for item in args.set or []:
@@ -111,6 +117,9 @@ def _pretrain(args: argparse.Namespace) -> int:
             set_by_path(data, key.strip(), _parse_value(value))
         except (ValueError, yaml.YAMLError) as err:
             raise SystemExit(f"glomo pretrain: --set {item}: {err}")
+        except RecursionError:
+            raise SystemExit(f"glomo pretrain: --set {key.strip()}: the value is nested "
+                             "too deeply")
     if args.output_dir:
         data["output_dir"] = args.output_dir
     try:

@@ -433,3 +433,34 @@ def test_ptr_claiming_huge_or_mostly_empty_batches_is_refused_before_allocating(
     ok = LatentGraphs.uniform(torch.tensor([0, 0, 3]), num_layers=1, num_heads=1,
                               direction="forward")
     assert ok.num_sequences == 2 and sequences.MAX_UNITS >= 1 << 20
+
+
+def test_layer_sizes_and_graph_indices_must_be_integers():
+    import numpy as np
+
+    from glomo_pyg import FeaturePredictor
+    from glomo_pyg.data.text import WordVocabulary
+
+    assert GlomoConv(np.int64(8), heads=np.int64(2)).channels == 8  # numpy integers are fine
+    for channels, heads in [(8.0, 2), (8, "2"), (True, 1)]:
+        with pytest.raises(TypeError, match="channels and heads must be integers"):
+            GlomoConv(channels, heads=heads)
+    with pytest.raises(ValueError, match="pooled_context must be True or False"):
+        FeaturePredictor(num_tokens=5, hidden_channels=4, num_layers=1, heads=1,
+                         pooled_context="no")
+    dense = torch.rand(2, 1, 2, 4, 4).triu(1)  # [i, j] = G_ij: source before target
+    graphs = LatentGraphs.from_dense(dense, direction="forward", ptr=torch.tensor([0, 4]))
+    for call, message in [(lambda: graphs.hierarchical(0, -1, 0), "layer must be an integer"),
+                          (lambda: graphs.hierarchical(0, 2, 0), "layer must be an integer"),
+                          (lambda: graphs.adjacency(0, 0, 0.5), "head must be an integer"),
+                          (lambda: graphs.to_networkx(0.5), "sample must be an integer"),
+                          (lambda: graphs.to_networkx(1), r"sample must be an integer in \[0, 1\)")]:
+        with pytest.raises(ValueError, match=message):
+            call()
+    assert graphs.to_networkx(np.int64(0)).number_of_nodes() == 4
+    vocab = WordVocabulary.build([["a", "b"]], min_count=1)
+    with pytest.raises(TypeError, match="not a string"):
+        vocab.encode("ab")
+    model = Glomo.text(10, hidden_channels=4, num_layers=1, heads=1, cnn_layers=1)
+    with pytest.raises(TypeError, match="not one string"):
+        model.to_pretrained("abcdefghij")

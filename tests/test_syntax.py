@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import stat
 
 import pytest
 import torch
@@ -361,7 +362,11 @@ def test_syntax_command_refuses_bad_options_before_scoring(tmp_path, capsys):
     folder = str(tmp_path / "predictor")
     small_predictor().save_pretrained(folder)
     base = ["syntax", "--predictor", folder, "--treebank", trees, "--no-untrained"]
-    for extra, message in [(["--threads", "-1"], "--threads must be >= 0"),
+    fifo = str(tmp_path / "out.fifo")
+    os.mkfifo(fifo)
+    for extra, message in [(["--threads", "-1"], r"--threads must be in \[0, 1024\]"),
+                           (["--threads", "100000"], r"--threads must be in \[0, 1024\]"),
+                           (["--json", fifo], "not a regular file"),
                            (["--max-tokens", "1"], "--max-tokens must be >= 2"),
                            (["--seed", str(10 ** 23)], "--seed must lie in"),
                            (["--json", str(tmp_path)], "is a directory"),
@@ -370,6 +375,9 @@ def test_syntax_command_refuses_bad_options_before_scoring(tmp_path, capsys):
             main(base + extra)
         assert "gold trees" not in capsys.readouterr().out  # nothing was scored
     assert not any(name.endswith(".tmp") for name in os.listdir(tmp_path))
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)  # left as it was
+    with pytest.raises(SystemExit, match="out.fifo is not a regular file"):  # never opened
+        main(["syntax", "--predictor", folder, "--treebank", fifo])
     empty = write(tmp_path, "# only a comment\n\n\n", "empty.conllu")
     with pytest.raises(SystemExit, match="empty.conllu holds no sentences"):
         main(["syntax", "--predictor", folder, "--treebank", empty])

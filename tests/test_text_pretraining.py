@@ -246,6 +246,16 @@ def test_config_yaml_refuses_alias_bombs_and_duplicate_keys(tmp_path):
     dup.write_text("train:\n  lr: 0.5\ntrain:\n  max_steps: 7\n")
     with pytest.raises(SystemExit, match="duplicate key 'train'"):
         main(["pretrain", "--config", str(dup), "--print-config"])
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("model: " + "[" * 20000 + "]" * 20000 + "\n")
+    with pytest.raises(SystemExit, match="deep.yaml: nested too deeply"):
+        main(["pretrain", "--config", str(deep), "--print-config"])
+    with pytest.raises(SystemExit, match="--set model.x: the value is nested too deeply"):
+        main(["pretrain", "--set", "model.x=" + "[" * 3000 + "]" * 3000, "--print-config"])
+    fifo = tmp_path / "config.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(SystemExit, match="config.fifo is not a regular file"):  # no hang
+        main(["pretrain", "--config", str(fifo), "--print-config"])
     # an error message quotes a hostile value only in part
     with pytest.raises(ValueError) as err:
         PretrainConfig.from_dict(dict(train=dict(lr=[list(range(1000))] * 1000)))
@@ -263,6 +273,18 @@ def test_numbers_and_choices_written_as_yaml_reads_them(capsys):
                                 ("train.lr", "fast", "train.lr must be"),
                                 ("corpus.min_length", "1", "corpus.min_length must be an "
                                                            "integer >= 2"),
+                                ("train.threads", "100000", r"train.threads must be an "
+                                                            r"integer in \[0, 1024\]"),
+                                ("train.batch_size", str(2 ** 63), "train.batch_size"),
+                                # beyond what load_pretrained accepts: refused before a run
+                                # that could not be loaded afterwards
+                                ("model.block_size", str(2 ** 34 + 1), "model.block_size is "
+                                 "17179869185, outside .* a saved predictor may hold"),
+                                ("model.num_layers", "100000", "model.num_layers"),
+                                ("model.head_channels", "100000", "model.head_channels"),
+                                ("model.kernel_size", "1024", "model.kernel_size"),
+                                ("model.position_frequencies", "4097",
+                                 "model.position_frequencies"),
                                 ("model.context_length", "500", "must be below "
                                                                 "corpus.max_length")]:
         with pytest.raises(SystemExit, match=message):
@@ -288,6 +310,15 @@ def test_bad_train_settings_fail_before_the_corpus_is_prepared(tmp_path, monkeyp
         with pytest.raises(ValueError, match=message):
             run_pretraining(cfg, log=lambda *a: None)
         assert not os.path.exists(tmp_path / f"bad{k}" / "tokens")  # nothing was tokenised
+    # trees that read but leave nothing to score: refused before any step, not after
+    (tmp_path / "punct.conllu").write_text(
+        "1\t.\t.\tPUNCT\t_\t_\t0\troot\t_\t_\n2\t!\t!\tPUNCT\t_\t_\t1\tpunct\t_\t_\n\n")
+    with pytest.raises(ValueError, match="train.syntax_treebank: the gold trees cannot be "
+                                         "scored: no target to score"):
+        run_pretraining(config(tmp_path, "bad-punct", syntax_treebank=str(tmp_path / "punct.conllu")),
+                        log=lambda *a: None)
+    assert not os.path.exists(tmp_path / "bad-punct" / "checkpoints") or \
+        not os.listdir(tmp_path / "bad-punct" / "checkpoints")
     (tmp_path / "empty.conllu").write_text("# no sentences\n")
     with pytest.raises(ValueError, match="empty.conllu holds no sentences"):
         run_pretraining(config(tmp_path, "bad-empty", syntax_treebank=str(tmp_path / "empty.conllu")),
@@ -307,8 +338,11 @@ def test_model_widths_beyond_memory_fail_before_the_corpus_is_prepared(tmp_path,
 
     monkeypatch.setattr(pretraining, "physical_memory", lambda: 2 ** 30)  # any machine: 1 GiB
     write_corpus(tmp_path / "corpus", documents=10)
-    for k, (width, message) in enumerate([(10 ** 9, "cannot be built: .*overflow"),
-                                          (10 ** 30, "model settings .*: [^\n]{1,300}$"),
+    # widths no saved predictor may hold are refused by range, before any estimate
+    for k, (width, message) in enumerate([(10 ** 9, r"model.hidden_channels is 1000000000, "
+                                                    r"outside \[1, 65536\]"),
+                                          (10 ** 30, r"model.hidden_channels is 1{1}0{30}, "
+                                                     r"outside"),
                                           (2 ** 14, r"parameters \(.* GiB\), more than this "
                                                     r"machine's memory \(1.0 GiB\)")]):
         cfg = config(tmp_path, f"wide{k}")

@@ -4,6 +4,7 @@ thin method of the same name), and every graph of one sequence as a JSON edge li
 a GraphML-ready networkx graph (``glomo export`` writes them to files)."""
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -13,14 +14,23 @@ if TYPE_CHECKING:  # annotations only: graphs.py imports this module
     from glomo_pyg.graphs import LatentGraphs
 
 
+def _check_index(name: str, value, size: int) -> None:
+    """``value`` must be an integer in ``[0, size)`` (a float such as 0.5 would match no
+    edge, and a negative one no layer, silently)."""
+    try:
+        index = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        index = None
+    if index is None or not 0 <= index < size:
+        raise ValueError(f"{name} must be an integer in [0, {size}), got {value!r}")
+
+
 def _sample_edges(graphs: "LatentGraphs", sample: int, layer: int, head: Optional[int] = None):
     """Local (source, target, head, weight) of one sequence's edges in one layer."""
-    if not 0 <= sample < graphs.num_sequences:
-        raise ValueError(f"sample must lie in [0, {graphs.num_sequences}), got {sample}")
-    if not 0 <= layer < graphs.num_layers:
-        raise ValueError(f"layer must lie in [0, {graphs.num_layers}), got {layer}")
-    if head is not None and not 0 <= head < graphs.num_heads:
-        raise ValueError(f"head must lie in [0, {graphs.num_heads}), got {head}")
+    _check_index("sample", sample, graphs.num_sequences)
+    _check_index("layer", layer, graphs.num_layers)
+    if head is not None:
+        _check_index("head", head, graphs.num_heads)
     (src, tgt), weight, heads = graphs.layer(layer)
     lo, hi = int(graphs.ptr[sample]), int(graphs.ptr[sample + 1])
     keep = (tgt >= lo) & (tgt < hi)
@@ -42,7 +52,8 @@ def to_networkx(graphs: "LatentGraphs", sample: int, layer: Optional[int] = None
     """
     import networkx as nx
 
-    length = int(graphs.lengths[sample]) if 0 <= sample < graphs.num_sequences else 0
+    _check_index("sample", sample, graphs.num_sequences)
+    length = int(graphs.lengths[sample])
     if labels is not None and len(labels) != length:
         raise ValueError(f"labels must have one entry per unit of sample {sample} "
                          f"({length}), got {len(labels)}")
@@ -72,6 +83,7 @@ def hierarchical(graphs: "LatentGraphs", sample: int, layer: int, head: int) -> 
     r"""Explicit :math:`\Lambda^l = G^1 G^2 \cdots G^l` of one sequence and head, as a
     sparse ``[T, T]`` (sparse-sparse products; paper Sec. 2.2). For analysis only:
     transfer computes :math:`H\Lambda^l` by chained propagation and never forms it."""
+    _check_index("layer", layer, graphs.num_layers)
     out = adjacency(graphs, sample, 0, head)
     for l in range(1, layer + 1):
         out = torch.sparse.mm(out, adjacency(graphs, sample, l, head)).coalesce()

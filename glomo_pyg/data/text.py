@@ -164,6 +164,9 @@ class WordVocabulary:
 
     def encode(self, tokens: Sequence[str]) -> torch.Tensor:
         """Ids of ``tokens`` (int64), unknown words as ``<unk>``."""
+        if isinstance(tokens, str):  # would be read character by character
+            raise TypeError("encode takes a sequence of tokens, not a string: split it "
+                            "first (e.g. glomo_pyg.data.text.tokenize)")
         return torch.tensor([self.id(t) for t in tokens], dtype=torch.long)
 
     def decode(self, ids: Iterable[int]) -> List[str]:

@@ -1,6 +1,7 @@
 """GlomoConv: per-head weighted aggregation along latent graphs (paper Eq. 2)."""
 from __future__ import annotations
 
+import operator
 from typing import Optional, Tuple
 
 import torch
@@ -82,6 +83,13 @@ class GlomoConv(MessagePassing):
                  fused: bool = True, **kwargs):
         kwargs.setdefault("aggr", "add")
         super().__init__(node_dim=0, **kwargs)
+        try:
+            if isinstance(channels, bool) or isinstance(heads, bool):
+                raise TypeError
+            channels, heads = operator.index(channels), operator.index(heads)
+        except TypeError:
+            raise TypeError(f"channels and heads must be integers, got {channels!r} and "
+                            f"{heads!r}") from None
         if channels <= 0 or heads <= 0 or channels % heads:
             raise ValueError(f"channels ({channels}) must be a positive multiple of heads ({heads})")
         if update not in UPDATES:

@@ -116,6 +116,8 @@ class FeaturePredictor(ConfigurableModule):
         super().__init__()
         if update not in ("gru", "residual"):
             raise ValueError(f"update must be 'gru' or 'residual', got {update!r}")
+        if not isinstance(pooled_context, bool):
+            raise ValueError(f"pooled_context must be True or False, got {pooled_context!r}")
         if isinstance(local_context, bool) or not isinstance(local_context, int) or \
                 not 0 <= local_context <= MAX_LOCAL_CONTEXT:
             raise ValueError(f"local_context must be an integer in [0, {MAX_LOCAL_CONTEXT}], "

@@ -83,6 +83,8 @@ class PretrainedGraphPredictor(torch.nn.Module):
             if mine != theirs:
                 raise ValueError("the two directions disagree on (layers, heads, num_tokens, "
                                  f"in_channels, include_self): {theirs} vs {mine}")
+        if isinstance(vocabulary, str):  # would be one token per character
+            raise TypeError("vocabulary must be a sequence of token strings, not one string")
         if vocabulary is not None:
             vocabulary = [str(t) for t in vocabulary]
             if self.num_tokens is None:

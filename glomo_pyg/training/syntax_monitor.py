@@ -31,14 +31,25 @@ class SyntaxMonitor(pl.Callback):
         self.every_n_steps, self.exclude_punct = every_n_steps, exclude_punct
         self.history: List[Dict[str, Any]] = []
 
-    def score(self, pl_module) -> Dict[str, float]:
-        model = pl_module.model
+    def check(self, model) -> None:
+        """Score ``model``'s graphs once, so that a sample with nothing to score (every
+        target punctuation, no gold arc, ...) is refused before training, not after it.
+        Raises :class:`ValueError` naming what is missing."""
+        try:
+            self._scores(model)
+        except ValueError as err:
+            raise ValueError(f"the gold trees cannot be scored: {err}") from None
+
+    def _scores(self, model):
         was_training = model.training
         model.eval()
         try:
-            scores = syntax_scores(model.graphs, self.alignment, self.exclude_punct)
+            return syntax_scores(model.graphs, self.alignment, self.exclude_punct)
         finally:
             model.train(was_training)
+
+    def score(self, pl_module) -> Dict[str, float]:
+        scores = self._scores(pl_module.model)
         out: Dict[str, float] = {}
         for d, s in scores.directions.items():
             l, h, best = s.best("undirected")

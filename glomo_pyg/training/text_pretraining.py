@@ -54,6 +54,7 @@ from glomo_pyg.data.text import SPECIALS, WordVocabulary, read_text_documents, t
 from glomo_pyg.data.tokens import (ResumableLoader, ResumableSampler, TokenWindows,
                                    read_shard_index, write_token_shards)
 from glomo_pyg.io.memory import physical_memory
+from glomo_pyg.io.pretrained import CONFIG_RULES
 from glomo_pyg.training.checkpoints import (CHECKPOINT_KEY, AtomicCheckpointIO,
                                             CheckpointMismatchError, check_checkpoint_matches,
                                             find_resume_checkpoint, newest_checkpoint_file,
@@ -61,6 +62,7 @@ from glomo_pyg.training.checkpoints import (CHECKPOINT_KEY, AtomicCheckpointIO,
 from glomo_pyg.training.graph_statistics import GraphStatistics
 from glomo_pyg.training.interrupts import GracefulInterrupt, TrainingInterrupted
 from glomo_pyg.training.pretraining import OPTIMIZERS, GlomoPretraining
+from glomo_pyg.threads import MAX_THREADS
 from glomo_pyg.training.utils import quiet_lightning
 
 TEXT_FORMATS = ("text", "aclimdb")
@@ -282,7 +284,7 @@ _RULES: Dict[str, Dict[str, _Rule]] = dict(
         shard_tokens=_POSITIVE, max_images=_Rule(int, low=2, optional=True),
         flip=_Rule(bool), crop=_Rule(int, low=2, optional=True, note="pixels per side")),
     train=dict(
-        batch_size=_POSITIVE, max_steps=_POSITIVE, lr=_Rule(float, low=0, low_open=True),
+        batch_size=_Rule(int, low=1, high=1 << 24), max_steps=_POSITIVE, lr=_Rule(float, low=0, low_open=True),
         graph_lr_scale=_Rule(float, low=0), graph_warmup_steps=_Rule(int, low=0),
         weight_decay=_Rule(float, low=0), optimizer=_Rule(str, choices=OPTIMIZERS),
         momentum=_Rule(float, low=0, high=1, high_open=True),
@@ -290,7 +292,8 @@ _RULES: Dict[str, Dict[str, _Rule]] = dict(
         seed=_Rule(int, low=0, high=2**32 - 1), accelerator=_Rule(str, choices=_accelerators),
         devices=_Devices(), num_nodes=_POSITIVE, strategy=_Rule(str, choices=_strategies),
         precision=_Rule(str, optional=True, choices=_precisions),
-        num_workers=_Rule(int, low=0), threads=_Rule(int, low=0, note="0: torch's default"),
+        num_workers=_Rule(int, low=0), threads=_Rule(int, low=0, high=MAX_THREADS,
+                                                      note="0: torch's default"),
         checkpoint_every=_POSITIVE, validate_every=_POSITIVE, log_every=_POSITIVE,
         graph_stats_every=_POSITIVE, logger=_Rule(str, choices=LOGGERS),
         progress_bar=_Rule(bool), syntax_treebank=_Rule(str, optional=True),
@@ -338,6 +341,13 @@ def _check_model_settings(model: Dict[str, Any], images: bool) -> None:
                          True, rule.choices)
         if rule is not None:
             model[key] = rule.check(f"model.{key}", value)
+        kind, low, high = CONFIG_RULES.get(key, ("", None, None))
+        value = model[key]
+        if kind.rstrip("?") in ("int", "float") and value is not None and not (
+                (low is None or value >= low) and (high is None or value <= high)):
+            # the run would end with a predictor that load_pretrained refuses
+            raise ValueError(f"model.{key} is {value}, outside [{low}, {high}], the range a "
+                             "saved predictor may hold")
 
 
 def _section(data: Mapping[str, Any], name: str) -> Dict[str, Any]:
@@ -1070,8 +1080,12 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
         if trees is not None:
             from glomo_pyg.training.syntax_monitor import SyntaxMonitor
 
-            extra_callbacks.append(SyntaxMonitor(trees, vocab.tokens(), t.syntax_every,
-                                                 lower=c.lower))
+            monitor = SyntaxMonitor(trees, vocab.tokens(), t.syntax_every, lower=c.lower)
+            try:  # refused now rather than when the first score is due
+                monitor.check(module.model)
+            except ValueError as err:
+                raise ValueError(f"train.syntax_treebank: {err}") from None
+            extra_callbacks.append(monitor)
         interrupt = GracefulInterrupt(os.path.join(folder, "last.ckpt"), quiet=child)
         record = _RunRecord(fingerprint, config.to_dict())
         with quiet_lightning():
