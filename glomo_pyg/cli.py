@@ -98,8 +98,6 @@ def _pretrain(args: argparse.Namespace) -> int:
 
     data = {}
     if args.config:
-        if os.path.exists(args.config) and not os.path.isfile(args.config):
-            raise SystemExit(f"glomo pretrain: {args.config} is not a regular file")
         try:
             with open(args.config, encoding="utf-8") as fh:
                 data = _load_yaml(fh) or {}

@@ -445,7 +445,7 @@ def test_layer_sizes_and_graph_indices_must_be_integers():
     for channels, heads in [(8.0, 2), (8, "2"), (True, 1)]:
         with pytest.raises(TypeError, match="channels and heads must be integers"):
             GlomoConv(channels, heads=heads)
-    with pytest.raises(ValueError, match="pooled_context must be True or False"):
+    with pytest.raises(TypeError, match="pooled_context must be True or False"):
         FeaturePredictor(num_tokens=5, hidden_channels=4, num_layers=1, heads=1,
                          pooled_context="no")
     dense = torch.rand(2, 1, 2, 4, 4).triu(1)  # [i, j] = G_ij: source before target

@@ -77,17 +77,18 @@ def test_a_unit_reads_nothing_on_its_other_side(direction):
     model = FeaturePredictor(in_channels=3, hidden_channels=4, num_layers=1, heads=1,
                              local_context=k).double()
     torch.nn.init.normal_(model.local[0].weight)
-    lengths = [6]
-    ptr = torch.tensor([0, 6])
-    graphs = LatentGraphs.from_dense(torch.zeros(1, 1, 1, 6, 6, dtype=torch.float64),
+    lengths = [6, 4]  # a second sequence: nothing may cross between them
+    ptr = torch.tensor([0, 6, 10])
+    graphs = LatentGraphs.from_dense(torch.zeros(1, 2, 1, 6, 6, dtype=torch.float64),
                                      direction=direction, ptr=ptr)
-    x = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(10, 3, dtype=torch.float64, requires_grad=True)
     out = model(x, graphs, batch_vector(lengths))[0]
-    for j in range(6):
+    for j in range(10):
+        start, end = (0, 6) if j < 6 else (6, 10)
         (grad,) = torch.autograd.grad(out[j].sum(), x, retain_graph=True)
-        reached = {i for i in range(6) if grad[i].abs().sum() > 0}
+        reached = {i for i in range(10) if grad[i].abs().sum() > 0}
         near = range(j - k, j + 1) if direction == "forward" else range(j, j + k + 1)
-        assert reached == {i for i in near if 0 <= i < 6}
+        assert reached == {i for i in near if start <= i < end}
 
 
 def test_local_context_is_saved_in_the_config_and_reaches_the_decouple_ablation():
@@ -107,8 +108,18 @@ def test_local_context_is_saved_in_the_config_and_reaches_the_decouple_ablation(
         "fw"].local is None  # off by default
 
 
-@pytest.mark.parametrize("bad", [-1, 65, 1.5, True, "2", None])
-def test_bad_local_context_is_named(bad):
-    with pytest.raises(ValueError, match="local_context must be an integer in \\[0, 64\\]"):
+@pytest.mark.parametrize("bad,error", [(-1, ValueError), (65, ValueError), (1.5, TypeError),
+                                       (True, TypeError), ("2", TypeError), (None, TypeError)])
+def test_bad_local_context_is_named(bad, error):
+    with pytest.raises(error, match="local_context must be an integer"):
         FeaturePredictor(num_tokens=10, hidden_channels=8, num_layers=1, heads=2,
                          local_context=bad)
+
+
+def test_numpy_values_build_the_same_network():
+    import numpy as np
+
+    fp = FeaturePredictor(num_tokens=10, hidden_channels=8, num_layers=1, heads=2,
+                          local_context=np.int64(2), pooled_context=np.True_)
+    assert fp.local_context == 2 and type(fp.local_context) is int
+    assert fp.local[0].weight.shape == (8, 16) and fp.pooled is not None

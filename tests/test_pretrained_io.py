@@ -27,7 +27,7 @@ def make(kind="graph", norm="layer", bias="scalar", directions=("forward", "back
             parts[d] = FeatureGraphEmitter(num_tokens=TOKENS, hidden_channels=16, num_layers=2,
                                            heads=2, direction=d, bias=bias,
                                            pooled_context=kind == "feature-pooled",
-                                           local_context=2 if kind == "feature-pooled" else 0)
+                                           local_context=2 if kind == "feature-local" else 0)
     predictor = PretrainedGraphPredictor(parts.get("forward"), parts.get("backward"),
                                          VOCAB if vocab else None)
     with torch.no_grad():  # non-default values everywhere, BatchNorm buffers included
@@ -56,6 +56,7 @@ def graphs_equal(a, b):
     ("graph", None, "scalar", ("backward",)),
     ("feature", "layer", "threshold", ("forward", "backward")),
     ("feature-pooled", "layer", "scalar", ("forward",)),
+    ("feature-local", None, "threshold", ("backward",)),
 ])
 def test_round_trip_gives_identical_graphs(tmp_path, kind, norm, bias, directions):
     predictor = make(kind, norm, bias, directions)

@@ -169,8 +169,6 @@ def read_treebank(path: str, format: Optional[str] = None,
     tag_field = "upos" if format == "conllu" else "cpostag"
     if os.path.isdir(path):
         raise TreebankFormatError(f"{path} is a directory, not a treebank file")
-    if os.path.exists(path) and not os.path.isfile(path):  # reading a FIFO would block
-        raise TreebankFormatError(f"{path} is not a regular file (a FIFO, device or socket)")
     trees: List[GoldTree] = []
     for first, block in _blocks(_text_lines(path)):
         words, heads, tags, numbers, sent_id = [], [], [], [], ""

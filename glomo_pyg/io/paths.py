@@ -7,8 +7,9 @@ import os
 def check_output_file(path: str) -> None:
     """Raise :class:`ValueError` if ``path`` cannot be written as a file: it is a
     directory or another non-regular file (written files replace what is there, so a
-    device such as ``/dev/null`` would be lost), a folder on its way is a file, or the nearest existing folder is not
-    writable. Missing folders are fine (they are created when the file is written)."""
+    device such as ``/dev/null`` would be lost), a folder on its way is a file, or the
+    nearest existing folder is not writable. Missing folders are fine (they are created
+    when the file is written)."""
     if os.path.isdir(path):
         raise ValueError(f"{path} is a directory; give a file name")
     if os.path.exists(path) and not os.path.isfile(path):  # the file would replace it

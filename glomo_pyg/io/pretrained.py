@@ -34,6 +34,7 @@ import torch
 from glomo_pyg.graphs import DIRECTION_KEYS
 from glomo_pyg.nn import FeatureGraphEmitter, GraphPredictor  # noqa: F401 (registers emitters)
 from glomo_pyg.nn.emitter import EMITTERS
+from glomo_pyg.nn.feature_predictor import MAX_LOCAL_CONTEXT
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor, register_persistence
 from glomo_pyg.version import __version__
 
@@ -86,7 +87,7 @@ CONFIG_RULES: Dict[str, Tuple[str, Optional[float], Optional[float]]] = {
     "include_self": ("bool", None, None),
     "sparse": ("bool", None, None),
     "pooled_context": ("bool", None, None),
-    "local_context": ("int", 0, 64),
+    "local_context": ("int", 0, MAX_LOCAL_CONTEXT),
 }
 _MAX_LIST = 1 << 16  # entries of a "floats" value
 
@@ -649,9 +650,10 @@ def _check_value(key: str, value: Any, where: str) -> None:
 # Named emitter constructor arguments that format-2 files may lack: arguments added
 # after format 2 first appeared, whose constructor defaults reproduce what files saved
 # without them did (FeatureGraphEmitter took pooled_context through **scorer_kwargs at
-# first, recorded only when passed; local_context came later). A format-2 file records every named constructor
-# argument its writer had (ConfigurableModule.config), so any other missing one means an
-# edited or truncated file: it is refused rather than filled with a default.
+# first, recorded only when passed; local_context came later). A format-2 file records
+# every named constructor argument its writer had (ConfigurableModule.config), so any
+# other missing one means an edited or truncated file: it is refused rather than filled
+# with a default.
 ADDED_SINCE_FORMAT_2: Dict[str, Tuple[str, ...]] = {
     "FeatureGraphEmitter": ("pooled_context", "local_context")}
 

@@ -1,6 +1,7 @@
 """The feature predictor f of GLoMo (paper Eq. 2)."""
 from __future__ import annotations
 
+import operator
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -94,9 +95,10 @@ class FeaturePredictor(ConfigurableModule):
             target's :math:`k` nearest units on its allowed side (:math:`j+1..j+k`
             going backward; zero past the sequence's ends), through a linear map
             initialised to zero, so an untrained network is the paper's. The language
-            model then reads the adjacent units without a graph, which leaves the
-            graphs to learn what lies beyond them; without it, at small scale, they
-            settle on previous- and next-unit heads (docs/training.md).
+            model then reads the adjacent units without a graph, meant to leave the
+            graphs to learn what lies beyond them (at small scale they settle on
+            previous- and next-unit heads). On the CPU recipe with :math:`k = 2` it
+            did not: the graphs learned less (docs/training.md).
             (default: :obj:`0`)
         scorer_kwargs: options of the internal :class:`GraphScorer` when
             ``decouple=False`` (``direction``, ``sparse``, ``bias``, ...).
@@ -116,12 +118,19 @@ class FeaturePredictor(ConfigurableModule):
         super().__init__()
         if update not in ("gru", "residual"):
             raise ValueError(f"update must be 'gru' or 'residual', got {update!r}")
-        if not isinstance(pooled_context, bool):
-            raise ValueError(f"pooled_context must be True or False, got {pooled_context!r}")
-        if isinstance(local_context, bool) or not isinstance(local_context, int) or \
-                not 0 <= local_context <= MAX_LOCAL_CONTEXT:
+        if type(pooled_context).__name__ not in ("bool", "bool_"):  # numpy's too
+            raise TypeError(f"pooled_context must be True or False, got {pooled_context!r}")
+        pooled_context = bool(pooled_context)
+        try:
+            if type(local_context).__name__ in ("bool", "bool_"):
+                raise TypeError
+            local_context = operator.index(local_context)  # a plain int: config() is JSON
+        except TypeError:
+            raise TypeError(f"local_context must be an integer, got {local_context!r}") \
+                from None
+        if not 0 <= local_context <= MAX_LOCAL_CONTEXT:
             raise ValueError(f"local_context must be an integer in [0, {MAX_LOCAL_CONTEXT}], "
-                             f"got {local_context!r}")
+                             f"got {local_context}")
         if "layout" in scorer_kwargs:
             raise TypeError("layout is a run-time choice: use set_layout() or "
                             "from_sequences(..., layout=...)")

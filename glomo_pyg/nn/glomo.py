@@ -187,7 +187,8 @@ class Glomo(torch.nn.Module):
                 :class:`FeaturePredictor`).
             local_context (int): :math:`f` also reads the features of each target's
                 ``local_context`` nearest units on its allowed side directly, at every
-                layer (an extension, see :class:`FeaturePredictor`).
+                layer (an extension, see :class:`FeaturePredictor`; 0 to 64).
+                (default: :obj:`0`)
 
         Others as in :class:`GraphPredictor`, :class:`ContextDecoder` and
         :class:`Glomo`.

@@ -54,7 +54,9 @@ from glomo_pyg.data.text import SPECIALS, WordVocabulary, read_text_documents, t
 from glomo_pyg.data.tokens import (ResumableLoader, ResumableSampler, TokenWindows,
                                    read_shard_index, write_token_shards)
 from glomo_pyg.io.memory import physical_memory
-from glomo_pyg.io.pretrained import CONFIG_RULES
+from glomo_pyg.io.pretrained import CONFIG_RULES, MAX_VOCABULARY
+from glomo_pyg.nn.feature_predictor import MAX_LOCAL_CONTEXT
+from glomo_pyg.threads import MAX_THREADS
 from glomo_pyg.training.checkpoints import (CHECKPOINT_KEY, AtomicCheckpointIO,
                                             CheckpointMismatchError, check_checkpoint_matches,
                                             find_resume_checkpoint, newest_checkpoint_file,
@@ -62,7 +64,6 @@ from glomo_pyg.training.checkpoints import (CHECKPOINT_KEY, AtomicCheckpointIO,
 from glomo_pyg.training.graph_statistics import GraphStatistics
 from glomo_pyg.training.interrupts import GracefulInterrupt, TrainingInterrupted
 from glomo_pyg.training.pretraining import OPTIMIZERS, GlomoPretraining
-from glomo_pyg.threads import MAX_THREADS
 from glomo_pyg.training.utils import quiet_lightning
 
 TEXT_FORMATS = ("text", "aclimdb")
@@ -277,14 +278,15 @@ _RULES: Dict[str, Dict[str, _Rule]] = dict(
     corpus=dict(
         path=_Rule(str, optional=True), format=_Rule(str, choices=CORPUS_FORMATS),
         one_per_line=_Rule(bool), lower=_Rule(bool), min_count=_POSITIVE,
-        max_size=_Rule(int, low=len(SPECIALS) + 1, optional=True,
+        max_size=_Rule(int, low=len(SPECIALS) + 1, high=MAX_VOCABULARY, optional=True,
                        note="the special tokens included"), max_length=_Rule(int, low=2),
         min_length=_Rule(int, low=2), max_documents=_Rule(int, low=1, optional=True),
         validation_fraction=_Rule(float, low=0, high=1, high_open=True),
         shard_tokens=_POSITIVE, max_images=_Rule(int, low=2, optional=True),
         flip=_Rule(bool), crop=_Rule(int, low=2, optional=True, note="pixels per side")),
     train=dict(
-        batch_size=_Rule(int, low=1, high=1 << 24), max_steps=_POSITIVE, lr=_Rule(float, low=0, low_open=True),
+        batch_size=_Rule(int, low=1, high=1 << 24), max_steps=_POSITIVE,
+        lr=_Rule(float, low=0, low_open=True),
         graph_lr_scale=_Rule(float, low=0), graph_warmup_steps=_Rule(int, low=0),
         weight_decay=_Rule(float, low=0), optimizer=_Rule(str, choices=OPTIMIZERS),
         momentum=_Rule(float, low=0, high=1, high_open=True),
@@ -309,7 +311,7 @@ _MODEL_RULES = dict(
     block_size=_POSITIVE, position_frequencies=_POSITIVE,
     position_period=_Rule(float, low=0, low_open=True), keep_alive=_Rule(float, low=0),
     keep_alive_margin=_Rule(float, low=0), entropy_penalty=_Rule(float, low=0),
-    local_context=_Rule(int, low=0, high=64), layout=_Rule(str, choices=_layouts))
+    local_context=_Rule(int, low=0, high=MAX_LOCAL_CONTEXT), layout=_Rule(str, choices=_layouts))
 _ANNOTATION_RULES = {"int": _Rule(int), "float": _Rule(float), "bool": _Rule(bool),
                      "str": _Rule(str), "Optional[int]": _Rule(int, optional=True),
                      "Optional[str]": _Rule(str, optional=True),
@@ -1042,6 +1044,9 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
         fingerprint, where = image_fingerprint(pixels), f"corpus.path ({c.path})"
     else:
         vocab, shards = prepare_corpus(config.corpus, out, log)
+        if len(vocab) > MAX_VOCABULARY:  # the saved predictor could not be loaded
+            raise ValueError(f"the corpus has {len(vocab)} distinct tokens, more than a saved "
+                             f"predictor may hold ({MAX_VOCABULARY}): set corpus.max_size")
         if prepare_only:
             return dict(vocabulary=len(vocab), tokens=read_shard_index(shards)["num_tokens"])
         fingerprint = corpus_fingerprint(vocab, shards)
