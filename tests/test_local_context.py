@@ -4,7 +4,7 @@ import torch
 
 from glomo_pyg import FeaturePredictor, Glomo, LatentGraphs
 from glomo_pyg.nn.feature_predictor import FeatureGraphEmitter
-from reference import batch_vector
+from reference import allowed_pairs, batch_vector
 
 LENGTHS = [5, 1, 7, 3]
 
@@ -28,12 +28,7 @@ def random_graphs(direction, include_self, num_layers=2, heads=2):
     size = max(LENGTHS)
     ptr = torch.tensor([0] + LENGTHS).cumsum(0)
     scores = torch.rand(num_layers, len(LENGTHS), heads, size, size, dtype=torch.float64)
-    valid = torch.arange(size).view(1, -1) < torch.tensor(LENGTHS).view(-1, 1)
-    i, j = torch.arange(size).view(-1, 1), torch.arange(size).view(1, -1)
-    order = (i <= j if include_self else i < j) if direction == "forward" else \
-        (i >= j if include_self else i > j)
-    mask = order & valid[:, None, :, None] & valid[:, None, None, :]
-    dense = scores * mask
+    dense = scores * allowed_pairs(LENGTHS, size, direction, include_self)
     dense = dense / dense.sum(-2, keepdim=True).clamp_min(1e-12)
     return LatentGraphs.from_dense(dense, direction=direction, ptr=ptr,
                                    include_self=include_self)
