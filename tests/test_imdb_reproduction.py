@@ -41,6 +41,9 @@ def test_comparisons_cover_every_variant_and_learned_graphs_against_uniform():
         ("glomo", "uniform"), ("glomo-rnn", "uniform")]
     assert comparisons(["baseline", "glomo-rnn", "no-sparse"]) == [
         ("glomo-rnn", "baseline"), ("no-sparse", "baseline")]
+    assert comparisons(["baseline", "glomo", "uniform", "untrained"]) == [
+        ("glomo", "baseline"), ("uniform", "baseline"), ("untrained", "baseline"),
+        ("glomo", "uniform"), ("glomo", "untrained")]
     assert comparisons(["baseline"]) == []
 
 

@@ -156,19 +156,21 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
         (unsup / f"{k}_0.txt").write_text(" ".join(f"filler{rng.randrange(30)}"
                                                     for _ in range(20)))
     results = tmp_path / "imdb.md"
-    variants = ("baseline", "glomo", "uniform", "no-decouple")
+    variants = ("baseline", "glomo", "uniform", "untrained", "no-decouple")
     args = ["--data-dir", str(tmp_path), "--smoke", "--output-dir", str(tmp_path / "run"),
             "--accelerator", "cpu", "--workers", "1", "--results", str(results),
             "--variants", *variants]
     imdb.main(args)
     text = results.read_text()
     for label in ("feature only (word vectors)", "GLoMo on embeddings", "uniform graph",
-                  "GLoMo, predictor -decouple"):
+                  "untrained graphs", "GLoMo, predictor -decouple"):
         assert f"| {label} |" in text
     assert "| `no-decouple` | 0 |" in text  # graph statistics of the ablation's predictor
+    assert "| `default, untrained` | 0 |" in text  # and of the untrained predictor
     assert f"| {imdb.TFIDF_LABEL} |" in text
     assert "| GLoMo on embeddings − feature only (word vectors) |" in text  # paired table
     assert "| GLoMo on embeddings − uniform graph |" in text
+    assert "| GLoMo on embeddings − untrained graphs |" in text
     assert os.path.exists(tmp_path / "run" / "pretrain" / "no-decouple" / "predictor")
     with open(tmp_path / "run" / "downstream.json") as fh:
         cache = json.load(fh)
@@ -214,14 +216,14 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
     with torch.no_grad():
         next(other.parameters()).add_(0.5)
     other.save_pretrained(tmp_path / "other")
-    again = args[:-len(variants)] + ["baseline", "glomo", "uniform",
+    again = args[:-len(variants)] + ["baseline", "glomo", "uniform", "untrained",
                                      "--predictor", str(tmp_path / "other")]
     imdb.main(again)
     with open(tmp_path / "run" / "downstream.json") as fh:
         cache = json.load(fh)
     after = cache["runs"]
     weights = imdb.file_digest(str(tmp_path / "other" / "model.safetensors"))
-    for prefix in ("baseline/", "uniform/", "no-decouple/"):  # kept as they were
+    for prefix in ("baseline/", "uniform/", "untrained/", "no-decouple/"):  # kept as they were
         assert {k: e for k, e in after.items() if k.startswith(prefix)} == \
             {k: e for k, e in runs.items() if k.startswith(prefix)}
     retrained = {k: e for k, e in after.items() if k.startswith("glomo/")}
@@ -229,6 +231,9 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
     assert all(e["inputs"] != {"weights": weights} for k, e in runs.items()
                if k.startswith("glomo/"))
     assert all(e["inputs"] == {} for k, e in after.items() if k.startswith("baseline/"))
+    # untrained graphs read the predictor's architecture, not its weights
+    assert all(set(e["inputs"]) == {"untrained_graphs"} for k, e in after.items()
+               if k.startswith("untrained/"))
     # a cache of the earlier format (predictor digests in the shared settings) made with
     # the same predictor is upgraded in place and reused: nothing is trained again
     old_settings = {k: v for k, v in cache["settings"].items() if k != "vocabulary"}

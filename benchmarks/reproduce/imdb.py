@@ -22,8 +22,8 @@ interrupted reproduction continues where it stopped:
    settings and input digests (word vectors, vocabulary) they were made with: a cache
    made with others is refused, not reported under the new settings. Each run also
    records what its variant reads from the predictor (the weights for learned graphs,
-   the graphs' shape for uniform ones, nothing for the baseline): a new ``--predictor``
-   retrains only the runs that depend on it):
+   the graphs' shape for uniform ones, the architecture for untrained ones, nothing for
+   the baseline): a new ``--predictor`` retrains only the runs that depend on it):
    ``GlomoTextClassifier`` (word vectors -> BiGRU -> self-attention -> pooling -> MLP).
    Per variant, seed 0 is trained at every learning rate of the grid (``--lrs``) and only
    validated; the rate with the best validation accuracy is kept, seed 0's model at that
@@ -33,9 +33,10 @@ interrupted reproduction continues where it stopped:
 5. ``benchmarks/results/imdb.md``: mean ± std over seeds beside the TF-IDF baseline and
    the paper's numbers, the validation accuracy behind each learning-rate choice, and
    paired differences per seed (every variant - baseline; GLoMo on embeddings and on
-   RNN states - uniform graph) with 95% Student-t confidence intervals: all variants
-   use the same seeds, so the seed-to-seed variation they share cancels in the
-   difference.
+   RNN states - uniform graph, and - untrained graphs when variant ``untrained``, the
+   same predictor at its initial weights, runs) with 95% Student-t confidence
+   intervals: all variants use the same seeds, so the seed-to-seed variation they share
+   cancels in the difference.
 
 ``--reduced`` is the CPU configuration: the CPU pretraining recipe, 100-d word vectors,
 reviews cut to 128 tokens, 4,000 training / 1,000 validation reviews and a fixed random
@@ -84,11 +85,16 @@ VARIANTS = {
     "glomo": dict(predictor="default", places=("embedding",)),
     "glomo-rnn": dict(predictor="default", places=("rnn",)),
     "uniform": dict(predictor="default", places=("embedding",), graph="uniform"),
+    # the same predictor with its initial weights: do the pretrained graphs beat graphs of
+    # the same architecture that never learned? (not in the paper)
+    "untrained": dict(predictor="default", places=("embedding",), weights="untrained"),
     **{name: dict(predictor=name, places=("embedding",)) for name in ABLATIONS},
 }
 LABELS = {"baseline": "feature only (word vectors)", "glomo": "GLoMo on embeddings",
           "glomo-rnn": "GLoMo on RNN states", "uniform": "uniform graph",
-          **{name: f"GLoMo, predictor -{name[3:]}" for name in ABLATIONS}}
+          "untrained": "untrained graphs", **{name: f"GLoMo, predictor -{name[3:]}" for name in ABLATIONS}}
+# torch seed of the untrained predictor's initial weights (as `glomo syntax`'s baseline)
+UNTRAINED_SEED = 0
 TFIDF_LABEL = "TF-IDF (1-2-gram) + logistic regression"
 # inverse regularisation strengths tried on validation
 TFIDF_CS = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
@@ -346,8 +352,9 @@ def comparisons(variants: Sequence[str]) -> List[Tuple[str, str]]:
     against the feature-only baseline, and each learned graph (GLoMo on embeddings, on
     RNN states) against the uniform graph (which mixes the embeddings)."""
     pairs = [(v, "baseline") for v in variants if v != "baseline"]
-    if "uniform" in variants:
-        pairs += [(v, "uniform") for v in ("glomo", "glomo-rnn") if v in variants]
+    for reference in ("uniform", "untrained"):
+        if reference in variants:
+            pairs += [(v, reference) for v in ("glomo", "glomo-rnn") if v in variants]
     return pairs
 
 
@@ -377,11 +384,17 @@ def run_key(variant: str, seed: int, lr: float) -> str:
 def run_inputs(variant: str, predictors: Dict[str, str], loaded: Dict) -> Dict[str, str]:
     """What a run of ``variant`` reads from its predictor, as digests: the weights file
     for learned graphs; for uniform graphs only what shapes them (directions, layers,
-    heads, self-loops: the predictor is never run); nothing for the feature-only
-    baseline. A new predictor therefore retrains only the runs that depend on it."""
+    heads, self-loops: the predictor is never run); for untrained graphs the
+    architecture (the saved config) and the seed of the initial weights; nothing for the
+    feature-only baseline. A new predictor therefore retrains only the runs that depend on it."""
     name = VARIANTS[variant]["predictor"]
     if name is None:
         return {}
+    if VARIANTS[variant].get("weights") == "untrained":  # the architecture, not weights
+        with open(os.path.join(predictors[name], "config.json")) as fh:  # checked on load
+            directions = json.load(fh)["directions"]  # (the file also names the weights)
+        return {"untrained_graphs": text_digest(json.dumps(
+            dict(directions=directions, seed=UNTRAINED_SEED), sort_keys=True))}
     if VARIANTS[variant].get("graph") == "uniform":
         p = loaded[name]
         shape = dict(directions=list(p.directions), num_layers=p.num_layers, heads=p.heads,
@@ -534,6 +547,7 @@ def run(args, argv=None) -> None:
                                                                  else argv)
     start = time.time()
     from glomo_pyg import GlomoTextClassifier, PretrainedGraphPredictor
+    from glomo_pyg.analysis import untrained_copy
     from glomo_pyg.data import embedding_matrix
     from glomo_pyg.training.text_classification import train_and_test
 
@@ -558,6 +572,9 @@ def run(args, argv=None) -> None:
         predictors[name], pretrain_summaries[name] = pretrain(args, setup, out, name)
     loaded = {name: given if name == "default" and given is not None else
               PretrainedGraphPredictor.from_pretrained(path) for name, path in predictors.items()}
+    untrained = {VARIANTS[v]["predictor"]: untrained_copy(loaded[VARIANTS[v]["predictor"]],
+                                                          seed=UNTRAINED_SEED)
+                 for v in setup.variants if VARIANTS[v].get("weights") == "untrained"}
     vocabulary = next(iter(loaded.values())).vocabulary if loaded else None
     if vocabulary is None and given is not None:  # the baseline alone: its vocabulary
         vocabulary = given.vocabulary
@@ -600,7 +617,8 @@ def run(args, argv=None) -> None:
 
     def build(variant: str, seed: int) -> GlomoTextClassifier:
         spec = dict(VARIANTS[variant])
-        predictor = loaded.get(spec.pop("predictor"))
+        source = untrained if spec.pop("weights", None) == "untrained" else loaded
+        predictor = source.get(spec.pop("predictor"))
         torch.manual_seed(seed)
         return GlomoTextClassifier(embedding, predictor=predictor, hidden_channels=setup.hidden,
                                    **spec)
@@ -672,6 +690,8 @@ def run(args, argv=None) -> None:
             f"lr {chosen[variant]:g}")
     log(f"{TFIDF_LABEL}: test {baseline_tfidf['test_acc']:.4f}")
     profiles = {name: graph_profile(p, test) for name, p in loaded.items()}
+    profiles.update({f"{name}, untrained": graph_profile(p, test)
+                     for name, p in untrained.items()})
     write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_summaries,
                   profiles, coverage, len(train), len(val), len(test), time.time() - start)
 
