@@ -92,7 +92,8 @@ VARIANTS = {
 }
 LABELS = {"baseline": "feature only (word vectors)", "glomo": "GLoMo on embeddings",
           "glomo-rnn": "GLoMo on RNN states", "uniform": "uniform graph",
-          "untrained": "untrained graphs", **{name: f"GLoMo, predictor -{name[3:]}" for name in ABLATIONS}}
+          "untrained": "untrained graphs",
+          **{name: f"GLoMo, predictor -{name[3:]}" for name in ABLATIONS}}
 # torch seed of the untrained predictor's initial weights (as `glomo syntax`'s baseline)
 UNTRAINED_SEED = 0
 TFIDF_LABEL = "TF-IDF (1-2-gram) + logistic regression"
@@ -350,7 +351,8 @@ def t_quantile_975(df: int) -> float:
 def comparisons(variants: Sequence[str]) -> List[Tuple[str, str]]:
     """The paired comparisons reported, as ``(variant, reference)``: every variant
     against the feature-only baseline, and each learned graph (GLoMo on embeddings, on
-    RNN states) against the uniform graph (which mixes the embeddings)."""
+    RNN states) against the uniform graph (which mixes the embeddings) and the untrained
+    predictor's graphs, when those run."""
     pairs = [(v, "baseline") for v in variants if v != "baseline"]
     for reference in ("uniform", "untrained"):
         if reference in variants:
@@ -386,7 +388,8 @@ def run_inputs(variant: str, predictors: Dict[str, str], loaded: Dict) -> Dict[s
     for learned graphs; for uniform graphs only what shapes them (directions, layers,
     heads, self-loops: the predictor is never run); for untrained graphs the
     architecture (the saved config) and the seed of the initial weights; nothing for the
-    feature-only baseline. A new predictor therefore retrains only the runs that depend on it."""
+    feature-only baseline. A new predictor therefore retrains only the runs that depend
+    on it."""
     name = VARIANTS[variant]["predictor"]
     if name is None:
         return {}
