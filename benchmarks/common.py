@@ -20,7 +20,8 @@ def hardware(device: str = "cpu") -> str:
             name = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return f"{name}, {torch.get_num_threads()} torch threads"
+    threads = torch.get_num_threads()
+    return f"{name}, {threads} torch thread{'s' if threads != 1 else ''}"
 
 
 def append_results(path: str, lines) -> str:
