@@ -234,6 +234,10 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
     # untrained graphs read the predictor's architecture, not its weights
     assert all(set(e["inputs"]) == {"untrained_graphs"} for k, e in after.items()
                if k.startswith("untrained/"))
+    # one variant alone: nothing to pair, so no paired-differences table
+    imdb.main(args[:-len(variants)] + ["baseline", "--predictor", str(tmp_path / "other")])
+    last = results.read_text().rsplit("\n## ", 1)[1]
+    assert "| feature only (word vectors) |" in last and "Paired test-accuracy" not in last
     # a cache of the earlier format (predictor digests in the shared settings) made with
     # the same predictor is upgraded in place and reused: nothing is trained again
     old_settings = {k: v for k, v in cache["settings"].items() if k != "vocabulary"}

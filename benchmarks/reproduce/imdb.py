@@ -777,13 +777,8 @@ def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_s
                  for lr in setup.lrs]
         lines.append(f"| {LABELS[variant]} | " + " | ".join(cells) + " |")
     # same seeds, same data order per seed: pairing removes the variation the runs share
-    pairs = comparisons(setup.variants)
-    lines += ["", "Paired test-accuracy differences, percentage points, over the seeds both "
-              "variants ran (the same seeds for every variant), with a two-sided 95% "
-              "Student-t confidence interval of the mean difference:", "",
-              "| comparison | mean difference | 95% CI | seeds | per-seed differences |",
-              "|---|---|---|---|---|"]
-    for a, b in pairs:
+    rows = []
+    for a, b in comparisons(setup.variants):
         if b not in final:
             continue
         seeds = sorted(set(final[a]) & set(final[b]))
@@ -793,8 +788,14 @@ def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_s
         acc_b = [100 * final[b][s]["test_acc"] for s in seeds]
         mean, low, high, n = paired_difference(acc_a, acc_b)
         interval = "-" if math.isnan(low) else f"[{low:+.2f}, {high:+.2f}]"
-        lines.append(f"| {LABELS[a]} − {LABELS[b]} | {mean:+.2f} | {interval} | {n} | "
-                     + ", ".join(f"{x - y:+.2f}" for x, y in zip(acc_a, acc_b)) + " |")
+        rows.append(f"| {LABELS[a]} − {LABELS[b]} | {mean:+.2f} | {interval} | {n} | "
+                    + ", ".join(f"{x - y:+.2f}" for x, y in zip(acc_a, acc_b)) + " |")
+    if rows:  # (a run of one variant has nothing to pair)
+        lines += ["", "Paired test-accuracy differences, percentage points, over the seeds "
+                  "both variants ran (the same seeds for every variant), with a two-sided 95% "
+                  "Student-t confidence interval of the mean difference:", "",
+                  "| comparison | mean difference | 95% CI | seeds | per-seed differences |",
+                  "|---|---|---|---|---|", *rows]
     lines.append("")
     print(append_results(args.results, lines))
 
