@@ -228,6 +228,37 @@ class LatentGraphs:
         graphs._edges, graphs._uniform_layers = None, int(num_layers)
         return graphs._with_order(order)
 
+    @classmethod
+    def adjacent(cls, ptr: Tensor, *, num_layers: int, num_heads: int, direction: str,
+                 include_self: bool = False) -> "LatentGraphs":
+        """The adjacent-unit baseline: each target's one source is its neighbour in the
+        sequence (``t - 1`` going forward, ``t + 1`` backward) with weight 1, the same
+        graph for every layer and head; the first (last) unit gets no edge. Not a graph
+        of the paper: the control that tells whether learned graphs transfer more than
+        locality (pretrained text graphs often put most weight on the neighbour).
+        ``include_self`` only records the allowed-sources rule the graphs stand in for."""
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
+        for name, value, high in (("num_layers", num_layers, MAX_LAYERS),
+                                  ("num_heads", num_heads, MAX_HEADS)):
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
+                raise ValueError(f"{name} must be an integer in [1, {high}], got {value!r}")
+        seqs = _check_ptr(ptr)
+        node = torch.arange(seqs.num_nodes, device=seqs.ptr.device)
+        if direction == "forward":
+            tgt = node[seqs.position >= 1]
+            src = tgt - 1
+        else:
+            tgt = node[seqs.position < seqs.lengths[seqs.batch] - 1]
+            src = tgt + 1
+        # (head, target, source) order: targets ascend within each head
+        edges = torch.stack([src, tgt]).repeat(1, num_heads)
+        heads = torch.arange(num_heads, device=node.device).repeat_interleave(tgt.numel())
+        weight = torch.ones(edges.size(1), device=node.device)
+        return cls._trusted([edges] * num_layers, [weight] * num_layers, [heads] * num_layers,
+                            num_heads=num_heads, direction=direction, sequences=seqs,
+                            include_self=include_self)
+
     def _uniform_edges(self) -> LayerEdges:
         """The edges of a uniform layer (built on demand: O(T^2) per sequence)."""
         seqs, h = self.sequences, self.num_heads

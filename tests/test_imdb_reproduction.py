@@ -44,6 +44,10 @@ def test_comparisons_cover_every_variant_and_learned_graphs_against_uniform():
     assert comparisons(["baseline", "glomo", "uniform", "untrained"]) == [
         ("glomo", "baseline"), ("uniform", "baseline"), ("untrained", "baseline"),
         ("glomo", "uniform"), ("glomo", "untrained")]
+    assert comparisons(["baseline", "glomo", "untrained", "adjacent", "uniform"]) == [
+        ("glomo", "baseline"), ("untrained", "baseline"), ("adjacent", "baseline"),
+        ("uniform", "baseline"), ("glomo", "uniform"), ("glomo", "adjacent"),
+        ("glomo", "untrained")]
     assert comparisons(["baseline"]) == []
 
 

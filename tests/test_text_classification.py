@@ -30,6 +30,8 @@ def batch_of(lengths, seed=0):
 @pytest.mark.parametrize("variant", [dict(predictor=None), dict(places=("embedding",)),
                                      dict(places=("rnn",)), dict(places=("embedding", "rnn")),
                                      dict(graph="uniform"), dict(graph="none"),
+                                     dict(graph="adjacent"), dict(rnn_layers=0),
+                                     dict(rnn_layers=0, predictor=None),
                                      dict(rnn="lstm"), dict(ablation=dict(decouple=False)),
                                      dict(ablation=dict(sparse=False, num_layers=1))])
 def test_every_variant_runs_forward_and_backward_on_a_tiny_batch(variant):
@@ -68,6 +70,33 @@ def test_reviews_do_not_see_each_other_and_graphs_matter():
                                   hidden_channels=4, attention_heads=2, graph="uniform").eval()
     uniform.load_state_dict(model.state_dict())
     assert not torch.allclose(uniform(x, batch), together, atol=1e-4)
+
+
+def test_without_rnn_word_order_reaches_the_model_only_through_graphs():
+    """rnn_layers=0: shuffling a review's words leaves the feature-only model's logits
+    unchanged (attention and pooling read no order), but not GLoMo's, whose graphs
+    link each word to particular others; a review still never sees the others."""
+    emb = torch.randn(len(TOKENS), 6)
+    x, batch = batch_of([5, 9, 3])
+    perm = torch.cat([torch.arange(5), 5 + torch.randperm(9, generator=torch.Generator(
+        ).manual_seed(0)), torch.arange(14, 17)])
+    for graph, order_matters in (("none", False), ("learned", True), ("adjacent", True)):
+        torch.manual_seed(0)
+        model = GlomoTextClassifier(emb, predictor=predictor(), hidden_channels=4,
+                                    attention_heads=2, rnn_layers=0, graph=graph).eval()
+        assert len(model.rnns) == 0 and "rnn=none" in repr(model)
+        pooled = []  # the classifier's input: logits of a tiny MLP can be constant
+        model.classifier.register_forward_hook(lambda m, i, o: pooled.append(i[0]))
+        with torch.no_grad():
+            model(x, batch), model(x[perm], batch)
+            model(x[5:14], torch.zeros(9, dtype=torch.long))
+        out, shuffled, alone = pooled
+        assert not torch.allclose(out[0], out[1], atol=1e-3)  # the features are not constant
+        torch.testing.assert_close(out[[0, 2]], shuffled[[0, 2]])
+        assert torch.allclose(out[1], shuffled[1], atol=1e-5) != order_matters, graph
+        torch.testing.assert_close(out[1:2], alone, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="rnn_layers >= 2"):
+        GlomoTextClassifier(emb, predictor=predictor(), places=("rnn",), rnn_layers=0)
 
 
 def test_classifier_rejects_bad_input():
@@ -156,14 +185,14 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
         (unsup / f"{k}_0.txt").write_text(" ".join(f"filler{rng.randrange(30)}"
                                                     for _ in range(20)))
     results = tmp_path / "imdb.md"
-    variants = ("baseline", "glomo", "uniform", "untrained", "no-decouple")
+    variants = ("baseline", "glomo", "uniform", "adjacent", "untrained", "no-decouple")
     args = ["--data-dir", str(tmp_path), "--smoke", "--output-dir", str(tmp_path / "run"),
             "--accelerator", "cpu", "--workers", "1", "--results", str(results),
             "--variants", *variants]
     imdb.main(args)
     text = results.read_text()
     for label in ("feature only (word vectors)", "GLoMo on embeddings", "uniform graph",
-                  "untrained graphs", "GLoMo, predictor -decouple"):
+                  "adjacent-word graph", "untrained graphs", "GLoMo, predictor -decouple"):
         assert f"| {label} |" in text
     assert "| `no-decouple` | 0 |" in text  # graph statistics of the ablation's predictor
     assert "| `default, untrained` | 0 |" in text  # and of the untrained predictor
@@ -171,6 +200,8 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
     assert "| GLoMo on embeddings − feature only (word vectors) |" in text  # paired table
     assert "| GLoMo on embeddings − uniform graph |" in text
     assert "| GLoMo on embeddings − untrained graphs |" in text
+    assert "| GLoMo on embeddings − adjacent-word graph |" in text
+    assert "- downstream model: word vectors -> BiGRU x 2 -> self-attention" in text
     assert os.path.exists(tmp_path / "run" / "pretrain" / "no-decouple" / "predictor")
     with open(tmp_path / "run" / "downstream.json") as fh:
         cache = json.load(fh)
@@ -205,7 +236,11 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
                            (["--accelerator", "tpu9000"], "--accelerator must be one of"),
                            (["--results", str(tmp_path)], "is a directory"),
                            (["--output-dir", str(results)], "is a file, not a folder"),
-                           (["--predictor", str(tmp_path / "missing")], "missing")]:
+                           (["--predictor", str(tmp_path / "missing")], "missing"),
+                           (["--rnn-layers", "-1"], "--rnn-layers must be >= 0"),
+                           (["--rnn-layers", "1", "--variants", "glomo-rnn"],
+                            "glomo-rnn puts graphs after the first of at least 2 RNN layers"),
+                           (["--rnn-layers", "0"], "other settings or inputs .rnn_layers")]:
         with pytest.raises(SystemExit, match=message):
             imdb.main(args + extra)
     assert results.read_text().count("## ") == 2
@@ -216,14 +251,14 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
     with torch.no_grad():
         next(other.parameters()).add_(0.5)
     other.save_pretrained(tmp_path / "other")
-    again = args[:-len(variants)] + ["baseline", "glomo", "uniform", "untrained",
+    again = args[:-len(variants)] + ["baseline", "glomo", "uniform", "adjacent", "untrained",
                                      "--predictor", str(tmp_path / "other")]
     imdb.main(again)
     with open(tmp_path / "run" / "downstream.json") as fh:
         cache = json.load(fh)
     after = cache["runs"]
     weights = imdb.file_digest(str(tmp_path / "other" / "model.safetensors"))
-    for prefix in ("baseline/", "uniform/", "untrained/", "no-decouple/"):  # kept as they were
+    for prefix in ("baseline/", "uniform/", "adjacent/", "untrained/", "no-decouple/"):  # kept
         assert {k: e for k, e in after.items() if k.startswith(prefix)} == \
             {k: e for k, e in runs.items() if k.startswith(prefix)}
     retrained = {k: e for k, e in after.items() if k.startswith("glomo/")}
@@ -238,6 +273,17 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
     imdb.main(args[:-len(variants)] + ["baseline", "--predictor", str(tmp_path / "other")])
     last = results.read_text().rsplit("\n## ", 1)[1]
     assert "| feature only (word vectors) |" in last and "Paired test-accuracy" not in last
+    # the classifier without RNN (word order only through the graphs), in its own folder
+    imdb.main(args[:-len(variants)] + ["baseline", "glomo", "adjacent", "--rnn-layers", "0",
+                                       "--output-dir", str(tmp_path / "norc"),
+                                       "--predictor", str(tmp_path / "other")])
+    last = results.read_text().rsplit("\n## ", 1)[1]
+    assert "- downstream model: word vectors -> linear map (no RNN" in last
+    assert "| GLoMo on embeddings − adjacent-word graph |" in last
+    with open(tmp_path / "norc" / "downstream.json") as fh:
+        norc = json.load(fh)
+    assert norc["settings"]["rnn_layers"] == 0 and "rnn_layers" not in cache["settings"]
+    assert len(norc["runs"]) == 3 * (len(lrs) + 1)
     # a cache of the earlier format (predictor digests in the shared settings) made with
     # the same predictor is upgraded in place and reused: nothing is trained again
     old_settings = {k: v for k, v in cache["settings"].items() if k != "vocabulary"}
@@ -267,7 +313,7 @@ def test_classifier_constructor_names_bad_sizes():
     for kwargs, message in [(dict(hidden_channels=5, attention_heads=4), "divisible"),
                             (dict(attention_heads=0), "attention_heads must be"),
                             (dict(num_classes=1), "num_classes must be"),
-                            (dict(rnn_layers=0), "rnn_layers must be"),
+                            (dict(rnn_layers=-1), "rnn_layers must be"),
                             (dict(dropout=-0.1), "dropout must lie"),
                             (dict(hidden_channels=True), "hidden_channels must be")]:
         with pytest.raises(ValueError, match=message):

@@ -259,6 +259,65 @@ def test_uniform_graphs_follow_the_conventions():
             assert g.density() == [1.0, 1.0]
 
 
+def test_adjacent_graphs_link_each_unit_to_its_neighbour():
+    ptr = torch.tensor([0, 4, 5, 12])
+    lengths = [4, 1, 7]
+    for direction in ("forward", "backward"):
+        for include_self in (False, True):
+            g = LatentGraphs.adjacent(ptr, num_layers=2, num_heads=3, direction=direction,
+                                      include_self=include_self)
+            want = torch.zeros(3, 7, 7)  # [B, source, target], written out by position
+            for b, t in enumerate(lengths):
+                for j in range(t):
+                    i = j - 1 if direction == "forward" else j + 1
+                    if 0 <= i < t:
+                        want[b, i, j] = 1.0
+            for l in range(2):
+                dense = dense_from_edges(*g.layer(l), lengths, 3)
+                torch.testing.assert_close(dense, want.unsqueeze(1).expand(3, 3, 7, 7))
+                (src, tgt), head = g.edge_index[l], g.edge_head[l]
+                key = (head * 12 + tgt) * 12 + src
+                assert (key[1:] > key[:-1]).all()  # sorted by (head, target, source)
+            assert g.include_self == include_self and g.num_layers == 2
+            # propagation is the shift within each sequence; nothing crosses sequences
+            x = torch.randn(12, 5)
+            out = g.propagate(x, 0)
+            shifted = torch.zeros(12, 5)
+            for start, t in ((0, 4), (4, 1), (5, 7)):
+                seq = x[start:start + t]
+                if direction == "forward":
+                    shifted[start + 1:start + t] = seq[:-1]
+                else:
+                    shifted[start:start + t - 1] = seq[1:]
+            torch.testing.assert_close(out, shifted.expand(3, 12, 5))
+            # the library's own validation accepts them as emitted graphs
+            LatentGraphs(g.edge_index, g.edge_weight, g.edge_head, num_heads=3,
+                         direction=direction, ptr=ptr, include_self=include_self)
+    for kwargs, message in [(dict(direction="up"), "direction must be"),
+                            (dict(num_layers=0), "num_layers must be"),
+                            (dict(num_heads=True), "num_heads must be")]:
+        with pytest.raises(ValueError, match=message):
+            LatentGraphs.adjacent(ptr, **{**dict(num_layers=1, num_heads=1,
+                                                 direction="forward"), **kwargs})
+
+
+def test_transfer_adjacent_baseline_is_the_neighbour_graph(setting, monkeypatch):
+    predictor, x, batch, graphs, _ = setting
+    n = sum(LENGTHS)
+    h = torch.randn(n, 6)
+    learned = GlomoTransfer(predictor, in_channels=6)
+    adjacent = GlomoTransfer(predictor, in_channels=6, graph="adjacent")
+    adjacent.load_state_dict(learned.state_dict())
+    monkeypatch.setattr(predictor, "forward", lambda *a, **k: pytest.fail("predictor ran"))
+    ptr = torch.tensor([0, 5, 6, 15, 18])
+    ag = DirectionalGraphs(*(LatentGraphs.adjacent(ptr, num_layers=LAYERS, num_heads=HEADS,
+                                                   direction=d) for d in ("forward", "backward")))
+    torch.testing.assert_close(adjacent(h, batch=batch), learned(h, graphs=ag))
+    with pytest.raises(ValueError, match="graph='adjacent' needs the number of units"):
+        adjacent.graphs()
+    assert "graph='adjacent'" in repr(adjacent)
+
+
 def test_transfer_uniform_and_none_baselines(setting, monkeypatch):
     predictor, x, batch, graphs, _ = setting
     n = sum(LENGTHS)

@@ -24,7 +24,8 @@ interrupted reproduction continues where it stopped:
    records what its variant reads from the predictor (the weights for learned graphs,
    the graphs' shape for uniform ones, the architecture for untrained ones, nothing for
    the baseline): a new ``--predictor`` retrains only the runs that depend on it):
-   ``GlomoTextClassifier`` (word vectors -> BiGRU -> self-attention -> pooling -> MLP).
+   ``GlomoTextClassifier`` (word vectors -> BiGRU -> self-attention -> pooling -> MLP;
+   ``--rnn-layers 0``: no BiGRU, so word order reaches the model only through graphs).
    Per variant, seed 0 is trained at every learning rate of the grid (``--lrs``) and only
    validated; the rate with the best validation accuracy is kept, seed 0's model at that
    rate is evaluated once on the test reviews, and the other seeds are trained at that
@@ -34,7 +35,8 @@ interrupted reproduction continues where it stopped:
    the paper's numbers, the validation accuracy behind each learning-rate choice, and
    paired differences per seed (every variant - baseline; GLoMo on embeddings and on
    RNN states - uniform graph, and - untrained graphs when variant ``untrained``, the
-   same predictor at its initial weights, runs) with 95% Student-t confidence
+   same predictor at its initial weights, runs, - adjacent-word graphs when variant
+   ``adjacent`` runs) with 95% Student-t confidence
    intervals: all variants use the same seeds, so the seed-to-seed variation they share
    cancels in the difference.
 
@@ -85,6 +87,9 @@ VARIANTS = {
     "glomo": dict(predictor="default", places=("embedding",)),
     "glomo-rnn": dict(predictor="default", places=("rnn",)),
     "uniform": dict(predictor="default", places=("embedding",), graph="uniform"),
+    # each word mixes only its neighbours: do the learned graphs transfer more than
+    # locality? (not in the paper)
+    "adjacent": dict(predictor="default", places=("embedding",), graph="adjacent"),
     # the same predictor with its initial weights: do the pretrained graphs beat graphs of
     # the same architecture that never learned? (not in the paper)
     "untrained": dict(predictor="default", places=("embedding",), weights="untrained"),
@@ -92,6 +97,7 @@ VARIANTS = {
 }
 LABELS = {"baseline": "feature only (word vectors)", "glomo": "GLoMo on embeddings",
           "glomo-rnn": "GLoMo on RNN states", "uniform": "uniform graph",
+          "adjacent": "adjacent-word graph",
           "untrained": "untrained graphs",
           **{name: f"GLoMo, predictor -{name[3:]}" for name in ABLATIONS}}
 # torch seed of the untrained predictor's initial weights (as `glomo syntax`'s baseline)
@@ -124,6 +130,7 @@ class Setup:
     lrs: tuple  # learning rates tried with seed 0 of each variant, chosen on validation
     variants: tuple
     seeds: int
+    rnn_layers: int = 2  # of the classifier; 0: none, word order only through graphs
     # pretraining: a `glomo pretrain` configuration in configs/, or (the smoke test only)
     # the settings below
     config: Optional[str] = None
@@ -191,6 +198,8 @@ def check_arguments(args) -> None:
         if len(set(keys)) != len(keys):
             raise ValueError(f"--lrs holds rates that are equal to 6 digits ({keys}); runs are "
                              "cached by that key")
+    if getattr(args, "rnn_layers", None) is not None and args.rnn_layers < 0:
+        raise ValueError(f"--rnn-layers must be >= 0, got {args.rnn_layers}")
 
 
 def word_vectors(args, setup: Setup, out: str):
@@ -351,10 +360,10 @@ def t_quantile_975(df: int) -> float:
 def comparisons(variants: Sequence[str]) -> List[Tuple[str, str]]:
     """The paired comparisons reported, as ``(variant, reference)``: every variant
     against the feature-only baseline, and each learned graph (GLoMo on embeddings, on
-    RNN states) against the uniform graph (which mixes the embeddings) and the untrained
-    predictor's graphs, when those run."""
+    RNN states) against the uniform graph (which mixes the embeddings), the adjacent-word
+    graph and the untrained predictor's graphs, when those run."""
     pairs = [(v, "baseline") for v in variants if v != "baseline"]
-    for reference in ("uniform", "untrained"):
+    for reference in ("uniform", "adjacent", "untrained"):
         if reference in variants:
             pairs += [(v, reference) for v in ("glomo", "glomo-rnn") if v in variants]
     return pairs
@@ -385,8 +394,8 @@ def run_key(variant: str, seed: int, lr: float) -> str:
 
 def run_inputs(variant: str, predictors: Dict[str, str], loaded: Dict) -> Dict[str, str]:
     """What a run of ``variant`` reads from its predictor, as digests: the weights file
-    for learned graphs; for uniform graphs only what shapes them (directions, layers,
-    heads, self-loops: the predictor is never run); for untrained graphs the
+    for learned graphs; for uniform and adjacent-word graphs only what shapes them
+    (directions, layers, heads, self-loops: the predictor is never run); for untrained graphs the
     architecture (the saved config) and the seed of the initial weights; nothing for the
     feature-only baseline. A new predictor therefore retrains only the runs that depend
     on it."""
@@ -398,11 +407,12 @@ def run_inputs(variant: str, predictors: Dict[str, str], loaded: Dict) -> Dict[s
             directions = json.load(fh)["directions"]  # (the file also names the weights)
         return {"untrained_graphs": text_digest(json.dumps(
             dict(directions=directions, seed=UNTRAINED_SEED), sort_keys=True))}
-    if VARIANTS[variant].get("graph") == "uniform":
+    kind = VARIANTS[variant].get("graph")
+    if kind in ("uniform", "adjacent"):
         p = loaded[name]
         shape = dict(directions=list(p.directions), num_layers=p.num_layers, heads=p.heads,
                      include_self=p.include_self)
-        return {"uniform_graphs": text_digest(json.dumps(shape, sort_keys=True))}
+        return {f"{kind}_graphs": text_digest(json.dumps(shape, sort_keys=True))}
     return {"weights": file_digest(os.path.join(predictors[name], "model.safetensors"))}
 
 
@@ -520,6 +530,9 @@ def main(argv=None) -> None:
     parser.add_argument("--lrs", type=float, nargs="+", default=None,
                         help="learning rates tried with seed 0, chosen on validation")
     parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=None)
+    parser.add_argument("--rnn-layers", type=int, default=None,
+                        help="recurrent layers of the classifier (default 2); 0: none, the "
+                             "model then reads word order only through the graphs")
     parser.add_argument("--predictor", default=None,
                         help="use this saved predictor (e.g. runs/imdb-cpu/predictor from "
                              "glomo pretrain --config configs/imdb-cpu.yaml) as the 'default' "
@@ -543,6 +556,11 @@ def run(args, argv=None) -> None:
         setup.lrs = tuple(args.lrs)
     if args.variants:
         setup.variants = tuple(dict.fromkeys(args.variants))  # each once, in order
+    if args.rnn_layers is not None:
+        setup.rnn_layers = args.rnn_layers
+    if setup.rnn_layers < 2 and "glomo-rnn" in setup.variants:
+        raise ValueError(f"variant glomo-rnn puts graphs after the first of at least 2 RNN "
+                         f"layers; --rnn-layers is {setup.rnn_layers}")
     mode = "smoke" if args.smoke else "reduced" if args.reduced else "full"
     out = args.output_dir or f"runs/imdb-{mode}"
     os.makedirs(out, exist_ok=True)
@@ -601,6 +619,8 @@ def run(args, argv=None) -> None:
         {f: getattr(setup, f) for f in ("vector_dim", "vector_epochs", "corpus_documents",
                                         "review_length", "train_reviews", "validation_reviews",
                                         "test_reviews", "hidden", "epochs", "batch_size")},
+        # (recorded only when not the default 2, so caches made before the option stay valid)
+        **({} if setup.rnn_layers == 2 else dict(rnn_layers=setup.rnn_layers)),
         reviews=[len(train), len(val), len(test)],
         word_vectors=file_digest(os.path.join(out, "word_vectors.txt")),
         vocabulary=text_digest(json.dumps(vocabulary)))
@@ -624,7 +644,7 @@ def run(args, argv=None) -> None:
         predictor = source.get(spec.pop("predictor"))
         torch.manual_seed(seed)
         return GlomoTextClassifier(embedding, predictor=predictor, hidden_channels=setup.hidden,
-                                   **spec)
+                                   rnn_layers=setup.rnn_layers, **spec)
 
     def fit(variant: str, seed: int, lr: float, test_data):
         """One run: its cache entry and the model (left at its best validation epoch)."""
@@ -738,7 +758,10 @@ def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_s
     lines.append("")
     rates = ", ".join(f"{lr:g}" for lr in setup.lrs)
     val_by_c = ", ".join(f"C {c:g}: {100 * a:.2f}" for c, a in baseline_tfidf["val_by_C"])
-    lines += [f"- downstream: {n_train} training / {n_val} validation / {n_test} test reviews "
+    model = (f"word vectors -> BiGRU x {setup.rnn_layers}" if setup.rnn_layers else
+             "word vectors -> linear map (no RNN: word order only through the graphs)")
+    lines += [f"- downstream model: {model} -> self-attention -> max and mean pooling -> MLP",
+              f"- downstream: {n_train} training / {n_val} validation / {n_test} test reviews "
               f"(cut to {setup.review_length} tokens), {setup.epochs} epochs, best validation "
               f"epoch evaluated on test; word vectors {setup.vector_dim}-d word2vec, "
               f"{coverage:.1%} of the vocabulary covered",

@@ -26,12 +26,18 @@ class GlomoTextClassifier(torch.nn.Module):
         \;\to\; \mathrm{BiRNN}_{2..} \;\to\; \mathrm{SelfAttn} \;\to\;
         [\max ; \mathrm{mean}] \;\to\; \mathrm{MLP}
 
-    Every baseline of the paper has the self-attention layer. Variants:
+    Every baseline of the paper has the self-attention layer. With ``rnn_layers=0``
+    (not a model of the paper) the features go through a linear map straight to the
+    self-attention, which reads no word order: the model then sees order only through
+    the graphs, a setting where transferred graphs add what the model cannot compute
+    itself. Variants:
 
     * ``predictor=None`` (or ``places=()``): the feature-only baseline, no graphs;
     * ``places=('embedding',)``: GLoMo on the word vectors (paper Table 1);
     * ``places=('rnn',)`` or both: GLoMo on the first RNN layer's states;
     * ``graph='uniform'``: the same model with uniform graphs (Table 2);
+    * ``graph='adjacent'``: each word mixes only its neighbours (a control, not in the
+      paper: does a learned graph transfer more than locality?);
     * a predictor pretrained under an ablation gives that ablation's row.
 
     Graphs are computed once per batch from the token ids (the predictor shares the
@@ -44,9 +50,12 @@ class GlomoTextClassifier(torch.nn.Module):
         predictor (PretrainedGraphPredictor, optional): frozen graph predictor over the
             same vocabulary.
         places (sequence of str): where graphs are added: ``'embedding'``, ``'rnn'``.
-        graph (str): ``'learned'``, ``'uniform'`` or ``'none'`` (see :class:`GlomoTransfer`).
-        hidden_channels (int): RNN width per direction. rnn (str): ``'gru'`` or ``'lstm'``.
-        rnn_layers (int): recurrent layers (>= 2 when graphs go after the first).
+        graph (str): ``'learned'``, ``'uniform'``, ``'adjacent'`` or ``'none'`` (see
+            :class:`GlomoTransfer`).
+        hidden_channels (int): RNN width per direction (the attention's width is twice
+            it). rnn (str): ``'gru'`` or ``'lstm'``.
+        rnn_layers (int): recurrent layers (>= 2 when graphs go after the first; 0: none,
+            see above).
         attention_heads (int): heads of the self-attention layer.
         freeze_embedding (bool): keep the word vectors fixed (the "transfer feature" is
             used as is). dropout (float): on embeddings, RNN outputs and the classifier.
@@ -72,7 +81,7 @@ class GlomoTextClassifier(torch.nn.Module):
             raise ValueError(f"rnn must be one of {RNNS}, got {rnn!r}")
         if graph not in GRAPHS:
             raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
-        for name, value, low in (("num_classes", num_classes, 2), ("rnn_layers", rnn_layers, 1),
+        for name, value, low in (("num_classes", num_classes, 2), ("rnn_layers", rnn_layers, 0),
                                  ("hidden_channels", hidden_channels, 1),
                                  ("attention_heads", attention_heads, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -119,6 +128,9 @@ class GlomoTextClassifier(torch.nn.Module):
             width = 2 * hidden_channels
             if layer == 0 and self.glomo_rnn is not None:
                 width = self.glomo_rnn.out_channels
+        # without RNN: the (fused) features mapped to the attention's width
+        self.projection = torch.nn.Linear(width, 2 * hidden_channels) if rnn_layers == 0 \
+            else None
         self.attention = torch.nn.MultiheadAttention(2 * hidden_channels, attention_heads,
                                                      dropout=dropout, batch_first=True)
         self.attention_norm = torch.nn.LayerNorm(2 * hidden_channels)
@@ -167,6 +179,8 @@ class GlomoTextClassifier(torch.nn.Module):
             h = self.dropout(self._rnn(rnn, h, seqs))
             if layer == 0 and self.glomo_rnn is not None:
                 h = self.glomo_rnn(h, graphs=graphs)
+        if self.projection is not None:
+            h = self.dropout(torch.relu(self.projection(h)))
         padded, mask = seqs.to_padded(h), seqs.mask
         attended, _ = self.attention(padded, padded, padded, key_padding_mask=~mask,
                                      need_weights=False)
@@ -178,5 +192,6 @@ class GlomoTextClassifier(torch.nn.Module):
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}(vocab={self.embedding.num_embeddings}, "
-                f"classes={self.num_classes}, rnn={self.rnn_kind}x{len(self.rnns)}, "
+                f"classes={self.num_classes}, "
+                f"rnn={f'{self.rnn_kind}x{len(self.rnns)}' if self.rnns else 'none'}, "
                 f"places={self.places}, graph='{self.graph_kind}')")

@@ -12,7 +12,7 @@ from glomo_pyg.nn.mixer import GraphMixer
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 from glomo_pyg.sequences import check_dtype, check_features, sequence_batch
 
-GRAPHS = ("learned", "uniform", "none")
+GRAPHS = ("learned", "uniform", "adjacent", "none")
 
 
 class GlomoTransfer(torch.nn.Module):
@@ -39,6 +39,9 @@ class GlomoTransfer(torch.nn.Module):
     * ``'learned'``: the predictor's graphs for the raw units ``x``;
     * ``'uniform'``: equal weights over the same allowed sources
       (:meth:`LatentGraphs.uniform`); the predictor is not run;
+    * ``'adjacent'``: each unit's neighbour only, weight 1
+      (:meth:`LatentGraphs.adjacent`; not in the paper): the control for graphs
+      that learned little beyond locality; the predictor is not run;
     * ``'none'``: :math:`M = I` (each :math:`M_{dir} H = H`), the feature-only
       baseline with the same gate; no graph is computed.
 
@@ -49,7 +52,7 @@ class GlomoTransfer(torch.nn.Module):
         fusion_channels (int, optional): width of the gated part
             (default: ``in_channels``); the output has
             ``in_channels + fusion_channels`` channels.
-        graph (str): ``'learned'``, ``'uniform'`` or ``'none'``.
+        graph (str): ``'learned'``, ``'uniform'``, ``'adjacent'`` or ``'none'``.
         mixing, propagation, layers: options of :class:`GraphMixer`.
 
     Shapes:
@@ -99,8 +102,8 @@ class GlomoTransfer(torch.nn.Module):
         """The graphs :meth:`forward` uses under the current ``graph`` setting, for
         computing them once and passing them to several transfer modules (e.g.
         at the embeddings and after the first RNN layer). ``None`` for
-        ``graph='none'``. ``'uniform'`` needs only ``batch`` and ``num_nodes``
-        (or ``x``)."""
+        ``graph='none'``. ``'uniform'`` and ``'adjacent'`` need only ``batch`` and
+        ``num_nodes`` (or ``x``)."""
         if self.graph == "none":
             return None
         if self.graph == "learned":
@@ -111,15 +114,17 @@ class GlomoTransfer(torch.nn.Module):
             return self.predictor(x, batch)
         if num_nodes is None:
             if x is None:
-                raise ValueError("graph='uniform' needs the number of units: pass x or num_nodes")
+                raise ValueError(f"graph='{self.graph}' needs the number of units: pass x or "
+                                 "num_nodes")
             num_nodes = x.size(0)
         device = batch.device if batch is not None else (x.device if x is not None else
                                                          self.fusion.gate.weight.device)
         ptr = sequence_batch(num_nodes, batch, device).ptr
         p = self.predictor
+        build = LatentGraphs.uniform if self.graph == "uniform" else LatentGraphs.adjacent
         return DirectionalGraphs(*(
-            LatentGraphs.uniform(ptr, num_layers=p.num_layers, num_heads=p.heads, direction=d,
-                                 include_self=p.include_self) if d in p.directions else None
+            build(ptr, num_layers=p.num_layers, num_heads=p.heads, direction=d,
+                  include_self=p.include_self) if d in p.directions else None
             for d in ("forward", "backward")))
 
     @torch.no_grad()
