@@ -381,3 +381,25 @@ def test_syntax_command_refuses_bad_options_before_scoring(tmp_path, capsys):
         main(["syntax", "--predictor", folder, "--treebank", empty])
     with pytest.raises(SystemExit, match="empty.conllu holds no sentences"):
         main(base + ["--select-treebank", empty])
+
+
+def test_syntax_monitor_words_only_data_faults_as_unscorable_trees(tmp_path):
+    """SyntaxMonitor.check says "the gold trees cannot be scored" only when the trees
+    leave nothing to score; an error of the model passes through as it is."""
+    from glomo_pyg.analysis.syntax import NothingToScore
+    from glomo_pyg.training.syntax_monitor import SyntaxMonitor
+
+    model = Glomo.text(len(VOCAB) + 2, hidden_channels=16, num_layers=2, heads=2, cnn_layers=1)
+    vocabulary = VOCAB + ["can", "not"]
+    SyntaxMonitor(read_treebank(write(tmp_path, CONLLU)), vocabulary).check(model)  # scorable
+    roots = ("1\ti\t_\tX\t_\t_\t0\t_\t_\t_\n2\tsaw\t_\tX\t_\t_\t0\t_\t_\t_\n")
+    monitor = SyntaxMonitor(read_treebank(write(tmp_path, roots, "roots.conll")), vocabulary)
+    with pytest.raises(ValueError, match="the gold trees cannot be scored: no gold arc") as err:
+        monitor.check(model)
+    assert not isinstance(err.value, NothingToScore)  # reworded, as a plain ValueError
+
+    def broken(x, batch):
+        raise ValueError("boom: the model's own fault")
+    model.graphs = broken
+    with pytest.raises(ValueError, match="^boom: the model's own fault$"):
+        SyntaxMonitor(read_treebank(write(tmp_path, CONLLU)), vocabulary).check(model)

@@ -39,6 +39,11 @@ from glomo_pyg.data.text import tokenize
 from glomo_pyg.ordering import SequenceOrder
 
 METRICS = ("undirected", "directed", "ap")
+
+
+class NothingToScore(ValueError):
+    """The gold trees leave nothing to score (no aligned sentence, no scorable target, no
+    gold arc among the scored pairs): a fault of the data, not of the graphs."""
 _ADJACENT = {"forward": "previous word", "backward": "next word"}
 # the positional baseline beyond adjacency: the nearest source word but one
 _SECOND = {"forward": "word two back", "backward": "word two ahead"}
@@ -264,7 +269,7 @@ def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
     baselines.
     """
     if not alignment.sentences:
-        raise ValueError(f"no sentence to score: {alignment.why_empty()}")
+        raise NothingToScore(f"no sentence to score: {alignment.why_empty()}")
     was_training = getattr(predictor, "training", False)
     if hasattr(predictor, "eval"):
         predictor.eval()
@@ -323,14 +328,14 @@ def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
                                                                    torch.arange(tgt.numel())]
                                      ).double().div(n_allowed).sum().item(), 0]
         if acc is None or acc.targets == 0:
-            raise ValueError(f"no target to score in the {direction} direction (every "
+            raise NothingToScore(f"no target to score in the {direction} direction (every "
                              "target is punctuation, has no allowed source word"
                              + (", has a gold arc to its adjacent word, or has no other "
                                 "gold neighbour among its sources" if beyond_adjacent
                                 else "") + ")")
         labels = np.concatenate(acc.labels)
         if not labels.any():  # e.g. only roots: average precision has no positive
-            raise ValueError(f"no gold arc joins any scored {direction} (source, target) "
+            raise NothingToScore(f"no gold arc joins any scored {direction} (source, target) "
                              "pair, so the scores are undefined (do the trees have arcs?)")
         scores = np.concatenate(acc.scores, axis=-1)
         ap = np.array([[_average_precision(scores[l, h], labels) for h in range(scores.shape[1])]

@@ -5,7 +5,7 @@ from typing import Any, Dict, List, Sequence
 
 import lightning.pytorch as pl
 
-from glomo_pyg.analysis.syntax import align, syntax_scores
+from glomo_pyg.analysis.syntax import NothingToScore, align, syntax_scores
 from glomo_pyg.analysis.treebank import GoldTree
 
 
@@ -34,10 +34,11 @@ class SyntaxMonitor(pl.Callback):
     def check(self, model) -> None:
         """Score ``model``'s graphs once, so that a sample with nothing to score (every
         target punctuation, no gold arc, ...) is refused before training, not after it.
-        Raises :class:`ValueError` naming what is missing."""
+        Raises :class:`ValueError` naming what is missing; errors of the model itself
+        pass through as they are."""
         try:
             self._scores(model)
-        except ValueError as err:
+        except NothingToScore as err:
             raise ValueError(f"the gold trees cannot be scored: {err}") from None
 
     def _scores(self, model):
