@@ -4,6 +4,7 @@ import inspect
 import json
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -55,6 +56,13 @@ def test_configurable_module_refuses_values_it_cannot_save():
     assert Holder((1, 2)).config() == {"value": [1, 2], "scale": 1.0}
     with pytest.raises(TypeError, match="cannot be saved"):
         Holder(torch.zeros(1)).config()
+    with pytest.raises(TypeError, match="cannot be saved"):
+        Holder(np.datetime64("2026-01-01")).config()
+    # numpy scalars (e.g. sizes read from an array) are saved as the Python numbers
+    config = Holder([np.int64(8), np.bool_(True)], scale=np.float32(0.5)).config()
+    assert config == {"value": [8, True], "scale": 0.5}
+    assert [type(v) for v in (*config["value"], config["scale"])] == [int, bool, float]
+    json.dumps(config, allow_nan=False)
 
 
 def v1_directory(name: str, tmp_path) -> str:

@@ -6,13 +6,17 @@ import functools
 import inspect
 from typing import Any, Dict
 
+import numpy as np
 import torch
 
 _JSON_SCALARS = (type(None), bool, int, float, str)
 
 
 def _plain(value: Any, where: str) -> Any:
-    """``value`` as plain JSON data (tuples become lists), or ``TypeError``."""
+    """``value`` as plain JSON data (tuples become lists, numpy scalars such as
+    ``np.int64(8)`` Python numbers), or ``TypeError``."""
+    if isinstance(value, np.generic) and isinstance(value.item(), _JSON_SCALARS):
+        value = value.item()  # (e.g. a size read from an array; np.float64 is a float)
     if isinstance(value, _JSON_SCALARS):
         return value
     if isinstance(value, (list, tuple)):
