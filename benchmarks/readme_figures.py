@@ -7,7 +7,7 @@
 Writes ``text_graphs_{forward,backward}.png`` (paper Fig. 3 style: the graphs of
 one sentence, every layer and head) and ``pixel_graphs.png`` (paper Fig. 4 style:
 the incoming weights of the centre pixel of a CIFAR-10 test image), plus ``figures.json`` with
-what each figure was made from.
+what each figure was made from (entries of figures not made again are kept).
 """
 from __future__ import annotations
 
@@ -65,8 +65,14 @@ def main(argv=None) -> int:
         paths = save_figure(fig, os.path.join(args.output, "pixel_graphs"), formats=("png",))
         made["pixel_graphs"] = dict(predictor=args.pixel_predictor, image=args.image,
                                     label=int(labels[args.image]), files=paths)
-    with open(os.path.join(args.output, "figures.json"), "w") as fh:
-        json.dump(made, fh, indent=1)
+    record = os.path.join(args.output, "figures.json")
+    kept = {}  # what the figures not made this time (e.g. no --pixel-predictor) came from
+    if os.path.exists(record):
+        with open(record) as fh:
+            kept = {k: v for k, v in json.load(fh).items() if k not in made}
+    with open(record + ".tmp", "w") as fh:
+        json.dump({**kept, **made}, fh, indent=1)
+    os.replace(record + ".tmp", record)
     for name, info in made.items():
         print(name, "->", ", ".join(info["files"]))
     return 0
