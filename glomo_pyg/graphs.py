@@ -25,6 +25,16 @@ LayerEdges = Tuple[Tensor, Tensor, Tensor]
 DIRECTION_KEYS = {"forward": "fw", "backward": "bw"}
 
 
+def _check_fixed_graphs(direction: str, num_layers: int, num_heads: int) -> None:
+    """The arguments of the graphs built without a predictor (uniform, adjacent)."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
+    for name, value, high in (("num_layers", num_layers, MAX_LAYERS),
+                              ("num_heads", num_heads, MAX_HEADS)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
+            raise ValueError(f"{name} must be an integer in [1, {high}], got {value!r}")
+
+
 class LatentGraphs:
     r"""Sparse weighted graphs emitted by a graph predictor (paper Sec. 2.1, Eq. 1).
 
@@ -216,12 +226,7 @@ class LatentGraphs:
         source, e.g. the first unit going forward, gets no edge). Propagation along
         them is a per-sequence prefix (suffix) mean, O(N); the O(T^2) edges are built
         only when asked for (export, analysis, conversion)."""
-        if direction not in DIRECTIONS:
-            raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
-        for name, value, high in (("num_layers", num_layers, MAX_LAYERS),
-                                  ("num_heads", num_heads, MAX_HEADS)):
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
-                raise ValueError(f"{name} must be an integer in [1, {high}], got {value!r}")
+        _check_fixed_graphs(direction, num_layers, num_heads)
         seqs = _check_ptr(ptr)
         graphs = cls.__new__(cls)
         graphs._init([], [], [], num_heads, direction, seqs, include_self, sorted_edges=True)
@@ -237,12 +242,7 @@ class LatentGraphs:
         of the paper: the control that tells whether learned graphs transfer more than
         locality (pretrained text graphs often put most weight on the neighbour).
         ``include_self`` only records the allowed-sources rule the graphs stand in for."""
-        if direction not in DIRECTIONS:
-            raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
-        for name, value, high in (("num_layers", num_layers, MAX_LAYERS),
-                                  ("num_heads", num_heads, MAX_HEADS)):
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
-                raise ValueError(f"{name} must be an integer in [1, {high}], got {value!r}")
+        _check_fixed_graphs(direction, num_layers, num_heads)
         seqs = _check_ptr(ptr)
         node = torch.arange(seqs.num_nodes, device=seqs.ptr.device)
         if direction == "forward":

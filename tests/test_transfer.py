@@ -239,94 +239,82 @@ def test_frozen_predictor_gets_no_gradient_and_never_changes():
     assert free.mixer.logits.grad is not None and free.mixer.logits.grad.abs().sum() > 0
 
 
-def test_uniform_graphs_follow_the_conventions():
-    ptr = torch.tensor([0, 4, 5, 12])
-    lengths = [4, 1, 7]
-    for direction in ("forward", "backward"):
-        for include_self in (False, True):
-            g = LatentGraphs.uniform(ptr, num_layers=2, num_heads=3, direction=direction,
-                                     include_self=include_self)
-            allowed = allowed_pairs(lengths, 7, direction, include_self).float()
-            count = allowed.sum(2, keepdim=True)
-            want = torch.where(count > 0, allowed / count.clamp(min=1), torch.zeros(()))
-            for l in range(2):
-                dense = dense_from_edges(*g.layer(l), lengths, 3)
-                torch.testing.assert_close(dense, want.expand(3, 3, 7, 7))
-                assert (g.edge_weight[l] > 0).all()
-                (src, tgt), head = g.edge_index[l], g.edge_head[l]
-                key = (head * 12 + tgt) * 12 + src
-                assert (key[1:] > key[:-1]).all()  # sorted by (head, target, source)
-            assert g.density() == [1.0, 1.0]
+def assert_layers_equal(g, want, lengths):
+    """Every layer of ``g`` is the dense ``want`` [B, H, T, T], with positive weights and
+    edges sorted by (head, target, source), as emitted graphs are."""
+    n = sum(lengths)
+    for l in range(g.num_layers):
+        torch.testing.assert_close(dense_from_edges(*g.layer(l), lengths, g.num_heads), want)
+        assert (g.edge_weight[l] > 0).all()
+        (src, tgt), head = g.edge_index[l], g.edge_head[l]
+        key = (head * n + tgt) * n + src
+        assert (key[1:] > key[:-1]).all()
 
 
-def test_adjacent_graphs_link_each_unit_to_its_neighbour():
-    ptr = torch.tensor([0, 4, 5, 12])
-    lengths = [4, 1, 7]
-    for direction in ("forward", "backward"):
-        for include_self in (False, True):
-            g = LatentGraphs.adjacent(ptr, num_layers=2, num_heads=3, direction=direction,
-                                      include_self=include_self)
-            want = torch.zeros(3, 7, 7)  # [B, source, target], written out by position
-            for b, t in enumerate(lengths):
-                for j in range(t):
-                    i = j - 1 if direction == "forward" else j + 1
-                    if 0 <= i < t:
-                        want[b, i, j] = 1.0
-            for l in range(2):
-                dense = dense_from_edges(*g.layer(l), lengths, 3)
-                torch.testing.assert_close(dense, want.unsqueeze(1).expand(3, 3, 7, 7))
-                (src, tgt), head = g.edge_index[l], g.edge_head[l]
-                key = (head * 12 + tgt) * 12 + src
-                assert (key[1:] > key[:-1]).all()  # sorted by (head, target, source)
-            assert g.include_self == include_self and g.num_layers == 2
-            # propagation is the shift within each sequence; nothing crosses sequences
-            x = torch.randn(12, 5)
-            out = g.propagate(x, 0)
-            shifted = torch.zeros(12, 5)
-            for start, t in ((0, 4), (4, 1), (5, 7)):
-                seq = x[start:start + t]
-                if direction == "forward":
-                    shifted[start + 1:start + t] = seq[:-1]
-                else:
-                    shifted[start:start + t - 1] = seq[1:]
-            torch.testing.assert_close(out, shifted.expand(3, 12, 5))
-            # the library's own validation accepts them as emitted graphs
-            LatentGraphs(g.edge_index, g.edge_weight, g.edge_head, num_heads=3,
-                         direction=direction, ptr=ptr, include_self=include_self)
+FIXED_PTR, FIXED_LENGTHS = torch.tensor([0, 4, 5, 12]), [4, 1, 7]
+EVERY_RULE = pytest.mark.parametrize("direction,include_self", [
+    ("forward", False), ("forward", True), ("backward", False), ("backward", True)])
+
+
+@EVERY_RULE
+def test_uniform_graphs_follow_the_conventions(direction, include_self):
+    lengths = FIXED_LENGTHS
+    g = LatentGraphs.uniform(FIXED_PTR, num_layers=2, num_heads=3, direction=direction,
+                             include_self=include_self)
+    allowed = allowed_pairs(lengths, 7, direction, include_self).float()
+    count = allowed.sum(2, keepdim=True)
+    want = torch.where(count > 0, allowed / count.clamp(min=1), torch.zeros(()))
+    assert_layers_equal(g, want.expand(3, 3, 7, 7), lengths)
+    assert g.density() == [1.0, 1.0]
+
+
+@EVERY_RULE
+def test_adjacent_graphs_link_each_unit_to_its_neighbour(direction, include_self):
+    ptr, lengths = FIXED_PTR, FIXED_LENGTHS
+    g = LatentGraphs.adjacent(ptr, num_layers=2, num_heads=3, direction=direction,
+                              include_self=include_self)
+    want = torch.zeros(3, 7, 7)  # [B, source, target], written out by position
+    for b, t in enumerate(lengths):
+        for j in range(t):
+            i = j - 1 if direction == "forward" else j + 1
+            if 0 <= i < t:
+                want[b, i, j] = 1.0
+    assert_layers_equal(g, want.unsqueeze(1).expand(3, 3, 7, 7), lengths)
+    assert g.include_self == include_self and g.num_layers == 2
+    # propagation is the shift within each sequence; nothing crosses sequences
+    x = torch.randn(12, 5)
+    shifted = torch.zeros(12, 5)
+    for start, t in ((0, 4), (4, 1), (5, 7)):
+        seq = x[start:start + t]
+        if direction == "forward":
+            shifted[start + 1:start + t] = seq[:-1]
+        else:
+            shifted[start:start + t - 1] = seq[1:]
+    torch.testing.assert_close(g.propagate(x, 0), shifted.expand(3, 12, 5))
+    # the library's own validation accepts them as emitted graphs
+    LatentGraphs(g.edge_index, g.edge_weight, g.edge_head, num_heads=3, direction=direction,
+                 ptr=ptr, include_self=include_self)
+
+
+def test_adjacent_graphs_refuse_bad_arguments():
     for kwargs, message in [(dict(direction="up"), "direction must be"),
                             (dict(num_layers=0), "num_layers must be"),
                             (dict(num_heads=True), "num_heads must be")]:
         with pytest.raises(ValueError, match=message):
-            LatentGraphs.adjacent(ptr, **{**dict(num_layers=1, num_heads=1,
-                                                 direction="forward"), **kwargs})
+            LatentGraphs.adjacent(FIXED_PTR, **{**dict(num_layers=1, num_heads=1,
+                                                       direction="forward"), **kwargs})
 
 
-def test_transfer_adjacent_baseline_is_the_neighbour_graph(setting, monkeypatch):
-    predictor, x, batch, graphs, _ = setting
-    n = sum(LENGTHS)
-    h = torch.randn(n, 6)
-    learned = GlomoTransfer(predictor, in_channels=6)
-    adjacent = GlomoTransfer(predictor, in_channels=6, graph="adjacent")
-    adjacent.load_state_dict(learned.state_dict())
-    monkeypatch.setattr(predictor, "forward", lambda *a, **k: pytest.fail("predictor ran"))
-    ptr = torch.tensor([0, 5, 6, 15, 18])
-    ag = DirectionalGraphs(*(LatentGraphs.adjacent(ptr, num_layers=LAYERS, num_heads=HEADS,
-                                                   direction=d) for d in ("forward", "backward")))
-    torch.testing.assert_close(adjacent(h, batch=batch), learned(h, graphs=ag))
-    with pytest.raises(ValueError, match="graph='adjacent' needs the number of units"):
-        adjacent.graphs()
-    assert "graph='adjacent'" in repr(adjacent)
-
-
-def test_transfer_uniform_and_none_baselines(setting, monkeypatch):
+def test_transfer_uniform_adjacent_and_none_baselines(setting, monkeypatch):
     predictor, x, batch, graphs, _ = setting
     n = sum(LENGTHS)
     h = torch.randn(n, 6)
     learned = GlomoTransfer(predictor, in_channels=6)
     uniform = GlomoTransfer(predictor, in_channels=6, graph="uniform")
+    adjacent = GlomoTransfer(predictor, in_channels=6, graph="adjacent")
     none = GlomoTransfer(predictor, in_channels=6, graph="none")
-    uniform.load_state_dict(learned.state_dict())  # same parameters, only the graphs differ
-    none.load_state_dict(learned.state_dict())
+    for baseline in (uniform, adjacent, none):  # same parameters, only the graphs differ
+        baseline.load_state_dict(learned.state_dict())
 
     def boom(*args, **kwargs):
         raise AssertionError("the predictor must not run for this baseline")
@@ -335,6 +323,12 @@ def test_transfer_uniform_and_none_baselines(setting, monkeypatch):
     ug = DirectionalGraphs(*(LatentGraphs.uniform(ptr, num_layers=LAYERS, num_heads=HEADS,
                                                   direction=d) for d in ("forward", "backward")))
     torch.testing.assert_close(uniform(h, batch=batch), learned(h, graphs=ug))
+    ag = DirectionalGraphs(*(LatentGraphs.adjacent(ptr, num_layers=LAYERS, num_heads=HEADS,
+                                                   direction=d) for d in ("forward", "backward")))
+    torch.testing.assert_close(adjacent(h, batch=batch), learned(h, graphs=ag))
+    with pytest.raises(ValueError, match="graph='adjacent' needs the number of units"):
+        adjacent.graphs()
+    assert "graph='adjacent'" in repr(adjacent)
     # the uniform forward mixture of G^1 is the mean of the strict prefix
     u = uniform.mixer(h, uniform.graphs(batch=batch, num_nodes=n))[0]
     assert uniform.graphs(batch=batch, num_nodes=n).forward.num_edges == ug.forward.num_edges
