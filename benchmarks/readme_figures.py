@@ -68,10 +68,16 @@ def main(argv=None) -> int:
     record = os.path.join(args.output, "figures.json")
     kept = {}  # what the figures not made this time (e.g. no --pixel-predictor) came from
     if os.path.exists(record):
-        with open(record) as fh:
-            kept = {k: v for k, v in json.load(fh).items() if k not in made}
+        try:
+            with open(record) as fh:
+                kept = json.load(fh)
+        except (OSError, ValueError) as err:
+            print(f"warning: {record} is unreadable ({err}); writing it anew")
+        if not isinstance(kept, dict):
+            kept = {}
+    kept.update(made)  # (in the file's order)
     with open(record + ".tmp", "w") as fh:
-        json.dump({**kept, **made}, fh, indent=1)
+        json.dump(kept, fh, indent=1)
     os.replace(record + ".tmp", record)
     for name, info in made.items():
         print(name, "->", ", ".join(info["files"]))

@@ -42,14 +42,14 @@ def fixed_graphs(x: torch.Tensor, batch: torch.Tensor, kind: str, layers: int, h
                  direction: str = "forward"):
     """Uniform, local (head h at distance h + 1) or previous-unit graphs."""
     seq = sequence_batch(x.numel(), batch, x.device)
-    if kind == "uniform":
-        return seq, LatentGraphs.uniform(seq.ptr, num_layers=layers, num_heads=heads,
-                                         direction=direction)
+    if kind in ("uniform", "previous"):
+        build = LatentGraphs.uniform if kind == "uniform" else LatentGraphs.adjacent
+        return seq, build(seq.ptr, num_layers=layers, num_heads=heads, direction=direction)
     pos, length = seq.position, seq.lengths[seq.batch]
     node = torch.arange(x.numel())
     eis, ehs = [], []
     for h in range(heads):
-        k = 1 if kind == "previous" else h + 1
+        k = h + 1
         ok = pos >= k if direction == "forward" else pos < length - k
         src = (node - k if direction == "forward" else node + k)[ok]
         eis.append(torch.stack([src, node[ok]]))

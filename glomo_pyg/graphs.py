@@ -235,13 +235,17 @@ class LatentGraphs:
 
     @classmethod
     def adjacent(cls, ptr: Tensor, *, num_layers: int, num_heads: int, direction: str,
-                 include_self: bool = False) -> "LatentGraphs":
+                 include_self: bool = False, order: Optional[UnitOrder] = None
+                 ) -> "LatentGraphs":
         """The adjacent-unit baseline: each target's one source is its neighbour in the
-        sequence (``t - 1`` going forward, ``t + 1`` backward) with weight 1, the same
-        graph for every layer and head; the first (last) unit gets no edge. Not a graph
-        of the paper: the control that tells whether learned graphs transfer more than
-        locality (pretrained text graphs often put most weight on the neighbour).
-        ``include_self`` only records the allowed-sources rule the graphs stand in for."""
+        sequence (``t - 1`` going forward, ``t + 1`` backward; for pixels in raster order
+        the left neighbour, or the last pixel of the row above at a row's start) with
+        weight 1, the same graph for every layer and head; the first (last) unit gets no
+        edge. Chained over layers (the hierarchical products), layer ``l`` reaches the
+        unit ``l + 1`` positions away. Not a graph of the paper: the control that tells
+        whether learned graphs transfer more than locality (pretrained text graphs often
+        put most weight on the neighbour). ``include_self`` and ``order`` only record
+        the allowed-sources rule the graphs stand in for."""
         _check_fixed_graphs(direction, num_layers, num_heads)
         seqs = _check_ptr(ptr)
         node = torch.arange(seqs.num_nodes, device=seqs.ptr.device)
@@ -254,10 +258,10 @@ class LatentGraphs:
         # (head, target, source) order: targets ascend within each head
         edges = torch.stack([src, tgt]).repeat(1, num_heads)
         heads = torch.arange(num_heads, device=node.device).repeat_interleave(tgt.numel())
-        weight = torch.ones(edges.size(1), device=node.device)
+        weight = torch.ones(edges.size(1), device=node.device, dtype=torch.float32)
         return cls._trusted([edges] * num_layers, [weight] * num_layers, [heads] * num_layers,
                             num_heads=num_heads, direction=direction, sequences=seqs,
-                            include_self=include_self)
+                            include_self=include_self)._with_order(order)
 
     def _uniform_edges(self) -> LayerEdges:
         """The edges of a uniform layer (built on demand: O(T^2) per sequence)."""

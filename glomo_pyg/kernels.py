@@ -618,9 +618,12 @@ def head_blocked_edges(edge_index: Tensor, edge_weight: Tensor, edge_head: Tenso
         num_heads = int(edge_head.max()) + 1 if edge_head.numel() else 1
     small = num_heads * num_nodes < 2**31 - 1
     index = torch.int32 if small else edge_index.dtype
-    # in place: no int64 temporaries beside the two int32 results
-    rows = edge_head.to(index).mul_(num_nodes).add_(tgt.to(index))
-    cols = src.to(index) if shared_input else edge_head.to(index).mul_(num_nodes).add_(src.to(index))
+    # in place on fresh copies (copy=True: .to() returns edge_head itself when it already
+    # has the index dtype, and the graph's heads must not change): no int64 temporaries
+    # beside the two int32 results
+    rows = edge_head.to(index, copy=True).mul_(num_nodes).add_(tgt.to(index))
+    cols = src.to(index) if shared_input else \
+        edge_head.to(index, copy=True).mul_(num_nodes).add_(src.to(index))
     if assume_sorted or rows.numel() <= 1:
         return rows, cols, edge_weight
     if _is_compiling() or bool((rows[1:] < rows[:-1]).any()):

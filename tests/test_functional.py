@@ -188,3 +188,9 @@ def test_head_blocked_edges_use_int32_indices_and_keep_order():
     rows, cols, weight = head_blocked_edges(edge_index.flip(1), w.flip(0), head.flip(0), 4,
                                             num_heads=2)
     assert rows.tolist() == [1, 2, 6, 7] and weight.tolist() == [1.0, 2.0, 3.0, 4.0]
+    # past int32 (H * N >= 2**31 - 1) the ids stay int64, and the graph's own heads must
+    # not be overwritten by the in-place arithmetic (.to() returns them as they are)
+    big = 2**31
+    rows, cols, _ = head_blocked_edges(edge_index, w, head, big, num_heads=2)
+    assert rows.dtype == torch.int64 and head.tolist() == [0, 0, 1, 1]
+    assert rows.tolist() == [1, 2, big + 2, big + 3] and cols.tolist() == [0, 1, big, big + 2]

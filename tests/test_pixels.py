@@ -220,7 +220,7 @@ def test_bad_pixel_input_gets_named_errors():
     assert torch.equal(unit_images(x, H, W), images(2))
 
 
-@pytest.mark.parametrize("graph", ["learned", "uniform", "none"])
+@pytest.mark.parametrize("graph", ["learned", "uniform", "adjacent", "none"])
 def test_resnet_with_and_without_the_glomo_stage(graph):
     torch.manual_seed(0)
     model = Glomo.image(8, 8, **SMALL)

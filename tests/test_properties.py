@@ -208,7 +208,7 @@ def pretrained(heads, layers):
 @given(lengths=lengths_st, heads=st.sampled_from([1, 2]), layers=st.integers(1, 2),
        mixing=st.sampled_from(["free", "conditioned"]),
        propagation=st.sampled_from(["graph", "hierarchical", "both"]),
-       graph=st.sampled_from(["learned", "uniform", "none"]), data=st.data())
+       graph=st.sampled_from(["learned", "uniform", "adjacent", "none"]), data=st.data())
 def test_mixer_and_transfer(lengths, heads, layers, mixing, propagation, graph, data):
     torch.manual_seed(0)
     n = sum(lengths)

@@ -403,3 +403,15 @@ def test_syntax_monitor_words_only_data_faults_as_unscorable_trees(tmp_path):
     model.graphs = broken
     with pytest.raises(ValueError, match="^boom: the model's own fault$"):
         SyntaxMonitor(read_treebank(write(tmp_path, CONLLU)), vocabulary).check(model)
+    # compare_with_syntax words the selection trees' faults, not the model's, likewise
+    trees = read_treebank(write(tmp_path, CONLLU))
+    calls = []
+
+    def broken_on_selection(x, batch):
+        calls.append(1)
+        if len(calls) > 1:  # the evaluation trees are scored first
+            raise ValueError("boom")
+        return small_predictor()(x, batch)
+    with pytest.raises(ValueError, match="^boom$"):
+        compare_with_syntax(broken_on_selection, trees, vocabulary=vocabulary,
+                            select_trees=trees, untrained=False)

@@ -279,6 +279,8 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
                                        "--predictor", str(tmp_path / "other")])
     last = results.read_text().rsplit("\n## ", 1)[1]
     assert "- downstream model: word vectors -> linear map (no RNN" in last
+    assert str(imdb.PAPER["baseline"]) not in last  # the paper's numbers are its model's
+    assert str(imdb.PAPER["baseline"]) in text
     assert "| GLoMo on embeddings − adjacent-word graph |" in last
     with open(tmp_path / "norc" / "downstream.json") as fh:
         norc = json.load(fh)

@@ -328,6 +328,10 @@ def test_transfer_uniform_adjacent_and_none_baselines(setting, monkeypatch):
     torch.testing.assert_close(adjacent(h, batch=batch), learned(h, graphs=ag))
     with pytest.raises(ValueError, match="graph='adjacent' needs the number of units"):
         adjacent.graphs()
+    adjacent.graph = "random"  # switched after construction: refused, not built as adjacent
+    with pytest.raises(ValueError, match="graph must be one of"):
+        adjacent(h, batch=batch)
+    adjacent.graph = "adjacent"
     assert "graph='adjacent'" in repr(adjacent)
     # the uniform forward mixture of G^1 is the mean of the strict prefix
     u = uniform.mixer(h, uniform.graphs(batch=batch, num_nodes=n))[0]

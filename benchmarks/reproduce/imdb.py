@@ -87,8 +87,8 @@ VARIANTS = {
     "glomo": dict(predictor="default", places=("embedding",)),
     "glomo-rnn": dict(predictor="default", places=("rnn",)),
     "uniform": dict(predictor="default", places=("embedding",), graph="uniform"),
-    # each word mixes only its neighbours: do the learned graphs transfer more than
-    # locality? (not in the paper)
+    # graphs of the neighbouring word (chained: the nearest L words): do the learned
+    # graphs transfer more than locality? (not in the paper)
     "adjacent": dict(predictor="default", places=("embedding",), graph="adjacent"),
     # the same predictor with its initial weights: do the pretrained graphs beat graphs of
     # the same architecture that never learned? (not in the paper)
@@ -560,7 +560,8 @@ def run(args, argv=None) -> None:
         setup.rnn_layers = args.rnn_layers
     if setup.rnn_layers < 2 and "glomo-rnn" in setup.variants:
         raise ValueError(f"variant glomo-rnn puts graphs after the first of at least 2 RNN "
-                         f"layers; --rnn-layers is {setup.rnn_layers}")
+                         f"layers; --rnn-layers is {setup.rnn_layers} (choose --variants "
+                         "without it)")
     mode = "smoke" if args.smoke else "reduced" if args.reduced else "full"
     out = args.output_dir or f"runs/imdb-{mode}"
     os.makedirs(out, exist_ok=True)
@@ -784,7 +785,7 @@ def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_s
             continue
         acc = torch.tensor([r["test_acc"] for r in mine], dtype=torch.float64) * 100
         std = float(acc.std()) if len(mine) > 1 else float("nan")
-        paper = PAPER.get(variant)
+        paper = PAPER.get(variant) if setup.rnn_layers == 2 else None  # (the paper's model)
         val0 = runs[run_key(variant, 0, chosen[variant])]["val_acc"]
         lines.append(f"| {LABELS[variant]} | {float(acc.mean()):.2f} ± {std:.2f} | {len(mine)} | "
                      f"lr = {chosen[variant]:g} | {100 * val0:.2f} | "

@@ -16,7 +16,8 @@ _EXPORTS = {
                    "GraphStatisticsAccumulator", "GraphStatisticsTable", "HeadStatistics",
                    "NEAR_UNIFORM_KL", "dataset_statistics", "distance_bin_names",
                    "graph_health", "graph_statistics"),
-    "syntax": ("Alignment", "GraphScores", "SyntaxComparison", "SyntaxScores", "align",
+    "syntax": ("Alignment", "GraphScores", "NothingToScore", "SyntaxComparison", "SyntaxScores",
+               "align",
                "compare_with_syntax", "syntax_scores", "untrained_copy"),
     "treebank": ("GoldTree", "TreebankFormatError", "read_treebank"),
 }

@@ -44,6 +44,8 @@ METRICS = ("undirected", "directed", "ap")
 class NothingToScore(ValueError):
     """The gold trees leave nothing to score (no aligned sentence, no scorable target, no
     gold arc among the scored pairs): a fault of the data, not of the graphs."""
+
+
 _ADJACENT = {"forward": "previous word", "backward": "next word"}
 # the positional baseline beyond adjacency: the nearest source word but one
 _SECOND = {"forward": "word two back", "backward": "word two ahead"}
@@ -454,7 +456,8 @@ def compare_with_syntax(predictor, trees: Sequence[GoldTree],
         raise ValueError("the predictor carries no vocabulary: pass vocabulary=")
     ev_align = align(trees, vocabulary, lower, max_tokens=max_tokens)
     if not ev_align.sentences:
-        raise ValueError(f"evaluation trees: no sentence to score: {ev_align.why_empty()}")
+        raise NothingToScore(f"evaluation trees: no sentence to score: "
+                             f"{ev_align.why_empty()}")
     sel_align = None
     if select_trees is not None:  # checked before any scoring, which takes a while
         try:
@@ -462,7 +465,8 @@ def compare_with_syntax(predictor, trees: Sequence[GoldTree],
         except ValueError as err:
             raise ValueError(f"selection trees: {err}") from None
         if not sel_align.sentences:
-            raise ValueError(f"selection trees: no sentence to score: {sel_align.why_empty()}")
+            raise NothingToScore(f"selection trees: no sentence to score: "
+                                 f"{sel_align.why_empty()}")
     options = dict(exclude_punct=exclude_punct, batch_size=batch_size,
                    beyond_adjacent=beyond_adjacent)
     evaluation = syntax_scores(predictor, ev_align, **options)
@@ -471,8 +475,8 @@ def compare_with_syntax(predictor, trees: Sequence[GoldTree],
     if sel_align is not None:
         try:
             selection = syntax_scores(predictor, sel_align, **options)
-        except ValueError as err:
-            raise ValueError(f"selection trees: {err}") from None
+        except NothingToScore as err:  # (a fault of the model passes through as it is)
+            raise NothingToScore(f"selection trees: {err}") from None
         chosen = {d: selection.directions[d].best(metric)[:2] for d in evaluation.directions}
     else:
         chosen = {d: s.best(metric)[:2] for d, s in evaluation.directions.items()}

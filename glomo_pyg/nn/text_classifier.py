@@ -36,8 +36,9 @@ class GlomoTextClassifier(torch.nn.Module):
     * ``places=('embedding',)``: GLoMo on the word vectors (paper Table 1);
     * ``places=('rnn',)`` or both: GLoMo on the first RNN layer's states;
     * ``graph='uniform'``: the same model with uniform graphs (Table 2);
-    * ``graph='adjacent'``: each word mixes only its neighbours (a control, not in the
-      paper: does a learned graph transfer more than locality?);
+    * ``graph='adjacent'``: graphs of the neighbouring word only, which the mixture
+      chains to the nearest ``L`` words per direction (a control, not in the paper:
+      does a learned graph transfer more than locality?);
     * a predictor pretrained under an ablation gives that ablation's row.
 
     Graphs are computed once per batch from the token ids (the predictor shares the
@@ -53,12 +54,13 @@ class GlomoTextClassifier(torch.nn.Module):
         graph (str): ``'learned'``, ``'uniform'``, ``'adjacent'`` or ``'none'`` (see
             :class:`GlomoTransfer`).
         hidden_channels (int): RNN width per direction (the attention's width is twice
-            it). rnn (str): ``'gru'`` or ``'lstm'``.
+            it). rnn (str): ``'gru'`` or ``'lstm'`` (unused when ``rnn_layers=0``).
         rnn_layers (int): recurrent layers (>= 2 when graphs go after the first; 0: none,
             see above).
         attention_heads (int): heads of the self-attention layer.
         freeze_embedding (bool): keep the word vectors fixed (the "transfer feature" is
-            used as is). dropout (float): on embeddings, RNN outputs and the classifier.
+            used as is). dropout (float): on embeddings, RNN outputs (or the linear map
+            that replaces them) and the classifier.
         mixing (str): mixture weights of :class:`GlomoTransfer`.
 
     Shapes:

@@ -39,9 +39,11 @@ class GlomoTransfer(torch.nn.Module):
     * ``'learned'``: the predictor's graphs for the raw units ``x``;
     * ``'uniform'``: equal weights over the same allowed sources
       (:meth:`LatentGraphs.uniform`); the predictor is not run;
-    * ``'adjacent'``: each unit's neighbour only, weight 1
-      (:meth:`LatentGraphs.adjacent`; not in the paper): the control for graphs
-      that learned little beyond locality; the predictor is not run;
+    * ``'adjacent'``: weight 1 on each unit's neighbour in every layer and head
+      (:meth:`LatentGraphs.adjacent`; not in the paper), so the chained layer-``l``
+      component reaches ``l + 1`` units away and the mixture covers the nearest
+      ``L`` units per direction: the control for graphs that learned little beyond
+      locality; the predictor is not run;
     * ``'none'``: :math:`M = I` (each :math:`M_{dir} H = H`), the feature-only
       baseline with the same gate; no graph is computed.
 
@@ -121,6 +123,8 @@ class GlomoTransfer(torch.nn.Module):
                                                          self.fusion.gate.weight.device)
         ptr = sequence_batch(num_nodes, batch, device).ptr
         p = self.predictor
+        if self.graph not in ("uniform", "adjacent"):  # (graph can be switched after init)
+            raise ValueError(f"graph must be one of {GRAPHS}, got {self.graph!r}")
         build = LatentGraphs.uniform if self.graph == "uniform" else LatentGraphs.adjacent
         return DirectionalGraphs(*(
             build(ptr, num_layers=p.num_layers, num_heads=p.heads, direction=d,
