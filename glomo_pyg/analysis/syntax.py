@@ -331,14 +331,15 @@ def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
                                      ).double().div(n_allowed).sum().item(), 0]
         if acc is None or acc.targets == 0:
             raise NothingToScore(f"no target to score in the {direction} direction (every "
-                             "target is punctuation, has no allowed source word"
-                             + (", has a gold arc to its adjacent word, or has no other "
-                                "gold neighbour among its sources" if beyond_adjacent
-                                else "") + ")")
+                                 "target is punctuation, has no allowed source word"
+                                 + (", has a gold arc to its adjacent word, or has no other "
+                                    "gold neighbour among its sources" if beyond_adjacent
+                                    else "") + ")")
         labels = np.concatenate(acc.labels)
         if not labels.any():  # e.g. only roots: average precision has no positive
-            raise NothingToScore(f"no gold arc joins any scored {direction} (source, target) "
-                             "pair, so the scores are undefined (do the trees have arcs?)")
+            raise NothingToScore(f"no gold arc joins any scored {direction} (source, "
+                                 "target) pair, so the scores are undefined (do the trees "
+                                 "have arcs?)")
         scores = np.concatenate(acc.scores, axis=-1)
         ap = np.array([[_average_precision(scores[l, h], labels) for h in range(scores.shape[1])]
                        for l in range(scores.shape[0])])
