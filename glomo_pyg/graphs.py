@@ -565,6 +565,61 @@ class LatentGraphs:
             out.append(torch.where(defined, entropy, entropy.new_full((), float("nan"))))
         return torch.stack(out)
 
+    def within(self, max_distance: int) -> "LatentGraphs":
+        r"""The graphs with every edge longer than ``max_distance`` units removed and
+        each target's remaining weights renormalised to sum to 1 (a target whose edges
+        were all longer keeps none).
+
+        Because paper Eq. 1 normalises each target's column over its allowed sources,
+        this equals scoring the same pairs with those farther than ``max_distance``
+        masked out before normalising (squared ReLU or softmax alike): it is the graph
+        a predictor emits under a window of ``max_distance`` units. Use it when a
+        predictor with a learned distance term (``position='relative'``, an extension
+        of the paper) is applied to sequences longer than it was pretrained on: its
+        scores at distances it never saw are extrapolations, and can put real weight
+        on far-away units. Give the pretraining window minus 1 (e.g. 63 for 64-token
+        sequences).
+
+        Distances count positions in the sequence, so pixel graphs in raster order
+        are refused. The result is in the sparse layout, except for dense graphs
+        (masked blocks); uniform and fused graphs are converted to edges first
+        (``O(T^2)`` per sequence). Differentiable w.r.t. the edge weights.
+        :meth:`density` and the other statistics still count every pair the direction
+        allows."""
+        if isinstance(max_distance, bool) or not isinstance(max_distance, int) or \
+                max_distance < 1:
+            raise ValueError(f"max_distance must be an integer >= 1 (units), got "
+                             f"{max_distance!r}")
+        if self._order is not None and type(self._order) is not SequenceOrder:
+            raise ValueError(f"within() counts distance along a sequence; these graphs follow "
+                             f"{self._order!r}, where positions are not distances")
+        s = self.sequences
+        if self._dense is not None:
+            t = s.max_len
+            pos = torch.arange(t, device=self.device)
+            band = (pos.view(-1, 1) - pos.view(1, -1)).abs() <= max_distance  # [i, j]
+            blocks = []
+            for block in self._dense:
+                kept = block * band.to(block.dtype)
+                total = kept.sum(-2, keepdim=True)  # per target j: over its sources i
+                blocks.append(kept / total.masked_fill(total == 0, 1))
+            return LatentGraphs._trusted_dense(blocks, direction=self.direction, sequences=s,
+                                               include_self=self.include_self)
+        layers = []
+        for (src, tgt), w, h in self._sparse_edges():
+            keep = (tgt - src).abs() <= max_distance
+            src, tgt, w, h = src[keep], tgt[keep], w[keep], h[keep]
+            column = h.to(torch.int64) * s.num_nodes + tgt
+            total = w.new_zeros(self.num_heads * s.num_nodes).index_add(0, column, w)
+            # (a column of zero weights, possible only in user-given graphs, stays zero)
+            layers.append((torch.stack([src, tgt]), w / total.masked_fill(total == 0, 1)[column],
+                           h))
+        out = LatentGraphs._trusted(*map(list, zip(*layers)), num_heads=self.num_heads,
+                                    direction=self.direction, sequences=s,
+                                    include_self=self.include_self)
+        out._sorted = self._sorted  # filtering keeps the (head, target, source) order
+        return out
+
     # --- conversion ---------------------------------------------------------------
     def _map(self, fn) -> "LatentGraphs":
         s = self.sequences

@@ -208,8 +208,10 @@ def pretrained(heads, layers):
 @given(lengths=lengths_st, heads=st.sampled_from([1, 2]), layers=st.integers(1, 2),
        mixing=st.sampled_from(["free", "conditioned"]),
        propagation=st.sampled_from(["graph", "hierarchical", "both"]),
-       graph=st.sampled_from(["learned", "uniform", "adjacent", "none"]), data=st.data())
-def test_mixer_and_transfer(lengths, heads, layers, mixing, propagation, graph, data):
+       graph=st.sampled_from(["learned", "uniform", "adjacent", "none"]),
+       max_distance=st.sampled_from([None, 1, 3]), data=st.data())
+def test_mixer_and_transfer(lengths, heads, layers, mixing, propagation, graph, max_distance,
+                            data):
     torch.manual_seed(0)
     n = sum(lengths)
     x = torch.randint(0, TOKENS, (n,), generator=torch.Generator().manual_seed(
@@ -217,12 +219,15 @@ def test_mixer_and_transfer(lengths, heads, layers, mixing, propagation, graph, 
     batch = batch_vector(lengths)
     h = torch.randn(n, 6)
     transfer = GlomoTransfer(pretrained(heads, layers), 6, graph=graph, mixing=mixing,
-                             propagation=propagation).eval()
+                             propagation=propagation, max_distance=max_distance).eval()
     with torch.no_grad():
         out = transfer(h, x, batch)
         graphs = transfer.graphs(x, batch)
         mixed = transfer.mixer(h, graphs) if graph != "none" else None
     assert out.shape == (n, transfer.out_channels) and torch.isfinite(out).all()
+    if graphs is not None and max_distance is not None:  # no edge beyond the window
+        assert all(bool(((tgt - src).abs() <= max_distance).all())
+                   for g in graphs for (src, tgt), _, _ in g)
     if mixed is not None:
         assert all(m.shape == (n, 6) and torch.isfinite(m).all() for m in mixed)
     # sequences do not see each other: the first sequence alone gives the same rows

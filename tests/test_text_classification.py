@@ -238,6 +238,7 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
                            (["--output-dir", str(results)], "is a file, not a folder"),
                            (["--predictor", str(tmp_path / "missing")], "missing"),
                            (["--rnn-layers", "-1"], "--rnn-layers must be >= 0"),
+                           (["--max-distance", "0"], "--max-distance must be >= 1"),
                            (["--rnn-layers", "1", "--variants", "glomo-rnn"],
                             "glomo-rnn puts graphs after the first of at least 2 RNN layers"),
                            (["--rnn-layers", "0"], "other settings or inputs .rnn_layers")]:
@@ -286,6 +287,19 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
         norc = json.load(fh)
     assert norc["settings"]["rnn_layers"] == 0 and "rnn_layers" not in cache["settings"]
     assert len(norc["runs"]) == 3 * (len(lrs) + 1)
+    # graphs cut to a window: only the runs whose graphs it shortens are trained again
+    imdb.main(args[:-len(variants)] + ["baseline", "glomo", "adjacent", "--rnn-layers", "0",
+                                       "--output-dir", str(tmp_path / "norc"), "--max-distance",
+                                       "3", "--predictor", str(tmp_path / "other")])
+    last = results.read_text().rsplit("\n## ", 1)[1]
+    assert "- graphs keep only edges of at most 3 units" in last
+    with open(tmp_path / "norc" / "downstream.json") as fh:
+        windowed = json.load(fh)["runs"]
+    for key, entry in windowed.items():
+        if key.startswith("glomo/"):
+            assert entry["inputs"] == {"weights": weights, "max_distance": 3}
+        else:  # the baseline and the adjacent-word graphs: the same runs as before
+            assert entry == norc["runs"][key]
     # a cache of the earlier format (predictor digests in the shared settings) made with
     # the same predictor is upgraded in place and reused: nothing is trained again
     old_settings = {k: v for k, v in cache["settings"].items() if k != "vocabulary"}

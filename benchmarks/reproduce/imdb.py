@@ -25,7 +25,9 @@ interrupted reproduction continues where it stopped:
    the graphs' shape for uniform ones, the architecture for untrained ones, nothing for
    the baseline): a new ``--predictor`` retrains only the runs that depend on it):
    ``GlomoTextClassifier`` (word vectors -> BiGRU -> self-attention -> pooling -> MLP;
-   ``--rnn-layers 0``: no BiGRU, so word order reaches the model only through graphs).
+   ``--rnn-layers 0``: no BiGRU, so word order reaches the model only through graphs;
+   ``--max-distance N``: graphs keep only edges of at most N units, see
+   :meth:`glomo_pyg.LatentGraphs.within`).
    Per variant, seed 0 is trained at every learning rate of the grid (``--lrs``) and only
    validated; the rate with the best validation accuracy is kept, seed 0's model at that
    rate is evaluated once on the test reviews, and the other seeds are trained at that
@@ -131,6 +133,9 @@ class Setup:
     variants: tuple
     seeds: int
     rnn_layers: int = 2  # of the classifier; 0: none, word order only through graphs
+    # longest edge kept in the graphs (None: all): a predictor with a learned distance
+    # term pretrained on shorter windows than the reviews has no scores it learned beyond
+    max_distance: Optional[int] = None
     # pretraining: a `glomo pretrain` configuration in configs/, or (the smoke test only)
     # the settings below
     config: Optional[str] = None
@@ -200,6 +205,8 @@ def check_arguments(args) -> None:
                              "cached by that key")
     if getattr(args, "rnn_layers", None) is not None and args.rnn_layers < 0:
         raise ValueError(f"--rnn-layers must be >= 0, got {args.rnn_layers}")
+    if getattr(args, "max_distance", None) is not None and args.max_distance < 1:
+        raise ValueError(f"--max-distance must be >= 1 (units), got {args.max_distance}")
 
 
 def word_vectors(args, setup: Setup, out: str):
@@ -392,13 +399,22 @@ def run_key(variant: str, seed: int, lr: float) -> str:
     return f"{variant}/{seed}/lr={lr:g}"
 
 
-def run_inputs(variant: str, predictors: Dict[str, str], loaded: Dict) -> Dict[str, str]:
+def run_inputs(variant: str, predictors: Dict[str, str], loaded: Dict,
+               max_distance: Optional[int] = None) -> Dict[str, str]:
     """What a run of ``variant`` reads from its predictor, as digests: the weights file
     for learned graphs; for uniform and adjacent-word graphs only what shapes them
     (directions, layers, heads, self-loops: the predictor is never run); for untrained graphs the
     architecture (the saved config) and the seed of the initial weights; nothing for the
     feature-only baseline. A new predictor therefore retrains only the runs that depend
-    on it."""
+    on it. ``max_distance`` (``--max-distance``), when set, is recorded for every variant
+    whose graphs it shortens (not the adjacent-word graphs: their edges span 1 unit)."""
+    found = _predictor_inputs(variant, predictors, loaded)
+    if max_distance is not None and found and VARIANTS[variant].get("graph") != "adjacent":
+        found["max_distance"] = max_distance
+    return found
+
+
+def _predictor_inputs(variant: str, predictors: Dict[str, str], loaded: Dict) -> Dict:
     name = VARIANTS[variant]["predictor"]
     if name is None:
         return {}
@@ -483,11 +499,13 @@ def evaluate_accuracy(model: torch.nn.Module, data, batch_size: int, accelerator
     return correct / total
 
 
-def graph_profile(predictor, data, reviews: int = 256) -> Dict[str, List[float]]:
+def graph_profile(predictor, data, reviews: int = 256,
+                  max_distance: Optional[int] = None) -> Dict[str, List[float]]:
     """Forward-graph statistics per layer on the first test reviews, for the predictor's
     graphs and for uniform graphs over the same reviews (the reference a learned graph
     should differ from): density, weight-averaged edge distance, and the weight the
-    graphs put on the previous 1 and 2 units."""
+    graphs put on the previous 1 and 2 units; with ``max_distance``, of both graphs
+    within that window, as the classifiers use them."""
     from torch_geometric.loader import DataLoader
 
     from glomo_pyg import LatentGraphs
@@ -500,6 +518,8 @@ def graph_profile(predictor, data, reviews: int = 256) -> Dict[str, List[float]]
             learned = predictor(batch.x, batch.batch).forward
             uniform = LatentGraphs.uniform(learned.ptr, num_layers=learned.num_layers,
                                            num_heads=learned.num_heads, direction="forward")
+            if max_distance is not None:
+                learned, uniform = learned.within(max_distance), uniform.within(max_distance)
             for kind, graphs in (("learned", learned), ("uniform", uniform)):
                 stats = graph_statistics(graphs)
                 for l in range(graphs.num_layers):
@@ -533,6 +553,10 @@ def main(argv=None) -> None:
     parser.add_argument("--rnn-layers", type=int, default=None,
                         help="recurrent layers of the classifier (default 2); 0: none, the "
                              "model then reads word order only through the graphs")
+    parser.add_argument("--max-distance", type=int, default=None,
+                        help="keep only graph edges of at most this many units, e.g. the "
+                             "predictor's pretraining window - 1 (63 for configs/imdb-cpu.yaml):"
+                             " beyond it a learned distance term was never trained")
     parser.add_argument("--predictor", default=None,
                         help="use this saved predictor (e.g. runs/imdb-cpu/predictor from "
                              "glomo pretrain --config configs/imdb-cpu.yaml) as the 'default' "
@@ -558,6 +582,8 @@ def run(args, argv=None) -> None:
         setup.variants = tuple(dict.fromkeys(args.variants))  # each once, in order
     if args.rnn_layers is not None:
         setup.rnn_layers = args.rnn_layers
+    if getattr(args, "max_distance", None) is not None:
+        setup.max_distance = args.max_distance
     if setup.rnn_layers < 2 and "glomo-rnn" in setup.variants:
         raise ValueError(f"variant glomo-rnn puts graphs after the first of at least 2 RNN "
                          f"layers; --rnn-layers is {setup.rnn_layers} (choose --variants "
@@ -626,13 +652,13 @@ def run(args, argv=None) -> None:
         word_vectors=file_digest(os.path.join(out, "word_vectors.txt")),
         vocabulary=text_digest(json.dumps(vocabulary)))
     runs_path = os.path.join(out, "downstream.json")
-    inputs = {v: run_inputs(v, predictors, loaded) for v in setup.variants}
+    inputs = {v: run_inputs(v, predictors, loaded, setup.max_distance) for v in setup.variants}
     upgrade_cache(runs_path, settings, predictors, loaded, log)
     runs = cached_runs(runs_path, settings, log)
     check_runs(runs, runs_path)
     for variant, count in stale_runs(runs, inputs).items():
-        log(f"{count} cached run(s) of {variant} were made with another predictor; "
-            "training them again")
+        log(f"{count} cached run(s) of {variant} were made with other graph inputs (another "
+            "predictor or --max-distance); training them again")
     checkpoints = os.path.join(out, "lr-search")
     os.makedirs(checkpoints, exist_ok=True)
 
@@ -645,7 +671,8 @@ def run(args, argv=None) -> None:
         predictor = source.get(spec.pop("predictor"))
         torch.manual_seed(seed)
         return GlomoTextClassifier(embedding, predictor=predictor, hidden_channels=setup.hidden,
-                                   rnn_layers=setup.rnn_layers, **spec)
+                                   rnn_layers=setup.rnn_layers, max_distance=setup.max_distance,
+                                   **spec)
 
     def fit(variant: str, seed: int, lr: float, test_data):
         """One run: its cache entry and the model (left at its best validation epoch)."""
@@ -713,8 +740,9 @@ def run(args, argv=None) -> None:
         log(f"{LABELS[variant]}: test {sum(acc) / len(acc):.4f} over {len(acc)} seeds, "
             f"lr {chosen[variant]:g}")
     log(f"{TFIDF_LABEL}: test {baseline_tfidf['test_acc']:.4f}")
-    profiles = {name: graph_profile(p, test) for name, p in loaded.items()}
-    profiles.update({f"{name}, untrained": graph_profile(p, test)
+    profiles = {name: graph_profile(p, test, max_distance=setup.max_distance)
+                for name, p in loaded.items()}
+    profiles.update({f"{name}, untrained": graph_profile(p, test, max_distance=setup.max_distance)
                      for name, p in untrained.items()})
     write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_summaries,
                   profiles, coverage, len(train), len(val), len(test), time.time() - start)
@@ -761,8 +789,12 @@ def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_s
     val_by_c = ", ".join(f"C {c:g}: {100 * a:.2f}" for c, a in baseline_tfidf["val_by_C"])
     model = (f"word vectors -> BiGRU x {setup.rnn_layers}" if setup.rnn_layers else
              "word vectors -> linear map (no RNN: word order only through the graphs)")
-    lines += [f"- downstream model: {model} -> self-attention -> max and mean pooling -> MLP",
-              f"- downstream: {n_train} training / {n_val} validation / {n_test} test reviews "
+    lines += [f"- downstream model: {model} -> self-attention -> max and mean pooling -> MLP"]
+    if setup.max_distance is not None:
+        lines.append(f"- graphs keep only edges of at most {setup.max_distance} units, each "
+                     "target's weights renormalised (`--max-distance`; not the adjacent-word "
+                     "graphs, whose edges span 1)")
+    lines += [f"- downstream: {n_train} training / {n_val} validation / {n_test} test reviews "
               f"(cut to {setup.review_length} tokens), {setup.epochs} epochs, best validation "
               f"epoch evaluated on test; word vectors {setup.vector_dim}-d word2vec, "
               f"{coverage:.1%} of the vocabulary covered",

@@ -83,7 +83,11 @@ class GraphScorer(torch.nn.Module):
     so it folds into the augmented keys and queries of every kernel. The
     coefficients start at zero: an untrained model is the paper's. The
     function repeats with the longest period, so choose
-    ``position_period`` of at least twice the longest sequence.
+    ``position_period`` of at least twice the longest sequence. It is learned
+    only at the distances the training sequences hold; on longer sequences it
+    extrapolates and can favour far units it never saw, so cut such graphs to
+    the training window with :meth:`~glomo_pyg.LatentGraphs.within` (or
+    ``GlomoTransfer(max_distance=...)``).
 
     ``position='grid'`` is the same over the rows and columns of an image in raster
     order (``grid_width`` columns): a separable sum of one such series over the row

@@ -62,6 +62,8 @@ class GlomoTextClassifier(torch.nn.Module):
             used as is). dropout (float): on embeddings, RNN outputs (or the linear map
             that replaces them) and the classifier.
         mixing (str): mixture weights of :class:`GlomoTransfer`.
+        max_distance (int, optional): the longest edge kept in the graphs (see
+            :class:`GlomoTransfer`); default: no limit.
 
     Shapes:
         - **input:** token ids :math:`(N)` (flat, int64 or int32), sorted ``batch`` :math:`(N)`
@@ -73,7 +75,8 @@ class GlomoTextClassifier(torch.nn.Module):
                  places: Sequence[str] = ("embedding",), graph: str = "learned",
                  hidden_channels: int = 128, rnn: str = "gru", rnn_layers: int = 2,
                  attention_heads: int = 4, freeze_embedding: bool = True, dropout: float = 0.2,
-                 mixing: str = "free", padding_idx: int = 0):
+                 mixing: str = "free", padding_idx: int = 0,
+                 max_distance: Optional[int] = None):
         super().__init__()
         places = tuple(places) if predictor is not None else ()
         bad = [p for p in places if p not in PLACES]
@@ -118,13 +121,15 @@ class GlomoTextClassifier(torch.nn.Module):
         self.embedding = torch.nn.Embedding.from_pretrained(
             embedding.float(), freeze=freeze_embedding, padding_idx=padding_idx)
         d = embedding.size(1)
-        self.glomo_embedding = GlomoTransfer(predictor, d, graph=graph, mixing=mixing) \
+        self.glomo_embedding = GlomoTransfer(predictor, d, graph=graph, mixing=mixing,
+                                             max_distance=max_distance) \
             if "embedding" in places else None
         width = self.glomo_embedding.out_channels if self.glomo_embedding is not None else d
         cell = torch.nn.GRU if rnn == "gru" else torch.nn.LSTM
         self.rnns = torch.nn.ModuleList()
         self.glomo_rnn = GlomoTransfer(predictor, 2 * hidden_channels, graph=graph,
-                                       mixing=mixing) if "rnn" in places else None
+                                       mixing=mixing, max_distance=max_distance) \
+            if "rnn" in places else None
         for layer in range(rnn_layers):
             self.rnns.append(cell(width, hidden_channels, batch_first=True, bidirectional=True))
             width = 2 * hidden_channels
@@ -196,4 +201,7 @@ class GlomoTextClassifier(torch.nn.Module):
         return (f"{self.__class__.__name__}(vocab={self.embedding.num_embeddings}, "
                 f"classes={self.num_classes}, "
                 f"rnn={f'{self.rnn_kind}x{len(self.rnns)}' if self.rnns else 'none'}, "
-                f"places={self.places}, graph='{self.graph_kind}')")
+                f"places={self.places}, graph='{self.graph_kind}'"
+                + (f", max_distance={transfer.max_distance}"
+                   if (transfer := self.glomo_embedding or self.glomo_rnn) is not None and
+                   transfer.max_distance is not None else "") + ")")

@@ -56,6 +56,13 @@ class GlomoTransfer(torch.nn.Module):
             ``in_channels + fusion_channels`` channels.
         graph (str): ``'learned'``, ``'uniform'``, ``'adjacent'`` or ``'none'``.
         mixing, propagation, layers: options of :class:`GraphMixer`.
+        max_distance (int, optional): drop the edges of the graphs this module computes
+            that span more than this many units, renormalising each target's weights
+            (:meth:`LatentGraphs.within`). Graphs passed to :meth:`forward` are used as
+            given. For a predictor with a learned distance term (``position='relative'``,
+            not in the paper) applied to sequences longer than its pretraining windows,
+            give the window minus 1: beyond it the term is an extrapolation. Default: no
+            limit, as in the paper.
 
     Shapes:
         - **input:** features :math:`H` :math:`(N, d)`; the predictor's input
@@ -67,7 +74,7 @@ class GlomoTransfer(torch.nn.Module):
     def __init__(self, predictor: PretrainedGraphPredictor, in_channels: int,
                  fusion_channels: Optional[int] = None, graph: str = "learned",
                  mixing: str = "free", propagation: str = "both",
-                 layers: Optional[Sequence[int]] = None):
+                 layers: Optional[Sequence[int]] = None, max_distance: Optional[int] = None):
         super().__init__()
         if not isinstance(predictor, PretrainedGraphPredictor):
             raise TypeError("predictor must be a PretrainedGraphPredictor (from "
@@ -75,7 +82,11 @@ class GlomoTransfer(torch.nn.Module):
                             f"got {type(predictor).__name__}")
         if graph not in GRAPHS:
             raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
-        self.graph = graph
+        if max_distance is not None and (isinstance(max_distance, bool) or
+                                         not isinstance(max_distance, int) or max_distance < 1):
+            raise ValueError(f"max_distance must be None or an integer >= 1 (units), got "
+                             f"{max_distance!r}")
+        self.graph, self.max_distance = graph, max_distance
         self.predictor = predictor.requires_grad_(False).eval()
         self.mixer = GraphMixer(in_channels, predictor.num_layers, predictor.heads,
                                 predictor.directions, mixing, propagation, layers)
@@ -105,7 +116,8 @@ class GlomoTransfer(torch.nn.Module):
         computing them once and passing them to several transfer modules (e.g.
         at the embeddings and after the first RNN layer). ``None`` for
         ``graph='none'``. ``'uniform'`` and ``'adjacent'`` need only ``batch`` and
-        ``num_nodes`` (or ``x``)."""
+        ``num_nodes`` (or ``x``). With ``max_distance`` set, longer edges are already
+        removed."""
         if self.graph == "none":
             return None
         if self.graph == "learned":
@@ -113,7 +125,7 @@ class GlomoTransfer(torch.nn.Module):
                 raise ValueError("graph='learned' computes graphs from the predictor's input: "
                                  "pass x (the units' token ids or features) with batch")
             self.predictor.eval()
-            return self.predictor(x, batch)
+            return self._windowed(self.predictor(x, batch))
         if num_nodes is None:
             if x is None:
                 raise ValueError(f"graph='{self.graph}' needs the number of units: pass x or "
@@ -126,10 +138,18 @@ class GlomoTransfer(torch.nn.Module):
         if self.graph not in ("uniform", "adjacent"):  # (graph can be switched after init)
             raise ValueError(f"graph must be one of {GRAPHS}, got {self.graph!r}")
         build = LatentGraphs.uniform if self.graph == "uniform" else LatentGraphs.adjacent
-        return DirectionalGraphs(*(
+        graphs = DirectionalGraphs(*(
             build(ptr, num_layers=p.num_layers, num_heads=p.heads, direction=d,
                   include_self=p.include_self) if d in p.directions else None
             for d in ("forward", "backward")))
+        # (adjacent graphs have no edge longer than 1: nothing to remove)
+        return self._windowed(graphs) if self.graph == "uniform" else graphs
+
+    def _windowed(self, graphs: DirectionalGraphs) -> DirectionalGraphs:
+        if self.max_distance is None:
+            return graphs
+        return DirectionalGraphs(*(None if g is None else g.within(self.max_distance)
+                                   for g in graphs))
 
     @torch.no_grad()
     def propagations(self, h: Tensor, x: Optional[Tensor] = None,
@@ -210,4 +230,6 @@ class GlomoTransfer(torch.nn.Module):
         return (f"{self.__class__.__name__}({self.in_channels}, out_channels={self.out_channels}, "
                 f"graph='{self.graph}', directions={self.mixer.directions}, "
                 f"layers={list(self.mixer.layers)}, heads={self.mixer.heads}, "
-                f"mixing='{self.mixer.mixing}', propagation='{self.mixer.propagation}')")
+                f"mixing='{self.mixer.mixing}', propagation='{self.mixer.propagation}'"
+                + (f", max_distance={self.max_distance}" if self.max_distance is not None else "")
+                + ")")

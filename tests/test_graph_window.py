@@ -1,0 +1,205 @@
+"""LatentGraphs.within and the max_distance option of the transfer modules, against graphs
+normalised with the far pairs masked out beforehand (tests/reference.py)."""
+import pytest
+import torch
+from reference import allowed_pairs, batch_vector, dense_from_edges, dense_graph, pad
+
+from glomo_pyg import (DirectionalGraphs, GlomoTextClassifier, GlomoTransfer, GraphPredictor,
+                       LatentGraphs, PretrainedGraphPredictor)
+from glomo_pyg import flex
+from glomo_pyg.ordering import RasterOrder
+
+LENGTHS = [6, 1, 9, 2]
+HEADS = 3
+EVERY_RULE = pytest.mark.parametrize("direction,include_self", [
+    ("forward", False), ("forward", True), ("backward", False), ("backward", True)])
+
+
+def band(max_len, max_distance):
+    i = torch.arange(max_len)
+    return ((i.view(-1, 1) - i.view(1, -1)).abs() <= max_distance).view(1, 1, max_len, max_len)
+
+
+def ptr_of(lengths):
+    return torch.tensor([0] + lengths).cumsum(0)
+
+
+@EVERY_RULE
+@pytest.mark.parametrize("normalization", ["relu2", "softmax"])
+@pytest.mark.parametrize("layout", ["sparse", "dense"])
+@pytest.mark.parametrize("max_distance", [1, 2, 4])
+def test_within_equals_masking_the_far_pairs_before_normalising(direction, include_self,
+                                                                normalization, layout,
+                                                                max_distance):
+    torch.manual_seed(0)
+    t = max(LENGTHS)
+    scores = torch.randn(len(LENGTHS), HEADS, t, t, dtype=torch.float64, requires_grad=True)
+    allowed = allowed_pairs(LENGTHS, t, direction, include_self)
+    want = dense_graph(scores, allowed & band(t, max_distance), normalization)
+    full = dense_graph(scores, allowed, normalization)
+    graphs = LatentGraphs.from_dense([full], direction=direction, ptr=ptr_of(LENGTHS),
+                                     include_self=include_self)
+    if layout == "sparse":
+        graphs = graphs.to_sparse()
+    got = graphs.within(max_distance)
+    assert got.layout == layout and got.num_heads == HEADS
+    assert (got.direction, got.include_self) == (direction, include_self)
+    torch.testing.assert_close(got.to_dense(0), want)
+    # a target whose sources were all farther keeps no edge (never NaN); the others sum to 1
+    (src, tgt), w, h = got.layer(0)
+    assert bool(((tgt - src).abs() <= max_distance).all()) and bool((w > 0).all())
+    sums = torch.zeros(HEADS * sum(LENGTHS), dtype=w.dtype).index_add(0, h * sum(LENGTHS) + tgt, w)
+    has = torch.zeros(HEADS * sum(LENGTHS), dtype=torch.bool)
+    has[h * sum(LENGTHS) + tgt] = True
+    torch.testing.assert_close(sums[has], torch.ones_like(sums[has]))
+    # gradients reach the scores as through the masked reference
+    weights = torch.randn_like(want)
+    (g_got,) = torch.autograd.grad((got.to_dense(0) * weights).sum(), scores)
+    (g_want,) = torch.autograd.grad((want * weights).sum(), scores)
+    torch.testing.assert_close(g_got, g_want)
+
+
+@EVERY_RULE
+def test_uniform_graphs_within_a_window_are_uniform_over_the_window(direction, include_self):
+    t = max(LENGTHS)
+    allowed = (allowed_pairs(LENGTHS, t, direction, include_self) & band(t, 3)).double()
+    count = allowed.sum(2, keepdim=True)
+    want = torch.where(count > 0, allowed / count.clamp(min=1), torch.zeros(()))
+    g = LatentGraphs.uniform(ptr_of(LENGTHS), num_layers=2, num_heads=HEADS, direction=direction,
+                             include_self=include_self).within(3)
+    for l in range(2):
+        torch.testing.assert_close(dense_from_edges(*g.layer(l), LENGTHS, HEADS).double(),
+                                   want.expand(-1, HEADS, -1, -1))
+    # a window as long as the longest sequence changes nothing
+    full = LatentGraphs.uniform(ptr_of(LENGTHS), num_layers=1, num_heads=HEADS,
+                                direction=direction, include_self=include_self)
+    x = torch.randn(sum(LENGTHS), 4)
+    torch.testing.assert_close(full.within(t).propagate(x, 0), full.propagate(x, 0))
+
+
+def test_within_keeps_the_edge_order_and_the_validating_constructor_accepts_it():
+    torch.manual_seed(1)
+    p = GraphPredictor(num_tokens=20, hidden_channels=18, num_layers=2, heads=HEADS, cnn_layers=1,
+                       direction="backward", position="relative", position_frequencies=4).eval()
+    x, batch = torch.randint(0, 20, (sum(LENGTHS),)), batch_vector(LENGTHS)
+    with torch.no_grad():
+        g = p(x, batch)
+    w = g.within(2)
+    n = sum(LENGTHS)
+    for l in range(2):
+        (src, tgt), head = w.edge_index[l], w.edge_head[l]
+        key = (head * n + tgt) * n + src
+        assert bool((key[1:] > key[:-1]).all())
+    LatentGraphs(w.edge_index, w.edge_weight, w.edge_head, num_heads=HEADS, direction="backward",
+                 ptr=ptr_of(LENGTHS))
+    # the fused layout gives the same graphs, through its edges
+    if flex.available():
+        with torch.no_grad():
+            fused = p(x, batch, layout="fused")
+        assert fused.layout == "fused"
+        for l in range(2):
+            torch.testing.assert_close(fused.within(2).to_dense(l), w.to_dense(l))
+
+
+def test_within_refuses_bad_windows_and_raster_orders():
+    g = LatentGraphs.uniform(ptr_of(LENGTHS), num_layers=1, num_heads=1, direction="forward")
+    for bad in (0, -1, True, 2.5, "3", None):
+        with pytest.raises(ValueError, match="max_distance must be an integer >= 1"):
+            g.within(bad)
+    d = torch.zeros(1, 1, 1, 6, 6)
+    d[0, 0, 0, 3, 4] = 1.0
+    image = LatentGraphs.from_dense(d, direction="forward", ptr=torch.tensor([0, 6]))
+    image = image._with_order(RasterOrder("forward", 2, 3))
+    with pytest.raises(ValueError, match="counts distance along a sequence"):
+        image.within(1)
+
+
+def make_predictor():
+    parts = {d: GraphPredictor(num_tokens=30, hidden_channels=18, num_layers=2, heads=HEADS,
+                               cnn_layers=1, direction=d, position="relative",
+                               position_frequencies=4) for d in ("forward", "backward")}
+    return PretrainedGraphPredictor(parts["forward"], parts["backward"])
+
+
+def test_transfer_with_max_distance_uses_the_windowed_graphs():
+    torch.manual_seed(2)
+    predictor = make_predictor()
+    x, batch = torch.randint(0, 30, (sum(LENGTHS),)), batch_vector(LENGTHS)
+    h = torch.randn(sum(LENGTHS), 6)
+    plain = GlomoTransfer(predictor, in_channels=6)
+    for graph in ("learned", "uniform", "adjacent"):
+        windowed = GlomoTransfer(predictor, in_channels=6, graph=graph, max_distance=2)
+        windowed.load_state_dict(plain.state_dict())
+        reference = GlomoTransfer(predictor, in_channels=6, graph=graph)
+        reference.load_state_dict(plain.state_dict())
+        graphs = reference.graphs(x, batch)
+        want = DirectionalGraphs(*(g.within(2) for g in graphs))
+        torch.testing.assert_close(windowed(h, x, batch), plain(h, graphs=want))
+        got = windowed.graphs(x, batch)
+        for g in got:
+            for (src, tgt), _, _ in g:
+                assert bool(((tgt - src).abs() <= 2).all())
+    # a window longer than every sequence changes nothing; graphs given are used as given
+    long = GlomoTransfer(predictor, in_channels=6, max_distance=max(LENGTHS))
+    long.load_state_dict(plain.state_dict())
+    torch.testing.assert_close(long(h, x, batch), plain(h, x, batch))
+    given = plain.graphs(x, batch)
+    torch.testing.assert_close(long(h, graphs=given), plain(h, graphs=given))
+    assert "max_distance=9" in repr(long) and "max_distance" not in repr(plain)
+    for bad in (0, -3, True, 1.5):
+        with pytest.raises(ValueError, match="max_distance must be None or an integer >= 1"):
+            GlomoTransfer(predictor, in_channels=6, max_distance=bad)
+
+
+def test_text_classifier_passes_max_distance_to_every_place():
+    torch.manual_seed(3)
+    predictor = make_predictor()
+    embedding = torch.randn(30, 8)
+    model = GlomoTextClassifier(embedding, predictor=predictor, places=("embedding", "rnn"),
+                                hidden_channels=4, attention_heads=2, max_distance=3)
+    assert model.glomo_embedding.max_distance == 3 == model.glomo_rnn.max_distance
+    assert "max_distance=3" in repr(model)
+    x, batch = torch.randint(1, 30, (sum(LENGTHS),)), batch_vector(LENGTHS)
+    model.eval()
+    out = model(x, batch)
+    assert out.shape == (len(LENGTHS), 2) and bool(torch.isfinite(out).all())
+    with pytest.raises(ValueError, match="max_distance must be None or an integer >= 1"):
+        GlomoTextClassifier(embedding, predictor=predictor, max_distance=0)
+
+
+def test_position_extrapolation_benchmark_runs_and_refuses_predictors_without_the_term(
+        tmp_path):
+    from benchmarks import position_extrapolation
+
+    words = ["<pad>", "<unk>", "<bos>", "<eos>"] + [f"w{k}" for k in range(26)]
+    for kind in ("pos", "neg"):
+        folder = tmp_path / "aclImdb" / "test" / kind
+        folder.mkdir(parents=True)
+        for k in range(4):
+            (folder / f"{k}_{8 if kind == 'pos' else 2}.txt").write_text(
+                " ".join(words[4 + (k * 7 + i) % 26] for i in range(9 + 2 * k)))
+    torch.manual_seed(4)
+    predictor = make_predictor()
+    with torch.no_grad():  # a distance term that is not zero
+        for d in predictor.directions:
+            predictor.predictor(d).scorer.position_coef.normal_()
+    PretrainedGraphPredictor(predictor.predictor("forward"), predictor.predictor("backward"),
+                             vocabulary=words).save_pretrained(tmp_path / "p")
+    results = tmp_path / "out.md"
+    args = ["--predictor", str(tmp_path / "p"), "--data-dir", str(tmp_path), "--window", "6",
+            "--length", "12", "--reviews", "8", "--results", str(results)]
+    position_extrapolation.main(args)
+    text = results.read_text()
+    assert "window 6, reviews cut to 12 tokens" in text
+    assert text.count("| forward | 1 | 2 |") == 2 and text.count("| backward | 0 | 0 |") == 2
+    share = [line for line in text.splitlines() if line.startswith("| forward | 0 | 0 |")][1]
+    cells = [float(c.strip("* ")) for c in share.strip("|").split("|")[3:]]
+    assert all(0.0 <= c <= 1.0 for c in cells) and cells[1] > 0  # weight beyond the window
+    plain = PretrainedGraphPredictor(
+        GraphPredictor(num_tokens=30, hidden_channels=18, num_layers=1, heads=HEADS,
+                       cnn_layers=1), vocabulary=words)
+    plain.save_pretrained(tmp_path / "plain")
+    for extra, message in [(["--predictor", str(tmp_path / "plain")], "no learned distance term"),
+                           (["--window", "12"], "--length > --window")]:
+        with pytest.raises(SystemExit, match=message):
+            position_extrapolation.main(args + extra)
