@@ -567,13 +567,14 @@ class LatentGraphs:
 
     def within(self, max_distance: int) -> "LatentGraphs":
         r"""The graphs with every edge longer than ``max_distance`` units removed and
-        each target's remaining weights renormalised to sum to 1 (a target whose edges
-        were all longer keeps none).
+        each target's remaining weights rescaled to the total its weights had before:
+        to sum 1 again in emitted graphs (a target whose edges were all longer keeps
+        none; graphs with no longer edge come back unchanged).
 
         Because paper Eq. 1 normalises each target's column over its allowed sources,
-        this equals scoring the same pairs with those farther than ``max_distance``
-        masked out before normalising (squared ReLU or softmax alike): it is the graph
-        a predictor emits under a window of ``max_distance`` units. Use it when a
+        for emitted graphs this equals scoring the same pairs with those farther than
+        ``max_distance`` masked out before normalising (squared ReLU or softmax alike):
+        it is the graph a predictor emits under a window of ``max_distance`` units. Use it when a
         predictor with a learned distance term (``position='relative'``, an extension
         of the paper) is applied to sequences longer than it was pretrained on: its
         scores at distances it never saw are extrapolations, and can put real weight
@@ -602,18 +603,20 @@ class LatentGraphs:
             for block in self._dense:
                 kept = block * band.to(block.dtype)
                 total = kept.sum(-2, keepdim=True)  # per target j: over its sources i
-                blocks.append(kept / total.masked_fill(total == 0, 1))
+                scale = block.sum(-2, keepdim=True) / total.masked_fill(total == 0, 1)
+                blocks.append(kept * scale)
             return LatentGraphs._trusted_dense(blocks, direction=self.direction, sequences=s,
                                                include_self=self.include_self)
         layers = []
         for (src, tgt), w, h in self._sparse_edges():
             keep = (tgt - src).abs() <= max_distance
-            src, tgt, w, h = src[keep], tgt[keep], w[keep], h[keep]
             column = h.to(torch.int64) * s.num_nodes + tgt
+            before = w.new_zeros(self.num_heads * s.num_nodes).index_add(0, column, w)
+            src, tgt, w, h, column = src[keep], tgt[keep], w[keep], h[keep], column[keep]
             total = w.new_zeros(self.num_heads * s.num_nodes).index_add(0, column, w)
             # (a column of zero weights, possible only in user-given graphs, stays zero)
-            layers.append((torch.stack([src, tgt]), w / total.masked_fill(total == 0, 1)[column],
-                           h))
+            scale = before / total.masked_fill(total == 0, 1)
+            layers.append((torch.stack([src, tgt]), w * scale[column], h))
         out = LatentGraphs._trusted(*map(list, zip(*layers)), num_heads=self.num_heads,
                                     direction=self.direction, sequences=s,
                                     include_self=self.include_self)

@@ -101,6 +101,20 @@ def test_within_keeps_the_edge_order_and_the_validating_constructor_accepts_it()
             torch.testing.assert_close(fused.within(2).to_dense(l), w.to_dense(l))
 
 
+@pytest.mark.parametrize("layout", ["sparse", "dense"])
+def test_within_keeps_each_targets_total_weight_in_user_given_graphs(layout):
+    # weights that do not sum to 1 (e.g. counts from another tool) keep their scale
+    d = torch.zeros(1, 1, 1, 5, 5)
+    d[0, 0, 0, 0, 4], d[0, 0, 0, 2, 4], d[0, 0, 0, 3, 4] = 3.0, 1.0, 2.0  # target 4: total 6
+    d[0, 0, 0, 0, 3] = 0.5  # target 3: its only source is 3 units away
+    g = LatentGraphs.from_dense(d, direction="forward", ptr=torch.tensor([0, 5]))
+    g = g if layout == "dense" else g.to_sparse()
+    torch.testing.assert_close(g.within(4).to_dense(0), d[0])  # nothing longer: unchanged
+    want = torch.zeros(1, 1, 5, 5)
+    want[0, 0, 2, 4], want[0, 0, 3, 4] = 2.0, 4.0  # 1 and 2, rescaled to the total 6
+    torch.testing.assert_close(g.within(2).to_dense(0), want)
+
+
 def test_within_refuses_bad_windows_and_raster_orders():
     g = LatentGraphs.uniform(ptr_of(LENGTHS), num_layers=1, num_heads=1, direction="forward")
     for bad in (0, -1, True, 2.5, "3", None):
