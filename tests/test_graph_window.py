@@ -1,5 +1,7 @@
 """LatentGraphs.within and the max_distance option of the transfer modules, against graphs
 normalised with the far pairs masked out beforehand (tests/reference.py)."""
+import warnings
+
 import pytest
 import torch
 from reference import allowed_pairs, batch_vector, dense_from_edges, dense_graph, pad
@@ -217,3 +219,28 @@ def test_position_extrapolation_benchmark_runs_and_refuses_predictors_without_th
                            (["--window", "12"], "--length > --window")]:
         with pytest.raises(SystemExit, match=message):
             position_extrapolation.main(args + extra)
+
+
+def test_transfer_warns_once_when_a_learned_distance_term_extrapolates():
+    torch.manual_seed(5)
+    learned = make_predictor()
+    p = PretrainedGraphPredictor(learned.predictor("forward"), learned.predictor("backward"),
+                                 trained_length=6)
+    x, batch = torch.randint(0, 30, (sum(LENGTHS),)), batch_vector(LENGTHS)  # longest: 9
+    h = torch.randn(sum(LENGTHS), 6)
+    transfer = GlomoTransfer(p, in_channels=6)
+    with pytest.warns(RuntimeWarning, match=r"up to 9 units.*at most 6.*max_distance=5"):
+        transfer(h, x, batch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        transfer(h, x, batch)  # once per module
+        GlomoTransfer(p, in_channels=6, max_distance=5)(h, x, batch)  # cut: nothing to say
+        GlomoTransfer(p, in_channels=6, graph="uniform")(h, x, batch)  # no distance term
+        short = [3, 6]
+        GlomoTransfer(p, in_channels=6)(torch.randn(9, 6), torch.randint(0, 30, (9,)),
+                                        batch_vector(short))  # within the trained length
+        plain = PretrainedGraphPredictor(
+            GraphPredictor(num_tokens=30, hidden_channels=18, num_layers=2, heads=HEADS,
+                           cnn_layers=1), trained_length=6)
+        assert not plain.learned_distance and p.learned_distance
+        GlomoTransfer(plain, in_channels=6)(h, x, batch)  # the paper's scores: no term

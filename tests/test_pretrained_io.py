@@ -484,7 +484,11 @@ def test_weights_entry_and_vocabulary_are_checked(tmp_path):
             (lambda c: c["weights"].update(bytes="12"), "weights.bytes must be"),
             (lambda c: c["weights"].update(sha256=None), "weights.sha256 must be 64"),
             (lambda c: c.update(format_version=True), "no integer format_version"),
-            (lambda c: c.update(vocabulary="abc"), "vocabulary must be a list of strings")]:
+            (lambda c: c.update(vocabulary="abc"), "vocabulary must be a list of strings"),
+            (lambda c: c.update(trained_length=1), "trained_length must be an integer >= 2"),
+            (lambda c: c.update(trained_length=True), "trained_length must be an integer"),
+            (lambda c: c.update(trained_length="64"), "trained_length must be an integer"),
+            (lambda c: c.update(trained_length=64.5), "trained_length must be an integer")]:
         save_pretrained(make(), tmp_path)
         edit_config(tmp_path, change)
         fails_fast(tmp_path, match)
@@ -531,3 +535,18 @@ def test_duplicate_vocabulary_and_bad_map_location_are_named(tmp_path):
             load_pretrained(folder, map_location="cuda")
     with pytest.raises(TypeError, match="sequence of tokens"):
         load_pretrained(folder, vocabulary=5)
+
+
+def test_trained_length_travels_with_the_predictor(tmp_path):
+    parts = [GraphPredictor(num_tokens=TOKENS, hidden_channels=16, num_layers=1, heads=2,
+                            direction=d, cnn_layers=1) for d in ("forward", "backward")]
+    predictor = PretrainedGraphPredictor(*parts, VOCAB, trained_length=64)
+    assert "trained_length=64" in repr(predictor)
+    save_pretrained(predictor, tmp_path / "p")
+    assert load_pretrained(tmp_path / "p").trained_length == 64
+    # files written before it was recorded load with an unknown length
+    edit_config(tmp_path / "p", lambda c: c.pop("trained_length"))
+    assert load_pretrained(tmp_path / "p").trained_length is None
+    for bad in (1, 0, True, 3.0, "64"):
+        with pytest.raises(ValueError, match="trained_length must be None or an integer >= 2"):
+            PretrainedGraphPredictor(*parts, VOCAB, trained_length=bad)

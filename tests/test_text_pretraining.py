@@ -161,6 +161,9 @@ def test_pretrain_command_line(tmp_path, capsys):
     assert main(["pretrain", "--config", str(cfg), "--set", "train.max_steps=2",
                  "--output-dir", str(tmp_path / "cli")]) == 0
     assert os.path.exists(tmp_path / "cli" / "predictor" / "model.safetensors")
+    # the predictor records the longest training sequence (corpus.max_length)
+    assert PretrainedGraphPredictor.from_pretrained(
+        str(tmp_path / "cli" / "predictor")).trained_length == 16
     with pytest.raises(SystemExit, match="key=value"):
         main(["pretrain", "--config", str(cfg), "--set", "train.lr"])
     with pytest.raises(SystemExit, match="cannot read"):

@@ -412,6 +412,7 @@ def save_pretrained(predictor: PretrainedGraphPredictor, path: PathLike) -> Path
                             config=predictor.predictor(d).config())
                     for d in predictor.directions},
         vocabulary=predictor.vocabulary,
+        trained_length=predictor.trained_length,
         weights=dict(file=WEIGHTS_NAME, bytes=len(payload),
                      sha256=hashlib.sha256(payload).hexdigest()))
     try:
@@ -593,6 +594,11 @@ def _read_config(path: Path, fd: Optional[int]) -> Dict[str, Any]:
     if vocab is not None and len(vocab) > MAX_VOCABULARY:
         raise PretrainedFormatError(f"{file}: the vocabulary has {len(vocab)} entries, more "
                                     f"than the {MAX_VOCABULARY} this loader accepts")
+    length = config.get("trained_length")  # (absent before 0.2.1: unknown)
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int) or
+                               not 2 <= length <= 1 << 40):
+        raise PretrainedFormatError(f"{file}: trained_length must be an integer >= 2 (the "
+                                    f"longest training sequence), got {_show(length)}")
     return config
 
 
@@ -949,7 +955,7 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
             raise PretrainedFormatError(f"vocabulary mismatch with {config_file}: {detail}")
     try:
         predictor = PretrainedGraphPredictor(modules.get("forward"), modules.get("backward"),
-                                             saved_vocab)
+                                             saved_vocab, config.get("trained_length"))
     except (TypeError, ValueError) as err:
         raise PretrainedFormatError(f"{config_file}: {err}") from None
     if map_location is not None:

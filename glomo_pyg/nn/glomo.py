@@ -308,14 +308,15 @@ class Glomo(torch.nn.Module):
             self.emitter(d).set_layout(layout)
         return self
 
-    def to_pretrained(self, vocabulary: Optional[Sequence[str]] = None
-                      ) -> PretrainedGraphPredictor:
+    def to_pretrained(self, vocabulary: Optional[Sequence[str]] = None,
+                      trained_length: Optional[int] = None) -> PretrainedGraphPredictor:
         """The graph-emitting parts (copied; the feature predictor and heads are left
         behind, as the paper discards :math:`f`), as the frozen-for-transfer
-        :class:`PretrainedGraphPredictor`, in eval mode."""
+        :class:`PretrainedGraphPredictor`, in eval mode. ``trained_length``: the
+        longest training sequence, recorded with it."""
         parts = {d: copy.deepcopy(self.emitter(d)) for d in self.directions}
         return PretrainedGraphPredictor(parts.get("forward"), parts.get("backward"),
-                                        vocabulary).eval()
+                                        vocabulary, trained_length).eval()
 
     def graph_parameters(self):
         """Parameters that only shape the graphs (g's, or the scorers with

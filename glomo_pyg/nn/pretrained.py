@@ -50,6 +50,11 @@ class PretrainedGraphPredictor(torch.nn.Module):
         forward_predictor, backward_predictor: the two directions (either may
             be ``None``, not both).
         vocabulary (sequence of str, optional): one string per token id.
+        trained_length (int, optional): the longest sequence the predictor was
+            pretrained on (``glomo pretrain`` records ``corpus.max_length``). A learned
+            distance term (``position='relative'``) has never seen distances of this
+            length or more; :class:`GlomoTransfer` warns when it reads longer sequences
+            without ``max_distance``.
 
     Shapes:
         - **input:** units :math:`(N)` token ids or :math:`(N, F)` features,
@@ -59,8 +64,15 @@ class PretrainedGraphPredictor(torch.nn.Module):
 
     def __init__(self, forward_predictor: Optional[GraphEmitter] = None,
                  backward_predictor: Optional[GraphEmitter] = None,
-                 vocabulary: Optional[Sequence[str]] = None):
+                 vocabulary: Optional[Sequence[str]] = None,
+                 trained_length: Optional[int] = None):
         super().__init__()
+        if trained_length is not None and (isinstance(trained_length, bool) or
+                                           not isinstance(trained_length, int) or
+                                           trained_length < 2):
+            raise ValueError(f"trained_length must be None or an integer >= 2 (units), got "
+                             f"{trained_length!r}")
+        self.trained_length = trained_length
         self.predictors = torch.nn.ModuleDict()
         for direction, module in (("forward", forward_predictor), ("backward", backward_predictor)):
             if module is None:
@@ -137,6 +149,13 @@ class PretrainedGraphPredictor(torch.nn.Module):
     def in_channels(self) -> Optional[int]:
         return self.predictor(self.directions[0]).in_channels
 
+    @property
+    def learned_distance(self) -> bool:
+        """Whether a direction scores with a learned distance term
+        (``position='relative'``), which is only trained up to :attr:`trained_length`."""
+        return any(getattr(getattr(self.predictor(d), "scorer", None), "position", None)
+                   == "relative" for d in self.directions)
+
     def resized(self, height: int, width: int) -> "PretrainedGraphPredictor":
         """Pixel predictors only: the same graph predictors for ``height x width`` images
         (see :meth:`PixelGraphPredictor.resized`)."""
@@ -147,7 +166,8 @@ class PretrainedGraphPredictor(torch.nn.Module):
                 raise TypeError(f"{type(emitter).__name__} has no image size to change")
             parts[d] = emitter.resized(height, width)
         return PretrainedGraphPredictor(parts.get("forward"), parts.get("backward"),
-                                        self.vocabulary).train(self.training)
+                                        self.vocabulary, self.trained_length
+                                        ).train(self.training)
 
     def set_layout(self, layout: str) -> "PretrainedGraphPredictor":
         """Emit graphs in ``layout`` (``'sparse'``, ``'dense'`` or ``'auto'``) from now
@@ -200,4 +220,5 @@ class PretrainedGraphPredictor(torch.nn.Module):
     def __repr__(self) -> str:
         inner = ", ".join(f"{d}={self.predictors[_KEY[d]]!r}" for d in self.directions)
         vocab = f", vocabulary={len(self.vocabulary)} tokens" if self.vocabulary else ""
-        return f"{self.__class__.__name__}({inner}{vocab})"
+        trained = f", trained_length={self.trained_length}" if self.trained_length else ""
+        return f"{self.__class__.__name__}({inner}{vocab}{trained})"

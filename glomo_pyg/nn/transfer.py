@@ -1,6 +1,7 @@
 """GlomoTransfer: the module a user drops into a downstream model (paper Sec. 2.2-2.3)."""
 from __future__ import annotations
 
+import warnings
 from typing import List, Optional, Sequence
 
 import torch
@@ -61,8 +62,10 @@ class GlomoTransfer(torch.nn.Module):
             (:meth:`LatentGraphs.within`). Graphs passed to :meth:`forward` are used as
             given. For a predictor with a learned distance term (``position='relative'``,
             not in the paper) applied to sequences longer than its pretraining windows,
-            give the window minus 1: beyond it the term is an extrapolation. Default: no
-            limit, as in the paper.
+            give the window minus 1: beyond it the term is an extrapolation (a
+            ``RuntimeWarning`` says so once when the predictor records its
+            ``trained_length`` and a longer sequence comes). Default: no limit, as in
+            the paper.
 
     Shapes:
         - **input:** features :math:`H` :math:`(N, d)`; the predictor's input
@@ -87,6 +90,7 @@ class GlomoTransfer(torch.nn.Module):
             raise ValueError(f"max_distance must be None or an integer >= 1 (units), got "
                              f"{max_distance!r}")
         self.graph, self.max_distance = graph, max_distance
+        self._warned_length = False
         self.predictor = predictor.requires_grad_(False).eval()
         self.mixer = GraphMixer(in_channels, predictor.num_layers, predictor.heads,
                                 predictor.directions, mixing, propagation, layers)
@@ -125,7 +129,9 @@ class GlomoTransfer(torch.nn.Module):
                 raise ValueError("graph='learned' computes graphs from the predictor's input: "
                                  "pass x (the units' token ids or features) with batch")
             self.predictor.eval()
-            return self._windowed(self.predictor(x, batch))
+            graphs = self.predictor(x, batch)
+            self._check_length(graphs)
+            return self._windowed(graphs)
         if num_nodes is None:
             if x is None:
                 raise ValueError(f"graph='{self.graph}' needs the number of units: pass x or "
@@ -144,6 +150,23 @@ class GlomoTransfer(torch.nn.Module):
             for d in ("forward", "backward")))
         # (adjacent graphs have no edge longer than 1: nothing to remove)
         return self._windowed(graphs) if self.graph == "uniform" else graphs
+
+    def _check_length(self, graphs: DirectionalGraphs) -> None:
+        """Warn once when graphs scored with a learned distance term cover sequences
+        longer than the predictor's pretraining windows and nothing cuts them."""
+        p, trained = self.predictor, self.predictor.trained_length
+        if self._warned_length or self.max_distance is not None or trained is None or \
+                not p.learned_distance:
+            return
+        longest = max(g.sequences.max_len for g in graphs if g is not None)
+        if longest > trained:
+            self._warned_length = True
+            warnings.warn(f"GlomoTransfer: sequences of up to {longest} units, but the "
+                          f"predictor's learned distance term was pretrained on sequences "
+                          f"of at most {trained}: its scores for sources {trained} or more "
+                          f"units away are extrapolations. Pass max_distance={trained - 1} to "
+                          "keep only the distances it learned (docs/training.md, 'Position "
+                          "information in the scores').", RuntimeWarning, stacklevel=3)
 
     def _windowed(self, graphs: DirectionalGraphs) -> DirectionalGraphs:
         if self.max_distance is None:

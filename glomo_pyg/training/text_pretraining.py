@@ -1138,7 +1138,9 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
                        train_loss=_metric(trainer, "train_loss"),
                        val_loss=_metric(trainer, "val_loss"))
         if trainer.is_global_zero:
-            predictor = module.model.cpu().to_pretrained(vocab.tokens() if vocab else None)
+            predictor = module.model.cpu().to_pretrained(
+                vocab.tokens() if vocab else None,
+                trained_length=None if images else c.max_length)
             if images and crop != full:  # trained on crops: the same weights at full size
                 predictor = predictor.resized(*full)
             save_pretrained(predictor, os.path.join(out, "predictor"))
