@@ -1,12 +1,13 @@
 """Where a text predictor's learned distance term puts weight beyond its pretraining window.
 
     python -m benchmarks.position_extrapolation --predictor runs/imdb-cpu/predictor \\
-        --data-dir ~/.cache/glomo-data --window 64 [--length 128] [--reviews 256]
+        --data-dir ~/.cache/glomo-data [--window 64] [--length 128] [--reviews 256]
         [--results FILE]
 
 ``position='relative'`` (an extension of the paper) adds a learned function of the
 distance ``j - i`` to the graph scores. Pretraining on windows of ``--window`` tokens shows
-it distances up to ``window - 1`` only; a downstream model that feeds longer sequences
+it distances up to ``window - 1`` only (default: the predictor's recorded
+``trained_length``); a downstream model that feeds longer sequences
 (IMDB reviews of ``--length`` tokens) gets scores extrapolated beyond. This script
 measures, on the first ``--reviews`` IMDB test reviews cut to ``--length`` tokens:
 
@@ -85,11 +86,16 @@ def run(args) -> None:
     from glomo_pyg.data import WordVocabulary, read_aclimdb
     from glomo_pyg.training.text_classification import encode_documents
 
+    torch.manual_seed(0)
+    predictor = PretrainedGraphPredictor.from_pretrained(args.predictor).eval()
+    if args.window is None:
+        if predictor.trained_length is None:
+            raise ValueError(f"{args.predictor} does not record its training length (saved "
+                             "before it was recorded): pass --window")
+        args.window = predictor.trained_length
     if args.window < 2 or args.length <= args.window or args.reviews < 1:
         raise ValueError(f"need --window >= 2, --length > --window and --reviews >= 1, got "
                          f"{args.window}, {args.length}, {args.reviews}")
-    torch.manual_seed(0)
-    predictor = PretrainedGraphPredictor.from_pretrained(args.predictor).eval()
     if predictor.vocabulary is None:
         raise ValueError(f"{args.predictor} reads features, not words")
     positions = {predictor.predictor(d).scorer.position for d in predictor.directions}
@@ -124,8 +130,9 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--predictor", required=True, help="a saved text predictor")
     parser.add_argument("--data-dir", required=True, help="folder holding aclImdb/")
-    parser.add_argument("--window", type=int, default=64,
-                        help="tokens per pretraining sequence (corpus.max_length)")
+    parser.add_argument("--window", type=int, default=None,
+                        help="tokens per pretraining sequence (corpus.max_length; default: "
+                             "the predictor's recorded trained_length)")
     parser.add_argument("--length", type=int, default=128, help="tokens per review")
     parser.add_argument("--reviews", type=int, default=256)
     parser.add_argument("--threads", type=int, default=1)

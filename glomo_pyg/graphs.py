@@ -2,6 +2,7 @@
 the pair of them (forward, backward) a bidirectional predictor emits."""
 from __future__ import annotations
 
+import operator
 from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
@@ -118,6 +119,7 @@ class LatentGraphs:
         self.sequences = sequences
         self._order: Optional[UnitOrder] = None  # None: the 1-D SequenceOrder
         self._uniform_layers: Optional[int] = None  # uniform graphs: layers, edges lazy
+        self._window: Optional[int] = None  # uniform graphs: longest edge (within())
 
     def _with_order(self, order: Optional[UnitOrder]) -> "LatentGraphs":
         """Attach the allowed-sources rule these graphs were emitted under (e.g. a
@@ -268,11 +270,24 @@ class LatentGraphs:
         seqs, h = self.sequences, self.num_heads
         rule = SequenceOrder(self.direction, self.include_self)
         src, tgt = rule.pairs(seqs.ptr)
-        count = rule.num_sources(seqs.position, seqs.lengths[seqs.batch])
+        count = self._uniform_counts()
+        if self._window is not None:
+            near = (tgt - src).abs() <= self._window
+            src, tgt = src[near], tgt[near]
         weight = (1.0 / count.clamp(min=1).double()).float()[tgt]
         edges = torch.stack([src, tgt]).repeat(1, h)
         heads = torch.arange(h, device=seqs.ptr.device).repeat_interleave(tgt.numel())
         return edges, weight.repeat(h), heads
+
+    def _uniform_counts(self) -> Tensor:
+        """``[N]`` sources of each target in uniform graphs (within the window if any)."""
+        seqs = self.sequences
+        count = SequenceOrder(self.direction, self.include_self).num_sources(
+            seqs.position, seqs.lengths[seqs.batch])
+        if self._window is None:
+            return count
+        extra = int(self.include_self)  # the unit itself is at distance 0
+        return (count - extra).clamp(max=self._window) + extra
 
     def _propagate_uniform(self, x: Tensor) -> Tensor:
         """Propagation along uniform graphs in O(N): the mean over each target's allowed
@@ -286,8 +301,12 @@ class LatentGraphs:
         extra = int(self.include_self)
         if self.direction == "forward":  # sources start .. node - 1 (+ node)
             lo, hi = start, node + extra
+            if self._window is not None:
+                lo = torch.maximum(lo, node - self._window)
         else:  # sources node + 1 (node) .. end - 1
             lo, hi = node + 1 - extra, end
+            if self._window is not None:
+                hi = torch.minimum(hi, node + 1 + self._window)
         count = (hi - lo).clamp_min(0)
         total = csum[:, hi] - csum[:, lo]
         out = total / count.clamp_min(1).view(1, -1, 1).double()
@@ -502,8 +521,7 @@ class LatentGraphs:
         if self._dense is not None and self._edges is None:
             return [int(torch.count_nonzero(block)) for block in self._dense]
         if self._uniform_layers is not None and self._edges is None:
-            pairs = int(SequenceOrder(self.direction, self.include_self)
-                        .num_pairs(self.lengths).sum())
+            pairs = int(self._uniform_counts().sum())
             return [pairs * self.num_heads] * self._uniform_layers
         return [ei.size(1) for ei in self.edge_index]
 
@@ -572,29 +590,47 @@ class LatentGraphs:
         none; graphs with no longer edge come back unchanged).
 
         Because paper Eq. 1 normalises each target's column over its allowed sources,
-        for emitted graphs this equals scoring the same pairs with those farther than
-        ``max_distance`` masked out before normalising (squared ReLU or softmax alike):
-        it is the graph a predictor emits under a window of ``max_distance`` units. Use it when a
-        predictor with a learned distance term (``position='relative'``, an extension
-        of the paper) is applied to sequences longer than it was pretrained on: its
-        scores at distances it never saw are extrapolations, and can put real weight
-        on far-away units. Give the pretraining window minus 1 (e.g. 63 for 64-token
-        sequences).
+        for emitted graphs this is the graph scored with the pairs farther than
+        ``max_distance`` masked out before normalising (squared ReLU or softmax
+        alike), up to rounding: a weight that already underflowed to zero beside much
+        heavier far-away sources stays absent. Use it when a predictor with a learned
+        distance term (``position='relative'``, an extension of the paper) is applied
+        to sequences longer than it was pretrained on: its scores at distances it never
+        saw are extrapolations, and can put real weight on far-away units. Give the
+        pretraining window minus 1 (e.g. 63 for 64-token sequences;
+        :attr:`PretrainedGraphPredictor.trained_length` records the window).
 
         Distances count positions in the sequence, so pixel graphs in raster order
-        are refused. The result is in the sparse layout, except for dense graphs
-        (masked blocks); uniform and fused graphs are converted to edges first
-        (``O(T^2)`` per sequence). Differentiable w.r.t. the edge weights.
+        are refused. Uniform graphs stay uniform (over each target's windowed sources,
+        propagated in O(N)); dense graphs become masked blocks; sparse graphs keep
+        their filtered edges; fused graphs are converted to edges first (``O(T^2)`` per
+        sequence: the size limit applies). Graphs whose sequences hold no pair farther
+        apart come back as they are. Differentiable w.r.t. the edge weights.
         :meth:`density` and the other statistics still count every pair the direction
         allows."""
-        if isinstance(max_distance, bool) or not isinstance(max_distance, int) or \
-                max_distance < 1:
+        if isinstance(max_distance, bool):
+            max_distance = None
+        try:  # Python, numpy and 0-d tensor integers alike
+            max_distance = operator.index(max_distance)
+        except TypeError:
+            max_distance = None
+        if max_distance is None or max_distance < 1:
             raise ValueError(f"max_distance must be an integer >= 1 (units), got "
                              f"{max_distance!r}")
         if self._order is not None and type(self._order) is not SequenceOrder:
             raise ValueError(f"within() counts distance along a sequence; these graphs follow "
                              f"{self._order!r}, where positions are not distances")
         s = self.sequences
+        if max_distance >= s.max_len - 1:  # no pair of units is farther apart
+            return self
+        if self._uniform_layers is not None:  # (edges, if built, are rebuilt lazily)
+            out = LatentGraphs.__new__(LatentGraphs)
+            out._init([], [], [], self.num_heads, self.direction, s, self.include_self,
+                      sorted_edges=True)
+            out._edges, out._uniform_layers = None, self._uniform_layers
+            out._window = max_distance if self._window is None else min(self._window,
+                                                                         max_distance)
+            return out._with_order(self._order)
         if self._dense is not None:
             t = s.max_len
             pos = torch.arange(t, device=self.device)
@@ -603,10 +639,13 @@ class LatentGraphs:
             for block in self._dense:
                 kept = block * band.to(block.dtype)
                 total = kept.sum(-2, keepdim=True)  # per target j: over its sources i
-                scale = block.sum(-2, keepdim=True) / total.masked_fill(total == 0, 1)
-                blocks.append(kept * scale)
+                # kept / total <= 1 first: a tiny total cannot overflow the rescaling
+                blocks.append(kept / total.masked_fill(total == 0, 1) *
+                              block.sum(-2, keepdim=True))
             return LatentGraphs._trusted_dense(blocks, direction=self.direction, sequences=s,
                                                include_self=self.include_self)
+        if self._fused is not None:
+            self._check_size("sparse", "within() cuts fused graphs through their edges. ")
         layers = []
         for (src, tgt), w, h in self._sparse_edges():
             keep = (tgt - src).abs() <= max_distance
@@ -614,9 +653,10 @@ class LatentGraphs:
             before = w.new_zeros(self.num_heads * s.num_nodes).index_add(0, column, w)
             src, tgt, w, h, column = src[keep], tgt[keep], w[keep], h[keep], column[keep]
             total = w.new_zeros(self.num_heads * s.num_nodes).index_add(0, column, w)
-            # (a column of zero weights, possible only in user-given graphs, stays zero)
-            scale = before / total.masked_fill(total == 0, 1)
-            layers.append((torch.stack([src, tgt]), w * scale[column], h))
+            # w / total <= 1 first, then the old total: no overflow for tiny totals (a
+            # column of zero weights, possible only in user-given graphs, stays zero)
+            w = w / total.masked_fill(total == 0, 1)[column] * before[column]
+            layers.append((torch.stack([src, tgt]), w, h))
         out = LatentGraphs._trusted(*map(list, zip(*layers)), num_heads=self.num_heads,
                                     direction=self.direction, sequences=s,
                                     include_self=self.include_self)
@@ -632,6 +672,7 @@ class LatentGraphs:
             out._init([], [], [], self.num_heads, self.direction, seqs, self.include_self,
                       sorted_edges=True)
             out._edges, out._uniform_layers = None, self._uniform_layers
+            out._window = self._window
             return out._with_order(self._order)
         if self._dense is not None:
             return LatentGraphs._trusted_dense([fn(t) for t in self._dense],

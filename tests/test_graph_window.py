@@ -130,11 +130,15 @@ def test_within_refuses_bad_windows_and_raster_orders():
         image.within(1)
 
 
-def make_predictor():
+def make_predictor(trained_length=None):
     parts = {d: GraphPredictor(num_tokens=30, hidden_channels=18, num_layers=2, heads=HEADS,
                                cnn_layers=1, direction=d, position="relative",
                                position_frequencies=4) for d in ("forward", "backward")}
-    return PretrainedGraphPredictor(parts["forward"], parts["backward"])
+    with torch.no_grad():  # a distance term that learned something (it starts at zero)
+        for part in parts.values():
+            part.scorer.position_coef.normal_()
+    return PretrainedGraphPredictor(parts["forward"], parts["backward"],
+                                    trained_length=trained_length)
 
 
 def test_transfer_with_max_distance_uses_the_windowed_graphs():
@@ -200,9 +204,9 @@ def test_position_extrapolation_benchmark_runs_and_refuses_predictors_without_th
         for d in predictor.directions:
             predictor.predictor(d).scorer.position_coef.normal_()
     PretrainedGraphPredictor(predictor.predictor("forward"), predictor.predictor("backward"),
-                             vocabulary=words).save_pretrained(tmp_path / "p")
+                             vocabulary=words, trained_length=6).save_pretrained(tmp_path / "p")
     results = tmp_path / "out.md"
-    args = ["--predictor", str(tmp_path / "p"), "--data-dir", str(tmp_path), "--window", "6",
+    args = ["--predictor", str(tmp_path / "p"), "--data-dir", str(tmp_path),  # window: 6
             "--length", "12", "--reviews", "8", "--results", str(results)]
     position_extrapolation.main(args)
     text = results.read_text()
@@ -215,22 +219,29 @@ def test_position_extrapolation_benchmark_runs_and_refuses_predictors_without_th
         GraphPredictor(num_tokens=30, hidden_channels=18, num_layers=1, heads=HEADS,
                        cnn_layers=1), vocabulary=words)
     plain.save_pretrained(tmp_path / "plain")
-    for extra, message in [(["--predictor", str(tmp_path / "plain")], "no learned distance term"),
-                           (["--window", "12"], "--length > --window")]:
+    PretrainedGraphPredictor(predictor.predictor("forward"), predictor.predictor("backward"),
+                             vocabulary=words).save_pretrained(tmp_path / "old")
+    for extra, message in [(["--predictor", str(tmp_path / "plain"), "--window", "6"],
+                            "no learned distance term"),
+                           (["--window", "12"], "--length > --window"),
+                           (["--predictor", str(tmp_path / "old")], "pass --window")]:
         with pytest.raises(SystemExit, match=message):
             position_extrapolation.main(args + extra)
 
 
 def test_transfer_warns_once_when_a_learned_distance_term_extrapolates():
+    from glomo_pyg.analysis import untrained_copy
+
     torch.manual_seed(5)
-    learned = make_predictor()
-    p = PretrainedGraphPredictor(learned.predictor("forward"), learned.predictor("backward"),
-                                 trained_length=6)
+    p = make_predictor(trained_length=6)
     x, batch = torch.randint(0, 30, (sum(LENGTHS),)), batch_vector(LENGTHS)  # longest: 9
     h = torch.randn(sum(LENGTHS), 6)
     transfer = GlomoTransfer(p, in_channels=6)
-    with pytest.warns(RuntimeWarning, match=r"up to 9 units.*at most 6.*max_distance=5"):
+    with pytest.warns(RuntimeWarning, match=r"up to 9 units.*at most 6.*max_distance=5") as seen:
         transfer(h, x, batch)
+    assert seen[0].filename == __file__  # it points at the caller
+    with pytest.warns(RuntimeWarning, match="extrapolations"):  # a window wider than trained
+        GlomoTransfer(p, in_channels=6, max_distance=6)(h, x, batch)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         transfer(h, x, batch)  # once per module
@@ -244,3 +255,58 @@ def test_transfer_warns_once_when_a_learned_distance_term_extrapolates():
                            cnn_layers=1), trained_length=6)
         assert not plain.learned_distance and p.learned_distance
         GlomoTransfer(plain, in_channels=6)(h, x, batch)  # the paper's scores: no term
+        fresh = untrained_copy(p)  # a distance term at its zero initialisation
+        assert fresh.trained_length == 6 and not fresh.learned_distance
+        GlomoTransfer(fresh, in_channels=6)(h, x, batch)
+
+
+def test_within_is_finite_when_the_kept_weights_are_tiny():
+    # float32: near weights of 1e-44 beside a far weight of 1 (a distance term that
+    # favours far units): the kept column is rescaled without overflowing
+    d = torch.zeros(1, 1, 1, 5, 5)
+    d[0, 0, 0, 0, 4], d[0, 0, 0, 2, 4], d[0, 0, 0, 3, 4] = 1.0, 1e-44, 1e-44
+    g = LatentGraphs.from_dense(d, direction="forward", ptr=torch.tensor([0, 5]))
+    want = torch.zeros(1, 1, 5, 5)
+    want[0, 0, 2, 4] = want[0, 0, 3, 4] = 0.5
+    for graphs in (g, g.to_sparse()):
+        got = graphs.within(2)
+        torch.testing.assert_close(got.to_dense(0), want)
+        assert bool(torch.isfinite(got.propagate(torch.randn(5, 3), 0)).all())
+
+
+@EVERY_RULE
+def test_uniform_graphs_stay_lazy_and_propagate_the_window_mean(direction, include_self):
+    ptr = ptr_of(LENGTHS)
+    g = LatentGraphs.uniform(ptr, num_layers=2, num_heads=HEADS, direction=direction,
+                             include_self=include_self).within(3)
+    assert g.layout == "sparse" and g._edges is None  # no O(T^2) edges were built
+    x = torch.randn(sum(LENGTHS), 4, dtype=torch.float64)
+    want = torch.zeros_like(x)  # the mean over the sources within 3 units, by hand
+    for start, t in zip(ptr[:-1].tolist(), LENGTHS):
+        for p in range(t):
+            if direction == "forward":
+                sources = range(max(0, p - 3), p + int(include_self))
+            else:
+                sources = range(p + 1 - int(include_self), min(t, p + 4))
+            if len(sources):
+                want[start + p] = x[[start + i for i in sources]].mean(0)
+    for l in range(2):
+        torch.testing.assert_close(g.propagate(x, l), want.expand(HEADS, -1, -1))
+    assert g.num_edges == [g.layer(0)[1].numel()] * 2  # counted lazily = built
+    assert g.within(5).propagate(x, 0).equal(g.propagate(x, 0))  # the narrower window wins
+
+
+def test_transfer_refuses_max_distance_for_pixel_predictors_and_takes_numpy_integers():
+    import numpy as np
+
+    from glomo_pyg import PixelGraphPredictor
+
+    pixel = PretrainedGraphPredictor(PixelGraphPredictor(in_channels=3, height=4, width=4,
+                                                         hidden_channels=8, num_layers=1,
+                                                         heads=2, cnn_layers=1))
+    with pytest.raises(ValueError, match="counts units along a sequence"):
+        GlomoTransfer(pixel, in_channels=3, max_distance=3)
+    assert GlomoTransfer(make_predictor(), in_channels=6,
+                         max_distance=np.int64(4)).max_distance == 4
+    g = LatentGraphs.uniform(ptr_of(LENGTHS), num_layers=1, num_heads=1, direction="forward")
+    assert g.within(np.int32(2))._window == 2

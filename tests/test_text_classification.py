@@ -288,9 +288,10 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
     assert norc["settings"]["rnn_layers"] == 0 and "rnn_layers" not in cache["settings"]
     assert len(norc["runs"]) == 3 * (len(lrs) + 1)
     # graphs cut to a window: only the runs whose graphs it shortens are trained again
-    imdb.main(args[:-len(variants)] + ["baseline", "glomo", "adjacent", "--rnn-layers", "0",
-                                       "--output-dir", str(tmp_path / "norc"), "--max-distance",
-                                       "3", "--predictor", str(tmp_path / "other")])
+    imdb.main(args[:-len(variants)] + ["baseline", "glomo", "adjacent", "uniform",
+                                       "--rnn-layers", "0", "--output-dir", str(tmp_path / "norc"),
+                                       "--max-distance", "3", "--predictor",
+                                       str(tmp_path / "other")])
     last = results.read_text().rsplit("\n## ", 1)[1]
     assert "- graphs keep only edges of at most 3 units" in last
     with open(tmp_path / "norc" / "downstream.json") as fh:
@@ -298,6 +299,8 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
     for key, entry in windowed.items():
         if key.startswith("glomo/"):
             assert entry["inputs"] == {"weights": weights, "max_distance": 3}
+        elif key.startswith("uniform/"):  # new here, with the window recorded
+            assert entry["inputs"]["max_distance"] == 3 and "uniform_graphs" in entry["inputs"]
         else:  # the baseline and the adjacent-word graphs: the same runs as before
             assert entry == norc["runs"][key]
     # a cache of the earlier format (predictor digests in the shared settings) made with

@@ -400,7 +400,7 @@ def run_key(variant: str, seed: int, lr: float) -> str:
 
 
 def run_inputs(variant: str, predictors: Dict[str, str], loaded: Dict,
-               max_distance: Optional[int] = None) -> Dict[str, str]:
+               max_distance: Optional[int] = None) -> Dict[str, object]:
     """What a run of ``variant`` reads from its predictor, as digests: the weights file
     for learned graphs; for uniform and adjacent-word graphs only what shapes them
     (directions, layers, heads, self-loops: the predictor is never run); for untrained graphs the

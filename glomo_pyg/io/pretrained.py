@@ -594,7 +594,7 @@ def _read_config(path: Path, fd: Optional[int]) -> Dict[str, Any]:
     if vocab is not None and len(vocab) > MAX_VOCABULARY:
         raise PretrainedFormatError(f"{file}: the vocabulary has {len(vocab)} entries, more "
                                     f"than the {MAX_VOCABULARY} this loader accepts")
-    length = config.get("trained_length")  # (absent before 0.2.1: unknown)
+    length = config.get("trained_length")  # (absent in older files: unknown)
     if length is not None and (isinstance(length, bool) or not isinstance(length, int) or
                                not 2 <= length <= 1 << 40):
         raise PretrainedFormatError(f"{file}: trained_length must be an integer >= 2 (the "

@@ -62,6 +62,8 @@ class PretrainedGraphPredictor(torch.nn.Module):
         - **output:** :class:`~glomo_pyg.DirectionalGraphs`
     """
 
+    trained_length: Optional[int] = None  # (modules pickled before it existed)
+
     def __init__(self, forward_predictor: Optional[GraphEmitter] = None,
                  backward_predictor: Optional[GraphEmitter] = None,
                  vocabulary: Optional[Sequence[str]] = None,
@@ -152,9 +154,14 @@ class PretrainedGraphPredictor(torch.nn.Module):
     @property
     def learned_distance(self) -> bool:
         """Whether a direction scores with a learned distance term
-        (``position='relative'``), which is only trained up to :attr:`trained_length`."""
-        return any(getattr(getattr(self.predictor(d), "scorer", None), "position", None)
-                   == "relative" for d in self.directions)
+        (``position='relative'``, not all zero: an untrained one is), which is only
+        trained up to :attr:`trained_length`."""
+        for d in self.directions:
+            scorer = getattr(self.predictor(d), "scorer", None)
+            if getattr(scorer, "position", None) == "relative" and \
+                    bool(scorer.position_coef.detach().ne(0).any()):
+                return True
+        return False
 
     def resized(self, height: int, width: int) -> "PretrainedGraphPredictor":
         """Pixel predictors only: the same graph predictors for ``height x width`` images

@@ -1,6 +1,9 @@
 """GlomoTransfer: the module a user drops into a downstream model (paper Sec. 2.2-2.3)."""
 from __future__ import annotations
 
+import operator
+import os
+import sys
 import warnings
 from typing import List, Optional, Sequence
 
@@ -11,9 +14,21 @@ from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
 from glomo_pyg.nn.fusion import GatedFusion
 from glomo_pyg.nn.mixer import GraphMixer
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
+from glomo_pyg.ordering import SequenceOrder
 from glomo_pyg.sequences import check_dtype, check_features, sequence_batch
 
 GRAPHS = ("learned", "uniform", "adjacent", "none")
+# frames of these packages are skipped when a warning names its caller
+_INTERNAL = tuple(os.path.dirname(m.__file__) + os.sep for m in (sys.modules["glomo_pyg"], torch))
+
+
+def _caller_stacklevel() -> int:
+    """``stacklevel`` for a warning raised here that points at the first frame outside
+    glomo_pyg and torch (modules, ``no_grad`` wrappers and calls in between vary)."""
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 class GlomoTransfer(torch.nn.Module):
@@ -74,6 +89,10 @@ class GlomoTransfer(torch.nn.Module):
         - **output:** :math:`(N, d + \text{fusion\_channels})`
     """
 
+    # (modules pickled before these existed)
+    max_distance: Optional[int] = None
+    _warned_length: bool = False
+
     def __init__(self, predictor: PretrainedGraphPredictor, in_channels: int,
                  fusion_channels: Optional[int] = None, graph: str = "learned",
                  mixing: str = "free", propagation: str = "both",
@@ -85,10 +104,20 @@ class GlomoTransfer(torch.nn.Module):
                             f"got {type(predictor).__name__}")
         if graph not in GRAPHS:
             raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
-        if max_distance is not None and (isinstance(max_distance, bool) or
-                                         not isinstance(max_distance, int) or max_distance < 1):
-            raise ValueError(f"max_distance must be None or an integer >= 1 (units), got "
-                             f"{max_distance!r}")
+        if max_distance is not None:
+            given = max_distance
+            try:  # Python, numpy and 0-d tensor integers alike
+                max_distance = None if isinstance(given, bool) else operator.index(given)
+            except TypeError:
+                max_distance = None
+            if max_distance is None or max_distance < 1:
+                raise ValueError(f"max_distance must be None or an integer >= 1 (units), got "
+                                 f"{given!r}")
+            orders = [predictor.predictor(d).order for d in predictor.directions]
+            if any(type(o) is not SequenceOrder for o in orders):
+                raise ValueError(f"max_distance counts units along a sequence; this predictor's "
+                                 f"graphs follow {orders[0]!r} (pixels), where it would cut by "
+                                 "raster position")
         self.graph, self.max_distance = graph, max_distance
         self._warned_length = False
         self.predictor = predictor.requires_grad_(False).eval()
@@ -155,18 +184,19 @@ class GlomoTransfer(torch.nn.Module):
         """Warn once when graphs scored with a learned distance term cover sequences
         longer than the predictor's pretraining windows and nothing cuts them."""
         p, trained = self.predictor, self.predictor.trained_length
-        if self._warned_length or self.max_distance is not None or trained is None or \
-                not p.learned_distance:
+        if self._warned_length or trained is None or \
+                (self.max_distance is not None and self.max_distance < trained):
             return
-        longest = max(g.sequences.max_len for g in graphs if g is not None)
-        if longest > trained:
+        longest = max(g.sequences.max_len for g in graphs if g is not None)  # (host ints)
+        if longest > trained and p.learned_distance:
             self._warned_length = True
             warnings.warn(f"GlomoTransfer: sequences of up to {longest} units, but the "
                           f"predictor's learned distance term was pretrained on sequences "
                           f"of at most {trained}: its scores for sources {trained} or more "
                           f"units away are extrapolations. Pass max_distance={trained - 1} to "
                           "keep only the distances it learned (docs/training.md, 'Position "
-                          "information in the scores').", RuntimeWarning, stacklevel=3)
+                          "information in the scores').", RuntimeWarning,
+                          stacklevel=_caller_stacklevel())
 
     def _windowed(self, graphs: DirectionalGraphs) -> DirectionalGraphs:
         if self.max_distance is None:
