@@ -608,15 +608,13 @@ class LatentGraphs:
         apart come back as they are. Differentiable w.r.t. the edge weights.
         :meth:`density` and the other statistics still count every pair the direction
         allows."""
-        if isinstance(max_distance, bool):
-            max_distance = None
+        given = max_distance
         try:  # Python, numpy and 0-d tensor integers alike
-            max_distance = operator.index(max_distance)
+            max_distance = None if isinstance(given, bool) else operator.index(given)
         except TypeError:
             max_distance = None
         if max_distance is None or max_distance < 1:
-            raise ValueError(f"max_distance must be an integer >= 1 (units), got "
-                             f"{max_distance!r}")
+            raise ValueError(f"max_distance must be an integer >= 1 (units), got {given!r}")
         if self._order is not None and type(self._order) is not SequenceOrder:
             raise ValueError(f"within() counts distance along a sequence; these graphs follow "
                              f"{self._order!r}, where positions are not distances")

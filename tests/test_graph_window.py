@@ -1,5 +1,6 @@
 """LatentGraphs.within and the max_distance option of the transfer modules, against graphs
 normalised with the far pairs masked out beforehand (tests/reference.py)."""
+import re
 import warnings
 
 import pytest
@@ -120,7 +121,8 @@ def test_within_keeps_each_targets_total_weight_in_user_given_graphs(layout):
 def test_within_refuses_bad_windows_and_raster_orders():
     g = LatentGraphs.uniform(ptr_of(LENGTHS), num_layers=1, num_heads=1, direction="forward")
     for bad in (0, -1, True, 2.5, "3", None):
-        with pytest.raises(ValueError, match="max_distance must be an integer >= 1"):
+        with pytest.raises(ValueError, match=f"max_distance must be an integer >= 1 .units., "
+                                             f"got {re.escape(repr(bad))}$"):
             g.within(bad)
     d = torch.zeros(1, 1, 1, 6, 6)
     d[0, 0, 0, 3, 4] = 1.0
