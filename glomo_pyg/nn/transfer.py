@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import operator
-import os
 import sys
 import warnings
 from typing import List, Optional, Sequence
@@ -19,7 +18,8 @@ from glomo_pyg.sequences import check_dtype, check_features, sequence_batch
 
 GRAPHS = ("learned", "uniform", "adjacent", "none")
 # frames of these packages are skipped when a warning names its caller
-_INTERNAL = tuple(os.path.dirname(m.__file__) + os.sep for m in (sys.modules["glomo_pyg"], torch))
+_INTERNAL = tuple(m.__file__[:-len("__init__.py")]  # the package folders, separator included
+                  for m in (sys.modules["glomo_pyg"], torch))
 
 
 def _caller_stacklevel() -> int:
