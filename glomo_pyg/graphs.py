@@ -608,13 +608,7 @@ class LatentGraphs:
         apart come back as they are. Differentiable w.r.t. the edge weights.
         :meth:`density` and the other statistics still count every pair the direction
         allows."""
-        given = max_distance
-        try:  # Python, numpy and 0-d tensor integers alike
-            max_distance = None if isinstance(given, bool) else operator.index(given)
-        except TypeError:
-            max_distance = None
-        if max_distance is None or max_distance < 1:
-            raise ValueError(f"max_distance must be an integer >= 1 (units), got {given!r}")
+        max_distance = check_max_distance(max_distance)
         if self._order is not None and type(self._order) is not SequenceOrder:
             raise ValueError(f"within() counts distance along a sequence; these graphs follow "
                              f"{self._order!r}, where positions are not distances")
@@ -752,6 +746,21 @@ class DirectionalGraphs(NamedTuple):
 
     forward: Optional[LatentGraphs]
     backward: Optional[LatentGraphs]
+
+
+def check_max_distance(value, optional: bool = False) -> Optional[int]:
+    """``value`` as the window of :meth:`LatentGraphs.within`: an integer >= 1 (Python,
+    numpy or 0-d tensor; not a bool), or ``None`` where ``optional``."""
+    if value is None and optional:
+        return None
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or number < 1:
+        raise ValueError(f"max_distance must be {'None or ' if optional else ''}an integer >= 1 "
+                         f"(units), got {value!r}")
+    return number
 
 
 def _check_ptr(ptr: Tensor) -> SequenceBatch:

@@ -1,7 +1,6 @@
 """GlomoTransfer: the module a user drops into a downstream model (paper Sec. 2.2-2.3)."""
 from __future__ import annotations
 
-import operator
 import sys
 import warnings
 from typing import List, Optional, Sequence
@@ -9,7 +8,7 @@ from typing import List, Optional, Sequence
 import torch
 from torch import Tensor
 
-from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
+from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs, check_max_distance
 from glomo_pyg.nn.fusion import GatedFusion
 from glomo_pyg.nn.mixer import GraphMixer
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
@@ -104,15 +103,8 @@ class GlomoTransfer(torch.nn.Module):
                             f"got {type(predictor).__name__}")
         if graph not in GRAPHS:
             raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
+        max_distance = check_max_distance(max_distance, optional=True)
         if max_distance is not None:
-            given = max_distance
-            try:  # Python, numpy and 0-d tensor integers alike
-                max_distance = None if isinstance(given, bool) else operator.index(given)
-            except TypeError:
-                max_distance = None
-            if max_distance is None or max_distance < 1:
-                raise ValueError(f"max_distance must be None or an integer >= 1 (units), got "
-                                 f"{given!r}")
             orders = [predictor.predictor(d).order for d in predictor.directions]
             if any(type(o) is not SequenceOrder for o in orders):
                 raise ValueError(f"max_distance counts units along a sequence; this predictor's "
