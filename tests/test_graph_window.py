@@ -185,6 +185,17 @@ def test_text_classifier_passes_max_distance_to_every_place():
     model.eval()
     out = model(x, batch)
     assert out.shape == (len(LENGTHS), 2) and bool(torch.isfinite(out).all())
+    # the same weights without a window, or with one no pair exceeds (the longest review
+    # has 9 words): the window changes the logits only where it cuts edges
+    kwargs = dict(predictor=predictor, places=("embedding", "rnn"), hidden_channels=4,
+                  attention_heads=2)
+    plain = GlomoTextClassifier(embedding, **kwargs).eval()
+    wide = GlomoTextClassifier(embedding, max_distance=8, **kwargs).eval()
+    for other in (plain, wide):
+        other.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert not torch.allclose(model(x, batch), plain(x, batch))
+        torch.testing.assert_close(wide(x, batch), plain(x, batch))
     with pytest.raises(ValueError, match="max_distance must be None or an integer >= 1"):
         GlomoTextClassifier(embedding, predictor=predictor, max_distance=0)
 
