@@ -166,7 +166,7 @@ def test_train_and_test_selects_on_validation_and_learns_a_keyword_task():
                        batch_size=8, accelerator="cpu")
 
 
-def test_imdb_reproduction_script_end_to_end(tmp_path):
+def test_imdb_reproduction_script_end_to_end(tmp_path, capsys):
     from benchmarks.reproduce import imdb
 
     rng = random.Random(0)
@@ -217,6 +217,19 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
         assert 0.0 <= runs[f"{v}/1/lr={best:g}"]["test_acc"] <= 1.0  # other seeds: that rate
         assert all(r["lr"] == lr for lr, r in search.items())
     assert len(runs) == len(variants) * (len(lrs) + 1)
+    # every run that mixes graphs records the mixture weights it learned (free: one set)
+    for key, entry in runs.items():
+        if key.startswith("baseline/"):
+            assert "mixture" not in entry
+            continue
+        mixture = entry["mixture"]["embedding"]
+        assert set(entry["mixture"]) == {"embedding"} and set(mixture) == {"forward", "backward"}
+        for mixed in mixture.values():
+            assert len(mixed) == 2 * 2 and abs(sum(mixed) - 1) < 1e-5  # (2 kinds x 2 heads)
+    assert "| GLoMo on embeddings | embedding | forward | 2 |" in text
+    assert "(uniform 0.250)" in text and " of 4 |" in text
+    assert imdb.mixture_summary([0.25] * 4) == (0, 0.25, pytest.approx(4.0))
+    assert imdb.mixture_summary([0.0, 1.0, 0.0]) == (1, 1.0, pytest.approx(1.0))
     assert os.listdir(tmp_path / "run" / "lr-search") == []  # checkpoints removed once used
     tfidf = json.load(open(tmp_path / "run" / "tfidf.json"))
     assert 0.0 <= tfidf["test_acc"] <= 1.0 and tfidf["C"] in imdb.TFIDF_CS
@@ -303,6 +316,30 @@ def test_imdb_reproduction_script_end_to_end(tmp_path):
             assert entry["inputs"]["max_distance"] == 3 and "uniform_graphs" in entry["inputs"]
         else:  # the baseline and the adjacent-word graphs: the same runs as before
             assert entry == norc["runs"][key]
+    # mixture weights conditioned on each word: every variant that mixes graphs trains again
+    imdb.main(args[:-len(variants)] + ["baseline", "glomo", "adjacent", "--rnn-layers", "0",
+                                       "--output-dir", str(tmp_path / "norc"), "--max-distance",
+                                       "3", "--mixing", "conditioned", "--predictor",
+                                       str(tmp_path / "other")])
+    last = results.read_text().rsplit("\n## ", 1)[1]
+    assert "- mixture weights over the graph components: `conditioned`" in last
+    with open(tmp_path / "norc" / "downstream.json") as fh:
+        conditioned = json.load(fh)["runs"]
+    assert {k: e for k, e in conditioned.items() if k.startswith("baseline/")} == \
+        {k: e for k, e in windowed.items() if k.startswith("baseline/")}
+    for prefix, inputs in (("glomo/", {"weights": weights, "max_distance": 3,
+                                       "mixing": "conditioned"}),
+                           ("adjacent/", dict(windowed[f"adjacent/0/lr={lrs[0]}"]["inputs"],
+                                              mixing="conditioned"))):
+        new = [e for k, e in conditioned.items() if k.startswith(prefix)]
+        assert len(new) == len(lrs) + 1 and all(e["inputs"] == inputs for e in new)
+        for entry in new:  # conditioned weights: averaged over the validation words
+            for mixed in entry["mixture"]["embedding"].values():
+                assert abs(sum(mixed) - 1) < 1e-5 and min(mixed) > 0
+    assert "Mixture weights learned over the graph components (mixing `conditioned`" in last
+    with pytest.raises(SystemExit):  # argparse's choices
+        imdb.main(args + ["--mixing", "softmax"])
+    assert "invalid choice: 'softmax'" in capsys.readouterr().err
     # a cache of the earlier format (predictor digests in the shared settings) made with
     # the same predictor is upgraded in place and reused: nothing is trained again
     old_settings = {k: v for k, v in cache["settings"].items() if k != "vocabulary"}

@@ -27,7 +27,9 @@ interrupted reproduction continues where it stopped:
    ``GlomoTextClassifier`` (word vectors -> BiGRU -> self-attention -> pooling -> MLP;
    ``--rnn-layers 0``: no BiGRU, so word order reaches the model only through graphs;
    ``--max-distance N``: graphs keep only edges of at most N units, see
-   :meth:`glomo_pyg.LatentGraphs.within`).
+   :meth:`glomo_pyg.LatentGraphs.within`; ``--mixing conditioned``: mixture weights per
+   word, from its features, instead of one free weight per graph component; every run
+   records the mixture weights it learned).
    Per variant, seed 0 is trained at every learning rate of the grid (``--lrs``) and only
    validated; the rate with the best validation accuracy is kept, seed 0's model at that
    rate is evaluated once on the test reviews, and the other seeds are trained at that
@@ -71,6 +73,7 @@ import torch
 
 from benchmarks.common import (as_script, cached_runs, check_common_arguments, file_digest,
                                read_cache, run_reporting_errors, text_digest, write_runs)
+from glomo_pyg.nn.mixer import MIXINGS
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))), "configs")
@@ -136,6 +139,9 @@ class Setup:
     # longest edge kept in the graphs (None: all): a predictor with a learned distance
     # term pretrained on shorter windows than the reviews has no scores it learned beyond
     max_distance: Optional[int] = None
+    # the mixture weights over graph components (GraphMixer): 'free' logits (ELMo's
+    # ScalarMix) or 'conditioned' on each word's features (the reference implementation)
+    mixing: str = "free"
     # pretraining: a `glomo pretrain` configuration in configs/, or (the smoke test only)
     # the settings below
     config: Optional[str] = None
@@ -400,17 +406,21 @@ def run_key(variant: str, seed: int, lr: float) -> str:
 
 
 def run_inputs(variant: str, predictors: Dict[str, str], loaded: Dict,
-               max_distance: Optional[int] = None) -> Dict[str, object]:
+               max_distance: Optional[int] = None, mixing: str = "free") -> Dict[str, object]:
     """What a run of ``variant`` reads from its predictor, as digests: the weights file
     for learned graphs; for uniform and adjacent-word graphs only what shapes them
     (directions, layers, heads, self-loops: the predictor is never run); for untrained graphs the
     architecture (the saved config) and the seed of the initial weights; nothing for the
     feature-only baseline. A new predictor therefore retrains only the runs that depend
     on it. ``max_distance`` (``--max-distance``), when set, is recorded for every variant
-    whose graphs it shortens (not the adjacent-word graphs: their edges span 1 unit)."""
+    whose graphs it shortens (not the adjacent-word graphs: their edges span 1 unit).
+    ``mixing`` (``--mixing``), when not the default ``'free'``, is recorded for every
+    variant that mixes graphs, so runs cached before the option stay valid."""
     found = _predictor_inputs(variant, predictors, loaded)
     if max_distance is not None and found and VARIANTS[variant].get("graph") != "adjacent":
         found["max_distance"] = max_distance
+    if mixing != "free" and found:
+        found["mixing"] = mixing
     return found
 
 
@@ -499,6 +509,52 @@ def evaluate_accuracy(model: torch.nn.Module, data, batch_size: int, accelerator
     return correct / total
 
 
+def mixture_weights(model: torch.nn.Module, data, reviews: int = 256
+                    ) -> Dict[str, Dict[str, List[float]]]:
+    """What a trained classifier's graph mixtures learned: per graph place (``embedding``,
+    ``rnn``) and direction, the weights on the graph components, in
+    ``GraphMixer.components()`` order. Free weights are the same for every word;
+    conditioned ones are averaged over the words of the first ``reviews`` reviews of
+    ``data`` (on the embeddings only: on RNN states they would need the RNN run, so that
+    place is left out). Equal weights (1/K each) mean the mixture learned no preference
+    between the graphs."""
+    from torch_geometric.loader import DataLoader
+
+    found: Dict[str, Dict[str, List[float]]] = {}
+    places = (("embedding", getattr(model, "glomo_embedding", None)),
+              ("rnn", getattr(model, "glomo_rnn", None)))
+    for place, transfer in places:
+        if transfer is None:
+            continue
+        mixer = transfer.mixer
+        if mixer.logits is not None:
+            found[place] = dict(zip(mixer.directions, mixer.mixture_weights().tolist()))
+            continue
+        if place != "embedding":
+            continue
+        device = mixer.gamma.device
+        total, words = None, 0
+        was_training = model.training
+        model.eval()  # (no dropout: the features the mixer saw, as at test time)
+        with torch.no_grad():
+            for batch in DataLoader(data[:reviews], batch_size=32):
+                w = mixer.mixture_weights(model.embedding(batch.x.to(device))).sum(1)
+                total = w if total is None else total + w
+                words += batch.x.numel()
+        model.train(was_training)
+        found[place] = dict(zip(mixer.directions, (total / max(words, 1)).cpu().tolist()))
+    return found
+
+
+def mixture_summary(weights: Sequence[float]) -> Tuple[int, float, float]:
+    """Index and value of the largest weight, and the effective number of components
+    ``exp(entropy)`` (K for equal weights, 1 for one component)."""
+    w = torch.tensor(weights, dtype=torch.float64)
+    top = int(w.argmax())
+    entropy = float(-(w * w.clamp(min=1e-300).log()).sum())
+    return top, float(w[top]), math.exp(entropy)
+
+
 def graph_profile(predictor, data, reviews: int = 256,
                   max_distance: Optional[int] = None) -> Dict[str, List[float]]:
     """Forward-graph statistics per layer on the first test reviews, for the predictor's
@@ -557,6 +613,10 @@ def main(argv=None) -> None:
                         help="keep only graph edges of at most this many units, e.g. the "
                              "predictor's pretraining window - 1 (63 for configs/imdb-cpu.yaml):"
                              " beyond it a learned distance term was never trained")
+    parser.add_argument("--mixing", choices=MIXINGS, default=None,
+                        help="mixture weights over the graph components: 'free' (default: "
+                             "one learned weight per component) or 'conditioned' on each "
+                             "word's features (the reference implementation)")
     parser.add_argument("--predictor", default=None,
                         help="use this saved predictor (e.g. runs/imdb-cpu/predictor from "
                              "glomo pretrain --config configs/imdb-cpu.yaml) as the 'default' "
@@ -584,6 +644,8 @@ def run(args, argv=None) -> None:
         setup.rnn_layers = args.rnn_layers
     if getattr(args, "max_distance", None) is not None:
         setup.max_distance = args.max_distance
+    if getattr(args, "mixing", None) is not None:
+        setup.mixing = args.mixing
     if setup.rnn_layers < 2 and "glomo-rnn" in setup.variants:
         raise ValueError(f"variant glomo-rnn puts graphs after the first of at least 2 RNN "
                          f"layers; --rnn-layers is {setup.rnn_layers} (choose --variants "
@@ -652,13 +714,14 @@ def run(args, argv=None) -> None:
         word_vectors=file_digest(os.path.join(out, "word_vectors.txt")),
         vocabulary=text_digest(json.dumps(vocabulary)))
     runs_path = os.path.join(out, "downstream.json")
-    inputs = {v: run_inputs(v, predictors, loaded, setup.max_distance) for v in setup.variants}
+    inputs = {v: run_inputs(v, predictors, loaded, setup.max_distance, setup.mixing)
+              for v in setup.variants}
     upgrade_cache(runs_path, settings, predictors, loaded, log)
     runs = cached_runs(runs_path, settings, log)
     check_runs(runs, runs_path)
     for variant, count in stale_runs(runs, inputs).items():
         log(f"{count} cached run(s) of {variant} were made with other graph inputs (another "
-            "predictor or --max-distance); training them again")
+            "predictor, --max-distance or --mixing); training them again")
     checkpoints = os.path.join(out, "lr-search")
     os.makedirs(checkpoints, exist_ok=True)
 
@@ -672,7 +735,7 @@ def run(args, argv=None) -> None:
         torch.manual_seed(seed)
         return GlomoTextClassifier(embedding, predictor=predictor, hidden_channels=setup.hidden,
                                    rnn_layers=setup.rnn_layers, max_distance=setup.max_distance,
-                                   **spec)
+                                   mixing=setup.mixing, **spec)
 
     def fit(variant: str, seed: int, lr: float, test_data):
         """One run: its cache entry and the model (left at its best validation epoch)."""
@@ -680,7 +743,9 @@ def run(args, argv=None) -> None:
         result = train_and_test(model, train, val, test_data, epochs=setup.epochs,
                                 batch_size=setup.batch_size, lr=lr, seed=seed,
                                 accelerator=args.accelerator)
-        return dict(dataclasses.asdict(result), lr=lr, inputs=inputs[variant]), model
+        mixture = mixture_weights(model, val)
+        return dict(dataclasses.asdict(result), lr=lr, inputs=inputs[variant],
+                    **({"mixture": mixture} if mixture else {})), model
 
     def record(key: str, entry: Dict):
         runs[key] = entry
@@ -754,6 +819,34 @@ def final_runs(runs: Dict, setup: Setup, variant: str, lr: float) -> Dict[int, D
     return {s: r for s, r in found.items() if r is not None and r["test_acc"] is not None}
 
 
+def mixture_lines(setup: Setup, final: Dict[str, Dict[int, Dict]]) -> List[str]:
+    """The table of what the graph mixtures learned, over the final runs that recorded it
+    (runs cached before the record have none)."""
+    rows = []
+    for variant in setup.variants:
+        recorded = [r["mixture"] for r in final.get(variant, {}).values()
+                    if isinstance(r.get("mixture"), dict)]
+        places = sorted({p for m in recorded for p in m})
+        for place in places:
+            per_seed = [m[place] for m in recorded if place in m]
+            for direction in per_seed[0]:
+                summaries = [mixture_summary(w[direction]) for w in per_seed]
+                count = len(per_seed[0][direction])
+                tops = sorted({s[0] for s in summaries})
+                rows.append(f"| {LABELS[variant]} | {place} | {direction} | {len(per_seed)} | "
+                            f"{sum(s[1] for s in summaries) / len(summaries):.3f} "
+                            f"(uniform {1 / count:.3f}) | {', '.join(map(str, tops))} | "
+                            f"{sum(s[2] for s in summaries) / len(summaries):.1f} of {count} |")
+    if not rows:
+        return []
+    return ["", f"Mixture weights learned over the graph components (mixing `{setup.mixing}`; "
+            "component numbers in `GraphMixer.components()` order; means over seeds): the "
+            "largest weight, the components that held it, and the effective number of "
+            "components exp(entropy):", "",
+            "| variant | place | direction | seeds | largest weight | largest at | "
+            "effective components |", "|---|---|---|---|---|---|---|", *rows]
+
+
 def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_summaries,
                   profiles, coverage, n_train, n_val, n_test, seconds):
     from benchmarks.common import append_results, hardware
@@ -794,6 +887,9 @@ def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_s
         lines.append(f"- graphs keep only edges of at most {setup.max_distance} units, each "
                      "target's weights renormalised (`--max-distance`; not the adjacent-word "
                      "graphs, whose edges span 1)")
+    if setup.mixing != "free":
+        lines.append(f"- mixture weights over the graph components: `{setup.mixing}` "
+                     "(`--mixing`; per word, from its features)")
     lines += [f"- downstream: {n_train} training / {n_val} validation / {n_test} test reviews "
               f"(cut to {setup.review_length} tokens), {setup.epochs} epochs, best validation "
               f"epoch evaluated on test; word vectors {setup.vector_dim}-d word2vec, "
@@ -832,6 +928,7 @@ def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_s
                  chosen[variant] else f"{100 * runs[run_key(variant, 0, lr)]['val_acc']:.2f}"
                  for lr in setup.lrs]
         lines.append(f"| {LABELS[variant]} | " + " | ".join(cells) + " |")
+    lines += mixture_lines(setup, final)
     # same seeds, same data order per seed: pairing removes the variation the runs share
     rows = []
     for a, b in comparisons(setup.variants):

@@ -41,6 +41,12 @@ class GraphMixer(torch.nn.Module):
 
     :math:`\gamma` is a learned scale per direction (initialised at 1).
 
+    Free logits learn slowly: under Adam each moves by about the learning rate per
+    step at most, so a few hundred steps at 1e-3 leave the weights close to equal, an
+    average over every component. Conditioned weights are a linear map of the
+    features, whose logits move much faster. Check what was learned with
+    :meth:`mixture_weights`.
+
     Every component propagates *all* channels of :math:`H`, so :math:`H` may
     have any width, unrelated to the predictor's. :math:`H\Lambda^l` is
     computed by chained propagation, :math:`P^1 = HG^1`,
