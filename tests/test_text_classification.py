@@ -1,6 +1,8 @@
 """GlomoTextClassifier variants, the downstream training loop and the IMDB reproduction
 script end to end on a tiny aclImdb the test writes."""
+import dataclasses
 import json
+import math
 import os
 import random
 
@@ -166,7 +168,7 @@ def test_train_and_test_selects_on_validation_and_learns_a_keyword_task():
                        batch_size=8, accelerator="cpu")
 
 
-def test_imdb_reproduction_script_end_to_end(tmp_path, capsys):
+def test_imdb_reproduction_script_end_to_end(tmp_path, capsys, monkeypatch):
     from benchmarks.reproduce import imdb
 
     rng = random.Random(0)
@@ -224,12 +226,10 @@ def test_imdb_reproduction_script_end_to_end(tmp_path, capsys):
             continue
         mixture = entry["mixture"]["embedding"]
         assert set(entry["mixture"]) == {"embedding"} and set(mixture) == {"forward", "backward"}
-        for mixed in mixture.values():
-            assert len(mixed) == 2 * 2 and abs(sum(mixed) - 1) < 1e-5  # (2 kinds x 2 heads)
+        for mixed in mixture.values():  # (2 kinds x 2 heads)
+            assert len(mixed["weights"]) == 2 * 2 and abs(sum(mixed["weights"]) - 1) < 1e-5
     assert "| GLoMo on embeddings | embedding | forward | 2 |" in text
-    assert "(uniform 0.250)" in text and " of 4 |" in text
-    assert imdb.mixture_summary([0.25] * 4) == (0, 0.25, pytest.approx(4.0))
-    assert imdb.mixture_summary([0.0, 1.0, 0.0]) == (1, 1.0, pytest.approx(1.0))
+    assert "(equal weights: 0.250)" in text and " of 4 |" in text
     assert os.listdir(tmp_path / "run" / "lr-search") == []  # checkpoints removed once used
     tfidf = json.load(open(tmp_path / "run" / "tfidf.json"))
     assert 0.0 <= tfidf["test_acc"] <= 1.0 and tfidf["C"] in imdb.TFIDF_CS
@@ -317,6 +317,15 @@ def test_imdb_reproduction_script_end_to_end(tmp_path, capsys):
         else:  # the baseline and the adjacent-word graphs: the same runs as before
             assert entry == norc["runs"][key]
     # mixture weights conditioned on each word: every variant that mixes graphs trains again
+    mixers, record = set(), imdb.mixture_weights
+
+    def spy(model, data, reviews=256):
+        if model.glomo_embedding is not None:
+            mixers.add("free" if model.glomo_embedding.mixer.logits is not None else
+                       "conditioned")
+        return record(model, data, reviews)
+
+    monkeypatch.setattr(imdb, "mixture_weights", spy)
     imdb.main(args[:-len(variants)] + ["baseline", "glomo", "adjacent", "--rnn-layers", "0",
                                        "--output-dir", str(tmp_path / "norc"), "--max-distance",
                                        "3", "--mixing", "conditioned", "--predictor",
@@ -335,8 +344,9 @@ def test_imdb_reproduction_script_end_to_end(tmp_path, capsys):
         assert len(new) == len(lrs) + 1 and all(e["inputs"] == inputs for e in new)
         for entry in new:  # conditioned weights: averaged over the validation words
             for mixed in entry["mixture"]["embedding"].values():
-                assert abs(sum(mixed) - 1) < 1e-5 and min(mixed) > 0
+                assert abs(sum(mixed["weights"]) - 1) < 1e-5 and min(mixed["weights"]) > 0
     assert "Mixture weights learned over the graph components (mixing `conditioned`" in last
+    assert mixers == {"conditioned"}  # the models themselves mixed per word
     with pytest.raises(SystemExit):  # argparse's choices
         imdb.main(args + ["--mixing", "softmax"])
     assert "invalid choice: 'softmax'" in capsys.readouterr().err
@@ -374,3 +384,108 @@ def test_classifier_constructor_names_bad_sizes():
                             (dict(hidden_channels=True), "hidden_channels must be")]:
         with pytest.raises(ValueError, match=message):
             GlomoTextClassifier(embedding, predictor=None, **kwargs)
+
+
+@pytest.mark.parametrize("mixing", ["free", "conditioned"])
+def test_imdb_mixture_record_matches_the_weights_the_mixers_compute(mixing):
+    """``mixture_weights`` (the reproduction's per-run record) against the mixers' own weights
+    on features rebuilt step by step as the classifier's forward computes them."""
+    from torch_geometric.data import Data
+
+    from benchmarks.reproduce import imdb
+    from glomo_pyg.sequences import sequence_batch
+
+    torch.manual_seed(0)
+    model = GlomoTextClassifier(torch.randn(len(TOKENS), 6), predictor=predictor(),
+                                places=("embedding", "rnn"), hidden_channels=4,
+                                attention_heads=2, mixing=mixing)
+    with torch.no_grad():  # weights away from equal, as after training
+        for place in (model.glomo_embedding, model.glomo_rnn):
+            if mixing == "free":
+                place.mixer.logits.normal_()
+            else:
+                for lin in place.mixer.weight_lins:
+                    lin.weight.normal_()
+                    lin.bias.normal_()
+    x, batch = batch_of([5, 1, 9, 3, 7])
+    data = [Data(x=x[batch == k], y=torch.tensor([k % 2])) for k in range(5)]
+    model.train()
+    record = imdb.mixture_weights(model, data, reviews=4)  # the first 4 reviews only
+    assert model.training  # the mode is restored
+    assert not model.glomo_embedding._forward_pre_hooks  # and the hooks removed
+    keep = batch < 4
+    x, batch = x[keep], batch[keep]
+    model.eval()
+    with torch.no_grad():  # the classifier's forward, step by step (eval: no dropout)
+        seqs = sequence_batch(x.size(0), batch, x.device)
+        graphs = model.glomo_embedding.graphs(x, batch, num_nodes=x.size(0))
+        h_embedding = model.embedding(x)
+        h_rnn = model._rnn(model.rnns[0], model.glomo_embedding(h_embedding, graphs=graphs), seqs)
+    for place, h in (("embedding", h_embedding), ("rnn", h_rnn)):
+        mixer = getattr(model, f"glomo_{place}").mixer
+        with torch.no_grad():
+            w = mixer.mixture_weights(h).double()
+        if w.dim() == 2:
+            w = w.unsqueeze(1).expand(-1, x.size(0), -1)
+        assert set(record[place]) == {"forward", "backward"}
+        for d, direction in enumerate(mixer.directions):
+            entry = record[place][direction]
+            assert entry["weights"] == pytest.approx(w[d].mean(0).tolist(), abs=1e-6)
+            assert entry["largest"] == pytest.approx(float(w[d].amax(-1).mean()), abs=1e-6)
+            entropy = -(w[d] * w[d].log()).sum(-1)
+            assert entry["effective"] == pytest.approx(float(entropy.exp().mean()), abs=1e-5)
+            if mixing == "free":  # one set for every word: the summary of the weights
+                tops, top, effective = imdb.mixture_summary(entry["weights"])
+                assert entry["largest"] == pytest.approx(top) and \
+                    entry["effective"] == pytest.approx(effective)
+            else:  # per word, not of the mean: sharper than the mean weights
+                assert entry["largest"] >= max(entry["weights"]) - 1e-9
+    assert imdb.valid_mixture(record)
+    # a classifier without graphs records nothing
+    baseline = GlomoTextClassifier(torch.randn(len(TOKENS), 6), predictor=None,
+                                   hidden_channels=4, attention_heads=2)
+    assert imdb.mixture_weights(baseline, data) == {}
+
+
+def test_imdb_mixture_table_and_cache_checks():
+    from benchmarks.reproduce import imdb
+
+    # ties: components that propagate alike keep equal free weights, and all are named
+    assert imdb.mixture_summary([0.25] * 4) == ([0, 1, 2, 3], 0.25, pytest.approx(4.0))
+    assert imdb.mixture_summary([0.0, 1.0, 0.0]) == ([1], 1.0, pytest.approx(1.0))
+    assert imdb.mixture_summary([0.1, 0.4, 0.1, 0.4]) == ([1, 3], 0.4, pytest.approx(
+        math.exp(-(0.2 * math.log(0.1) + 0.8 * math.log(0.4)))))
+    one = dict(weights=[0.7, 0.1, 0.1, 0.1], largest=0.7, effective=2.6)
+    setup = dataclasses.replace(imdb.SMOKE, variants=("baseline", "glomo", "glomo-rnn"))
+    final = {"baseline": {0: {"test_acc": 0.8}},  # no graphs: no record
+             "glomo": {0: {"mixture": {"embedding": {"forward": one, "backward": one}}},
+                       1: {"mixture": {"embedding": {"forward": dict(one, largest=0.5)}}},
+                       2: {}},  # cached before the record
+             "glomo-rnn": {0: {"mixture": {"rnn": {"backward": one}}}}}  # one direction
+    lines = imdb.mixture_lines(setup, final)
+    rows = [l for l in lines if l.startswith("| GLoMo")]
+    assert rows == [
+        "| GLoMo on embeddings | embedding | forward | 2 | 0 (0.700) | 0.600 (equal weights: "
+        "0.250) | 2.6 of 4 |",
+        "| GLoMo on embeddings | embedding | backward | 1 | 0 (0.700) | 0.700 (equal weights: "
+        "0.250) | 2.6 of 4 |",
+        "| GLoMo on RNN states | rnn | backward | 1 | 0 (0.700) | 0.700 (equal weights: "
+        "0.250) | 2.6 of 4 |"]
+    assert imdb.mixture_lines(setup, {"baseline": final["baseline"]}) == []
+    # damaged records are refused when the cache is read, not after the runs
+    good = dict(val_acc=0.5, best_epoch=0, seconds=1.0, lr=1e-3, test_acc=None)
+    imdb.check_runs({"glomo/0/lr=0.001": dict(good, mixture={"embedding": {"forward": one}})},
+                    "cache")
+    for bad in ({"embedding": []}, {"embedding": {}}, {"embedding": {"forward": dict(one,
+                weights=[])}}, {"embedding": {"forward": dict(one, largest=float("nan"))}},
+                {"embedding": {"forward": dict(one, weights=[0.5, "x"])}}, [1.0]):
+        with pytest.raises(ValueError, match="damaged mixture record"):
+            imdb.check_runs({"glomo/0/lr=0.001": dict(good, mixture=bad)}, "cache")
+    # runs that record no inputs are reused, unless the graphs asked for differ from theirs
+    for inputs, kept in (({"weights": "w"}, True), ({"weights": "w", "mixing": "conditioned"},
+                                                     False),
+                         ({"weights": "w", "max_distance": 3}, False)):
+        runs = {"glomo/0/lr=0.001": dict(good), "baseline/0/lr=0.001": dict(good, inputs={})}
+        dropped = imdb.stale_runs(runs, {"glomo": inputs, "baseline": {}})
+        assert ("glomo/0/lr=0.001" in runs) == kept and "baseline/0/lr=0.001" in runs
+        assert dropped == ({} if kept else {"glomo": 1})

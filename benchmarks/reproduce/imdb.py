@@ -29,7 +29,7 @@ interrupted reproduction continues where it stopped:
    ``--max-distance N``: graphs keep only edges of at most N units, see
    :meth:`glomo_pyg.LatentGraphs.within`; ``--mixing conditioned``: mixture weights per
    word, from its features, instead of one free weight per graph component; every run
-   records the mixture weights it learned).
+   that mixes graphs records the mixture weights it learned, see :func:`mixture_weights`).
    Per variant, seed 0 is trained at every learning rate of the grid (``--lrs``) and only
    validated; the rate with the best validation accuracy is kept, seed 0's model at that
    rate is evaluated once on the test reviews, and the other seeds are trained at that
@@ -191,6 +191,9 @@ def check_runs(runs: Dict, path: str) -> None:
             isinstance(entry.get(f), (int, float)) and not isinstance(entry.get(f), bool)
             for f in RUN_FIELDS) and (entry.get("test_acc") is None or
                                       isinstance(entry.get("test_acc"), (int, float)))
+        if ok and "mixture" in entry and not valid_mixture(entry["mixture"]):
+            raise ValueError(f"{path}: run {key!r} has a damaged mixture record; delete the "
+                             "file to recompute")
         if not ok:
             raise ValueError(f"{path}: run {key!r} is damaged (needs {sorted(RUN_FIELDS)} and "
                              "test_acc); delete the file to recompute")
@@ -445,12 +448,17 @@ def _predictor_inputs(variant: str, predictors: Dict[str, str], loaded: Dict) ->
 def stale_runs(runs: Dict, inputs: Dict[str, Dict[str, str]]) -> Dict[str, int]:
     """Drop from ``runs`` the runs of the variants in ``inputs`` that were made with other
     predictor inputs; returns how many were dropped, by variant. Runs that record no
-    inputs (caches written before runs recorded them) and runs of other variants stay."""
+    inputs (caches written before runs recorded them) stay, unless ``--max-distance`` or
+    ``--mixing`` asks for other graphs than those caches were made with; runs of other
+    variants stay."""
     dropped: Dict[str, int] = {}
     for key in list(runs):
         variant = key.split("/", 1)[0]
         recorded = runs[key].get("inputs") if isinstance(runs[key], dict) else None
-        if variant in inputs and recorded is not None and recorded != inputs[variant]:
+        if variant not in inputs:
+            continue
+        if recorded != inputs[variant] and (
+                recorded is not None or {"max_distance", "mixing"} & set(inputs[variant])):
             del runs[key]
             dropped[variant] = dropped.get(variant, 0) + 1
     return dropped
@@ -510,49 +518,88 @@ def evaluate_accuracy(model: torch.nn.Module, data, batch_size: int, accelerator
 
 
 def mixture_weights(model: torch.nn.Module, data, reviews: int = 256
-                    ) -> Dict[str, Dict[str, List[float]]]:
-    """What a trained classifier's graph mixtures learned: per graph place (``embedding``,
-    ``rnn``) and direction, the weights on the graph components, in
-    ``GraphMixer.components()`` order. Free weights are the same for every word;
-    conditioned ones are averaged over the words of the first ``reviews`` reviews of
-    ``data`` (on the embeddings only: on RNN states they would need the RNN run, so that
-    place is left out). Equal weights (1/K each) mean the mixture learned no preference
-    between the graphs."""
+                    ) -> Dict[str, Dict[str, Dict[str, object]]]:
+    """What a trained classifier's graph mixtures learned, per graph place (``embedding``,
+    ``rnn``) and direction, over the words of the first ``reviews`` reviews of ``data``:
+    ``weights``, the mean weight on each graph component (``GraphMixer.components()``
+    order); ``largest`` and ``effective``, the mean over words of each word's largest weight
+    and of its effective number of components ``exp(entropy)``. Free weights are the same
+    for every word; conditioned ones are computed from the features each mixer reads in a
+    forward pass in eval mode (captured by a pre-hook on each ``GlomoTransfer``), as at test
+    time. Per-word ``effective`` near K (the number of components) means no preference
+    between the graphs; near 1, one component per word."""
     from torch_geometric.loader import DataLoader
 
-    found: Dict[str, Dict[str, List[float]]] = {}
-    places = (("embedding", getattr(model, "glomo_embedding", None)),
-              ("rnn", getattr(model, "glomo_rnn", None)))
-    for place, transfer in places:
-        if transfer is None:
-            continue
-        mixer = transfer.mixer
-        if mixer.logits is not None:
-            found[place] = dict(zip(mixer.directions, mixer.mixture_weights().tolist()))
-            continue
-        if place != "embedding":
-            continue
-        device = mixer.gamma.device
-        total, words = None, 0
-        was_training = model.training
-        model.eval()  # (no dropout: the features the mixer saw, as at test time)
+    places = {place: transfer for place, transfer in
+              (("embedding", getattr(model, "glomo_embedding", None)),
+               ("rnn", getattr(model, "glomo_rnn", None))) if transfer is not None}
+    if not places:
+        return {}
+    features: Dict[str, torch.Tensor] = {}
+    hooks = [transfer.register_forward_pre_hook(
+        lambda module, args, kwargs, place=place: features.__setitem__(
+            place, args[0] if args else kwargs["h"]), with_kwargs=True)
+        for place, transfer in places.items()]
+    sums: Dict[str, List[torch.Tensor]] = {}
+    words = 0
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
         with torch.no_grad():
             for batch in DataLoader(data[:reviews], batch_size=32):
-                w = mixer.mixture_weights(model.embedding(batch.x.to(device))).sum(1)
-                total = w if total is None else total + w
+                features.clear()
+                model(batch.x.to(device), batch.batch.to(device))
+                for place, transfer in places.items():
+                    w = transfer.mixer.mixture_weights(features[place]).double()
+                    if w.dim() == 2:  # free: one set for every word
+                        w = w.unsqueeze(1).expand(-1, features[place].size(0), -1)
+                    entropy = -(w * w.clamp(min=1e-300).log()).sum(-1)  # [D, N]
+                    parts = (w.sum(1), w.amax(-1).sum(1), entropy.exp().sum(1))
+                    sums[place] = [a + b for a, b in zip(sums[place], parts)] \
+                        if place in sums else list(parts)
                 words += batch.x.numel()
+    finally:
+        for hook in hooks:
+            hook.remove()
         model.train(was_training)
-        found[place] = dict(zip(mixer.directions, (total / max(words, 1)).cpu().tolist()))
-    return found
+    return {place: {direction: dict(weights=(weights[d] / words).tolist(),
+                                    largest=float(largest[d] / words),
+                                    effective=float(effective[d] / words))
+                    for d, direction in enumerate(places[place].mixer.directions)}
+            for place, (weights, largest, effective) in sums.items()}
 
 
-def mixture_summary(weights: Sequence[float]) -> Tuple[int, float, float]:
-    """Index and value of the largest weight, and the effective number of components
-    ``exp(entropy)`` (K for equal weights, 1 for one component)."""
+def mixture_summary(weights: Sequence[float]) -> Tuple[List[int], float, float]:
+    """The components holding the largest weight (every one within 1e-6 of it: components
+    that propagate alike, such as ``('graph', 0, h)`` and ``('hierarchical', 0, h)``, or
+    the heads of uniform graphs, keep equal free weights), that weight, and the effective
+    number of components ``exp(entropy)`` (K for equal weights, 1 for one component)."""
     w = torch.tensor(weights, dtype=torch.float64)
-    top = int(w.argmax())
+    top = float(w.max())
     entropy = float(-(w * w.clamp(min=1e-300).log()).sum())
-    return top, float(w[top]), math.exp(entropy)
+    return (w >= top - 1e-6).nonzero().flatten().tolist(), top, math.exp(entropy)
+
+
+def valid_mixture(record) -> bool:
+    """A run's ``mixture`` record as :func:`mixture_weights` writes it."""
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    if not isinstance(record, dict):
+        return False
+    for directions in record.values():
+        if not isinstance(directions, dict) or not directions:
+            return False
+        for entry in directions.values():
+            if not isinstance(entry, dict) or not number(entry.get("largest")) or \
+                    not number(entry.get("effective")):
+                return False
+            weights = entry.get("weights")
+            if not isinstance(weights, list) or not weights or \
+                    not all(number(x) for x in weights):
+                return False
+    return True
 
 
 def graph_profile(predictor, data, reviews: int = 256,
@@ -824,27 +871,34 @@ def mixture_lines(setup: Setup, final: Dict[str, Dict[int, Dict]]) -> List[str]:
     (runs cached before the record have none)."""
     rows = []
     for variant in setup.variants:
-        recorded = [r["mixture"] for r in final.get(variant, {}).values()
-                    if isinstance(r.get("mixture"), dict)]
+        recorded = [r["mixture"] for r in final.get(variant, {}).values() if "mixture" in r]
         places = sorted({p for m in recorded for p in m})
         for place in places:
-            per_seed = [m[place] for m in recorded if place in m]
-            for direction in per_seed[0]:
-                summaries = [mixture_summary(w[direction]) for w in per_seed]
-                count = len(per_seed[0][direction])
-                tops = sorted({s[0] for s in summaries})
-                rows.append(f"| {LABELS[variant]} | {place} | {direction} | {len(per_seed)} | "
-                            f"{sum(s[1] for s in summaries) / len(summaries):.3f} "
-                            f"(uniform {1 / count:.3f}) | {', '.join(map(str, tops))} | "
-                            f"{sum(s[2] for s in summaries) / len(summaries):.1f} of {count} |")
+            directions = list(dict.fromkeys(d for m in recorded for d in m.get(place, {})))
+            for direction in directions:
+                entries = [m[place][direction] for m in recorded
+                           if direction in m.get(place, {})]
+                count = len(entries[0]["weights"])
+                entries = [e for e in entries if len(e["weights"]) == count]
+                mean = torch.tensor([e["weights"] for e in entries], dtype=torch.float64).mean(0)
+                tops, top, _ = mixture_summary(mean.tolist())
+                rows.append(
+                    f"| {LABELS[variant]} | {place} | {direction} | {len(entries)} | "
+                    f"{', '.join(map(str, tops))} ({top:.3f}) | "
+                    f"{sum(e['largest'] for e in entries) / len(entries):.3f} "
+                    f"(equal weights: {1 / count:.3f}) | "
+                    f"{sum(e['effective'] for e in entries) / len(entries):.1f} of {count} |")
     if not rows:
         return []
     return ["", f"Mixture weights learned over the graph components (mixing `{setup.mixing}`; "
-            "component numbers in `GraphMixer.components()` order; means over seeds): the "
-            "largest weight, the components that held it, and the effective number of "
-            "components exp(entropy):", "",
-            "| variant | place | direction | seeds | largest weight | largest at | "
-            "effective components |", "|---|---|---|---|---|---|---|", *rows]
+            "components numbered in `GraphMixer.components()` order, where `('graph', 0, h)` "
+            "and `('hierarchical', 0, h)` propagate alike; means over seeds and over the "
+            "words of 256 validation reviews): the components with the largest mean weight, "
+            "and per word its largest weight and its effective number of components "
+            "exp(entropy):", "",
+            "| variant | place | direction | seeds | heaviest components (mean weight) | "
+            "largest weight per word | effective components per word |",
+            "|---|---|---|---|---|---|---|", *rows]
 
 
 def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_summaries,

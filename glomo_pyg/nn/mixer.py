@@ -41,11 +41,12 @@ class GraphMixer(torch.nn.Module):
 
     :math:`\gamma` is a learned scale per direction (initialised at 1).
 
-    Free logits learn slowly: under Adam each moves by about the learning rate per
-    step at most, so a few hundred steps at 1e-3 leave the weights close to equal, an
-    average over every component. Conditioned weights are a linear map of the
-    features, whose logits move much faster. Check what was learned with
-    :meth:`mixture_weights`.
+    Free logits can learn slowly: Adam moves each by about the learning rate per step
+    (at most about 3x that with its default betas), and where their gradients are small
+    and of changing sign they stay near 0, so the mixture stays an almost equal average
+    over every component (measured on IMDB: ``benchmarks/results/imdb.md``, run 11).
+    The logits of conditioned weights are a linear map of the features and move
+    faster. :meth:`mixture_weights` shows what was learned.
 
     Every component propagates *all* channels of :math:`H`, so :math:`H` may
     have any width, unrelated to the predictor's. :math:`H\Lambda^l` is
