@@ -38,6 +38,10 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Smallest head dim per device: the CUDA kernel needs 16 (``tl.dot``). Narrower keys,
 # queries and values are zero-padded up to it, which leaves every score unchanged.
 MIN_HEAD_DIM: Dict[str, int] = {"cuda": 16}
+# Widest value block one kernel call takes per device: wider values are propagated in
+# column blocks with the same keys and queries (exact; the Triton kernel's shared memory
+# runs out at about 300 value columns on an H100).
+MAX_VALUE_DIM: Dict[str, int] = {"cuda": 64}
 # The block mask holds B * (T / BLOCK)^2 int32 block indices (twice: by key and by query
 # block); past this many per table (1 GiB) the sparse layout, O(edges), is the one to use.
 MAX_MASK_BLOCKS = 2 ** 28
@@ -62,7 +66,11 @@ def _flex():
 
 
 def _relu2_score(score, b, h, q_idx, kv_idx):
-    return torch.where(score > 0, 2.0 * torch.log(score), -float("inf"))
+    # log of a placeholder 1 where s <= 0: the gradient of the unselected branch is then
+    # 0 * 1 instead of 0 * (1 / s), which is NaN at s = 0 (zeroed padding keys, s = 0 scores)
+    positive = score > 0
+    return torch.where(positive, 2.0 * torch.log(torch.where(positive, score, 1.0)),
+                       -float("inf"))
 
 
 def _block_structure(lengths: Tensor, t: int, direction: str, include_self: bool
@@ -197,11 +205,10 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
     width = values.size(-1)
     min_dim = MIN_HEAD_DIM.get(key.device.type, 1)
     dim_pad = max(0, min_dim - key.size(-1))
-    value_pad = max(0, min_dim - width)
     if pad or dim_pad:  # zero units past T and zero key/query dims: scores unchanged
         key, query = (torch.nn.functional.pad(a, (0, dim_pad, 0, pad)) for a in (key, query))
-    if pad or value_pad:
-        values = torch.nn.functional.pad(values, (0, value_pad, 0, pad))
+    if pad:
+        values = torch.nn.functional.pad(values, (0, 0, 0, pad))
     relu2 = normalization == "relu2"
     if full_length is None:
         full_length = bool((lengths == t).all())
@@ -212,11 +219,19 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
         key = key * real.to(key.dtype)
     if mask is None:
         mask = block_mask(lengths, padded, direction, include_self, order_only=relu2)
+    block = MAX_VALUE_DIM.get(key.device.type, width)
+    query, key = query.contiguous(), key.contiguous()
     try:
         with torch.autocast(key.device.type, enabled=False):
-            out = _flex()(query.contiguous(), key.contiguous(), values.contiguous(),
-                          score_mod=_relu2_score if normalization == "relu2" else None,
-                          block_mask=mask, scale=1.0)
+            outs = []
+            for part in values.split(block, -1):
+                part_width = part.size(-1)
+                if part_width < min_dim:
+                    part = torch.nn.functional.pad(part, (0, min_dim - part_width))
+                outs.append(_flex()(query, key, part.contiguous(),
+                                    score_mod=_relu2_score if relu2 else None,
+                                    block_mask=mask, scale=1.0)[..., :part_width])
+            out = outs[0] if len(outs) == 1 else torch.cat(outs, -1)
     except torch.OutOfMemoryError:
         raise
     except (NotImplementedError, RuntimeError) as e:  # the kernel refused these shapes
@@ -225,7 +240,7 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
             f"{tuple(values.shape)} on {key.device.type} ({type(e).__name__}: "
             f"{str(e).splitlines()[0] if str(e) else ''}); use layout='sparse' or "
             f"'dense'") from e
-    out = out[:, :, :t, :width]
+    out = out[:, :, :t]
     if zero_padding:  # padded targets read real keys under the order-only mask: zero them
         out = out * real[:, :, :t].to(out.dtype)
     return out.to(out_dtype)

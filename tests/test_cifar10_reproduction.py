@@ -31,8 +31,11 @@ def test_cifar10_reproduction_runs_end_to_end_and_resumes(tmp_path):
     write_data(tmp_path / "data")
     out, results, fig = tmp_path / "out", tmp_path / "cifar10.md", tmp_path / "fig.png"
     argv = ["--data-dir", str(tmp_path / "data"), "--smoke", "--output-dir", str(out),
-            "--results", str(results), "--figure", str(fig), "--accelerator", "cpu"]
+            "--results", str(results), "--figure", str(fig), "--accelerator", "cpu",
+            "--pretrain-steps", "3"]
     cifar10.main(argv)
+    pretrain_config = json.load(open(out / "pretrain" / "config.json"))
+    assert pretrain_config["train"]["max_steps"] == 3  # the override, recorded
     with open(out / "downstream.json") as fh:
         cache = json.load(fh)
     runs = cache["runs"]
@@ -59,6 +62,7 @@ def test_cifar10_reproduction_runs_end_to_end_and_resumes(tmp_path):
     for extra, message in [(["--seeds", "0"], "--seeds must be >= 1"),
                            (["--epochs", "-1"], "--epochs must be >= 1"),
                            (["--threads", "-1"], "--threads must be >= 0"),
+                           (["--pretrain-steps", "0"], "--pretrain-steps must be >= 1"),
                            (["--results", str(tmp_path)], "is a directory"),
                            (["--data-dir", str(tmp_path / "empty")], "is not a folder")]:
         with pytest.raises(SystemExit, match=message):

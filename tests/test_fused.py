@@ -157,6 +157,61 @@ def test_fused_gradients_equal_the_sparse_path_on_gpu():
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
 
 
+def test_squared_relu_score_has_finite_gradients_where_the_score_is_not_positive():
+    # Found on an H100: zeroed padding keys give s = 0 exactly, and d(2 log s)/ds = 2/s
+    # times the zero gradient of the unselected branch was 0 * inf = NaN, which made the
+    # first fused training step diverge. FlexAttention's backward differentiates the same
+    # score_mod, so its eager gradient must be finite.
+    s = torch.tensor([[-1.0, 0.0, 0.5, 2.0]], requires_grad=True)
+    mod = flex._relu2_score(s, None, None, None, None)
+    assert torch.equal(mod[0, :2], torch.full((2,), -float("inf")))
+    torch.logsumexp(mod, -1).sum().backward()
+    weights = torch.tensor([0.0, 0.0, 0.25, 4.0]) / 4.25  # ReLU(s)^2 normalised
+    torch.testing.assert_close(s.grad[0], torch.tensor([0.0, 0.0, 2 / 0.5, 2 / 2.0]) * weights)
+
+
+def test_wide_values_are_propagated_in_column_blocks(monkeypatch):
+    # Found on an H100: the kernel ran out of shared memory at 300 value columns. Wider
+    # values go through in blocks with the same keys and queries; the result is the same,
+    # including a last block narrower than the kernel's minimum width (zero-padded).
+    torch.manual_seed(0)
+    k, q = torch.randn(2, 3, 40, 5), torch.randn(2, 3, 40, 5)
+    lengths = torch.tensor([40, 23])
+    for v in (torch.randn(2, 3, 40, 11), torch.randn(2, 1, 40, 11)):
+        plain = flex.fused_propagate(k, q, v, lengths)
+        with monkeypatch.context() as m:
+            m.setitem(flex.MAX_VALUE_DIM, "cpu", 4)  # blocks of 4, 4 and 3 columns
+            m.setitem(flex.MIN_HEAD_DIM, "cpu", 4)
+            blocked = flex.fused_propagate(k, q, v, lengths)
+        assert blocked.shape == plain.shape == (2, 3, 40, 11)
+        torch.testing.assert_close(blocked, plain, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(bias="threshold", position="relative",
+                                             position_frequencies=4)])
+def test_fused_emission_under_bfloat16_autocast(kw):
+    # Found on an H100: under autocast the key/query projections are bfloat16 while the
+    # folded bias (or threshold) is a float32 parameter, so keys and queries differed in
+    # dtype and the fused layout refused every bf16-mixed pretraining run.
+    torch.manual_seed(0)
+    p = GraphPredictor(num_tokens=30, hidden_channels=16, num_layers=2, heads=4, cnn_layers=1,
+                       **kw).eval()
+    x, batch = tokens()
+    h = torch.randn(len(x), 6)
+    with torch.no_grad():
+        exact = p(x, batch, layout="fused")
+        states = torch.randn(3, 11, 16)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            k, q = p.scorer.augmented(0, states, states)
+            mixed = p(x, batch, layout="fused")
+        assert k.dtype == q.dtype == torch.float32  # scored in the wider dtype
+        for l in range(2):  # bf16 projections move scores near the threshold, so a few
+            # targets gain or lose an edge; the rest match the float32 graphs closely
+            a, b = mixed.propagate(h, l), exact.propagate(h, l)
+            assert torch.isfinite(a).all()
+            assert ((a - b).abs() <= 0.05 + 0.05 * b.abs()).float().mean() > 0.95
+
+
 def test_narrow_heads_are_zero_padded_where_the_kernel_needs_width(monkeypatch):
     # CUDA's kernel needs head dims >= 16; padding keys, queries and values with zeros
     # must leave the result unchanged (exercised on CPU by raising the minimum here).

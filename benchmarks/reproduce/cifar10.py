@@ -120,6 +120,8 @@ def write_json(path: str, obj) -> None:
 def check_arguments(args) -> None:
     """Every option and input folder checked before any stage (pretraining takes hours)."""
     check_common_arguments(args, (args.results, args.figure))
+    if args.pretrain_steps is not None and args.pretrain_steps < 1:
+        raise ValueError(f"--pretrain-steps must be >= 1, got {args.pretrain_steps}")
     if args.threads < 0:
         raise ValueError(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
     mode = "smoke" if args.smoke else "reduced" if args.reduced else "full"
@@ -172,6 +174,8 @@ def pretrain(args, setup: Setup, out: str) -> str:
     for section, values in (setup.pretrain_overrides or {}).items():
         for key, value in values.items():
             set_by_path(data, f"{section}.{key}", value)
+    if args.pretrain_steps is not None:
+        set_by_path(data, "train.max_steps", args.pretrain_steps)
     set_by_path(data, "train.progress_bar", False)
     if args.accelerator != "auto":
         set_by_path(data, "train.accelerator", args.accelerator)
@@ -228,6 +232,9 @@ def main(argv=None) -> None:
     parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--depths", type=int, nargs="+", choices=(18, 34), default=None)
     parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=None)
+    parser.add_argument("--pretrain-steps", type=int, default=None,
+                        help="pretraining steps instead of the config's max_steps (to fit a "
+                        "GPU budget; recorded with the pretraining settings)")
     parser.add_argument("--predictor", default=None, help="a saved pixel predictor to use "
                         "instead of pretraining one")
     parser.add_argument("--accelerator", default="auto", help="'cpu', 'gpu' or 'auto'")
