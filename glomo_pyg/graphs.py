@@ -464,28 +464,25 @@ class LatentGraphs:
         return seqs.to_flat(out.permute(0, 2, 1, 3)).transpose(0, 1)  # [H, N, C]
 
     def _propagate_fused_full(self, xs: Tensor, layer: int, padded_len: int) -> Tensor:
-        """Every sequence fills ``T`` (e.g. whole images): FlexAttention runs heads-first,
-        ``[H, B, T, .]``, so the flat ``[H, N, C]`` features go in and come out as views
-        (no scatter or gather). Allowed pairs then depend on positions only, so one
-        order mask with batch 1 serves every head and sequence; the heads-first keys and
-        queries are made once per layer."""
+        """Every sequence fills ``T`` (e.g. whole images): allowed pairs then depend on
+        positions only, so one order mask of batch 1 serves every sequence and head, and
+        no scatter or gather to padded blocks is needed. Sequences stay in FlexAttention's
+        batch dimension, which its compiled kernel keeps dynamic; its head dimension is
+        specialised, so putting images there recompiled the kernel for every new batch
+        size, and after torch's recompilation limit FlexAttention silently ran eagerly."""
         b, t, h = self.num_sequences, self.sequences.max_len, self.num_heads
-        if ("heads_first", layer) not in self._flex_cache:
-            k, q = self._fused[layer]
-            self._flex_cache[("heads_first", layer)] = (k.transpose(0, 1).contiguous(),
-                                                        q.transpose(0, 1).contiguous())
-        k, q = self._flex_cache[("heads_first", layer)]  # [H, B, T, D]
+        k, q = self._fused[layer]  # [B, H, T, D]
         full = torch.full((1,), t, dtype=torch.long, device=xs.device)
         if "order_mask" not in self._flex_cache:
             self._flex_cache["order_mask"] = flex.block_mask(
                 full, padded_len, self.direction, self.include_self, order_only=True)
-        values = xs.reshape(xs.size(0), b, t, xs.size(-1)).expand(h, b, t, xs.size(-1))
-        out = flex.fused_propagate(k, q, values, full.expand(h), direction=self.direction,
+        values = xs.reshape(xs.size(0), b, t, xs.size(-1)).transpose(0, 1)  # [B, H|1, T, C]
+        out = flex.fused_propagate(k, q, values, full.expand(b), direction=self.direction,
                                    include_self=self.include_self,
                                    normalization=self._normalization,
                                    mask=self._flex_cache["order_mask"],
-                                   full_length=True, check=False)  # [H, B, T, C]
-        return out.reshape(h, b * t, out.size(-1))
+                                   full_length=True, check=False)  # [B, H, T, C]
+        return out.transpose(0, 1).reshape(h, b * t, out.size(-1))
 
     # --- layout -------------------------------------------------------------------
     @property

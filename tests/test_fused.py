@@ -247,7 +247,7 @@ def test_fused_refuses_over_long_masks_bad_values_and_kernel_failures(monkeypatc
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 @pytest.mark.parametrize("t", [128, 150])  # a whole block, and padding inside the last block
 @pytest.mark.parametrize("sparse", [True, False])
-def test_full_length_batches_run_heads_first_and_equal_the_sparse_edges(direction, t, sparse):
+def test_full_length_batches_equal_the_sparse_edges(direction, t, sparse):
     torch.manual_seed(0)
     p = GraphPredictor(num_tokens=30, hidden_channels=16, num_layers=2, heads=4, cnn_layers=1,
                        direction=direction, sparse=sparse).eval()
@@ -259,6 +259,34 @@ def test_full_length_batches_run_heads_first_and_equal_the_sparse_edges(directio
             for layer in (0, 1):
                 torch.testing.assert_close(fused.propagate(h, layer), ref.propagate(h, layer),
                                            atol=1e-5, rtol=1e-4)
+
+
+def test_whole_images_of_any_batch_size_reuse_one_compiled_kernel():
+    # Images used to run heads-first, with the batch in FlexAttention's (specialised) head
+    # dimension: every new batch size recompiled (about 10 s on CPU), and past torch's
+    # recompilation limit FlexAttention silently ran eagerly with T x T memory.
+    from torch._dynamo.utils import counters
+
+    from glomo_pyg import PixelGraphPredictor
+    from glomo_pyg.pixels import image_units
+
+    torch.manual_seed(0)
+    p = PixelGraphPredictor(8, 8, hidden_channels=16, num_layers=1, heads=2).eval()
+    graphs_compiled = []
+    with torch.no_grad():
+        for b in (3, 5, 2, 4):
+            x, batch = image_units(torch.randint(0, 256, (b, 3, 8, 8), dtype=torch.uint8))
+            fused = p(x, batch, layout="fused")
+            h = torch.randn(len(batch), 3)
+            out = fused.propagate(h, 0)
+            graphs_compiled.append(counters["stats"]["unique_graphs"])
+            if b == 3:
+                torch.testing.assert_close(out, p(x, batch, layout="sparse").propagate(h, 0),
+                                           atol=1e-5, rtol=1e-4)
+    # the first compile is specialised to its batch size; the second size makes the batch
+    # dimension dynamic (torch's automatic dynamic shapes), and no size compiles again
+    assert graphs_compiled[1] <= graphs_compiled[0] + 1
+    assert graphs_compiled[1:] == graphs_compiled[1:2] * 3
 
 
 def test_nan_keys_are_refused_at_emission_and_by_the_kernel():
