@@ -396,22 +396,38 @@ def column_max_scores(key: Tensor, query: Tensor, lengths: Tensor, *,
     r"""Each target's largest score over its allowed sources,
     :math:`\max_{i \text{ allowed}} s_{ij}`, as ``[B, H, T]`` (``-inf`` for targets
     without allowed sources and at padding). A column of a squared-ReLU graph has an
-    edge iff this is positive. Differentiable (plain autograd, the gradient reaches
-    the arg-max pair); targets are processed in tiles of at most ``block_size``
-    scores per head and sequence group."""
+    edge iff this is positive. Targets are scanned without autograd in tiles of at most
+    ``block_size`` scores; only the arg-max pairs' scores are recomputed with autograd,
+    so the gradient is amax's (it reaches the arg-max pair) and the backward pass keeps
+    O(B H T D), not O(B H T^2) (``benchmarks/keep_alive_speed.py``)."""
     _check_emission_args(key, query, direction, "relu2")
     dtype = torch.promote_types(key.dtype, torch.float32)
-    b, h, t, _ = key.shape
+    b, h, t, d = key.shape
+    if t == 0:
+        return key.new_empty(b, h, 0, dtype=dtype)
     tile = max(1, block_size // max(1, b * h * t))
-    out = []
+    best, argbest = [], []
     with torch.autocast(key.device.type, enabled=False):
-        k = key.to(dtype)
-        for j0 in range(0, t, tile):
-            j1 = min(t, j0 + tile)
-            scores = query[:, :, j0:j1].to(dtype) @ k.transpose(-1, -2)  # [B, H, tj, T(i)]
-            allowed = _allowed(j0, j1, 0, t, lengths, direction, include_self).unsqueeze(1)
-            out.append(scores.masked_fill(~allowed, float("-inf")).amax(-1))
-    return torch.cat(out, -1) if out else key.new_empty(b, h, 0, dtype=dtype)
+        k, q = key.to(dtype), query.to(dtype)
+        # The maxima and their sources without autograd: differentiating the tiled
+        # T x T scores through amax kept every tile for the backward pass (O(B H T^2)
+        # memory and most of a pixel pretraining step's time).
+        with torch.no_grad():
+            for j0 in range(0, t, tile):
+                j1 = min(t, j0 + tile)
+                scores = q[:, :, j0:j1] @ k.transpose(-1, -2)  # [B, H, tj, T(i)]
+                allowed = _allowed(j0, j1, 0, t, lengths, direction, include_self)
+                top = scores.masked_fill_(~allowed.unsqueeze(1), float("-inf")).max(-1)
+                best.append(top.values)
+                argbest.append(top.indices)
+        best = torch.cat(best, -1)  # [B, H, T]
+        if not (torch.is_grad_enabled() and (key.requires_grad or query.requires_grad)):
+            return best
+        # the arg-max pair's score, recomputed with autograd: the same value, and the
+        # gradient amax gives (it reaches the arg-max pair), in O(B H T D)
+        source = k.gather(2, torch.cat(argbest, -1).unsqueeze(-1).expand(b, h, t, d))
+        score = (q * source).sum(-1)
+        return torch.where(torch.isfinite(best), score, best)  # -inf: no allowed source
 
 
 def dense_head_propagate(x: Tensor, adj: Tensor, ptr: Tensor, position: Tensor,

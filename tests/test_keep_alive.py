@@ -28,6 +28,22 @@ def test_column_max_equals_the_dense_reference(direction, include_self, block_si
     torch.testing.assert_close(gq, rq)
 
 
+def test_column_max_keeps_nothing_of_size_t_squared_for_the_backward_pass():
+    # autograd used to keep every [B, H, tile, T] score tile for amax's backward: O(B H T^2)
+    b, h, t, d = 2, 3, 64, 4
+    k = torch.randn(b, h, t, d, requires_grad=True)
+    q = torch.randn(b, h, t, d, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x.numel()) or x,
+                                                  lambda x: x):
+        out = column_max_scores(k, q, torch.tensor([t, 40]))
+    assert saved and max(saved) <= b * h * t * d  # keys, queries and the arg-max sources
+    with torch.no_grad():
+        plain = column_max_scores(k, q, torch.tensor([t, 40]))
+    torch.testing.assert_close(out.detach(), plain)
+    assert not plain.requires_grad
+
+
 def test_keep_alive_revives_a_dead_head_and_is_off_by_default():
     torch.manual_seed(0)
     lengths = [9, 6]
