@@ -1,7 +1,7 @@
 """GLoMo speed and memory, side by side in one run, as ratios.
 
     python -m benchmarks.speed [--quick] [--sections aggregation emission pretraining transfer]
-                               [--device cpu|cuda] [--repeats 5]
+                               [--device cpu|cuda] [--repeats 5] [--lengths 1024 ...]
 
 Sections (each module's docstring has the details):
 
@@ -19,7 +19,8 @@ Sections (each module's docstring has the details):
 
 Quick mode: CPU sizes, 3 repeats, about 3 minutes on 2 cores. Full mode: the GPU sizes (B=16-128, T up
 to 2048, width 512). Appends a section to ``benchmarks/results/speed.md`` and writes the
-raw numbers to ``benchmarks/results/speed_<device>.json``. On CPU the command re-executes
+raw numbers to ``benchmarks/results/speed_<device>.json``, each section as soon as it
+finishes. ``--lengths`` keeps only the cases of those sequence lengths. On CPU the command re-executes
 itself with a fixed glibc mmap threshold so that peak resident memory measures tensors.
 """
 from __future__ import annotations
@@ -51,11 +52,18 @@ def main(argv=None) -> None:
     parser.add_argument("--pyg-max-edges", type=int, default=1_000_000)
     parser.add_argument("--predictor", default="runs/quickstart/predictor",
                         help="a saved predictor whose graphs give the trained-density case")
+    parser.add_argument("--lengths", type=int, nargs="+", default=None,
+                        help="run only the cases of these sequence lengths (e.g. 1024 on a "
+                        "short GPU allocation)")
     parser.add_argument("--output", default="benchmarks/results/speed.md")
     parser.add_argument("--json", default=None, help="raw results (default: next to --output)")
     args = parser.parse_args(argv)
     if args.repeats is None:
         args.repeats = 3 if args.quick else 5
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    if args.lengths and min(args.lengths) < 1:
+        parser.error("--lengths must be positive")
     if args.device == "cpu":
         set_timing_allocator()
     command = " ".join(["python -m benchmarks.speed", *(sys.argv[1:] if argv is None else argv)])
@@ -66,17 +74,21 @@ def main(argv=None) -> None:
              f"PyG {torch_geometric.__version__}", ""]
     raw = dict(command=command, date=datetime.date.today().isoformat(),
                hardware=hardware(args.device))
+    if args.lengths:
+        lines[-1:] = [f"- only the cases of lengths {sorted(args.lengths)}", ""]
+    path = args.json or args.output.rsplit(".", 1)[0] + f"_{args.device}.json"
     start = time.time()
+    # Each finished section is written at once, so a run cut short (a time-limited GPU
+    # allocation) keeps what it measured.
+    print(append_results(args.output, lines))
     for name in args.sections:
         section_lines, section_raw = SECTIONS[name].run(args)
-        lines += section_lines
+        print(append_results(args.output, section_lines))
         raw[name] = section_raw
-    raw["seconds"] = round(time.time() - start, 1)
-    lines += [f"Whole run: {raw['seconds'] / 60:.1f} min.", ""]
-    print(append_results(args.output, lines))
-    path = args.json or args.output.rsplit(".", 1)[0] + f"_{args.device}.json"
-    with open(path, "w") as fh:
-        json.dump(raw, fh, indent=1)
+        raw["seconds"] = round(time.time() - start, 1)
+        with open(path, "w") as fh:
+            json.dump(raw, fh, indent=1)
+    append_results(args.output, [f"Whole run: {raw['seconds'] / 60:.1f} min.", ""])
 
 
 if __name__ == "__main__":

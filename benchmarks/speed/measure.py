@@ -39,6 +39,11 @@ def _release_free_memory() -> None:
         libc.malloc_trim(0)
 
 
+def selected(args, t: int) -> bool:
+    """Whether a case of sequence length ``t`` runs (``--lengths``: only those lengths)."""
+    return not getattr(args, "lengths", None) or t in args.lengths
+
+
 def set_timing_allocator() -> None:
     """Put glibc in its steady state (large blocks reused from the heap) before timing."""
     _mallopt(_HIGH)
