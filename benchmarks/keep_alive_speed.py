@@ -94,8 +94,7 @@ def main(argv=None) -> None:
               f"{r['library_peak_mib']:.0f} MiB, reference {r['reference_ms']:.0f} ms / "
               f"{r['reference_peak_mib']:.0f} MiB", flush=True)
     lines = [f"\n## {datetime.date.today().isoformat()}: {args.device}", "",
-             f"- command: `python -m benchmarks.keep_alive_speed "
-             f"{' '.join(sys.argv[1:] if argv is None else argv)}`".replace(" `", "`"),
+             f"- command: `{' '.join(['python -m benchmarks.keep_alive_speed', *(sys.argv[1:] if argv is None else argv)])}`",
              f"- hardware: {hardware(args.device)}; "
              f"torch {torch.__version__}",
              f"- forward + backward of each target's largest allowed score (forward "

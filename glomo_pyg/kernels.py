@@ -398,8 +398,10 @@ def column_max_scores(key: Tensor, query: Tensor, lengths: Tensor, *,
     without allowed sources and at padding). A column of a squared-ReLU graph has an
     edge iff this is positive. Targets are scanned without autograd in tiles of at most
     ``block_size`` scores; only the arg-max pairs' scores are recomputed with autograd,
-    so the gradient is amax's (it reaches the arg-max pair) and the backward pass keeps
-    O(B H T D), not O(B H T^2) (``benchmarks/keep_alive_speed.py``)."""
+    so the gradient reaches the arg-max pair and the backward pass keeps O(B H T D), not
+    O(B H T^2) (``benchmarks/keep_alive_speed.py``). Where sources tie for the maximum,
+    the whole gradient goes to the first of them (a subgradient; ``amax`` would split it
+    evenly)."""
     _check_emission_args(key, query, direction, "relu2")
     dtype = torch.promote_types(key.dtype, torch.float32)
     b, h, t, d = key.shape
@@ -423,11 +425,12 @@ def column_max_scores(key: Tensor, query: Tensor, lengths: Tensor, *,
         best = torch.cat(best, -1)  # [B, H, T]
         if not (torch.is_grad_enabled() and (key.requires_grad or query.requires_grad)):
             return best
-        # the arg-max pair's score, recomputed with autograd: the same value, and the
-        # gradient amax gives (it reaches the arg-max pair), in O(B H T D)
+        # the arg-max pair's score, recomputed with autograd in O(B H T D); the returned
+        # value is exactly the scanned maximum (the recomputation only carries the gradient)
         source = k.gather(2, torch.cat(argbest, -1).unsqueeze(-1).expand(b, h, t, d))
         score = (q * source).sum(-1)
-        return torch.where(torch.isfinite(best), score, best)  # -inf: no allowed source
+        exact = best + (score - score.detach())
+        return torch.where(torch.isfinite(best), exact, best)  # -inf: no allowed source
 
 
 def dense_head_propagate(x: Tensor, adj: Tensor, ptr: Tensor, position: Tensor,

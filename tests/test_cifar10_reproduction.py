@@ -63,6 +63,7 @@ def test_cifar10_reproduction_runs_end_to_end_and_resumes(tmp_path):
                            (["--epochs", "-1"], "--epochs must be >= 1"),
                            (["--threads", "-1"], "--threads must be >= 0"),
                            (["--pretrain-steps", "0"], "--pretrain-steps must be >= 1"),
+                           (["--pretrain-steps", "5"], "a pretraining of 3 steps, not"),
                            (["--results", str(tmp_path)], "is a directory"),
                            (["--data-dir", str(tmp_path / "empty")], "is not a folder")]:
         with pytest.raises(SystemExit, match=message):

@@ -44,6 +44,19 @@ def test_column_max_keeps_nothing_of_size_t_squared_for_the_backward_pass():
     assert not plain.requires_grad
 
 
+def test_column_max_with_tied_sources_sends_the_gradient_to_the_first():
+    # identical keys tie every allowed source; the value is the maximum exactly, and the
+    # gradient (a subgradient of max) goes to the first tied source, not split as amax does
+    k = torch.ones(1, 1, 4, 2, dtype=torch.float64, requires_grad=True)
+    q = torch.full((1, 1, 4, 2), 0.5, dtype=torch.float64, requires_grad=True)
+    out = column_max_scores(k, q, torch.tensor([4]))
+    assert torch.equal(out.detach()[0, 0], torch.tensor([-float("inf"), 1.0, 1.0, 1.0],
+                                                        dtype=torch.float64))
+    (gk,) = torch.autograd.grad(out[0, 0, 1:].sum(), k)
+    torch.testing.assert_close(gk[0, 0, :, 0], torch.tensor([1.5, 0.0, 0.0, 0.0],
+                                                            dtype=torch.float64))
+
+
 def test_keep_alive_revives_a_dead_head_and_is_off_by_default():
     torch.manual_seed(0)
     lengths = [9, 6]

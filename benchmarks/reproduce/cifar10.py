@@ -165,6 +165,13 @@ def pretrain(args, setup: Setup, out: str) -> str:
     folder = os.path.join(out, "pretrain")
     predictor = os.path.join(folder, "predictor")
     if os.path.exists(os.path.join(folder, "pretrain.json")):
+        if args.pretrain_steps is not None:
+            steps = read_cache(os.path.join(folder, "config.json"),
+                               "pretraining settings").get("train", {}).get("max_steps")
+            if steps != args.pretrain_steps:
+                raise ValueError(f"{folder} holds a pretraining of {steps} steps, not "
+                                 f"--pretrain-steps {args.pretrain_steps}; delete it to "
+                                 "pretrain again, or leave out --pretrain-steps")
         log(f"pretraining: cached ({predictor})")
         return predictor
     with open(os.path.join(CONFIGS, setup.config)) as fh:

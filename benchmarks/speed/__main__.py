@@ -20,7 +20,8 @@ Sections (each module's docstring has the details):
 Quick mode: CPU sizes, 3 repeats, about 3 minutes on 2 cores. Full mode: the GPU sizes (B=16-128, T up
 to 2048, width 512). Appends a section to ``benchmarks/results/speed.md`` and writes the
 raw numbers to ``benchmarks/results/speed_<device>.json``, each section as soon as it
-finishes. ``--lengths`` keeps only the cases of those sequence lengths. On CPU the command re-executes
+finishes (each case also prints a line as it finishes). ``--lengths`` keeps only the
+cases of those sequence lengths; a section with none of them is skipped. On CPU the command re-executes
 itself with a fixed glibc mmap threshold so that peak resident memory measures tensors.
 """
 from __future__ import annotations
@@ -36,7 +37,7 @@ import torch_geometric
 
 from benchmarks.common import append_results, hardware
 from benchmarks.speed import aggregation, emission, fused, pretraining, transfer
-from benchmarks.speed.measure import set_timing_allocator
+from benchmarks.speed.measure import NoCases, set_timing_allocator
 
 SECTIONS = {"aggregation": aggregation, "emission": emission, "fused": fused,
             "pretraining": pretraining, "transfer": transfer}
@@ -82,13 +83,19 @@ def main(argv=None) -> None:
     # allocation) keeps what it measured.
     print(append_results(args.output, lines))
     for name in args.sections:
-        section_lines, section_raw = SECTIONS[name].run(args)
+        try:
+            section_lines, section_raw = SECTIONS[name].run(args)
+        except NoCases:
+            print(append_results(args.output, [f"### {name}: no case of lengths "
+                                                f"{sorted(args.lengths)}", ""]))
+            continue
         print(append_results(args.output, section_lines))
         raw[name] = section_raw
         raw["seconds"] = round(time.time() - start, 1)
         with open(path, "w") as fh:
             json.dump(raw, fh, indent=1)
-    append_results(args.output, [f"Whole run: {raw['seconds'] / 60:.1f} min.", ""])
+    raw["seconds"] = round(time.time() - start, 1)
+    print(append_results(args.output, [f"Whole run: {raw['seconds'] / 60:.1f} min.", ""]))
 
 
 if __name__ == "__main__":

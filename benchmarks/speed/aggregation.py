@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from benchmarks.speed.measure import median_ms, peak_mib, selected
+from benchmarks.speed.measure import median_ms, peak_mib, cases_of
 from glomo_pyg import GlomoConv, LatentGraphs
 from glomo_pyg.nn import layout as layout_rules
 
@@ -133,8 +133,8 @@ def trained_case(path: str, device: str, repeats: int, batches: int = 4):
 def run(args):
     """Markdown lines and raw rows of the aggregation sweep."""
     densities = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0)
-    lengths = tuple(t for t in ((64, 128, 256, 512) if args.quick else
-                                (64, 128, 256, 512, 1024, 2048)) if selected(args, t))
+    lengths = tuple(cases_of(args, (64, 128, 256, 512) if args.quick else
+                             (64, 128, 256, 512, 1024, 2048), lambda t: t))
     b = 4 if args.quick else 16
     rows = []
     for t in lengths:

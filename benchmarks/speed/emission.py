@@ -6,7 +6,7 @@ import statistics
 
 import torch
 
-from benchmarks.speed.measure import median_ms, peak_mib, selected
+from benchmarks.speed.measure import median_ms, peak_mib, cases_of
 from glomo_pyg.nn.functional import latent_graph_dense, latent_graph_edges
 
 HEADS, HEAD_DIM = 8, 64
@@ -45,8 +45,8 @@ def bench_case(b, t, density, device, repeats):
 
 
 def run(args):
-    lengths = tuple(t for t in ((64, 128, 256, 512) if args.quick else
-                                (64, 128, 256, 512, 1024, 2048)) if selected(args, t))
+    lengths = tuple(cases_of(args, (64, 128, 256, 512) if args.quick else
+                             (64, 128, 256, 512, 1024, 2048), lambda t: t))
     b = 4 if args.quick else 16
     rows = []
     for t in lengths:

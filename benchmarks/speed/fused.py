@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.speed.measure import median_ms, peak_mib, selected
+from benchmarks.speed.measure import median_ms, peak_mib, cases_of
 from glomo_pyg import LatentGraphs, flex
 from glomo_pyg.kernels import (dense_head_propagate, head_propagate, latent_graph_dense,
                                latent_graph_edges)
@@ -93,7 +93,7 @@ def run(args):
         cases = [(64, 64), (32, 128), (16, 256), (8, 512), (4, 1024), (2, 2048), (1, 8192)]
         dense_max_t, sparse_max_t = 2048, 2048
     rows = []
-    cases = [(b, t) for b, t in cases if selected(args, t)]
+    cases = cases_of(args, cases, lambda c: c[1])
     for b, t in cases:
         rows.append(bench_case(b, t, args.device, args.repeats, dense_max_t, sparse_max_t))
         print(f"fused B={b} T={t}: " + ", ".join(f"{k} {v:.1f}" for k, v in rows[-1].items()

@@ -39,6 +39,19 @@ def _release_free_memory() -> None:
         libc.malloc_trim(0)
 
 
+class NoCases(Exception):
+    """A section has no case of the lengths selected with ``--lengths``."""
+
+
+def cases_of(args, cases, length):
+    """The ``cases`` whose sequence length (``length(case)``) is selected; ``NoCases`` if
+    none is."""
+    kept = [c for c in cases if selected(args, length(c))]
+    if not kept:
+        raise NoCases
+    return kept
+
+
 def selected(args, t: int) -> bool:
     """Whether a case of sequence length ``t`` runs (``--lengths``: only those lengths)."""
     return not getattr(args, "lengths", None) or t in args.lengths

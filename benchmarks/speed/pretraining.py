@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.speed.measure import median_ms, peak_mib, selected
+from benchmarks.speed.measure import median_ms, peak_mib, cases_of
 from glomo_pyg import Glomo
 
 
@@ -38,7 +38,7 @@ def run(args):
     if args.device == "cuda" and not args.quick:  # the fused layout's target length
         cases.append((8, 1024, 512))
     rows = []
-    cases = [c for c in cases if selected(args, c[1])]
+    cases = cases_of(args, cases, lambda c: c[1])
     for b, t, hidden in cases:
         rows.append(bench_case(b, t, hidden, args.device, max(2, args.repeats // 2)))
         r = rows[-1]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.speed.measure import median_ms, peak_mib, selected
+from benchmarks.speed.measure import median_ms, peak_mib, cases_of
 from glomo_pyg import (GlomoTransfer, GraphPredictor, PixelGraphPredictor,
                        PretrainedGraphPredictor)
 from glomo_pyg.nn.resnet import CifarResNet
@@ -84,7 +84,7 @@ def run(args):
         cases = [("text", 32, 128, 300), ("text", 32, 256, 300), ("text", 32, 512, 300),
                  ("image", 128, 1024, 3)]
     rows = []
-    cases = [c for c in cases if selected(args, c[2])]
+    cases = cases_of(args, cases, lambda c: c[2])
     for kind, b, t, d in cases:
         rows.append(bench_case(kind, b, t, d, args.device, max(2, args.repeats // 2)))
         r = rows[-1]

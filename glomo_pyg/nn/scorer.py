@@ -213,15 +213,17 @@ class GraphScorer(torch.nn.Module):
             thr = self.threshold[layer]  # s = (k - w) . q - c
             k, q = (torch.cat([k - thr.weight.view(-1), ones], -1),
                     torch.cat([q, (-thr.bias).expand_as(ones)], -1))
-        if self.position_coef is not None:
-            pk, pq = self._position_features(layer, t, k)
-            k, q = (torch.cat([k, pk.expand(b, self.heads, -1, -1)], -1),
-                    torch.cat([q, pq.expand(b, -1, -1, -1)], -1))
         # Under autocast the projections are half precision while the folded bias and
         # threshold are float32 parameters, so k and q can differ in dtype: score both in
-        # the wider one (the fused kernel needs one dtype, and it keeps thresholds exact).
+        # the wider one (the fused kernel needs one dtype, and it keeps thresholds exact),
+        # before the position features are appended in that dtype.
         dtype = torch.promote_types(k.dtype, q.dtype)
-        return k.to(dtype), q.to(dtype)
+        k, q = k.to(dtype), q.to(dtype)
+        if self.position_coef is None:
+            return k, q
+        pk, pq = self._position_features(layer, t, k)
+        return (torch.cat([k, pk.expand(b, self.heads, -1, -1)], -1),
+                torch.cat([q, pq.expand(b, -1, -1, -1)], -1))
 
     def dense(self, layer: int, key_states: Tensor, query_states: Tensor,
               sequences: SequenceBatch) -> Tensor:
