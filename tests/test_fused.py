@@ -212,6 +212,35 @@ def test_fused_emission_under_bfloat16_autocast(kw):
             assert ((a - b).abs() <= 0.05 + 0.05 * b.abs()).float().mean() > 0.95
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention's backward needs a GPU")
+@pytest.mark.parametrize("modality", ["text", "image"])
+def test_fused_bf16_training_steps_stay_finite_on_gpu(modality):
+    # what stopped the first GPU pretraining runs: keys and queries of two dtypes under
+    # bf16 autocast, then NaN gradients at zero scores (zeroed padding keys)
+    torch.manual_seed(0)
+    if modality == "text":
+        model = Glomo.text(num_tokens=30, hidden_channels=32, num_layers=2, heads=4,
+                           cnn_layers=1, num_positions=4, keep_alive=0.05)
+        x, batch = (t.cuda() for t in tokens())  # variable lengths: padded keys
+    else:
+        from glomo_pyg.pixels import image_units
+        model = Glomo.image(8, 8, hidden_channels=32, num_layers=2, heads=4, cnn_layers=1,
+                            num_positions=4, position="grid", keep_alive=0.05)
+        x, batch = (t.cuda() for t in image_units(
+            torch.randint(0, 256, (3, 3, 8, 8), dtype=torch.uint8)))
+    model = model.set_layout("fused").cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(3):
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x, batch).loss
+        loss.backward()
+        assert torch.isfinite(loss)
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters()
+                   if p.grad is not None)
+        opt.step()
+
+
 def test_narrow_heads_are_zero_padded_where_the_kernel_needs_width(monkeypatch):
     # CUDA's kernel needs head dims >= 16; padding keys, queries and values with zeros
     # must leave the result unchanged (exercised on CPU by raising the minimum here).
