@@ -73,11 +73,15 @@ def _relu2_score(score, b, h, q_idx, kv_idx):
                        -float("inf"))
 
 
-def _block_structure(lengths: Tensor, t: int, direction: str, include_self: bool
+def _block_structure(lengths: Tensor, t: int, direction: str, include_self: bool,
+                     window: Optional[int] = None, grid_width: Optional[int] = None
                      ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(kv_num_blocks, kv_indices, full_num_blocks, full_indices)`` of the order's mask
     at block granularity: a (query block, key block) pair is *partial* when some of its
-    pairs are allowed and *full* when all are (then no mask is evaluated in it)."""
+    pairs are allowed and *full* when all are (then no mask is evaluated in it). With a
+    ``window``, blocks farther apart are skipped; over an image grid the test is by rows
+    (conservative: a block kept as partial may still hold no pair, which the element
+    mask then drops)."""
     nb = -(-t // BLOCK)
     start = torch.arange(nb, device=lengths.device) * BLOCK
     end = start + BLOCK  # exclusive
@@ -93,6 +97,16 @@ def _block_structure(lengths: Tensor, t: int, direction: str, include_self: bool
     else:  # sources i > j (>= with include_self)
         some = (k_last >= q0) if include_self else (k_last > q0)
         every = (k0 >= q1 - 1) if include_self else (k0 > q1 - 1)
+    if window is not None:
+        unit = 1 if grid_width is None else grid_width  # distances in units, or in rows
+        qa, qb = q0 // unit, (q1 - 1) // unit
+        ka, kb = k0 // unit, (k1 - 1) // unit
+        nearest = torch.maximum(ka - qb, qa - kb).clamp(min=0)
+        farthest = torch.maximum(qb - ka, kb - qa)
+        some = some & (nearest <= window)
+        every = every & (farthest <= window)
+        if grid_width is not None and grid_width - 1 > window:  # columns may be cut too
+            every = torch.zeros_like(every)
     full = real & every & (q1 <= length) & (k1 <= length)
     partial = real & some & ~full
 
@@ -105,31 +119,51 @@ def _block_structure(lengths: Tensor, t: int, direction: str, include_self: bool
 
 
 def block_mask(lengths: Tensor, t: int, direction: str, include_self: bool,
-               order_only: bool = False):
+               order_only: bool = False, window: Optional[int] = None,
+               grid_width: Optional[int] = None):
     """FlexAttention ``BlockMask`` of the allowed (target, source) pairs of sequences of
     ``lengths`` padded to ``t`` units (``t`` a multiple of :data:`BLOCK`).
 
     ``order_only``: the element mask tests only the order, not the lengths (blocks past
     the lengths are still skipped). Exact for squared-ReLU graphs whose padded keys are
     zero: their scores are 0, which the squared ReLU drops; rows of padded targets are
-    discarded by the caller. Saves two loads and compares per score."""
+    discarded by the caller. Saves two loads and compares per score.
+
+    ``window``: keep only pairs at most this far apart (``LatentGraphs.within``): ``|i -
+    j|`` units, or with ``grid_width`` (raster order over images of that width) the
+    larger of the row and column offsets."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    if order_only and direction == "forward":
-        def mask_mod(b, h, q_idx, kv_idx):
+    def allowed(q_idx, kv_idx):
+        if direction == "forward":
             return (kv_idx <= q_idx) if include_self else (kv_idx < q_idx)
+        return (kv_idx >= q_idx) if include_self else (kv_idx > q_idx)
+
+    # the window as a captured tensor, like the lengths: a Python int here made Inductor's
+    # CPU code fail to compile once the kernel had been compiled for another mask
+    reach = None if window is None else torch.tensor(window, device=lengths.device)
+
+    def near(q_idx, kv_idx):
+        if grid_width is None:
+            return (q_idx - kv_idx).abs() <= reach
+        rows = (q_idx // grid_width - kv_idx // grid_width).abs()
+        return (rows <= reach) & ((q_idx % grid_width - kv_idx % grid_width).abs() <= reach)
+
+    if order_only and window is None:
+        def mask_mod(b, h, q_idx, kv_idx):
+            return allowed(q_idx, kv_idx)
     elif order_only:
         def mask_mod(b, h, q_idx, kv_idx):
-            return (kv_idx >= q_idx) if include_self else (kv_idx > q_idx)
-    elif direction == "forward":
+            return allowed(q_idx, kv_idx) & near(q_idx, kv_idx)
+    elif window is None:
         def mask_mod(b, h, q_idx, kv_idx):
-            order = (kv_idx <= q_idx) if include_self else (kv_idx < q_idx)
-            return order & (q_idx < lengths[b]) & (kv_idx < lengths[b])
+            return allowed(q_idx, kv_idx) & (q_idx < lengths[b]) & (kv_idx < lengths[b])
     else:
         def mask_mod(b, h, q_idx, kv_idx):
-            order = (kv_idx >= q_idx) if include_self else (kv_idx > q_idx)
-            return order & (q_idx < lengths[b]) & (kv_idx < lengths[b])
-    num, idx, full_num, full_idx = _block_structure(lengths, t, direction, include_self)
+            return (allowed(q_idx, kv_idx) & near(q_idx, kv_idx) & (q_idx < lengths[b])
+                    & (kv_idx < lengths[b]))
+    num, idx, full_num, full_idx = _block_structure(lengths, t, direction, include_self,
+                                                    window, grid_width)
     return BlockMask.from_kv_blocks(num, idx, full_num, full_idx, BLOCK_SIZE=BLOCK,
                                     mask_mod=mask_mod, seq_lengths=(t, t))
 

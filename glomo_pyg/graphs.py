@@ -12,7 +12,7 @@ from glomo_pyg import flex, sequences
 from glomo_pyg.analysis import export
 from glomo_pyg.kernels import (blocked_propagate, check_graph_size, dense_head_propagate,
                                head_blocked_edges, latent_graph_dense, latent_graph_edges)
-from glomo_pyg.ordering import DIRECTIONS, SequenceOrder, UnitOrder
+from glomo_pyg.ordering import DIRECTIONS, RasterOrder, SequenceOrder, UnitOrder
 from glomo_pyg.sequences import SequenceBatch
 
 # far beyond any model (the paper: 3 layers of 8 heads); per-head statistics allocate
@@ -119,7 +119,8 @@ class LatentGraphs:
         self.sequences = sequences
         self._order: Optional[UnitOrder] = None  # None: the 1-D SequenceOrder
         self._uniform_layers: Optional[int] = None  # uniform graphs: layers, edges lazy
-        self._window: Optional[int] = None  # uniform graphs: longest edge (within())
+        # longest edge kept (within()): uniform and fused graphs apply it lazily
+        self._window: Optional[int] = None
 
     def _with_order(self, order: Optional[UnitOrder]) -> "LatentGraphs":
         """Attach the allowed-sources rule these graphs were emitted under (e.g. a
@@ -272,7 +273,7 @@ class LatentGraphs:
         src, tgt = rule.pairs(seqs.ptr)
         count = self._uniform_counts()
         if self._window is not None:
-            near = (tgt - src).abs() <= self._window
+            near = self._near(tgt, src, self._window)
             src, tgt = src[near], tgt[near]
         weight = (1.0 / count.clamp(min=1).double()).float()[tgt]
         edges = torch.stack([src, tgt]).repeat(1, h)
@@ -287,13 +288,22 @@ class LatentGraphs:
         if self._window is None:
             return count
         extra = int(self.include_self)  # the unit itself is at distance 0
-        return (count - extra).clamp(max=self._window) + extra
+        if not isinstance(self._order, RasterOrder):
+            return (count - extra).clamp(max=self._window) + extra
+        o, d = self._order, self._window  # the window's rows before, and its row's left part
+        pos = seqs.position if self.direction == "forward" else o.num_units - 1 - seqs.position
+        r, c = torch.div(pos, o.width, rounding_mode="floor"), pos % o.width
+        cols = (c + d).clamp(max=o.width - 1) + 1 - (c - d).clamp(min=0)
+        return r.clamp(max=d) * cols + c.clamp(max=d) + extra
 
     def _propagate_uniform(self, x: Tensor) -> Tensor:
         """Propagation along uniform graphs in O(N): the mean over each target's allowed
         sources, from per-sequence prefix sums (float64, so long sequences stay exact)."""
         seqs = self.sequences
         xs = x.unsqueeze(0) if x.dim() == 2 else x  # [H or 1, N, C]
+        if self._window is not None and isinstance(self._order, RasterOrder):
+            out = self._propagate_uniform_grid(xs).to(x.dtype)
+            return out.expand(self.num_heads, -1, -1) if out.size(0) == 1 else out
         csum = torch.nn.functional.pad(xs.double().cumsum(1), (0, 0, 1, 0))  # [., N + 1, C]
         node = torch.arange(seqs.num_nodes, device=x.device)
         start = seqs.ptr[seqs.batch]
@@ -312,6 +322,34 @@ class LatentGraphs:
         out = total / count.clamp_min(1).view(1, -1, 1).double()
         out = out.to(x.dtype)
         return out.expand(self.num_heads, -1, -1) if out.size(0) == 1 else out
+
+    def _propagate_uniform_grid(self, xs: Tensor) -> Tensor:
+        """Uniform propagation over a square window of whole images in raster order, in
+        O(N): box sums of a per-image integral image (float64). A forward target's
+        windowed sources are the window's rows above it and its own row's pixels to the
+        left; backward graphs are the forward graphs of the image rotated by 180 degrees,
+        i.e. of the reversed raster sequence."""
+        o, d, extra = self._order, self._window, int(self.include_self)
+        b, hh, ww = self.num_sequences, o.height, o.width
+        grid = xs.double().reshape(xs.size(0), b, hh, ww, xs.size(-1))
+        if self.direction == "backward":
+            grid = grid.flip(2, 3)
+        integral = torch.nn.functional.pad(grid.cumsum(2).cumsum(3), (0, 0, 1, 0, 1, 0))
+        r = torch.arange(hh, device=xs.device).view(-1, 1)
+        c = torch.arange(ww, device=xs.device).view(1, -1)
+        c0, c1 = (c - d).clamp(min=0), (c + d).clamp(max=ww - 1) + 1  # [c0, c1)
+        r0 = (r - d).clamp(min=0)
+
+        def box(top, bottom, left, right):  # sum over rows [top, bottom), columns [left, right)
+            return (integral[:, :, bottom, right] - integral[:, :, top, right]
+                    - integral[:, :, bottom, left] + integral[:, :, top, left])
+
+        total = box(r0, r, c0, c1) + box(r, r + 1, c0, c + extra)
+        count = (r - r0) * (c1 - c0) + (c + extra - c0)
+        out = total / count.clamp(min=1).unsqueeze(-1).double()
+        if self.direction == "backward":
+            out = out.flip(2, 3)
+        return out.reshape(xs.size(0), b * hh * ww, xs.size(-1))
 
     # --- storage ------------------------------------------------------------------
     @property
@@ -347,6 +385,8 @@ class LatentGraphs:
                                               include_self=self.include_self,
                                               normalization=self._normalization, check=False)
                            for k, q in self._fused]
+            if self._window is not None:
+                self._edges = [self._cut_edges(e, self._window) for e in self._edges]
         if self._edges is None and self._uniform_layers is not None:
             self._check_size("sparse", "Uniform graphs propagate in O(N); only their edges "
                                        "(export, analysis) are this large. ")
@@ -382,9 +422,10 @@ class LatentGraphs:
         if self._fused is not None:
             self._check_size("dense")
             k, q = self._fused[l]
-            return latent_graph_dense(k, q, self.lengths, direction=self.direction,
-                                      include_self=self.include_self,
-                                      normalization=self._normalization, check=False)
+            block = latent_graph_dense(k, q, self.lengths, direction=self.direction,
+                                       include_self=self.include_self,
+                                       normalization=self._normalization, check=False)
+            return block if self._window is None else self._cut_block(block, self._window)
         return self.to_dense(layer=l)
 
     def to_sparse(self) -> "LatentGraphs":
@@ -455,13 +496,19 @@ class LatentGraphs:
         if "mask" not in self._flex_cache:  # one block mask serves every layer and call
             self._flex_cache["mask"] = flex.block_mask(
                 seqs.lengths, padded_len, self.direction, self.include_self,
-                order_only=self._normalization == "relu2")
+                order_only=self._normalization == "relu2", **self._flex_window())
         out = flex.fused_propagate(k, q, padded, seqs.lengths, direction=self.direction,
                                    include_self=self.include_self,
                                    normalization=self._normalization,
                                    mask=self._flex_cache["mask"],
                                    full_length=False, check=False)  # [B, H, T, C]
         return seqs.to_flat(out.permute(0, 2, 1, 3)).transpose(0, 1)  # [H, N, C]
+
+    def _flex_window(self) -> Dict[str, Optional[int]]:
+        """The window (within()) as :func:`glomo_pyg.flex.block_mask` takes it."""
+        grid = isinstance(self._order, RasterOrder)
+        return dict(window=self._window,
+                    grid_width=self._order.width if grid and self._window is not None else None)
 
     def _propagate_fused_full(self, xs: Tensor, layer: int, padded_len: int) -> Tensor:
         """Every sequence fills ``T`` (e.g. whole images): allowed pairs then depend on
@@ -475,7 +522,8 @@ class LatentGraphs:
         full = torch.full((1,), t, dtype=torch.long, device=xs.device)
         if "order_mask" not in self._flex_cache:
             self._flex_cache["order_mask"] = flex.block_mask(
-                full, padded_len, self.direction, self.include_self, order_only=True)
+                full, padded_len, self.direction, self.include_self, order_only=True,
+                **self._flex_window())
         values = xs.reshape(xs.size(0), b, t, xs.size(-1)).transpose(0, 1)  # [B, H|1, T, C]
         out = flex.fused_propagate(k, q, values, full.expand(b), direction=self.direction,
                                    include_self=self.include_self,
@@ -581,76 +629,89 @@ class LatentGraphs:
         return torch.stack(out)
 
     def within(self, max_distance: int) -> "LatentGraphs":
-        r"""The graphs with every edge longer than ``max_distance`` units removed and
-        each target's remaining weights rescaled to the total its weights had before:
-        to sum 1 again in emitted graphs (a target whose edges were all longer keeps
-        none; graphs with no longer edge come back unchanged).
+        r"""The graphs with every edge longer than ``max_distance`` removed and each
+        target's remaining weights rescaled to the total its weights had before: to
+        sum 1 again in emitted graphs (a target whose edges were all longer keeps none;
+        graphs with no longer edge come back unchanged).
+
+        Length is :meth:`UnitOrder.window_distance <glomo_pyg.ordering.UnitOrder.window_distance>`:
+        ``|i - j|`` units along a sequence; for pixel graphs in raster order the larger
+        of the row and column offsets, so that ``max_distance = d`` keeps exactly the
+        pairs a ``(d + 1) x (d + 1)`` crop holds.
 
         Because paper Eq. 1 normalises each target's column over its allowed sources,
         for emitted graphs this is the graph scored with the pairs farther than
         ``max_distance`` masked out before normalising (squared ReLU or softmax
         alike), up to rounding: a weight that already underflowed to zero beside much
         heavier far-away sources stays absent. Use it when a predictor with a learned
-        distance term (``position='relative'``, an extension of the paper) is applied
-        to sequences longer than it was pretrained on: its scores at distances it never
-        saw are extrapolations, and can put real weight on far-away units. Give the
-        pretraining window minus 1 (e.g. 63 for 64-token sequences;
-        :attr:`PretrainedGraphPredictor.trained_length` records the window).
+        distance term (``position='relative'`` or ``'grid'``, extensions of the paper)
+        is applied to longer sequences or larger images than it was pretrained on: its
+        scores at distances it never saw are extrapolations, and can put real weight on
+        far-away units. Give the pretraining window minus 1 (e.g. 63 for 64-token
+        sequences, 15 for 16 x 16 crops; :attr:`PretrainedGraphPredictor.trained_length`
+        and ``trained_size`` record the window).
 
-        Distances count positions in the sequence, so pixel graphs in raster order
-        are refused. Uniform graphs stay uniform (over each target's windowed sources,
-        propagated in O(N)); dense graphs become masked blocks; sparse graphs keep
-        their filtered edges; fused graphs are converted to edges first (``O(T^2)`` per
-        sequence: the size limit applies). Graphs whose sequences hold no pair farther
-        apart come back as they are. Differentiable w.r.t. the edge weights.
-        :meth:`density` and the other statistics still count every pair the direction
-        allows."""
+        Uniform graphs stay uniform over each target's windowed sources and propagate in
+        O(N) (prefix sums along sequences, box sums over images); fused graphs stay
+        fused, with the window in FlexAttention's block mask (so far-apart blocks are
+        skipped); dense graphs become masked blocks; sparse graphs keep their filtered
+        edges. Graphs whose sequences hold no pair farther apart come back as they are.
+        Differentiable w.r.t. the edge weights. :meth:`density` and the other
+        statistics still count every pair the direction allows."""
         max_distance = check_max_distance(max_distance)
-        if self._order is not None and type(self._order) is not SequenceOrder:
-            raise ValueError(f"within() counts distance along a sequence; these graphs follow "
-                             f"{self._order!r}, where positions are not distances")
-        s = self.sequences
-        if max_distance >= s.max_len - 1:  # no pair of units is farther apart
+        s, order = self.sequences, self.order
+        longest = order.longest_window_distance() if isinstance(order, RasterOrder) \
+            else s.max_len - 1
+        if max_distance >= longest:  # no pair of units is farther apart
             return self
-        if self._uniform_layers is not None:  # (edges, if built, are rebuilt lazily)
+        if self._uniform_layers is not None or self._fused is not None:
             out = LatentGraphs.__new__(LatentGraphs)
             out._init([], [], [], self.num_heads, self.direction, s, self.include_self,
-                      sorted_edges=True)
-            out._edges, out._uniform_layers = None, self._uniform_layers
+                      sorted_edges=True, fused=self._fused, normalization=self._normalization)
+            if self._uniform_layers is not None:  # (edges, if built, are rebuilt lazily)
+                out._edges, out._uniform_layers = None, self._uniform_layers
             out._window = max_distance if self._window is None else min(self._window,
                                                                          max_distance)
             return out._with_order(self._order)
         if self._dense is not None:
-            t = s.max_len
-            pos = torch.arange(t, device=self.device)
-            band = (pos.view(-1, 1) - pos.view(1, -1)).abs() <= max_distance  # [i, j]
-            blocks = []
-            for block in self._dense:
-                kept = block * band.to(block.dtype)
-                total = kept.sum(-2, keepdim=True)  # per target j: over its sources i
-                # kept / total <= 1 first: a tiny total cannot overflow the rescaling
-                blocks.append(kept / total.masked_fill(total == 0, 1) *
-                              block.sum(-2, keepdim=True))
-            return LatentGraphs._trusted_dense(blocks, direction=self.direction, sequences=s,
-                                               include_self=self.include_self)
-        if self._fused is not None:
-            self._check_size("sparse", "within() cuts fused graphs through their edges. ")
-        layers = []
-        for (src, tgt), w, h in self._sparse_edges():
-            keep = (tgt - src).abs() <= max_distance
-            column = h.to(torch.int64) * s.num_nodes + tgt
-            before = w.new_zeros(self.num_heads * s.num_nodes).index_add(0, column, w)
-            src, tgt, w, h, column = src[keep], tgt[keep], w[keep], h[keep], column[keep]
-            total = w.new_zeros(self.num_heads * s.num_nodes).index_add(0, column, w)
-            # w / total <= 1 first, then the old total: no overflow for tiny totals (a
-            # column of zero weights, possible only in user-given graphs, stays zero)
-            w = w / total.masked_fill(total == 0, 1)[column] * before[column]
-            layers.append((torch.stack([src, tgt]), w, h))
-        out = LatentGraphs._trusted(*map(list, zip(*layers)), num_heads=self.num_heads,
-                                    direction=self.direction, sequences=s,
-                                    include_self=self.include_self)
+            return LatentGraphs._trusted_dense(
+                [self._cut_block(block, max_distance) for block in self._dense],
+                direction=self.direction, sequences=s, include_self=self.include_self
+            )._with_order(self._order)
+        out = LatentGraphs._trusted(*map(list, zip(*(self._cut_edges(e, max_distance)
+                                                     for e in self._sparse_edges()))),
+                                    num_heads=self.num_heads, direction=self.direction,
+                                    sequences=s, include_self=self.include_self)
         out._sorted = self._sorted  # filtering keeps the (head, target, source) order
-        return out
+        return out._with_order(self._order)
+
+    def _near(self, target: Tensor, source: Tensor, max_distance: int) -> Tensor:
+        """Which (flat) target, source pairs lie within the window."""
+        position = self.sequences.position
+        return self.order.window_distance(position[target], position[source]) <= max_distance
+
+    def _cut_edges(self, edges: LayerEdges, max_distance: int) -> LayerEdges:
+        """One layer's edges within the window, each target's total weight kept."""
+        (src, tgt), w, h = edges
+        n = self.num_nodes
+        keep = self._near(tgt, src, max_distance)
+        column = h.to(torch.int64) * n + tgt
+        before = w.new_zeros(self.num_heads * n).index_add(0, column, w)
+        src, tgt, w, h, column = src[keep], tgt[keep], w[keep], h[keep], column[keep]
+        total = w.new_zeros(self.num_heads * n).index_add(0, column, w)
+        # w / total <= 1 first, then the old total: no overflow for tiny totals (a
+        # column of zero weights, possible only in user-given graphs, stays zero)
+        w = w / total.masked_fill(total == 0, 1)[column] * before[column]
+        return torch.stack([src, tgt]), w, h
+
+    def _cut_block(self, block: Tensor, max_distance: int) -> Tensor:
+        """One layer's ``[B, H, T, T]`` block within the window, totals kept."""
+        pos = torch.arange(block.size(-1), device=block.device)
+        near = self.order.window_distance(pos.view(1, -1), pos.view(-1, 1)) <= max_distance
+        kept = block * near.to(block.dtype)  # [i, j]: source i, target j
+        total = kept.sum(-2, keepdim=True)  # per target j: over its sources i
+        # kept / total <= 1 first: a tiny total cannot overflow the rescaling
+        return kept / total.masked_fill(total == 0, 1) * block.sum(-2, keepdim=True)
 
     # --- conversion ---------------------------------------------------------------
     def _map(self, fn) -> "LatentGraphs":
@@ -669,11 +730,12 @@ class LatentGraphs:
                                                include_self=self.include_self
                                                )._with_order(self._order)
         if self._fused is not None:
-            return LatentGraphs._trusted_fused([(fn(k), fn(q)) for k, q in self._fused],
-                                               direction=self.direction, sequences=seqs,
-                                               include_self=self.include_self,
-                                               normalization=self._normalization
-                                               )._with_order(self._order)
+            out = LatentGraphs._trusted_fused([(fn(k), fn(q)) for k, q in self._fused],
+                                              direction=self.direction, sequences=seqs,
+                                              include_self=self.include_self,
+                                              normalization=self._normalization)
+            out._window = self._window
+            return out._with_order(self._order)
         out = LatentGraphs._trusted([fn(t) for t in self.edge_index],
                                     [fn(t) for t in self.edge_weight],
                                     [fn(t) for t in self.edge_head], num_heads=self.num_heads,

@@ -42,6 +42,12 @@ class UnitOrder(ABC):
     def distance(self, target: Tensor, source: Tensor) -> Tensor:
         """Non-negative distance between units, broadcast like :meth:`allowed`."""
 
+    def window_distance(self, target: Tensor, source: Tensor) -> Tensor:
+        """The integer distance a window cuts by (:meth:`LatentGraphs.within`), broadcast
+        like :meth:`allowed`: a window of ``d`` keeps the pairs that a stretch of
+        ``d + 1`` consecutive units can hold."""
+        return (target - source).abs()
+
     def block_mask(self, j0: int, j1: int, i0: int, i1: int, lengths: Tensor) -> Tensor:
         """``[B, j1 - j0, i1 - i0]`` allowed (target ``j``, source ``i``) pairs of a block
         of targets ``j0..j1-1`` and sources ``i0..i1-1``, false at padding."""
@@ -149,11 +155,26 @@ class RasterOrder(SequenceOrder):
     def num_units(self) -> int:
         return self.height * self.width
 
-    def distance(self, target: Tensor, source: Tensor) -> Tensor:
+    def offsets(self, target: Tensor, source: Tensor) -> Tuple[Tensor, Tensor]:
+        """Signed (row, column) offsets ``target - source``."""
         dy = torch.div(target, self.width, rounding_mode="floor") - \
             torch.div(source, self.width, rounding_mode="floor")
-        dx = target % self.width - source % self.width
+        return dy, target % self.width - source % self.width
+
+    def distance(self, target: Tensor, source: Tensor) -> Tensor:
+        dy, dx = self.offsets(target, source)
         return (dx * dx + dy * dy).double().sqrt()
+
+    def window_distance(self, target: Tensor, source: Tensor) -> Tensor:
+        """The larger of the row and column offsets: a window of ``d`` keeps exactly
+        the pairs that a ``(d + 1) x (d + 1)`` crop can hold (e.g. ``d = 15`` for a
+        predictor pretrained on 16 x 16 crops)."""
+        dy, dx = self.offsets(target, source)
+        return torch.maximum(dy.abs(), dx.abs())
+
+    def longest_window_distance(self) -> int:
+        """The largest :meth:`window_distance` between two pixels of the grid."""
+        return max(self.height, self.width) - 1
 
     def __eq__(self, other) -> bool:
         return super().__eq__(other) and (self.height, self.width) == (other.height, other.width)

@@ -80,6 +80,26 @@ def test_cifar10_reproduction_runs_end_to_end_and_resumes(tmp_path):
     split_path.write_text("[]")
     with pytest.raises(SystemExit, match="split.json .image split. is damaged"):
         cifar10.main(argv)
+    split_path.write_text(good)
+    # the window variants: the recorded crop (8) sets the window unless given
+    cifar10.main(argv + ["--variants", "glomo-window", "uniform-window"])
+    runs = json.load(open(out / "downstream.json"))["runs"]
+    assert runs["resnet18/glomo-window/seed0"]["max_distance"] == 7
+    assert runs["resnet18/uniform-window/seed0"]["max_distance"] == 7
+    text = results.read_text()
+    assert "cut to the pretraining window (offsets <= 7)" in text
+    assert "glomo-window − glomo:" in text and "glomo-window − uniform-window:" in text
+    # one window per cache: runs of another are refused, not paired
+    with pytest.raises(SystemExit, match="window runs with max_distance 7, not 3: give "
+                                         "--max-distance 7 or another --output-dir"):
+        cifar10.main(argv + ["--variants", "glomo-window", "--max-distance", "3"])
+    mtime = os.path.getmtime(out / "downstream.json")
+    cifar10.main(argv + ["--variants", "glomo-window", "--max-distance", "7"])  # cached
+    assert os.path.getmtime(out / "downstream.json") == mtime
+    with pytest.raises(SystemExit, match="--max-distance applies to the .-window variants"):
+        cifar10.main(argv + ["--max-distance", "3"])
+    with pytest.raises(SystemExit, match="--max-distance must be >= 1"):
+        cifar10.main(argv + ["--variants", "glomo-window", "--max-distance", "0"])
 
 
 def test_image_training_resumes_from_its_epoch_checkpoint_exactly(tmp_path):

@@ -118,18 +118,12 @@ def test_within_keeps_each_targets_total_weight_in_user_given_graphs(layout):
     torch.testing.assert_close(g.within(2).to_dense(0), want)
 
 
-def test_within_refuses_bad_windows_and_raster_orders():
+def test_within_refuses_bad_windows():
     g = LatentGraphs.uniform(ptr_of(LENGTHS), num_layers=1, num_heads=1, direction="forward")
     for bad in (0, -1, True, 2.5, "3", None):
         with pytest.raises(ValueError, match=f"max_distance must be an integer >= 1 .units., "
                                              f"got {re.escape(repr(bad))}$"):
             g.within(bad)
-    d = torch.zeros(1, 1, 1, 6, 6)
-    d[0, 0, 0, 3, 4] = 1.0
-    image = LatentGraphs.from_dense(d, direction="forward", ptr=torch.tensor([0, 6]))
-    image = image._with_order(RasterOrder("forward", 2, 3))
-    with pytest.raises(ValueError, match="counts distance along a sequence"):
-        image.within(1)
 
 
 def make_predictor(trained_length=None):
@@ -309,17 +303,210 @@ def test_uniform_graphs_stay_lazy_and_propagate_the_window_mean(direction, inclu
     assert g.within(5).propagate(x, 0).equal(g.propagate(x, 0))  # the narrower window wins
 
 
-def test_transfer_refuses_max_distance_for_pixel_predictors_and_takes_numpy_integers():
+def test_transfer_takes_numpy_integers_for_max_distance():
     import numpy as np
 
-    from glomo_pyg import PixelGraphPredictor
-
-    pixel = PretrainedGraphPredictor(PixelGraphPredictor(in_channels=3, height=4, width=4,
-                                                         hidden_channels=8, num_layers=1,
-                                                         heads=2, cnn_layers=1))
-    with pytest.raises(ValueError, match="counts units along a sequence"):
-        GlomoTransfer(pixel, in_channels=3, max_distance=3)
     assert GlomoTransfer(make_predictor(), in_channels=6,
                          max_distance=np.int64(4)).max_distance == 4
     g = LatentGraphs.uniform(ptr_of(LENGTHS), num_layers=1, num_heads=1, direction="forward")
     assert g.within(np.int32(2))._window == 2
+
+
+# --- pixel graphs: the window counts the larger of the row and column offsets ------------
+IMAGE = (4, 5)  # height, width: T = 20
+
+
+def chebyshev_band(height, width, max_distance):
+    """``[1, 1, T, T]``: both the row and the column offset of (i, j) at most the window,
+    written from the grid coordinates (not from the library's orders)."""
+    rows = torch.arange(height).repeat_interleave(width)
+    cols = torch.arange(width).repeat(height)
+    near = ((rows.view(-1, 1) - rows.view(1, -1)).abs() <= max_distance) & \
+        ((cols.view(-1, 1) - cols.view(1, -1)).abs() <= max_distance)
+    return near.view(1, 1, height * width, height * width)
+
+
+@EVERY_RULE
+@pytest.mark.parametrize("layout", ["sparse", "dense"])
+@pytest.mark.parametrize("max_distance", [1, 2, 3])
+def test_pixel_graphs_within_equal_masking_the_far_offsets_before_normalising(
+        direction, include_self, layout, max_distance):
+    torch.manual_seed(2)
+    h, w = IMAGE
+    t, images = h * w, 3
+    scores = torch.randn(images, HEADS, t, t, dtype=torch.float64, requires_grad=True)
+    allowed = allowed_pairs([t] * images, t, direction, include_self)  # raster = 1-D order
+    want = dense_graph(scores, allowed & chebyshev_band(h, w, max_distance))
+    graphs = LatentGraphs.from_dense([dense_graph(scores, allowed)], direction=direction,
+                                     ptr=ptr_of([t] * images), include_self=include_self)
+    graphs = graphs._with_order(RasterOrder(direction, h, w, include_self))
+    if layout == "sparse":
+        graphs = graphs.to_sparse()
+    got = graphs.within(max_distance)
+    assert got.layout == layout and got.order == graphs.order
+    torch.testing.assert_close(got.to_dense(0), want)
+    x = torch.randn(images * t, 4, dtype=torch.float64)
+    torch.testing.assert_close(got.propagate(x, 0),
+                               torch.einsum("bhij,bic->hbjc", want, x.view(images, t, 4)
+                                            ).reshape(HEADS, images * t, 4))
+    weights = torch.randn_like(want)
+    (g_got,) = torch.autograd.grad((got.to_dense(0) * weights).sum(), scores)
+    (g_want,) = torch.autograd.grad((want * weights).sum(), scores)
+    torch.testing.assert_close(g_got, g_want)
+    # a window as wide as the image changes nothing (the raster distance would have cut)
+    assert graphs.within(max(h, w) - 1) is graphs
+
+
+@EVERY_RULE
+def test_uniform_pixel_graphs_within_a_window_propagate_the_window_mean(direction,
+                                                                        include_self):
+    h, w = IMAGE
+    t, images = h * w, 2
+    order = RasterOrder(direction, h, w, include_self)
+    g = LatentGraphs.uniform(ptr_of([t] * images), num_layers=2, num_heads=HEADS,
+                             direction=direction, include_self=include_self, order=order)
+    g = g.within(2)
+    assert g._edges is None  # box sums: no O(T^2) edges were built
+    x = torch.randn(images * t, 3, dtype=torch.float64)
+    want = torch.zeros_like(x)  # by hand: the mean over the sources in the 5 x 5 window
+    for b in range(images):
+        for p in range(t):
+            r, c = divmod(p, w)
+            sources = [q for q in range(t) if (q < p or (include_self and q == p)
+                                               if direction == "forward" else
+                                               q > p or (include_self and q == p))
+                       and abs(q // w - r) <= 2 and abs(q % w - c) <= 2]
+            if sources:
+                want[b * t + p] = x[[b * t + q for q in sources]].mean(0)
+    for l in range(2):
+        torch.testing.assert_close(g.propagate(x, l), want.expand(HEADS, -1, -1))
+    counted = g.num_edges  # lazily, in closed form
+    assert counted == [g.layer(0)[1].numel()] * 2
+    torch.testing.assert_close(g.to_sparse().propagate(x, 0), g.propagate(x, 0))
+
+
+@pytest.mark.skipif(not flex.available(), reason="needs FlexAttention")
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_fused_graphs_within_a_window_match_the_cut_edges(direction):
+    # the window goes into FlexAttention's block mask; 32 x 32 images and 400-token
+    # sequences span several 128-unit blocks, so far-apart blocks are skipped
+    from glomo_pyg import PixelGraphPredictor
+    from glomo_pyg.pixels import image_units
+
+    torch.manual_seed(3)
+    pixel = PixelGraphPredictor(in_channels=3, height=32, width=32, hidden_channels=8,
+                                num_layers=1, heads=2, cnn_layers=1, direction=direction,
+                                position="grid").eval()
+    text = GraphPredictor(num_tokens=30, hidden_channels=16, num_layers=1, heads=2,
+                          cnn_layers=1, direction=direction, position="relative").eval()
+    with torch.no_grad():
+        for p in (pixel, text):
+            p.scorer.position_coef.normal_()
+        x, batch = image_units(torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8))
+        lengths = [400, 130, 300]
+        tokens = torch.randint(0, 30, (sum(lengths),))
+        cases = [(pixel(x, batch, layout="fused"), pixel(x, batch, layout="sparse"), (3, 15)),
+                 (text(tokens, batch_vector(lengths), layout="fused"),
+                  text(tokens, batch_vector(lengths), layout="sparse"), (10, 150))]
+        for fused, sparse, windows in cases:
+            assert fused.layout == "fused"
+            v = torch.randn(fused.num_nodes, 5)
+            for d in windows:
+                got = fused.within(d)
+                assert got.layout == "fused" and got.order == fused.order
+                want = sparse.within(d).propagate(v, 0)
+                torch.testing.assert_close(got.propagate(v, 0), want, atol=1e-5, rtol=1e-4)
+                assert not torch.allclose(want, sparse.propagate(v, 0), atol=1e-3)
+                assert got.to(torch.device("cpu"))._window == d  # moved graphs keep it
+        torch.testing.assert_close(fused.within(10).to_dense(0), sparse.within(10).to_dense(0),
+                                   atol=1e-5, rtol=1e-4)
+
+
+def pixel_predictor(trained_size=None, learned=True):
+    from glomo_pyg import PixelGraphPredictor
+
+    parts = [PixelGraphPredictor(in_channels=3, height=8, width=8, hidden_channels=8,
+                                 num_layers=1, heads=2, cnn_layers=1, direction=d,
+                                 position="grid") for d in ("forward", "backward")]
+    if learned:
+        with torch.no_grad():
+            for part in parts:
+                part.scorer.position_coef.normal_()
+    return PretrainedGraphPredictor(*parts, trained_size=trained_size)
+
+
+def test_transfer_cuts_pixel_graphs_and_warns_once_for_images_larger_than_the_crops():
+    from glomo_pyg.pixels import image_units
+
+    torch.manual_seed(4)
+    x, batch = image_units(torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8))
+    p = pixel_predictor(trained_size=(4, 4))
+    cut = GlomoTransfer(p, in_channels=3, max_distance=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # within the window: silent
+        graphs = cut.graphs(x, batch)
+        uniform = GlomoTransfer(p, in_channels=3, graph="uniform", max_distance=3).graphs(
+            num_nodes=x.size(0), batch=batch)
+    full = p(x, batch)
+    v = torch.randn(x.size(0), 3)
+    for got, ref in ((graphs.forward, full.forward), (graphs.backward, full.backward)):
+        torch.testing.assert_close(got.propagate(v, 0), ref.within(3).propagate(v, 0))
+    assert uniform.forward.order == full.forward.order and uniform.forward._window == 3
+    loose = GlomoTransfer(p, in_channels=3)
+    with pytest.warns(RuntimeWarning, match=r"8x8 images, but .* pretrained on 4x4 images: "
+                                            r"its scores for row or column offsets of 4 or "
+                                            r"more are extrapolations. Pass max_distance=3"):
+        loose.graphs(x, batch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loose.graphs(x, batch)  # once
+        for quiet in (pixel_predictor(), pixel_predictor((8, 8)),
+                      pixel_predictor((4, 4), learned=False)):  # unknown, same size, untrained
+            GlomoTransfer(quiet, in_channels=3).graphs(x, batch)
+    with pytest.warns(RuntimeWarning, match="Pass max_distance=3"):  # a window too wide
+        GlomoTransfer(p, in_channels=3, max_distance=5).graphs(x, batch)
+
+
+def test_trained_size_is_checked_and_travels_with_resized_predictors(tmp_path):
+    p = pixel_predictor(trained_size=[4, 4])
+    assert p.trained_size == (4, 4) and "trained_size=(4, 4)" in repr(p)
+    assert p.resized(16, 16).trained_size == (4, 4)
+    p.save_pretrained(tmp_path / "p")
+    assert PretrainedGraphPredictor.from_pretrained(tmp_path / "p").trained_size == (4, 4)
+    for bad in ((4,), (4, 0), (4.0, 4), (True, 4), "44", 4):
+        with pytest.raises(ValueError, match="trained_size must be None or .height, width."):
+            pixel_predictor(trained_size=bad)
+
+
+def test_position_extrapolation_benchmark_measures_pixel_predictors(tmp_path):
+    import pickle
+
+    import numpy as np
+
+    from benchmarks import position_extrapolation
+
+    rng = np.random.default_rng(0)
+    (tmp_path / "cifar-10-batches-py").mkdir()
+    with open(tmp_path / "cifar-10-batches-py" / "test_batch", "wb") as fh:
+        pickle.dump({b"data": rng.integers(0, 256, (6, 3072), dtype=np.uint8),
+                     b"labels": [0, 1, 2, 3, 4, 5]}, fh)
+    torch.manual_seed(6)
+    pixel_predictor(trained_size=(8, 8)).save_pretrained(tmp_path / "p")  # 8 x 8 crops
+    results = tmp_path / "out.md"
+    args = ["--predictor", str(tmp_path / "p"), "--data-dir", str(tmp_path), "--images", "3",
+            "--results", str(results)]
+    position_extrapolation.main(args)
+    text = results.read_text()
+    assert "8x8 crops, whole 32x32 CIFAR-10 images" in text
+    assert text.count("| forward | 0 | 1 | rows |") == 1
+    share = [line for line in text.splitlines() if line.startswith("| backward | 0 | 1 |")
+             and "rows" not in line and "columns" not in line][0]
+    cells = [float(c.strip("* ")) for c in share.strip("|").split("|")[3:]]
+    # crops, whole, whole beyond, uniform, uniform beyond, windowed: shares in [0, 1]
+    assert len(cells) == 6 and all(0.0 <= c <= 1.0 for c in cells)
+    assert cells[2] > 0 and cells[4] > 0.5  # weight beyond the crops; uniform's is most
+    pixel_predictor().save_pretrained(tmp_path / "old")
+    for extra, message in [(["--predictor", str(tmp_path / "old")], "pass --window .the crop"),
+                           (["--window", "32"], "need 2 <= --window < 32")]:
+        with pytest.raises(SystemExit, match=message):
+            position_extrapolation.main(args + extra)

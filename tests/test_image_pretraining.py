@@ -84,6 +84,7 @@ def test_pretraining_on_crops_saves_a_full_size_predictor(tmp_path):
     predictor = PretrainedGraphPredictor.from_pretrained(str(tmp_path / "crops" / "predictor"))
     emitter = predictor.predictor("forward")
     assert (emitter.height, emitter.width) == (32, 32)
+    assert predictor.trained_size == (8, 8)  # the crops: the offsets its grid term saw
     graphs = predictor(*image_units(torch.zeros(1, 3, 32, 32, dtype=torch.uint8)))
     assert graphs.forward.num_nodes == 1024
     too_big = config(tmp_path, "big", max_steps=1)

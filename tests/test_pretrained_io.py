@@ -488,7 +488,12 @@ def test_weights_entry_and_vocabulary_are_checked(tmp_path):
             (lambda c: c.update(trained_length=1), "trained_length must be an integer >= 2"),
             (lambda c: c.update(trained_length=True), "trained_length must be an integer"),
             (lambda c: c.update(trained_length="64"), "trained_length must be an integer"),
-            (lambda c: c.update(trained_length=64.5), "trained_length must be an integer")]:
+            (lambda c: c.update(trained_length=64.5), "trained_length must be an integer"),
+            (lambda c: c.update(trained_size=[16]), "trained_size must be .height, width."),
+            (lambda c: c.update(trained_size=[16, 0]), "trained_size must be"),
+            (lambda c: c.update(trained_size=[16, True]), "trained_size must be"),
+            (lambda c: c.update(trained_size="16x16"), "trained_size must be"),
+            (lambda c: c.update(trained_size=[16, 1 << 40]), "trained_size must be")]:
         save_pretrained(make(), tmp_path)
         edit_config(tmp_path, change)
         fails_fast(tmp_path, match)
@@ -547,6 +552,8 @@ def test_trained_length_travels_with_the_predictor(tmp_path):
     # files written before it was recorded load with an unknown length
     edit_config(tmp_path / "p", lambda c: c.pop("trained_length"))
     assert load_pretrained(tmp_path / "p").trained_length is None
+    edit_config(tmp_path / "p", lambda c: c.pop("trained_size"))  # (the same for images)
+    assert load_pretrained(tmp_path / "p").trained_size is None
     for bad in (1, 0, True, 3.0, "64"):
         with pytest.raises(ValueError, match="trained_length must be None or an integer >= 2"):
             PretrainedGraphPredictor(*parts, VOCAB, trained_length=bad)

@@ -23,7 +23,11 @@ spread over several short GPU allocations) continues where it stopped:
    :class:`~glomo_pyg.GlomoResNet` with ``graph='none'`` (baseline), ``'learned'`` (GLoMo)
    and ``'uniform'``, the identical recipe (:mod:`glomo_pyg.training.image_classification`),
    the same seeds; the epoch with the best validation accuracy is evaluated once on the
-   10,000 test images (reduced: a fixed subset). Per-epoch checkpoints in ``runs/``; the
+   10,000 test images (reduced: a fixed subset). ``--variants ... glomo-window
+   uniform-window`` adds the same two graph variants cut to the predictor's pretraining
+   window (``GlomoTransfer(max_distance=...)``: row and column offsets of at most
+   ``--max-distance``, by default the recorded crop side minus 1), for predictors
+   pretrained on crops smaller than the CIFAR images. Per-epoch checkpoints in ``runs/``; the
    runs are stored with their recipe, image counts and the predictor's digest, and a cache
    made with others is refused (as is a checkpoint of another recipe);
 5. ``benchmarks/results/cifar10.md``: a table shaped like paper Table 3 (mean +- std over
@@ -68,9 +72,18 @@ CONFIGS = os.path.join(ROOT, "configs")
 PAPER = {("resnet18", "baseline"): (90.93, 0.33), ("resnet18", "glomo"): (91.55, 0.23),
          ("resnet18", "uniform"): (91.07, 0.24), ("resnet34", "baseline"): (91.42, None),
          ("resnet34", "glomo"): (91.70, None)}
-VARIANTS = {"baseline": "none", "glomo": "learned", "uniform": "uniform"}
+VARIANTS = {"baseline": "none", "glomo": "learned", "uniform": "uniform",
+            "glomo-window": "learned", "uniform-window": "uniform"}
 LABELS = {"baseline": "ResNet (same gate, no graphs)", "glomo": "ResNet + GLoMo",
-          "uniform": "ResNet + uniform graphs"}
+          "uniform": "ResNet + uniform graphs",
+          "glomo-window": "ResNet + GLoMo, graphs cut to the pretraining window",
+          "uniform-window": "ResNet + uniform graphs over the same window"}
+DEFAULT_VARIANTS = ("baseline", "glomo", "uniform")
+# paired differences written up, where both variants ran
+PAIRS = (("glomo", "baseline"), ("glomo", "uniform"), ("uniform", "baseline"),
+         ("glomo-window", "glomo"), ("glomo-window", "baseline"),
+         ("glomo-window", "uniform-window"), ("glomo-window", "uniform"),
+         ("uniform-window", "uniform"))
 
 
 @dataclasses.dataclass
@@ -120,6 +133,12 @@ def write_json(path: str, obj) -> None:
 def check_arguments(args) -> None:
     """Every option and input folder checked before any stage (pretraining takes hours)."""
     check_common_arguments(args, (args.results, args.figure))
+    if args.max_distance is not None and args.max_distance < 1:
+        raise ValueError(f"--max-distance must be >= 1, got {args.max_distance}")
+    if args.max_distance is not None and not any(
+            v.endswith("-window") for v in args.variants or ()):
+        raise ValueError("--max-distance applies to the *-window variants; add glomo-window "
+                         "and/or uniform-window to --variants")
     if args.pretrain_steps is not None and args.pretrain_steps < 1:
         raise ValueError(f"--pretrain-steps must be >= 1, got {args.pretrain_steps}")
     if args.threads < 0:
@@ -238,7 +257,11 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--depths", type=int, nargs="+", choices=(18, 34), default=None)
-    parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=None)
+    parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=None,
+                        help=f"default: {' '.join(DEFAULT_VARIANTS)}")
+    parser.add_argument("--max-distance", type=int, default=None,
+                        help="the *-window variants' window: largest row or column offset "
+                        "kept (default: the predictor's recorded pretraining crop side - 1)")
     parser.add_argument("--pretrain-steps", type=int, default=None,
                         help="pretraining steps instead of the config's max_steps (to fit a "
                         "GPU budget; recorded with the pretraining settings)")
@@ -264,7 +287,7 @@ def run(args, argv=None) -> None:
         setup.epochs = args.epochs
     if args.depths:
         setup.depths = tuple(args.depths)
-    variants = tuple(dict.fromkeys(args.variants or VARIANTS))
+    variants = tuple(dict.fromkeys(args.variants or DEFAULT_VARIANTS))
     if args.threads:
         torch.set_num_threads(args.threads)
     mode = "smoke" if args.smoke else "reduced" if args.reduced else "full"
@@ -363,12 +386,24 @@ def run(args, argv=None) -> None:
                     images=[len(train[0]), len(val[0]), len(test[0])],
                     predictor=file_digest(os.path.join(predictor_dir, "model.safetensors")))
     runs = cached_runs(runs_path, settings, log)
+    window = args.max_distance
+    if window is None and any(v.endswith("-window") for v in variants):
+        if predictor.trained_size is None:
+            raise ValueError(f"{predictor_dir} records no pretraining image size (saved before "
+                             "glomo_pyg recorded it): give --max-distance for the *-window "
+                             "variants (the crop side minus 1)")
+        window = min(predictor.trained_size) - 1
+    other = sorted({runs[k].get("max_distance") for k in runs if "-window/" in k} - {window})
+    if other and window is not None:  # one window per cache: its pairs must be like for like
+        raise ValueError(f"{runs_path} holds window runs with max_distance {other[0]}, not "
+                         f"{window}: give --max-distance {other[0]} or another --output-dir")
     cache: Dict[str, torch.Tensor] = {}
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
 
     def build(depth: int, variant: str, seed: int) -> GlomoResNet:
         torch.manual_seed(seed)
-        transfer = GlomoTransfer(predictor, 3, graph=VARIANTS[variant])
+        transfer = GlomoTransfer(predictor, 3, graph=VARIANTS[variant],
+                                 max_distance=window if variant.endswith("-window") else None)
         return GlomoResNet(transfer, depth=depth, width=setup.width).to(device)
 
     def propagations(model: GlomoResNet, variant: str):
@@ -405,6 +440,8 @@ def run(args, argv=None) -> None:
                                  epoch_seconds=result["epoch_seconds"],
                                  trainable=sum(p.numel() for p in model.parameters()
                                                if p.requires_grad))
+                if variant.endswith("-window"):
+                    runs[key]["max_distance"] = window
                 write_runs(runs_path, settings, runs)
                 log(f"{key}: test {test_acc:.4f} (validation {result['best_val']:.4f} at "
                     f"epoch {result['best_epoch'] + 1})")
@@ -513,14 +550,17 @@ def write_results(args, setup, mode, command, runs, check, pretrain_summary, pre
             paper = PAPER.get((f"resnet{depth}", variant))
             paper_s = "-" if paper is None else (f"{paper[0]:.2f}" + (
                 f" ± {paper[1]:.2f}" if paper[1] is not None else ""))
-            lines.append(f"| ResNet-{depth}: {LABELS[variant]} | {paper_s} | {_mean_std(accs)} | "
+            label = LABELS[variant]
+            if variant.endswith("-window"):
+                label += f" (offsets <= {runs[keys[0]].get('max_distance')})"
+            lines.append(f"| ResNet-{depth}: {label} | {paper_s} | {_mean_std(accs)} | "
                          f"{len(keys)} | {sum(epochs) / len(epochs):.1f} |")
     lines.append("")
     for depth in setup.depths:
         def accs(variant):
             return {int(k.rsplit("seed", 1)[1]): runs[k]["test_acc"] for k in runs
                     if k.startswith(f"resnet{depth}/{variant}/")}
-        for a, b in (("glomo", "baseline"), ("glomo", "uniform"), ("uniform", "baseline")):
+        for a, b in PAIRS:
             x, y = accs(a), accs(b)
             seeds = sorted(set(x) & set(y))
             if not seeds:

@@ -413,6 +413,7 @@ def save_pretrained(predictor: PretrainedGraphPredictor, path: PathLike) -> Path
                     for d in predictor.directions},
         vocabulary=predictor.vocabulary,
         trained_length=predictor.trained_length,
+        trained_size=None if predictor.trained_size is None else list(predictor.trained_size),
         weights=dict(file=WEIGHTS_NAME, bytes=len(payload),
                      sha256=hashlib.sha256(payload).hexdigest()))
     try:
@@ -599,6 +600,11 @@ def _read_config(path: Path, fd: Optional[int]) -> Dict[str, Any]:
                                not 2 <= length <= 1 << 40):
         raise PretrainedFormatError(f"{file}: trained_length must be an integer >= 2 (the "
                                     f"longest training sequence), got {_show(length)}")
+    size = config.get("trained_size")  # (absent in older files: unknown)
+    if size is not None and not (isinstance(size, list) and len(size) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1 << 20 for v in size)):
+        raise PretrainedFormatError(f"{file}: trained_size must be [height, width], two "
+                                    f"positive integers (pixels), got {_show(size)}")
     return config
 
 
@@ -955,7 +961,8 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
             raise PretrainedFormatError(f"vocabulary mismatch with {config_file}: {detail}")
     try:
         predictor = PretrainedGraphPredictor(modules.get("forward"), modules.get("backward"),
-                                             saved_vocab, config.get("trained_length"))
+                                             saved_vocab, config.get("trained_length"),
+                                             config.get("trained_size"))
     except (TypeError, ValueError) as err:
         raise PretrainedFormatError(f"{config_file}: {err}") from None
     if map_location is not None:

@@ -309,14 +309,16 @@ class Glomo(torch.nn.Module):
         return self
 
     def to_pretrained(self, vocabulary: Optional[Sequence[str]] = None,
-                      trained_length: Optional[int] = None) -> PretrainedGraphPredictor:
+                      trained_length: Optional[int] = None,
+                      trained_size: Optional[Sequence[int]] = None) -> PretrainedGraphPredictor:
         """The graph-emitting parts (copied; the feature predictor and heads are left
         behind, as the paper discards :math:`f`), as the frozen-for-transfer
         :class:`PretrainedGraphPredictor`, in eval mode. ``trained_length``: the
-        longest training sequence, recorded with it."""
+        longest training sequence; ``trained_size``: the (height, width) of the training
+        images or crops; both recorded with it."""
         parts = {d: copy.deepcopy(self.emitter(d)) for d in self.directions}
         return PretrainedGraphPredictor(parts.get("forward"), parts.get("backward"),
-                                        vocabulary, trained_length).eval()
+                                        vocabulary, trained_length, trained_size).eval()
 
     def graph_parameters(self):
         """Parameters that only shape the graphs (g's, or the scorers with

@@ -3,7 +3,7 @@ vocabulary it reads (paper Sec. 2.2: after pretraining, f is discarded)."""
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -55,6 +55,12 @@ class PretrainedGraphPredictor(torch.nn.Module):
             distance term (``position='relative'``) has never seen distances of this
             length or more; :class:`GlomoTransfer` warns when it reads longer sequences
             without ``max_distance``.
+        trained_size (tuple of int, optional): pixel predictors: the ``(height,
+            width)`` of the images or crops they were pretrained on (``glomo pretrain``
+            records ``corpus.crop``). A learned offset term (``position='grid'``) has
+            never seen row or column offsets of ``min(trained_size)`` or more;
+            :class:`GlomoTransfer` warns when it reads larger images without
+            ``max_distance``.
 
     Shapes:
         - **input:** units :math:`(N)` token ids or :math:`(N, F)` features,
@@ -62,12 +68,15 @@ class PretrainedGraphPredictor(torch.nn.Module):
         - **output:** :class:`~glomo_pyg.DirectionalGraphs`
     """
 
-    trained_length: Optional[int] = None  # (modules pickled before it existed)
+    # (modules pickled before these existed)
+    trained_length: Optional[int] = None
+    trained_size: Optional[Tuple[int, int]] = None
 
     def __init__(self, forward_predictor: Optional[GraphEmitter] = None,
                  backward_predictor: Optional[GraphEmitter] = None,
                  vocabulary: Optional[Sequence[str]] = None,
-                 trained_length: Optional[int] = None):
+                 trained_length: Optional[int] = None,
+                 trained_size: Optional[Sequence[int]] = None):
         super().__init__()
         if trained_length is not None and (isinstance(trained_length, bool) or
                                            not isinstance(trained_length, int) or
@@ -75,6 +84,14 @@ class PretrainedGraphPredictor(torch.nn.Module):
             raise ValueError(f"trained_length must be None or an integer >= 2 (units), got "
                              f"{trained_length!r}")
         self.trained_length = trained_length
+        if trained_size is not None:
+            size = tuple(trained_size) if isinstance(trained_size, (tuple, list)) else ()
+            if len(size) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and
+                                         v >= 1 for v in size):
+                raise ValueError(f"trained_size must be None or (height, width), two positive "
+                                 f"integers (pixels), got {trained_size!r}")
+            trained_size = size
+        self.trained_size = trained_size
         self.predictors = torch.nn.ModuleDict()
         for direction, module in (("forward", forward_predictor), ("backward", backward_predictor)):
             if module is None:
@@ -154,11 +171,11 @@ class PretrainedGraphPredictor(torch.nn.Module):
     @property
     def learned_distance(self) -> bool:
         """Whether a direction scores with a learned distance term
-        (``position='relative'``, not all zero: an untrained one is), which is only
-        trained up to :attr:`trained_length`."""
+        (``position='relative'`` or ``'grid'``, not all zero: an untrained one is), which
+        is only trained up to :attr:`trained_length` (:attr:`trained_size` for images)."""
         for d in self.directions:
             scorer = getattr(self.predictor(d), "scorer", None)
-            if getattr(scorer, "position", None) == "relative" and \
+            if getattr(scorer, "position", None) in ("relative", "grid") and \
                     bool(scorer.position_coef.detach().ne(0).any()):
                 return True
         return False
@@ -173,7 +190,7 @@ class PretrainedGraphPredictor(torch.nn.Module):
                 raise TypeError(f"{type(emitter).__name__} has no image size to change")
             parts[d] = emitter.resized(height, width)
         return PretrainedGraphPredictor(parts.get("forward"), parts.get("backward"),
-                                        self.vocabulary, self.trained_length
+                                        self.vocabulary, self.trained_length, self.trained_size
                                         ).train(self.training)
 
     def set_layout(self, layout: str) -> "PretrainedGraphPredictor":
@@ -228,4 +245,6 @@ class PretrainedGraphPredictor(torch.nn.Module):
         inner = ", ".join(f"{d}={self.predictors[_KEY[d]]!r}" for d in self.directions)
         vocab = f", vocabulary={len(self.vocabulary)} tokens" if self.vocabulary else ""
         trained = f", trained_length={self.trained_length}" if self.trained_length else ""
+        if self.trained_size:
+            trained += f", trained_size={self.trained_size}"
         return f"{self.__class__.__name__}({inner}{vocab}{trained})"

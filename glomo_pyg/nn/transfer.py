@@ -12,7 +12,7 @@ from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs, check_max_distance
 from glomo_pyg.nn.fusion import GatedFusion
 from glomo_pyg.nn.mixer import GraphMixer
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
-from glomo_pyg.ordering import SequenceOrder
+from glomo_pyg.ordering import RasterOrder
 from glomo_pyg.sequences import check_dtype, check_features, sequence_batch
 
 GRAPHS = ("learned", "uniform", "adjacent", "none")
@@ -73,13 +73,15 @@ class GlomoTransfer(torch.nn.Module):
         mixing, propagation, layers: options of :class:`GraphMixer`.
         max_distance (int, optional): drop the edges of the graphs this module computes
             that span more than this many units, renormalising each target's weights
-            (:meth:`LatentGraphs.within`). Graphs passed to :meth:`forward` are used as
-            given. For a predictor with a learned distance term (``position='relative'``,
-            not in the paper) applied to sequences longer than its pretraining windows,
-            give the window minus 1: beyond it the term is an extrapolation (a
-            ``RuntimeWarning`` says so once when the predictor records its
-            ``trained_length`` and a longer sequence comes). Default: no limit, as in
-            the paper.
+            (:meth:`LatentGraphs.within`; for pixel graphs the larger of the row and
+            column offsets counts). Graphs passed to :meth:`forward` are used as given.
+            For a predictor with a learned distance term (``position='relative'`` or
+            ``'grid'``, not in the paper) applied to sequences longer (images larger)
+            than it was pretrained on, give the window minus 1 (e.g. 15 for 16 x 16
+            crops): beyond it the term is an extrapolation (a ``RuntimeWarning`` says
+            so once when the predictor records its ``trained_length`` or
+            ``trained_size`` and a longer sequence or larger image comes). Default: no
+            limit, as in the paper.
 
     Shapes:
         - **input:** features :math:`H` :math:`(N, d)`; the predictor's input
@@ -104,12 +106,6 @@ class GlomoTransfer(torch.nn.Module):
         if graph not in GRAPHS:
             raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
         max_distance = check_max_distance(max_distance, optional=True)
-        if max_distance is not None:
-            orders = [predictor.predictor(d).order for d in predictor.directions]
-            if any(type(o) is not SequenceOrder for o in orders):
-                raise ValueError(f"max_distance counts units along a sequence; this predictor's "
-                                 f"graphs follow {orders[0]!r} (pixels), where it would cut by "
-                                 "raster position")
         self.graph, self.max_distance = graph, max_distance
         self._warned_length = False
         self.predictor = predictor.requires_grad_(False).eval()
@@ -167,28 +163,45 @@ class GlomoTransfer(torch.nn.Module):
         build = LatentGraphs.uniform if self.graph == "uniform" else LatentGraphs.adjacent
         graphs = DirectionalGraphs(*(
             build(ptr, num_layers=p.num_layers, num_heads=p.heads, direction=d,
-                  include_self=p.include_self) if d in p.directions else None
-            for d in ("forward", "backward")))
+                  include_self=p.include_self, order=p.predictor(d).order)
+            if d in p.directions else None for d in ("forward", "backward")))
         # (adjacent graphs have no edge longer than 1: nothing to remove)
         return self._windowed(graphs) if self.graph == "uniform" else graphs
 
     def _check_length(self, graphs: DirectionalGraphs) -> None:
         """Warn once when graphs scored with a learned distance term cover sequences
-        longer than the predictor's pretraining windows and nothing cuts them."""
-        p, trained = self.predictor, self.predictor.trained_length
-        if self._warned_length or trained is None or \
-                (self.max_distance is not None and self.max_distance < trained):
+        longer (images larger) than the predictor was pretrained on and nothing cuts
+        them."""
+        if self._warned_length:
             return
-        longest = max(g.sequences.max_len for g in graphs if g is not None)  # (host ints)
-        if longest > trained and p.learned_distance:
-            self._warned_length = True
-            warnings.warn(f"GlomoTransfer: sequences of up to {longest} units, but the "
-                          f"predictor's learned distance term was pretrained on sequences "
-                          f"of at most {trained}: its scores for sources {trained} or more "
-                          f"units away are extrapolations. Pass max_distance={trained - 1} to "
-                          "keep only the distances it learned (docs/training.md, 'Position "
-                          "information in the scores').", RuntimeWarning,
-                          stacklevel=_caller_stacklevel())
+        p = self.predictor
+        order = next(g.order for g in graphs if g is not None)
+        if isinstance(order, RasterOrder):
+            if p.trained_size is None:
+                return
+            window = min(p.trained_size) - 1  # the offsets the term saw along both axes
+            seen = f"{p.trained_size[0]}x{p.trained_size[1]} images"
+            size = (order.height, order.width)
+            larger = size[0] > p.trained_size[0] or size[1] > p.trained_size[1]
+            now = f"{size[0]}x{size[1]} images"
+            far = f"row or column offsets of {window + 1} or more"
+        else:
+            if p.trained_length is None:
+                return
+            window = p.trained_length - 1
+            seen = f"sequences of at most {p.trained_length}"
+            longest = max(g.sequences.max_len for g in graphs if g is not None)  # (host ints)
+            larger, now = longest > p.trained_length, f"sequences of up to {longest} units"
+            far = f"sources {window + 1} or more units away"
+        if (self.max_distance is not None and self.max_distance <= window) or not larger \
+                or not p.learned_distance:
+            return
+        self._warned_length = True
+        warnings.warn(f"GlomoTransfer: {now}, but the predictor's learned distance term was "
+                      f"pretrained on {seen}: its scores for {far} are extrapolations. Pass "
+                      f"max_distance={window} to keep only the distances it learned "
+                      "(docs/training.md, 'Position information in the scores').",
+                      RuntimeWarning, stacklevel=_caller_stacklevel())
 
     def _windowed(self, graphs: DirectionalGraphs) -> DirectionalGraphs:
         if self.max_distance is None:

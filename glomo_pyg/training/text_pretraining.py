@@ -1140,7 +1140,8 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
         if trainer.is_global_zero:
             predictor = module.model.cpu().to_pretrained(
                 vocab.tokens() if vocab else None,
-                trained_length=None if images else c.max_length)
+                trained_length=None if images else c.max_length,
+                trained_size=crop if images else None)
             if images and crop != full:  # trained on crops: the same weights at full size
                 predictor = predictor.resized(*full)
             save_pretrained(predictor, os.path.join(out, "predictor"))
