@@ -143,7 +143,7 @@ def pixel_sections(predictor, images: torch.Tensor, window: int) -> List[str]:
               f"{window - 1} |", "|---|---|---|---|---|---|---|---|---|"]
     for direction in predictor.directions:
         g, c = getattr(whole, direction), getattr(on_crops, direction)
-        uniform = LatentGraphs.uniform(g.ptr, num_layers=g.num_layers, num_heads=g.num_heads,
+        uniform = LatentGraphs.uniform(g.ptr[:2], num_layers=1, num_heads=1,  # one image
                                        direction=direction, include_self=g.include_self,
                                        order=g.order)
         plain, crop, cut = (offset_shares(x, window) for x in (g, c, g.within(window - 1)))
@@ -166,6 +166,10 @@ def pixel_sections(predictor, images: torch.Tensor, window: int) -> List[str]:
 def run_pixels(args, predictor) -> None:
     from glomo_pyg.data.images import load_cifar10
 
+    positions = {predictor.predictor(d).scorer.position for d in predictor.directions}
+    if positions != {"grid"}:
+        raise ValueError(f"{args.predictor} has no learned offset term (position "
+                         f"{sorted(map(str, positions))}): nothing extrapolates")
     if args.window is None:
         if predictor.trained_size is None:
             raise ValueError(f"{args.predictor} does not record its training image size "
@@ -193,12 +197,12 @@ def run_pixels(args, predictor) -> None:
 def run(args) -> None:
     from glomo_pyg import PretrainedGraphPredictor
     from glomo_pyg.data import WordVocabulary, read_aclimdb
+    from glomo_pyg.ordering import RasterOrder
     from glomo_pyg.training.text_classification import encode_documents
 
     torch.manual_seed(0)
     predictor = PretrainedGraphPredictor.from_pretrained(args.predictor).eval()
-    positions = {predictor.predictor(d).scorer.position for d in predictor.directions}
-    if positions == {"grid"}:
+    if isinstance(predictor.predictor(predictor.directions[0]).order, RasterOrder):
         return run_pixels(args, predictor)
     if args.window is None:
         if predictor.trained_length is None:

@@ -656,18 +656,23 @@ class LatentGraphs:
         fused, with the window in FlexAttention's block mask (so far-apart blocks are
         skipped); dense graphs become masked blocks; sparse graphs keep their filtered
         edges. Graphs whose sequences hold no pair farther apart come back as they are.
-        Differentiable w.r.t. the edge weights. :meth:`density` and the other
-        statistics still count every pair the direction allows."""
+        Differentiable w.r.t. the edge weights. Materialising windowed fused graphs (their
+        edges, dense blocks, or the sparse fallback where FlexAttention has no backward)
+        still scores every pair first: ``O(T^2)`` per sequence, under the same size limit
+        as the full graphs. :meth:`density` and the other statistics still count every
+        pair the direction allows."""
         max_distance = check_max_distance(max_distance)
         s, order = self.sequences, self.order
-        longest = order.longest_window_distance() if isinstance(order, RasterOrder) \
-            else s.max_len - 1
-        if max_distance >= longest:  # no pair of units is farther apart
+        if type(order) not in (SequenceOrder, RasterOrder):  # the lazy layouts know only these
+            raise ValueError(f"within() cuts sequences and raster-ordered images; these graphs "
+                             f"follow {order!r}")
+        if max_distance >= order.longest_window_distance(s.max_len):  # nothing farther apart
             return self
         if self._uniform_layers is not None or self._fused is not None:
             out = LatentGraphs.__new__(LatentGraphs)
             out._init([], [], [], self.num_heads, self.direction, s, self.include_self,
-                      sorted_edges=True, fused=self._fused, normalization=self._normalization)
+                      sorted_edges=True, normalization=self._normalization,
+                      fused=None if self._fused is None else list(self._fused))
             if self._uniform_layers is not None:  # (edges, if built, are rebuilt lazily)
                 out._edges, out._uniform_layers = None, self._uniform_layers
             out._window = max_distance if self._window is None else min(self._window,

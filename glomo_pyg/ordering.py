@@ -48,6 +48,10 @@ class UnitOrder(ABC):
         ``d + 1`` consecutive units can hold."""
         return (target - source).abs()
 
+    def longest_window_distance(self, max_len: int) -> int:
+        """The largest :meth:`window_distance` within sequences of ``max_len`` units."""
+        return max_len - 1
+
     def block_mask(self, j0: int, j1: int, i0: int, i1: int, lengths: Tensor) -> Tensor:
         """``[B, j1 - j0, i1 - i0]`` allowed (target ``j``, source ``i``) pairs of a block
         of targets ``j0..j1-1`` and sources ``i0..i1-1``, false at padding."""
@@ -172,7 +176,7 @@ class RasterOrder(SequenceOrder):
         dy, dx = self.offsets(target, source)
         return torch.maximum(dy.abs(), dx.abs())
 
-    def longest_window_distance(self) -> int:
+    def longest_window_distance(self, max_len: int) -> int:
         """The largest :meth:`window_distance` between two pixels of the grid."""
         return max(self.height, self.width) - 1
 

@@ -98,6 +98,9 @@ def test_cifar10_reproduction_runs_end_to_end_and_resumes(tmp_path):
     assert os.path.getmtime(out / "downstream.json") == mtime
     with pytest.raises(SystemExit, match="--max-distance applies to the .-window variants"):
         cifar10.main(argv + ["--max-distance", "3"])
+    with pytest.raises(SystemExit, match="a window of 31 keeps every pair of 32-pixel images"):
+        cifar10.main(argv + ["--variants", "glomo-window", "--max-distance", "31",
+                             "--output-dir", str(tmp_path / "other")])
     with pytest.raises(SystemExit, match="--max-distance must be >= 1"):
         cifar10.main(argv + ["--variants", "glomo-window", "--max-distance", "0"])
 

@@ -358,24 +358,24 @@ def test_pixel_graphs_within_equal_masking_the_far_offsets_before_normalising(
 
 
 @EVERY_RULE
+@pytest.mark.parametrize("h,w,d", [(4, 5, 2), (4, 5, 1), (7, 3, 1), (7, 3, 4), (2, 9, 3)])
 def test_uniform_pixel_graphs_within_a_window_propagate_the_window_mean(direction,
-                                                                        include_self):
-    h, w = IMAGE
+                                                                        include_self, h, w, d):
     t, images = h * w, 2
     order = RasterOrder(direction, h, w, include_self)
     g = LatentGraphs.uniform(ptr_of([t] * images), num_layers=2, num_heads=HEADS,
                              direction=direction, include_self=include_self, order=order)
-    g = g.within(2)
+    g = g.within(d)
     assert g._edges is None  # box sums: no O(T^2) edges were built
     x = torch.randn(images * t, 3, dtype=torch.float64)
-    want = torch.zeros_like(x)  # by hand: the mean over the sources in the 5 x 5 window
+    want = torch.zeros_like(x)  # by hand: the mean over the sources in the square window
     for b in range(images):
         for p in range(t):
             r, c = divmod(p, w)
             sources = [q for q in range(t) if (q < p or (include_self and q == p)
                                                if direction == "forward" else
                                                q > p or (include_self and q == p))
-                       and abs(q // w - r) <= 2 and abs(q % w - c) <= 2]
+                       and abs(q // w - r) <= d and abs(q % w - c) <= d]
             if sources:
                 want[b * t + p] = x[[b * t + q for q in sources]].mean(0)
     for l in range(2):
@@ -417,7 +417,8 @@ def test_fused_graphs_within_a_window_match_the_cut_edges(direction):
                 want = sparse.within(d).propagate(v, 0)
                 torch.testing.assert_close(got.propagate(v, 0), want, atol=1e-5, rtol=1e-4)
                 assert not torch.allclose(want, sparse.propagate(v, 0), atol=1e-3)
-                assert got.to(torch.device("cpu"))._window == d  # moved graphs keep it
+                moved = got.to(torch.device("cpu"))  # moved graphs keep the window
+                torch.testing.assert_close(moved.propagate(v, 0), want, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(fused.within(10).to_dense(0), sparse.within(10).to_dense(0),
                                    atol=1e-5, rtol=1e-4)
 
@@ -452,6 +453,11 @@ def test_transfer_cuts_pixel_graphs_and_warns_once_for_images_larger_than_the_cr
     for got, ref in ((graphs.forward, full.forward), (graphs.backward, full.backward)):
         torch.testing.assert_close(got.propagate(v, 0), ref.within(3).propagate(v, 0))
     assert uniform.forward.order == full.forward.order and uniform.forward._window == 3
+    # adjacent pixel graphs: the edge from the end of the row above is 7 columns long
+    adjacent = GlomoTransfer(p, in_channels=3, graph="adjacent", max_distance=3).graphs(
+        num_nodes=x.size(0), batch=batch)
+    (src, tgt), _, _ = adjacent.forward.layer(0)
+    assert bool(((tgt - src) == 1).all()) and not bool((tgt % 8 == 0).any())
     loose = GlomoTransfer(p, in_channels=3)
     with pytest.warns(RuntimeWarning, match=r"8x8 images, but .* pretrained on 4x4 images: "
                                             r"its scores for row or column offsets of 4 or "
@@ -468,12 +474,15 @@ def test_transfer_cuts_pixel_graphs_and_warns_once_for_images_larger_than_the_cr
 
 
 def test_trained_size_is_checked_and_travels_with_resized_predictors(tmp_path):
+    from glomo_pyg import GlomoResNet
+
     p = pixel_predictor(trained_size=[4, 4])
+    assert "max_distance=3" in repr(GlomoResNet(GlomoTransfer(p, 3, max_distance=3), width=4))
     assert p.trained_size == (4, 4) and "trained_size=(4, 4)" in repr(p)
     assert p.resized(16, 16).trained_size == (4, 4)
     p.save_pretrained(tmp_path / "p")
     assert PretrainedGraphPredictor.from_pretrained(tmp_path / "p").trained_size == (4, 4)
-    for bad in ((4,), (4, 0), (4.0, 4), (True, 4), "44", 4):
+    for bad in ((4,), (4, 1), (4.0, 4), (True, 4), "44", 4, (4, 1 << 21)):
         with pytest.raises(ValueError, match="trained_size must be None or .height, width."):
             pixel_predictor(trained_size=bad)
 
@@ -506,7 +515,46 @@ def test_position_extrapolation_benchmark_measures_pixel_predictors(tmp_path):
     assert len(cells) == 6 and all(0.0 <= c <= 1.0 for c in cells)
     assert cells[2] > 0 and cells[4] > 0.5  # weight beyond the crops; uniform's is most
     pixel_predictor().save_pretrained(tmp_path / "old")
+    from glomo_pyg import PixelGraphPredictor
+    PretrainedGraphPredictor(PixelGraphPredictor(height=8, width=8, hidden_channels=8,
+                                                 num_layers=1, heads=2, cnn_layers=1),
+                             trained_size=(8, 8)).save_pretrained(tmp_path / "plain")
     for extra, message in [(["--predictor", str(tmp_path / "old")], "pass --window .the crop"),
+                           (["--predictor", str(tmp_path / "plain")], "no learned offset term"),
                            (["--window", "32"], "need 2 <= --window < 32")]:
         with pytest.raises(SystemExit, match=message):
             position_extrapolation.main(args + extra)
+
+
+@pytest.mark.parametrize("block", [4, 8])
+def test_windowed_block_structure_never_skips_an_allowed_pair(block, monkeypatch):
+    # FlexAttention skips key blocks the block structure leaves out and evaluates no
+    # element mask in "full" blocks: both must agree with the element rule exactly
+    monkeypatch.setattr(flex, "BLOCK", block)
+    torch.manual_seed(7)
+    cases = [(torch.tensor([13, 5, 16]), None), (torch.tensor([16]), 4), (torch.tensor([24]), 3),
+             (torch.tensor([24]), 8)]  # 1-D lengths; images of 4, 3 and 8 columns
+    for lengths, grid in cases:
+        t = -(-int(lengths.max()) // block) * block
+        for direction in ("forward", "backward"):
+            for include_self in (False, True):
+                for window in (1, 2, 3, 5, 9):
+                    order = (RasterOrder(direction, t // grid, grid, include_self) if grid
+                             else RasterOrder(direction, 1, t, include_self))
+                    pos = torch.arange(t)
+                    rule = (order.allowed(pos.view(-1, 1), pos.view(1, -1))
+                            & (order.window_distance(pos.view(-1, 1), pos.view(1, -1)) <= window
+                               if grid else (pos.view(-1, 1) - pos.view(1, -1)).abs() <= window))
+                    num, idx, full_num, full_idx = flex._block_structure(
+                        lengths, t, direction, include_self, window, grid)
+                    for b, n in enumerate(lengths.tolist()):
+                        real = (pos < n).view(-1, 1) & (pos < n).view(1, -1)
+                        want = (rule & real).view(t // block, block, t // block, block)
+                        some, every = want.any((1, 3)), want.all((1, 3))
+                        listed = torch.zeros_like(some)
+                        full = torch.zeros_like(some)
+                        for q in range(t // block):
+                            listed[q, idx[b, 0, q, :num[b, 0, q]].long()] = True
+                            full[q, full_idx[b, 0, q, :full_num[b, 0, q]].long()] = True
+                        assert not bool((some & ~(listed | full)).any())  # nothing dropped
+                        assert bool(every[full].all())  # full blocks hold only allowed pairs

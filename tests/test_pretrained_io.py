@@ -493,7 +493,11 @@ def test_weights_entry_and_vocabulary_are_checked(tmp_path):
             (lambda c: c.update(trained_size=[16, 0]), "trained_size must be"),
             (lambda c: c.update(trained_size=[16, True]), "trained_size must be"),
             (lambda c: c.update(trained_size="16x16"), "trained_size must be"),
-            (lambda c: c.update(trained_size=[16, 1 << 40]), "trained_size must be")]:
+            (lambda c: c.update(trained_size=[16, 1 << 40]), "trained_size must be"),
+            (lambda c: c.update(trained_size=[16.0, 16]), "trained_size must be"),
+            (lambda c: c.update(trained_size=[[16], [16]]), "trained_size must be"),
+            (lambda c: c.update(trained_size=[1, 16]), "trained_size must be"),
+            (lambda c: c.update(trained_size=[16, 16, 16]), "trained_size must be")]:
         save_pretrained(make(), tmp_path)
         edit_config(tmp_path, change)
         fails_fast(tmp_path, match)
@@ -552,8 +556,15 @@ def test_trained_length_travels_with_the_predictor(tmp_path):
     # files written before it was recorded load with an unknown length
     edit_config(tmp_path / "p", lambda c: c.pop("trained_length"))
     assert load_pretrained(tmp_path / "p").trained_length is None
-    edit_config(tmp_path / "p", lambda c: c.pop("trained_size"))  # (the same for images)
-    assert load_pretrained(tmp_path / "p").trained_size is None
+    # the same for the crops of pixel predictors
+    from glomo_pyg import PixelGraphPredictor
+    pixel = PretrainedGraphPredictor(PixelGraphPredictor(height=8, width=8, hidden_channels=8,
+                                                         num_layers=1, heads=2, cnn_layers=1),
+                                     trained_size=(4, 6))
+    save_pretrained(pixel, tmp_path / "px")
+    assert load_pretrained(tmp_path / "px").trained_size == (4, 6)
+    edit_config(tmp_path / "px", lambda c: c.pop("trained_size"))
+    assert load_pretrained(tmp_path / "px").trained_size is None
     for bad in (1, 0, True, 3.0, "64"):
         with pytest.raises(ValueError, match="trained_length must be None or an integer >= 2"):
             PretrainedGraphPredictor(*parts, VOCAB, trained_length=bad)

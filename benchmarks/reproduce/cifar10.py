@@ -387,12 +387,18 @@ def run(args, argv=None) -> None:
                     predictor=file_digest(os.path.join(predictor_dir, "model.safetensors")))
     runs = cached_runs(runs_path, settings, log)
     window = args.max_distance
-    if window is None and any(v.endswith("-window") for v in variants):
+    if window is None and any(v.endswith("-window") for v in variants):  # (the crop side - 1)
         if predictor.trained_size is None:
             raise ValueError(f"{predictor_dir} records no pretraining image size (saved before "
                              "glomo_pyg recorded it): give --max-distance for the *-window "
                              "variants (the crop side minus 1)")
         window = min(predictor.trained_size) - 1
+    side = max(train[0].shape[2:])
+    windowed = any(v.endswith("-window") for v in variants)
+    if windowed and window is not None and window >= side - 1:
+        raise ValueError(f"a window of {window} keeps every pair of {side}-pixel images: the "
+                         "*-window variants would repeat glomo and uniform (was the predictor "
+                         "pretrained on whole images?)")
     other = sorted({runs[k].get("max_distance") for k in runs if "-window/" in k} - {window})
     if other and window is not None:  # one window per cache: its pairs must be like for like
         raise ValueError(f"{runs_path} holds window runs with max_distance {other[0]}, not "

@@ -602,9 +602,9 @@ def _read_config(path: Path, fd: Optional[int]) -> Dict[str, Any]:
                                     f"longest training sequence), got {_show(length)}")
     size = config.get("trained_size")  # (absent in older files: unknown)
     if size is not None and not (isinstance(size, list) and len(size) == 2 and all(
-            isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1 << 20 for v in size)):
+            isinstance(v, int) and not isinstance(v, bool) and 2 <= v <= 1 << 20 for v in size)):
         raise PretrainedFormatError(f"{file}: trained_size must be [height, width], two "
-                                    f"positive integers (pixels), got {_show(size)}")
+                                    f"integers in [2, 2^20] (pixels), got {_show(size)}")
     return config
 
 

@@ -57,10 +57,11 @@ class PretrainedGraphPredictor(torch.nn.Module):
             without ``max_distance``.
         trained_size (tuple of int, optional): pixel predictors: the ``(height,
             width)`` of the images or crops they were pretrained on (``glomo pretrain``
-            records ``corpus.crop``). A learned offset term (``position='grid'``) has
-            never seen row or column offsets of ``min(trained_size)`` or more;
-            :class:`GlomoTransfer` warns when it reads larger images without
-            ``max_distance``.
+            records ``corpus.crop``), each side at least 2. A learned offset term
+            (``position='grid'``) has never seen row offsets of ``height`` or column
+            offsets of ``width`` or more; :class:`GlomoTransfer` warns when it reads larger
+            images without a ``max_distance`` of at most ``min(trained_size) - 1`` (the
+            square window, conservative for crops that are not square).
 
     Shapes:
         - **input:** units :math:`(N)` token ids or :math:`(N, F)` features,
@@ -87,9 +88,9 @@ class PretrainedGraphPredictor(torch.nn.Module):
         if trained_size is not None:
             size = tuple(trained_size) if isinstance(trained_size, (tuple, list)) else ()
             if len(size) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and
-                                         v >= 1 for v in size):
-                raise ValueError(f"trained_size must be None or (height, width), two positive "
-                                 f"integers (pixels), got {trained_size!r}")
+                                         2 <= v <= 1 << 20 for v in size):
+                raise ValueError(f"trained_size must be None or (height, width), two integers "
+                                 f"in [2, 2^20] (pixels), got {trained_size!r}")
             trained_size = size
         self.trained_size = trained_size
         self.predictors = torch.nn.ModuleDict()

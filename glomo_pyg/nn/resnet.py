@@ -155,5 +155,8 @@ class GlomoResNet(torch.nn.Module):
         return self.resnet(out.contiguous(memory_format=fmt))
 
     def __repr__(self) -> str:
-        stage = "none" if self.transfer is None else f"GlomoTransfer(graph='{self.transfer.graph}')"
+        t = self.transfer
+        stage = "none" if t is None else (
+            f"GlomoTransfer(graph='{t.graph}'"
+            + (f", max_distance={t.max_distance}" if t.max_distance is not None else "") + ")")
         return f"{self.__class__.__name__}({self.resnet!r}, input_stage={stage})"

@@ -165,8 +165,7 @@ class GlomoTransfer(torch.nn.Module):
             build(ptr, num_layers=p.num_layers, num_heads=p.heads, direction=d,
                   include_self=p.include_self, order=p.predictor(d).order)
             if d in p.directions else None for d in ("forward", "backward")))
-        # (adjacent graphs have no edge longer than 1: nothing to remove)
-        return self._windowed(graphs) if self.graph == "uniform" else graphs
+        return self._windowed(graphs)  # (adjacent pixel graphs: the row-start edge is long)
 
     def _check_length(self, graphs: DirectionalGraphs) -> None:
         """Warn once when graphs scored with a learned distance term cover sequences
@@ -176,7 +175,9 @@ class GlomoTransfer(torch.nn.Module):
             return
         p = self.predictor
         order = next(g.order for g in graphs if g is not None)
+        docs = "docs/training.md, 'Position information in the scores'"
         if isinstance(order, RasterOrder):
+            docs = "docs/images.md, 'Crops and the window'"
             if p.trained_size is None:
                 return
             window = min(p.trained_size) - 1  # the offsets the term saw along both axes
@@ -200,7 +201,7 @@ class GlomoTransfer(torch.nn.Module):
         warnings.warn(f"GlomoTransfer: {now}, but the predictor's learned distance term was "
                       f"pretrained on {seen}: its scores for {far} are extrapolations. Pass "
                       f"max_distance={window} to keep only the distances it learned "
-                      "(docs/training.md, 'Position information in the scores').",
+                      f"({docs}).",
                       RuntimeWarning, stacklevel=_caller_stacklevel())
 
     def _windowed(self, graphs: DirectionalGraphs) -> DirectionalGraphs:
