@@ -178,3 +178,40 @@ def test_bad_input_is_rejected_with_clear_errors():
         Glomo.text(25, **SMALL, context_length=0)
     with pytest.raises(ValueError, match="direction"):
         model.features(torch.tensor([1, 2]), direction="up")
+
+
+def test_set_token_embeddings_fills_every_embedding_and_keeps_padding_zero():
+    torch.manual_seed(0)
+    model = Glomo.text(num_tokens=12, hidden_channels=8, num_layers=1, heads=2, cnn_layers=1,
+                       padding_idx=0)
+    weight = torch.randn(12, 8)
+    model.set_token_embeddings(weight)
+    embeddings = [model.graph_predictors[k].encoder.embedding for k in model.graph_predictors] + \
+        [model.feature_predictors[k].embedding for k in model.feature_predictors]
+    assert len({id(e) for e in embeddings}) == 4  # g and f, both directions, each its own
+    for e in embeddings:
+        assert torch.equal(e.weight[1:], weight[1:]) and not e.weight[0].any()
+    # the decoders stay tied to f's embedding, so they predict with the new vectors too
+    for k, decoder in model.decoders.items():
+        assert decoder.embedding is model.feature_predictors[k].embedding
+    weight[3] += 1  # a copy, not a view of the caller's tensor
+    assert not torch.equal(embeddings[0].weight[3], weight[3])
+    # without a padding index every row is copied
+    plain = Glomo.text(num_tokens=5, hidden_channels=4, num_layers=1, heads=1, cnn_layers=1)
+    plain.set_token_embeddings(torch.ones(5, 4))
+    assert plain.feature_predictors["fw"].embedding.weight.eq(1).all()
+
+
+def test_set_token_embeddings_refuses_bad_weights():
+    model = Glomo.text(num_tokens=12, hidden_channels=8, num_layers=1, heads=2, cnn_layers=1)
+    for bad, message in ((torch.randn(11, 8), r"shape \(12, 8\).*got \(11, 8\)"),
+                         (torch.randn(12, 8, 1), "shape"),
+                         (torch.ones(12, 8, dtype=torch.long), "floating-point"),
+                         ([[0.0] * 8] * 12, "got list"),
+                         (torch.full((12, 8), float("nan")), "NaN")):
+        with pytest.raises(ValueError, match=message):
+            model.set_token_embeddings(bad)
+    pixels = Glomo.image(height=4, width=4, hidden_channels=8, num_layers=1, heads=2,
+                         cnn_layers=1)
+    with pytest.raises(ValueError, match="no token embeddings"):
+        pixels.set_token_embeddings(torch.zeros(12, 8))

@@ -437,3 +437,81 @@ def test_prepare_only_needs_no_cluster_and_a_stale_summary_is_rewritten(tmp_path
     emb = [k for k in state if k.endswith("graph_predictors.fw.encoder.embedding.weight")][0]
     assert torch.equal(predictor.predictor("forward").state_dict()["encoder.embedding.weight"],
                        state[emb])
+
+
+def _write_vectors(path, rows):
+    with open(path, "w") as fh:
+        for word, vec in rows.items():
+            fh.write(word + " " + " ".join(f"{v:.6g}" for v in vec) + "\n")
+
+
+def test_init_vectors_start_every_token_embedding(tmp_path):
+    from glomo_pyg.training.text_pretraining import initial_token_embeddings
+
+    write_corpus(tmp_path / "corpus", documents=10)
+    rng = random.Random(0)
+    known = WORDS[:12]  # the rest of the vocabulary is not in the file
+    rows = {w: [rng.gauss(0, 3.0) for _ in range(16)] for w in known}
+    rows["zebra"] = [1.0] * 16  # not in the corpus: ignored
+    _write_vectors(tmp_path / "vec.txt", rows)
+    # g stays frozen for the whole run, so the saved graph predictor holds the start
+    cfg = config(tmp_path, "init", max_steps=2, graph_warmup_steps=3,
+                 init_vectors=str(tmp_path / "vec.txt"))
+    messages = []
+    with pytest.warns(RuntimeWarning, match="graph_warmup_steps"):
+        summary = run_pretraining(cfg, log=messages.append)
+    predictor = PretrainedGraphPredictor.from_pretrained(str(tmp_path / "init" / "predictor"))
+    vocab = predictor.vocabulary
+    found = sum(w in rows for w in vocab) / len(vocab)
+    assert summary["init_vectors_found"] == pytest.approx(found, abs=1e-4) and 0 < found < 1
+    assert any("token embeddings start from" in m for m in messages)
+    weight, share = initial_token_embeddings(str(tmp_path / "vec.txt"), vocab, 16, seed=1)
+    assert share == pytest.approx(found)
+    for part in predictor.predictors.values():
+        saved = part.encoder.embedding.weight
+        pad = part.encoder.embedding.padding_idx
+        keep = [i for i in range(len(vocab)) if i != pad]
+        torch.testing.assert_close(saved[keep], weight[keep])
+        assert not saved[pad].any()
+    # rescaled to the embeddings' own initial scale, the file's directions kept
+    assert float(weight.double().std()) == pytest.approx(16 ** -0.5, rel=1e-4)
+    a, b = vocab.index(known[0]), vocab.index(known[1])
+    file_cos = torch.nn.functional.cosine_similarity(
+        torch.tensor(rows[known[0]]), torch.tensor(rows[known[1]]), dim=0)
+    torch.testing.assert_close(torch.nn.functional.cosine_similarity(weight[a], weight[b], dim=0),
+                               file_cos, atol=1e-5, rtol=1e-5)
+    # the feature predictor started there too: its checkpoint moved away only by training
+    state, _ = model_state(tmp_path / "init")
+    f_start = [k for k in state if k.endswith("encoder.embedding.weight") and "feature" in k]
+    assert f_start and all(state[k].shape == weight.shape for k in f_start)
+
+
+def test_init_vectors_that_do_not_fit_are_refused(tmp_path):
+    write_corpus(tmp_path / "corpus", documents=10)
+    _write_vectors(tmp_path / "narrow.txt", {"the": [0.5] * 8})
+    _write_vectors(tmp_path / "foreign.txt", {"xyzzy": [0.5] * 16})
+    _write_vectors(tmp_path / "zero.txt", {w: [0.0] * 16 for w in WORDS})
+    (tmp_path / "broken.txt").write_text("the" + " 0.1" * 16 + "\ncat 0.3\n")
+    quiet = dict(log=lambda *a: None)
+    early = [("missing.txt", "train.init_vectors: .*No such file"),
+             ("narrow.txt", "8-d vectors, but the token embeddings are "
+                            "model.hidden_channels = 16 wide.*--dim 16")]
+    for k, (name, message) in enumerate(early):  # refused before the corpus is prepared
+        with pytest.raises(ValueError, match=message):
+            run_pretraining(config(tmp_path, f"early{k}", init_vectors=str(tmp_path / name)),
+                            **quiet)
+        assert not os.path.exists(tmp_path / f"early{k}" / "tokens")
+    late = [("foreign.txt", "a vector for none of the .* vocabulary words"),
+            ("zero.txt", "every vector of .* is zero"),
+            ("broken.txt", "train.init_vectors: .*broken.txt:2: expected 16 numbers")]
+    for k, (name, message) in enumerate(late):
+        with pytest.raises(ValueError, match=message):
+            run_pretraining(config(tmp_path, f"late{k}", init_vectors=str(tmp_path / name)),
+                            **quiet)
+        assert not os.path.exists(tmp_path / f"late{k}" / "checkpoints") or \
+            not os.listdir(tmp_path / f"late{k}" / "checkpoints")
+    with pytest.raises(ValueError, match="train.init_vectors .*pixel models"):
+        PretrainConfig.from_dict(dict(corpus=dict(format="cifar10"),
+                                      train=dict(init_vectors="vec.txt")))
+    with pytest.raises(ValueError, match="train.init_vectors"):
+        PretrainConfig.from_dict(dict(train=dict(init_vectors=3)))

@@ -12,6 +12,7 @@ from glomo_pyg.graphs import DIRECTION_KEYS as _KEY
 from glomo_pyg.graphs import DirectionalGraphs  # noqa: F401 (re-exported, moved there)
 from glomo_pyg.nn.decoder import IGNORE, ContextDecoder
 from glomo_pyg.nn.emitter import GraphEmitter
+from glomo_pyg.nn.encoder import UnitEncoder
 from glomo_pyg.nn.feature_predictor import FeatureGraphEmitter, FeaturePredictor
 from glomo_pyg.nn.graph_predictor import GraphPredictor
 from glomo_pyg.nn.layout import LAYOUTS
@@ -306,6 +307,33 @@ class Glomo(torch.nn.Module):
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         for d in self.directions:
             self.emitter(d).set_layout(layout)
+        return self
+
+    @torch.no_grad()
+    def set_token_embeddings(self, weight: Tensor) -> "Glomo":
+        """Copy ``weight`` (``[num_tokens, hidden_channels]``, e.g. word vectors) into
+        every token embedding of the model: the graph predictors' and the feature
+        predictors' (which the context decoders share), in every direction. Each copy
+        stays its own parameter; rows of a padding index are kept at zero. An
+        initialisation, not part of the paper (which starts from random embeddings)."""
+        embeddings = [m.embedding for m in self.modules()
+                      if isinstance(m, UnitEncoder) and m.embedding is not None]
+        if not embeddings:
+            raise ValueError("this model reads features, not token ids: it has no token "
+                             "embeddings to set")
+        shape = tuple(embeddings[0].weight.shape)
+        if not isinstance(weight, Tensor) or not weight.is_floating_point() or \
+                tuple(weight.shape) != shape:
+            got = f"{tuple(weight.shape)} {weight.dtype}" if isinstance(weight, Tensor) \
+                else type(weight).__name__
+            raise ValueError(f"weight must be a floating-point tensor of shape {shape} "
+                             f"(num_tokens, hidden_channels), got {got}")
+        if not torch.isfinite(weight).all():
+            raise ValueError("weight holds NaN or infinite values")
+        for embedding in embeddings:
+            embedding.weight.copy_(weight)
+            if embedding.padding_idx is not None:
+                embedding.weight[embedding.padding_idx].zero_()
         return self
 
     def to_pretrained(self, vocabulary: Optional[Sequence[str]] = None,

@@ -43,14 +43,15 @@ import time
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
 
 from glomo_pyg.data.aclimdb import read_aclimdb
-from glomo_pyg.data.text import SPECIALS, WordVocabulary, read_text_documents, tokenize
+from glomo_pyg.data.text import (SPECIALS, TextDataError, WordVocabulary, read_text_documents,
+                                 tokenize)
 from glomo_pyg.data.tokens import (ResumableLoader, ResumableSampler, TokenWindows,
                                    read_shard_index, write_token_shards)
 from glomo_pyg.io.memory import physical_memory
@@ -127,6 +128,9 @@ class TrainConfig:
     syntax_treebank: Optional[str] = None
     syntax_sentences: int = 500
     syntax_every: int = 500
+    # optional word vectors (GloVe/word2vec text, model.hidden_channels wide) that every
+    # token embedding starts from, rescaled to the embeddings' initial scale (text only)
+    init_vectors: Optional[str] = None
 
 
 _SHORT = reprlib.Repr()
@@ -299,7 +303,8 @@ _RULES: Dict[str, Dict[str, _Rule]] = dict(
         checkpoint_every=_POSITIVE, validate_every=_POSITIVE, log_every=_POSITIVE,
         graph_stats_every=_POSITIVE, logger=_Rule(str, choices=LOGGERS),
         progress_bar=_Rule(bool), syntax_treebank=_Rule(str, optional=True),
-        syntax_sentences=_POSITIVE, syntax_every=_POSITIVE))
+        syntax_sentences=_POSITIVE, syntax_every=_POSITIVE,
+        init_vectors=_Rule(str, optional=True)))
 
 # Model settings: the arguments of Glomo.text / Glomo.image with these extra rules;
 # the rest are checked by type (from the signature) and by building the model once.
@@ -440,6 +445,9 @@ class PretrainConfig:
             for key in ("num_tokens", "padding_idx"):
                 if key in self.model:
                     raise ValueError(f"model.{key} is set from the vocabulary; remove it")
+        if images and self.train.init_vectors is not None:
+            raise ValueError("train.init_vectors initialises token embeddings; pixel models "
+                             "have none (remove it)")
         _check_model_settings(self.model, images)
         context = self.model.get("context_length", 3)
         if not images and isinstance(context, int) and context >= c.max_length:
@@ -907,6 +915,57 @@ def _check_trainer_builds(config: PretrainConfig) -> None:
                          "training diverges there); use '32-true' or 'bf16-mixed'")
 
 
+def _check_init_vectors(config: PretrainConfig) -> None:
+    """Refuse ``train.init_vectors`` before the corpus is prepared when the file is
+    missing, unreadable or of another width than the embeddings."""
+    from glomo_pyg.data.word_vectors import read_word_vectors
+
+    path = os.path.expanduser(config.train.init_vectors)
+    try:
+        words, vectors = read_word_vectors(path, max_words=1)
+    except (OSError, TextDataError) as err:
+        raise ValueError(f"train.init_vectors: {err}") from None
+    if not words:
+        raise ValueError(f"train.init_vectors: {path} holds no vectors")
+    width = config.model.get("hidden_channels", PretrainConfig().model["hidden_channels"])
+    if vectors.shape[1] != width:
+        raise ValueError(f"train.init_vectors: {path} holds {vectors.shape[1]}-d vectors, but "
+                         f"the token embeddings are model.hidden_channels = {width} wide; "
+                         f"train vectors of that width (glomo word-vectors --dim {width})")
+
+
+def initial_token_embeddings(path: str, vocabulary: List[str], dim: int,
+                             seed: int = 0) -> Tuple[torch.Tensor, float]:
+    """``train.init_vectors``: the ``[len(vocabulary), dim]`` weights that every token
+    embedding of a text model starts from, and the share of the vocabulary the file has.
+
+    Words the file has take its vector, the others small random vectors and ``<pad>``
+    zeros (:func:`~glomo_pyg.data.word_vectors.embedding_matrix`, drawn with ``seed``).
+    The matrix is then rescaled to the embeddings' own initial scale (std
+    ``dim ** -0.5``, :class:`~glomo_pyg.nn.UnitEncoder`): the layers after the embeddings
+    were initialised for inputs of that size, so only the directions (which words are
+    alike) come from the file. An extension: the paper learns its embeddings from
+    random initial values."""
+    from glomo_pyg.data.word_vectors import embedding_matrix, read_word_vectors
+
+    try:
+        words, vectors = read_word_vectors(os.path.expanduser(path), vocabulary=vocabulary)
+    except (OSError, TextDataError) as err:
+        raise ValueError(f"train.init_vectors: {err}") from None
+    if not words:
+        raise ValueError(f"train.init_vectors: {path} has a vector for none of the "
+                         f"{len(vocabulary)} vocabulary words (another language or "
+                         "tokenisation?)")
+    if vectors.shape[1] != dim:
+        raise ValueError(f"train.init_vectors: {path} holds {vectors.shape[1]}-d vectors, "
+                         f"the token embeddings are {dim} wide")
+    if not np.any(vectors):  # no directions to take
+        raise ValueError(f"train.init_vectors: every vector of {path} is zero")
+    weight, found = embedding_matrix(vocabulary, words, vectors, seed=seed)
+    std = float(weight.double().std())
+    return (weight.double() * (dim ** -0.5 / std)).float(), found
+
+
 def _read_syntax_treebank(t: TrainConfig):
     """The trees of ``train.syntax_treebank`` (read before the corpus is prepared)."""
     from glomo_pyg.analysis.treebank import TreebankFormatError, read_treebank
@@ -1036,6 +1095,8 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
     images = c.format in IMAGE_FORMATS
     trees = _read_syntax_treebank(t) if t.syntax_treebank and not images and \
         not prepare_only else None
+    if t.init_vectors is not None and ckpt is None and not prepare_only:
+        _check_init_vectors(config)
     if images:
         vocab, pixels = None, load_pretraining_images(c)
         log(f"images: {len(pixels)} of {tuple(pixels.shape[1:])} from {c.path}")
@@ -1074,6 +1135,14 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
                                   weight_decay=t.weight_decay, optimizer=t.optimizer,
                                   momentum=t.momentum, flip=c.flip,
                                   image_size=full if images else None)
+        found_vectors = None
+        if t.init_vectors is not None and ckpt is None:  # (a resumed run has its weights)
+            weight, found_vectors = initial_token_embeddings(
+                t.init_vectors, vocab.tokens(), model_kwargs.get(
+                    "hidden_channels", PretrainConfig().model["hidden_channels"]), t.seed)
+            module.model.set_token_embeddings(weight)
+            log(f"token embeddings start from {t.init_vectors} ({found_vectors:.1%} of the "
+                "vocabulary found)")
         if contents is not None:
             _check_fingerprint(contents, ckpt, fingerprint, where, log)
             check_checkpoint_matches(contents, ckpt, module, model_kwargs,
@@ -1137,6 +1206,8 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
         summary = dict(steps=trainer.global_step, seconds=round(seconds, 1), **size,
                        train_loss=_metric(trainer, "train_loss"),
                        val_loss=_metric(trainer, "val_loss"))
+        if found_vectors is not None:
+            summary["init_vectors_found"] = round(found_vectors, 4)
         if trainer.is_global_zero:
             predictor = module.model.cpu().to_pretrained(
                 vocab.tokens() if vocab else None,
