@@ -142,6 +142,19 @@ def test_scores_against_hand_computed_values(tmp_path):
     assert uni["undirected"] == pytest.approx(5 / 9)
     assert uni["directed"] == pytest.approx(1 / 9)
     assert uni["ap"] == pytest.approx(3 / 6)  # constant scores: the share of gold pairs
+    # the best any forward graph can do: saw has I, ships has saw (its head) and U.S.;
+    # U.S. has no gold neighbour before it; only ships has its head among its sources
+    assert scores.baselines["upper bound"] == dict(undirected=pytest.approx(2 / 3),
+                                                   directed=pytest.approx(1 / 3), ap=1.0)
+    # the gold graph reaches it: saw <- I, ships <- saw (its head) over U.S. (its
+    # dependent); U.S. attaches nowhere
+    gold = torch.zeros(1, 1, 1, 7, 7)
+    gold[..., 0, 1] = gold[..., 1, 6] = 1.0
+    gold[..., 2, 6] = 0.5
+    reached = syntax_scores(FixedGraphs(gold), alignment).directions["forward"]
+    assert reached.per_graph["undirected"][0, 0] == pytest.approx(2 / 3)
+    assert reached.per_graph["directed"][0, 0] == pytest.approx(1 / 3)
+    assert reached.per_graph["ap"][0, 0] == pytest.approx(1.0)
 
 
 def test_backward_next_token_lands_inside_a_split_word(tmp_path):
@@ -154,6 +167,9 @@ def test_backward_next_token_lands_inside_a_split_word(tmp_path):
     assert scores.per_graph["undirected"][0, 0] == pytest.approx(1 / 3)
     nxt = scores.baselines["next word"]  # word level: I-saw, saw-U.S., U.S.-ships
     assert nxt["undirected"] == pytest.approx(2 / 3) and nxt["directed"] == pytest.approx(2 / 3)
+    # backward: I (saw), saw (ships), U.S. (ships, its head) all have one after them
+    assert scores.baselines["upper bound"] == dict(undirected=1.0, directed=pytest.approx(2 / 3),
+                                                   ap=1.0)
 
 
 def test_beyond_adjacent_scores_targets_whose_adjacent_word_is_no_gold_neighbour(tmp_path):
@@ -177,6 +193,8 @@ def test_beyond_adjacent_scores_targets_whose_adjacent_word_is_no_gold_neighbour
     assert beyond.baselines["word two ahead"] == dict(undirected=1.0, directed=0.0,
                                                       ap=pytest.approx(1.0))  # ships
     assert "word two ahead" not in whole.baselines  # only beyond adjacency
+    # every target scored beyond adjacency has a gold neighbour to find; saw is the root
+    assert beyond.baselines["upper bound"] == dict(undirected=1.0, directed=0.0, ap=1.0)
     # through compare_with_syntax: the same targets for the choice and the report
     trees = read_treebank(write(tmp_path, CONLLU), max_sentences=1)
     result = compare_with_syntax(FixedGraphs(backward=g), trees, select_trees=trees,

@@ -49,6 +49,9 @@ class NothingToScore(ValueError):
 _ADJACENT = {"forward": "previous word", "backward": "next word"}
 # the positional baseline beyond adjacency: the nearest source word but one
 _SECOND = {"forward": "word two back", "backward": "word two ahead"}
+# the baseline that no graph can beat: per metric, the share of targets with a gold
+# neighbour (for directed attachment: the gold head) among their allowed sources
+UPPER_BOUND = "upper bound"
 
 
 @dataclass
@@ -268,7 +271,9 @@ def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
     graphs, next for backward ones), are scored: there the adjacent word never attaches,
     and the word at distance 2 is added as the positional baseline (gold arcs are short,
     so nearness alone beats uniform there). Returns per-graph and head-averaged scores and the
-    baselines.
+    baselines, among them the ``'upper bound'`` that no graph can exceed: the share of
+    targets with a gold neighbour among their allowed sources (directed: with their gold
+    head among them; average precision 1).
     """
     if not alignment.sentences:
         raise NothingToScore(f"no sentence to score: {alignment.why_empty()}")
@@ -284,7 +289,7 @@ def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
         acc: Optional[_Accumulator] = None
         names = (_ADJACENT[direction], _SECOND[direction]) if beyond_adjacent else \
             (_ADJACENT[direction],)
-        base = {name: np.zeros(3) for name in (*names, "uniform")}
+        base = {name: np.zeros(3) for name in (*names, "uniform", UPPER_BOUND)}
         base_pairs: Dict[str, List[np.ndarray]] = {name: [] for name in names}
         for batch in _batches(sents, batch_size):
             dense = _emit_dense(predictor, batch, direction)
@@ -325,10 +330,14 @@ def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
                     weights[src[ok], torch.arange(tgt.numel())[ok]] = 1.0
                     base_pairs[name].append(weights[pair].numpy())
                 n_allowed = pair.sum(0).double()
+                head_allowed = (heads_gold[tgt] >= 0) & \
+                    pair[heads_gold[tgt].clamp_min(0), torch.arange(tgt.numel())]
+                # the best any graph can do: a gold neighbour (the gold head) among the
+                # target's sources
+                base[UPPER_BOUND] += [(link[:, tgt] & pair).any(0).sum().item(),
+                                      head_allowed.sum().item(), 0]
                 base["uniform"] += [((link[:, tgt] & pair).sum(0) / n_allowed).sum().item(),
-                                    ((heads_gold[tgt] >= 0) & pair[heads_gold[tgt].clamp_min(0),
-                                                                   torch.arange(tgt.numel())]
-                                     ).double().div(n_allowed).sum().item(), 0]
+                                    head_allowed.double().div(n_allowed).sum().item(), 0]
         if acc is None or acc.targets == 0:
             raise NothingToScore(f"no target to score in the {direction} direction (every "
                                  "target is punctuation, has no allowed source word"
@@ -351,6 +360,9 @@ def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
         baselines["uniform"] = dict(undirected=base["uniform"][0] / n,
                                     directed=base["uniform"][1] / n,
                                     ap=float(labels.mean()))  # constant scores: positive rate
+        # (weight on gold pairs only ranks every positive first)
+        baselines[UPPER_BOUND] = dict(undirected=base[UPPER_BOUND][0] / n,
+                                      directed=base[UPPER_BOUND][1] / n, ap=1.0)
         results[direction] = GraphScores(
             direction, {m: v[:, :-1] for m, v in per.items()},
             {m: v[:, -1] for m, v in per.items()}, baselines, n)
