@@ -515,3 +515,31 @@ def test_init_vectors_that_do_not_fit_are_refused(tmp_path):
                                       train=dict(init_vectors="vec.txt")))
     with pytest.raises(ValueError, match="train.init_vectors"):
         PretrainConfig.from_dict(dict(train=dict(init_vectors=3)))
+
+
+def test_init_vectors_word2vec_trains_them_on_the_corpus_first(tmp_path):
+    from glomo_pyg.data import read_word_vectors
+    from glomo_pyg.training.text_pretraining import initial_token_embeddings, train_init_vectors
+
+    write_corpus(tmp_path / "corpus", documents=10)
+    cfg = config(tmp_path, "w2v", max_steps=2, graph_warmup_steps=3, init_vectors="word2vec")
+    messages = []
+    with pytest.warns(RuntimeWarning, match="graph_warmup_steps"):
+        summary = run_pretraining(cfg, log=messages.append)
+    path = str(tmp_path / "w2v" / "word_vectors.txt")
+    words, vectors = read_word_vectors(path)
+    assert vectors.shape[1] == 16 and set(words) <= set(WORDS + ["."])
+    assert any(m.startswith("word vectors: ") and "from 10 documents" in m for m in messages)
+    predictor = PretrainedGraphPredictor.from_pretrained(str(tmp_path / "w2v" / "predictor"))
+    weight, found = initial_token_embeddings(path, predictor.vocabulary, 16, seed=1)
+    assert summary["init_vectors_found"] == pytest.approx(found, abs=1e-4)
+    for part in predictor.predictors.values():  # g stayed frozen: it holds the start
+        pad = part.encoder.embedding.padding_idx
+        keep = [i for i in range(len(predictor.vocabulary)) if i != pad]
+        torch.testing.assert_close(part.encoder.embedding.weight[keep], weight[keep])
+    # a file of the right width is reused; one of another width is trained again
+    log = []
+    assert train_init_vectors(cfg.corpus, 16, str(tmp_path / "w2v"), log=log.append) == path
+    assert log == [f"word vectors: reusing {path}"]
+    train_init_vectors(cfg.corpus, 8, str(tmp_path / "w2v"), log=log.append)
+    assert "another width" in log[1] and read_word_vectors(path)[1].shape[1] == 8

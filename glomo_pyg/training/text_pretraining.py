@@ -128,8 +128,10 @@ class TrainConfig:
     syntax_treebank: Optional[str] = None
     syntax_sentences: int = 500
     syntax_every: int = 500
-    # optional word vectors (GloVe/word2vec text, model.hidden_channels wide) that every
-    # token embedding starts from, rescaled to the embeddings' initial scale (text only)
+    # optional word vectors that every token embedding starts from, rescaled to the
+    # embeddings' initial scale (text only): a GloVe/word2vec text file
+    # model.hidden_channels wide, or 'word2vec' to train them first on the corpus's
+    # documents (<output>/word_vectors.txt)
     init_vectors: Optional[str] = None
 
 
@@ -934,6 +936,39 @@ def _check_init_vectors(config: PretrainConfig) -> None:
                          f"train vectors of that width (glomo word-vectors --dim {width})")
 
 
+TRAIN_VECTORS = "word2vec"  # train.init_vectors: train them on the corpus first
+
+
+def train_init_vectors(corpus: CorpusConfig, dim: int, out: str, seed: int = 0,
+                       workers: int = 1, log=print) -> str:
+    """``train.init_vectors: word2vec``: word2vec vectors ``dim`` wide (gensim CBOW, window
+    5, 5 epochs, words seen ``corpus.min_count`` times) trained on the corpus's documents,
+    tokenised as the pretraining corpus is, written to ``<out>/word_vectors.txt`` (GloVe
+    text format, atomically). A file already there is reused when it has that width.
+    Returns its path."""
+    from glomo_pyg.data.word_vectors import (read_word_vectors, train_word_vectors,
+                                             write_word_vectors)
+
+    path = os.path.join(out, "word_vectors.txt")
+    if os.path.exists(path):
+        try:
+            words, vectors = read_word_vectors(path, max_words=1)
+        except (OSError, TextDataError):
+            words = []
+        if words and vectors.shape[1] == dim:
+            log(f"word vectors: reusing {path}")
+            return path
+        log(f"word vectors: {path} is unreadable or of another width; training them again")
+    start = time.time()
+    docs = [d for d in (tokenize(doc, corpus.lower) for doc in iter_documents(corpus)) if d]
+    words, vectors = train_word_vectors(docs, dim=dim, min_count=corpus.min_count,
+                                        workers=workers, seed=seed)
+    write_word_vectors(path, words, vectors)
+    log(f"word vectors: {len(words)} x {dim} from {len(docs)} documents "
+        f"({sum(map(len, docs))} tokens, {time.time() - start:.0f} s), written to {path}")
+    return path
+
+
 def initial_token_embeddings(path: str, vocabulary: List[str], dim: int,
                              seed: int = 0) -> Tuple[torch.Tensor, float]:
     """``train.init_vectors``: the ``[len(vocabulary), dim]`` weights that every token
@@ -1095,7 +1130,7 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
     images = c.format in IMAGE_FORMATS
     trees = _read_syntax_treebank(t) if t.syntax_treebank and not images and \
         not prepare_only else None
-    if t.init_vectors is not None and ckpt is None and not prepare_only:
+    if t.init_vectors not in (None, TRAIN_VECTORS) and ckpt is None and not prepare_only:
         _check_init_vectors(config)
     if images:
         vocab, pixels = None, load_pretraining_images(c)
@@ -1137,11 +1172,14 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
                                   image_size=full if images else None)
         found_vectors = None
         if t.init_vectors is not None and ckpt is None:  # (a resumed run has its weights)
-            weight, found_vectors = initial_token_embeddings(
-                t.init_vectors, vocab.tokens(), model_kwargs.get(
-                    "hidden_channels", PretrainConfig().model["hidden_channels"]), t.seed)
+            width = model_kwargs.get("hidden_channels",
+                                     PretrainConfig().model["hidden_channels"])
+            source = t.init_vectors if t.init_vectors != TRAIN_VECTORS else \
+                train_init_vectors(c, width, out, t.seed, max(1, torch.get_num_threads()), log)
+            weight, found_vectors = initial_token_embeddings(source, vocab.tokens(), width,
+                                                             t.seed)
             module.model.set_token_embeddings(weight)
-            log(f"token embeddings start from {t.init_vectors} ({found_vectors:.1%} of the "
+            log(f"token embeddings start from {source} ({found_vectors:.1%} of the "
                 "vocabulary found)")
         if contents is not None:
             _check_fingerprint(contents, ckpt, fingerprint, where, log)
