@@ -22,6 +22,7 @@ def test_shipped_configs_validate_and_build_the_model(name):
     assert model.emitter("forward").layout == config.model.get("layout", "sparse")
     assert model.keep_alive > 0
     assert model.graph_predictors["fw"].scorer.position == "relative"
+    assert config.train.init_vectors == "word2vec"  # trained on the corpus, one command
     # relative position terms repeat with the longest period: at least twice the length
     period = config.model.get("position_period", 512.0)
     assert period >= 2 * config.corpus.max_length
