@@ -537,7 +537,15 @@ def test_init_vectors_word2vec_trains_them_on_the_corpus_first(tmp_path):
         pad = part.encoder.embedding.padding_idx
         keep = [i for i in range(len(predictor.vocabulary)) if i != pad]
         torch.testing.assert_close(part.encoder.embedding.weight[keep], weight[keep])
+    # a resumed run keeps its checkpoint's weights: no vectors trained or read again
+    os.remove(path)
+    more = config(tmp_path, "w2v", max_steps=3, graph_warmup_steps=3, init_vectors="word2vec")
+    resumed = []
+    run_pretraining(more, resume=True, log=resumed.append)
+    assert not os.path.exists(path)
+    assert not any("word vectors" in m or "token embeddings" in m for m in resumed)
     # a file of the right width is reused; one of another width is trained again
+    train_init_vectors(cfg.corpus, 16, str(tmp_path / "w2v"), log=lambda *a: None)
     log = []
     assert train_init_vectors(cfg.corpus, 16, str(tmp_path / "w2v"), log=log.append) == path
     assert log == [f"word vectors: reusing {path}"]

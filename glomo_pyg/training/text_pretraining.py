@@ -917,6 +917,16 @@ def _check_trainer_builds(config: PretrainConfig) -> None:
                          "training diverges there); use '32-true' or 'bf16-mixed'")
 
 
+def _embedding_width(model: Dict[str, Any]) -> int:
+    """The token embeddings' width of the text model built from ``model`` settings."""
+    import inspect
+
+    from glomo_pyg.nn.glomo import Glomo
+
+    default = inspect.signature(Glomo.text).parameters["hidden_channels"].default
+    return model.get("hidden_channels", default)
+
+
 def _check_init_vectors(config: PretrainConfig) -> None:
     """Refuse ``train.init_vectors`` before the corpus is prepared when the file is
     missing, unreadable or of another width than the embeddings."""
@@ -929,7 +939,7 @@ def _check_init_vectors(config: PretrainConfig) -> None:
         raise ValueError(f"train.init_vectors: {err}") from None
     if not words:
         raise ValueError(f"train.init_vectors: {path} holds no vectors")
-    width = config.model.get("hidden_channels", PretrainConfig().model["hidden_channels"])
+    width = _embedding_width(config.model)
     if vectors.shape[1] != width:
         raise ValueError(f"train.init_vectors: {path} holds {vectors.shape[1]}-d vectors, but "
                          f"the token embeddings are model.hidden_channels = {width} wide; "
@@ -1172,8 +1182,9 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
                                   image_size=full if images else None)
         found_vectors = None
         if t.init_vectors is not None and ckpt is None:  # (a resumed run has its weights)
-            width = model_kwargs.get("hidden_channels",
-                                     PretrainConfig().model["hidden_channels"])
+            # (every process of a multi-process run trains its own vectors, written
+            # atomically; DDP starts all of them from the first process's weights)
+            width = _embedding_width(model_kwargs)
             source = t.init_vectors if t.init_vectors != TRAIN_VECTORS else \
                 train_init_vectors(c, width, out, t.seed, max(1, torch.get_num_threads()), log)
             weight, found_vectors = initial_token_embeddings(source, vocab.tokens(), width,
