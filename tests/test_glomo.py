@@ -202,6 +202,37 @@ def test_set_token_embeddings_fills_every_embedding_and_keeps_padding_zero():
     assert plain.feature_predictors["fw"].embedding.weight.eq(1).all()
 
 
+def test_set_token_embeddings_of_one_part_leave_the_other_alone():
+    torch.manual_seed(0)
+    weight = torch.randn(12, 8)
+    for parts, changed in ((("graph",), "graph"), (["features"], "features")):
+        model = Glomo.text(num_tokens=12, hidden_channels=8, num_layers=1, heads=2,
+                           cnn_layers=1, padding_idx=0)
+        g = {k: p.encoder.embedding.weight.clone() for k, p in model.graph_predictors.items()}
+        f = {k: p.embedding.weight.clone() for k, p in model.feature_predictors.items()}
+        model.set_token_embeddings(weight, parts)
+        for k in model.graph_predictors:
+            now = model.graph_predictors[k].encoder.embedding.weight
+            assert torch.equal(now[1:], weight[1:]) if changed == "graph" else \
+                torch.equal(now, g[k])
+        for k in model.feature_predictors:
+            now = model.feature_predictors[k].embedding.weight
+            assert torch.equal(now[1:], weight[1:]) if changed == "features" else \
+                torch.equal(now, f[k])
+            assert model.decoders[k].embedding is model.feature_predictors[k].embedding
+    model = Glomo.text(num_tokens=12, hidden_channels=8, num_layers=1, heads=2, cnn_layers=1)
+    for bad in ("graph", (), ("graph", "graph"), ("g",), None):
+        with pytest.raises(ValueError, match="parts must be a non-empty sequence"):
+            model.set_token_embeddings(weight, bad)
+    coupled = Glomo.text(num_tokens=12, hidden_channels=8, num_layers=1, heads=2, cnn_layers=1,
+                         decouple=False)
+    with pytest.raises(ValueError, match="decouple=False .*both"):
+        coupled.set_token_embeddings(weight, ("graph",))
+    coupled.set_token_embeddings(weight, ("features", "graph"))
+    assert all(torch.equal(p.embedding.weight, weight)
+               for p in coupled.feature_predictors.values())
+
+
 def test_set_token_embeddings_refuses_bad_weights():
     model = Glomo.text(num_tokens=12, hidden_channels=8, num_layers=1, heads=2, cnn_layers=1)
     for bad, message in ((torch.randn(11, 8), r"shape \(12, 8\).*got \(11, 8\)"),

@@ -486,6 +486,42 @@ def test_init_vectors_start_every_token_embedding(tmp_path):
     assert f_start and all(state[k].shape == weight.shape for k in f_start)
 
 
+def test_init_vectors_parts_start_g_or_f_alone(tmp_path):
+    from glomo_pyg.training.text_pretraining import initial_token_embeddings
+
+    write_corpus(tmp_path / "corpus", documents=10)
+    rng = random.Random(0)
+    _write_vectors(tmp_path / "vec.txt", {w: [rng.gauss(0, 1.0) for _ in range(16)]
+                                          for w in WORDS})
+    starts = {}
+    for parts in ("graph", "features"):
+        messages = []
+        cfg = config(tmp_path, parts, max_steps=2, graph_warmup_steps=3,
+                     init_vectors=str(tmp_path / "vec.txt"), init_vectors_parts=parts)
+        with pytest.warns(RuntimeWarning, match="graph_warmup_steps"):
+            run_pretraining(cfg, log=messages.append)
+        assert any(f"{'g' if parts == 'graph' else 'f'}'s only" in m for m in messages)
+        predictor = PretrainedGraphPredictor.from_pretrained(str(tmp_path / parts / "predictor"))
+        starts[parts] = [p.encoder.embedding.weight for p in predictor.predictors.values()]
+    vocab = predictor.vocabulary
+    weight, _ = initial_token_embeddings(str(tmp_path / "vec.txt"), vocab, 16, seed=1)
+    keep = [i for i in range(len(vocab)) if i != vocab.index("<pad>")] \
+        if "<pad>" in vocab else list(range(len(vocab)))
+    # g frozen for the run: its saved embedding is its start
+    for saved in starts["graph"]:
+        torch.testing.assert_close(saved[keep], weight[keep])
+    for saved in starts["features"]:  # g kept its random start
+        assert not torch.allclose(saved[keep], weight[keep], atol=1e-3)
+    with pytest.raises(ValueError, match="init_vectors_parts .*not set"):
+        PretrainConfig.from_dict(dict(train=dict(init_vectors_parts="graph")))
+    with pytest.raises(ValueError, match="init_vectors_parts: with model.decouple=false"):
+        PretrainConfig.from_dict(dict(model=dict(decouple=False), train=dict(
+            init_vectors="vec.txt", init_vectors_parts="features")))
+    with pytest.raises(ValueError, match="init_vectors_parts must be one of 'both', 'graph'"):
+        PretrainConfig.from_dict(dict(train=dict(init_vectors="vec.txt",
+                                                 init_vectors_parts="g")))
+
+
 def test_init_vectors_that_do_not_fit_are_refused(tmp_path):
     write_corpus(tmp_path / "corpus", documents=10)
     _write_vectors(tmp_path / "narrow.txt", {"the": [0.5] * 8})

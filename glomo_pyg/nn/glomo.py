@@ -23,6 +23,7 @@ from glomo_pyg.pixels import IMAGENET_MEAN, IMAGENET_STD
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
 OBJECTIVES = ("unit", "sequence")
+EMBEDDING_PARTS = ("graph", "features")  # set_token_embeddings: g's and f's embeddings
 
 
 class GlomoOutput(NamedTuple):
@@ -310,13 +311,25 @@ class Glomo(torch.nn.Module):
         return self
 
     @torch.no_grad()
-    def set_token_embeddings(self, weight: Tensor) -> "Glomo":
+    def set_token_embeddings(self, weight: Tensor,
+                             parts: Sequence[str] = EMBEDDING_PARTS) -> "Glomo":
         """Copy ``weight`` (``[num_tokens, hidden_channels]``, e.g. word vectors) into
-        every token embedding of the model: the graph predictors' and the feature
-        predictors' (which the context decoders share), in every direction. Each copy
-        stays its own parameter; rows of a padding index are kept at zero. An
-        initialisation, not part of the paper (which starts from random embeddings)."""
-        embeddings = [m.embedding for m in self.modules()
+        the token embeddings of ``parts``, in every direction: ``'graph'``, the graph
+        predictors' (g), and ``'features'``, the feature predictors' (f, which the context
+        decoders share). Each copy stays its own parameter; rows of a padding index are
+        kept at zero. An initialisation, not part of the paper (which starts from random
+        embeddings); one part alone is an ablation of it."""
+        if isinstance(parts, str) or not isinstance(parts, Sequence) or not parts or \
+                any(p not in EMBEDDING_PARTS for p in parts) or len(set(parts)) != len(parts):
+            raise ValueError(f"parts must be a non-empty sequence of distinct names from "
+                             f"{EMBEDDING_PARTS}, got {parts!r}")
+        if not self.decouple and tuple(sorted(parts)) != tuple(sorted(EMBEDDING_PARTS)):
+            raise ValueError("with decouple=False the graphs come from f itself, so g has no "
+                             "embedding of its own: parts must be both "
+                             f"{EMBEDDING_PARTS}, got {tuple(parts)!r}")
+        owners = ([self.graph_predictors] if "graph" in parts else []) + \
+            ([self.feature_predictors] if "features" in parts else [])
+        embeddings = [m.embedding for owner in owners for m in owner.modules()
                       if isinstance(m, UnitEncoder) and m.embedding is not None]
         if not embeddings:
             raise ValueError("this model reads features, not token ids: it has no token "

@@ -57,6 +57,7 @@ from glomo_pyg.data.tokens import (ResumableLoader, ResumableSampler, TokenWindo
 from glomo_pyg.io.memory import physical_memory
 from glomo_pyg.io.pretrained import CONFIG_RULES, MAX_VOCABULARY
 from glomo_pyg.nn.feature_predictor import MAX_LOCAL_CONTEXT
+from glomo_pyg.nn.glomo import EMBEDDING_PARTS
 from glomo_pyg.threads import MAX_THREADS
 from glomo_pyg.training.checkpoints import (CHECKPOINT_KEY, AtomicCheckpointIO,
                                             CheckpointMismatchError, check_checkpoint_matches,
@@ -71,6 +72,8 @@ TEXT_FORMATS = ("text", "aclimdb")
 IMAGE_FORMATS = ("cifar10", "imagenet32")
 CORPUS_FORMATS = TEXT_FORMATS + IMAGE_FORMATS
 LOGGERS = ("csv", "tensorboard")
+# train.init_vectors_parts: the embeddings (Glomo.set_token_embeddings) each value sets
+INIT_VECTORS_PARTS = {"both": EMBEDDING_PARTS, "graph": ("graph",), "features": ("features",)}
 
 
 @dataclass
@@ -133,6 +136,9 @@ class TrainConfig:
     # model.hidden_channels wide, or 'word2vec' to train them first on the corpus's
     # documents (<output>/word_vectors.txt)
     init_vectors: Optional[str] = None
+    # which embeddings start from them: 'both', 'graph' (g's only) or 'features' (f's
+    # only, which the decoders share); one part alone is an ablation
+    init_vectors_parts: str = "both"
 
 
 _SHORT = reprlib.Repr()
@@ -306,7 +312,8 @@ _RULES: Dict[str, Dict[str, _Rule]] = dict(
         graph_stats_every=_POSITIVE, logger=_Rule(str, choices=LOGGERS),
         progress_bar=_Rule(bool), syntax_treebank=_Rule(str, optional=True),
         syntax_sentences=_POSITIVE, syntax_every=_POSITIVE,
-        init_vectors=_Rule(str, optional=True)))
+        init_vectors=_Rule(str, optional=True),
+        init_vectors_parts=_Rule(str, choices=INIT_VECTORS_PARTS)))
 
 # Model settings: the arguments of Glomo.text / Glomo.image with these extra rules;
 # the rest are checked by type (from the signature) and by building the model once.
@@ -450,6 +457,13 @@ class PretrainConfig:
         if images and self.train.init_vectors is not None:
             raise ValueError("train.init_vectors initialises token embeddings; pixel models "
                              "have none (remove it)")
+        if self.train.init_vectors_parts != "both":
+            if self.train.init_vectors is None:
+                raise ValueError("train.init_vectors_parts chooses the embeddings that start "
+                                 "from train.init_vectors, which is not set")
+            if self.model.get("decouple", True) is False:
+                raise ValueError("train.init_vectors_parts: with model.decouple=false the "
+                                 "graphs come from f itself, so only 'both' applies")
         _check_model_settings(self.model, images)
         context = self.model.get("context_length", 3)
         if not images and isinstance(context, int) and context >= c.max_length:
@@ -1189,9 +1203,12 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
                 train_init_vectors(c, width, out, t.seed, max(1, torch.get_num_threads()), log)
             weight, found_vectors = initial_token_embeddings(source, vocab.tokens(), width,
                                                              t.seed)
-            module.model.set_token_embeddings(weight)
+            parts = INIT_VECTORS_PARTS[t.init_vectors_parts]
+            module.model.set_token_embeddings(weight, parts)
+            only = {"graph": "; g's only", "features": "; f's only"}.get(
+                t.init_vectors_parts, "")
             log(f"token embeddings start from {source} ({found_vectors:.1%} of the "
-                "vocabulary found)")
+                f"vocabulary found{only})")
         if contents is not None:
             _check_fingerprint(contents, ckpt, fingerprint, where, log)
             check_checkpoint_matches(contents, ckpt, module, model_kwargs,
