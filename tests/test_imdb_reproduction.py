@@ -91,3 +91,19 @@ def test_tfidf_baseline_sees_only_the_first_tokens():
 
     result = tfidf_baseline(late(60, 0), late(20, 1), late(40, 2), max_length=3, cs=(1.0,))
     assert result["test_acc"] == 0.5
+
+
+def test_search_accuracy_averages_the_search_seeds():
+    import dataclasses
+
+    from benchmarks.reproduce.imdb import REDUCED, search_accuracy
+    # seed 0 alone prefers 2e-3; over seeds 0 and 1, 1e-3 is better
+    runs = {"baseline/0/lr=0.001": {"val_acc": 0.78}, "baseline/0/lr=0.002": {"val_acc": 0.79},
+            "baseline/1/lr=0.001": {"val_acc": 0.80}, "baseline/1/lr=0.002": {"val_acc": 0.75}}
+    one = dataclasses.replace(REDUCED, lr_seeds=1)
+    two = dataclasses.replace(REDUCED, lr_seeds=2)
+    assert search_accuracy(runs, one, "baseline", 2e-3) == pytest.approx(0.79)
+    assert search_accuracy(runs, two, "baseline", 1e-3) == pytest.approx(0.79)
+    assert search_accuracy(runs, two, "baseline", 2e-3) == pytest.approx(0.77)
+    assert max((1e-3, 2e-3), key=lambda lr: search_accuracy(runs, one, "baseline", lr)) == 2e-3
+    assert max((1e-3, 2e-3), key=lambda lr: search_accuracy(runs, two, "baseline", lr)) == 1e-3

@@ -251,6 +251,8 @@ def test_imdb_reproduction_script_end_to_end(tmp_path, capsys, monkeypatch):
                            (["--output-dir", str(results)], "is a file, not a folder"),
                            (["--predictor", str(tmp_path / "missing")], "missing"),
                            (["--rnn-layers", "-1"], "--rnn-layers must be >= 0"),
+                           (["--lr-seeds", "0"], "--lr-seeds must be >= 1"),
+                           (["--lr-seeds", "3"], r"--lr-seeds \(3\) must be at most --seeds \(2\)"),
                            (["--max-distance", "0"], "--max-distance must be >= 1"),
                            (["--rnn-layers", "1", "--variants", "glomo-rnn"],
                             "glomo-rnn puts graphs after the first of at least 2 RNN layers"),
@@ -287,6 +289,24 @@ def test_imdb_reproduction_script_end_to_end(tmp_path, capsys, monkeypatch):
     imdb.main(args[:-len(variants)] + ["baseline", "--predictor", str(tmp_path / "other")])
     last = results.read_text().rsplit("\n## ", 1)[1]
     assert "| feature only (word vectors) |" in last and "Paired test-accuracy" not in last
+    # the rate chosen on the mean validation accuracy of seeds 0 and 1, both searched
+    imdb.main(args[:-len(variants)] + ["baseline", "glomo", "--lr-seeds", "2", "--output-dir",
+                                       str(tmp_path / "lr2"), "--predictor", str(tmp_path / "other")])
+    last = results.read_text().rsplit("\n## ", 1)[1]
+    assert "seeds 0-1 each trained at each of" in last and "(`--lr-seeds 2`)" in last
+    assert "validation accuracy % (mean of seeds 0-1)" in last
+    with open(tmp_path / "lr2" / "downstream.json") as fh:
+        searched = json.load(fh)["runs"]
+    assert len(searched) == 2 * 2 * len(lrs)  # every run is a search run at 2 seeds
+    for v in ("baseline", "glomo"):
+        mean = {lr: (searched[f"{v}/0/lr={lr:g}"]["val_acc"] +
+                     searched[f"{v}/1/lr={lr:g}"]["val_acc"]) / 2 for lr in lrs}
+        best = max(lrs, key=lambda lr: mean[lr])
+        for seed in (0, 1):  # test-evaluated at the chosen rate only, on both seeds
+            tested = [lr for lr in lrs if searched[f"{v}/{seed}/lr={lr:g}"]["test_acc"] is not None]
+            assert tested == [best]
+        assert f"| {100 * mean[best]:.2f} |" in last
+    assert os.listdir(tmp_path / "lr2" / "lr-search") == []
     # the classifier without RNN (word order only through the graphs), in its own folder
     imdb.main(args[:-len(variants)] + ["baseline", "glomo", "adjacent", "--rnn-layers", "0",
                                        "--output-dir", str(tmp_path / "norc"),
