@@ -307,6 +307,26 @@ def test_imdb_reproduction_script_end_to_end(tmp_path, capsys, monkeypatch):
             assert tested == [best]
         assert f"| {100 * mean[best]:.2f} |" in last
     assert os.listdir(tmp_path / "lr2" / "lr-search") == []
+    # back to seed 0 alone on the same cache, where seed 0 alone prefers the rate that the
+    # mean did not choose (cache edited so): seed 0's and seed 1's runs at that rate were
+    # validation-only, without checkpoints left, so both are trained again with a test result
+    path = tmp_path / "lr2" / "downstream.json"
+    cache2 = json.loads(path.read_text())
+    other_rate = {}
+    for v in ("baseline", "glomo"):
+        tested = [lr for lr in lrs if cache2["runs"][f"{v}/0/lr={lr:g}"]["test_acc"] is not None]
+        other_rate[v] = next(lr for lr in lrs if lr not in tested)
+        cache2["runs"][f"{v}/0/lr={other_rate[v]:g}"]["val_acc"] = 1.0
+    path.write_text(json.dumps(cache2))
+    imdb.main(args[:-len(variants)] + ["baseline", "glomo", "--output-dir",
+                                       str(tmp_path / "lr2"), "--predictor", str(tmp_path / "other")])
+    with open(tmp_path / "lr2" / "downstream.json") as fh:
+        seed0 = json.load(fh)["runs"]
+    for v in ("baseline", "glomo"):
+        assert seed0[f"{v}/0/lr={other_rate[v]:g}"]["test_acc"] is not None
+        assert seed0[f"{v}/1/lr={other_rate[v]:g}"]["test_acc"] is not None
+    last = results.read_text().rsplit("\n## ", 1)[1]
+    assert "| feature only (word vectors) |" in last and "| 2 | lr = " in last
     # the classifier without RNN (word order only through the graphs), in its own folder
     imdb.main(args[:-len(variants)] + ["baseline", "glomo", "adjacent", "--rnn-layers", "0",
                                        "--output-dir", str(tmp_path / "norc"),

@@ -876,7 +876,9 @@ def run(args, argv=None) -> None:
     for seed in range(setup.lr_seeds, setup.seeds):
         for variant in setup.variants:
             key = run_key(variant, seed, chosen[variant])
-            if key not in runs:
+            # (a validation-only run of an earlier, larger --lr-seeds has no test result
+            # and no checkpoint left: trained again)
+            if key not in runs or runs[key]["test_acc"] is None:
                 record(key, fit(variant, seed, chosen[variant], test)[0])
     for variant in setup.variants:  # the neural results beside the TF-IDF baseline
         acc = [runs[run_key(variant, s, chosen[variant])]["test_acc"] for s in range(setup.seeds)]
