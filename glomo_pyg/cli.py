@@ -148,11 +148,12 @@ def _word_vectors(args: argparse.Namespace) -> int:
     from collections import Counter
 
     from glomo_pyg.data.text import tokenize
-    from glomo_pyg.data.word_vectors import (MAX_DIM, MAX_SEED, MAX_WINDOW,
-                                             train_word_vectors, write_word_vectors)
+    from glomo_pyg.data.word_vectors import (MAX_SEED, MAX_TRAIN_DIM, MAX_WINDOW,
+                                             MAX_WORKERS, train_word_vectors,
+                                             write_word_vectors)
     from glomo_pyg.training.text_pretraining import CorpusConfig, iter_documents
 
-    highest = dict(dim=MAX_DIM, window=MAX_WINDOW)
+    highest = dict(dim=MAX_TRAIN_DIM, window=MAX_WINDOW, workers=MAX_WORKERS)
     for name in WORD_VECTOR_COUNTS:  # checked before anything is read or written
         value, high = getattr(args, name), highest.get(name)
         if value < 1 or (high is not None and value > high):
@@ -163,6 +164,12 @@ def _word_vectors(args: argparse.Namespace) -> int:
         raise SystemExit(f"glomo word-vectors: --seed must lie in [0, {MAX_SEED}], got "
                          f"{args.seed}")
     _check_output_file("word-vectors", "--output", args.output)
+    corpus_path = os.path.realpath(args.corpus)
+    output_path = os.path.realpath(args.output)
+    if output_path == corpus_path or output_path.startswith(corpus_path.rstrip(os.sep) + os.sep):
+        # (the vectors would replace the corpus, or be read as a document by the next run)
+        raise SystemExit(f"glomo word-vectors: --output {args.output} is the corpus or lies "
+                         f"inside the corpus folder {args.corpus}; write it elsewhere")
     if args.max_documents is not None and args.max_documents < 1:
         raise SystemExit(f"glomo word-vectors: --max-documents must be >= 1, got "
                          f"{args.max_documents}")

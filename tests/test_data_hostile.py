@@ -248,8 +248,38 @@ def test_word_vector_limits_that_would_hang_or_overflow(tmp_path):
     words, vectors = ["good"], np.array([[1e30, -1e30, 1e30, -1e30]], dtype=np.float32)
     matrix, _ = embedding_matrix(["<pad>", "<unk>", "good", "bad"], words, vectors)
     assert torch.isfinite(matrix).all()
+    # values or a scale that float32 cannot hold, and arguments of the wrong kind, are
+    # refused (they made inf/NaN rows or crashed deep inside)
+    vocab = ["<pad>", "good", "bad"]
+    for args, kwargs, message in (
+            ((vocab, ["good"], np.array([[3e38, -3e38]])), {}, "scale .* too large"),
+            ((vocab, ["good"], np.full((1, 2), 1e300)), {}, "beyond float32's range"),
+            ((vocab, ["good"], np.array([[np.nan, 1.0]])), {}, "NaN"),
+            ((vocab, ["good", "bad", "x"], np.ones((1, 2))), {}, r"\[3, dim\], got \(1, 2\)"),
+            ((vocab, ["good"], np.ones(2)), {}, r"got \(2,\)"),
+            ((vocab, ["good"], [[1.0, 2.0]]), {}, "got list"),
+            ((vocab, ["good"], np.ones((1, 2), dtype=np.int64)), {}, "floating-point"),
+            (("good bad", ["good"], np.ones((1, 2))), {}, "vocabulary must be a sequence of str"),
+            ((vocab, ["good"], np.ones((1, 2))), dict(scale=0), "scale must be a positive"),
+            ((vocab, ["good"], np.ones((1, 2))), dict(scale=-5.0), "scale must be a positive")):
+        with pytest.raises(ValueError, match=message):
+            embedding_matrix(*args, **kwargs)
+    assert torch.isfinite(embedding_matrix(vocab, ["good"], np.full((1, 2), 1e36))[0]).all()
+    # a line the reader would refuse is not written; missing folders are created
+    from glomo_pyg.data.word_vectors import MAX_LINE_BYTES, MAX_TRAIN_DIM, MAX_WORKERS
+    with pytest.raises(ValueError, match="1703938 bytes, more than the 1048576 a reader"):
+        write_word_vectors(str(tmp_path / "wide.txt"), ["a"],
+                           np.full((1, MAX_LINE_BYTES // 8), -1.234567e-05))
+    assert not (tmp_path / "wide.txt").exists()
+    widest = np.full((1, MAX_TRAIN_DIM), -1.234567e-05)  # what training may make: readable
+    write_word_vectors(str(tmp_path / "new" / "folder" / "w.txt"), ["a"], widest)
+    assert read_word_vectors(str(tmp_path / "new" / "folder" / "w.txt"))[1].shape == \
+        (1, MAX_TRAIN_DIM)
+    for key, value in [("dim", MAX_TRAIN_DIM + 1), ("workers", MAX_WORKERS + 1)]:
+        with pytest.raises(ValueError, match=f"{key} must be a positive integer <= "):
+            train_word_vectors(docs, **{"dim": 4, "min_count": 1, key: value})
     # a failed write leaves no temporary file behind
     (tmp_path / "out").mkdir()
     with pytest.raises(OSError):
         write_word_vectors(str(tmp_path / "out"), ["a"], np.ones((1, 2)))
-    assert sorted(os.listdir(tmp_path)) == ["out", "v.txt"]
+    assert sorted(os.listdir(tmp_path)) == ["new", "out", "v.txt"]

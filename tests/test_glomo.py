@@ -239,9 +239,15 @@ def test_set_token_embeddings_refuses_bad_weights():
                          (torch.randn(12, 8, 1), "shape"),
                          (torch.ones(12, 8, dtype=torch.long), "floating-point"),
                          ([[0.0] * 8] * 12, "got list"),
-                         (torch.full((12, 8), float("nan")), "NaN")):
+                         (torch.full((12, 8), float("nan")), "NaN"),
+                         # finite in float64, infinite in the embeddings' float32
+                         (torch.full((12, 8), 1e300, dtype=torch.float64), "beyond the range"),
+                         (torch.empty(12, 8, device="meta"), "meta device"),
+                         (torch.ones(12, 8).to_sparse(), "dense")):
+        before = {k: v.clone() for k, v in model.state_dict().items()}
         with pytest.raises(ValueError, match=message):
             model.set_token_embeddings(bad)
+        assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     pixels = Glomo.image(height=4, width=4, hidden_channels=8, num_layers=1, heads=2,
                          cnn_layers=1)
     with pytest.raises(ValueError, match="no token embeddings"):

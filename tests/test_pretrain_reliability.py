@@ -340,6 +340,18 @@ def test_word_vectors_command_checks_its_input(tmp_path):
     with pytest.raises(SystemExit, match="^glomo word-vectors: "):
         main(["word-vectors", "--corpus", str(tmp_path / "missing"), "--output", str(out)])
     assert not out.exists()
+    with pytest.raises(SystemExit, match="--workers must be >= 1 and <= 1024, got 20000"):
+        main(base + ["--workers", "20000"])
+    with pytest.raises(SystemExit, match="--dim must be >= 1 and <= 65536"):
+        main(base + ["--dim", "524288"])
+    # the vectors would replace the corpus, or be read as one of its documents next time
+    text = tmp_path / "one.txt"
+    text.write_text("the cat sat on the mat\n")
+    for corpus, output in ((text, text), (tmp_path / "corpus", tmp_path / "corpus" / "v.txt")):
+        with pytest.raises(SystemExit, match="is the corpus or lies inside the corpus folder"):
+            main(["word-vectors", "--corpus", str(corpus), "--output", str(output)])
+    assert text.read_text() == "the cat sat on the mat\n"
+    assert not (tmp_path / "corpus" / "v.txt").exists()
 
 
 def test_commands_turn_bad_input_into_one_line(tmp_path):

@@ -556,6 +556,15 @@ def test_init_vectors_that_do_not_fit_are_refused(tmp_path):
                             **quiet)
         assert not os.path.exists(tmp_path / f"late{k}" / "checkpoints") or \
             not os.listdir(tmp_path / f"late{k}" / "checkpoints")
+    # read directly (the run reads the same way): vectors that cannot start embeddings
+    from glomo_pyg.training.text_pretraining import initial_token_embeddings
+    (tmp_path / "equal.txt").write_text("a 1 1\nb 1 1\n")
+    (tmp_path / "huge.txt").write_text("a 3.4e38 3.4e38\nb -3.4e38 -3.4e38\n")
+    for name, vocab, message in (
+            ("equal.txt", ["a", "b"], "equal.txt do not vary"),
+            ("huge.txt", ["<pad>", "a", "b", "c"], "train.init_vectors: .*huge.txt: .*too large")):
+        with pytest.raises(ValueError, match=message):
+            initial_token_embeddings(str(tmp_path / name), vocab, 2)
     with pytest.raises(ValueError, match="train.init_vectors .*pixel models"):
         PretrainConfig.from_dict(dict(corpus=dict(format="cifar10"),
                                       train=dict(init_vectors="vec.txt")))

@@ -24,6 +24,11 @@ from glomo_pyg.data.text import TextDataError, _decode, _lines
 
 MAX_LINE_BYTES = 1 << 20  # a 300-d vector line is about 4 KB
 MAX_DIM = MAX_LINE_BYTES // 2  # no line of the text format could hold more numbers
+# the widest vectors that train_word_vectors makes: write_word_vectors spends up to 13
+# bytes per number ("-1.23457e-05 "), and its lines must stay readable (MAX_LINE_BYTES)
+MAX_TRAIN_DIM = MAX_LINE_BYTES // 16
+# word2vec threads (gensim starts one Python thread each)
+MAX_WORKERS = 1024
 # word2vec's C settings are 32-bit ints (a larger window made a gensim worker die while
 # training waited for it forever)
 MAX_WINDOW = (1 << 31) - 1
@@ -111,7 +116,9 @@ def read_word_vectors(path: str, vocabulary: Optional[Sequence[str]] = None,
 
 def write_word_vectors(path: str, words: Sequence[str], vectors, header: bool = False) -> None:
     """Write the GloVe text format (``header=True``: word2vec's, with ``<count> <dim>``
-    first), atomically. Words must not contain spaces or newlines."""
+    first), atomically; missing folders on the way are created. Words must not contain
+    spaces or newlines, and every line must stay readable by :func:`read_word_vectors`
+    (at most :data:`MAX_LINE_BYTES`)."""
     vectors = vectors.detach().cpu().numpy() if isinstance(vectors, torch.Tensor) else \
         np.asarray(vectors)
     if vectors.ndim != 2 or vectors.shape[0] != len(words) or vectors.shape[1] < 1:
@@ -122,13 +129,21 @@ def write_word_vectors(path: str, words: Sequence[str], vectors, header: bool = 
     for word in words:
         if not isinstance(word, str) or not word or any(c in word for c in " \n\r"):
             raise ValueError(f"word {word!r} cannot be written in the text format")
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "w", encoding="utf-8") as fh:
             if header:
                 fh.write(f"{len(words)} {vectors.shape[1]}\n")
             for word, vec in zip(words, vectors):
-                fh.write(word + " " + " ".join(f"{v:.6g}" for v in vec) + "\n")
+                line = word + " " + " ".join(f"{v:.6g}" for v in vec) + "\n"
+                if len(line.encode("utf-8")) > MAX_LINE_BYTES:
+                    raise ValueError(f"the line of word {word[:40]!r} would take "
+                                     f"{len(line.encode('utf-8'))} bytes, more than the "
+                                     f"{MAX_LINE_BYTES} a reader of this format accepts "
+                                     f"({vectors.shape[1]}-d vectors are too wide)")
+                fh.write(line)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):  # a failed write or rename leaves nothing behind
@@ -140,16 +155,41 @@ def embedding_matrix(vocabulary: Sequence[str], words: Sequence[str], vectors: n
     """``[len(vocabulary), dim]`` embedding weights: the file's vector for words it has,
     small random vectors (normal, std ``scale`` = the vectors' own std by default) for
     the others and zeros for ``<pad>``. Returns the matrix and the fraction of the
-    vocabulary found in the file."""
+    vocabulary found in the file. ``vectors`` is ``[len(words), dim]`` (e.g. from
+    :func:`read_word_vectors`); values or a scale that float32 cannot hold are refused."""
+    if isinstance(vocabulary, str) or not isinstance(vocabulary, Sequence) or \
+            not all(isinstance(w, str) for w in vocabulary):
+        raise ValueError("vocabulary must be a sequence of str tokens, got "
+                         f"{type(vocabulary).__name__}")
+    if isinstance(words, str) or not isinstance(words, Sequence) or \
+            not all(isinstance(w, str) for w in words):
+        raise ValueError(f"words must be a sequence of str, got {type(words).__name__}")
+    if not isinstance(vectors, np.ndarray) or vectors.ndim != 2 or \
+            vectors.shape[0] != len(words) or vectors.shape[1] < 1 or \
+            not np.issubdtype(vectors.dtype, np.floating):
+        got = f"{vectors.shape} {vectors.dtype}" if isinstance(vectors, np.ndarray) else \
+            type(vectors).__name__
+        raise ValueError(f"vectors must be a floating-point numpy array [len(words), dim] = "
+                         f"[{len(words)}, dim], got {got}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
+                              or not 0 < scale < np.inf):
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    limit = float(np.finfo(np.float32).max)
+    if not np.isfinite(vectors).all():
+        raise ValueError("the word vectors hold NaN or infinite values")
+    if vectors.size and float(np.abs(vectors).max()) > limit:
+        raise ValueError(f"the word vectors hold values up to {float(np.abs(vectors).max()):g},"
+                         " beyond float32's range: too large to be features")
     index: Dict[str, int] = {w: i for i, w in enumerate(words)}
     dim = vectors.shape[1]
     # (the std in float64: float32 overflows to inf on huge but finite vectors)
-    std = scale if scale is not None else \
+    std = float(scale) if scale is not None else \
         (float(vectors.std(dtype=np.float64)) if vectors.size else 0.0)
-    if not np.isfinite(std) or std > np.finfo(np.float32).max:
-        raise ValueError(f"the word vectors' scale is not finite in float32 ({std}); "
-                         "their values are too large to be features")
-    std = std if std > 0 else 0.1
+    # the random rows are drawn as std * N(0, 1); |N(0, 1)| stays far below 16
+    if std * 16 > limit:
+        raise ValueError(f"the word vectors' scale ({std:g}) is too large for float32 "
+                         "features (random rows for the other words would overflow)")
+    std = std if std > 0 else 0.1  # (all-zero or no vectors: a small default)
     gen = torch.Generator().manual_seed(seed)
     out = torch.randn(len(vocabulary), dim, generator=gen) * std
     found = 0
@@ -168,12 +208,13 @@ def train_word_vectors(documents: Iterable[Sequence[str]], dim: int = 300, windo
     """word2vec (gensim) on tokenised documents; returns words (most frequent first) and
     ``[n, dim]`` vectors. ``documents`` (lists of str tokens) is iterated ``epochs + 2``
     times (a list, or a re-iterable corpus object). Settings that are not positive
-    integers (``dim`` at most :data:`MAX_DIM`, ``window`` at most :data:`MAX_WINDOW`), a
+    integers (``dim`` at most :data:`MAX_TRAIN_DIM`, ``window`` at most :data:`MAX_WINDOW`,
+    ``workers`` at most :data:`MAX_WORKERS`), a
     seed outside ``[0, 2**32 - 1]``, documents that are not token lists, or a corpus with no word that occurs
     ``min_count`` times raise a :class:`ValueError` before gensim runs."""
-    for name, value, high in (("dim", dim, MAX_DIM), ("window", window, MAX_WINDOW),
+    for name, value, high in (("dim", dim, MAX_TRAIN_DIM), ("window", window, MAX_WINDOW),
                               ("min_count", min_count, None), ("epochs", epochs, None),
-                              ("workers", workers, None)):
+                              ("workers", workers, MAX_WORKERS)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1 or \
                 (high is not None and value > high):
             raise ValueError(f"{name} must be a positive integer"

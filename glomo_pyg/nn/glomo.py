@@ -341,8 +341,18 @@ class Glomo(torch.nn.Module):
                 else type(weight).__name__
             raise ValueError(f"weight must be a floating-point tensor of shape {shape} "
                              f"(num_tokens, hidden_channels), got {got}")
+        if weight.layout != torch.strided:
+            raise ValueError(f"weight must be a dense (strided) tensor, got layout "
+                             f"{weight.layout}")
+        if weight.is_meta:
+            raise ValueError("weight is on the meta device: it holds no values to copy")
+        target = embeddings[0].weight.dtype
+        # checked as the embeddings will hold it: 1e300 in float64 is finite, not in float32
         if not torch.isfinite(weight).all():
             raise ValueError("weight holds NaN or infinite values")
+        if not torch.isfinite(weight.to(target)).all():
+            raise ValueError(f"weight holds values beyond the range of the embeddings' "
+                             f"{target}: they would become infinite")
         for embedding in embeddings:
             embedding.weight.copy_(weight)
             if embedding.padding_idx is not None:

@@ -1020,8 +1020,14 @@ def initial_token_embeddings(path: str, vocabulary: List[str], dim: int,
                          f"the token embeddings are {dim} wide")
     if not np.any(vectors):  # no directions to take
         raise ValueError(f"train.init_vectors: every vector of {path} is zero")
-    weight, found = embedding_matrix(vocabulary, words, vectors, seed=seed)
-    std = float(weight.double().std())
+    try:
+        weight, found = embedding_matrix(vocabulary, words, vectors, seed=seed)
+    except ValueError as err:
+        raise ValueError(f"train.init_vectors: {path}: {err}") from None
+    std = float(weight.double().std()) if weight.numel() > 1 else 0.0
+    if not std > 0:  # (equal vectors and one word alike: nothing to rescale to)
+        raise ValueError(f"train.init_vectors: the embeddings made from {path} do not vary "
+                         "(every value equal): they carry no directions to start from")
     return (weight.double() * (dim ** -0.5 / std)).float(), found
 
 
