@@ -49,6 +49,13 @@ def test_comparisons_cover_every_variant_and_learned_graphs_against_uniform():
         ("uniform", "baseline"), ("glomo", "uniform"), ("glomo", "adjacent"),
         ("glomo", "untrained")]
     assert comparisons(["baseline"]) == []
+    # the paper's ablations (Table 2) are read against the full predictor they ablate
+    assert comparisons(["baseline", "glomo", "no-sparse", "no-unit-level", "uniform"]) == [
+        ("glomo", "baseline"), ("no-sparse", "baseline"), ("no-unit-level", "baseline"),
+        ("uniform", "baseline"), ("glomo", "uniform"), ("no-sparse", "glomo"),
+        ("no-unit-level", "glomo")]
+    assert comparisons(["glomo-rnn", "no-sequence"]) == [
+        ("glomo-rnn", "baseline"), ("no-sequence", "baseline")]
 
 
 def test_paired_difference_edge_cases():

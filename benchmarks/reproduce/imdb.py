@@ -44,7 +44,7 @@ interrupted reproduction continues where it stopped:
    paired differences per seed (every variant - baseline; GLoMo on embeddings and on
    RNN states - uniform graph, and - untrained graphs when variant ``untrained``, the
    same predictor at its initial weights, runs, - adjacent-word graphs when variant
-   ``adjacent`` runs) with 95% Student-t confidence
+   ``adjacent`` runs; each ablation - GLoMo on embeddings) with 95% Student-t confidence
    intervals: all variants use the same seeds, so the seed-to-seed variation they share
    cancels in the difference.
 
@@ -386,11 +386,14 @@ def comparisons(variants: Sequence[str]) -> List[Tuple[str, str]]:
     """The paired comparisons reported, as ``(variant, reference)``: every variant
     against the feature-only baseline, and each learned graph (GLoMo on embeddings, on
     RNN states) against the uniform graph (which mixes the embeddings), the adjacent-word
-    graph and the untrained predictor's graphs, when those run."""
+    graph and the untrained predictor's graphs, when those run; and each ablation against
+    GLoMo on embeddings, the setting it ablates (paper Table 2), when that runs."""
     pairs = [(v, "baseline") for v in variants if v != "baseline"]
     for reference in ("uniform", "adjacent", "untrained"):
         if reference in variants:
             pairs += [(v, reference) for v in ("glomo", "glomo-rnn") if v in variants]
+    if "glomo" in variants:
+        pairs += [(v, "glomo") for v in variants if v in ABLATIONS]
     return pairs
 
 
