@@ -148,12 +148,13 @@ def _word_vectors(args: argparse.Namespace) -> int:
     from collections import Counter
 
     from glomo_pyg.data.text import tokenize
-    from glomo_pyg.data.word_vectors import (MAX_SEED, MAX_TRAIN_DIM, MAX_WINDOW,
-                                             MAX_WORKERS, train_word_vectors,
+    from glomo_pyg.data.word_vectors import (MAX_EPOCHS, MAX_SEED, MAX_TRAIN_DIM,
+                                             MAX_WINDOW, MAX_WORKERS, train_word_vectors,
                                              write_word_vectors)
     from glomo_pyg.training.text_pretraining import CorpusConfig, iter_documents
 
-    highest = dict(dim=MAX_TRAIN_DIM, window=MAX_WINDOW, workers=MAX_WORKERS)
+    highest = dict(dim=MAX_TRAIN_DIM, window=MAX_WINDOW, epochs=MAX_EPOCHS,
+                   workers=MAX_WORKERS)
     for name in WORD_VECTOR_COUNTS:  # checked before anything is read or written
         value, high = getattr(args, name), highest.get(name)
         if value < 1 or (high is not None and value > high):

@@ -266,7 +266,8 @@ def test_word_vector_limits_that_would_hang_or_overflow(tmp_path):
             embedding_matrix(*args, **kwargs)
     assert torch.isfinite(embedding_matrix(vocab, ["good"], np.full((1, 2), 1e36))[0]).all()
     # a line the reader would refuse is not written; missing folders are created
-    from glomo_pyg.data.word_vectors import MAX_LINE_BYTES, MAX_TRAIN_DIM, MAX_WORKERS
+    from glomo_pyg.data.word_vectors import (MAX_EPOCHS, MAX_LINE_BYTES, MAX_TRAIN_DIM,
+                                             MAX_WORKERS)
     with pytest.raises(ValueError, match="1703938 bytes, more than the 1048576 a reader"):
         write_word_vectors(str(tmp_path / "wide.txt"), ["a"],
                            np.full((1, MAX_LINE_BYTES // 8), -1.234567e-05))
@@ -275,7 +276,9 @@ def test_word_vector_limits_that_would_hang_or_overflow(tmp_path):
     write_word_vectors(str(tmp_path / "new" / "folder" / "w.txt"), ["a"], widest)
     assert read_word_vectors(str(tmp_path / "new" / "folder" / "w.txt"))[1].shape == \
         (1, MAX_TRAIN_DIM)
-    for key, value in [("dim", MAX_TRAIN_DIM + 1), ("workers", MAX_WORKERS + 1)]:
+    # (a typo of an epoch count would train for days rather than fail)
+    for key, value in [("dim", MAX_TRAIN_DIM + 1), ("workers", MAX_WORKERS + 1),
+                       ("epochs", MAX_EPOCHS + 1)]:
         with pytest.raises(ValueError, match=f"{key} must be a positive integer <= "):
             train_word_vectors(docs, **{"dim": 4, "min_count": 1, key: value})
     # a failed write leaves no temporary file behind

@@ -331,6 +331,8 @@ def test_word_vectors_command_checks_its_input(tmp_path):
     for flag in ("--dim", "--window", "--min-count", "--epochs", "--workers"):
         with pytest.raises(SystemExit, match=f"glomo word-vectors: {flag} must be >= 1"):
             main(base + [flag, "0"])
+    with pytest.raises(SystemExit, match="--epochs must be >= 1 and <= 10000, got 10001"):
+        main(base + ["--epochs", "10001"])  # a typo that would train for days
     assert not out.exists()
     (tmp_path / "blank.txt").write_text("  \n\n")
     with pytest.raises(SystemExit, match="glomo word-vectors: .*no documents with words"):

@@ -33,6 +33,9 @@ MAX_WORKERS = 1024
 # training waited for it forever)
 MAX_WINDOW = (1 << 31) - 1
 MAX_SEED = (1 << 32) - 1
+# word2vec passes (5 by default; tens for small corpora): more is a typo that would keep
+# training for hours to days (every epoch reads the whole corpus) instead of failing
+MAX_EPOCHS = 10_000
 _COUNT = re.compile(r"[0-9]{1,18}")
 
 
@@ -209,11 +212,11 @@ def train_word_vectors(documents: Iterable[Sequence[str]], dim: int = 300, windo
     ``[n, dim]`` vectors. ``documents`` (lists of str tokens) is iterated ``epochs + 2``
     times (a list, or a re-iterable corpus object). Settings that are not positive
     integers (``dim`` at most :data:`MAX_TRAIN_DIM`, ``window`` at most :data:`MAX_WINDOW`,
-    ``workers`` at most :data:`MAX_WORKERS`), a
+    ``epochs`` at most :data:`MAX_EPOCHS`, ``workers`` at most :data:`MAX_WORKERS`), a
     seed outside ``[0, 2**32 - 1]``, documents that are not token lists, or a corpus with no word that occurs
     ``min_count`` times raise a :class:`ValueError` before gensim runs."""
     for name, value, high in (("dim", dim, MAX_TRAIN_DIM), ("window", window, MAX_WINDOW),
-                              ("min_count", min_count, None), ("epochs", epochs, None),
+                              ("min_count", min_count, None), ("epochs", epochs, MAX_EPOCHS),
                               ("workers", workers, MAX_WORKERS)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1 or \
                 (high is not None and value > high):
