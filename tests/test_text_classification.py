@@ -243,6 +243,9 @@ def test_imdb_reproduction_script_end_to_end(tmp_path, capsys, monkeypatch):
         imdb.main(args + ["--epochs", "2"])
     # options are checked before any stage runs
     for extra, message in [(["--seeds", "0"], "--seeds must be >= 1"),
+                           (["--first-seed", "-1"], "--first-seed must be >= 0"),
+                           (["--first-seed", str(2 ** 32 - 1), "--seeds", "2"],
+                            "goes past seed 4294967295"),
                            (["--epochs", "-1"], "--epochs must be >= 1"),
                            (["--lrs", "nan"], "--lrs must be finite positive"),
                            (["--lrs", "0.001", "0.0010000001"], "equal to 6 digits"),
@@ -307,6 +310,25 @@ def test_imdb_reproduction_script_end_to_end(tmp_path, capsys, monkeypatch):
             assert tested == [best]
         assert f"| {100 * mean[best]:.2f} |" in last
     assert os.listdir(tmp_path / "lr2" / "lr-search") == []
+    # a later block of seeds (--first-seed): seeds 2-3 trained at the rate seeds 0-1 chose,
+    # and only they are reported (table, paired differences); the search runs are kept
+    imdb.main(args[:-len(variants)] + ["baseline", "glomo", "--lr-seeds", "2", "--first-seed",
+                                       "2", "--output-dir", str(tmp_path / "lr2"),
+                                       "--predictor", str(tmp_path / "other")])
+    last = results.read_text().rsplit("\n## ", 1)[1]
+    assert "- reported seeds: 2-3 (`--first-seed 2`); none of them was used to choose" in last
+    with open(tmp_path / "lr2" / "downstream.json") as fh:
+        block = json.load(fh)["runs"]
+    assert {k: e for k, e in block.items() if k.split("/")[1] in "01"} == searched
+    chosen = {v: max(lrs, key=lambda lr: searched[f"{v}/0/lr={lr:g}"]["val_acc"] +
+                     searched[f"{v}/1/lr={lr:g}"]["val_acc"]) for v in ("baseline", "glomo")}
+    assert sorted(k for k in block if k.split("/")[1] in "23") == sorted(
+        f"{v}/{s}/lr={chosen[v]:g}" for v in chosen for s in (2, 3))
+    accs = {v: [100 * block[f"{v}/{s}/lr={chosen[v]:g}"]["test_acc"] for s in (2, 3)]
+            for v in chosen}
+    difference = imdb.paired_difference(accs["glomo"], accs["baseline"])[0]
+    assert f"| GLoMo on embeddings − feature only (word vectors) | {difference:+.2f} |" in last
+    assert f"| {sum(accs['glomo']) / 2:.2f} ± " in last and " | 2 | lr = " in last
     # back to seed 0 alone on the same cache, where seed 0 alone prefers the rate that the
     # mean did not choose (cache edited so): seed 0's and seed 1's runs at that rate were
     # validation-only, without checkpoints left, so both are trained again with a test result

@@ -36,7 +36,10 @@ interrupted reproduction continues where it stopped:
    rate. With ``--lr-seeds N`` seeds 0 .. N-1 are each trained at every rate, the rate
    with the best mean validation accuracy over them is kept, and their models at that
    rate are evaluated on test: one seed's validation can choose a rate that is worse on
-   the others (run 13 in ``benchmarks/results/imdb.md``). In every run the epoch with
+   the others (run 13 in ``benchmarks/results/imdb.md``). ``--seeds N`` reports seeds
+   0 .. N-1; with ``--first-seed K`` seeds K .. K+N-1 (the rate is still chosen on the
+   search seeds above, so a block from K = ``--lr-seeds`` on is disjoint from that
+   choice: fresh seeds fixed before they run, as in run 18). In every run the epoch with
    the best accuracy on a held-out part of the 25k training reviews is the one evaluated
    on test;
 5. ``benchmarks/results/imdb.md``: mean ± std over seeds beside the TF-IDF baseline and
@@ -78,6 +81,8 @@ import torch
 from benchmarks.common import (as_script, cached_runs, check_common_arguments, file_digest,
                                read_cache, run_reporting_errors, text_digest, write_runs)
 from glomo_pyg.nn.mixer import MIXINGS
+
+MAX_SEED = (1 << 32) - 1  # the largest seed Lightning's seed_everything takes
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))), "configs")
@@ -149,6 +154,9 @@ class Setup:
     # seeds 0 .. lr_seeds - 1 are each trained at every rate; the best mean validation
     # accuracy over them chooses the rate (1: seed 0 alone, as in runs 1-13)
     lr_seeds: int = 1
+    # the reported seeds are first_seed .. first_seed + seeds - 1 (--first-seed): a block
+    # from lr_seeds on is disjoint from the rate search, e.g. fresh seeds fixed in advance
+    first_seed: int = 0
     # pretraining: a `glomo pretrain` configuration in configs/, or (the smoke test only)
     # the settings below
     config: Optional[str] = None
@@ -221,6 +229,8 @@ def check_arguments(args) -> None:
                              "cached by that key")
     if getattr(args, "lr_seeds", None) is not None and args.lr_seeds < 1:
         raise ValueError(f"--lr-seeds must be >= 1, got {args.lr_seeds}")
+    if getattr(args, "first_seed", None) is not None and args.first_seed < 0:
+        raise ValueError(f"--first-seed must be >= 0, got {args.first_seed}")
     if getattr(args, "rnn_layers", None) is not None and args.rnn_layers < 0:
         raise ValueError(f"--rnn-layers must be >= 0, got {args.rnn_layers}")
     if getattr(args, "max_distance", None) is not None and args.max_distance < 1:
@@ -414,6 +424,11 @@ def paired_difference(a: Sequence[float], b: Sequence[float]
     sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
     half = t_quantile_975(n - 1) * sd / math.sqrt(n)
     return mean, mean - half, mean + half, n
+
+
+def reported_seeds(setup: Setup) -> range:
+    """The seeds whose test accuracies are reported (``--first-seed``, ``--seeds``)."""
+    return range(setup.first_seed, setup.first_seed + setup.seeds)
 
 
 def run_key(variant: str, seed: int, lr: float) -> str:
@@ -670,6 +685,11 @@ def main(argv=None) -> None:
                              "seeds 0 .. N-1, each trained at every rate (default 1: seed 0 "
                              "alone; one seed's validation can pick a rate that is worse on "
                              "the others)")
+    parser.add_argument("--first-seed", type=int, default=None,
+                        help="report seeds K .. K + --seeds - 1 (default 0). The learning "
+                             "rate is still chosen on seeds 0 .. --lr-seeds - 1, so from "
+                             "K = --lr-seeds on the reported seeds are disjoint from that "
+                             "choice: a block of fresh seeds fixed in advance")
     parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=None)
     parser.add_argument("--rnn-layers", type=int, default=None,
                         help="recurrent layers of the classifier (default 2); 0: none, the "
@@ -705,7 +725,12 @@ def run(args, argv=None) -> None:
         setup.lrs = tuple(args.lrs)
     if getattr(args, "lr_seeds", None) is not None:
         setup.lr_seeds = args.lr_seeds
-    if setup.lr_seeds > setup.seeds:
+    if getattr(args, "first_seed", None) is not None:
+        setup.first_seed = args.first_seed
+    if setup.first_seed + setup.seeds - 1 > MAX_SEED:
+        raise ValueError(f"--first-seed {setup.first_seed} with --seeds {setup.seeds} goes "
+                         f"past seed {MAX_SEED}, the largest Lightning's seed_everything takes")
+    if setup.first_seed == 0 and setup.lr_seeds > setup.seeds:
         raise ValueError(f"--lr-seeds ({setup.lr_seeds}) must be at most --seeds "
                          f"({setup.seeds}): the rate is chosen on seeds that are then reported")
     if args.variants:
@@ -876,15 +901,17 @@ def run(args, argv=None) -> None:
         tried = ", ".join(f"{lr:g}: {search_accuracy(runs, setup, variant, lr):.4f}"
                           for lr in setup.lrs)
         log(f"{variant}: learning rate {chosen[variant]:g} chosen on validation ({tried})")
-    for seed in range(setup.lr_seeds, setup.seeds):
+    for seed in reported_seeds(setup):
         for variant in setup.variants:
             key = run_key(variant, seed, chosen[variant])
-            # (a validation-only run of an earlier, larger --lr-seeds has no test result
-            # and no checkpoint left: trained again)
+            # (the search seeds' runs at the chosen rate are tested above; a
+            # validation-only run of an earlier, larger --lr-seeds has no test result and
+            # no checkpoint left: trained again)
             if key not in runs or runs[key]["test_acc"] is None:
                 record(key, fit(variant, seed, chosen[variant], test)[0])
     for variant in setup.variants:  # the neural results beside the TF-IDF baseline
-        acc = [runs[run_key(variant, s, chosen[variant])]["test_acc"] for s in range(setup.seeds)]
+        acc = [runs[run_key(variant, s, chosen[variant])]["test_acc"]
+               for s in reported_seeds(setup)]
         log(f"{LABELS[variant]}: test {sum(acc) / len(acc):.4f} over {len(acc)} seeds, "
             f"lr {chosen[variant]:g}")
     log(f"{TFIDF_LABEL}: test {baseline_tfidf['test_acc']:.4f}")
@@ -904,7 +931,7 @@ def search_accuracy(runs: Dict, setup: Setup, variant: str, lr: float) -> float:
 
 def final_runs(runs: Dict, setup: Setup, variant: str, lr: float) -> Dict[int, Dict]:
     """The test-evaluated runs of ``variant`` at its chosen rate, by seed."""
-    found = {s: runs.get(run_key(variant, s, lr)) for s in range(setup.seeds)}
+    found = {s: runs.get(run_key(variant, s, lr)) for s in reported_seeds(setup)}
     return {s: r for s, r in found.items() if r is not None and r["test_acc"] is not None}
 
 
@@ -998,6 +1025,11 @@ def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_s
                f"of {rates} and validated only (`--lr-seeds {setup.lr_seeds}`); the rate with "
                "the best mean validation accuracy over them is used for every seed, and only "
                "their models at that rate are evaluated on test"),
+              *([f"- reported seeds: {setup.first_seed}-{setup.first_seed + setup.seeds - 1} "
+                 f"(`--first-seed {setup.first_seed}`)"
+                 + ("; none of them was used to choose the learning rate"
+                    if setup.first_seed >= setup.lr_seeds else "")]
+                if setup.first_seed else []),
               f"- {TFIDF_LABEL}: the same reviews and tokens, {baseline_tfidf['features']:,} "
               f"features (n-grams in >= 2 training reviews, sublinear tf), validation accuracy "
               f"% per C: {val_by_c}", "",
