@@ -319,10 +319,10 @@ def test_imdb_reproduction_script_end_to_end(tmp_path, capsys, monkeypatch):
     assert "- reported seeds: 2-3 (`--first-seed 2`); none of them was used to choose" in last
     with open(tmp_path / "lr2" / "downstream.json") as fh:
         block = json.load(fh)["runs"]
-    assert {k: e for k, e in block.items() if k.split("/")[1] in "01"} == searched
+    assert {k: e for k, e in block.items() if k.split("/")[1] in ("0", "1")} == searched
     chosen = {v: max(lrs, key=lambda lr: searched[f"{v}/0/lr={lr:g}"]["val_acc"] +
                      searched[f"{v}/1/lr={lr:g}"]["val_acc"]) for v in ("baseline", "glomo")}
-    assert sorted(k for k in block if k.split("/")[1] in "23") == sorted(
+    assert sorted(k for k in block if k.split("/")[1] in ("2", "3")) == sorted(
         f"{v}/{s}/lr={chosen[v]:g}" for v in chosen for s in (2, 3))
     accs = {v: [100 * block[f"{v}/{s}/lr={chosen[v]:g}"]["test_acc"] for s in (2, 3)]
             for v in chosen}

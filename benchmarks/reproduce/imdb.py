@@ -82,7 +82,6 @@ from benchmarks.common import (as_script, cached_runs, check_common_arguments, f
                                read_cache, run_reporting_errors, text_digest, write_runs)
 from glomo_pyg.nn.mixer import MIXINGS
 
-MAX_SEED = (1 << 32) - 1  # the largest seed Lightning's seed_everything takes
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))), "configs")
@@ -727,9 +726,12 @@ def run(args, argv=None) -> None:
         setup.lr_seeds = args.lr_seeds
     if getattr(args, "first_seed", None) is not None:
         setup.first_seed = args.first_seed
-    if setup.first_seed + setup.seeds - 1 > MAX_SEED:
+    from lightning.fabric.utilities.seed import max_seed_value
+
+    if setup.first_seed + setup.seeds - 1 > max_seed_value:
         raise ValueError(f"--first-seed {setup.first_seed} with --seeds {setup.seeds} goes "
-                         f"past seed {MAX_SEED}, the largest Lightning's seed_everything takes")
+                         f"past seed {max_seed_value}, the largest Lightning's seed_everything "
+                         "takes")
     if setup.first_seed == 0 and setup.lr_seeds > setup.seeds:
         raise ValueError(f"--lr-seeds ({setup.lr_seeds}) must be at most --seeds "
                          f"({setup.seeds}): the rate is chosen on seeds that are then reported")
