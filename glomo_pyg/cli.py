@@ -376,6 +376,37 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _size(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB" if size >= 100 << 10 else f"{size / 1024:.0f} KiB"
+
+
+def _pretrained(args: argparse.Namespace) -> int:
+    import json
+
+    from glomo_pyg.io.releases import _available, describe_release, released_names
+
+    names = released_names()
+    infos = [describe_release(name) for name in names]
+    if args.json:
+        print(json.dumps(infos, indent=2))
+        return 0
+    if not infos:
+        print(f"glomo pretrained: {_available(names)}")
+        return 0
+    rows = [("NAME", "MODALITY", "DIRS x LAYERS x HEADS", "UNITS", "WEIGHTS", "SUMMARY")]
+    for i in infos:
+        units = f"{i['units'][0]}x{i['units'][1]} pixels" if i["modality"] == "pixels" else \
+            f"{i['units']} tokens"
+        rows.append((i["name"], i["modality"], f"{i['directions']} x {i['layers']} x {i['heads']}",
+                     units, _size(i["weights_bytes"]), i["summary"]))
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+    print(f"\nload one with PretrainedGraphPredictor.from_pretrained(NAME) (in "
+          f"{os.path.dirname(infos[0]['path'])})")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="glomo", description="GLoMo latent graphs for PyG")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -485,6 +516,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     e.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     e.add_argument("--verbose", action="store_true", help="one line per sample")
     e.set_defaults(func=_export)
+
+    r = sub.add_parser("pretrained", help="list the released pretrained predictors",
+                       description="List the released predictors, which load by name with "
+                                   "PretrainedGraphPredictor.from_pretrained(NAME) "
+                                   "(docs/pretrained.md). They live in the repository's "
+                                   "pretrained/ folder, or in $GLOMO_PRETRAINED_DIR.")
+    r.add_argument("--json", action="store_true", help="print the list as JSON")
+    r.set_defaults(func=_pretrained)
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     args.argv = argv

@@ -138,6 +138,7 @@ def test_auto_picks_fused_only_without_gradients_at_long_lengths():
     assert p(long).layout in ("sparse", "dense")  # gradients enabled: no fused emission
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention's backward needs a GPU")
 def test_fused_gradients_equal_the_sparse_path_on_gpu():
     torch.manual_seed(0)
@@ -212,6 +213,7 @@ def test_fused_emission_under_bfloat16_autocast(kw):
             assert ((a - b).abs() <= 0.05 + 0.05 * b.abs()).float().mean() > 0.95
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention's backward needs a GPU")
 @pytest.mark.parametrize("modality", ["text", "image"])
 def test_fused_bf16_training_steps_stay_finite_on_gpu(modality):

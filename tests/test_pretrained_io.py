@@ -85,6 +85,7 @@ def test_save_overwrites_and_load_accepts_devices(tmp_path):
     assert config["directions"]["backward"]["config"]["direction"] == "backward"
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_load_onto_gpu(tmp_path):
     save_pretrained(make(), tmp_path)

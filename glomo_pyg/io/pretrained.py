@@ -32,6 +32,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 
 from glomo_pyg.graphs import DIRECTION_KEYS
+from glomo_pyg.io.releases import RELEASE_NAME, _available, released_names, releases_root
 from glomo_pyg.nn import FeatureGraphEmitter, GraphPredictor  # noqa: F401 (registers emitters)
 from glomo_pyg.nn.emitter import EMITTERS
 from glomo_pyg.nn.feature_predictor import MAX_LOCAL_CONTEXT
@@ -97,6 +98,12 @@ _SAFETENSORS_DTYPES = {
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
     torch.uint8: "U8", torch.bool: "BOOL",
 }
+_DTYPE_BYTES = {name: torch.empty(0, dtype=dtype).element_size()
+                for dtype, name in _SAFETENSORS_DTYPES.items()}
+# floating weights may be saved in 16 bits (half the file; released predictors are) and
+# are widened to the module's dtype on load
+STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_NARROW = ("F16", "BF16")
 
 
 class PretrainedFormatError(ValueError):
@@ -367,7 +374,8 @@ def _non_finite(tensors: Dict[str, torch.Tensor]) -> List[str]:
             if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all())]
 
 
-def save_pretrained(predictor: PretrainedGraphPredictor, path: PathLike) -> Path:
+def save_pretrained(predictor: PretrainedGraphPredictor, path: PathLike,
+                    dtype: Optional[torch.dtype] = None) -> Path:
     """Save ``predictor`` into directory ``path`` (created if needed).
 
     Writes ``model.safetensors`` (all weights of both directions, as
@@ -385,11 +393,22 @@ def save_pretrained(predictor: PretrainedGraphPredictor, path: PathLike) -> Path
     itself cannot be renamed (a mount point, a parent directory without write
     permission) its two files are replaced in place, with a warning.
 
+    Args:
+        predictor: the predictor to save.
+        path: the directory to write.
+        dtype: store every floating-point tensor in this dtype: ``torch.bfloat16`` or
+            ``torch.float16`` halve the file (:func:`load_pretrained` widens them back
+            to float32); ``None`` (default) keeps each tensor's own dtype.
+
+    Returns:
+        ``path``.
+
     Raises:
         TypeError: ``predictor`` is not a :class:`PretrainedGraphPredictor` or ``path``
             not a str or os.PathLike.
-        ValueError: ``path`` is a file or holds other entries, or a weight is NaN or
-            infinite.
+        ValueError: ``path`` is a file or holds other entries, ``dtype`` is not one of
+            float32, float16, bfloat16, or a weight is NaN or infinite (in float16, also
+            one beyond its range).
     """
     from safetensors.torch import save
 
@@ -399,9 +418,13 @@ def save_pretrained(predictor: PretrainedGraphPredictor, path: PathLike) -> Path
     target = Path(os.path.realpath(given))
     if os.path.lexists(target) and not target.is_dir():
         raise ValueError(f"{given} exists and is not a directory")
-    tensors = {name: t.detach().to("cpu").contiguous()
+    if dtype is not None and dtype not in STORAGE_DTYPES:
+        raise ValueError(f"save_pretrained: dtype must be None or one of {STORAGE_DTYPES}, got "
+                         f"{dtype!r}")
+    tensors = {name: t.detach().to("cpu", dtype if dtype is not None and t.is_floating_point()
+                                   else t.dtype).contiguous()
                for name, t in predictor.predictors.state_dict().items()}
-    bad = _non_finite(tensors)
+    bad = _non_finite(tensors)  # (after the cast: float16 overflows to infinity)
     if bad:
         raise ValueError(f"cannot save {given}: NaN or infinite weights in {', '.join(bad[:5])}"
                          f"{' ...' if len(bad) > 5 else ''} (load_pretrained refuses them)")
@@ -475,17 +498,35 @@ _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC"
 _DIR_FD = os.open in os.supports_dir_fd and hasattr(os, "O_DIRECTORY")
 
 
-def _missing_directory(path: Path) -> PretrainedFormatError:
+def _backup(path: Path) -> Optional[Path]:
+    """The newest complete backup that an interrupted save into ``path`` left."""
     backups = [p for kind, _, p in _temporaries(Path(os.path.realpath(path)))
                if kind == "old" and _complete(p)]
-    if backups:
-        backup = max(backups, key=lambda p: p.stat().st_mtime)
+    return max(backups, key=lambda p: p.stat().st_mtime) if backups else None
+
+
+def _missing_directory(path: Path) -> PretrainedFormatError:
+    backup = _backup(path)
+    if backup is not None:
         return PretrainedFormatError(
             f"{path} does not exist: a save_pretrained into it was interrupted while swapping "
             f"directories (or is running now); the previous predictor is complete in "
             f"{backup}. Rename {backup} to {path}, or save again (save_pretrained puts it "
             "back first)")
     return PretrainedFormatError(f"{path} does not exist")
+
+
+def _released(text: str) -> Optional[Path]:
+    """The folder of the released predictor named ``text``, or ``None`` where ``text`` is
+    a path: an existing one, or one that is no bare name (``./x``, ``/x``, ``runs/x``),
+    or one that an interrupted save left a backup of (whose error says so)."""
+    if os.path.lexists(text) or not RELEASE_NAME.fullmatch(text) or _backup(Path(text)):
+        return None
+    names = released_names()
+    if text not in names:
+        raise PretrainedFormatError(f"{text!r} is neither a folder nor the name of a released "
+                                    f"predictor; {_available(names)}")
+    return releases_root() / text
 
 
 @contextlib.contextmanager
@@ -846,7 +887,9 @@ def _compare(expected: Dict[str, torch.Tensor], header: Dict[str, Tuple[str, Tup
         raise PretrainedFormatError(f"{weights_file} does not match {config_file}: "
                                     + "; ".join(parts))
     bad_dtype = [k for k in expected
-                 if header[k][0] != _SAFETENSORS_DTYPES.get(expected[k].dtype, "?")]
+                 if header[k][0] != _SAFETENSORS_DTYPES.get(expected[k].dtype, "?") and not
+                 (header[k][0] in _NARROW and expected[k].is_floating_point() and
+                  expected[k].element_size() > 2)]  # 16-bit floats widen, nothing else
     if bad_dtype:
         raise PretrainedFormatError(f"{weights_file}: unexpected dtypes for {bad_dtype[:5]}")
 
@@ -875,8 +918,13 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
     describes (checked on modules built on the meta device, which allocate nothing);
     the tensors parse and are all finite. Only then are the modules built and filled.
 
+    Floating-point weights stored in 16 bits (``save_pretrained(..., dtype=...)``, as
+    released predictors are) are widened to the modules' float32.
+
     Args:
-        path: the directory given to :func:`save_pretrained`.
+        path: the directory given to :func:`save_pretrained`, or the name of a released
+            predictor (a bare name such as ``'glomo-text-small'`` that is no existing
+            path; see ``glomo_pyg.io.releases``).
         map_location: device to put the weights on (default: CPU), e.g.
             ``'cuda'`` or ``torch.device('cuda', 1)``.
         vocabulary: if given, the vocabulary the caller's data was encoded
@@ -884,14 +932,18 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
 
     Raises:
         TypeError: ``path`` is not a str or os.PathLike.
-        PretrainedFormatError: a missing, truncated, corrupt or modified file,
+        PretrainedFormatError: a missing folder (a bare name: neither a folder nor a
+            released predictor; the message lists the released ones), a missing,
+            truncated, corrupt or modified file,
             a format version newer than this library reads, a config value of the
             wrong type or out of range, weights that do not match the config
             (missing, unexpected or differently shaped tensors) or are NaN or
             infinite, or a vocabulary mismatch. The message names the file and
             the problem.
     """
-    path = _as_path(path, "load_pretrained")
+    given, path = path, _as_path(path, "load_pretrained")
+    if isinstance(given, str):  # (a Path object always means a path)
+        path = _released(given) or path
     if map_location is not None:  # checked before anything is read
         try:
             device = torch.device(map_location)
@@ -926,7 +978,7 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
                                       for d, (cls, c) in entries.items()})
         expected = shapes.state_dict()
         _compare(expected, header, weights_file, config_file)
-        tensor_bytes = sum(t.numel() * t.element_size() for t in expected.values())
+        tensor_bytes = sum(t.numel() * _DTYPE_BYTES[header[k][0]] for k, t in expected.items())
         del shapes, expected
         if config["weights"]["bytes"] != len(prefix) + tensor_bytes:
             raise PretrainedFormatError(

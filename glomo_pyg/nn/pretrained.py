@@ -230,17 +230,33 @@ class PretrainedGraphPredictor(torch.nn.Module):
         return next(self.parameters()).device
 
     # --- persistence (implemented in glomo_pyg.io.pretrained) ---------------------
-    def save_pretrained(self, path) -> None:
+    def save_pretrained(self, path, dtype: Optional[torch.dtype] = None) -> None:
         """Write ``config.json`` and ``model.safetensors`` into directory ``path``;
-        see :func:`glomo_pyg.io.save_pretrained`."""
-        _persistence("save")(self, path)
+        ``dtype=torch.bfloat16`` stores the floating-point weights in half the bytes. See
+        :func:`glomo_pyg.io.save_pretrained`."""
+        _persistence("save")(self, path, dtype=dtype)
 
     @classmethod
-    def from_pretrained(cls, path, map_location=None,
+    def from_pretrained(cls, name_or_path, map_location=None,
                         vocabulary: Optional[Sequence[str]] = None) -> "PretrainedGraphPredictor":
-        """Load a predictor written by :meth:`save_pretrained` (eval mode); see
-        :func:`glomo_pyg.io.load_pretrained`."""
-        return _persistence("load")(path, map_location=map_location, vocabulary=vocabulary)
+        """Load a predictor written by :meth:`save_pretrained` (eval mode, float32), or
+        a released predictor by name; see :func:`glomo_pyg.io.load_pretrained`.
+
+        Args:
+            name_or_path: the predictor's folder, or the name of a released predictor
+                (``glomo pretrained`` lists them): a string that is a bare name
+                (``'glomo-text-small'``, not ``'./glomo-text-small'``) and no existing
+                path.
+            map_location: the device to load onto (default: CPU).
+            vocabulary: if given, it must equal the saved vocabulary.
+
+        Raises:
+            PretrainedFormatError: the folder or its files are missing or invalid, or a
+                bare name is neither a folder nor a released predictor (the message
+                lists the released ones).
+        """
+        return _persistence("load")(name_or_path, map_location=map_location,
+                                    vocabulary=vocabulary)
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{d}={self.predictors[_KEY[d]]!r}" for d in self.directions)

@@ -1,0 +1,89 @@
+"""The campaign's slices, in the order they run, and what each one's recipe is.
+
+A slice is a module of :mod:`benchmarks.gpu.slices` with:
+
+- ``ARCHIVES``: the data archives a real (GPU) run carries;
+- ``recipe(dry_run) -> dict``: every setting its results depend on (toy sizes for the
+  CPU dry run); its digest names the recipe in the ledger;
+- ``keys(recipe) -> list``: the runs the recipe defines, in the order they run (a
+  repeatable slice lists more than one call can do: the ledger says where it stands);
+- ``min_seconds(key, recipe) -> float``: the least time worth starting ``key`` with;
+- ``run_key(key, ctx) -> dict``: one run on the GPU machine, its metrics;
+- ``RESULTS`` and ``report(lines, recipe) -> list``: the results file (under
+  ``benchmarks/results/``) and the markdown generated there from the ledger's lines;
+- optionally ``ingest(lines, folder, ctx)``: what ingesting a returned folder writes
+  besides the ledger (a released predictor).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import json
+import time
+from types import ModuleType
+from typing import Callable, Dict, List, Optional
+
+# The campaign's order: each slice sizes the next ones.
+ORDER = ("profile", "pixel-pretrain", "cifar10", "imdb", "text-pretrain", "speed")
+MODULES = {"profile": "profile", "pixel-pretrain": "pixel_pretrain", "cifar10": "cifar10"}
+NOT_BUILT = {"imdb": "the paper's BiGRU model on the full IMDB data (not built yet)",
+             "text-pretrain": "configs/imdb-gpu.yaml to a budget (not built yet)",
+             "speed": "benchmarks.speed's GPU sections at full sizes (not built yet)"}
+
+
+def slice_module(name: str) -> ModuleType:
+    if name in NOT_BUILT:
+        raise ValueError(f"slice {name!r} is part of the campaign but not built yet: "
+                         f"{NOT_BUILT[name]}")
+    if name not in MODULES:
+        raise ValueError(f"unknown slice {name!r}; the campaign's slices are "
+                         f"{', '.join(ORDER)}")
+    return importlib.import_module(f"benchmarks.gpu.slices.{MODULES[name]}")
+
+
+def digest(recipe: Dict) -> str:
+    """The recipe's name in the ledger: SHA-256 (16 hex digits) of its canonical JSON."""
+    text = json.dumps(recipe, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass
+class Context:
+    """What one run of a slice sees on the GPU machine (or the CPU in a dry run)."""
+
+    slice: str
+    recipe: Dict
+    dry_run: bool
+    data_dir: str   # built data
+    out: str        # the folder that comes back (at most 8 files in all)
+    work: str       # scratch space that does not come back
+    deadline: float  # time.time() by which this run must have returned
+    device: str     # 'cuda' or 'cpu'
+    log: Callable = print
+
+    def seconds_left(self) -> float:
+        return self.deadline - time.time()
+
+    def to_json(self) -> Dict:
+        d = dataclasses.asdict(self)
+        d.pop("log")
+        return d
+
+
+def pending(name: str, recipe: Dict, recorded) -> List[str]:
+    """The keys of ``name``'s recipe that the ledger does not record yet, in order."""
+    return [k for k in slice_module(name).keys(recipe) if k not in recorded]
+
+
+def next_slice(ledger_lines: List[Dict], dry_run: bool = False) -> Optional[str]:
+    """The first slice in :data:`ORDER` with runs the ledger does not have."""
+    from benchmarks.gpu.ledger import recorded_keys
+
+    for name in ORDER:
+        if name in NOT_BUILT:
+            return name
+        recipe = slice_module(name).recipe(dry_run)
+        if pending(name, recipe, recorded_keys(ledger_lines, name, digest(recipe))):
+            return name
+    return None

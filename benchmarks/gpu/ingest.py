@@ -1,0 +1,121 @@
+"""``ingest DIR``: check what a call returned, add it to the ledger, regenerate results.
+
+Refused, each with a named error and before anything is written: a folder that breaks
+the limits of what a call returns, a manifest that is not this campaign's, a commit
+that is not in this repository's history (or was dirty, for a real run), a recipe that
+is not the slice's current one, a file whose size or digest differs from the manifest's
+(or that the manifest does not list), a dry run into the real ledger, and a run the
+ledger already records.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Dict, List, Optional
+
+from benchmarks.gpu import campaign, files, ledger, report
+from benchmarks.gpu.runner import FORMAT, ROOT, default_ledger
+
+
+class IngestError(ValueError):
+    """A returned folder that may not enter the ledger."""
+
+
+def _known_commit(commit: str) -> bool:
+    def ok(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True).returncode == 0
+    return len(commit) == 40 and ok("cat-file", "-e", f"{commit}^{{commit}}") and \
+        ok("merge-base", "--is-ancestor", commit, "HEAD")
+
+
+def check(folder: str, dry_run: bool = False) -> Dict:
+    """The manifest of ``folder`` once every check has passed."""
+    if not os.path.isdir(folder):
+        raise IngestError(f"{folder} is not a folder")
+    try:
+        returned = dict(files.check_limits(folder))
+        manifest = files.read_json(os.path.join(folder, files.MANIFEST), "the run's manifest")
+    except ValueError as err:
+        raise IngestError(str(err)) from None
+    if manifest.get("format") != FORMAT:
+        raise IngestError(f"{folder}/{files.MANIFEST} is not a campaign manifest ({FORMAT})")
+    for field in ("run", "slice", "recipe", "recipe_digest", "commit", "environment", "date",
+                  "runs", "files"):
+        if field not in manifest:
+            raise IngestError(f"{folder}/{files.MANIFEST} has no {field!r}")
+    if bool(manifest.get("dry_run")) != dry_run:
+        raise IngestError(f"{folder} holds a {'dry' if manifest.get('dry_run') else 'real'} "
+                          f"run; ingest it {'with' if manifest.get('dry_run') else 'without'} "
+                          "--dry-run (dry runs never enter the campaign's ledger)")
+    name = manifest["slice"]
+    try:
+        mod = campaign.slice_module(name)
+    except ValueError as err:
+        raise IngestError(f"{folder}: {err}") from None
+    commit = manifest["commit"]
+    if not isinstance(commit, str) or not _known_commit(commit):
+        raise IngestError(f"{folder} ran at commit {commit!r}, which is not in this "
+                          "repository's history (a foreign commit)")
+    if manifest.get("dirty") and not dry_run:
+        raise IngestError(f"{folder} ran on a tree with uncommitted changes: its code is not "
+                          f"commit {commit[:10]}")
+    recipe = mod.recipe(dry_run)
+    if campaign.digest(manifest["recipe"]) != manifest["recipe_digest"]:
+        raise IngestError(f"{folder}: the manifest's recipe does not match its own digest")
+    if manifest["recipe_digest"] != campaign.digest(recipe):
+        raise IngestError(f"{folder} ran slice {name} with recipe {manifest['recipe_digest']}, "
+                          f"not the slice's current recipe {campaign.digest(recipe)} (a foreign "
+                          "recipe)")
+    listed = manifest["files"]
+    if not isinstance(listed, dict):
+        raise IngestError(f"{folder}/{files.MANIFEST}: 'files' must be an object")
+    for rel in returned:
+        if rel not in listed and rel not in (files.MANIFEST, files.CONSOLE):
+            raise IngestError(f"{folder}/{rel} is not listed in the manifest")
+    for rel, meta in listed.items():
+        path = os.path.join(folder, rel)
+        if rel not in returned:
+            raise IngestError(f"{path} is listed in the manifest but did not come back")
+        if not isinstance(meta, dict) or meta.get("bytes") != returned[rel] or \
+                meta.get("sha256") != files.sha256(path):
+            raise IngestError(f"{path}: its size or SHA-256 differs from the manifest's")
+    if not isinstance(manifest["runs"], list) or not all(
+            isinstance(r, dict) and isinstance(r.get("key"), str) and
+            isinstance(r.get("metrics"), dict) for r in manifest["runs"]):
+        raise IngestError(f"{folder}/{files.MANIFEST}: 'runs' must be a list of runs with a "
+                          "key and metrics")
+    keys = set(mod.keys(manifest["recipe"]))
+    foreign = [r["key"] for r in manifest["runs"] if r["key"] not in keys]
+    if foreign:
+        raise IngestError(f"{folder}: runs {foreign} are not runs of the recipe")
+    return manifest
+
+
+def ledger_lines(manifest: Dict) -> List[Dict]:
+    env = manifest["environment"]
+    versions = {k: env.get(k) for k in ("python", "torch", "cuda", "cudnn", "lightning",
+                                        "torch_geometric", "triton", "numpy")}
+    return [dict(slice=manifest["slice"], recipe=manifest["recipe_digest"], key=r["key"],
+                 run=manifest["run"], commit=manifest["commit"], date=manifest["date"],
+                 device=str(env.get("device")), versions=versions, seconds=r.get("seconds"),
+                 metrics=r["metrics"], dry_run=bool(manifest.get("dry_run")))
+            for r in manifest["runs"]]
+
+
+def ingest(folder: str, ledger_path: Optional[str] = None, results_dir: Optional[str] = None,
+           releases_root: Optional[str] = None, dry_run: bool = False, log=print) -> List[Dict]:
+    """Check ``folder``, append its runs to the ledger, write what the slice releases,
+    and regenerate the results files. Returns the new ledger lines."""
+    manifest = check(folder, dry_run)
+    path = ledger_path or default_ledger()
+    new = ledger_lines(manifest)
+    ledger.append(path, new)  # refuses runs the ledger already has, before writing
+    log(f"ledger {path}: {len(new)} runs added from {folder} ({manifest['slice']}, "
+        f"{manifest['environment'].get('device')})")
+    if manifest.get("failures"):
+        log(f"not added (failed or timed out): {[f['key'] for f in manifest['failures']]}")
+    mod = campaign.slice_module(manifest["slice"])
+    if hasattr(mod, "ingest") and new:
+        mod.ingest(new, folder, manifest, releases_root, log)
+    report.regenerate(ledger.read(path), results_dir, dry_run, log)
+    return new

@@ -1,0 +1,64 @@
+"""The GPU sections of the results files, generated from the ledger.
+
+Each slice owns one block of its results file, between ``<!-- gpu:SLICE begin -->`` and
+``<!-- gpu:SLICE end -->``, right after the file's title: regenerating replaces the
+block and leaves the rest of the file (the dated CPU sections) as it is.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Optional
+
+from benchmarks.gpu import campaign
+from benchmarks.gpu.runner import ROOT
+
+
+def _begin(name: str) -> str:
+    return f"<!-- gpu:{name} begin (generated from benchmarks/results/gpu/ledger.jsonl by " \
+           "python -m benchmarks.gpu ingest; do not edit) -->"
+
+
+def _end(name: str) -> str:
+    return f"<!-- gpu:{name} end -->"
+
+
+def replace_block(text: str, name: str, body: List[str]) -> str:
+    block = "\n".join([_begin(name), *body, _end(name)]) + "\n"
+    head = f"<!-- gpu:{name} begin"
+    if head in text:
+        start = text.index(head)
+        end = text.index(_end(name), start) + len(_end(name))
+        return text[:start] + block.rstrip("\n") + text[end:]
+    lines = text.split("\n")
+    at = 1 if lines and lines[0].startswith("# ") else 0  # after the title
+    return "\n".join(lines[:at] + ["", block] + lines[at:]).replace("\n\n\n\n", "\n\n")
+
+
+def regenerate(lines: List[Dict], results_dir: Optional[str] = None, dry_run: bool = False,
+               log=print) -> List[str]:
+    """Rewrite every built slice's block from ``lines``; returns the files written."""
+    folder = results_dir or os.path.join(ROOT, "benchmarks", "results")
+    written = []
+    for name in campaign.ORDER:
+        if name in campaign.NOT_BUILT:
+            continue
+        mod = campaign.slice_module(name)
+        recipe = mod.recipe(dry_run)
+        mine = [l for l in lines if l["slice"] == name and l["recipe"] == campaign.digest(recipe)]
+        path = os.path.join(folder, mod.RESULTS)
+        if not mine and not os.path.exists(path):
+            continue
+        body = mod.report(mine, recipe) if mine else [
+            f"### GPU campaign: {name}", "",
+            f"Pending: no run of this slice's recipe ({campaign.digest(recipe)}) is in the "
+            "ledger yet.", ""]
+        text = open(path, encoding="utf-8").read() if os.path.exists(path) else \
+            f"# GPU campaign: {name}\n"
+        new = replace_block(text, name, body)
+        if new != text:
+            with open(path + ".tmp", "w", encoding="utf-8") as fh:
+                fh.write(new)
+            os.replace(path + ".tmp", path)
+            written.append(path)
+            log(f"results: {path} ({name})")
+    return written

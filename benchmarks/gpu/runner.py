@@ -1,0 +1,333 @@
+"""``prepare`` (CPU machine) and ``run`` (GPU machine) of one slice.
+
+``prepare`` fills one git-ignored folder (``.gpu/`` by default) with exactly what the
+slice needs beside the tree: its data archives, and ``slice.json`` (the slice, its
+recipe and digest, the keys the ledger does not have yet, the commit). ``run`` reads it
+there, builds the data, runs the keys in order, each in its own process with the time
+left (a hung or crashed run costs only itself), stops before ``--budget-s``, and writes
+``manifest.json`` beside what the runs wrote: the environment, every run's metrics and
+seconds, and the size and SHA-256 of every file that comes back.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from typing import Dict, List, Optional
+
+from benchmarks.gpu import campaign, data, files, ledger, limits
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CARRY = ".gpu"
+SLICE_FILE = "slice.json"
+MARKER = ".glomo-gpu-carry"  # a carry folder holds this: prepare empties only such folders
+RESERVE_S = 15.0  # kept for the manifest and the digests after the last run
+FORMAT = "glomo-gpu-slice/1"
+
+
+def git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True,
+                              text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError) as err:
+        raise ValueError(f"git {' '.join(args)} failed in {ROOT} ({err}); the campaign "
+                         "records the commit that ran, so it needs the git checkout") from None
+
+
+def travelling_bytes() -> int:
+    """Bytes of the working tree a call carries: tracked files and untracked files git
+    does not ignore."""
+    names = git("ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
+    total = 0
+    for name in filter(None, names):
+        path = os.path.join(ROOT, name)
+        if os.path.isfile(path) and not os.path.islink(path):
+            total += os.path.getsize(path)
+    return total
+
+
+def folder_bytes(folder: str) -> int:
+    return sum(os.path.getsize(os.path.join(top, n)) for top, _, names in os.walk(folder)
+               for n in names)
+
+
+def carry_folder(path: str) -> str:
+    """``path`` as a carry folder: inside the checkout and ignored by git (else it would
+    travel twice, or be committed)."""
+    full = os.path.abspath(path)
+    if os.path.commonpath([full, ROOT]) != ROOT or full == ROOT:
+        raise ValueError(f"the carry folder {path} must lie inside the checkout {ROOT}")
+    rel = os.path.relpath(full, ROOT)
+    if subprocess.run(["git", "check-ignore", "-q", rel + "/"], cwd=ROOT).returncode != 0:
+        raise ValueError(f"the carry folder {rel}/ is not ignored by git: add it to .gitignore "
+                         "(it would travel as part of the tree, or be committed)")
+    return full
+
+
+def prepare(name: str, carry: str = CARRY, shared_data: Optional[str] = None,
+            ledger_path: Optional[str] = None, dry_run: bool = False, log=print) -> Dict:
+    """Fill ``carry`` for slice ``name``; returns the slice description it wrote."""
+    mod = campaign.slice_module(name)
+    recipe = mod.recipe(dry_run)
+    recorded = ledger.recorded_keys(ledger.read(ledger_path or default_ledger()), name,
+                                    campaign.digest(recipe))
+    keys = campaign.pending(name, recipe, recorded)
+    if not keys:
+        raise ValueError(f"slice {name!r}: the ledger records every run of its recipe "
+                         f"{campaign.digest(recipe)}; nothing to prepare")
+    commit = git("rev-parse", "HEAD")
+    dirty = bool(git("status", "--porcelain", "--untracked-files=normal"))
+    if dirty and not dry_run:
+        raise ValueError("the working tree has uncommitted changes: commit them first, so the "
+                         "ledger's commit is the code that ran (git status)")
+    folder = carry_folder(carry)
+    if os.path.exists(folder):
+        if os.listdir(folder) and not os.path.exists(os.path.join(folder, MARKER)):
+            raise ValueError(f"{carry} exists and was not made by prepare; move it away")
+        shutil.rmtree(folder)
+    os.makedirs(os.path.join(folder, "data"))
+    open(os.path.join(folder, MARKER), "w").close()
+    archives = {}
+    if dry_run:
+        paths = data.write_toy_archives(list(mod.ARCHIVES), os.path.join(folder, "data"))
+    else:
+        source = shared_data or os.path.join(os.path.dirname(ROOT), "shared", "data")
+        paths = []
+        for archive in mod.ARCHIVES:
+            src = os.path.join(source, archive)
+            if not os.path.isfile(src):
+                raise ValueError(f"{src} is missing (--shared-data: the project's data folder)")
+            paths.append(os.path.join(folder, "data", archive))
+            shutil.copyfile(src, paths[-1])
+    for path in paths:
+        archives[os.path.basename(path)] = dict(bytes=os.path.getsize(path),
+                                                sha256=files.sha256(path))
+    description = dict(format=FORMAT, slice=name, recipe=recipe,
+                       recipe_digest=campaign.digest(recipe), keys=keys, commit=commit,
+                       dirty=dirty, dry_run=dry_run, archives=archives,
+                       prepared=datetime.datetime.now(datetime.timezone.utc).isoformat(
+                           timespec="seconds"))
+    files.write_json(os.path.join(folder, SLICE_FILE), description)
+    tree, carried = travelling_bytes(), folder_bytes(folder)
+    description["travel_bytes"] = dict(tree=tree, carry=carried)
+    if tree + carried > limits.CARRY_BYTES:
+        raise ValueError(f"the call would carry {(tree + carried) / limits.MIB:.1f} MiB (tree "
+                         f"{tree / limits.MIB:.1f} + {carry} {carried / limits.MIB:.1f}), over "
+                         f"the {limits.CARRY_BYTES // limits.MIB} MiB limit")
+    log(f"prepared {name} ({len(keys)} pending runs: {', '.join(keys[:6])}"
+        f"{' ...' if len(keys) > 6 else ''}) in {os.path.relpath(folder, ROOT)}/: the call "
+        f"carries {(tree + carried) / limits.MIB:.1f} of {limits.CARRY_BYTES // limits.MIB} MiB "
+        f"(tree {tree / limits.MIB:.1f}, {carry} {carried / limits.MIB:.1f})")
+    return description
+
+
+def default_ledger() -> str:
+    return os.path.join(ROOT, "benchmarks", "results", "gpu", "ledger.jsonl")
+
+
+def device_command(name: str, budget_s: int = limits.CALL_SECONDS - 30,
+                   carry: str = CARRY) -> str:
+    """The command the device call runs for slice ``name``."""
+    return ("set -o pipefail; PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu run "
+            f"{name} --budget-s {budget_s} --carry {carry} --out \"$OUT\" 2>&1 | "
+            f"tee \"$OUT/{files.CONSOLE}\"")
+
+
+def environment(device: str) -> Dict:
+    import numpy
+    import torch
+
+    env = dict(python=platform.python_version(), torch=torch.__version__,
+               numpy=numpy.__version__, cuda=torch.version.cuda, host=platform.node(),
+               cpus=os.cpu_count())
+    for module in ("lightning", "torch_geometric", "triton"):
+        try:
+            env[module] = __import__(module).__version__
+        except ImportError:
+            env[module] = None
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        env.update(device=props.name, capability=f"{props.major}.{props.minor}",
+                   memory_gib=round(props.total_memory / 2**30, 1),
+                   multiprocessors=props.multi_processor_count,
+                   cudnn=torch.backends.cudnn.version())
+    else:
+        env["device"] = f"CPU ({platform.processor() or platform.machine()}, " \
+                        f"{torch.get_num_threads()} threads)"
+    return env
+
+
+def finite(value):
+    """``value`` with non-finite floats as None (JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+class _Log:
+    def __init__(self, path: str):
+        self.fh = open(path, "a", encoding="utf-8")
+
+    def __call__(self, *args) -> None:
+        text = time.strftime("[%H:%M:%S] ") + " ".join(str(a) for a in args)
+        print(text, flush=True)
+        self.fh.write(text + "\n")
+        self.fh.flush()
+
+
+def _run_item(ctx: campaign.Context, key: str, log) -> Dict:
+    """``key`` in its own process, killed at ``ctx.deadline``; its output goes to the log."""
+    ctx_path = os.path.join(ctx.work, f"item-{uuid.uuid4().hex[:8]}.json")
+    result_path = ctx_path[:-5] + ".result.json"
+    files.write_json(ctx_path, dict(ctx.to_json(), key=key, result=result_path))
+    start = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu", "_item", ctx_path],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", start_new_session=True)
+    timed_out = threading.Event()
+
+    def watchdog():
+        if _wait(proc, ctx.deadline - time.time()) is None:
+            timed_out.set()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    tail: List[str] = []
+    for line in proc.stdout:
+        line = line.rstrip("\n")
+        if "\r" in line:  # progress bars: keep their last state only
+            line = line.rsplit("\r", 1)[-1]
+        log(f"  {key}: {line}")
+        tail = (tail + [line])[-20:]
+    proc.wait()
+    seconds = round(time.time() - start, 1)
+    if timed_out.is_set():
+        return dict(key=key, status="timeout", seconds=seconds, tail=tail)
+    if proc.returncode != 0 or not os.path.exists(result_path):
+        return dict(key=key, status="failed", seconds=seconds, returncode=proc.returncode,
+                    tail=tail)
+    result = files.read_json(result_path, f"result of {key}")
+    return dict(key=key, status="ok", seconds=seconds, metrics=result.get("metrics", {}))
+
+
+def _wait(proc, timeout: float):
+    try:
+        return proc.wait(timeout=max(0.0, timeout))
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def run(name: str, budget_s: float, carry: str = CARRY, out: Optional[str] = None,
+        dry_run: bool = False, work: Optional[str] = None) -> Dict:
+    """Run slice ``name`` as prepared in ``carry`` within ``budget_s`` seconds; writes the
+    manifest into ``out`` and returns it."""
+    start = time.time()
+    if budget_s < 2 * RESERVE_S:
+        raise ValueError(f"--budget-s must be at least {2 * RESERVE_S:.0f}, got {budget_s}")
+    out = out or os.environ.get("OUT")
+    if not out:
+        raise ValueError("--out is not given and $OUT is not set")
+    os.makedirs(out, exist_ok=True)
+    folder = os.path.abspath(carry)
+    description = files.read_json(os.path.join(folder, SLICE_FILE), "the prepared slice")
+    if description.get("format") != FORMAT or description.get("slice") != name:
+        raise ValueError(f"{carry}/{SLICE_FILE} prepares {description.get('slice')!r}, not "
+                         f"{name!r}: run prepare {name} first")
+    if bool(description.get("dry_run")) != dry_run:
+        raise ValueError(f"{carry} was prepared {'with' if description.get('dry_run') else 'without'}"
+                         f" --dry-run; run it the same way")
+    mod = campaign.slice_module(name)
+    recipe = mod.recipe(dry_run)
+    if campaign.digest(recipe) != description.get("recipe_digest"):
+        raise ValueError(f"the tree's recipe for {name} ({campaign.digest(recipe)}) is not the "
+                         f"prepared one ({description.get('recipe_digest')}): prepare again")
+    archives = []
+    for archive, meta in description["archives"].items():
+        path = os.path.join(folder, "data", archive)
+        if not os.path.isfile(path) or files.sha256(path) != meta["sha256"]:
+            raise ValueError(f"{path} is missing or not the archive prepare carried")
+        archives.append(path)
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not dry_run:
+        raise ValueError("no GPU here: a real slice runs on the GPU machine (--dry-run "
+                         "rehearses it on the CPU)")
+    log = _Log(os.path.join(out, "run.log"))
+    env = environment(device)
+    log(f"slice {name} (recipe {description['recipe_digest']}, commit "
+        f"{description['commit'][:10]}{' dirty' if description.get('dirty') else ''}) on "
+        f"{env['device']}; torch {env['torch']}, CUDA {env['cuda']}; budget {budget_s:.0f} s")
+    work = work or tempfile.mkdtemp(prefix="glomo-gpu-")
+    data_dir = os.path.join(work, "data")
+    os.makedirs(data_dir, exist_ok=True)
+    data_start = time.time()
+    data.build(archives, data_dir, log)
+    data_seconds = round(time.time() - data_start, 1)
+    deadline = start + budget_s - RESERVE_S
+    runs, failures, skipped = [], [], []
+    for key in description["keys"]:
+        ctx = campaign.Context(slice=name, recipe=recipe, dry_run=dry_run, data_dir=data_dir,
+                               out=out, work=work, deadline=deadline, device=device)
+        need = mod.min_seconds(key, recipe)
+        if ctx.seconds_left() < need:
+            skipped.append(key)
+            continue
+        log(f"{key}: starting ({ctx.seconds_left():.0f} s left)")
+        result = _run_item(ctx, key, log)
+        log(f"{key}: {result['status']} in {result['seconds']} s")
+        (runs if result["status"] == "ok" else failures).append(finite(result))
+    if skipped:
+        log(f"left for a later call (not enough time): {', '.join(skipped)}")
+    manifest = dict(format=FORMAT, run=uuid.uuid4().hex[:12], slice=name,
+                    recipe=recipe, recipe_digest=description["recipe_digest"],
+                    commit=description["commit"], dirty=description.get("dirty", False),
+                    dry_run=dry_run, environment=env,
+                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    budget_s=budget_s, data_s=data_seconds, runs=runs, failures=failures,
+                    skipped=skipped)
+    manifest["wall_s"] = round(time.time() - start, 1)
+    log(f"done: {len(runs)} runs, {len(failures)} failed, {len(skipped)} left; "
+        f"{manifest['wall_s']} s")
+    log.fh.close()
+    listed = {}
+    for rel, size in files.listing(out):
+        if rel in (files.MANIFEST, files.CONSOLE):
+            continue
+        listed[rel] = dict(bytes=size, sha256=files.sha256(os.path.join(out, rel)))
+    manifest["files"] = listed
+    files.write_json(os.path.join(out, files.MANIFEST), manifest)
+    files.check_limits(out)  # (a run that broke them is refused by ingest too)
+    return manifest
+
+
+def run_item(ctx_path: str) -> None:
+    """The child process of :func:`_run_item`: one key of one slice."""
+    spec = files.read_json(ctx_path, "run context")
+    for blocked in filter(None, os.environ.get("GLOMO_GPU_BLOCK_MODULES", "").split(",")):
+        sys.modules[blocked] = None  # the dry run: packages the GPU machine's image lacks
+    key, result_path = spec.pop("key"), spec.pop("result")
+    ctx = campaign.Context(**spec, log=lambda *a: print(*a, flush=True))
+    if ctx.device == "cpu":
+        import torch
+
+        torch.set_num_threads(max(1, min(os.cpu_count() or 1, 2)))
+    metrics = campaign.slice_module(ctx.slice).run_key(key, ctx)
+    files.write_json(result_path, dict(metrics=finite(metrics)))
