@@ -20,8 +20,10 @@ def plan(args) -> None:
         recipe = mod.recipe(args.dry_run)
         done = ledger.recorded_keys(lines, name, campaign.digest(recipe))
         todo = campaign.pending(name, recipe, done)
+        why = getattr(mod, "blocked", lambda r: None)(recipe)
         print(f"  {name:15s} recipe {campaign.digest(recipe)}: {len(done)} recorded, "
-              f"{len(todo)} pending; carries {', '.join(mod.ARCHIVES) or 'no data'}")
+              f"{len(todo)} pending; carries {', '.join(mod.ARCHIVES) or 'no data'}"
+              + (f"; blocked: {why}" if why else ""))
     nxt = campaign.next_slice(lines, args.dry_run)
     if nxt is None:
         print("every slice of the campaign is recorded")

@@ -28,6 +28,10 @@ def _known_commit(commit: str) -> bool:
         ok("merge-base", "--is-ancestor", commit, "HEAD")
 
 
+def _same(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 def check(folder: str, dry_run: bool = False) -> Dict:
     """The manifest of ``folder`` once every check has passed."""
     if not os.path.isdir(folder):
@@ -43,6 +47,9 @@ def check(folder: str, dry_run: bool = False) -> Dict:
                   "runs", "files"):
         if field not in manifest:
             raise IngestError(f"{folder}/{files.MANIFEST} has no {field!r}")
+    if not isinstance(manifest["environment"], dict) or not isinstance(manifest["run"], str):
+        raise IngestError(f"{folder}/{files.MANIFEST}: 'environment' must be an object and "
+                          "'run' a string")
     if bool(manifest.get("dry_run")) != dry_run:
         raise IngestError(f"{folder} holds a {'dry' if manifest.get('dry_run') else 'real'} "
                           f"run; ingest it {'with' if manifest.get('dry_run') else 'without'} "
@@ -106,16 +113,24 @@ def ingest(folder: str, ledger_path: Optional[str] = None, results_dir: Optional
            releases_root: Optional[str] = None, dry_run: bool = False, log=print) -> List[Dict]:
     """Check ``folder``, append its runs to the ledger, write what the slice releases,
     and regenerate the results files. Returns the new ledger lines."""
-    manifest = check(folder, dry_run)
     path = ledger_path or default_ledger()
+    if dry_run and (_same(path, default_ledger()) or
+                    _same(results_dir or report.RESULTS_DIR, report.RESULTS_DIR)):
+        raise IngestError("a dry run never enters the campaign's ledger or results files: "
+                          "give --ledger and --results-dir outside benchmarks/results")
+    manifest = check(folder, dry_run)
+    mod = campaign.slice_module(manifest["slice"])
+    if dry_run and hasattr(mod, "ingest") and releases_root is None:
+        raise IngestError(f"a dry run of {manifest['slice']} never writes the project's "
+                          "releases: give --releases-root outside pretrained/")
     new = ledger_lines(manifest)
-    ledger.append(path, new)  # refuses runs the ledger already has, before writing
+    ledger.check_new(path, new)  # runs the ledger already has: refused before any write
+    if hasattr(mod, "ingest") and new:  # (a refused release leaves the ledger as it was)
+        mod.ingest(new, folder, manifest, releases_root, log)
+    ledger.append(path, new)
     log(f"ledger {path}: {len(new)} runs added from {folder} ({manifest['slice']}, "
         f"{manifest['environment'].get('device')})")
     if manifest.get("failures"):
         log(f"not added (failed or timed out): {[f['key'] for f in manifest['failures']]}")
-    mod = campaign.slice_module(manifest["slice"])
-    if hasattr(mod, "ingest") and new:
-        mod.ingest(new, folder, manifest, releases_root, log)
     report.regenerate(ledger.read(path), results_dir, dry_run, log)
     return new

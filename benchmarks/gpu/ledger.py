@@ -66,10 +66,9 @@ def recorded_keys(lines: Iterable[Dict], slice_name: str, recipe: str) -> Set[st
     return {l["key"] for l in lines if l["slice"] == slice_name and l["recipe"] == recipe}
 
 
-def append(path: str, new: List[Dict]) -> None:
-    """Add ``new`` lines; refuses (before writing anything) a line that is malformed or
-    names a run the ledger (or ``new`` itself) already holds. The file is rewritten
-    through a temporary file renamed into place: a kill leaves the old or the new one."""
+def check_new(path: str, new: List[Dict]) -> List[Dict]:
+    """The ledger's lines, once ``new`` is known to be well formed and to name no run the
+    ledger (or ``new`` itself) already holds."""
     lines = read(path)
     seen = {run_id(l) for l in lines}
     for i, line in enumerate(new):
@@ -78,6 +77,14 @@ def append(path: str, new: List[Dict]) -> None:
             raise LedgerError(f"the ledger already records run {run_id(line)} (slice, recipe, "
                               "key): a recorded run is never run or added twice")
         seen.add(run_id(line))
+    return lines
+
+
+def append(path: str, new: List[Dict]) -> None:
+    """Add ``new`` lines (refused as :func:`check_new` says, before writing anything).
+    The file is rewritten through a temporary file renamed into place: a kill leaves the
+    old or the new one."""
+    lines = check_new(path, new)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:

@@ -13,6 +13,9 @@ from benchmarks.gpu import campaign
 from benchmarks.gpu.runner import ROOT
 
 
+RESULTS_DIR = os.path.join(ROOT, "benchmarks", "results")
+
+
 def _begin(name: str) -> str:
     return f"<!-- gpu:{name} begin (generated from benchmarks/results/gpu/ledger.jsonl by " \
            "python -m benchmarks.gpu ingest; do not edit) -->"
@@ -37,7 +40,7 @@ def replace_block(text: str, name: str, body: List[str]) -> str:
 def regenerate(lines: List[Dict], results_dir: Optional[str] = None, dry_run: bool = False,
                log=print) -> List[str]:
     """Rewrite every built slice's block from ``lines``; returns the files written."""
-    folder = results_dir or os.path.join(ROOT, "benchmarks", "results")
+    folder = results_dir or RESULTS_DIR
     written = []
     for name in campaign.ORDER:
         if name in campaign.NOT_BUILT:
@@ -56,6 +59,7 @@ def regenerate(lines: List[Dict], results_dir: Optional[str] = None, dry_run: bo
             f"# GPU campaign: {name}\n"
         new = replace_block(text, name, body)
         if new != text:
+            os.makedirs(folder, exist_ok=True)
             with open(path + ".tmp", "w", encoding="utf-8") as fh:
                 fh.write(new)
             os.replace(path + ".tmp", path)

@@ -121,6 +121,7 @@ def prepare(name: str, carry: str = CARRY, shared_data: Optional[str] = None,
     tree, carried = travelling_bytes(), folder_bytes(folder)
     description["travel_bytes"] = dict(tree=tree, carry=carried)
     if tree + carried > limits.CARRY_BYTES:
+        shutil.rmtree(folder)  # (else run would take it for a prepared slice)
         raise ValueError(f"the call would carry {(tree + carried) / limits.MIB:.1f} MiB (tree "
                          f"{tree / limits.MIB:.1f} + {carry} {carried / limits.MIB:.1f}), over "
                          f"the {limits.CARRY_BYTES // limits.MIB} MiB limit")
@@ -189,11 +190,13 @@ class _Log:
         self.fh.flush()
 
 
-def _run_item(ctx: campaign.Context, key: str, log) -> Dict:
-    """``key`` in its own process, killed at ``ctx.deadline``; its output goes to the log."""
+def _run_item(ctx: campaign.Context, keys: List[str], log) -> List[Dict]:
+    """``keys`` in order in one process, killed at ``ctx.deadline``; its output goes to the
+    log. The process records each key's metrics as soon as the key is done, so a kill or a
+    crash loses only the key in progress. Returns one result per key it started."""
     ctx_path = os.path.join(ctx.work, f"item-{uuid.uuid4().hex[:8]}.json")
     result_path = ctx_path[:-5] + ".result.json"
-    files.write_json(ctx_path, dict(ctx.to_json(), key=key, result=result_path))
+    files.write_json(ctx_path, dict(ctx.to_json(), keys=keys, result=result_path))
     start = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu", "_item", ctx_path],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -214,17 +217,22 @@ def _run_item(ctx: campaign.Context, key: str, log) -> Dict:
         line = line.rstrip("\n")
         if "\r" in line:  # progress bars: keep their last state only
             line = line.rsplit("\r", 1)[-1]
-        log(f"  {key}: {line}")
+        log(f"  {keys[0] if len(keys) == 1 else ctx.slice}: {line}")
         tail = (tail + [line])[-20:]
     proc.wait()
-    seconds = round(time.time() - start, 1)
-    if timed_out.is_set():
-        return dict(key=key, status="timeout", seconds=seconds, tail=tail)
-    if proc.returncode != 0 or not os.path.exists(result_path):
-        return dict(key=key, status="failed", seconds=seconds, returncode=proc.returncode,
-                    tail=tail)
-    result = files.read_json(result_path, f"result of {key}")
-    return dict(key=key, status="ok", seconds=seconds, metrics=result.get("metrics", {}))
+    done = files.read_json(result_path, "results of the runs") if os.path.exists(result_path) \
+        else dict(results=[])
+    out = [dict(r, status="ok") for r in done["results"]]
+    started = done.get("started")
+    if started is not None and started not in {r["key"] for r in out}:
+        status = "timeout" if timed_out.is_set() else "failed"
+        out.append(dict(key=started, status=status, returncode=proc.returncode, tail=tail,
+                        seconds=round(time.time() - done.get("started_at", start), 1)))
+    elif not out and proc.returncode != 0:  # (died before its first key)
+        out.append(dict(key=keys[0], status="timeout" if timed_out.is_set() else "failed",
+                        returncode=proc.returncode, tail=tail,
+                        seconds=round(time.time() - start, 1)))
+    return out
 
 
 def _wait(proc, timeout: float):
@@ -282,18 +290,26 @@ def run(name: str, budget_s: float, carry: str = CARRY, out: Optional[str] = Non
     data.build(archives, data_dir, log)
     data_seconds = round(time.time() - data_start, 1)
     deadline = start + budget_s - RESERVE_S
-    runs, failures, skipped = [], [], []
-    for key in description["keys"]:
+    runs, failures = [], []
+    todo = list(description["keys"])
+    per_process = getattr(mod, "KEYS_PER_PROCESS", 1)  # None: all keys in one process
+    while todo:
         ctx = campaign.Context(slice=name, recipe=recipe, dry_run=dry_run, data_dir=data_dir,
                                out=out, work=work, deadline=deadline, device=device)
-        need = mod.min_seconds(key, recipe)
-        if ctx.seconds_left() < need:
-            skipped.append(key)
-            continue
-        log(f"{key}: starting ({ctx.seconds_left():.0f} s left)")
-        result = _run_item(ctx, key, log)
-        log(f"{key}: {result['status']} in {result['seconds']} s")
-        (runs if result["status"] == "ok" else failures).append(finite(result))
+        if ctx.seconds_left() < mod.min_seconds(todo[0], recipe):
+            break
+        batch = todo if per_process is None else todo[:per_process]
+        log(f"{', '.join(batch) if len(batch) < 4 else f'{len(batch)} runs'}: starting "
+            f"({ctx.seconds_left():.0f} s left)")
+        results = _run_item(ctx, batch, log)
+        for result in results:
+            log(f"{result['key']}: {result['status']} in {result['seconds']} s")
+            (runs if result["status"] == "ok" else failures).append(finite(result))
+        started = {r["key"] for r in results}
+        todo = [k for k in todo if k not in started]
+        if per_process is None or not results:  # (the process ran what time allowed)
+            break
+    skipped = todo
     if skipped:
         log(f"left for a later call (not enough time): {', '.join(skipped)}")
     manifest = dict(format=FORMAT, run=uuid.uuid4().hex[:12], slice=name,
@@ -319,15 +335,27 @@ def run(name: str, budget_s: float, carry: str = CARRY, out: Optional[str] = Non
 
 
 def run_item(ctx_path: str) -> None:
-    """The child process of :func:`_run_item`: one key of one slice."""
+    """The child process of :func:`_run_item`: keys of one slice, in order, while the
+    time left is at least what each needs."""
     spec = files.read_json(ctx_path, "run context")
     for blocked in filter(None, os.environ.get("GLOMO_GPU_BLOCK_MODULES", "").split(",")):
         sys.modules[blocked] = None  # the dry run: packages the GPU machine's image lacks
-    key, result_path = spec.pop("key"), spec.pop("result")
+    keys, result_path = spec.pop("keys"), spec.pop("result")
     ctx = campaign.Context(**spec, log=lambda *a: print(*a, flush=True))
     if ctx.device == "cpu":
         import torch
 
         torch.set_num_threads(max(1, min(os.cpu_count() or 1, 2)))
-    metrics = campaign.slice_module(ctx.slice).run_key(key, ctx)
-    files.write_json(result_path, dict(metrics=finite(metrics)))
+    mod = campaign.slice_module(ctx.slice)
+    done: Dict = dict(results=[])
+    for key in keys:
+        if done["results"] and ctx.seconds_left() < mod.min_seconds(key, ctx.recipe):
+            break  # (the first key was judged by the parent)
+        done.update(started=key, started_at=time.time())
+        files.write_json(result_path, done)
+        start = time.time()
+        metrics = mod.run_key(key, ctx)
+        done["results"].append(dict(key=key, seconds=round(time.time() - start, 1),
+                                    metrics=finite(metrics)))
+        done.pop("started")
+        files.write_json(result_path, done)

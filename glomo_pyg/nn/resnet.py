@@ -136,11 +136,14 @@ class GlomoResNet(torch.nn.Module):
         h = normalize(images, self.pixel_mean, self.pixel_std)  # [B, C, H, W]
         return h.permute(0, 2, 3, 1).reshape(-1, h.size(1))
 
-    def forward(self, images: Tensor, propagated: Optional[Tensor] = None) -> Tensor:
+    def stage(self, images: Tensor, propagated: Optional[Tensor] = None) -> Tensor:
+        """The input stage's output :math:`H'` as a ``[B, C', H, W]`` float map (the
+        normalised pixels without a ``transfer``): what the ResNet reads. Training
+        recipes may transform it (e.g. random translations) before :attr:`resnet`."""
         check_images(images, channels=len(self.pixel_mean), size=self.image_size)
         b, _, height, width = images.shape
         if self.transfer is None:
-            return self.resnet(normalize(images, self.pixel_mean, self.pixel_std))
+            return normalize(images, self.pixel_mean, self.pixel_std)
         h = self.stage_input(images)
         if propagated is None and self.transfer.graph == "learned":
             x, batch = image_units(images)
@@ -148,11 +151,17 @@ class GlomoResNet(torch.nn.Module):
         else:
             batch = torch.arange(b, device=images.device).repeat_interleave(height * width)
             out = self.transfer(h, batch=batch, propagated=propagated)
-        out = out.view(b, height, width, -1).permute(0, 3, 1, 2)
+        return out.view(b, height, width, -1).permute(0, 3, 1, 2)
+
+    def classify(self, stage: Tensor) -> Tensor:
+        """The ResNet's logits for a :meth:`stage` output."""
         # channels-last is the fast layout on a GPU; on CPU torch's backward for it can be
         # orders of magnitude slower (measured), so plain contiguous there
-        fmt = torch.channels_last if out.is_cuda else torch.contiguous_format
-        return self.resnet(out.contiguous(memory_format=fmt))
+        fmt = torch.channels_last if stage.is_cuda else torch.contiguous_format
+        return self.resnet(stage.contiguous(memory_format=fmt))
+
+    def forward(self, images: Tensor, propagated: Optional[Tensor] = None) -> Tensor:
+        return self.classify(self.stage(images, propagated))
 
     def __repr__(self) -> str:
         t = self.transfer
