@@ -7,6 +7,7 @@ block and leaves the rest of the file (the dated CPU sections) as it is.
 from __future__ import annotations
 
 import os
+import re
 from typing import Dict, List, Optional
 
 from benchmarks.gpu import campaign
@@ -32,6 +33,10 @@ def replace_block(text: str, name: str, body: List[str]) -> str:
         start = text.index(head)
         end = text.index(_end(name), start) + len(_end(name))
         return text[:start] + block.rstrip("\n") + text[end:]
+    ends = list(re.finditer(r"<!-- gpu:\S+ end -->", text))
+    if ends:  # after the other slices' blocks, in the order they were added
+        end = ends[-1].end()
+        return text[:end] + "\n\n" + block.rstrip("\n") + text[end:]
     lines = text.split("\n")
     at = 1 if lines and lines[0].startswith("# ") else 0  # after the title
     return "\n".join(lines[:at] + ["", block] + lines[at:]).replace("\n\n\n\n", "\n\n")
@@ -51,10 +56,11 @@ def regenerate(lines: List[Dict], results_dir: Optional[str] = None, dry_run: bo
         path = os.path.join(folder, mod.RESULTS)
         if not mine and not os.path.exists(path):
             continue
+        why = getattr(mod, "blocked", lambda r: None)(recipe)
         body = mod.report(mine, recipe) if mine else [
             f"### GPU campaign: {name}", "",
             f"Pending: no run of this slice's recipe ({campaign.digest(recipe)}) is in the "
-            "ledger yet.", ""]
+            "ledger yet" + (f"; it {why}." if why else "."), ""]
         text = open(path, encoding="utf-8").read() if os.path.exists(path) else \
             f"# GPU campaign: {name}\n"
         new = replace_block(text, name, body)
