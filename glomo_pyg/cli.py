@@ -464,7 +464,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                    "heaviest source, directed and undirected, and average "
                                    "precision, beside the adjacent-word, uniform and untrained "
                                    "baselines (docs/syntax.md).")
-    y.add_argument("--predictor", required=True, help="folder written by save_pretrained")
+    y.add_argument("--predictor", required=True, help="folder written by save_pretrained, or a released name (glomo pretrained)")
     y.add_argument("--treebank", required=True, help="gold trees to report on (e.g. EWT dev)")
     y.add_argument("--select-treebank",
                    help="gold trees on which the single graph is chosen (e.g. EWT train)")
@@ -497,7 +497,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                    "each sample's graphs (every direction, layer and head) as "
                                    "GraphML and JSON edge lists, with the statistics table, "
                                    "into --output (docs/analysis.md).")
-    e.add_argument("--predictor", required=True, help="folder written by save_pretrained")
+    e.add_argument("--predictor", required=True, help="folder written by save_pretrained, or a released name (glomo pretrained)")
     source = e.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="UTF-8 text file, one document per line")
     source.add_argument("--images", help="folder of PNG/JPEG images (RGB)")
