@@ -554,7 +554,7 @@ def test_plan_names_the_next_slice(tmp_path, capsys):
 
 # -- the other slices' dry runs: prepare, run, ingest (a release, the results) ------------
 
-@pytest.mark.parametrize("name", ["pixel-pretrain", "cifar10"])
+@pytest.mark.parametrize("name", ["pixel-pretrain", "cifar10", "speed"])
 def test_dry_run_of_slice_end_to_end(name, tmp_path):
     from glomo_pyg import PretrainedGraphPredictor
 
