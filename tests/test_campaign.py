@@ -614,3 +614,23 @@ def test_translate_moves_maps_and_fills_with_zeros():
     assert torch.equal(out[0, :, 1:, :3], maps[0, :, :4, 2:])
     assert (out[0, :, 0, :] == 0).all() and (out[0, :, :, 3:] == 0).all()
     assert torch.equal(translate(maps, torch.zeros(2, 2, dtype=torch.long)), maps)
+
+
+def test_pixel_pretraining_stops_cleanly_at_its_time_budget(tmp_path):
+    """The pixel-pretrain slice's deadline: training stops after the step in progress and
+    the predictor is still saved (a budget of 0 s: one step of the 4 configured)."""
+    from benchmarks.gpu import data
+    from benchmarks.gpu.slices.pixel_pretrain import _Deadline, recipe
+    from glomo_pyg.training import PretrainConfig, run_pretraining
+
+    archives = data.write_toy_archives([data.IMAGENET[0]], str(tmp_path / "archives"))
+    data.build(archives, str(tmp_path / "data"), log=quiet)
+    r = recipe(True)
+    settings = dict(output_dir=str(tmp_path / "run"), model=r["model"],
+                    corpus=dict(r["corpus"], path=str(tmp_path / "data" / "imagenet32")),
+                    train=dict(r["train"], accelerator="cpu", threads=1))
+    deadline = _Deadline(0.0)
+    summary = run_pretraining(PretrainConfig.from_dict(settings), extra_callbacks=[deadline],
+                              log=quiet)
+    assert deadline.stopped_at == 1 and summary["steps"] == 1 < r["train"]["max_steps"]
+    assert os.path.exists(tmp_path / "run" / "predictor" / "model.safetensors")
