@@ -161,7 +161,9 @@ def test_ingest_writes_a_new_results_file(returned, tmp_path):
     _ingest(returned, tmp_path)
     text = (tmp_path / "results" / profile.RESULTS).read_text()
     assert text.startswith("# GPU campaign: profile\n\n<!-- gpu:profile begin")
-    assert text.rstrip().endswith("<!-- gpu:profile end -->")
+    assert "<!-- gpu:profile end -->" in text
+    # the speed slice shares the file: its block says it is pending
+    assert "<!-- gpu:speed begin" in text and "Pending: no run" in text.split("gpu:speed")[1]
 
 
 def test_replace_block_keeps_the_rest_and_is_idempotent():
@@ -562,24 +564,43 @@ def test_dry_run_of_slice_end_to_end(name, tmp_path):
     carry = _carry_name("-" + name)
     ledger_path, results, releases = (str(tmp_path / "ledger.jsonl"), str(tmp_path / "results"),
                                       str(tmp_path / "releases"))
+    # cifar10 runs every key in one process: one key fails there (injected), the next
+    # ones still run, and a second call of the same (stale) prepare runs only that key
+    fail = "resnet18/uniform/seed0" if name == "cifar10" else ""
+    recipe = mod.recipe(True)
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("GLOMO_GPU_BLOCK_MODULES", "gensim,conllu")
+            mp.setenv("GLOMO_GPU_FAIL_KEYS", fail)
             description = runner.prepare(name, carry, None, ledger_path, dry_run=True, log=quiet)
             manifest = runner.run(name, 600, carry, str(tmp_path / "out"), dry_run=True,
                                   work=str(tmp_path / "work"))
+            if fail:
+                assert [(f["key"], f["status"]) for f in manifest["failures"]] == [
+                    (fail, "failed")] and "injected" in manifest["failures"][0]["error"]
+                assert [r["key"] for r in manifest["runs"]] == [
+                    k for k in mod.keys(recipe) if k != fail]
+                ingest.ingest(str(tmp_path / "out"), ledger_path, results, releases, True,
+                              log=quiet)
+                mp.setenv("GLOMO_GPU_FAIL_KEYS", "")
+                shutil.rmtree(tmp_path / "out")
+                manifest = runner.run(name, 600, carry, str(tmp_path / "out"), dry_run=True,
+                                      work=str(tmp_path / "work2"))
+                assert [r["key"] for r in manifest["runs"]] == [fail]
     finally:
         shutil.rmtree(carry, ignore_errors=True)
-    recipe = mod.recipe(True)
     assert description["keys"] == mod.keys(recipe)
-    assert [r["key"] for r in manifest["runs"]] == mod.keys(recipe)
+    if not fail:
+        assert [r["key"] for r in manifest["runs"]] == mod.keys(recipe)
     assert manifest["failures"] == [] and manifest["skipped"] == []
     files.check_limits(str(tmp_path / "out"))
     if hasattr(mod, "ingest"):  # a dry run never writes the project's releases
         with pytest.raises(IngestError, match="--releases-root"):
             ingest.ingest(str(tmp_path / "out"), ledger_path, results, None, True, log=quiet)
     new = ingest.ingest(str(tmp_path / "out"), ledger_path, results, releases, True, log=quiet)
-    assert [l["key"] for l in new] == mod.keys(recipe)
+    assert [l["key"] for l in new] == ([fail] if fail else mod.keys(recipe))
+    new = ledger.read(ledger_path)
+    assert sorted(l["key"] for l in new) == sorted(mod.keys(recipe))
     text = open(os.path.join(results, mod.RESULTS), encoding="utf-8").read()
     assert f"<!-- gpu:{name} begin" in text and f"<!-- gpu:{name} end -->" in text
     if name == "pixel-pretrain":
@@ -594,11 +615,14 @@ def test_dry_run_of_slice_end_to_end(name, tmp_path):
         card = open(os.path.join(releases, mod.RELEASE, "README.md"), encoding="utf-8").read()
         assert line["commit"] in card and "| forward | 0 |" in card
         assert os.path.getsize(os.path.join(str(tmp_path / "out"), "graphs.png")) > 10_000
-    else:
+    elif name == "cifar10":
         accs = [l["metrics"]["test_acc"] for l in new]
         assert all(0 <= a <= 1 for a in accs)
         assert "glomo − baseline" in text
         assert any(l["metrics"]["propagations_s"] > 0 for l in new if "/glomo/" in l["key"])
+    else:  # speed: each section's table, as benchmarks.speed writes it
+        assert all(l["metrics"]["lines"][0].startswith("### ") for l in new)
+        assert "##### Fused layout" in text
     with pytest.raises(LedgerError, match="already records"):  # never twice
         ingest.ingest(str(tmp_path / "out"), ledger_path, results, releases, True, log=quiet)
 
@@ -608,12 +632,13 @@ def test_translate_moves_maps_and_fills_with_zeros():
 
     maps = torch.arange(2 * 3 * 5 * 5, dtype=torch.float32).view(2, 3, 5, 5) + 1
     shift = torch.tensor([[1, -2], [0, 0]])
-    out = translate(maps, shift)
+    out = translate(maps, shift, 2)
     assert torch.equal(out[1], maps[1])
     # image 0 moved one row down and two columns left
     assert torch.equal(out[0, :, 1:, :3], maps[0, :, :4, 2:])
     assert (out[0, :, 0, :] == 0).all() and (out[0, :, :, 3:] == 0).all()
-    assert torch.equal(translate(maps, torch.zeros(2, 2, dtype=torch.long)), maps)
+    assert torch.equal(translate(maps, torch.zeros(2, 2, dtype=torch.long), 2), maps)
+    assert torch.equal(translate(maps, shift, 0), maps)
 
 
 def test_pixel_pretraining_stops_cleanly_at_its_time_budget(tmp_path):

@@ -32,6 +32,11 @@ def _same(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
+def _inside(path: str, folder: str) -> bool:
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([path, folder]) == folder
+
+
 def check(folder: str, dry_run: bool = False) -> Dict:
     """The manifest of ``folder`` once every check has passed."""
     if not os.path.isdir(folder):
@@ -114,13 +119,14 @@ def ingest(folder: str, ledger_path: Optional[str] = None, results_dir: Optional
     """Check ``folder``, append its runs to the ledger, write what the slice releases,
     and regenerate the results files. Returns the new ledger lines."""
     path = ledger_path or default_ledger()
-    if dry_run and (_same(path, default_ledger()) or
-                    _same(results_dir or report.RESULTS_DIR, report.RESULTS_DIR)):
+    if dry_run and (_same(path, default_ledger()) or _inside(path, report.RESULTS_DIR) or
+                    _inside(results_dir or report.RESULTS_DIR, report.RESULTS_DIR)):
         raise IngestError("a dry run never enters the campaign's ledger or results files: "
                           "give --ledger and --results-dir outside benchmarks/results")
     manifest = check(folder, dry_run)
     mod = campaign.slice_module(manifest["slice"])
-    if dry_run and hasattr(mod, "ingest") and releases_root is None:
+    if dry_run and hasattr(mod, "ingest") and (
+            releases_root is None or _inside(releases_root, os.path.join(ROOT, "pretrained"))):
         raise IngestError(f"a dry run of {manifest['slice']} never writes the project's "
                           "releases: give --releases-root outside pretrained/")
     new = ledger_lines(manifest)

@@ -112,8 +112,11 @@ def prepare(name: str, carry: str = CARRY, shared_data: Optional[str] = None,
     for path in paths:
         archives[os.path.basename(path)] = dict(bytes=os.path.getsize(path),
                                                 sha256=files.sha256(path))
+    ledger_file = os.path.abspath(ledger_path or default_ledger())
     description = dict(format=FORMAT, slice=name, recipe=recipe,
                        recipe_digest=campaign.digest(recipe), keys=keys, commit=commit,
+                       ledger=os.path.relpath(ledger_file, ROOT)
+                       if os.path.commonpath([ledger_file, ROOT]) == ROOT else ledger_file,
                        dirty=dirty, dry_run=dry_run, archives=archives,
                        prepared=datetime.datetime.now(datetime.timezone.utc).isoformat(
                            timespec="seconds"))
@@ -200,7 +203,8 @@ def _run_item(ctx: campaign.Context, keys: List[str], log) -> List[Dict]:
     start = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.gpu", "_item", ctx_path],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, errors="replace", start_new_session=True)
+                            text=True, errors="replace", start_new_session=True,
+                            preexec_fn=_die_with_parent)
     timed_out = threading.Event()
 
     def watchdog():
@@ -220,9 +224,14 @@ def _run_item(ctx: campaign.Context, keys: List[str], log) -> List[Dict]:
         log(f"  {keys[0] if len(keys) == 1 else ctx.slice}: {line}")
         tail = (tail + [line])[-20:]
     proc.wait()
+    try:  # what the run left behind (compile workers, data loaders) goes with it
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
     done = files.read_json(result_path, "results of the runs") if os.path.exists(result_path) \
         else dict(results=[])
-    out = [dict(r, status="ok") for r in done["results"]]
+    out = [dict(r, status="ok") for r in done["results"]] + \
+        [dict(r, status="failed") for r in done.get("failed", [])]
     started = done.get("started")
     if started is not None and started not in {r["key"] for r in out}:
         status = "timeout" if timed_out.is_set() else "failed"
@@ -233,6 +242,17 @@ def _run_item(ctx: campaign.Context, keys: List[str], log) -> List[Dict]:
                         returncode=proc.returncode, tail=tail,
                         seconds=round(time.time() - start, 1)))
     return out
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs: killed when the runner dies (the device tool spares
+    processes of a new session, which would hold the GPU after a killed call)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _wait(proc, timeout: float):
@@ -266,6 +286,15 @@ def run(name: str, budget_s: float, carry: str = CARRY, out: Optional[str] = Non
     if campaign.digest(recipe) != description.get("recipe_digest"):
         raise ValueError(f"the tree's recipe for {name} ({campaign.digest(recipe)}) is not the "
                          f"prepared one ({description.get('recipe_digest')}): prepare again")
+    keys = list(description["keys"])
+    carried = os.path.join(ROOT, description.get("ledger", "")) if description.get("ledger") \
+        else None
+    if carried and os.path.isfile(carried):  # a stale prepare: never rerun a recorded run
+        recorded = ledger.recorded_keys(ledger.read(carried), name, campaign.digest(recipe))
+        keys = [k for k in keys if k not in recorded]
+        if not keys:
+            raise ValueError(f"{carried} records every run {carry}/{SLICE_FILE} prepared: "
+                             "run prepare again")
     archives = []
     for archive, meta in description["archives"].items():
         path = os.path.join(folder, "data", archive)
@@ -291,7 +320,7 @@ def run(name: str, budget_s: float, carry: str = CARRY, out: Optional[str] = Non
     data_seconds = round(time.time() - data_start, 1)
     deadline = start + budget_s - RESERVE_S
     runs, failures = [], []
-    todo = list(description["keys"])
+    todo = keys
     per_process = getattr(mod, "KEYS_PER_PROCESS", 1)  # None: all keys in one process
     while todo:
         ctx = campaign.Context(slice=name, recipe=recipe, dry_run=dry_run, data_dir=data_dir,
@@ -324,14 +353,27 @@ def run(name: str, budget_s: float, carry: str = CARRY, out: Optional[str] = Non
         f"{manifest['wall_s']} s")
     log.fh.close()
     listed = {}
-    for rel, size in files.listing(out):
-        if rel in (files.MANIFEST, files.CONSOLE):
-            continue
-        listed[rel] = dict(bytes=size, sha256=files.sha256(os.path.join(out, rel)))
+    for top, _, names in os.walk(out):
+        for n in names:
+            rel = os.path.relpath(os.path.join(top, n), out)
+            if rel not in (files.MANIFEST, files.CONSOLE) and not os.path.islink(
+                    os.path.join(out, rel)):
+                listed[rel] = dict(bytes=os.path.getsize(os.path.join(out, rel)),
+                                   sha256=files.sha256(os.path.join(out, rel)))
     manifest["files"] = listed
     files.write_json(os.path.join(out, files.MANIFEST), manifest)
-    files.check_limits(out)  # (a run that broke them is refused by ingest too)
-    return manifest
+    files.check_limits(out)  # (the manifest is written first: a call that broke them is
+    return manifest          # refused by ingest, and its manifest says what ran)
+
+
+def _free_gpu_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def run_item(ctx_path: str) -> None:
@@ -354,7 +396,21 @@ def run_item(ctx_path: str) -> None:
         done.update(started=key, started_at=time.time())
         files.write_json(result_path, done)
         start = time.time()
-        metrics = mod.run_key(key, ctx)
+        try:
+            if key in os.environ.get("GLOMO_GPU_FAIL_KEYS", "").split(","):
+                raise RuntimeError(f"{key}: a failure injected by GLOMO_GPU_FAIL_KEYS")
+            metrics = mod.run_key(key, ctx)
+        except Exception:  # recorded; the next key still runs (an OOM frees its memory)
+            import traceback
+
+            traceback.print_exc()
+            done.setdefault("failed", []).append(dict(
+                key=key, seconds=round(time.time() - start, 1),
+                error=traceback.format_exc(limit=8)[-4000:]))
+            done.pop("started")
+            files.write_json(result_path, done)
+            _free_gpu_memory()
+            continue
         done["results"].append(dict(key=key, seconds=round(time.time() - start, 1),
                                     metrics=finite(metrics)))
         done.pop("started")

@@ -58,7 +58,9 @@ def recipe(dry_run: bool) -> Dict:
              train=dict(epochs=24, batch=512, lr=0.4, momentum=0.9, nesterov=True,
                         weight_decay=5e-4, warmup_fraction=0.25, label_smoothing=0.1,
                         flip=True, translate=4, eval_batch=1024),
-             stage=dict(precompute=["learned"], dtype="float16", batch=256))
+             # estimate_s: the propagations of 102,000 images (to be replaced by the
+             # profile's transfer-forward rate)
+             stage=dict(precompute=["learned"], dtype="float16", batch=256, estimate_s=150))
     if dry_run:  # an untrained toy predictor and toy sizes: the same code in seconds
         r.update(predictor=dict(toy=dict(hidden_channels=8, num_layers=1, heads=2,
                                          cnn_layers=1, num_positions=4)),
@@ -83,9 +85,15 @@ def blocked(recipe: Dict) -> Optional[str]:
 
 
 def min_seconds(key: str, recipe: Dict) -> float:
+    """A run's time, plus (GLoMo, before this process has them) the propagations'."""
     if recipe["train"]["epochs"] < 5:
         return 5.0
-    return 150.0 if key.startswith("resnet34") else 100.0
+    run = 150.0 if key.startswith("resnet34") else 100.0
+    variant = key.split("/")[1] if key.count("/") == 2 else ""
+    if VARIANTS.get(variant) in recipe["stage"]["precompute"] and \
+            variant not in _STATE.get("stages", {}):
+        run += recipe["stage"]["estimate_s"]
+    return run
 
 
 def _predictor(recipe: Dict, device: str):
@@ -106,11 +114,12 @@ def _predictor(recipe: Dict, device: str):
     return p.to(device).eval().set_layout("auto")
 
 
-def translate(maps: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """``maps`` ``[B, C, H, W]`` moved by ``shift`` ``[B, 2]`` (rows, columns) pixels each,
-    zero-filled: a random crop of the map padded by ``max |shift|``."""
+def translate(maps: torch.Tensor, shift: torch.Tensor, pad: int) -> torch.Tensor:
+    """``maps`` ``[B, C, H, W]`` moved by ``shift`` ``[B, 2]`` (rows, columns; each in
+    ``[-pad, pad]``) pixels each, zero-filled: a random crop of the map padded by ``pad``
+    (given, so the step needs no device-to-host read)."""
     b, c, h, w = maps.shape
-    p = int(shift.abs().max()) if shift.numel() else 0
+    p = pad
     if p == 0:
         return maps
     padded = F.pad(maps, (p, p, p, p))
@@ -137,17 +146,22 @@ class Stage:
 
     @torch.no_grad()
     def _compute(self, images, recipe, dtype) -> torch.Tensor:
-        out = []
+        """``[n, D, K, H W, C]``, written chunk by chunk into one preallocated tensor (a
+        list and a ``cat`` would hold it twice: 56 GiB at the full configuration)."""
+        from glomo_pyg.pixels import image_units
+
+        cache = None
         for start in range(0, len(images), recipe["stage"]["batch"]):
             chunk = images[start:start + recipe["stage"]["batch"]]
             with torch.autocast("cuda", torch.bfloat16, enabled=chunk.is_cuda):
-                from glomo_pyg.pixels import image_units
-
                 x, batch = image_units(chunk)
                 p = self.model.transfer.propagations(self.model.stage_input(chunk), x, batch)
             d, k, _, c = p.shape
-            out.append(p.view(d, k, len(chunk), -1, c).permute(2, 0, 1, 3, 4).to(dtype))
-        return torch.cat(out)  # [n, D, K, H W, C]
+            p = p.view(d, k, len(chunk), -1, c).permute(2, 0, 1, 3, 4)
+            if cache is None:
+                cache = torch.empty((len(images), *p.shape[1:]), dtype=dtype, device=p.device)
+            cache[start:start + len(chunk)] = p
+        return cache
 
     def __call__(self, images: torch.Tensor, index: torch.Tensor,
                  flip: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -178,7 +192,7 @@ def train_run(model, splits: Dict, stages: Dict, recipe: Dict, seed: int, log) -
     t = recipe["train"]
     (images, labels), device = splits["train"], splits["train"][0].device
     n = len(images)
-    steps = math.ceil(n / t["batch"])
+    steps = n // t["batch"]  # (the last partial batch dropped: a new order every epoch)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=t["lr"], momentum=t["momentum"],
                                 nesterov=t["nesterov"], weight_decay=t["weight_decay"])
@@ -203,7 +217,7 @@ def train_run(model, splits: Dict, stages: Dict, recipe: Dict, seed: int, log) -
             shift = torch.randint(-t["translate"], t["translate"] + 1, (len(index), 2),
                                   device=device, generator=gen)
             with torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda"):
-                h = translate(stages["train"](x, index, flip), shift)
+                h = translate(stages["train"](x, index, flip), shift, t["translate"])
                 loss = F.cross_entropy(model.classify(h).float(), labels[index],
                                        label_smoothing=t["label_smoothing"])
             optimizer.zero_grad(set_to_none=True)
@@ -217,14 +231,18 @@ def train_run(model, splits: Dict, stages: Dict, recipe: Dict, seed: int, log) -
         if acc > best:
             best, best_epoch = acc, epoch
             best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        if not math.isfinite(float(loss.detach())):
-            raise FloatingPointError(f"seed {seed}: the training loss is {float(loss.detach())} at "
-                                     f"epoch {epoch + 1}")
-    log(f"  last epoch: loss {float(loss.detach()):.3f}, validation {acc:.4f}; {epoch_s[-1]:.2f} s/epoch")
+        if not math.isfinite(float(loss.detach())):  # a result too: the best epoch before
+            diverged = epoch + 1
+            log(f"  diverged at epoch {diverged}: the best validation epoch is evaluated")
+            break
+    else:
+        diverged = None
+    log(f"  last epoch: loss {float(loss.detach()):.3f}, validation {acc:.4f}; "
+        f"{epoch_s[-1]:.2f} s/epoch")
     model.load_state_dict(best_state)
     test = accuracy(model, stages["test"], *splits["test"], t["eval_batch"])
     return dict(test_acc=test, best_val=best, best_epoch=best_epoch, val_curve=curve,
-                epoch_s=epoch_s)
+                epoch_s=epoch_s, diverged_at_epoch=diverged)
 
 
 _STATE: Dict = {}  # per process: data, predictor and each variant's stage, built once
@@ -253,6 +271,7 @@ def run_key(key: str, ctx) -> Dict:
     depth, variant, seed = key.split("/")
     depth, seed = int(depth[len("resnet"):]), int(seed[len("seed"):])
     r, device = ctx.recipe, torch.device(ctx.device)
+    torch.backends.cudnn.benchmark = True  # fixed shapes: the fastest convolutions
     splits = _splits(ctx)
     torch.manual_seed(seed)
     model = GlomoResNet(GlomoTransfer(_STATE["predictor"], 3, graph=VARIANTS[variant]),
@@ -267,7 +286,7 @@ def run_key(key: str, ctx) -> Dict:
                            for name, (images, _) in splits.items()}
         if device.type == "cuda":
             torch.cuda.synchronize()
-        stage_s = round(time.time() - t0, 1)
+        stage_s = round(time.time() - t0, 3)
     for stage in stages[variant].values():
         # the propagations depend on the frozen predictor and the pixels alone; the
         # stage's gate and mixing weights are this run's own parameters
