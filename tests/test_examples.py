@@ -46,12 +46,16 @@ def readme_blocks():
 
 def test_readme_code_blocks_run(tmp_path, monkeypatch):
     blocks = readme_blocks()
-    assert len(blocks) == 4
+    assert len(blocks) == 5
     exec(compile(blocks[0], "README usage", "exec"), {})
+    # the released predictors, by name (the repository's pretrained/ folder)
+    env = {}
+    exec(compile(blocks[2], "README releases", "exec"), env)
+    assert env["predictor"].vocabulary is not None and env["pixels"].vocabulary is None
     # the pixel example at a smaller width (same code path)
-    pixels = blocks[3].replace("hidden_channels=128, num_layers=3, heads=8",
+    pixels = blocks[4].replace("hidden_channels=128, num_layers=3, heads=8",
                                "hidden_channels=16, num_layers=2, heads=2")
-    assert pixels != blocks[3]
+    assert pixels != blocks[4]
     env = {}
     exec(compile(pixels, "README pixels", "exec"), env)
     assert env["logits"].shape == (8, 10)
@@ -76,8 +80,8 @@ def test_readme_code_blocks_run(tmp_path, monkeypatch):
              "made", "no", "sense", "to", "me"]
     model = Glomo.text(len(words), hidden_channels=16, num_layers=2, heads=2, cnn_layers=1)
     model.to_pretrained(words).save_pretrained(tmp_path / "text")
-    analysis = blocks[2].replace("runs/imdb-cpu/predictor", str(tmp_path / "text"))
-    assert analysis != blocks[2]
+    analysis = blocks[3].replace("runs/imdb-cpu/predictor", str(tmp_path / "text"))
+    assert analysis != blocks[3]
     monkeypatch.chdir(tmp_path)
     env = {}
     exec(compile(analysis, "README analysis", "exec"), env)
