@@ -53,8 +53,7 @@ def text_quality(predictor, data_dir: str) -> str:
 
 def pixel_quality(predictor, run: str) -> str:
     from benchmarks.gpu.slices.pixel_pretrain import quality_lines
-    from benchmarks.reproduce.cifar10 import pixel_graph_check
-    from glomo_pyg import Glomo
+    from benchmarks.reproduce.cifar10 import pixel_graph_check, untrained_copy
     from glomo_pyg.training.text_pretraining import (CorpusConfig, ImagePretrainingData,
                                                      load_pretraining_images)
 
@@ -64,13 +63,7 @@ def pixel_quality(predictor, run: str) -> str:
                                  config["train"]["seed"])
     sample = images[torch.as_tensor(split.val_ids[:64])]
     predictor = predictor.eval().set_layout("auto")
-    cfg = predictor.predictor(predictor.directions[0]).config()
-    torch.manual_seed(0)
-    untrained = Glomo.image(**{k: cfg[k] for k in (
-        "height", "width", "in_channels", "hidden_channels", "num_layers", "heads",
-        "head_channels", "cnn_layers", "kernel_size", "bias", "position", "sparse",
-        "include_self", "position_frequencies", "position_period", "pixel_mean",
-        "pixel_std")}).to_pretrained().eval().set_layout("auto")
+    untrained = untrained_copy(predictor).eval()
     metrics = dict(summary=summary, seconds_per_step=round(summary["seconds"] / summary["steps"], 3),
                    stopped_by="max_steps", check_images=len(sample),
                    check=dict(learned=pixel_graph_check(predictor, sample),

@@ -213,6 +213,20 @@ def pretrain(args, setup: Setup, out: str) -> str:
     return predictor
 
 
+def untrained_copy(predictor, seed: int = 0):
+    """A pixel predictor of ``predictor``'s architecture at its initial weights (seeded):
+    the untrained baseline of the pixel-graph check."""
+    from glomo_pyg import Glomo
+
+    cfg = predictor.predictor(predictor.directions[0]).config()
+    torch.manual_seed(seed)
+    return Glomo.image(**{k: cfg[k] for k in (
+        "height", "width", "in_channels", "hidden_channels", "num_layers", "heads",
+        "head_channels", "cnn_layers", "kernel_size", "bias", "position", "sparse",
+        "include_self", "position_frequencies", "position_period", "pixel_mean",
+        "pixel_std")}).to_pretrained().set_layout("auto")
+
+
 @torch.no_grad()
 def pixel_graph_check(predictor, images: torch.Tensor, chunk: int = 8) -> Dict:
     """Per direction, layer and head: weight on the 4-neighbourhood, share of targets
@@ -297,7 +311,7 @@ def run(args, argv=None) -> None:
         sys.argv[1:] if argv is None else argv)
     started = time.time()
 
-    from glomo_pyg import GlomoResNet, GlomoTransfer, Glomo, PretrainedGraphPredictor
+    from glomo_pyg import GlomoResNet, GlomoTransfer, PretrainedGraphPredictor
     from glomo_pyg.data.images import load_cifar10, train_validation_split
     from glomo_pyg.training.image_classification import (ImageTrainConfig, evaluate,
                                                          precompute_propagations,
@@ -358,14 +372,7 @@ def run(args, argv=None) -> None:
         sample = val[0][:min(64, len(val[0]))]
         t0 = time.time()
         learned = pixel_graph_check(predictor, sample)
-        cfg = predictor.predictor(predictor.directions[0]).config()
-        torch.manual_seed(0)
-        untrained = Glomo.image(**{k: cfg[k] for k in (
-            "height", "width", "in_channels", "hidden_channels", "num_layers", "heads",
-            "head_channels", "cnn_layers", "kernel_size", "bias", "position", "sparse",
-            "include_self",
-            "position_frequencies", "position_period", "pixel_mean", "pixel_std")}
-        ).to_pretrained().set_layout("auto")
+        untrained = untrained_copy(predictor)
         check = dict(images=len(sample), learned=learned,
                      untrained=pixel_graph_check(untrained, sample),
                      seconds=round(time.time() - t0, 1))

@@ -83,8 +83,8 @@ class _Deadline(pl.Callback):
 
 
 def run_key(key: str, ctx) -> Dict:
-    from benchmarks.reproduce.cifar10 import figure, pixel_graph_check
-    from glomo_pyg import Glomo, PretrainedGraphPredictor
+    from benchmarks.reproduce.cifar10 import figure, pixel_graph_check, untrained_copy
+    from glomo_pyg import PretrainedGraphPredictor
     from glomo_pyg.data.images import load_imagenet32
     from glomo_pyg.training import PretrainConfig, run_pretraining
     from glomo_pyg.training.text_pretraining import ImagePretrainingData
@@ -120,13 +120,7 @@ def run_key(key: str, ctx) -> Dict:
     sample = images[torch.as_tensor(split.val_ids[:r["check_images"]])]
     t0 = time.time()
     check = dict(learned=pixel_graph_check(predictor, sample.to(ctx.device)))
-    cfg = predictor.predictor(predictor.directions[0]).config()
-    torch.manual_seed(0)
-    untrained = Glomo.image(**{k: cfg[k] for k in (
-        "height", "width", "in_channels", "hidden_channels", "num_layers", "heads",
-        "head_channels", "cnn_layers", "kernel_size", "bias", "position", "sparse",
-        "include_self", "position_frequencies", "position_period", "pixel_mean",
-        "pixel_std")}).to_pretrained().to(ctx.device).eval().set_layout("auto")
+    untrained = untrained_copy(predictor).to(ctx.device).eval()
     check["untrained"] = pixel_graph_check(untrained, sample.to(ctx.device))
     check_s = time.time() - t0
     out.update(check=check, check_images=len(sample), check_s=round(check_s, 1))
