@@ -659,3 +659,16 @@ def test_pixel_pretraining_stops_cleanly_at_its_time_budget(tmp_path):
                               log=quiet)
     assert deadline.stopped_at == 1 and summary["steps"] == 1 < r["train"]["max_steps"]
     assert os.path.exists(tmp_path / "run" / "predictor" / "model.safetensors")
+
+
+def test_committed_results_blocks_match_the_ledger_and_the_current_recipes(tmp_path):
+    """The GPU blocks of benchmarks/results are what the committed ledger and today's
+    recipes generate (a recipe changed without regenerating them would leave a stale
+    digest there)."""
+    results = os.path.join(ROOT, "benchmarks", "results")
+    names = {campaign.slice_module(n).RESULTS for n in campaign.MODULES}
+    for name in names:
+        shutil.copy(os.path.join(results, name), tmp_path / name)
+    written = report.regenerate(ledger.read(runner.default_ledger()), str(tmp_path),
+                                log=quiet)
+    assert written == [], f"run report.regenerate: {written} would change"
