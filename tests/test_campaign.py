@@ -556,7 +556,7 @@ def test_plan_names_the_next_slice(tmp_path, capsys):
 
 # -- the other slices' dry runs: prepare, run, ingest (a release, the results) ------------
 
-@pytest.mark.parametrize("name", ["pixel-pretrain", "cifar10", "speed"])
+@pytest.mark.parametrize("name", ["pixel-pretrain", "cifar10", "imdb", "speed"])
 def test_dry_run_of_slice_end_to_end(name, tmp_path):
     from glomo_pyg import PretrainedGraphPredictor
 
@@ -620,6 +620,10 @@ def test_dry_run_of_slice_end_to_end(name, tmp_path):
         assert all(0 <= a <= 1 for a in accs)
         assert "glomo − baseline" in text
         assert any(l["metrics"]["propagations_s"] > 0 for l in new if "/glomo/" in l["key"])
+    elif name == "imdb":
+        assert all(0 <= l["metrics"]["test_acc"] <= 1 for l in new)
+        assert "glomo − baseline" in text and "imdb-text-cpu" in text
+        assert set(manifest["carried"]) == {"embedding.npy", "embedding.json"}
     else:  # speed: each section's table, as benchmarks.speed writes it
         assert all(l["metrics"]["lines"][0].startswith("### ") for l in new)
         assert "##### Fused layout" in text

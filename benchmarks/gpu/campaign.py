@@ -11,8 +11,13 @@ A slice is a module of :mod:`benchmarks.gpu.slices` with:
 - ``run_key(key, ctx) -> dict``: one run on the GPU machine, its metrics;
 - ``RESULTS`` and ``report(lines, recipe) -> list``: the results file (under
   ``benchmarks/results/``) and the markdown generated there from the ledger's lines;
-- optionally ``ingest(lines, folder, ctx)``: what ingesting a returned folder writes
-  besides the ledger (a released predictor).
+- optionally ``ingest(lines, folder, manifest, releases_root, log)``: what ingesting a
+  returned folder writes besides the ledger (a released predictor);
+- optionally ``prepare_extra(folder, archives, recipe, log)``: files made on the CPU
+  machine that the call carries (e.g. word vectors: the GPU machine has no gensim),
+  written into ``folder``; their digests are checked on the GPU machine;
+- optionally ``KEYS_PER_PROCESS = None``: the call's keys run in one process (data
+  and caches built once), else one process per key.
 """
 from __future__ import annotations
 
@@ -27,9 +32,12 @@ from typing import Callable, Dict, List, Optional
 # The campaign's order: each slice sizes the next ones.
 ORDER = ("profile", "pixel-pretrain", "cifar10", "imdb", "text-pretrain", "speed")
 MODULES = {"profile": "profile", "pixel-pretrain": "pixel_pretrain", "cifar10": "cifar10",
-           "speed": "speed"}
-NOT_BUILT = {"imdb": "the paper's BiGRU model on the full IMDB data (not built yet)",
-             "text-pretrain": "configs/imdb-gpu.yaml to a budget (not built yet)"}
+           "imdb": "imdb", "speed": "speed"}
+NOT_BUILT = {"text-pretrain": "configs/imdb-gpu.yaml to a budget (not built yet: its "
+                              "predictor, 19.3M parameters, is over a release's 6 MiB in "
+                              "float16, and its 256-d word vectors (15 MB) beside the IMDB "
+                              "archive (37 MB) and the tree leave under 3 MiB of a call's "
+                              "64 MiB: the recipe needs resizing first)"}
 
 
 def slice_module(name: str) -> ModuleType:
@@ -60,6 +68,7 @@ class Context:
     work: str       # scratch space that does not come back
     deadline: float  # time.time() by which this run must have returned
     device: str     # 'cuda' or 'cpu'
+    extra: str = ""  # the carried files a slice's prepare_extra wrote
     log: Callable = print
 
     def seconds_left(self) -> float:

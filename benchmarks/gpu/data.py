@@ -134,7 +134,8 @@ def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
 
 def write_toy_archives(names: List[str], folder: str, images: int = 40) -> List[str]:
     """Archives named ``names`` in ``folder``, laid out as the real ones, holding a few
-    random 32x32 images (CIFAR: ``images`` per split; ImageNet: ``images`` per shard)."""
+    random 32x32 images (CIFAR: ``images`` per split; ImageNet: ``images`` per shard) or
+    reviews (IMDB: ``images // 2`` per folder)."""
     rng = np.random.default_rng(0)
     os.makedirs(folder, exist_ok=True)
     paths = []
@@ -156,6 +157,17 @@ def write_toy_archives(names: List[str], folder: str, images: int = 40) -> List[
                 for i in range(images):
                     w = wnids[i % 2]
                     _add(tf, f"tiny-imagenet-32/train/{w}/{w}_{i}.jpg", _jpeg(rng))
+        elif name == IMDB:  # reviews whose sentiment a model can learn from a few words
+            words = ("the a this movie film was is and of it story actor plot scene time "
+                     "really very just one its").split()  # (words the real vocabulary has)
+            cue = {"pos": ["great", "wonderful"], "neg": ["awful", "boring"], "unsup": ["so"]}
+            with tarfile.open(path, "w:xz") as tf:
+                for split, kinds in (("train", ("pos", "neg", "unsup")), ("test", ("pos", "neg"))):
+                    for kind in kinds:
+                        rating = {"pos": 8, "neg": 2, "unsup": 0}[kind]
+                        for i in range(images // 2):
+                            text = " ".join(rng.choice(words + cue[kind], 24).tolist()) + "."
+                            _add(tf, f"aclImdb/{split}/{kind}/{i}_{rating}.txt", text.encode())
         else:
             raise ValueError(f"no toy version of {name}")
         paths.append(path)

@@ -112,12 +112,19 @@ def prepare(name: str, carry: str = CARRY, shared_data: Optional[str] = None,
     for path in paths:
         archives[os.path.basename(path)] = dict(bytes=os.path.getsize(path),
                                                 sha256=files.sha256(path))
+    extra = {}
+    if hasattr(mod, "prepare_extra"):  # made here, carried: e.g. word vectors (no gensim there)
+        os.makedirs(os.path.join(folder, "extra"))
+        mod.prepare_extra(os.path.join(folder, "extra"), paths, recipe, log)
+        for n in sorted(os.listdir(os.path.join(folder, "extra"))):
+            path = os.path.join(folder, "extra", n)
+            extra[n] = dict(bytes=os.path.getsize(path), sha256=files.sha256(path))
     ledger_file = os.path.abspath(ledger_path or default_ledger())
     description = dict(format=FORMAT, slice=name, recipe=recipe,
                        recipe_digest=campaign.digest(recipe), keys=keys, commit=commit,
                        ledger=os.path.relpath(ledger_file, ROOT)
                        if os.path.commonpath([ledger_file, ROOT]) == ROOT else ledger_file,
-                       dirty=dirty, dry_run=dry_run, archives=archives,
+                       dirty=dirty, dry_run=dry_run, archives=archives, extra=extra,
                        prepared=datetime.datetime.now(datetime.timezone.utc).isoformat(
                            timespec="seconds"))
     files.write_json(os.path.join(folder, SLICE_FILE), description)
@@ -301,6 +308,10 @@ def run(name: str, budget_s: float, carry: str = CARRY, out: Optional[str] = Non
         if not os.path.isfile(path) or files.sha256(path) != meta["sha256"]:
             raise ValueError(f"{path} is missing or not the archive prepare carried")
         archives.append(path)
+    for n, meta in description.get("extra", {}).items():
+        path = os.path.join(folder, "extra", n)
+        if not os.path.isfile(path) or files.sha256(path) != meta["sha256"]:
+            raise ValueError(f"{path} is missing or not the file prepare carried")
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -324,7 +335,8 @@ def run(name: str, budget_s: float, carry: str = CARRY, out: Optional[str] = Non
     per_process = getattr(mod, "KEYS_PER_PROCESS", 1)  # None: all keys in one process
     while todo:
         ctx = campaign.Context(slice=name, recipe=recipe, dry_run=dry_run, data_dir=data_dir,
-                               out=out, work=work, deadline=deadline, device=device)
+                               out=out, work=work, deadline=deadline, device=device,
+                               extra=os.path.join(folder, "extra"))
         if ctx.seconds_left() < mod.min_seconds(todo[0], recipe):
             break
         batch = todo if per_process is None else todo[:per_process]
@@ -343,6 +355,7 @@ def run(name: str, budget_s: float, carry: str = CARRY, out: Optional[str] = Non
         log(f"left for a later call (not enough time): {', '.join(skipped)}")
     manifest = dict(format=FORMAT, run=uuid.uuid4().hex[:12], slice=name,
                     recipe=recipe, recipe_digest=description["recipe_digest"],
+                    carried=description.get("extra", {}),
                     commit=description["commit"], dirty=description.get("dirty", False),
                     dry_run=dry_run, environment=env,
                     date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
