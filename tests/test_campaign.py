@@ -398,9 +398,9 @@ def test_prepare_names_unknown_and_unbuilt_slices(tmp_path):
     with pytest.raises(SystemExit, match="benchmarks.gpu prepare: unknown slice 'nope'; the "
                                          "campaign's slices are profile, "):
         main(["prepare", "nope", *args])
-    with pytest.raises(SystemExit, match="benchmarks.gpu prepare: slice 'imdb' is part of the "
+    with pytest.raises(SystemExit, match="benchmarks.gpu prepare: slice 'text-pretrain' is part of the "
                                          "campaign but not built yet"):
-        main(["prepare", "imdb", *args])
+        main(["prepare", "text-pretrain", *args])
     assert not os.path.exists(_carry_name("-x"))
 
 
