@@ -11,7 +11,6 @@ seconds, and the size and SHA-256 of every file that comes back.
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import os
 import platform

@@ -81,8 +81,8 @@ def _autocast(device: str):
 
 
 def _pretraining_step(module, batches, grad_clip: float, device: str):
-    from glomo_pyg.training.pretraining import GlomoPretraining  # noqa: F401 (type)
-
+    """One optimiser step of a :class:`~glomo_pyg.training.GlomoPretraining` module on
+    the next of ``batches`` (rotated), as its Lightning loop takes it under bf16-mixed."""
     optimizer = module.configure_optimizers()["optimizer"]
     params = [p for p in module.parameters() if p.requires_grad]
     state = dict(i=0)
