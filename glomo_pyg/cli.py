@@ -383,7 +383,7 @@ def _size(size: int) -> str:
 def _pretrained(args: argparse.Namespace) -> int:
     import json
 
-    from glomo_pyg.io.releases import _available, describe_release, released_names
+    from glomo_pyg.io.releases import available_releases, describe_release, released_names
 
     names = released_names()
     infos = [describe_release(name) for name in names]
@@ -391,7 +391,7 @@ def _pretrained(args: argparse.Namespace) -> int:
         print(json.dumps(infos, indent=2))
         return 0
     if not infos:
-        print(f"glomo pretrained: {_available(names)}")
+        print(f"glomo pretrained: {available_releases(names)}")
         return 0
     rows = [("NAME", "MODALITY", "DIRS x LAYERS x HEADS", "UNITS", "WEIGHTS", "SUMMARY")]
     for i in infos:
@@ -464,7 +464,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                    "heaviest source, directed and undirected, and average "
                                    "precision, beside the adjacent-word, uniform and untrained "
                                    "baselines (docs/syntax.md).")
-    y.add_argument("--predictor", required=True, help="folder written by save_pretrained, or a released name (glomo pretrained)")
+    y.add_argument("--predictor", required=True, help="folder written by save_pretrained, or a released name "
+                   "(glomo pretrained)")
     y.add_argument("--treebank", required=True, help="gold trees to report on (e.g. EWT dev)")
     y.add_argument("--select-treebank",
                    help="gold trees on which the single graph is chosen (e.g. EWT train)")
@@ -497,7 +498,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                    "each sample's graphs (every direction, layer and head) as "
                                    "GraphML and JSON edge lists, with the statistics table, "
                                    "into --output (docs/analysis.md).")
-    e.add_argument("--predictor", required=True, help="folder written by save_pretrained, or a released name (glomo pretrained)")
+    e.add_argument("--predictor", required=True, help="folder written by save_pretrained, or a released name "
+                   "(glomo pretrained)")
     source = e.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="UTF-8 text file, one document per line")
     source.add_argument("--images", help="folder of PNG/JPEG images (RGB)")

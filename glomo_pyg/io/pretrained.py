@@ -32,7 +32,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 
 from glomo_pyg.graphs import DIRECTION_KEYS
-from glomo_pyg.io.releases import RELEASE_NAME, _available, released_names, releases_root
+from glomo_pyg.io.releases import RELEASE_NAME, available_releases, released_names, releases_root
 from glomo_pyg.nn import FeatureGraphEmitter, GraphPredictor  # noqa: F401 (registers emitters)
 from glomo_pyg.nn.emitter import EMITTERS
 from glomo_pyg.nn.feature_predictor import MAX_LOCAL_CONTEXT
@@ -525,7 +525,7 @@ def _released(text: str) -> Optional[Path]:
     names = released_names()
     if text not in names:
         raise PretrainedFormatError(f"{text!r} is neither a folder nor the name of a released "
-                                    f"predictor; {_available(names)}")
+                                    f"predictor; {available_releases(names)}")
     return releases_root() / text
 
 
@@ -923,7 +923,7 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
 
     Args:
         path: the directory given to :func:`save_pretrained`, or the name of a released
-            predictor (a bare name such as ``'glomo-text-small'`` that is no existing
+            predictor (a bare name such as ``'imdb-text-cpu'`` that is no existing
             path; see ``glomo_pyg.io.releases``).
         map_location: device to put the weights on (default: CPU), e.g.
             ``'cuda'`` or ``torch.device('cuda', 1)``.

@@ -65,8 +65,9 @@ def released_names() -> List[str]:
                   if RELEASE_NAME.fullmatch(n) and (root / n / "config.json").is_file())
 
 
-def _available(names: List[str]) -> str:
-    """Which released predictors there are, for error messages."""
+def available_releases(names: List[str]) -> str:
+    """A sentence saying which released predictors there are (``names``) and where they
+    were looked for, for messages."""
     where = f"in {releases_root()} (set {ENV_VAR} to look elsewhere)"
     return f"released predictors {where}: {', '.join(names)}" if names else \
         f"no released predictors are installed {where}"
@@ -80,7 +81,7 @@ def release_path(name: str) -> Path:
     """
     names = released_names()
     if name not in names:
-        raise ValueError(f"{name!r} is not a released predictor; {_available(names)}")
+        raise ValueError(f"{name!r} is not a released predictor; {available_releases(names)}")
     return releases_root() / name
 
 

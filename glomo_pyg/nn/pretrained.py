@@ -232,7 +232,7 @@ class PretrainedGraphPredictor(torch.nn.Module):
     # --- persistence (implemented in glomo_pyg.io.pretrained) ---------------------
     def save_pretrained(self, path, dtype: Optional[torch.dtype] = None) -> None:
         """Write ``config.json`` and ``model.safetensors`` into directory ``path``;
-        ``dtype=torch.bfloat16`` stores the floating-point weights in half the bytes. See
+        ``dtype=torch.float16`` stores the floating-point weights in half the bytes. See
         :func:`glomo_pyg.io.save_pretrained`."""
         _persistence("save")(self, path, dtype=dtype)
 
@@ -245,7 +245,7 @@ class PretrainedGraphPredictor(torch.nn.Module):
         Args:
             name_or_path: the predictor's folder, or the name of a released predictor
                 (``glomo pretrained`` lists them): a string that is a bare name
-                (``'glomo-text-small'``, not ``'./glomo-text-small'``) and no existing
+                (``'imdb-text-cpu'``, not ``'./imdb-text-cpu'``) and no existing
                 path.
             map_location: the device to load onto (default: CPU).
             vocabulary: if given, it must equal the saved vocabulary.
