@@ -17,8 +17,13 @@ def _sync(device: str) -> None:
 
 def top_kernels(step: Callable[[], object], device: str, steps: int = 3,
                 count: int = 12) -> List[Dict]:
-    """The ``count`` costliest operations of ``steps`` calls of ``step`` by self device
-    time (CPU time on the CPU), per step."""
+    """The ``count`` costliest device kernels of ``steps`` calls of ``step`` by device
+    time (operators by CPU time on the CPU), per step.
+
+    On the GPU only kernel events count: the operator that launches a kernel carries the
+    same device time as its own "self" time, so counting both lists each kernel twice and
+    halves every share."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
@@ -28,11 +33,13 @@ def top_kernels(step: Callable[[], object], device: str, steps: int = 3,
             step()
         _sync(device)
     attr = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
-    events = [e for e in prof.key_averages() if getattr(e, attr, 0) > 0]
+    events = [e for e in prof.key_averages() if getattr(e, attr, 0) > 0
+              and (device != "cuda" or e.device_type == DeviceType.CUDA)]
     events.sort(key=lambda e: getattr(e, attr), reverse=True)
     total = sum(getattr(e, attr) for e in events) or 1.0
     return [dict(name=e.key[:100], ms_per_step=round(getattr(e, attr) / 1e3 / steps, 3),
-                 share=round(getattr(e, attr) / total, 4), calls_per_step=e.count / steps)
+                 share=round(getattr(e, attr) / total, 4), calls_per_step=e.count / steps,
+                 kind="kernel" if device == "cuda" else "operator")
             for e in events[:count]]
 
 

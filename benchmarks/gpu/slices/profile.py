@@ -265,7 +265,7 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
            "then each step timed between synchronisations; median ms; peak = memory a step "
            "allocates above what was held before it. Untrained predictors.", "",
            "| run | device | commit | median ms | first step s | peak MiB | throughput | "
-           "top kernel (share) |", "|---|---|---|---|---|---|---|---|"]
+           "top operation (share) |", "|---|---|---|---|---|---|---|---|"]
     for key in KEYS:
         l = by.get(key)
         if l is None:
@@ -293,8 +293,23 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
         l = by.get(key)
         if l is None or not l["metrics"].get("top"):
             continue
-        out += ["", f"Top operations of `{key}` (self device time per step):", "",
-                "| operation | ms/step | share | calls/step |", "|---|---|---|---|"]
+        top = l["metrics"]["top"]
+        kernels = all(t.get("kind") == "kernel" for t in top)
+        if not kernels:  # recorded before kernels were told apart from operators
+            seen, rows = set(), []
+            for t in top:
+                if (t["name"], t["ms_per_step"]) not in seen:
+                    seen.add((t["name"], t["ms_per_step"]))
+                    rows.append(t)
+            top = rows
+        out += ["", f"Top {'kernels' if kernels else 'operations'} of `{key}` (device time "
+                "per step):", "", "| operation | ms/step | share | calls/step |",
+                "|---|---|---|---|"]
         out += [f"| `{t['name'][:90]}` | {t['ms_per_step']} | {t['share']:.1%} | "
-                f"{t['calls_per_step']:g} |" for t in l["metrics"]["top"][:8]]
+                f"{t['calls_per_step']:g} |" for t in top[:8]]
+        if not kernels:
+            out += ["", "(Recorded before the profiler's operators and kernels were told "
+                    "apart: a kernel's time was counted on its launching operator too, so "
+                    "each share is of about twice the device time and reads about half its "
+                    "true size; repeated rows are dropped.)"]
     return out + [""]
