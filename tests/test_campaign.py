@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from benchmarks.gpu import campaign, files, ingest, ledger, limits, report, runner
+from benchmarks.gpu import campaign, data, files, ingest, ledger, limits, report, runner
 from benchmarks.gpu.__main__ import main
 from benchmarks.gpu.ingest import IngestError
 from benchmarks.gpu.ledger import LedgerError
@@ -568,6 +568,9 @@ def test_dry_run_of_slice_end_to_end(name, tmp_path):
     # ones still run, and a second call of the same (stale) prepare runs only that key
     fail = "resnet18/uniform/seed0" if name == "cifar10" else ""
     recipe = mod.recipe(True)
+    # the project's data folder as ingest sees it (the same toy archives prepare carries)
+    shared = str(tmp_path / "shared")
+    data.write_toy_archives(list(mod.ARCHIVES), shared)
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("GLOMO_GPU_BLOCK_MODULES", "gensim,conllu")
@@ -581,7 +584,7 @@ def test_dry_run_of_slice_end_to_end(name, tmp_path):
                 assert [r["key"] for r in manifest["runs"]] == [
                     k for k in mod.keys(recipe) if k != fail]
                 ingest.ingest(str(tmp_path / "out"), ledger_path, results, releases, True,
-                              log=quiet)
+                              log=quiet, shared_data=shared)
                 mp.setenv("GLOMO_GPU_FAIL_KEYS", "")
                 shutil.rmtree(tmp_path / "out")
                 manifest = runner.run(name, 600, carry, str(tmp_path / "out"), dry_run=True,
@@ -597,7 +600,8 @@ def test_dry_run_of_slice_end_to_end(name, tmp_path):
     if hasattr(mod, "ingest"):  # a dry run never writes the project's releases
         with pytest.raises(IngestError, match="--releases-root"):
             ingest.ingest(str(tmp_path / "out"), ledger_path, results, None, True, log=quiet)
-    new = ingest.ingest(str(tmp_path / "out"), ledger_path, results, releases, True, log=quiet)
+    new = ingest.ingest(str(tmp_path / "out"), ledger_path, results, releases, True, log=quiet,
+                        shared_data=shared)
     assert [l["key"] for l in new] == ([fail] if fail else mod.keys(recipe))
     new = ledger.read(ledger_path)
     assert sorted(l["key"] for l in new) == sorted(mod.keys(recipe))
@@ -606,15 +610,18 @@ def test_dry_run_of_slice_end_to_end(name, tmp_path):
     if name == "pixel-pretrain":
         (line,) = new
         assert line["metrics"]["steps"] == recipe["train"]["max_steps"]
-        check = line["metrics"]["check"]
+        check = line["metrics"]["check"]  # made by ingest, on the CPU
         assert set(check) == {"learned", "untrained"} and set(check["learned"]) == {
             "forward", "backward"}
+        assert line["metrics"]["check_device"] == "CPU (at ingest)"
+        assert line["metrics"]["check_images"] == 2 and "salvaged" not in line["metrics"]
         predictor = PretrainedGraphPredictor.from_pretrained(
             os.path.join(releases, mod.RELEASE))
         assert predictor.trained_size == (recipe["corpus"]["crop"],) * 2
         card = open(os.path.join(releases, mod.RELEASE, "README.md"), encoding="utf-8").read()
         assert line["commit"] in card and "| forward | 0 |" in card
-        assert os.path.getsize(os.path.join(str(tmp_path / "out"), "graphs.png")) > 10_000
+        assert sorted(manifest["files"]) == ["predictor/config.json",
+                                             "predictor/model.safetensors", "run.log"]
     elif name == "cifar10":
         accs = [l["metrics"]["test_acc"] for l in new]
         assert all(0 <= a <= 1 for a in accs)
@@ -628,7 +635,69 @@ def test_dry_run_of_slice_end_to_end(name, tmp_path):
         assert all(l["metrics"]["lines"][0].startswith("### ") for l in new)
         assert "##### Fused layout" in text
     with pytest.raises(LedgerError, match="already records"):  # never twice
-        ingest.ingest(str(tmp_path / "out"), ledger_path, results, releases, True, log=quiet)
+        ingest.ingest(str(tmp_path / "out"), ledger_path, results, releases, True, log=quiet,
+                      shared_data=shared)
+
+
+def test_salvage_records_a_pretraining_killed_after_its_predictor_came_back(tmp_path):
+    """A pixel-pretrain key killed after saving its predictor (what happened to the first
+    GPU run, in its graph check): plain ingest adds nothing; ``--salvage`` records it from
+    the log's ``done:`` line, marked salvaged, and the check is made at ingest; a key
+    killed before the predictor was saved, or whose predictor did not come back, is
+    refused by name."""
+    mod = campaign.slice_module("pixel-pretrain")
+    carry, out = _carry_name("-salvage"), str(tmp_path / "out")
+    shared = str(tmp_path / "shared")
+    data.write_toy_archives(list(mod.ARCHIVES), shared)
+    try:
+        runner.prepare("pixel-pretrain", carry, None, str(tmp_path / "l0.jsonl"), dry_run=True,
+                       log=quiet)
+        runner.run("pixel-pretrain", 600, carry, out, dry_run=True, work=str(tmp_path / "w"))
+    finally:
+        shutil.rmtree(carry, ignore_errors=True)
+
+    def killed(tail):
+        def edit(m):
+            (r,) = m["runs"]
+            m["failures"] = [dict(key="pretrain", status="timeout", returncode=-9,
+                                  seconds=r["seconds"], tail=tail)]
+            m["runs"] = []
+        return edit
+
+    done = f"done: 4 steps in 3 s; predictor saved to {tmp_path}/pretrain/predictor"
+    for n, (tail, match) in enumerate([
+            (["pretraining: 36 training / 4 validation images"], "killed before its predictor"),
+            ([done], None)]):
+        folder = str(tmp_path / f"returned{n}")
+        shutil.copytree(out, folder)
+        _edit_manifest(folder, killed(["trainer: ...", done.replace("4 steps", "x steps")] + tail))
+        kw = dict(ledger_path=str(tmp_path / f"l{n}.jsonl"),
+                  results_dir=str(tmp_path / f"results{n}"),
+                  releases_root=str(tmp_path / f"releases{n}"), shared_data=shared)
+        assert _ingest(folder, tmp_path, **kw) == []  # plain ingest: nothing to record
+        if match:
+            with pytest.raises(IngestError, match=match):
+                _ingest(folder, tmp_path, salvage=True, **kw)
+            assert ledger.read(kw["ledger_path"]) == []
+            continue
+        (line,) = _ingest(folder, tmp_path, salvage=True, **kw)
+        m = line["metrics"]
+        assert (m["steps"], m["summary"]["seconds"], m["stopped_by"]) == (4, 3.0, "max_steps")
+        assert m["salvaged"] == dict(status="timeout", returncode=-9)
+        assert set(m["check"]) == {"learned", "untrained"}
+        card = open(os.path.join(kw["releases_root"], mod.RELEASE, "README.md"),
+                    encoding="utf-8").read()
+        assert "--salvage" in card and "killed after saving its predictor" in card
+        assert "salvaged" in open(os.path.join(kw["results_dir"], mod.RESULTS),
+                                  encoding="utf-8").read()
+        # the predictor did not come back: nothing to salvage
+        os.remove(os.path.join(folder, "predictor", "model.safetensors"))
+        _edit_manifest(folder, lambda m: m["files"].pop("predictor/model.safetensors"))
+        with pytest.raises(IngestError, match="did not come back"):
+            _ingest(folder, tmp_path, salvage=True, **dict(kw, ledger_path=str(tmp_path / "x")))
+    with pytest.raises(IngestError, match="no failed key"):  # nothing failed
+        _ingest(out, tmp_path, salvage=True, shared_data=shared,
+                releases_root=str(tmp_path / "r"))
 
 
 def test_translate_moves_maps_and_fills_with_zeros():

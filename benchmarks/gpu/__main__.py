@@ -70,6 +70,11 @@ def main(argv=None) -> None:
     p.add_argument("--ledger")
     p.add_argument("--results-dir")
     p.add_argument("--releases-root")
+    p.add_argument("--shared-data", help="the project's data folder (default ../shared/data), "
+                   "for slices that measure at ingest")
+    p.add_argument("--salvage", action="store_true",
+                   help="also record failed keys whose product came back (a key killed after "
+                        "saving it), marked as salvaged")
     p.add_argument("--dry-run", action="store_true")
     p = sub.add_parser("_item")  # (internal: one run in its own process)
     p.add_argument("context")
@@ -86,7 +91,8 @@ def main(argv=None) -> None:
         elif args.command == "ingest":
             from benchmarks.gpu.ingest import ingest
 
-            ingest(args.folder, args.ledger, args.results_dir, args.releases_root, args.dry_run)
+            ingest(args.folder, args.ledger, args.results_dir, args.releases_root, args.dry_run,
+                   salvage=args.salvage, shared_data=args.shared_data)
         else:
             runner.run_item(args.context)
     except (ValueError, OSError) as err:

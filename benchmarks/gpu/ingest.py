@@ -114,10 +114,37 @@ def ledger_lines(manifest: Dict) -> List[Dict]:
             for r in manifest["runs"]]
 
 
+def salvaged_runs(manifest: Dict) -> List[Dict]:
+    """The failed keys of ``manifest`` whose product came back and whose slice can
+    rebuild their metrics from what came back (``salvage(failure, manifest)``), as runs
+    marked ``salvaged`` in their metrics. A failure the slice cannot salvage is an
+    :class:`IngestError` naming why."""
+    mod = campaign.slice_module(manifest["slice"])
+    failures = manifest.get("failures") or []
+    if not failures:
+        raise IngestError("--salvage: the run has no failed key to salvage")
+    if not hasattr(mod, "salvage"):
+        raise IngestError(f"--salvage: slice {manifest['slice']} cannot salvage a failed key")
+    runs = []
+    for f in failures:
+        try:
+            metrics = mod.salvage(f, manifest)
+        except ValueError as err:
+            raise IngestError(f"--salvage: {f.get('key')} cannot be salvaged: {err}") from None
+        metrics["salvaged"] = dict(status=f.get("status"), returncode=f.get("returncode"))
+        runs.append(dict(key=f["key"], seconds=f.get("seconds"), metrics=metrics))
+    return runs
+
+
 def ingest(folder: str, ledger_path: Optional[str] = None, results_dir: Optional[str] = None,
-           releases_root: Optional[str] = None, dry_run: bool = False, log=print) -> List[Dict]:
+           releases_root: Optional[str] = None, dry_run: bool = False, log=print,
+           salvage: bool = False, shared_data: Optional[str] = None) -> List[Dict]:
     """Check ``folder``, append its runs to the ledger, write what the slice releases,
-    and regenerate the results files. Returns the new ledger lines."""
+    and regenerate the results files. Returns the new ledger lines.
+
+    ``salvage`` also records the failed keys whose product came back (a key killed
+    after saving what it makes), marked as salvaged; ``shared_data`` is the project's
+    data folder (default ``../shared/data``) for slices that measure at ingest."""
     path = ledger_path or default_ledger()
     if dry_run and (_same(path, default_ledger()) or _inside(path, report.RESULTS_DIR) or
                     _inside(results_dir or report.RESULTS_DIR, report.RESULTS_DIR)):
@@ -129,14 +156,21 @@ def ingest(folder: str, ledger_path: Optional[str] = None, results_dir: Optional
             releases_root is None or _inside(releases_root, os.path.join(ROOT, "pretrained"))):
         raise IngestError(f"a dry run of {manifest['slice']} never writes the project's "
                           "releases: give --releases-root outside pretrained/")
+    if salvage:
+        manifest = dict(manifest, runs=manifest["runs"] + salvaged_runs(manifest),
+                        failures=[])
     new = ledger_lines(manifest)
     ledger.check_new(path, new)  # runs the ledger already has: refused before any write
     if hasattr(mod, "ingest") and new:  # (a refused release leaves the ledger as it was)
-        mod.ingest(new, folder, manifest, releases_root, log)
+        mod.ingest(new, folder, manifest, releases_root, log,
+                   shared_data=shared_data or os.path.join(os.path.dirname(ROOT), "shared",
+                                                           "data"))
     ledger.append(path, new)
     log(f"ledger {path}: {len(new)} runs added from {folder} ({manifest['slice']}, "
         f"{manifest['environment'].get('device')})")
     if manifest.get("failures"):
-        log(f"not added (failed or timed out): {[f['key'] for f in manifest['failures']]}")
+        log(f"not added (failed or timed out): {[f['key'] for f in manifest['failures']]}"
+            + ("; --salvage records those whose product came back" if
+               hasattr(mod, "salvage") else ""))
     report.regenerate(ledger.read(path), results_dir, dry_run, log)
     return new

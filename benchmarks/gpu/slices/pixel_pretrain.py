@@ -1,20 +1,29 @@
 """``pixel-pretrain``: pixel-graph pretraining on one 32x32 ImageNet shard (50,000
-images) with ``configs/cifar10-gpu.yaml`` to a wall-clock budget, then the graphs'
-check and picture; its predictor becomes the release ``imagenet32-pixel``.
+images) with ``configs/cifar10-gpu.yaml`` to a wall-clock budget; its predictor becomes
+the release ``imagenet32-pixel``.
 
 One key, ``pretrain``: ``glomo pretrain``'s own loop (Lightning, bf16-mixed, the
-config's layout) stopped cleanly at ``train_seconds`` of training or at
-``max_steps``; then, on 64 held-out images of the shard, per direction, layer and head,
-the weight on the 4-neighbourhood of a pixel against uniform graphs over the same
-sources and against the untrained predictor, dead heads (:func:`pixel_graph_check`
-of the CIFAR reproduction), and the paper's Fig. 4 for one held-out image. It returns
-the predictor in float16 (``predictor/``), the picture (``graphs.png``) and the
-pretraining summary in its metrics. ``ingest`` writes the release.
+config's layout) stopped cleanly at ``train_seconds`` of training or at ``max_steps``.
+The call returns the predictor in float16 (``predictor/``) and the pretraining summary
+in its metrics, and nothing else: every second of the call goes to training.
+
+The graphs' check is made by ``ingest`` on the CPU machine, from the returned predictor
+and the same shard (rebuilt from the project's data folder): per direction, layer and
+head, the weight on the 4-neighbourhood of a pixel against uniform graphs over the same
+sources and against the untrained predictor, and dead heads (:func:`pixel_graph_check`
+of the CIFAR reproduction), on the first ``CPU_CHECK_IMAGES`` images of the
+pretraining's own validation split. (The first GPU run checked on the GPU after
+training; the check outlasted its reserve and the call killed the key.)
+
+A key killed after its predictor came back can still be recorded with ``ingest
+--salvage``: :func:`salvage` rebuilds its metrics from the pretraining's last log line.
 """
 from __future__ import annotations
 
 import math
 import os
+import re
+import tempfile
 import time
 from typing import Dict, List
 
@@ -27,8 +36,9 @@ from benchmarks.gpu.slices.common import config
 ARCHIVES = (data.IMAGENET[0],)
 RESULTS = "cifar10.md"
 RELEASE = "imagenet32-pixel"
-CHECK_IMAGES = 64
-AFTER_TRAINING_S = 75.0  # kept after training: saving, the graph check, the figure
+CHECK_IMAGES = 64        # (part of the recipe the first GPU run used)
+CPU_CHECK_IMAGES = 16    # the check at ingest: about 5 s an image on 2 CPU cores
+AFTER_TRAINING_S = 30.0  # kept after training: saving the float16 predictor
 MIN_GRAPH_STEPS = 100   # steps past the warm-up a released predictor's graphs trained
 
 
@@ -83,11 +93,8 @@ class _Deadline(pl.Callback):
 
 
 def run_key(key: str, ctx) -> Dict:
-    from benchmarks.reproduce.cifar10 import figure, pixel_graph_check, untrained_copy
     from glomo_pyg import PretrainedGraphPredictor
-    from glomo_pyg.data.images import load_imagenet32
     from glomo_pyg.training import PretrainConfig, run_pretraining
-    from glomo_pyg.training.text_pretraining import ImagePretrainingData
 
     r = ctx.recipe
     folder = os.path.join(ctx.work, "pretrain")
@@ -104,29 +111,69 @@ def run_key(key: str, ctx) -> Dict:
     wall = time.time() - start
     predictor = PretrainedGraphPredictor.from_pretrained(os.path.join(folder, "predictor"))
     predictor.save_pretrained(os.path.join(ctx.out, "predictor"), dtype=torch.float16)
-    out = dict(summary=summary, wall_s=round(wall, 1),
-               train_budget_s=round(min(r["train_seconds"], end - start), 1),
-               stopped_by="time" if deadline.stopped_at is not None else "max_steps",
-               steps=summary.get("steps"),
-               graph_steps=max(0, summary.get("steps", 0) - r["train"]["graph_warmup_steps"]),
-               seconds_per_step=round(summary["seconds"] / max(1, summary["steps"]), 4))
-    if ctx.seconds_left() < 30:  # the predictor is out; the check can be made on the CPU
-        print(f"{ctx.seconds_left():.0f} s left: the graph check and figure are skipped")
-        return out
-    predictor = predictor.to(ctx.device).eval().set_layout("auto")
-    # held-out images: the first of the pretraining's own (seeded) validation split
-    images = load_imagenet32(os.path.join(ctx.data_dir, "imagenet32"))[0]
-    split = ImagePretrainingData(images, 1, r["corpus"]["validation_fraction"], r["seed"])
-    sample = images[torch.as_tensor(split.val_ids[:r["check_images"]])]
-    t0 = time.time()
-    check = dict(learned=pixel_graph_check(predictor, sample.to(ctx.device)))
-    untrained = untrained_copy(predictor).to(ctx.device).eval()
-    check["untrained"] = pixel_graph_check(untrained, sample.to(ctx.device))
-    check_s = time.time() - t0
-    out.update(check=check, check_images=len(sample), check_s=round(check_s, 1))
-    if ctx.seconds_left() > 20:
-        figure(predictor.cpu(), sample[0], os.path.join(ctx.out, "graphs.png"))
-    return out
+    return _metrics(summary, r, stopped_by="time" if deadline.stopped_at is not None
+                    else "max_steps", wall_s=round(wall, 1),
+                    train_budget_s=round(min(r["train_seconds"], end - start), 1))
+
+
+def _metrics(summary: Dict, recipe: Dict, **extra) -> Dict:
+    steps = summary.get("steps", 0)
+    return dict(summary=summary, steps=steps,
+                graph_steps=max(0, steps - recipe["train"]["graph_warmup_steps"]),
+                seconds_per_step=round(summary["seconds"] / max(1, steps), 4), **extra)
+
+
+_DONE = re.compile(r"^done: (\d+) steps in (\d+(?:\.\d+)?) s; predictor saved to ")
+
+
+def salvage(failure: Dict, manifest: Dict) -> Dict:
+    """The metrics of a ``pretrain`` key that was killed after its predictor came back:
+    from the pretraining's ``done: N steps in S s; predictor saved`` line in the
+    failure's log tail. Raises ``ValueError`` when nothing can be salvaged."""
+    if failure.get("key") != "pretrain":
+        raise ValueError(f"pixel-pretrain has no run {failure.get('key')!r} to salvage")
+    missing = [f for f in ("predictor/config.json", "predictor/model.safetensors")
+               if f not in manifest["files"]]
+    if missing:
+        raise ValueError(f"the killed run's predictor did not come back ({missing} missing)")
+    done = [m for m in (_DONE.match(str(line).strip()) for line in failure.get("tail") or [])
+            if m]
+    if not done:
+        raise ValueError("the killed run's log has no 'done: N steps in S s; predictor "
+                         "saved' line: it was killed before its predictor was saved")
+    steps, seconds = int(done[-1].group(1)), float(done[-1].group(2))
+    recipe = manifest["recipe"]
+    return _metrics(dict(steps=steps, seconds=seconds), recipe,
+                    stopped_by="time" if steps < recipe["train"]["max_steps"] else "max_steps")
+
+
+def graph_check(predictor_dir: str, recipe: Dict, shared_data: str, images: int,
+                log=print) -> Dict:
+    """The 4-neighbourhood check of the predictor in ``predictor_dir`` and of its
+    untrained copy on the CPU, on the first ``images`` images of the pretraining's own
+    (seeded) validation split of the shard rebuilt from ``shared_data``."""
+    from benchmarks.reproduce.cifar10 import pixel_graph_check, untrained_copy
+    from glomo_pyg import PretrainedGraphPredictor
+    from glomo_pyg.data.images import load_imagenet32
+    from glomo_pyg.training.text_pretraining import ImagePretrainingData
+
+    archive = os.path.join(shared_data, ARCHIVES[0])
+    if not os.path.isfile(archive):
+        raise ValueError(f"{archive} is missing: the graph check rebuilds the pretraining's "
+                         "shard from it (--shared-data: the project's data folder)")
+    with tempfile.TemporaryDirectory(prefix="glomo-check-") as tmp:
+        built = data.build([archive], tmp, log=log)[ARCHIVES[0]]
+        all_images = load_imagenet32(built)[0]
+    split = ImagePretrainingData(all_images, 1, recipe["corpus"]["validation_fraction"],
+                                 recipe["seed"])
+    sample = all_images[torch.as_tensor(split.val_ids[:images])]
+    predictor = PretrainedGraphPredictor.from_pretrained(predictor_dir).eval()
+    start = time.time()
+    with torch.no_grad():
+        check = dict(learned=pixel_graph_check(predictor, sample))
+        check["untrained"] = pixel_graph_check(untrained_copy(predictor).eval(), sample)
+    log(f"graph check: {len(sample)} held-out images on the CPU in {time.time() - start:.0f} s")
+    return dict(check=check, check_images=len(sample), check_device="CPU (at ingest)")
 
 
 def _layer_means(check: Dict) -> Dict:
@@ -144,19 +191,20 @@ def quality_lines(metrics: Dict) -> List[str]:
     """The 4-neighbourhood table of a run's metrics (results file and model card)."""
     s = metrics["summary"]
     val = s.get("val_loss")
+    loss = ("not returned (the run was killed after saving its predictor)" if
+            metrics.get("salvaged") else "n/a" if val is None else
+            f"{val:.3f} nats per sub-pixel (uniform {math.log(256):.3f})")
     lines = [f"- {s.get('steps')} steps in {s.get('seconds')} s of training "
-             f"({metrics['seconds_per_step']} s/step; stopped by {metrics['stopped_by']}); "
-             f"final validation loss "
-             f"{'n/a' if val is None else f'{val:.3f}'} nats per sub-pixel (uniform "
-             f"{math.log(256):.3f})", "",
-             f"Weight on a pixel's 4-neighbourhood (left and above for forward graphs, right "
-             f"and below for backward), head-averaged per layer, on {metrics['check_images']} "
-             "held-out ImageNet 32x32 images (the pretraining's validation split):", "",
-             "| direction | layer | learned | untrained | uniform | dead heads |",
-             "|---|---|---|---|---|---|"]
+             f"({metrics['seconds_per_step']} s/step, compilation and validation included; "
+             f"stopped by {metrics['stopped_by']}); final validation loss {loss}"]
     if "check" not in metrics:
-        return lines[:1] + ["", "(The graph check did not fit in the call: "
-                            "`python -m benchmarks.release_cpu pixels` measures it on a CPU.)"]
+        return lines + ["", "(No graph check is recorded for this run.)"]
+    lines += ["", f"Weight on a pixel's 4-neighbourhood (left and above for forward graphs, "
+              f"right and below for backward), head-averaged per layer, on "
+              f"{metrics['check_images']} held-out ImageNet 32x32 images (the pretraining's "
+              f"validation split), measured on the {metrics.get('check_device', 'GPU')}:", "",
+              "| direction | layer | learned | untrained | uniform | dead heads |",
+              "|---|---|---|---|---|---|"]
     for d, v in _layer_means(metrics["check"]).items():
         for layer, value in enumerate(v["learned"]):
             dead = [h for (l, h) in v["dead"] if l == layer]
@@ -170,23 +218,34 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
     for l in lines:
         out += [f"Run {l['run']} on {l['device']} (commit {l['commit'][:10]}, {l['date']}; "
                 f"torch {l['versions'].get('torch')}, CUDA {l['versions'].get('cuda')}); "
-                f"released as `pretrained/{RELEASE}`:", ""]
+                f"released as `pretrained/{RELEASE}`"
+                + (" (salvaged: the key was killed after its predictor was saved, so its "
+                   "metrics come from the log)" if l["metrics"].get("salvaged") else "")
+                + ":", ""]
         out += quality_lines(l["metrics"]) + [""]
     return out
 
 
-def ingest(lines: List[Dict], folder: str, manifest: Dict, releases_root, log) -> None:
+def ingest(lines: List[Dict], folder: str, manifest: Dict, releases_root, log,
+           shared_data: str) -> None:
     from glomo_pyg.io.releases import releases_root as default_root, write_release
 
     (line,) = lines
-    graph_steps = line["metrics"].get("graph_steps", 0)
+    metrics = line["metrics"]
+    graph_steps = metrics.get("graph_steps", 0)
     if graph_steps < MIN_GRAPH_STEPS and not manifest.get("dry_run"):
         raise ValueError(f"the graphs trained for {graph_steps} steps past the warm-up "
                          f"(fewer than {MIN_GRAPH_STEPS}): not released and not recorded; "
                          "size the recipe's train_seconds and graph_warmup_steps from the "
                          "profile's pixel-pretrain-step time")
+    predictor_dir = os.path.join(folder, "predictor")
+    if "check" not in metrics:  # (recorded in the ledger line: ingest appends it after)
+        images = 2 if manifest.get("dry_run") else CPU_CHECK_IMAGES
+        metrics.update(graph_check(predictor_dir, manifest["recipe"], shared_data, images,
+                                   log))
     m = manifest["environment"]
     root = releases_root or str(default_root())
+    recipe = manifest["recipe"]
     card = dict(
         name=RELEASE, modality="pixels", release="GPU release",
         summary="Pixel graphs for 32x32 RGB images: 3 layers x 8 heads x 2 directions, "
@@ -198,17 +257,19 @@ def ingest(lines: List[Dict], folder: str, manifest: Dict, releases_root, log) -
              "even-numbered half (50,000 images, 200 classes; labels unused).",
         recipe=f"`configs/cifar10-gpu.yaml` (width 128, 3 layers x 8 heads, 64 predicted "
                f"pixels per image, grid position term, keep-alive 0.05, batch 64, Adam "
-               f"3e-3, graph warm-up {manifest['recipe']['train']['graph_warmup_steps']} "
-               f"steps, bf16-mixed) stopped after {line['metrics']['train_budget_s']:.0f} s "
-               f"of training; seed {manifest['recipe']['seed']}.",
+               f"3e-3, graph warm-up {recipe['train']['graph_warmup_steps']} steps, "
+               f"bf16-mixed) stopped by the wall clock after "
+               f"{metrics['summary']['seconds']:.0f} s of training, at step "
+               f"{metrics['steps']} of {recipe['train']['max_steps']}; seed {recipe['seed']}.",
         command="python -m benchmarks.gpu prepare pixel-pretrain\n"
                 "# one GPU call, carrying .gpu/:\n"
                 "python -m benchmarks.gpu run pixel-pretrain --budget-s 510 --carry .gpu "
                 "--out $OUT\n"
-                "python -m benchmarks.gpu ingest FOLDER_THE_CALL_RETURNED",
+                "python -m benchmarks.gpu ingest FOLDER_THE_CALL_RETURNED"
+                + (" --salvage" if metrics.get("salvaged") else ""),
         commit=line["commit"],
-        training_time=f"{line['metrics']['summary'].get('seconds')} s of training "
-                      f"({line['metrics']['steps']} steps), {line['seconds']} s in all",
-        quality="\n".join(quality_lines(line["metrics"])))
-    path = write_release(os.path.join(folder, "predictor"), os.path.join(root, RELEASE), card)
+        training_time=f"{metrics['summary'].get('seconds')} s of training "
+                      f"({metrics['steps']} steps), {line['seconds']} s in all",
+        quality="\n".join(quality_lines(metrics)))
+    path = write_release(predictor_dir, os.path.join(root, RELEASE), card)
     log(f"released {path}")
