@@ -554,6 +554,75 @@ def test_plan_names_the_next_slice(tmp_path, capsys):
 
 
 
+def _recorded(keys_by_slice, dry_run=True):
+    """Ledger lines recording ``keys_by_slice`` ({slice: keys}) under the current recipes."""
+    lines = []
+    for name, keys in keys_by_slice.items():
+        recipe = campaign.slice_module(name).recipe(dry_run)
+        lines += [dict(slice=name, recipe=campaign.digest(recipe), key=k, run="r", metrics={})
+                  for k in keys]
+    return lines
+
+
+def test_call_plan_lets_a_short_slice_share_its_call():
+    """One slice takes the whole call, unless its pending keys need under half of it:
+    then the next runnable slice gets what is left (the case of the first GPU session,
+    whose profile left only the CUDA tests pending)."""
+    real = profile.recipe(False)
+    assert campaign.call_plan([], False) == [("profile", 510.0)]
+    lines = _recorded({"profile": [k for k in profile.keys(real) if k != "cuda-tests"]},
+                      dry_run=False)
+    call = campaign.call_plan(lines, False)
+    need = campaign.SETUP_S + profile.min_seconds("cuda-tests", real)
+    assert call[0] == ("profile", need) and call[1][1] is None and len(call) == 2
+    assert call[1][0] == campaign.next_slice(_recorded({"profile": profile.keys(real)},
+                                                      dry_run=False), False)
+    # a smaller call: the same keys need more than half of it, so they have it alone
+    assert campaign.call_plan(lines, False, budget_s=2 * need - 1) == [("profile",
+                                                                       2 * need - 1)]
+    command = runner.chained_command(call, [".gpu", ".gpu-2"])
+    assert command.count("python3 -m benchmarks.gpu run") == 2
+    assert f'--budget-s {need:.0f} --carry .gpu --out "$OUT/profile"' in command
+    assert "$((t0 + 510 - $(date +%s)))" in command and len(command) <= 2000
+
+
+def test_chained_call_dry_run_end_to_end(tmp_path):
+    """The chained call exactly as plan prints it, run by bash on the CPU (dry run): two
+    prepared slices, each into its own folder under $OUT with a budget it keeps, both
+    folders ingested, within what a call returns."""
+    import subprocess
+
+    pixel = campaign.slice_module("pixel-pretrain")
+    call = [("profile", 40.0), ("pixel-pretrain", None)]
+    carries = [_carry_name("-c1"), _carry_name("-c2")]
+    rel = [os.path.relpath(c, ROOT) for c in carries]
+    out = tmp_path / "out"
+    out.mkdir()
+    try:
+        for (name, _), carry in zip(call, carries):
+            runner.prepare(name, carry, None, str(tmp_path / "l0.jsonl"), dry_run=True, log=quiet)
+        command = runner.chained_command(call, rel, budget_s=240, dry_run=True)
+        env = dict(os.environ, OUT=str(out), GLOMO_GPU_BLOCK_MODULES="gensim,conllu")
+        proc = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    finally:
+        for carry in carries:
+            shutil.rmtree(carry, ignore_errors=True)
+    files.check_limits(str(out))
+    console = (out / files.CONSOLE).read_text()
+    assert "slice profile" in console and "slice pixel-pretrain" in console
+    assert "budget 40 s" in console
+    shared = str(tmp_path / "shared")
+    data.write_toy_archives(list(pixel.ARCHIVES), shared)
+    kw = dict(ledger_path=str(tmp_path / "ledger.jsonl"), results_dir=str(tmp_path / "res"),
+              releases_root=str(tmp_path / "rel"), shared_data=shared)
+    new = _ingest(str(out / "profile"), tmp_path, **kw) + _ingest(str(out / "pixel-pretrain"),
+                                                                  tmp_path, **kw)
+    assert {l["slice"] for l in new} == {"profile", "pixel-pretrain"}
+    assert os.path.isdir(os.path.join(kw["releases_root"], pixel.RELEASE))
+
+
 # -- the other slices' dry runs: prepare, run, ingest (a release, the results) ------------
 
 @pytest.mark.parametrize("name", ["pixel-pretrain", "cifar10", "imdb", "speed"])

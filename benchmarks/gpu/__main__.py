@@ -29,17 +29,37 @@ def plan(args) -> None:
         print("every slice of the campaign is recorded")
         return
     print(f"next: {nxt}")
-    mod = campaign.slice_module(nxt)
     source = args.shared_data or os.path.join(os.path.dirname(runner.ROOT), "shared", "data")
-    data = sum(os.path.getsize(os.path.join(source, a)) for a in mod.ARCHIVES
-               if os.path.exists(os.path.join(source, a)))
+
+    def data_bytes(names):
+        archives = [a for n in names for a in campaign.slice_module(n).ARCHIVES]
+        return sum(os.path.getsize(os.path.join(source, a)) for a in archives
+                   if os.path.exists(os.path.join(source, a)))
+
     tree = runner.travelling_bytes()
+    call = campaign.call_plan(lines, args.dry_run, limits.CALL_SECONDS - 30)
+    if not call or call[0][0] != nxt:  # (the next slice is blocked: plan names why above)
+        call = [(nxt, limits.CALL_SECONDS - 30)]
+    if len(call) > 1 and tree + data_bytes(n for n, _ in call) > limits.CARRY_BYTES:
+        call = call[:1]
+    names = [n for n, _ in call]
+    data = data_bytes(names)
     print(f"size: tree {tree / limits.MIB:.1f} MiB + data {data / limits.MIB:.1f} MiB = "
           f"{(tree + data) / limits.MIB:.1f} of {limits.CARRY_BYTES // limits.MIB} MiB")
-    print(f"then: python -m benchmarks.gpu prepare {nxt}, and one device call:\n"
-          f"  command: {runner.device_command(nxt)}\n"
-          f"  carry: [\"{runner.CARRY}\"], timeout_s: {limits.CALL_SECONDS}\n"
-          f"then: python -m benchmarks.gpu ingest <the call's files folder>")
+    if len(call) == 1:
+        print(f"then: python -m benchmarks.gpu prepare {nxt}, and one device call:\n"
+              f"  command: {runner.device_command(nxt)}\n"
+              f"  carry: [\"{runner.CARRY}\"], timeout_s: {limits.CALL_SECONDS}\n"
+              f"then: python -m benchmarks.gpu ingest <the call's files folder>")
+        return
+    carries = [runner.CARRY] + [f"{runner.CARRY}-{i + 1}" for i in range(1, len(call))]
+    print(f"{nxt} needs about {call[0][1]:.0f} s: {', '.join(names[1:])} shares the call")
+    print("then: " + "; ".join(f"python -m benchmarks.gpu prepare {n} --carry {c}"
+                               for n, c in zip(names, carries)) + ", and one device call:\n"
+          f"  command: {runner.chained_command(call, carries)}\n"
+          f"  carry: {json.dumps(carries)}, timeout_s: {limits.CALL_SECONDS}\n"
+          "then: " + "; ".join(f"python -m benchmarks.gpu ingest <files folder>/{n}"
+                               for n in names))
 
 
 def main(argv=None) -> None:

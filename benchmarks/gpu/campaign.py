@@ -25,9 +25,10 @@ import dataclasses
 import hashlib
 import importlib
 import json
+import math
 import time
 from types import ModuleType
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 # The campaign's order: each slice sizes the next ones.
 ORDER = ("profile", "pixel-pretrain", "cifar10", "imdb", "text-pretrain", "speed")
@@ -97,3 +98,39 @@ def next_slice(ledger_lines: List[Dict], dry_run: bool = False) -> Optional[str]
         if pending(name, recipe, recorded_keys(ledger_lines, name, digest(recipe))):
             return name
     return None
+
+
+SETUP_S = 30.0        # a slice's own start in a call: the runner, its data, its first import
+RETURNED_FILES = 2    # a slice's files back unless its module says (manifest.json, run.log)
+
+
+def call_plan(ledger_lines: List[Dict], dry_run: bool = False,
+              budget_s: float = 510.0) -> List[Tuple[str, Optional[float]]]:
+    """The slices of the next device call, each with its ``--budget-s`` (``None``: what
+    is left of ``budget_s`` when it starts). Normally one slice with the whole budget;
+    when the next slice's pending keys need (by their ``min_seconds``) less than half of
+    it, the slice after it (built, not blocked, with pending keys) shares the call, if
+    both slices' files and the console log fit in what a call returns."""
+    from benchmarks.gpu.ledger import recorded_keys
+    from benchmarks.gpu.limits import RETURN_FILES
+
+    todo = []
+    for name in ORDER:
+        if name in NOT_BUILT:
+            continue
+        mod = slice_module(name)
+        recipe = mod.recipe(dry_run)
+        keys = pending(name, recipe, recorded_keys(ledger_lines, name, digest(recipe)))
+        if keys and not (getattr(mod, "blocked", None) and mod.blocked(recipe)):
+            todo.append((name, mod, recipe, keys))
+    if not todo:
+        return []
+    name, mod, recipe, keys = todo[0]
+    need = SETUP_S + sum(mod.min_seconds(k, recipe) for k in keys)
+    if len(todo) == 1 or need > budget_s / 2:
+        return [(name, budget_s)]
+    second = todo[1][1]
+    returned = sum(getattr(m, "RETURNED_FILES", RETURNED_FILES) for m in (mod, second)) + 1
+    if returned > RETURN_FILES:
+        return [(name, budget_s)]
+    return [(name, float(math.ceil(need))), (todo[1][0], None)]

@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from benchmarks.gpu import campaign, data, files, ledger, limits
 
@@ -151,6 +151,21 @@ def device_command(name: str, budget_s: int = limits.CALL_SECONDS - 30,
     return ("set -o pipefail; PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu run "
             f"{name} --budget-s {budget_s} --carry {carry} --out \"$OUT\" 2>&1 | "
             f"tee \"$OUT/{files.CONSOLE}\"")
+
+
+def chained_command(slices: List[Tuple[str, Optional[float]]], carries: List[str],
+                    budget_s: int = limits.CALL_SECONDS - 30, dry_run: bool = False) -> str:
+    """One device call running several prepared slices in turn, each into ``$OUT/NAME``
+    (ingest each folder): a slice with a budget gets it, one with ``None`` gets what is
+    left of ``budget_s`` since the call began; the console log covers them all."""
+    runs = []
+    for (name, budget), carry in zip(slices, carries):
+        seconds = f"{budget:.0f}" if budget is not None else \
+            f"$((t0 + {budget_s} - $(date +%s)))"
+        runs.append(f"python3 -m benchmarks.gpu run {name} --budget-s {seconds} "
+                    f"--carry {carry} --out \"$OUT/{name}\"" + (" --dry-run" if dry_run else ""))
+    return ("set -o pipefail; export PYTHONUNBUFFERED=1; t0=$(date +%s); { "
+            + "; ".join(runs) + f"; }} 2>&1 | tee \"$OUT/{files.CONSOLE}\"")
 
 
 def environment(device: str) -> Dict:

@@ -36,6 +36,7 @@ from benchmarks.gpu.slices.common import config
 ARCHIVES = (data.IMAGENET[0],)
 RESULTS = "cifar10.md"
 RELEASE = "imagenet32-pixel"
+RETURNED_FILES = 4  # manifest.json, run.log, predictor/config.json, predictor/model.safetensors
 CHECK_IMAGES = 64        # (part of the recipe the first GPU run used)
 CPU_CHECK_IMAGES = 16    # the check at ingest: about 5 s an image on 2 CPU cores
 AFTER_TRAINING_S = 30.0  # kept after training: saving the float16 predictor
