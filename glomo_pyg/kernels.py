@@ -399,15 +399,19 @@ def column_max_scores(key: Tensor, query: Tensor, lengths: Tensor, *,
     edge iff this is positive. Targets are scanned without autograd in tiles of at most
     ``block_size`` scores; only the arg-max pairs' scores are recomputed with autograd,
     so the gradient reaches the arg-max pair and the backward pass keeps O(B H T D), not
-    O(B H T^2) (``benchmarks/keep_alive_speed.py``). Where sources tie for the maximum,
-    the whole gradient goes to the first of them (a subgradient; ``amax`` would split it
-    evenly)."""
+    O(B H T^2) (``benchmarks/keep_alive_speed.py``). A tile holds at most ``block_size``
+    scores per head (all heads and sequences of a tile are one batched matmul) and only
+    the sources that can feed its targets. Where sources tie for the maximum, the whole
+    gradient goes to the first of them (a subgradient; ``amax`` would split it evenly)."""
     _check_emission_args(key, query, direction, "relu2")
     dtype = torch.promote_types(key.dtype, torch.float32)
     b, h, t, d = key.shape
     if t == 0:
         return key.new_empty(b, h, 0, dtype=dtype)
-    tile = max(1, block_size // max(1, b * h * t))
+    # Per head, as block_size means everywhere: tiles of a few targets each made a pixel
+    # pretraining step (B 64, H 8, T 1024) launch 128 tiny float32 matmuls per layer and
+    # direction, 10-20% of its GPU time (benchmarks/results/speed.md, the GPU profile).
+    tile = max(1, block_size // max(1, b * t))
     best, argbest = [], []
     with torch.autocast(key.device.type, enabled=False):
         k, q = key.to(dtype), query.to(dtype)
@@ -417,11 +421,12 @@ def column_max_scores(key: Tensor, query: Tensor, lengths: Tensor, *,
         with torch.no_grad():
             for j0 in range(0, t, tile):
                 j1 = min(t, j0 + tile)
-                scores = q[:, :, j0:j1] @ k.transpose(-1, -2)  # [B, H, tj, T(i)]
-                allowed = _allowed(j0, j1, 0, t, lengths, direction, include_self)
+                i0, i1 = _block_ranges(direction, j0, j1, t)  # the sources that can feed
+                scores = q[:, :, j0:j1] @ k[:, :, i0:i1].transpose(-1, -2)  # [B, H, tj, ti]
+                allowed = _allowed(j0, j1, i0, i1, lengths, direction, include_self)
                 top = scores.masked_fill_(~allowed.unsqueeze(1), float("-inf")).max(-1)
                 best.append(top.values)
-                argbest.append(top.indices)
+                argbest.append(top.indices + i0)
         best = torch.cat(best, -1)  # [B, H, T]
         if not (torch.is_grad_enabled() and (key.requires_grad or query.requires_grad)):
             return best

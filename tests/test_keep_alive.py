@@ -9,7 +9,7 @@ from reference import allowed_pairs, batch_vector
 
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 @pytest.mark.parametrize("include_self", [False, True])
-@pytest.mark.parametrize("block_size", [1 << 22, 7])
+@pytest.mark.parametrize("block_size", [1 << 22, 7, 30])
 def test_column_max_equals_the_dense_reference(direction, include_self, block_size):
     torch.manual_seed(0)
     lengths = [5, 1, 3]
