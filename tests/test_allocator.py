@@ -40,6 +40,7 @@ def huge_pages_always() -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _glibc(), reason="glibc's malloc only")
 @pytest.mark.skipif(huge_pages_always(), reason="page faults are counted in 4 KiB pages")
 def test_freed_memory_is_reused_instead_of_faulted_in_again():
@@ -49,6 +50,7 @@ def test_freed_memory_is_reused_instead_of_faulted_in_again():
     assert faults > 100_000  # each 64 MiB block is mapped and faulted in again (16k pages)
 
 
+@pytest.mark.slow
 def test_the_environment_turns_it_off_and_bad_values_are_named(monkeypatch):
     from glomo_pyg.allocator import keep_freed_memory
     from glomo_pyg.cli import console_main
@@ -67,6 +69,7 @@ def test_the_environment_turns_it_off_and_bad_values_are_named(monkeypatch):
         console_main()  # the executable refuses it before any work
 
 
+@pytest.mark.slow
 def test_importing_or_calling_main_changes_no_process_setting():
     """Only the executable sets malloc up: cli.main() called inside a process (a notebook,
     a test) leaves it as it is, so large blocks are still mapped afresh afterwards."""

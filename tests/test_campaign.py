@@ -586,6 +586,7 @@ def test_call_plan_lets_a_short_slice_share_its_call():
     assert "$((t0 + 510 - $(date +%s)))" in command and len(command) <= 2000
 
 
+@pytest.mark.slow
 def test_chained_call_dry_run_end_to_end(tmp_path):
     """The chained call exactly as plan prints it, run by bash on the CPU (dry run): two
     prepared slices, each into its own folder under $OUT with a budget it keeps, both
@@ -625,6 +626,7 @@ def test_chained_call_dry_run_end_to_end(tmp_path):
 
 # -- the other slices' dry runs: prepare, run, ingest (a release, the results) ------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["pixel-pretrain", "cifar10", "imdb", "speed"])
 def test_dry_run_of_slice_end_to_end(name, tmp_path):
     from glomo_pyg import PretrainedGraphPredictor
@@ -708,6 +710,7 @@ def test_dry_run_of_slice_end_to_end(name, tmp_path):
                       shared_data=shared)
 
 
+@pytest.mark.slow
 def test_salvage_records_a_pretraining_killed_after_its_predictor_came_back(tmp_path):
     """A pixel-pretrain key killed after saving its predictor (what happened to the first
     GPU run, in its graph check): plain ingest adds nothing; ``--salvage`` records it from
@@ -783,6 +786,7 @@ def test_translate_moves_maps_and_fills_with_zeros():
     assert torch.equal(translate(maps, shift, 0), maps)
 
 
+@pytest.mark.slow
 def test_pixel_pretraining_stops_cleanly_at_its_time_budget(tmp_path):
     """The pixel-pretrain slice's deadline: training stops after the step in progress and
     the predictor is still saved (a budget of 0 s: one step of the 4 configured)."""

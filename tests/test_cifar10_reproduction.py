@@ -27,6 +27,7 @@ def write_data(root):
             pickle.dump({b"data": data, b"labels": [0, 1, 2, 3]}, fh)
 
 
+@pytest.mark.slow
 def test_cifar10_reproduction_runs_end_to_end_and_resumes(tmp_path):
     write_data(tmp_path / "data")
     out, results, fig = tmp_path / "out", tmp_path / "cifar10.md", tmp_path / "fig.png"

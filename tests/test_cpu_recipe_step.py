@@ -11,6 +11,7 @@ TINY = dict(corpus=dict(max_size=50, max_length=8),
             train=dict(batch_size=2, lr=0.5, momentum=0.2, grad_clip=0.25))
 
 
+@pytest.mark.slow
 def test_every_case_is_measured_and_reported(tmp_path, capsys):
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(TINY))

@@ -4,11 +4,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import glomo_pyg
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
+@pytest.mark.slow
 def test_docs_build_without_warnings(tmp_path):
     out = tmp_path / "html"
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -44,6 +44,7 @@ def readme_blocks():
     return [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
 
 
+@pytest.mark.slow
 def test_readme_code_blocks_run(tmp_path, monkeypatch):
     blocks = readme_blocks()
     assert len(blocks) == 5

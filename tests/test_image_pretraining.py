@@ -38,6 +38,7 @@ def config(tmp_path, name, **train):
         train=settings))
 
 
+@pytest.mark.slow
 def test_image_pretraining_runs_resumes_exactly_and_saves_a_pixel_predictor(tmp_path):
     write_cifar(tmp_path / "cifar")
     quiet = dict(log=lambda *a: None)

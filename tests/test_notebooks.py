@@ -48,6 +48,7 @@ def test_committed_outputs_belong_to_the_current_code(path):
     assert meta["seconds"] < 180, f"{path.name} took {meta['seconds']} s (budget: 3 min)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
     for key, value in CI_ENV.get(path.name, {}).items():

@@ -291,6 +291,7 @@ def test_second_signal_stops_at_once(straight, tmp_path):
     assert weights(ckpt(run))[1] == 2  # the last periodic checkpoint, untouched
 
 
+@pytest.mark.slow
 def test_sigterm_stops_glomo_pretrain_with_a_checkpoint_and_status_143(straight, tmp_path):
     """A real ``kill <pid>`` of a ``glomo pretrain`` process that is training."""
     cfg = write_yaml(tmp_path / "cfg.yaml", settings(tmp_path / "killed", straight / "corpus",

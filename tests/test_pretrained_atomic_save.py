@@ -107,6 +107,7 @@ def kill_trials(tmp_path, trials, size, seed, exchange):
     return outcomes
 
 
+@pytest.mark.slow
 @posix_only
 def test_sigkill_at_random_times_never_loses_the_predictor(tmp_path):
     size = (50_000, 256) if LARGE else (2_000, 128)  # ~110 MB or ~4.2 MB of weights

@@ -168,6 +168,7 @@ def test_train_and_test_selects_on_validation_and_learns_a_keyword_task():
                        batch_size=8, accelerator="cpu")
 
 
+@pytest.mark.slow
 def test_imdb_reproduction_script_end_to_end(tmp_path, capsys, monkeypatch):
     from benchmarks.reproduce import imdb
 

@@ -176,6 +176,7 @@ def test_pretrain_command_line(tmp_path, capsys):
     assert set(words) <= set(WORDS) | {"."} and array.shape == (len(words), 8)
 
 
+@pytest.mark.slow
 def test_pretrain_ddp_two_cpu_processes(tmp_path):
     """Lightning's own DDP strategy, 2 processes on CPU (gloo), through the command line:
     the launcher runs the same command again for rank 1."""

@@ -57,6 +57,7 @@ def test_quickstart_runs_lowers_the_loss_and_writes_its_results(tmp_path):
     assert 0.0 < result.recovery.uniform < 1.0
 
 
+@pytest.mark.slow
 def test_cli_quickstart_saves_a_loadable_predictor(capsys, tmp_path):
     assert main(["quickstart", "--steps", "3", "--batch-size", "4", "--no-progress",
                  "--graph-warmup-steps", "1", "--output-dir", str(tmp_path)]) == 0
@@ -93,6 +94,7 @@ def test_bad_settings_are_rejected():
                                         output_dir=None, model=dict(TINY_MODEL)))
 
 
+@pytest.mark.slow
 def test_pretraining_recovers_planted_sources_above_baselines():
     """A short seeded run learns the planted trigger -> cue links (about a minute on 2 cores)."""
     torch.set_num_threads(2)
