@@ -8,6 +8,7 @@ import sys
 from typing import List, Optional
 
 from glomo_pyg.allocator import keep_freed_memory
+from glomo_pyg.extras import MissingExtraError, require
 
 
 def _set_threads(command: str, threads: int) -> None:
@@ -61,7 +62,7 @@ def _load_yaml(stream):
     """``yaml.safe_load`` that also refuses aliases (``*name``: a few hundred bytes of
     nested aliases expand to gigabytes) and duplicate keys (the later one would silently
     win)."""
-    import yaml
+    yaml = require("yaml", "Reading YAML configurations")
 
     class StrictLoader(yaml.SafeLoader):
         def compose_node(self, parent, index):
@@ -90,7 +91,7 @@ def _parse_value(text: str):
 
 
 def _pretrain(args: argparse.Namespace) -> int:
-    import yaml
+    yaml = require("yaml", "Reading YAML configurations")
 
     from glomo_pyg.training.interrupts import TrainingInterrupted
     from glomo_pyg.training.text_pretraining import (PretrainConfig, _is_launcher_child,
@@ -534,9 +535,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print(f"\nglomo {args.command}: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, OSError) as err:
-        # bad input (files, settings): one line naming it, not a traceback
-        # (GLOMO_TRACEBACK=1 shows the traceback)
+    except (ValueError, OSError, MissingExtraError) as err:
+        # bad input (files, settings) or a missing optional package: one line naming it,
+        # not a traceback (GLOMO_TRACEBACK=1 shows the traceback)
         if os.environ.get("GLOMO_TRACEBACK"):
             raise
         raise SystemExit(f"glomo {args.command}: {err}") from None

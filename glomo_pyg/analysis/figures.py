@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from glomo_pyg.analysis.statistics import GraphStatisticsTable
+from glomo_pyg.extras import require
 from glomo_pyg.kernels import check_graph_size
 
 _SHORT = {"forward": "fw", "backward": "bw"}
@@ -25,7 +26,7 @@ _DEAD, _NEAR_UNIFORM, _OK = "#c0392b", "#e67e22", "#2e86c1"
 
 
 def _figure(width: float, height: float):
-    from matplotlib.figure import Figure
+    Figure = require("matplotlib.figure", "Drawing figures").Figure
 
     return Figure(figsize=(width, height), layout="constrained")
 
@@ -103,8 +104,8 @@ def plot_graph_heatmaps(graphs, sample: int = 0, labels: Optional[Sequence[str]]
         graphs (LatentGraphs): one direction's graphs.
         sample (int): which sequence of the batch.
     """
-    from matplotlib import cm
-    from matplotlib.colors import Normalize
+    cm = require("matplotlib.cm", "Drawing figures")
+    Normalize = require("matplotlib.colors", "Drawing figures").Normalize
 
     layers = list(range(graphs.num_layers)) if layers is None else list(layers)
     heads = list(range(graphs.num_heads)) if heads is None else list(heads)
@@ -237,7 +238,7 @@ def plot_statistics(table: GraphStatisticsTable, title: Optional[str] = None):
     from uniform, mean in-degree, weight on adjacent units and mean distance (uniform's
     value as a dashed line), and the distance histograms as a heat map (text) or offset
     maps (images). Dead heads are red, near-uniform heads orange."""
-    from matplotlib.patches import Patch
+    Patch = require("matplotlib.patches", "Drawing figures").Patch
 
     rows = table.rows
     if not rows:

@@ -178,7 +178,10 @@ class SyntaxScores:
 
 def _average_precision(scores: np.ndarray, labels: np.ndarray) -> float:
     """Average precision of one ranking; tied scores count as one step (as scikit-learn)."""
-    from sklearn.metrics import average_precision_score
+    from glomo_pyg.extras import require
+
+    average_precision_score = require(
+        "sklearn.metrics", "The syntax scores' average precision").average_precision_score
 
     if labels.size == 0 or not labels.any():
         return float("nan")

@@ -13,10 +13,11 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from conllu.exceptions import ParseException
-from conllu.parser import DEFAULT_FIELD_PARSERS
-
 from glomo_pyg.data.text import TextDataError, _decode, _lines
+from glomo_pyg.extras import require
+
+ParseException = require("conllu.exceptions", "Reading treebanks").ParseException
+DEFAULT_FIELD_PARSERS = require("conllu.parser", "Reading treebanks").DEFAULT_FIELD_PARSERS
 
 FORMATS = ("conllu", "conllx")
 MAX_LINE_BYTES = 1 << 20  # a token line longer than this is not a treebank line

@@ -238,7 +238,9 @@ def train_word_vectors(documents: Iterable[Sequence[str]], dim: int = 300, windo
         raise ValueError(f"no word occurs min_count={min_count} times (the most frequent of "
                          f"{len(counts)} occurs {max(counts.values())} times); lower "
                          "min_count or use a larger corpus")
-    from gensim.models import Word2Vec
+    from glomo_pyg.extras import require
+
+    Word2Vec = require("gensim.models", "Training word2vec vectors").Word2Vec
 
     model = Word2Vec(sentences=docs, vector_size=dim, window=window, min_count=min_count,
                      workers=workers, seed=seed, epochs=epochs, sg=int(sg))

@@ -1,4 +1,7 @@
-"""Training loops (Lightning) for glomo_pyg models."""
+"""Training loops (Lightning) for glomo_pyg models: ``pip install 'glomo-pyg[train]'``."""
+from glomo_pyg.extras import require
+
+require("lightning", "Training (glomo_pyg.training)")
 from glomo_pyg.training.graph_statistics import GraphStatistics, graph_statistics
 from glomo_pyg.training.pretraining import GlomoPretraining
 from glomo_pyg.training.text_pretraining import PretrainConfig, run_pretraining
