@@ -94,7 +94,7 @@ def _pretrain(args: argparse.Namespace) -> int:
     yaml = require("yaml", "Reading YAML configurations")
 
     from glomo_pyg.training.interrupts import TrainingInterrupted
-    from glomo_pyg.training.text_pretraining import (PretrainConfig, _is_launcher_child,
+    from glomo_pyg.training.text_pretraining import (PretrainConfig, is_launcher_child,
                                                      run_pretraining, set_by_path)
 
     data = {}
@@ -131,7 +131,7 @@ def _pretrain(args: argparse.Namespace) -> int:
     try:
         run_pretraining(config, resume=args.resume, prepare_only=args.prepare_only)
     except TrainingInterrupted as err:
-        if _is_launcher_child():  # the first process says it
+        if is_launcher_child():  # the first process says it
             return err.exit_code
         command = list(args.argv)
         if "--resume" not in command:
@@ -267,8 +267,8 @@ EXPORT_LINE_BYTES = 1 << 22  # one document per line: 4 MiB is far beyond any re
 
 
 def _export_text_items(path: str, predictor, max_samples: int, max_tokens: int, lower: bool):
-    from glomo_pyg.data.text import UNK, TextDataError, _decode, _lines, tokenize
-    from glomo_pyg.io.graph_export import ExportItem
+    from glomo_pyg.data.text import UNK, TextDataError, decode_utf8, binary_lines, tokenize
+    from glomo_pyg.analysis.export_files import ExportItem
 
     if predictor.vocabulary is None:
         raise SystemExit("glomo export: this predictor reads features, not words; --text "
@@ -278,8 +278,8 @@ def _export_text_items(path: str, predictor, max_samples: int, max_tokens: int, 
     items, short = [], 0
     try:
         with open(path, "rb") as fh:  # a line at a time, bounded (a huge line is refused)
-            for number, offset, data in _lines(fh, path, EXPORT_LINE_BYTES):
-                line = _decode(data, path, number, offset)
+            for number, offset, data in binary_lines(fh, path, EXPORT_LINE_BYTES):
+                line = decode_utf8(data, path, number, offset)
                 tokens = tokenize(line, lower)[:max_tokens]
                 if not tokens:
                     continue
@@ -306,7 +306,7 @@ def _export_image_items(folder: str, max_samples: int, max_units: int):
     import torch
     from PIL import Image, UnidentifiedImageError
 
-    from glomo_pyg.io.graph_export import ExportItem
+    from glomo_pyg.analysis.export_files import ExportItem
 
     if not os.path.isdir(folder):
         raise SystemExit(f"glomo export: {folder} is not a directory")
@@ -336,7 +336,7 @@ def _export_image_items(folder: str, max_samples: int, max_units: int):
 
 def _export(args: argparse.Namespace) -> int:
     from glomo_pyg.io import PretrainedFormatError
-    from glomo_pyg.io.graph_export import export_graphs
+    from glomo_pyg.analysis.export_files import export_graphs
     from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 
     _set_threads("export", args.threads)

@@ -8,8 +8,7 @@ from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, 
 import torch
 from torch import Tensor
 
-from glomo_pyg import flex, sequences
-from glomo_pyg.analysis import export
+from glomo_pyg import flex, graph_conversion, sequences
 from glomo_pyg.kernels import (blocked_propagate, check_graph_size, dense_head_propagate,
                                head_blocked_edges, latent_graph_dense, latent_graph_edges)
 from glomo_pyg.ordering import DIRECTIONS, RasterOrder, SequenceOrder, UnitOrder
@@ -782,22 +781,22 @@ class LatentGraphs:
             out.append(dense.index_put((seq, h, src - self.ptr[seq], tgt - self.ptr[seq]), w))
         return out[0] if layer is not None else torch.stack(out)
 
-    # --- analysis (implemented in glomo_pyg.analysis.export) ------------------------
+    # --- conversions (implemented in glomo_pyg.graph_conversion) ---------------------
     def to_networkx(self, sample: int, layer: Optional[int] = None, head: Optional[int] = None,
                     labels: Optional[Sequence] = None):
         """One sequence's graphs as a networkx graph; see
-        :func:`glomo_pyg.analysis.export.to_networkx`."""
-        return export.to_networkx(self, sample, layer, head, labels)
+        :func:`glomo_pyg.graph_conversion.to_networkx`."""
+        return graph_conversion.to_networkx(self, sample, layer, head, labels)
 
     def adjacency(self, sample: int, layer: int, head: int) -> Tensor:
         """``G`` of one sequence, layer and head as a sparse COO ``[T, T]``; see
-        :func:`glomo_pyg.analysis.export.adjacency`."""
-        return export.adjacency(self, sample, layer, head)
+        :func:`glomo_pyg.graph_conversion.adjacency`."""
+        return graph_conversion.adjacency(self, sample, layer, head)
 
     def hierarchical(self, sample: int, layer: int, head: int) -> Tensor:
         r"""Explicit :math:`\Lambda^l = G^1 \cdots G^l` of one sequence and head; see
-        :func:`glomo_pyg.analysis.export.hierarchical`."""
-        return export.hierarchical(self, sample, layer, head)
+        :func:`glomo_pyg.graph_conversion.hierarchical`."""
+        return graph_conversion.hierarchical(self, sample, layer, head)
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}(layers={self.num_layers}, heads={self.num_heads}, "

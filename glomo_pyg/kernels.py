@@ -619,7 +619,9 @@ def weighted_spmm(row: Tensor, col: Tensor, weight: Tensor, x: Tensor, num_rows:
     return spmm_unchecked(row, col, weight, x, num_rows)
 
 
-def _is_compiling() -> bool:
+def is_compiling() -> bool:
+    """True while ``torch.compile`` traces the caller (checks that need a device sync are
+    skipped then)."""
     return torch.compiler.is_compiling()
 
 
@@ -650,7 +652,7 @@ def head_blocked_edges(edge_index: Tensor, edge_weight: Tensor, edge_head: Tenso
         edge_head.to(index, copy=True).mul_(num_nodes).add_(src.to(index))
     if assume_sorted or rows.numel() <= 1:
         return rows, cols, edge_weight
-    if _is_compiling() or bool((rows[1:] < rows[:-1]).any()):
+    if is_compiling() or bool((rows[1:] < rows[:-1]).any()):
         width = num_nodes if shared_input else num_heads * num_nodes
         perm = torch.argsort(rows.long() * width + cols.long())
         rows, cols, edge_weight = rows[perm], cols[perm], edge_weight[perm]

@@ -1,6 +1,7 @@
-"""The structure of the package: no import cycle, no file I/O in glomo_pyg.nn, io uses
-nothing private from nn. Checked on the source with ast (function-level imports
-included; TYPE_CHECKING blocks, which never run, excluded)."""
+"""The structure of the package: layers that import only downward, no import cycle, no
+private name imported across modules, no file I/O in glomo_pyg.nn. Checked on the source
+with ast (function-level imports included; TYPE_CHECKING blocks, which never run,
+excluded)."""
 import ast
 import os
 from typing import Dict, List, Set
@@ -82,6 +83,85 @@ def test_no_import_cycle_inside_glomo_pyg():
         if node not in state:
             visit(node, [node])
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+# The layers, lowest first (docs/design.md, "Architecture"): a module imports its own
+# layer and those below it, never one above. The package's __init__ (the public names)
+# sits above them all.
+LAYERS = [
+    ("base", ["version", "extras", "threads", "allocator"]),
+    ("batches and orders", ["sequences", "ordering"]),
+    ("kernels", ["kernels", "flex", "pixels", "graph_conversion"]),
+    ("graphs", ["graphs"]),
+    ("nn", ["nn"]),
+    ("io", ["io"]),
+    ("data", ["data"]),
+    ("analysis", ["analysis", "evaluation"]),
+    ("training", ["training"]),
+    ("cli", ["cli"]),
+]
+
+
+def layer_of(module: str) -> int:
+    """Index in :data:`LAYERS` of a ``glomo_pyg.X...`` module (by ``X``)."""
+    top = module.split(".")[1]
+    for index, (_, tops) in enumerate(LAYERS):
+        if top in tops:
+            return index
+    raise AssertionError(f"{module} is in no layer: add glomo_pyg.{top} to LAYERS")
+
+
+def upward_imports() -> List[str]:
+    graph = import_graph()
+    return [f"{m} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]})"
+            for m in sorted(graph) if m != "glomo_pyg"
+            for t in sorted(graph[m]) if t != "glomo_pyg" and layer_of(t) > layer_of(m)]
+
+
+def private_imports() -> List[str]:
+    """``from glomo_pyg.X import _name`` outside module X itself."""
+    problems = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and \
+                    node.module.split(".")[0] == "glomo_pyg" and node.module != name:
+                problems += [f"{name} imports {node.module}.{a.name}" for a in node.names
+                             if a.name.startswith("_") and not a.name.startswith("__")]
+    return problems
+
+
+def test_every_module_imports_only_its_own_layer_and_those_below():
+    for name in modules():
+        if name != "glomo_pyg":
+            layer_of(name)  # every module has a layer
+    assert not upward_imports(), "upward imports: " + "; ".join(upward_imports())
+
+
+def test_no_private_name_is_imported_across_modules():
+    assert not private_imports(), private_imports()
+
+
+def test_the_layer_checks_find_a_planted_upward_and_private_import(tmp_path, monkeypatch):
+    pkg = tmp_path / "glomo_pyg"
+    (pkg / "nn").mkdir(parents=True)
+    (pkg / "training").mkdir()
+    for init in (pkg, pkg / "nn", pkg / "training"):
+        (init / "__init__.py").write_text("")
+    (pkg / "graphs.py").write_text("")
+    (pkg / "training" / "loop.py").write_text("def _helper():\n    pass\n")
+    # a function-level import is an import all the same
+    (pkg / "nn" / "layer.py").write_text(
+        "import glomo_pyg.graphs\n\ndef f():\n    from glomo_pyg.training.loop import _helper\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", str(pkg))
+    assert upward_imports() == ["glomo_pyg.nn.layer (nn) imports glomo_pyg.training (training)",
+                                "glomo_pyg.nn.layer (nn) imports glomo_pyg.training.loop "
+                                "(training)"]
+    assert private_imports() == ["glomo_pyg.nn.layer imports glomo_pyg.training.loop._helper"]
+    with pytest.raises(AssertionError, match="upward imports"):
+        test_every_module_imports_only_its_own_layer_and_those_below()
+    (pkg / "stray.py").write_text("")
+    with pytest.raises(AssertionError, match="glomo_pyg.stray is in no layer"):
+        test_every_module_imports_only_its_own_layer_and_those_below()
 
 
 def test_the_cycle_check_finds_a_planted_cycle(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import torch
 from glomo_pyg import Glomo, GraphPredictor, PretrainedGraphPredictor
 from glomo_pyg.analysis import edge_list, to_graphml_graph
 from glomo_pyg.cli import main
-from glomo_pyg.io.graph_export import ExportDirectory, ExportItem, export_graphs
+from glomo_pyg.analysis.export_files import ExportDirectory, ExportItem, export_graphs
 from glomo_pyg.nn.pixel import PixelGraphPredictor
 from reference import batch_vector
 

@@ -1,9 +1,9 @@
 """Analysis of learned graphs: statistics and health, recovery of planted dependencies,
 comparison with gold syntax, figures, and export (networkx, adjacencies, edge lists).
 
-Submodules load on first use (PEP 562): :mod:`glomo_pyg.graphs` imports
-:mod:`glomo_pyg.analysis.export`, so this package must not import the modules that
-import the graphs back when it is first loaded.
+Submodules load on first use (PEP 562), so importing the package needs none of the
+optional packages some of them use (matplotlib, scikit-learn, conllu:
+:mod:`glomo_pyg.extras`).
 """
 from importlib import import_module
 
@@ -11,6 +11,7 @@ _EXPORTS = {
     "figures": ("plot_graph_heatmaps", "plot_pixel_weights", "plot_statistics",
                 "plot_syntax_scores", "save_figure"),
     "export": ("adjacency", "edge_list", "hierarchical", "to_graphml_graph", "to_networkx"),
+    "export_files": ("ExportDirectory", "ExportItem", "export_graphs"),
     "recovery": ("RecoveryReport", "planted_source_recovery"),
     "statistics": ("DEAD_HEAD_SHARE", "DISTANCE_EDGES", "GRID_RADIUS", "GraphHealth",
                    "GraphStatisticsAccumulator", "GraphStatisticsTable", "HeadStatistics",

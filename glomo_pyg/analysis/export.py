@@ -1,97 +1,23 @@
-"""Export of latent graphs for analysis: networkx graphs, sparse adjacencies, the
-explicit hierarchical products (:class:`~glomo_pyg.LatentGraphs` exposes each as a
-thin method of the same name), and every graph of one sequence as a JSON edge list or
-a GraphML-ready networkx graph (``glomo export`` writes them to files)."""
+"""Export of latent graphs for analysis: every graph of one sequence as a JSON edge list
+or a GraphML-ready networkx graph (``glomo export`` writes them to files), beside the
+per-sample conversions of :mod:`glomo_pyg.graph_conversion` (networkx, sparse
+adjacency, hierarchical products), which are importable from here too."""
 from __future__ import annotations
 
-import operator
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:  # annotations only: graphs.py imports this module
+from glomo_pyg.graph_conversion import adjacency, hierarchical, sample_edges, to_networkx
+
+if TYPE_CHECKING:
     from glomo_pyg.graphs import LatentGraphs
 
 
-def _check_index(name: str, value, size: int) -> None:
-    """``value`` must be an integer in ``[0, size)`` (a float such as 0.5 would match no
-    edge, and a negative one no layer, silently)."""
-    try:
-        index = None if isinstance(value, bool) else operator.index(value)
-    except TypeError:
-        index = None
-    if index is None or not 0 <= index < size:
-        raise ValueError(f"{name} must be an integer in [0, {size}), got {value!r}")
-
-
-def _sample_edges(graphs: "LatentGraphs", sample: int, layer: int, head: Optional[int] = None):
-    """Local (source, target, head, weight) of one sequence's edges in one layer."""
-    _check_index("sample", sample, graphs.num_sequences)
-    _check_index("layer", layer, graphs.num_layers)
-    if head is not None:
-        _check_index("head", head, graphs.num_heads)
-    (src, tgt), weight, heads = graphs.layer(layer)
-    lo, hi = int(graphs.ptr[sample]), int(graphs.ptr[sample + 1])
-    keep = (tgt >= lo) & (tgt < hi)
-    if head is not None:
-        keep &= heads == head
-    return src[keep] - lo, tgt[keep] - lo, heads[keep], weight[keep].detach()
-
-
-def to_networkx(graphs: "LatentGraphs", sample: int, layer: Optional[int] = None,
-                head: Optional[int] = None, labels: Optional[Sequence] = None):
-    """One sequence's graphs as a networkx graph.
-
-    Nodes are the positions ``0..T-1`` of sequence ``sample``, with attributes
-    ``position`` and, if ``labels`` (one per unit, e.g. token strings) is given,
-    ``label``. Edges run source -> target with attribute ``weight``. With both
-    ``layer`` and ``head`` given the result is a ``networkx.DiGraph``; otherwise a
-    ``networkx.MultiDiGraph`` whose edge keys are ``(layer, head)`` over the
-    unspecified layers and/or heads.
-    """
-    import networkx as nx
-
-    _check_index("sample", sample, graphs.num_sequences)
-    length = int(graphs.lengths[sample])
-    if labels is not None and len(labels) != length:
-        raise ValueError(f"labels must have one entry per unit of sample {sample} "
-                         f"({length}), got {len(labels)}")
-    single = layer is not None and head is not None
-    graph = nx.DiGraph() if single else nx.MultiDiGraph()
-    layers = [layer] if layer is not None else list(range(graphs.num_layers))
-    for l in layers:
-        src, tgt, heads, weight = _sample_edges(graphs, sample, l, head)
-        for i, j, h, w in zip(src.tolist(), tgt.tolist(), heads.tolist(), weight.tolist()):
-            if single:
-                graph.add_edge(i, j, weight=w)
-            else:
-                graph.add_edge(i, j, key=(l, h), weight=w, layer=l, head=h)
-    for t in range(length):
-        graph.add_node(t, position=t, **({"label": labels[t]} if labels is not None else {}))
-    return graph
-
-
-def adjacency(graphs: "LatentGraphs", sample: int, layer: int, head: int) -> Tensor:
-    """``G`` of one sequence, layer and head as a sparse COO ``[T, T]`` (``[i, j] = G_ij``)."""
-    src, tgt, _, weight = _sample_edges(graphs, sample, layer, head)
-    t = int(graphs.lengths[sample])
-    return torch.sparse_coo_tensor(torch.stack([src, tgt]), weight, (t, t)).coalesce()
-
-
-def hierarchical(graphs: "LatentGraphs", sample: int, layer: int, head: int) -> Tensor:
-    r"""Explicit :math:`\Lambda^l = G^1 G^2 \cdots G^l` of one sequence and head, as a
-    sparse ``[T, T]`` (sparse-sparse products; paper Sec. 2.2). For analysis only:
-    transfer computes :math:`H\Lambda^l` by chained propagation and never forms it."""
-    _check_index("layer", layer, graphs.num_layers)
-    out = adjacency(graphs, sample, 0, head)
-    for l in range(1, layer + 1):
-        out = torch.sparse.mm(out, adjacency(graphs, sample, l, head)).coalesce()
-    return out
-
-
-def _directions(graphs) -> List[Tuple[str, "LatentGraphs"]]:
-    # by shape, not isinstance: graphs.py imports this module (no import cycle)
+def directions(graphs) -> List[Tuple[str, "LatentGraphs"]]:
+    """``[(direction, graphs)]`` of a :class:`~glomo_pyg.LatentGraphs` or each present
+    direction of a :class:`~glomo_pyg.DirectionalGraphs` (recognised by shape)."""
     if isinstance(graphs, tuple) and getattr(graphs, "_fields", None) == ("forward", "backward"):
         parts = [(d, g) for d, g in zip(("forward", "backward"), graphs) if g is not None]
         if parts:
@@ -152,7 +78,7 @@ def edge_list(graphs, sample: int, labels: Optional[Sequence[str]] = None,
     if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool)
                               or top_k < 1):
         raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
-    parts = _directions(graphs)
+    parts = directions(graphs)
     g0 = parts[0][1]
     if not 0 <= sample < g0.num_sequences:
         raise ValueError(f"sample must lie in [0, {g0.num_sequences}), got {sample}")
@@ -166,7 +92,7 @@ def edge_list(graphs, sample: int, labels: Optional[Sequence[str]] = None,
     out = []
     for direction, g in parts:
         for l in range(g.num_layers):
-            src, tgt, heads, weight = _sample_edges(g, sample, l)
+            src, tgt, heads, weight = sample_edges(g, sample, l)
             strong = _strongest(src, tgt, heads, weight, float(min_weight), top_k)
             for h in range(g.num_heads):
                 keep = (heads == h) & strong

@@ -167,9 +167,9 @@ def plot_pixel_weights(graphs, image: Tensor, pixels: Sequence[Tuple[int, int]],
         image (Tensor): ``[C, H, W]`` (uint8, or float in ``[0, 1]``) for display.
         pixels (list of (int, int)): target pixels.
     """
-    from glomo_pyg.analysis.export import _directions
+    from glomo_pyg.analysis.export import directions
 
-    parts = _directions(graphs)
+    parts = directions(graphs)
     order = parts[0][1].order
     width, height = getattr(order, "width", None), getattr(order, "height", None)
     if width is None:

@@ -13,7 +13,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from glomo_pyg.data.text import TextDataError, _decode, _lines
+from glomo_pyg.data.text import TextDataError, decode_utf8, binary_lines
 from glomo_pyg.extras import require
 
 ParseException = require("conllu.exceptions", "Reading treebanks").ParseException
@@ -82,8 +82,8 @@ def _text_lines(path: str) -> Iterator[Tuple[int, str]]:
     dropped), read a line at a time, each at most :data:`MAX_LINE_BYTES` bytes."""
     try:
         with open(path, "rb") as fh:
-            for number, offset, data in _lines(fh, path, MAX_LINE_BYTES):
-                yield number, _decode(data, path, number, offset)
+            for number, offset, data in binary_lines(fh, path, MAX_LINE_BYTES):
+                yield number, decode_utf8(data, path, number, offset)
     except TextDataError as err:
         raise TreebankFormatError(str(err)) from None
 

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import List, Sequence
 
-from glomo_pyg.data.text import TextDataError, _read_document
+from glomo_pyg.data.text import TextDataError, read_document
 
 SPLITS = ("train", "test")
 KINDS = ("pos", "neg", "unsup")
@@ -74,5 +74,5 @@ def read_aclimdb(root: str, split: str = "train", kinds: Sequence[str] = ("pos",
             path = os.path.join(folder, name)
             if not os.path.isfile(path):
                 raise TextDataError(f"{path}: not a regular file; remove it")
-            reviews.append(Review(_read_document(path), LABELS[kind], rating, review_id, path))
+            reviews.append(Review(read_document(path), LABELS[kind], rating, review_id, path))
     return reviews

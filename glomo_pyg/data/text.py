@@ -45,7 +45,7 @@ class TextDataError(ValueError):
     there is one, and what to do."""
 
 
-def _decode(data: bytes, path: str, line: Optional[int] = None, offset: int = 0,
+def decode_utf8(data: bytes, path: str, line: Optional[int] = None, offset: int = 0,
             errors: str = "strict") -> str:
     """``data`` (the bytes at ``offset`` of ``path``, on ``line``) as UTF-8; a leading
     byte-order mark at offset 0 is dropped."""
@@ -59,7 +59,7 @@ def _decode(data: bytes, path: str, line: Optional[int] = None, offset: int = 0,
                             f"offset {offset + err.start}); convert the file to UTF-8") from None
 
 
-def _lines(fh, path: str, limit: int) -> Iterator[Tuple[int, int, bytes]]:
+def binary_lines(fh, path: str, limit: int) -> Iterator[Tuple[int, int, bytes]]:
     """``(line number, byte offset, bytes)`` of each line of the binary file ``fh``; a line
     over ``limit`` bytes raises (never read whole)."""
     number, offset = 0, 0
@@ -75,7 +75,7 @@ def _lines(fh, path: str, limit: int) -> Iterator[Tuple[int, int, bytes]]:
         offset += len(data)
 
 
-def _read_document(path: str, max_bytes: int = MAX_DOCUMENT_BYTES,
+def read_document(path: str, max_bytes: int = MAX_DOCUMENT_BYTES,
                    errors: str = "strict") -> str:
     """A whole file as one document: UTF-8, at most ``max_bytes`` bytes, line ends as LF."""
     with open(path, "rb") as fh:
@@ -83,7 +83,7 @@ def _read_document(path: str, max_bytes: int = MAX_DOCUMENT_BYTES,
     if len(data) > max_bytes:
         raise TextDataError(f"{path}: more than {max_bytes} bytes in one document; split the "
                             "file (or read it a document per line, or raise max_bytes)")
-    return _newlines(_decode(data, path, errors=errors))
+    return _newlines(decode_utf8(data, path, errors=errors))
 
 
 def _newlines(text: str) -> str:
@@ -192,7 +192,7 @@ class WordVocabulary:
         """A vocabulary saved by :meth:`save`; anything else raises a
         :class:`TextDataError` naming the file."""
         try:
-            data = json.loads(_read_document(path))
+            data = json.loads(read_document(path))
         except TextDataError:
             raise
         except (OSError, ValueError, RecursionError) as err:
@@ -243,10 +243,10 @@ def read_text_documents(path: str, one_per_line: bool = False,
         if not os.path.isfile(name):
             raise TextDataError(f"{name}: not a regular file; remove it from the corpus")
         if not one_per_line:
-            yield _read_document(name, max_bytes, errors)
+            yield read_document(name, max_bytes, errors)
             continue
         with open(name, "rb") as fh:
-            for number, offset, data in _lines(fh, name, max_bytes):
-                line = _newlines(_decode(data, name, number, offset, errors))
+            for number, offset, data in binary_lines(fh, name, max_bytes):
+                line = _newlines(decode_utf8(data, name, number, offset, errors))
                 if line.strip():
                     yield line

@@ -20,7 +20,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from glomo_pyg.data.text import TextDataError, _decode, _lines
+from glomo_pyg.data.text import TextDataError, decode_utf8, binary_lines
 
 MAX_LINE_BYTES = 1 << 20  # a 300-d vector line is about 4 KB
 MAX_DIM = MAX_LINE_BYTES // 2  # no line of the text format could hold more numbers
@@ -67,8 +67,8 @@ def read_word_vectors(path: str, vocabulary: Optional[Sequence[str]] = None,
     dim = declared = dim_line = None
     count = 0  # vector lines, kept or not
     with open(path, "rb") as fh:
-        for number, offset, data in _lines(fh, path, MAX_LINE_BYTES):
-            line = _decode(data, path, number, offset).rstrip("\n\r").rstrip(" ")
+        for number, offset, data in binary_lines(fh, path, MAX_LINE_BYTES):
+            line = decode_utf8(data, path, number, offset).rstrip("\n\r").rstrip(" ")
             if not line:
                 continue
             parts = line.split(" ")

@@ -12,7 +12,7 @@ from torch_geometric.utils import is_torch_sparse_tensor
 import warnings
 
 from glomo_pyg.graphs import LatentGraphs
-from glomo_pyg.kernels import (_is_compiling, dense_head_propagate, head_blocked_edges,
+from glomo_pyg.kernels import (is_compiling, dense_head_propagate, head_blocked_edges,
                                propagate_unchecked)
 from glomo_pyg.sequences import check_dtype, sequence_batch
 
@@ -130,7 +130,7 @@ class GlomoConv(MessagePassing):
                 raise ValueError("with a torch.sparse adjacency, weights and heads come from the "
                                  "tensor itself; do not pass edge_weight or edge_head")
             edge_index, edge_weight, edge_head = self._edges_from_sparse(edge_index, num_nodes)
-        if not _is_compiling():
+        if not is_compiling():
             self._check(x, edge_index, edge_weight, edge_head)
         if edge_weight is None:
             edge_weight = x.new_ones(edge_index.size(1))

@@ -867,7 +867,7 @@ def last_checkpoint(output_dir: str) -> Optional[str]:
     return newest_checkpoint_file(os.path.join(output_dir, "checkpoints"))
 
 
-def _is_launcher_child() -> bool:
+def is_launcher_child() -> bool:
     """True in the processes Lightning's DDP launcher starts besides the first (they run
     this same command again)."""
     return int(os.environ.get("LOCAL_RANK", 0)) > 0 or int(os.environ.get("NODE_RANK", 0)) > 0
@@ -1110,7 +1110,7 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
     from glomo_pyg.io.pretrained import save_pretrained
 
     config.validate()
-    child = _is_launcher_child()
+    child = is_launcher_child()
     if child:
         log = lambda *args, **kwargs: None  # noqa: E731 (the first process reports)
     out = config.output_dir

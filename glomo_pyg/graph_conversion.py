@@ -1,0 +1,93 @@
+r"""One sequence's latent graphs in other forms: a networkx graph, a sparse adjacency
+matrix, the explicit hierarchical product :math:`G^1 \cdots G^l`.
+
+These sit below :mod:`glomo_pyg.graphs` (they use only the public interface of a
+:class:`~glomo_pyg.LatentGraphs`, which exposes each as a thin method of the same name),
+so the graph object needs nothing from :mod:`glomo_pyg.analysis`.
+"""
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:  # annotations only: graphs.py imports this module
+    from glomo_pyg.graphs import LatentGraphs
+
+
+def check_index(name: str, value, size: int) -> None:
+    """``value`` must be an integer in ``[0, size)`` (a float such as 0.5 would match no
+    edge, and a negative one no layer, silently)."""
+    try:
+        index = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        index = None
+    if index is None or not 0 <= index < size:
+        raise ValueError(f"{name} must be an integer in [0, {size}), got {value!r}")
+
+
+def sample_edges(graphs: "LatentGraphs", sample: int, layer: int, head: Optional[int] = None):
+    """Local (source, target, head, weight) of one sequence's edges in one layer."""
+    check_index("sample", sample, graphs.num_sequences)
+    check_index("layer", layer, graphs.num_layers)
+    if head is not None:
+        check_index("head", head, graphs.num_heads)
+    (src, tgt), weight, heads = graphs.layer(layer)
+    lo, hi = int(graphs.ptr[sample]), int(graphs.ptr[sample + 1])
+    keep = (tgt >= lo) & (tgt < hi)
+    if head is not None:
+        keep &= heads == head
+    return src[keep] - lo, tgt[keep] - lo, heads[keep], weight[keep].detach()
+
+
+def to_networkx(graphs: "LatentGraphs", sample: int, layer: Optional[int] = None,
+                head: Optional[int] = None, labels: Optional[Sequence] = None):
+    """One sequence's graphs as a networkx graph.
+
+    Nodes are the positions ``0..T-1`` of sequence ``sample``, with attributes
+    ``position`` and, if ``labels`` (one per unit, e.g. token strings) is given,
+    ``label``. Edges run source -> target with attribute ``weight``. With both
+    ``layer`` and ``head`` given the result is a ``networkx.DiGraph``; otherwise a
+    ``networkx.MultiDiGraph`` whose edge keys are ``(layer, head)`` over the
+    unspecified layers and/or heads.
+    """
+    import networkx as nx
+
+    check_index("sample", sample, graphs.num_sequences)
+    length = int(graphs.lengths[sample])
+    if labels is not None and len(labels) != length:
+        raise ValueError(f"labels must have one entry per unit of sample {sample} "
+                         f"({length}), got {len(labels)}")
+    single = layer is not None and head is not None
+    graph = nx.DiGraph() if single else nx.MultiDiGraph()
+    layers = [layer] if layer is not None else list(range(graphs.num_layers))
+    for l in layers:
+        src, tgt, heads, weight = sample_edges(graphs, sample, l, head)
+        for i, j, h, w in zip(src.tolist(), tgt.tolist(), heads.tolist(), weight.tolist()):
+            if single:
+                graph.add_edge(i, j, weight=w)
+            else:
+                graph.add_edge(i, j, key=(l, h), weight=w, layer=l, head=h)
+    for t in range(length):
+        graph.add_node(t, position=t, **({"label": labels[t]} if labels is not None else {}))
+    return graph
+
+
+def adjacency(graphs: "LatentGraphs", sample: int, layer: int, head: int) -> Tensor:
+    """``G`` of one sequence, layer and head as a sparse COO ``[T, T]`` (``[i, j] = G_ij``)."""
+    src, tgt, _, weight = sample_edges(graphs, sample, layer, head)
+    t = int(graphs.lengths[sample])
+    return torch.sparse_coo_tensor(torch.stack([src, tgt]), weight, (t, t)).coalesce()
+
+
+def hierarchical(graphs: "LatentGraphs", sample: int, layer: int, head: int) -> Tensor:
+    r"""Explicit :math:`\Lambda^l = G^1 G^2 \cdots G^l` of one sequence and head, as a
+    sparse ``[T, T]`` (sparse-sparse products; paper Sec. 2.2). For analysis only:
+    transfer computes :math:`H\Lambda^l` by chained propagation and never forms it."""
+    check_index("layer", layer, graphs.num_layers)
+    out = adjacency(graphs, sample, 0, head)
+    for l in range(1, layer + 1):
+        out = torch.sparse.mm(out, adjacency(graphs, sample, l, head)).coalesce()
+    return out
