@@ -8,6 +8,7 @@ import sys
 from typing import List, Optional
 
 from glomo_pyg.allocator import keep_freed_memory
+from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.extras import MissingExtraError, require
 
 
@@ -244,17 +245,12 @@ def _syntax(args: argparse.Namespace) -> int:
         raise SystemExit(f"glomo syntax: {err}")
     print(result.format())
     if args.json:
-        tmp = args.json + ".tmp"
         try:
-            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-            with open(tmp, "w") as fh:
+            with atomic_write(args.json) as fh:
                 json.dump(dict(predictor=args.predictor, treebank=args.treebank,
                                select_treebank=args.select_treebank, **result.to_dict()), fh,
                           allow_nan=False)
-            os.replace(tmp, args.json)
         except (OSError, ValueError) as err:
-            if os.path.exists(tmp):
-                os.remove(tmp)
             raise SystemExit(f"glomo syntax: cannot write --json {args.json}: {err}")
         print(f"scores written to {args.json}")
     return 0

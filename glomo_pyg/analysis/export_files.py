@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
@@ -20,6 +19,7 @@ from torch import Tensor
 
 from glomo_pyg.analysis.export import edge_list, to_graphml_graph
 from glomo_pyg.analysis.statistics import GraphStatisticsAccumulator
+from glomo_pyg.atomic_files import atomic_write
 
 FORMATS = ("graphml", "json")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -48,25 +48,12 @@ class ExportDirectory:
         return full
 
     def write(self, name: str, write) -> str:
-        """Call ``write(file_object)`` on a temporary text file, then move it to ``name``."""
+        """Call ``write(file_object)`` on a temporary text file, then move it to ``name``
+        (:func:`~glomo_pyg.atomic_files.atomic_write`)."""
         target = self.path(name)
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix="-" + name)
-        try:
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600, widened as open() would
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                write(fh)
-            os.replace(tmp, target)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_write(target) as fh:
+            write(fh)
         return target
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 @dataclass

@@ -31,6 +31,8 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Un
 
 import torch
 
+from glomo_pyg.atomic_files import atomic_write
+
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
 SPECIALS = (PAD, UNK, BOS, EOS)
 
@@ -181,11 +183,9 @@ class WordVocabulary:
     def save(self, path: str) -> None:
         """JSON ``{"format": "glomo-vocabulary", "tokens": [...], "specials": [...]}``,
         written atomically."""
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as fh:
+        with atomic_write(path) as fh:
             json.dump(dict(format="glomo-vocabulary", version=1, specials=list(self.specials),
                            tokens=self._tokens), fh, ensure_ascii=False)
-        os.replace(tmp, path)
 
     @classmethod
     def load(cls, path: str) -> "WordVocabulary":

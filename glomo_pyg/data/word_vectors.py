@@ -20,7 +20,8 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from glomo_pyg.data.text import TextDataError, decode_utf8, binary_lines
+from glomo_pyg.atomic_files import atomic_write
+from glomo_pyg.data.text import TextDataError, binary_lines, decode_utf8
 
 MAX_LINE_BYTES = 1 << 20  # a 300-d vector line is about 4 KB
 MAX_DIM = MAX_LINE_BYTES // 2  # no line of the text format could hold more numbers
@@ -132,25 +133,17 @@ def write_word_vectors(path: str, words: Sequence[str], vectors, header: bool = 
     for word in words:
         if not isinstance(word, str) or not word or any(c in word for c in " \n\r"):
             raise ValueError(f"word {word!r} cannot be written in the text format")
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            if header:
-                fh.write(f"{len(words)} {vectors.shape[1]}\n")
-            for word, vec in zip(words, vectors):
-                line = word + " " + " ".join(f"{v:.6g}" for v in vec) + "\n"
-                if len(line.encode("utf-8")) > MAX_LINE_BYTES:
-                    raise ValueError(f"the line of word {word[:40]!r} would take "
-                                     f"{len(line.encode('utf-8'))} bytes, more than the "
-                                     f"{MAX_LINE_BYTES} a reader of this format accepts "
-                                     f"({vectors.shape[1]}-d vectors are too wide)")
-                fh.write(line)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):  # a failed write or rename leaves nothing behind
-            os.remove(tmp)
+    with atomic_write(path) as fh:  # a failed write leaves nothing behind
+        if header:
+            fh.write(f"{len(words)} {vectors.shape[1]}\n")
+        for word, vec in zip(words, vectors):
+            line = word + " " + " ".join(f"{v:.6g}" for v in vec) + "\n"
+            if len(line.encode("utf-8")) > MAX_LINE_BYTES:
+                raise ValueError(f"the line of word {word[:40]!r} would take "
+                                 f"{len(line.encode('utf-8'))} bytes, more than the "
+                                 f"{MAX_LINE_BYTES} a reader of this format accepts "
+                                 f"({vectors.shape[1]}-d vectors are too wide)")
+            fh.write(line)
 
 
 def embedding_matrix(vocabulary: Sequence[str], words: Sequence[str], vectors: np.ndarray,

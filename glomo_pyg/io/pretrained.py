@@ -31,6 +31,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from glomo_pyg.atomic_files import fsync_folder
 from glomo_pyg.graphs import DIRECTION_KEYS
 from glomo_pyg.io.releases import RELEASE_NAME, available_releases, released_names, releases_root
 from glomo_pyg.nn import FeatureGraphEmitter, GraphPredictor  # noqa: F401 (registers emitters)
@@ -229,21 +230,6 @@ def _complete(directory: Path) -> bool:
     return (directory / CONFIG_NAME).is_file() and (directory / WEIGHTS_NAME).is_file()
 
 
-def _fsync_dir(directory: Path) -> None:
-    if os.name != "posix":
-        return
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some file systems cannot sync a directory
-        pass
-    finally:
-        os.close(fd)
-
-
 def _write_new_file(file: Path, data: bytes) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | \
         getattr(os, "O_CLOEXEC", 0)
@@ -264,7 +250,7 @@ def _recover(target: Path) -> None:
         if backups:
             newest = max(backups, key=lambda p: p.stat().st_mtime)
             os.rename(newest, target)
-            _fsync_dir(target.parent)
+            fsync_folder(target.parent)
             stale = [(kind, path) for kind, path in stale if path != newest]
     for _, path in stale:
         shutil.rmtree(path, ignore_errors=True)
@@ -329,7 +315,7 @@ def _swap_in(new: Path, target: Path) -> None:
                 except BaseException:
                     os.rename(backup, target)
                     raise
-                _fsync_dir(target.parent)
+                fsync_folder(target.parent)
                 shutil.rmtree(backup, ignore_errors=True)
             finally:
                 _ACTIVE.discard(backup)
@@ -338,7 +324,7 @@ def _swap_in(new: Path, target: Path) -> None:
         if err.errno in _CANNOT_SWAP:
             raise _CannotSwap(err) from None
         raise
-    _fsync_dir(target.parent)
+    fsync_folder(target.parent)
 
 
 def _save_in_place(target: Path, payload: bytes, text: bytes, reason: Exception) -> None:
@@ -361,7 +347,7 @@ def _save_in_place(target: Path, payload: bytes, text: bytes, reason: Exception)
             _write_new_file(temps[name], data)
         for name in (WEIGHTS_NAME, CONFIG_NAME):
             os.replace(temps.pop(name), target / name)
-        _fsync_dir(target)
+        fsync_folder(target)
     finally:
         for tmp in temps.values():
             with contextlib.suppress(OSError):
@@ -477,7 +463,7 @@ def save_pretrained(predictor: PretrainedGraphPredictor, path: PathLike,
         _write_new_file(new / CONFIG_NAME, text)
         if target.is_dir():  # keep the permissions of the directory it replaces
             os.chmod(new, stat.S_IMODE(os.stat(target).st_mode))
-        _fsync_dir(new)
+        fsync_folder(new)
         try:
             _swap_in(new, target)
         except _CannotSwap as err:

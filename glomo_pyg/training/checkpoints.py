@@ -16,16 +16,16 @@
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import re
-import tempfile
 import zipfile
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from glomo_pyg.atomic_files import atomic_write
 
 #: The entry ``glomo pretrain`` adds to its Lightning checkpoints (plain data only).
 CHECKPOINT_KEY = "glomo"
@@ -48,40 +48,11 @@ class CheckpointMismatchError(CheckpointError):
     """A checkpoint of another model or corpus than the run resuming from it."""
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _fsync_folder(folder: str) -> None:
-    with contextlib.suppress(OSError):  # not every file system lets a folder be opened
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def atomic_save(obj: Any, path: str) -> None:
-    """``torch.save(obj, path)`` through a temporary file beside ``path`` that is flushed
-    to disk and renamed into place (atomic on POSIX file systems)."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_folder(folder)
+    """``torch.save(obj, path)`` through :func:`~glomo_pyg.atomic_files.atomic_write`
+    (a temporary file beside ``path``, synced and renamed into place)."""
+    with atomic_write(path, "wb") as fh:
+        torch.save(obj, fh)
 
 
 def stale_temporary_files(folder: str) -> List[str]:

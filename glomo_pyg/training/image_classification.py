@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.data.images import augment
 from glomo_pyg.nn.resnet import GlomoResNet
 from glomo_pyg.pixels import image_units
@@ -101,9 +102,8 @@ def evaluate(model: GlomoResNet, images: Tensor, labels: Tensor, batch_size: int
 
 
 def _save_atomic(obj, path: str) -> None:
-    tmp = path + ".tmp"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    with atomic_write(path, "wb") as fh:
+        torch.save(obj, fh)
 
 
 def train_image_classifier(model: GlomoResNet, train: Tuple[Tensor, Tensor],

@@ -49,6 +49,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
+from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.data.aclimdb import read_aclimdb
 from glomo_pyg.data.text import (SPECIALS, TextDataError, WordVocabulary, read_text_documents,
                                  tokenize)
@@ -501,13 +502,9 @@ def _read_json(path: str, advice: str) -> Any:
 
 
 def _write_json(path: str, data: Any) -> None:
-    """Write ``data`` as JSON through a temporary file renamed into place."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
+    """Write ``data`` as JSON, atomically."""
+    with atomic_write(path) as fh:
         json.dump(data, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 # --- corpus ------------------------------------------------------------------------------
