@@ -120,7 +120,7 @@ def check_common_arguments(args, output_files) -> None:
     ``--epochs`` (None or >= 1), ``--accelerator``, ``--output-dir`` and the files the
     run will write (``output_files``)."""
     from glomo_pyg.io.paths import check_output_file, check_output_folder
-    from glomo_pyg.training.text_pretraining import _accelerators
+    from glomo_pyg.training.pretrain.config import _accelerators
 
     for name in ("seeds", "epochs"):
         value = getattr(args, name)

@@ -54,7 +54,7 @@ RECIPES: Dict[str, Dict[str, Any]] = {
 
 
 def config_for(name: str, args) -> Dict[str, Any]:
-    from glomo_pyg.training.text_pretraining import set_by_path
+    from glomo_pyg.training.pretrain.config import set_by_path
 
     data = copy.deepcopy(BASE)
     data["corpus"]["path"] = os.path.join(args.data_dir, "aclImdb")
@@ -134,8 +134,9 @@ def main(argv=None) -> int:
 
     import torch
 
-    from glomo_pyg.training.text_pretraining import (CorpusConfig, PretrainConfig,
-                                                     prepare_corpus, run_pretraining)
+    from glomo_pyg.training.pretrain.config import CorpusConfig, PretrainConfig
+    from glomo_pyg.training.pretrain.corpus import prepare_corpus
+    from glomo_pyg.training.pretrain.run import run_pretraining
     torch.set_num_threads(args.threads)
     if not args.report:
         shared = os.path.join(args.output_dir, "corpus")

@@ -95,8 +95,9 @@ def _pretrain(args: argparse.Namespace) -> int:
     yaml = require("yaml", "Reading YAML configurations")
 
     from glomo_pyg.training.interrupts import TrainingInterrupted
-    from glomo_pyg.training.text_pretraining import (PretrainConfig, is_launcher_child,
-                                                     run_pretraining, set_by_path)
+    from glomo_pyg.training.pretrain.config import PretrainConfig, set_by_path
+    from glomo_pyg.training.pretrain.trainer import is_launcher_child
+    from glomo_pyg.training.pretrain.run import run_pretraining
 
     data = {}
     if args.config:
@@ -153,7 +154,8 @@ def _word_vectors(args: argparse.Namespace) -> int:
     from glomo_pyg.data.word_vectors import (MAX_EPOCHS, MAX_SEED, MAX_TRAIN_DIM,
                                              MAX_WINDOW, MAX_WORKERS, train_word_vectors,
                                              write_word_vectors)
-    from glomo_pyg.training.text_pretraining import CorpusConfig, iter_documents
+    from glomo_pyg.training.pretrain.config import CorpusConfig
+    from glomo_pyg.training.pretrain.corpus import iter_documents
 
     highest = dict(dim=MAX_TRAIN_DIM, window=MAX_WINDOW, epochs=MAX_EPOCHS,
                    workers=MAX_WORKERS)

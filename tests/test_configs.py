@@ -5,7 +5,8 @@ import pytest
 import yaml
 
 from glomo_pyg.training import GlomoPretraining
-from glomo_pyg.training.text_pretraining import CorpusConfig, PretrainConfig, iter_documents
+from glomo_pyg.training.pretrain.config import CorpusConfig, PretrainConfig
+from glomo_pyg.training.pretrain.corpus import iter_documents
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -90,7 +91,7 @@ def test_bad_settings_are_named_with_their_key(data, message):
 def test_every_setting_has_a_rule_and_defaults_pass():
     import dataclasses
 
-    from glomo_pyg.training.text_pretraining import _RULES, TrainConfig
+    from glomo_pyg.training.pretrain.config import TrainConfig, _RULES
 
     for name, kind in (("corpus", CorpusConfig), ("train", TrainConfig)):
         assert {f.name for f in dataclasses.fields(kind)} == set(_RULES[name])

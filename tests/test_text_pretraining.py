@@ -334,7 +334,7 @@ def test_bad_train_settings_fail_before_the_corpus_is_prepared(tmp_path, monkeyp
 
 
 def test_model_widths_beyond_memory_fail_before_the_corpus_is_prepared(tmp_path, monkeypatch):
-    import glomo_pyg.training.text_pretraining as pretraining
+    import glomo_pyg.training.pretrain.trainer as pretraining
 
     monkeypatch.setattr(pretraining, "physical_memory", lambda: 2 ** 30)  # any machine: 1 GiB
     write_corpus(tmp_path / "corpus", documents=10)
@@ -423,7 +423,7 @@ def test_prepare_only_needs_no_cluster_and_a_stale_summary_is_rewritten(tmp_path
     assert prepared["tokens"] > 0
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("RANK", "0")  # (Kubeflow sets RANK, not NODE_RANK)
-    from glomo_pyg.training.text_pretraining import _CLUSTER_ENVIRONMENTS
+    from glomo_pyg.training.pretrain.trainer import _CLUSTER_ENVIRONMENTS
     assert any(all(k in os.environ for k in keys) for keys in _CLUSTER_ENVIRONMENTS)
     # a checkpoint at max_steps beside the summary of an earlier, shorter end
     run_pretraining(config(tmp_path, "stale", max_steps=5), **quiet)
@@ -447,7 +447,7 @@ def _write_vectors(path, rows):
 
 
 def test_init_vectors_start_every_token_embedding(tmp_path):
-    from glomo_pyg.training.text_pretraining import initial_token_embeddings
+    from glomo_pyg.training.pretrain.vectors import initial_token_embeddings
 
     write_corpus(tmp_path / "corpus", documents=10)
     rng = random.Random(0)
@@ -488,7 +488,7 @@ def test_init_vectors_start_every_token_embedding(tmp_path):
 
 
 def test_init_vectors_parts_start_g_or_f_alone(tmp_path):
-    from glomo_pyg.training.text_pretraining import initial_token_embeddings
+    from glomo_pyg.training.pretrain.vectors import initial_token_embeddings
 
     write_corpus(tmp_path / "corpus", documents=10)
     rng = random.Random(0)
@@ -558,7 +558,7 @@ def test_init_vectors_that_do_not_fit_are_refused(tmp_path):
         assert not os.path.exists(tmp_path / f"late{k}" / "checkpoints") or \
             not os.listdir(tmp_path / f"late{k}" / "checkpoints")
     # read directly (the run reads the same way): vectors that cannot start embeddings
-    from glomo_pyg.training.text_pretraining import initial_token_embeddings
+    from glomo_pyg.training.pretrain.vectors import initial_token_embeddings
     (tmp_path / "equal.txt").write_text("a 1 1\nb 1 1\n")
     (tmp_path / "huge.txt").write_text("a 3.4e38 3.4e38\nb -3.4e38 -3.4e38\n")
     for name, vocab, message in (
@@ -575,7 +575,7 @@ def test_init_vectors_that_do_not_fit_are_refused(tmp_path):
 
 def test_init_vectors_word2vec_trains_them_on_the_corpus_first(tmp_path):
     from glomo_pyg.data import read_word_vectors
-    from glomo_pyg.training.text_pretraining import initial_token_embeddings, train_init_vectors
+    from glomo_pyg.training.pretrain.vectors import initial_token_embeddings, train_init_vectors
 
     write_corpus(tmp_path / "corpus", documents=10)
     cfg = config(tmp_path, "w2v", max_steps=2, graph_warmup_steps=3, init_vectors="word2vec")

@@ -179,7 +179,8 @@ def pretrain(args, setup: Setup, out: str) -> str:
     import yaml
 
     from glomo_pyg.training import PretrainConfig, run_pretraining
-    from glomo_pyg.training.text_pretraining import last_checkpoint, set_by_path
+    from glomo_pyg.training.pretrain.config import set_by_path
+    from glomo_pyg.training.pretrain.trainer import last_checkpoint
 
     folder = os.path.join(out, "pretrain")
     predictor = os.path.join(folder, "predictor")

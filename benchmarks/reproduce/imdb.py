@@ -238,7 +238,8 @@ def check_arguments(args) -> None:
 
 def word_vectors(args, setup: Setup, out: str):
     from glomo_pyg.data import read_word_vectors, tokenize, train_word_vectors, write_word_vectors
-    from glomo_pyg.training.text_pretraining import CorpusConfig, iter_documents
+    from glomo_pyg.training.pretrain.config import CorpusConfig
+    from glomo_pyg.training.pretrain.corpus import iter_documents
 
     path = os.path.join(out, "word_vectors.txt")
     if not os.path.exists(path):

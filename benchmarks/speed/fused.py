@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks.speed.measure import median_ms, peak_mib, cases_of
-from glomo_pyg import LatentGraphs, flex
+from glomo_pyg import LatentGraphs
 from glomo_pyg.kernels import (dense_head_propagate, head_propagate, latent_graph_dense,
                                latent_graph_edges)
 from glomo_pyg.sequences import SequenceBatch

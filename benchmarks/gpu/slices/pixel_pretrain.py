@@ -156,7 +156,7 @@ def graph_check(predictor_dir: str, recipe: Dict, shared_data: str, images: int,
     from benchmarks.reproduce.cifar10 import pixel_graph_check, untrained_copy
     from glomo_pyg import PretrainedGraphPredictor
     from glomo_pyg.data.images import load_imagenet32
-    from glomo_pyg.training.text_pretraining import ImagePretrainingData
+    from glomo_pyg.training.pretrain.data import ImagePretrainingData
 
     archive = os.path.join(shared_data, ARCHIVES[0])
     if not os.path.isfile(archive):

@@ -1,0 +1,193 @@
+"""The pretraining corpus, once per output folder: documents read (a text file or folder,
+or the aclImdb layout), tokenised, a vocabulary built and the corpus written as
+memory-mapped token shards (``<output>/tokens``); fingerprints of a corpus or an image
+set, which a resumed run must match."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from collections import Counter
+from typing import Any, Dict, Iterator, List
+
+import torch
+
+from glomo_pyg.atomic_files import atomic_write
+from glomo_pyg.data.aclimdb import read_aclimdb
+from glomo_pyg.data.text import (SPECIALS, WordVocabulary, read_text_documents,
+                                 tokenize)
+from glomo_pyg.data.tokens import (read_shard_index, write_token_shards)
+from glomo_pyg.training.checkpoints import (CHECKPOINT_KEY, CheckpointMismatchError)
+from glomo_pyg.training.pretrain.config import CorpusConfig
+
+
+def read_json(path: str, advice: str) -> Any:
+    """A JSON file of the run folder; a damaged one raises ValueError naming it."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is damaged (not valid JSON: {err}); {advice}") from None
+
+
+def write_json(path: str, data: Any) -> None:
+    """Write ``data`` as JSON, atomically."""
+    with atomic_write(path) as fh:
+        json.dump(data, fh, indent=1)
+
+
+# --- corpus ------------------------------------------------------------------------------
+def _all_documents(corpus: CorpusConfig) -> Iterator[str]:
+    if corpus.path is None:
+        raise ValueError("corpus.path is not set: a text file or folder, or the aclImdb folder")
+    path = os.path.expanduser(corpus.path)
+    if corpus.format == "aclimdb":
+        # unlabelled and labelled training reviews; the test reviews stay unseen
+        return (r.text for r in read_aclimdb(path, "train", ("unsup", "pos", "neg")))
+    return read_text_documents(path, one_per_line=corpus.one_per_line)
+
+
+def iter_documents(corpus: CorpusConfig) -> Iterator[str]:
+    """The corpus's documents; with ``max_documents`` (= M of N), the documents at
+    positions ``floor(k * N / M)``, spread evenly over the whole corpus (so a reduced
+    aclImdb run sees unlabelled, positive and negative reviews in their proportions,
+    not just the first folder)."""
+    if corpus.max_documents is None:
+        yield from _all_documents(corpus)
+        return
+    if corpus.max_documents < 1:
+        raise ValueError(f"corpus.max_documents must be >= 1, got {corpus.max_documents}")
+    total = sum(1 for _ in _all_documents(corpus))
+    take = min(total, corpus.max_documents)
+    wanted = iter([k * total // take for k in range(take)])
+    nxt = next(wanted, None)
+    for k, doc in enumerate(_all_documents(corpus)):
+        if k == nxt:
+            yield doc
+            nxt = next(wanted, None)
+            if nxt is None:
+                return
+
+
+# corpus settings added after runs were first saved, with the behaviour those runs had
+_ADDED_CORPUS_SETTINGS = dict(max_images=None, flip=True, crop=None)
+
+
+def with_corpus_defaults(saved: Dict[str, Any], keys) -> Dict[str, Any]:
+    """Saved corpus settings completed with the settings added since, among ``keys``: a
+    run saved before e.g. ``crop`` existed was prepared without a crop. Any other missing
+    key still counts as a difference."""
+    return {**{k: v for k, v in _ADDED_CORPUS_SETTINGS.items() if k in keys}, **saved}
+
+
+def prepare_corpus(corpus: CorpusConfig, folder: str, log=print):
+    """Vocabulary and token shards in ``folder`` (built once: two passes over the
+    documents, counting then encoding; reused when present and built from the same
+    corpus settings)."""
+    os.makedirs(folder, exist_ok=True)
+    vocab_path, shards, meta_path = (os.path.join(folder, "vocabulary.json"),
+                                     os.path.join(folder, "tokens"),
+                                     os.path.join(folder, "corpus.json"))
+    settings = {k: v for k, v in dataclasses.asdict(corpus).items()
+                if k not in ("max_length", "min_length", "validation_fraction")}
+    if os.path.exists(meta_path) and os.path.exists(vocab_path) and os.path.isdir(shards):
+        built = read_json(meta_path, f"delete it and {shards} to rebuild the corpus (a "
+                                      "run resumed on a rebuilt corpus is checked against "
+                                      "its checkpoint's corpus fingerprint)")
+        if not isinstance(built, dict):
+            raise ValueError(f"{meta_path} is damaged (not a corpus description); delete it "
+                             f"and {shards} to rebuild the corpus")
+        saved = built.get("settings")
+        if not isinstance(saved, dict) or with_corpus_defaults(saved, settings) != settings:
+            raise ValueError(f"{folder} holds a corpus built with other settings "
+                             f"({built.get('settings')}); use another output_dir")
+        read_shard_index(shards)
+        return WordVocabulary.load(vocab_path), shards
+    start = time.time()
+    counts: Counter = Counter()
+    num_docs = 0
+    for doc in iter_documents(corpus):
+        counts.update(tokenize(doc, corpus.lower))
+        num_docs += 1
+    if not num_docs:
+        raise ValueError(f"{corpus.path}: no documents")
+    vocab = WordVocabulary.build(counts, corpus.min_count, corpus.max_size)
+    if len(vocab) <= len(SPECIALS):
+        raise ValueError(f"{corpus.path}: no word occurs corpus.min_count={corpus.min_count} "
+                         f"times in {num_docs} documents ({len(counts)} distinct words): the "
+                         "vocabulary would hold only the special tokens; lower min_count or "
+                         "use a larger corpus")
+    log(f"corpus: {num_docs} documents, {sum(counts.values())} tokens, {len(counts)} distinct; "
+        f"vocabulary {len(vocab)} (min_count {corpus.min_count}, max_size {corpus.max_size})")
+    if os.path.isdir(shards):
+        import shutil
+        shutil.rmtree(shards)  # left by an interrupted preparation (no corpus.json yet)
+    index = write_token_shards((vocab.encode(tokenize(d, corpus.lower)).numpy()
+                                for d in iter_documents(corpus)),
+                               shards, len(vocab), corpus.shard_tokens)
+    vocab.save(vocab_path)
+    unknown = sum(c for w, c in counts.items() if w not in vocab)
+    meta = dict(settings=settings, documents=num_docs, tokens=index["num_tokens"],
+                unknown_fraction=unknown / max(1, sum(counts.values())),
+                seconds=round(time.time() - start, 1))
+    write_json(meta_path, meta)  # written last: marks the corpus complete
+    log(f"token shards: {index['num_tokens']} tokens in {len(index['shards'])} shard(s), "
+        f"{meta['unknown_fraction']:.2%} unknown, {meta['seconds']} s")
+    return vocab, shards
+
+
+def _sha256_files(paths: List[str]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 24), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def corpus_fingerprint(vocab: WordVocabulary, shards: str) -> Dict[str, Any]:
+    """What identifies a prepared text corpus: the vocabulary (its size and a hash of its
+    words in id order), the document and token counts, and a hash of the token shards.
+    Recorded in every checkpoint; a resumed run refuses a corpus that differs (its ids
+    would mean other words, or its sequences would be others)."""
+    index = read_shard_index(shards)
+    files = [os.path.join(shards, shard[key]) for shard in index["shards"]
+             for key in ("tokens", "docs")]
+    words = json.dumps(vocab.tokens(), ensure_ascii=False).encode("utf-8")
+    return dict(vocabulary=len(vocab), vocabulary_sha256=hashlib.sha256(words).hexdigest(),
+                documents=int(index["num_documents"]), tokens=int(index["num_tokens"]),
+                tokens_sha256=_sha256_files(files))
+
+
+def image_fingerprint(images: torch.Tensor, sample: int = 4096) -> Dict[str, Any]:
+    """What identifies an image corpus: count, shape, and a hash of an even spread of up
+    to ``sample`` images."""
+    step = max(1, len(images) // sample)
+    data = images[::step].contiguous().numpy().tobytes()
+    return dict(images=len(images), shape=list(images.shape[1:]),
+                sample_sha256=hashlib.sha256(data).hexdigest())
+
+
+def check_fingerprint(contents: Dict[str, Any], path: str, current: Dict[str, Any],
+                       where: str, log) -> None:
+    stored = (contents.get(CHECKPOINT_KEY) or {}).get("corpus")
+    if stored is None:
+        log(f"note: {path} records no corpus fingerprint (written by an older glomo_pyg); "
+            "the corpus cannot be checked against it")
+        return
+    if stored == current:
+        return
+    diff = []
+    for key in sorted(set(stored) | set(current)):
+        old, new = stored.get(key), current.get(key)
+        if old != new:
+            diff.append(f"{key} changed" if key.endswith("sha256") else
+                        f"{key} {old!r} -> {new!r}")
+    ids = ", so its token ids would mean other words" if any(
+        k.startswith("vocabulary") and stored.get(k) != current.get(k) for k in current) else ""
+    raise CheckpointMismatchError(
+        f"the corpus changed since {path} was written ({', '.join(diff)}): {where} no "
+        f"longer holds the data the run was trained on{ids}. Restore the original corpus "
+        "(and its tokens folder) to resume, or start a new run in another output_dir")

@@ -1,0 +1,113 @@
+"""Lightning data modules of pretraining: windows of token shards (text) and images as
+sequences of pixel units, with seeded training/validation splits."""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Dict
+
+import lightning.pytorch as pl
+import torch
+
+from glomo_pyg.data.tokens import (ResumableLoader, ResumableSampler, TokenWindows)
+from glomo_pyg.training.pretrain.config import CorpusConfig
+
+
+def _ignore_interrupts(worker_id: int) -> None:
+    """Data-loader workers leave Ctrl+C to the training process, which stops cleanly."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _split(count: int, validation_fraction: float, seed: int, unit: str):
+    """A seeded (validation, sorted training) split of ``range(count)``; warns when the
+    validation share leaves training the smaller part."""
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(seed)).tolist()
+    n_val = int(count * validation_fraction)
+    if n_val > count - n_val:
+        warnings.warn(f"corpus.validation_fraction {validation_fraction} keeps only "
+                      f"{count - n_val} of {count} {unit} for training", RuntimeWarning,
+                      stacklevel=3)
+    return order[:n_val], sorted(order[n_val:])
+
+
+class TextPretrainingData(pl.LightningDataModule):
+    """Training and validation sequences from token shards; the training loader is a
+    :class:`~glomo_pyg.data.ResumableLoader` split across the trainer's ranks."""
+
+    def __init__(self, shards: str, max_length: int, min_length: int, batch_size: int,
+                 validation_fraction: float, seed: int, num_workers: int = 0):
+        super().__init__()
+        self.windows = TokenWindows.from_shards(shards, max_length, min_length)
+        if len(self.windows) < 2:
+            raise ValueError(f"{shards}: fewer than 2 training sequences of >= {min_length} "
+                             "tokens; use a larger corpus or a smaller corpus.min_length")
+        self.val_ids, self.train_ids = _split(len(self.windows), validation_fraction, seed,
+                                              "sequences")
+        self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
+
+    def train_dataloader(self):
+        world = self.trainer.world_size if self.trainer is not None else 1
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        data = torch.utils.data.Subset(self.windows, self.train_ids)
+        sampler = ResumableSampler(len(data), shuffle=True, seed=self.seed,
+                                   num_replicas=world, rank=rank)
+        return ResumableLoader(data, self.batch_size, sampler, num_workers=self.num_workers,
+                               **self._worker_options())
+
+    def _worker_options(self) -> Dict[str, Any]:
+        return dict(worker_init_fn=_ignore_interrupts) if self.num_workers else {}
+
+    def val_dataloader(self):
+        from torch_geometric.loader import DataLoader
+
+        if not self.val_ids:
+            return []
+        return DataLoader(torch.utils.data.Subset(self.windows, self.val_ids),
+                          batch_size=self.batch_size, num_workers=self.num_workers,
+                          generator=torch.Generator().manual_seed(self.seed),
+                          **self._worker_options())
+
+
+def load_pretraining_images(corpus: CorpusConfig) -> torch.Tensor:
+    """The uint8 ``[n, C, H, W]`` training images of an image corpus (labels unused),
+    an even spread of ``max_images`` of them when set."""
+    from glomo_pyg.data.images import load_cifar10, load_imagenet32
+
+    if corpus.path is None:
+        raise ValueError("corpus.path is not set: the cifar-10-batches-py or imagenet32 folder")
+    path = os.path.expanduser(corpus.path)
+    images = load_cifar10(path, "train")[0] if corpus.format == "cifar10" else \
+        load_imagenet32(path)[0]
+    if corpus.max_images is not None and corpus.max_images < len(images):
+        take = corpus.max_images
+        images = images[torch.arange(take) * len(images) // take]
+    return images
+
+
+class ImageUnits(torch.utils.data.Dataset):
+    """Each image as a PyG ``Data`` whose ``x`` is its ``[H W, C]`` uint8 pixel units."""
+
+    def __init__(self, images: torch.Tensor):
+        self.images = images
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int):
+        from torch_geometric.data import Data
+
+        img = self.images[i]
+        return Data(x=img.permute(1, 2, 0).reshape(-1, img.size(0)))
+
+
+class ImagePretrainingData(TextPretrainingData):
+    """Training and validation images (a seeded split), batched as pixel units."""
+
+    def __init__(self, images: torch.Tensor, batch_size: int, validation_fraction: float,
+                 seed: int, num_workers: int = 0):
+        pl.LightningDataModule.__init__(self)
+        self.windows = ImageUnits(images)
+        self.val_ids, self.train_ids = _split(len(images), validation_fraction, seed, "images")
+        self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
