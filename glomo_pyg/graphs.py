@@ -99,7 +99,7 @@ class LatentGraphs:
                          SequenceOrder(direction, include_self))
         self._init(edge_index, edge_weight, edge_head, num_heads, direction, sequences,
                    include_self, sorted_edges=False)
-        self._with_order(order)
+        self.with_order(order)
 
     def _init(self, edge_index, edge_weight, edge_head, num_heads, direction, sequences,
               include_self, sorted_edges, dense=None, fused=None, normalization="relu2"):
@@ -121,9 +121,10 @@ class LatentGraphs:
         # longest edge kept (within()): uniform and fused graphs apply it lazily
         self._window: Optional[int] = None
 
-    def _with_order(self, order: Optional[UnitOrder]) -> "LatentGraphs":
+    def with_order(self, order: Optional[UnitOrder]) -> "LatentGraphs":
         """Attach the allowed-sources rule these graphs were emitted under (e.g. a
-        :class:`~glomo_pyg.ordering.RasterOrder` with its grid); returns ``self``."""
+        :class:`~glomo_pyg.ordering.RasterOrder` with its grid); returns ``self``. For
+        emitters: the order must match the graphs' direction and ``include_self``."""
         if order is None:
             return self
         if not isinstance(order, UnitOrder):
@@ -144,30 +145,38 @@ class LatentGraphs:
         return self
 
     @classmethod
-    def _trusted(cls, edge_index: List[Tensor], edge_weight: List[Tensor], edge_head: List[Tensor],
-                 *, num_heads: int, direction: str, sequences: SequenceBatch,
-                 include_self: bool = False) -> "LatentGraphs":
-        """Graphs the library built itself (emitted, converted, moved): valid and sorted
-        by construction, so nothing is checked and nothing syncs with the device."""
+    def from_trusted_edges(cls, edge_index: List[Tensor], edge_weight: List[Tensor],
+                           edge_head: List[Tensor], *, num_heads: int, direction: str,
+                           sequences: SequenceBatch, include_self: bool = False
+                           ) -> "LatentGraphs":
+        """Graphs in the sparse layout from edges that code built itself (emitted,
+        converted, moved): valid and sorted by (head, target) by construction, so
+        **nothing is checked** and nothing syncs with the device. For library code and
+        emitters; anything else builds graphs with the constructor, which validates."""
         graphs = cls.__new__(cls)
         graphs._init(list(edge_index), list(edge_weight), list(edge_head), num_heads, direction,
                      sequences, include_self, sorted_edges=True)
         return graphs
 
     @classmethod
-    def _trusted_dense(cls, blocks: List[Tensor], *, direction: str, sequences: SequenceBatch,
-                       include_self: bool = False) -> "LatentGraphs":
+    def from_trusted_dense(cls, blocks: List[Tensor], *, direction: str,
+                           sequences: SequenceBatch, include_self: bool = False
+                           ) -> "LatentGraphs":
+        """Graphs in the dense layout from ``[B, H, T, T]`` blocks that code built itself,
+        unchecked (:meth:`from_trusted_edges`); :meth:`from_dense` validates."""
         graphs = cls.__new__(cls)
         graphs._init([], [], [], blocks[0].shape[1], direction, sequences, include_self,
                      sorted_edges=True, dense=list(blocks))
         return graphs
 
     @classmethod
-    def _trusted_fused(cls, layers: List[Tuple[Tensor, Tensor]], *, direction: str,
-                       sequences: SequenceBatch, include_self: bool = False,
-                       normalization: str = "relu2") -> "LatentGraphs":
+    def from_trusted_fused(cls, layers: List[Tuple[Tensor, Tensor]], *, direction: str,
+                           sequences: SequenceBatch, include_self: bool = False,
+                           normalization: str = "relu2") -> "LatentGraphs":
         """Graphs in the fused layout: per layer the augmented ``[B, H, T, D]`` keys and
-        queries whose inner products are the scores of paper Eq. 1."""
+        queries whose inner products are the scores of paper Eq. 1 (``normalization``
+        ``'relu2'`` or ``'softmax'``), unchecked (:meth:`from_trusted_edges`): an emitter
+        checks them before (``flex.check_fusable``)."""
         graphs = cls.__new__(cls)
         graphs._init([], [], [], layers[0][0].shape[1], direction, sequences, include_self,
                      sorted_edges=True, fused=list(layers), normalization=normalization)
@@ -215,8 +224,8 @@ class LatentGraphs:
                              f"outside each sequence's allowed (source, target) pairs: at "
                              f"padding, and where the {direction} order (include_self="
                              f"{include_self}) forbids an edge")
-        return cls._trusted_dense(blocks, direction=direction, sequences=seqs,
-                                  include_self=include_self)
+        return cls.from_trusted_dense(blocks, direction=direction, sequences=seqs,
+                                      include_self=include_self)
 
     @classmethod
     def uniform(cls, ptr: Tensor, *, num_layers: int, num_heads: int, direction: str,
@@ -233,7 +242,7 @@ class LatentGraphs:
         graphs = cls.__new__(cls)
         graphs._init([], [], [], num_heads, direction, seqs, include_self, sorted_edges=True)
         graphs._edges, graphs._uniform_layers = None, int(num_layers)
-        return graphs._with_order(order)
+        return graphs.with_order(order)
 
     @classmethod
     def adjacent(cls, ptr: Tensor, *, num_layers: int, num_heads: int, direction: str,
@@ -261,9 +270,10 @@ class LatentGraphs:
         edges = torch.stack([src, tgt]).repeat(1, num_heads)
         heads = torch.arange(num_heads, device=node.device).repeat_interleave(tgt.numel())
         weight = torch.ones(edges.size(1), device=node.device, dtype=torch.float32)
-        return cls._trusted([edges] * num_layers, [weight] * num_layers, [heads] * num_layers,
-                            num_heads=num_heads, direction=direction, sequences=seqs,
-                            include_self=include_self)._with_order(order)
+        return cls.from_trusted_edges([edges] * num_layers, [weight] * num_layers,
+                                      [heads] * num_layers, num_heads=num_heads,
+                                      direction=direction, sequences=seqs,
+                                      include_self=include_self).with_order(order)
 
     def _uniform_edges(self) -> LayerEdges:
         """The edges of a uniform layer (built on demand: O(T^2) per sequence)."""
@@ -360,6 +370,18 @@ class LatentGraphs:
         return "dense" if self._dense is not None else "sparse"
 
     @property
+    def fused_layers(self) -> Optional[List[Tuple[Tensor, Tensor]]]:
+        """Fused layout: per layer the augmented ``[B, H, T, D]`` (keys, queries) whose
+        inner products are the graph scores; ``None`` in the other layouts."""
+        return None if self._fused is None else list(self._fused)
+
+    @property
+    def normalization(self) -> str:
+        """How scores become weights: ``'relu2'`` (paper Eq. 1, squared ReLU) or
+        ``'softmax'`` (the "-sparse" ablation)."""
+        return self._normalization
+
+    @property
     def order(self) -> UnitOrder:
         """The allowed-sources rule of these graphs (:mod:`glomo_pyg.ordering`): a
         :class:`~glomo_pyg.ordering.RasterOrder` for pixel graphs, else the 1-D order."""
@@ -431,19 +453,18 @@ class LatentGraphs:
         """The same graphs in the sparse layout (``self`` if already sparse)."""
         if self.layout == "sparse":
             return self
-        return LatentGraphs._trusted(self.edge_index, self.edge_weight, self.edge_head,
-                                     num_heads=self.num_heads, direction=self.direction,
-                                     sequences=self.sequences, include_self=self.include_self
-                                     )._with_order(self._order)
+        return LatentGraphs.from_trusted_edges(
+            self.edge_index, self.edge_weight, self.edge_head, num_heads=self.num_heads,
+            direction=self.direction, sequences=self.sequences, include_self=self.include_self
+        ).with_order(self._order)
 
     def to_dense_layout(self) -> "LatentGraphs":
         """The same graphs in the dense layout (``self`` if already dense)."""
         if self.layout == "dense":
             return self
-        return LatentGraphs._trusted_dense([self.dense_layer(l) for l in range(self.num_layers)],
-                                           direction=self.direction, sequences=self.sequences,
-                                           include_self=self.include_self
-                                           )._with_order(self._order)
+        return LatentGraphs.from_trusted_dense(
+            [self.dense_layer(l) for l in range(self.num_layers)], direction=self.direction,
+            sequences=self.sequences, include_self=self.include_self).with_order(self._order)
 
     # --- propagation --------------------------------------------------------------
     def propagate(self, x: Tensor, layer: int) -> Tensor:
@@ -676,18 +697,18 @@ class LatentGraphs:
                 out._edges, out._uniform_layers = None, self._uniform_layers
             out._window = max_distance if self._window is None else min(self._window,
                                                                          max_distance)
-            return out._with_order(self._order)
+            return out.with_order(self._order)
         if self._dense is not None:
-            return LatentGraphs._trusted_dense(
+            return LatentGraphs.from_trusted_dense(
                 [self._cut_block(block, max_distance) for block in self._dense],
                 direction=self.direction, sequences=s, include_self=self.include_self
-            )._with_order(self._order)
-        out = LatentGraphs._trusted(*map(list, zip(*(self._cut_edges(e, max_distance)
-                                                     for e in self._sparse_edges()))),
-                                    num_heads=self.num_heads, direction=self.direction,
-                                    sequences=s, include_self=self.include_self)
+            ).with_order(self._order)
+        out = LatentGraphs.from_trusted_edges(
+            *map(list, zip(*(self._cut_edges(e, max_distance) for e in self._sparse_edges()))),
+            num_heads=self.num_heads, direction=self.direction, sequences=s,
+            include_self=self.include_self)
         out._sorted = self._sorted  # filtering keeps the (head, target, source) order
-        return out._with_order(self._order)
+        return out.with_order(self._order)
 
     def _near(self, target: Tensor, source: Tensor, max_distance: int) -> Tensor:
         """Which (flat) target, source pairs lie within the window."""
@@ -727,26 +748,27 @@ class LatentGraphs:
                       sorted_edges=True)
             out._edges, out._uniform_layers = None, self._uniform_layers
             out._window = self._window
-            return out._with_order(self._order)
+            return out.with_order(self._order)
         if self._dense is not None:
-            return LatentGraphs._trusted_dense([fn(t) for t in self._dense],
-                                               direction=self.direction, sequences=seqs,
-                                               include_self=self.include_self
-                                               )._with_order(self._order)
+            return LatentGraphs.from_trusted_dense([fn(t) for t in self._dense],
+                                                   direction=self.direction, sequences=seqs,
+                                                   include_self=self.include_self
+                                                   ).with_order(self._order)
         if self._fused is not None:
-            out = LatentGraphs._trusted_fused([(fn(k), fn(q)) for k, q in self._fused],
-                                              direction=self.direction, sequences=seqs,
-                                              include_self=self.include_self,
-                                              normalization=self._normalization)
+            out = LatentGraphs.from_trusted_fused([(fn(k), fn(q)) for k, q in self._fused],
+                                                  direction=self.direction, sequences=seqs,
+                                                  include_self=self.include_self,
+                                                  normalization=self._normalization)
             out._window = self._window
-            return out._with_order(self._order)
-        out = LatentGraphs._trusted([fn(t) for t in self.edge_index],
-                                    [fn(t) for t in self.edge_weight],
-                                    [fn(t) for t in self.edge_head], num_heads=self.num_heads,
-                                    direction=self.direction, sequences=seqs,
-                                    include_self=self.include_self)
+            return out.with_order(self._order)
+        out = LatentGraphs.from_trusted_edges([fn(t) for t in self.edge_index],
+                                              [fn(t) for t in self.edge_weight],
+                                              [fn(t) for t in self.edge_head],
+                                              num_heads=self.num_heads, direction=self.direction,
+                                              sequences=seqs,
+                                              include_self=self.include_self)
         out._sorted = self._sorted
-        return out._with_order(self._order)
+        return out.with_order(self._order)
 
     def to(self, device: Union[str, torch.device]) -> "LatentGraphs":
         """The graphs on ``device`` (a device only: a dtype would also convert the node

@@ -141,6 +141,37 @@ def test_no_private_name_is_imported_across_modules():
     assert not private_imports(), private_imports()
 
 
+def graph_private_reads() -> List[str]:
+    """Reads of a graph's private attributes or methods (``graphs.py``'s ``self._x``
+    and ``_x`` methods of its classes) outside ``glomo_pyg.graphs``, on anything but
+    ``self``/``cls``: library code builds and reads graphs through their public
+    interface (``from_trusted_*``, ``fused_layers``, ``normalization``, ...)."""
+    graphs = ast.parse(open(os.path.join(ROOT, "graphs.py"), encoding="utf-8").read())
+    private = set()
+    for cls in (n for n in graphs.body if isinstance(n, ast.ClassDef)):
+        for node in ast.walk(cls):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                    node.value.id == "self" and node.attr.startswith("_") and \
+                    not node.attr.startswith("__"):
+                private.add(node.attr)
+            elif isinstance(node, ast.FunctionDef) and node.name.startswith("_") and \
+                    not node.name.startswith("__"):
+                private.add(node.name)
+    problems = []
+    for name, path in modules().items():
+        if name == "glomo_pyg.graphs":
+            continue
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, ast.Attribute) and node.attr in private and not (
+                    isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                problems.append(f"{name}:{node.lineno}: .{node.attr}")
+    return problems
+
+
+def test_no_module_outside_graphs_reads_a_private_attribute_of_a_graph():
+    assert not graph_private_reads(), graph_private_reads()
+
+
 def test_the_layer_checks_find_a_planted_upward_and_private_import(tmp_path, monkeypatch):
     pkg = tmp_path / "glomo_pyg"
     (pkg / "nn").mkdir(parents=True)
@@ -223,3 +254,16 @@ def test_analysis_statistics_do_not_need_lightning():
     names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
     assert not [n for n in names if n.startswith("lightning") or "training" in n]
+
+
+def test_the_private_read_check_finds_a_planted_read(tmp_path, monkeypatch):
+    pkg = tmp_path / "glomo_pyg"
+    (pkg / "nn").mkdir(parents=True)
+    (pkg / "graphs.py").write_text(
+        "class LatentGraphs:\n    def __init__(self):\n        self._fused = None\n\n"
+        "    def _helper(self):\n        return self._fused\n")
+    (pkg / "nn" / "use.py").write_text(
+        "def f(g, self=None):\n    g._helper()\n    return g._fused, self._fused\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", str(pkg))
+    assert graph_private_reads() == ["glomo_pyg.nn.use:2: ._helper",
+                                     "glomo_pyg.nn.use:3: ._fused"]

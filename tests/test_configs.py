@@ -112,3 +112,16 @@ def test_command_line_overrides_are_checked(capsys):
         with pytest.raises(SystemExit) as info:
             main(["pretrain", "--set", override, "--print-config"])
         assert str(info.value).startswith("glomo pretrain: ") and message in str(info.value)
+
+
+def test_every_supported_precision_is_one_lightning_accepts():
+    # the library keeps its own list (Lightning's is private); this test reads Lightning's
+    # to catch a release that drops one of them
+    from typing import get_args
+
+    from lightning.fabric.connector import _PRECISION_INPUT_STR, _PRECISION_INPUT_STR_ALIAS
+
+    from glomo_pyg.training.pretrain.config import PRECISIONS
+
+    accepted = {*get_args(_PRECISION_INPUT_STR), *get_args(_PRECISION_INPUT_STR_ALIAS)}
+    assert set(PRECISIONS) <= accepted

@@ -107,7 +107,7 @@ def test_grid_histograms_use_row_and_column_offsets():
     d[0, 0, 0, 1, 4] = 0.25  # above: (-1, 0)
     d[0, 0, 0, 2, 4] = 0.25  # above-right: (-1, +1)
     g = LatentGraphs.from_dense(d, direction="forward", ptr=torch.tensor([0, 6]))
-    g = g._with_order(RasterOrder("forward", 2, 3))
+    g = g.with_order(RasterOrder("forward", 2, 3))
     table = GraphStatisticsAccumulator(grid_radius=1).update(g).result()
     assert table.grid_radius == 1 and table.bins is None
     (r,) = table.rows
@@ -183,7 +183,7 @@ def test_bad_input():
                                  direction="forward")
     with pytest.raises(ValueError, match="layers"):
         acc.update(other)
-    grid = tiny_forward()._with_order(RasterOrder("forward", 2, 2))
+    grid = tiny_forward().with_order(RasterOrder("forward", 2, 2))
     with pytest.raises(ValueError, match="mix"):
         acc.update(grid)
     model = PretrainedGraphPredictor(GraphPredictor(num_tokens=5, hidden_channels=8,

@@ -339,7 +339,7 @@ def test_pixel_graphs_within_equal_masking_the_far_offsets_before_normalising(
     want = dense_graph(scores, allowed & chebyshev_band(h, w, max_distance))
     graphs = LatentGraphs.from_dense([dense_graph(scores, allowed)], direction=direction,
                                      ptr=ptr_of([t] * images), include_self=include_self)
-    graphs = graphs._with_order(RasterOrder(direction, h, w, include_self))
+    graphs = graphs.with_order(RasterOrder(direction, h, w, include_self))
     if layout == "sparse":
         graphs = graphs.to_sparse()
     got = graphs.within(max_distance)

@@ -125,7 +125,7 @@ def test_extreme_weights_never_give_nan_or_silently_empty_graphs(scale, sparse):
         fused = model(x, batch, layout="fused")
         _column_sums_ok(fused)
         torch.testing.assert_close(fused.to_dense(), reference, atol=1e-5, rtol=1e-4)
-        k, q = fused._fused[0]
+        k, q = fused.fused_layers[0]
         assert float(k.detach().abs().max()) < 2.0 ** K.SAFE_EXPONENT  # FlexAttention sees no inf
     else:
         with pytest.raises(ValueError, match="fused softmax layout cannot rescale"):

@@ -57,7 +57,7 @@ def bench_case(b, t, device, repeats, dense_max_t, sparse_max_t):
     k, q, x, lengths, ptr = _inputs(b, t, device)
     seqs = SequenceBatch.from_ptr(ptr)
     with torch.no_grad():
-        graphs = LatentGraphs._trusted_fused([(k, q)], direction="forward", sequences=seqs)
+        graphs = LatentGraphs.from_trusted_fused([(k, q)], direction="forward", sequences=seqs)
         fns = {"fused": lambda: graphs.propagate(x, 0), "flex": _hand_written(k, q, x, t)}
         if t <= sparse_max_t:
             fns["sparse"] = lambda: head_propagate(x, *latent_graph_edges(k, q, lengths, ptr),
@@ -74,7 +74,7 @@ def bench_case(b, t, device, repeats, dense_max_t, sparse_max_t):
     out["inputs_mib"] = (2 * b * HEADS * t * DIM + 2 * HEADS * b * t * WIDTH) * 4 / 2**20
     if device == "cuda":  # forward + backward
         k, q, x, lengths, ptr = _inputs(b, t, device, requires_grad=True)
-        graphs = LatentGraphs._trusted_fused([(k, q)], direction="forward",
+        graphs = LatentGraphs.from_trusted_fused([(k, q)], direction="forward",
                                              sequences=SequenceBatch.from_ptr(ptr))
         out["fused_fwd_bwd_ms"] = median_ms(lambda: graphs.propagate(x, 0).sum().backward(),
                                             repeats, device)

@@ -117,7 +117,7 @@ class ScoredEmitter(GraphEmitter, register=False):
              return_column_max: bool = False) -> EmitResult:
         keys, queries = self.states(x, sequences)
         graphs = self.scorer.emit(keys, queries, sequences, layout or self.layout
-                                  )._with_order(self.order)
+                                  ).with_order(self.order)
         if not return_column_max:
             return graphs
         return graphs, [self.scorer.column_max(l, keys, queries, sequences)

@@ -228,14 +228,16 @@ class FeaturePredictor(ConfigurableModule):
             meta = dict(direction=self.scorer.direction, sequences=sequences,
                         include_self=self.scorer.include_self)
             if all(g.layout == "fused" for g in emitted):
-                graphs = LatentGraphs._trusted_fused([g._fused[0] for g in emitted],
-                                                     normalization=emitted[0]._normalization,
-                                                     **meta)
+                graphs = LatentGraphs.from_trusted_fused([g.fused_layers[0] for g in emitted],
+                                                         normalization=emitted[0].normalization,
+                                                         **meta)
             elif all(g.layout == "dense" for g in emitted):
-                graphs = LatentGraphs._trusted_dense([g.dense_layer(0) for g in emitted], **meta)
+                graphs = LatentGraphs.from_trusted_dense([g.dense_layer(0) for g in emitted],
+                                                         **meta)
             else:
-                graphs = LatentGraphs._trusted(*map(list, zip(*(g.layer(0) for g in emitted))),
-                                               num_heads=self.heads, **meta)
+                graphs = LatentGraphs.from_trusted_edges(
+                    *map(list, zip(*(g.layer(0) for g in emitted))), num_heads=self.heads,
+                    **meta)
         return f, graphs
 
     def __repr__(self) -> str:

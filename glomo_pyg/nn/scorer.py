@@ -274,11 +274,11 @@ class GraphScorer(torch.nn.Module):
                 flex.check_fusable(*kq)
             if self.sparse:  # exact rescaling: FlexAttention's 2 log(s) never sees s = inf
                 layers_kq = [bounded_keys_queries(k, q) for k, q in layers_kq]
-                return LatentGraphs._trusted_fused(layers_kq, normalization=normalization,
-                                                   **meta)
+                return LatentGraphs.from_trusted_fused(layers_kq, normalization=normalization,
+                                                       **meta)
             if not _may_overflow(layers_kq):
-                return LatentGraphs._trusted_fused(layers_kq, normalization=normalization,
-                                                   **meta)
+                return LatentGraphs.from_trusted_fused(layers_kq, normalization=normalization,
+                                                       **meta)
             if requested != "auto":
                 raise ValueError("the graph scores of this batch could overflow float32 (keys "
                                  "and queries above 2**50), which the fused softmax layout "
@@ -291,8 +291,9 @@ class GraphScorer(torch.nn.Module):
                                         direction=self.direction, include_self=self.include_self,
                                         normalization=normalization, block_size=self.block_size,
                                         check=False) for k, q in layers_kq]
-            return LatentGraphs._trusted(*map(list, zip(*edges)), num_heads=self.heads, **meta)
-        graphs = LatentGraphs._trusted_dense(
+            return LatentGraphs.from_trusted_edges(*map(list, zip(*edges)), num_heads=self.heads,
+                                                   **meta)
+        graphs = LatentGraphs.from_trusted_dense(
             [latent_graph_dense(k, q, sequences.lengths, direction=self.direction,
                                 include_self=self.include_self, normalization=normalization,
                                 check=False) for k, q in layers_kq], **meta)

@@ -223,12 +223,15 @@ def _strategies():
     return ("auto", *StrategyRegistry.available_strategies())
 
 
+# Lightning's precision settings that pretraining supports (Lightning keeps its own list
+# private; transformer-engine needs NVIDIA's extra package). Whether the chosen device can
+# run one is checked when the trainer is built.
+PRECISIONS = ("64-true", "32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed",
+              "64", "32", "16", "bf16")
+
+
 def _precisions():
-    from typing import get_args
-
-    from lightning.fabric.connector import _PRECISION_INPUT_STR, _PRECISION_INPUT_STR_ALIAS
-
-    return (*get_args(_PRECISION_INPUT_STR), *get_args(_PRECISION_INPUT_STR_ALIAS))
+    return PRECISIONS
 
 
 def _layouts():
