@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from glomo_pyg.graph_conversion import adjacency, hierarchical, sample_edges, to_networkx
+from glomo_pyg.graph_conversion import (adjacency, hierarchical,  # noqa: F401 (re-exported)
+                                        sample_edges, to_networkx)
 
 if TYPE_CHECKING:
     from glomo_pyg.graphs import LatentGraphs

@@ -12,7 +12,6 @@ role).
 from __future__ import annotations
 
 import numbers
-import os
 import re
 from collections import Counter
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple

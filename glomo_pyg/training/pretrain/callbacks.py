@@ -9,7 +9,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from glomo_pyg.training.checkpoints import (CHECKPOINT_KEY)
+from glomo_pyg.training.checkpoints import CHECKPOINT_KEY
 
 
 

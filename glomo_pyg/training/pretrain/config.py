@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional
 
 
-from glomo_pyg.data.text import (SPECIALS)
+from glomo_pyg.data.corpora import IMAGE_FORMATS, TEXT_FORMATS
+from glomo_pyg.data.text import SPECIALS
 from glomo_pyg.io.pretrained import CONFIG_RULES, MAX_VOCABULARY
 from glomo_pyg.nn.feature_predictor import MAX_LOCAL_CONTEXT
 from glomo_pyg.nn.glomo import EMBEDDING_PARTS
@@ -20,8 +21,6 @@ from glomo_pyg.training.pretraining import OPTIMIZERS
 
 
 
-TEXT_FORMATS = ("text", "aclimdb")
-IMAGE_FORMATS = ("cifar10", "imagenet32")
 CORPUS_FORMATS = TEXT_FORMATS + IMAGE_FORMATS
 LOGGERS = ("csv", "tensorboard")
 # train.init_vectors_parts: the embeddings (Glomo.set_token_embeddings) each value sets

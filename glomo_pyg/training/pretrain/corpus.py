@@ -15,11 +15,10 @@ from typing import Any, Dict, Iterator, List
 import torch
 
 from glomo_pyg.atomic_files import atomic_write
-from glomo_pyg.data.aclimdb import read_aclimdb
-from glomo_pyg.data.text import (SPECIALS, WordVocabulary, read_text_documents,
-                                 tokenize)
-from glomo_pyg.data.tokens import (read_shard_index, write_token_shards)
-from glomo_pyg.training.checkpoints import (CHECKPOINT_KEY, CheckpointMismatchError)
+from glomo_pyg.data.corpora import read_corpus_documents
+from glomo_pyg.data.text import SPECIALS, WordVocabulary, tokenize
+from glomo_pyg.data.tokens import read_shard_index, write_token_shards
+from glomo_pyg.training.checkpoints import CHECKPOINT_KEY, CheckpointMismatchError
 from glomo_pyg.training.pretrain.config import CorpusConfig
 
 
@@ -39,36 +38,11 @@ def write_json(path: str, data: Any) -> None:
 
 
 # --- corpus ------------------------------------------------------------------------------
-def _all_documents(corpus: CorpusConfig) -> Iterator[str]:
-    if corpus.path is None:
-        raise ValueError("corpus.path is not set: a text file or folder, or the aclImdb folder")
-    path = os.path.expanduser(corpus.path)
-    if corpus.format == "aclimdb":
-        # unlabelled and labelled training reviews; the test reviews stay unseen
-        return (r.text for r in read_aclimdb(path, "train", ("unsup", "pos", "neg")))
-    return read_text_documents(path, one_per_line=corpus.one_per_line)
-
-
 def iter_documents(corpus: CorpusConfig) -> Iterator[str]:
-    """The corpus's documents; with ``max_documents`` (= M of N), the documents at
-    positions ``floor(k * N / M)``, spread evenly over the whole corpus (so a reduced
-    aclImdb run sees unlabelled, positive and negative reviews in their proportions,
-    not just the first folder)."""
-    if corpus.max_documents is None:
-        yield from _all_documents(corpus)
-        return
-    if corpus.max_documents < 1:
-        raise ValueError(f"corpus.max_documents must be >= 1, got {corpus.max_documents}")
-    total = sum(1 for _ in _all_documents(corpus))
-    take = min(total, corpus.max_documents)
-    wanted = iter([k * total // take for k in range(take)])
-    nxt = next(wanted, None)
-    for k, doc in enumerate(_all_documents(corpus)):
-        if k == nxt:
-            yield doc
-            nxt = next(wanted, None)
-            if nxt is None:
-                return
+    """The corpus's documents (:func:`~glomo_pyg.data.corpora.read_corpus_documents`
+    with its settings: ``max_documents`` of them spread evenly over the corpus)."""
+    return read_corpus_documents(corpus.path, corpus.format, corpus.one_per_line,
+                                 corpus.max_documents)
 
 
 # corpus settings added after runs were first saved, with the behaviour those runs had

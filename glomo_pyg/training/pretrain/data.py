@@ -2,14 +2,14 @@
 sequences of pixel units, with seeded training/validation splits."""
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any, Dict
 
 import lightning.pytorch as pl
 import torch
 
-from glomo_pyg.data.tokens import (ResumableLoader, ResumableSampler, TokenWindows)
+from glomo_pyg.data.corpora import read_image_corpus
+from glomo_pyg.data.tokens import ResumableLoader, ResumableSampler, TokenWindows
 from glomo_pyg.training.pretrain.config import CorpusConfig
 
 
@@ -71,19 +71,9 @@ class TextPretrainingData(pl.LightningDataModule):
 
 
 def load_pretraining_images(corpus: CorpusConfig) -> torch.Tensor:
-    """The uint8 ``[n, C, H, W]`` training images of an image corpus (labels unused),
-    an even spread of ``max_images`` of them when set."""
-    from glomo_pyg.data.images import load_cifar10, load_imagenet32
-
-    if corpus.path is None:
-        raise ValueError("corpus.path is not set: the cifar-10-batches-py or imagenet32 folder")
-    path = os.path.expanduser(corpus.path)
-    images = load_cifar10(path, "train")[0] if corpus.format == "cifar10" else \
-        load_imagenet32(path)[0]
-    if corpus.max_images is not None and corpus.max_images < len(images):
-        take = corpus.max_images
-        images = images[torch.arange(take) * len(images) // take]
-    return images
+    """The uint8 ``[n, C, H, W]`` training images of an image corpus
+    (:func:`~glomo_pyg.data.corpora.read_image_corpus` with its settings)."""
+    return read_image_corpus(corpus.path, corpus.format, corpus.max_images)
 
 
 class ImageUnits(torch.utils.data.Dataset):

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional
 import lightning.pytorch as pl
 import torch
 
-from glomo_pyg.data.tokens import (read_shard_index)
+from glomo_pyg.data.tokens import read_shard_index
 from glomo_pyg.io.pretrained import MAX_VOCABULARY
 from glomo_pyg.training.checkpoints import (CHECKPOINT_KEY, check_checkpoint_matches,
                                             find_resume_checkpoint, newest_checkpoint_file,
@@ -19,12 +19,19 @@ from glomo_pyg.training.checkpoints import (CHECKPOINT_KEY, check_checkpoint_mat
 from glomo_pyg.training.interrupts import GracefulInterrupt, TrainingInterrupted
 from glomo_pyg.training.pretraining import GlomoPretraining
 from glomo_pyg.training.utils import quiet_lightning
-from glomo_pyg.training.pretrain.config import IMAGE_FORMATS, INIT_VECTORS_PARTS, PretrainConfig, TrainConfig, short_repr
-from glomo_pyg.training.pretrain.corpus import check_fingerprint, corpus_fingerprint, image_fingerprint, prepare_corpus, read_json, with_corpus_defaults, write_json
+from glomo_pyg.training.pretrain.config import (IMAGE_FORMATS, INIT_VECTORS_PARTS, PretrainConfig,
+                                                TrainConfig, short_repr)
+from glomo_pyg.training.pretrain.corpus import (check_fingerprint, corpus_fingerprint,
+                                                image_fingerprint, prepare_corpus, read_json,
+                                                with_corpus_defaults, write_json)
 from glomo_pyg.training.pretrain.callbacks import RunRecord
-from glomo_pyg.training.pretrain.data import ImagePretrainingData, TextPretrainingData, load_pretraining_images
-from glomo_pyg.training.pretrain.trainer import build_trainer, check_model_builds, check_trainer_builds, is_launcher_child
-from glomo_pyg.training.pretrain.vectors import TRAIN_VECTORS, check_init_vectors, embedding_width, initial_token_embeddings, train_init_vectors
+from glomo_pyg.training.pretrain.data import (ImagePretrainingData, TextPretrainingData,
+                                              load_pretraining_images)
+from glomo_pyg.training.pretrain.trainer import (build_trainer, check_model_builds,
+                                                 check_trainer_builds, is_launcher_child)
+from glomo_pyg.training.pretrain.vectors import (TRAIN_VECTORS, check_init_vectors,
+                                                 embedding_width, initial_token_embeddings,
+                                                 train_init_vectors)
 
 
 def _read_syntax_treebank(t: TrainConfig):

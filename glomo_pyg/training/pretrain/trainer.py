@@ -9,12 +9,12 @@ import lightning.pytorch as pl
 import torch
 
 from glomo_pyg.io.memory import physical_memory
-from glomo_pyg.training.checkpoints import (AtomicCheckpointIO,
-                                            newest_checkpoint_file)
+from glomo_pyg.training.checkpoints import AtomicCheckpointIO, newest_checkpoint_file
 from glomo_pyg.training.graph_statistics import GraphStatistics
 from glomo_pyg.training.pretraining import GlomoPretraining
 from glomo_pyg.training.utils import quiet_lightning
-from glomo_pyg.training.pretrain.config import IMAGE_FORMATS, PretrainConfig, TrainConfig, short_repr
+from glomo_pyg.training.pretrain.config import (IMAGE_FORMATS, PretrainConfig, TrainConfig,
+                                                short_repr)
 from glomo_pyg.training.pretrain.callbacks import FinalCheckpoint, RandomStateCheckpoint
 
 

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Tuple
 import numpy as np
 import torch
 
-from glomo_pyg.data.text import (TextDataError, tokenize)
+from glomo_pyg.data.text import TextDataError, tokenize
 from glomo_pyg.training.pretrain.config import CorpusConfig, PretrainConfig
 from glomo_pyg.training.pretrain.corpus import iter_documents
 

@@ -1,0 +1,76 @@
+"""A pretraining corpus read by its format: the documents of a text corpus (a text file or
+folder, or the aclImdb layout) and the images of an image corpus (CIFAR-10 or ImageNet
+32x32 batches), each optionally thinned to an even spread over the whole corpus.
+
+``glomo pretrain``'s ``corpus`` settings name the format (``corpus.format``);
+:mod:`glomo_pyg.training.pretrain.corpus` reads through these functions.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterator, Optional
+
+import torch
+
+from glomo_pyg.data.aclimdb import read_aclimdb
+from glomo_pyg.data.text import read_text_documents
+
+TEXT_FORMATS = ("text", "aclimdb")
+IMAGE_FORMATS = ("cifar10", "imagenet32")
+
+
+def _all_documents(path: str, format: str, one_per_line: bool) -> Iterator[str]:
+    if format == "aclimdb":
+        # unlabelled and labelled training reviews; the test reviews stay unseen
+        return (r.text for r in read_aclimdb(path, "train", ("unsup", "pos", "neg")))
+    return read_text_documents(path, one_per_line=one_per_line)
+
+
+def read_corpus_documents(path: Optional[str], format: str = "text", one_per_line: bool = False,
+                          max_documents: Optional[int] = None) -> Iterator[str]:
+    """The documents of the text corpus at ``path`` (``format`` ``'text'``: a file, one
+    document per file or per line, or a folder of them; ``'aclimdb'``: the training
+    reviews, unlabelled and labelled). With ``max_documents`` (= M of N), the documents
+    at positions ``floor(k * N / M)``, spread evenly over the whole corpus (so a reduced
+    aclImdb run sees unlabelled, positive and negative reviews in their proportions, not
+    just the first folder)."""
+    if path is None:
+        raise ValueError("corpus.path is not set: a text file or folder, or the aclImdb folder")
+    if format not in TEXT_FORMATS:
+        raise ValueError(f"a text corpus's format must be one of {TEXT_FORMATS}, got {format!r}")
+    path = os.path.expanduser(path)
+    if max_documents is None:
+        yield from _all_documents(path, format, one_per_line)
+        return
+    if max_documents < 1:
+        raise ValueError(f"corpus.max_documents must be >= 1, got {max_documents}")
+    total = sum(1 for _ in _all_documents(path, format, one_per_line))
+    take = min(total, max_documents)
+    wanted = iter([k * total // take for k in range(take)])
+    nxt = next(wanted, None)
+    for k, doc in enumerate(_all_documents(path, format, one_per_line)):
+        if k == nxt:
+            yield doc
+            nxt = next(wanted, None)
+            if nxt is None:
+                return
+
+
+def read_image_corpus(path: Optional[str], format: str,
+                      max_images: Optional[int] = None) -> torch.Tensor:
+    """The uint8 ``[n, C, H, W]`` training images of the image corpus at ``path``
+    (``format`` ``'cifar10'``: the ``cifar-10-batches-py`` folder; ``'imagenet32'``: the
+    Downsampled-ImageNet batches), labels unused; an even spread of ``max_images`` of
+    them when set."""
+    from glomo_pyg.data.images import load_cifar10, load_imagenet32
+
+    if path is None:
+        raise ValueError("corpus.path is not set: the cifar-10-batches-py or imagenet32 folder")
+    if format not in IMAGE_FORMATS:
+        raise ValueError(f"an image corpus's format must be one of {IMAGE_FORMATS}, got "
+                         f"{format!r}")
+    path = os.path.expanduser(path)
+    images = load_cifar10(path, "train")[0] if format == "cifar10" else load_imagenet32(path)[0]
+    if max_images is not None and max_images < len(images):
+        images = images[torch.arange(max_images) * len(images) // max_images]
+    return images
