@@ -569,14 +569,19 @@ def test_call_plan_lets_a_short_slice_share_its_call():
     then the next runnable slice gets what is left (the case of the first GPU session,
     whose profile left only the CUDA tests pending)."""
     real = profile.recipe(False)
+    pixel = campaign.slice_module("pixel-pretrain")
     assert campaign.call_plan([], False) == [("profile", 510.0)]
     lines = _recorded({"profile": [k for k in profile.keys(real) if k != "cuda-tests"]},
                       dry_run=False)
+    # pixel pretraining trains to the call's deadline: it goes first, alone
+    assert pixel.WHOLE_CALL and campaign.call_plan(lines, False) == [("pixel-pretrain", 510.0)]
+    lines += _recorded({"pixel-pretrain": ["pretrain"]}, dry_run=False)
     call = campaign.call_plan(lines, False)
     need = campaign.SETUP_S + profile.min_seconds("cuda-tests", real)
     assert call[0] == ("profile", need) and call[1][1] is None and len(call) == 2
-    assert call[1][0] == campaign.next_slice(_recorded({"profile": profile.keys(real)},
-                                                      dry_run=False), False)
+    assert call[1][0] == campaign.next_slice(
+        _recorded({"profile": profile.keys(real), "pixel-pretrain": ["pretrain"]},
+                  dry_run=False), False) == "cifar10"
     # a smaller call: the same keys need more than half of it, so they have it alone
     assert campaign.call_plan(lines, False, budget_s=2 * need - 1) == [("profile",
                                                                        2 * need - 1)]

@@ -28,6 +28,12 @@ def plan(args) -> None:
     if nxt is None:
         print("every slice of the campaign is recorded")
         return
+    call = campaign.call_plan(lines, args.dry_run, limits.CALL_SECONDS - 30)
+    if call and call[0][0] != nxt and not getattr(campaign.slice_module(nxt), "blocked",
+                                                   lambda r: None)(
+            campaign.slice_module(nxt).recipe(args.dry_run)):
+        print(f"({nxt}'s pending keys wait for a later call: {call[0][0]} needs a whole call)")
+        nxt = call[0][0]
     print(f"next: {nxt}")
     source = args.shared_data or os.path.join(os.path.dirname(runner.ROOT), "shared", "data")
 
@@ -37,7 +43,6 @@ def plan(args) -> None:
                    if os.path.exists(os.path.join(source, a)))
 
     tree = runner.travelling_bytes()
-    call = campaign.call_plan(lines, args.dry_run, limits.CALL_SECONDS - 30)
     if not call or call[0][0] != nxt:  # (the next slice is blocked: plan names why above)
         call = [(nxt, limits.CALL_SECONDS - 30)]
     if len(call) > 1 and tree + data_bytes(n for n, _ in call) > limits.CARRY_BYTES:

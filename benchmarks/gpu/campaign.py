@@ -110,7 +110,10 @@ def call_plan(ledger_lines: List[Dict], dry_run: bool = False,
     is left of ``budget_s`` when it starts). Normally one slice with the whole budget;
     when the next slice's pending keys need (by their ``min_seconds``) less than half of
     it, the slice after it (built, not blocked, with pending keys) shares the call, if
-    both slices' files and the console log fit in what a call returns."""
+    both slices' files and the console log fit in what a call returns. A slice whose
+    module sets ``WHOLE_CALL`` (training to the call's deadline) never shares one: when it
+    comes after the remainder of a short slice (one with runs recorded already), it goes
+    first and alone, and the remainder waits for a later call."""
     from benchmarks.gpu.ledger import recorded_keys
     from benchmarks.gpu.limits import RETURN_FILES
 
@@ -122,14 +125,17 @@ def call_plan(ledger_lines: List[Dict], dry_run: bool = False,
         recipe = mod.recipe(dry_run)
         keys = pending(name, recipe, recorded_keys(ledger_lines, name, digest(recipe)))
         if keys and not (getattr(mod, "blocked", None) and mod.blocked(recipe)):
-            todo.append((name, mod, recipe, keys))
+            started = len(keys) < len(mod.keys(recipe))
+            todo.append((name, mod, recipe, keys, started))
     if not todo:
         return []
-    name, mod, recipe, keys = todo[0]
+    name, mod, recipe, keys, started = todo[0]
     need = SETUP_S + sum(mod.min_seconds(k, recipe) for k in keys)
-    if len(todo) == 1 or need > budget_s / 2:
+    if len(todo) == 1 or need > budget_s / 2 or getattr(mod, "WHOLE_CALL", False):
         return [(name, budget_s)]
     second = todo[1][1]
+    if getattr(second, "WHOLE_CALL", False):
+        return [(todo[1][0] if started else name, budget_s)]
     returned = sum(getattr(m, "RETURNED_FILES", RETURNED_FILES) for m in (mod, second)) + 1
     if returned > RETURN_FILES:
         return [(name, budget_s)]

@@ -42,6 +42,16 @@ def replace_block(text: str, name: str, body: List[str]) -> str:
     return "\n".join(lines[:at] + ["", block] + lines[at:]).replace("\n\n\n\n", "\n\n")
 
 
+def earlier_runs(mod, lines: List[Dict]) -> List[str]:
+    """Runs of a slice recorded under recipes it no longer has: the slice's own
+    ``report_earlier(lines)`` where it has one, else one line per run."""
+    out = ["#### Runs of earlier recipes of this slice", ""]
+    if hasattr(mod, "report_earlier"):
+        return out + mod.report_earlier(lines)
+    return out + [f"- {l['key']}: run {l['run']}, recipe {l['recipe']}, {l['date']}, "
+                  f"{l['device']} (the ledger holds its metrics)" for l in lines] + [""]
+
+
 def regenerate(lines: List[Dict], results_dir: Optional[str] = None, dry_run: bool = False,
                log=print) -> List[str]:
     """Rewrite every built slice's block from ``lines``; returns the files written."""
@@ -61,6 +71,9 @@ def regenerate(lines: List[Dict], results_dir: Optional[str] = None, dry_run: bo
             f"### GPU campaign: {name}", "",
             f"Pending: no run of this slice's recipe ({campaign.digest(recipe)}) is in the "
             "ledger yet" + (f"; it {why}." if why else "."), ""]
+        earlier = [l for l in lines if l["slice"] == name and l not in mine]
+        if earlier:  # runs of an earlier recipe stay visible (and in the ledger)
+            body += earlier_runs(mod, earlier)
         text = open(path, encoding="utf-8").read() if os.path.exists(path) else \
             f"# GPU campaign: {name}\n"
         new = replace_block(text, name, body)
