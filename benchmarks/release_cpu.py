@@ -65,7 +65,7 @@ def pixel_quality(predictor, run: str) -> str:
     predictor = predictor.eval().set_layout("auto")
     untrained = untrained_copy(predictor).eval()
     metrics = dict(summary=summary, seconds_per_step=round(summary["seconds"] / summary["steps"], 3),
-                   stopped_by="max_steps", check_images=len(sample),
+                   stopped_by="max_steps", check_images=len(sample), check_device="CPU",
                    check=dict(learned=pixel_graph_check(predictor, sample),
                               untrained=pixel_graph_check(untrained, sample)))
     return "\n".join(quality_lines(metrics))

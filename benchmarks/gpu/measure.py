@@ -9,10 +9,7 @@ from typing import Callable, Dict, List
 
 import torch
 
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
+from benchmarks.speed.measure import sync, times_ms
 
 
 def top_kernels(step: Callable[[], object], device: str, steps: int = 3,
@@ -27,11 +24,11 @@ def top_kernels(step: Callable[[], object], device: str, steps: int = 3,
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    _sync(device)
+    sync(device)
     with profile(activities=activities) as prof:
         for _ in range(steps):
             step()
-        _sync(device)
+        sync(device)
     attr = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
     events = [e for e in prof.key_averages() if getattr(e, attr, 0) > 0
               and (device != "cuda" or e.device_type == DeviceType.CUDA)]
@@ -48,20 +45,14 @@ def time_steps(step: Callable[[], object], device: str, warmup: int, steps: int,
     """``first_step_s`` (compilation included), then after ``warmup`` more steps the
     median and mean of ``steps`` timed steps (ms), the peak memory of a step above what
     was held before it (MiB), and the top kernels."""
-    _sync(device)
+    sync(device)
     start = time.perf_counter()
     step()
-    _sync(device)
+    sync(device)
     first = time.perf_counter() - start
     for _ in range(warmup):
         step()
-    times = []
-    for _ in range(steps):
-        _sync(device)
-        t0 = time.perf_counter()
-        step()
-        _sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
+    times = times_ms(step, steps, device)
     peak = None
     if device == "cuda":
         torch.cuda.synchronize()

@@ -5,7 +5,7 @@ import ctypes
 import gc
 import statistics
 import time
-from typing import Callable
+from typing import Callable, List
 
 import torch
 
@@ -62,21 +62,27 @@ def set_timing_allocator() -> None:
     _mallopt(_HIGH)
 
 
-def _sync(device: str) -> None:
+def sync(device: str) -> None:
+    """Wait for the device's queued work (a no-op on the CPU)."""
     if device == "cuda":
         torch.cuda.synchronize()
 
 
-def median_ms(fn: Callable[[], object], repeats: int, device: str) -> float:
-    fn()  # warm-up (allocator, kernels, lazy init)
+def times_ms(fn: Callable[[], object], repeats: int, device: str) -> List[float]:
+    """``repeats`` calls of ``fn``, each timed between synchronisations (ms); no warm-up."""
     times = []
     for _ in range(repeats):
-        _sync(device)
+        sync(device)
         start = time.perf_counter()
         fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+        sync(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def median_ms(fn: Callable[[], object], repeats: int, device: str) -> float:
+    fn()  # warm-up (allocator, kernels, lazy init)
+    return statistics.median(times_ms(fn, repeats, device))
 
 
 def _status_kib(field: str) -> int:

@@ -209,7 +209,9 @@ def quality_lines(metrics: Dict) -> List[str]:
     lines += ["", f"Weight on a pixel's 4-neighbourhood (left and above for forward graphs, "
               f"right and below for backward), head-averaged per layer, on "
               f"{metrics['check_images']} held-out ImageNet 32x32 images (the pretraining's "
-              f"validation split), measured on the {metrics.get('check_device', 'GPU')}:", "",
+              "validation split)"
+              + (f", measured on the {metrics['check_device']}" if metrics.get("check_device")
+                 else "") + ":", "",
               "| direction | layer | learned | untrained | uniform | dead heads |",
               "|---|---|---|---|---|---|"]
     for d, v in _layer_means(metrics["check"]).items():
