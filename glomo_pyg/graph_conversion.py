@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:  # annotations only: graphs.py imports this module
+if TYPE_CHECKING:  # annotations only: glomo_pyg.graphs imports this module
     from glomo_pyg.graphs import LatentGraphs
 
 

@@ -89,7 +89,7 @@ def test_no_import_cycle_inside_glomo_pyg():
 # layer and those below it, never one above. The package's __init__ (the public names)
 # sits above them all.
 LAYERS = [
-    ("base", ["version", "extras", "threads", "allocator", "atomic_files"]),
+    ("base", ["version", "extras", "threads", "allocator", "atomic_files", "settings"]),
     ("batches and orders", ["sequences", "ordering"]),
     ("kernels", ["kernels", "flex", "pixels", "graph_conversion"]),
     ("graphs", ["graphs"]),
@@ -141,25 +141,34 @@ def test_no_private_name_is_imported_across_modules():
     assert not private_imports(), private_imports()
 
 
+def graph_modules() -> Dict[str, str]:
+    """The modules of the graphs package (or a lone ``graphs.py``), by dotted name."""
+    return {name: path for name, path in modules().items()
+            if name == "glomo_pyg.graphs" or name.startswith("glomo_pyg.graphs.")}
+
+
 def graph_private_reads() -> List[str]:
-    """Reads of a graph's private attributes or methods (``graphs.py``'s ``self._x``
-    and ``_x`` methods of its classes) outside ``glomo_pyg.graphs``, on anything but
-    ``self``/``cls``: library code builds and reads graphs through their public
-    interface (``from_trusted_*``, ``fused_layers``, ``normalization``, ...)."""
-    graphs = ast.parse(open(os.path.join(ROOT, "graphs.py"), encoding="utf-8").read())
+    """Reads of a graph's private attributes or methods (``self._x`` and ``_x`` methods
+    of the classes of the ``glomo_pyg.graphs`` package: graphs, frames, storages)
+    outside that package, on anything but ``self``/``cls``: library code builds and
+    reads graphs through their public interface (``from_storage``, ``from_trusted_*``,
+    ``storages``, ``fused_layers``, ``normalization``, ...)."""
     private = set()
-    for cls in (n for n in graphs.body if isinstance(n, ast.ClassDef)):
-        for node in ast.walk(cls):
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
-                    node.value.id == "self" and node.attr.startswith("_") and \
-                    not node.attr.startswith("__"):
-                private.add(node.attr)
-            elif isinstance(node, ast.FunctionDef) and node.name.startswith("_") and \
-                    not node.name.startswith("__"):
-                private.add(node.name)
+    for path in graph_modules().values():
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            for node in ast.walk(cls):
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                        node.value.id == "self" and node.attr.startswith("_") and \
+                        not node.attr.startswith("__"):
+                    private.add(node.attr)
+                elif isinstance(node, ast.FunctionDef) and node.name.startswith("_") and \
+                        not node.name.startswith("__"):
+                    private.add(node.name)
+    assert private, "found no private names in the graphs package: is the check reading it?"
     problems = []
     for name, path in modules().items():
-        if name == "glomo_pyg.graphs":
+        if name in graph_modules():
             continue
         for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
             if isinstance(node, ast.Attribute) and node.attr in private and not (
@@ -259,8 +268,10 @@ def test_analysis_statistics_do_not_need_lightning():
 def test_the_private_read_check_finds_a_planted_read(tmp_path, monkeypatch):
     pkg = tmp_path / "glomo_pyg"
     (pkg / "nn").mkdir(parents=True)
-    (pkg / "graphs.py").write_text(
-        "class LatentGraphs:\n    def __init__(self):\n        self._fused = None\n\n"
+    (pkg / "graphs").mkdir()
+    (pkg / "graphs" / "__init__.py").write_text("")
+    (pkg / "graphs" / "storage.py").write_text(
+        "class FusedStorage:\n    def __init__(self):\n        self._fused = None\n\n"
         "    def _helper(self):\n        return self._fused\n")
     (pkg / "nn" / "use.py").write_text(
         "def f(g, self=None):\n    g._helper()\n    return g._fused, self._fused\n")

@@ -98,9 +98,10 @@ def test_propagation_is_owned_by_the_graphs_and_caches_the_sparse_index():
     graphs = predictor(x, batch)
     h = torch.randn(9, 6)
     first = graphs.propagate(h, 1)
-    cached = graphs._blocked[(1, True)]
+    key = ("blocked", id(graphs.storages[1]), True)
+    cached = graphs.frame.cache[key]
     torch.testing.assert_close(first, head_propagate(h, *graphs.layer(1), num_heads=2))
-    assert graphs.propagate(h, 1) is not first and graphs._blocked[(1, True)] is cached
+    assert graphs.propagate(h, 1) is not first and graphs.frame.cache[key] is cached
     dense = graphs.to_dense_layout().propagate(h, 1)
     torch.testing.assert_close(dense, first)
     # hand-built edges in any order: sorted once, same numbers

@@ -407,7 +407,7 @@ def test_graph_size_limit_is_overridable_and_auto_takes_the_fused_layout(monkeyp
     monkeypatch.setattr(K, "MAX_GRAPH_PAIRS", 100)
     with pytest.raises(ValueError, match="MAX_GRAPH_PAIRS = 100"):
         model(x, batch, layout="sparse")
-    monkeypatch.setattr("glomo_pyg.nn.scorer.dense_fits", lambda *a: False)
+    monkeypatch.setattr("glomo_pyg.nn.layout.dense_fits", lambda *a: False)
     with torch.no_grad():
         graphs = model(x, batch, layout="auto")
     assert graphs.layout == "fused"

@@ -7,7 +7,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from glomo_pyg.graphs import LatentGraphs
+from glomo_pyg.graphs import EdgeStorage, LatentGraphs
 from glomo_pyg.nn.config import ConfigurableModule
 from glomo_pyg.nn.conv import GlomoConv
 from glomo_pyg.nn.emitter import EmitResult, GraphEmitter
@@ -227,17 +227,10 @@ class FeaturePredictor(ConfigurableModule):
         if self.scorer is not None:
             meta = dict(direction=self.scorer.direction, sequences=sequences,
                         include_self=self.scorer.include_self)
-            if all(g.layout == "fused" for g in emitted):
-                graphs = LatentGraphs.from_trusted_fused([g.fused_layers[0] for g in emitted],
-                                                         normalization=emitted[0].normalization,
-                                                         **meta)
-            elif all(g.layout == "dense" for g in emitted):
-                graphs = LatentGraphs.from_trusted_dense([g.dense_layer(0) for g in emitted],
-                                                         **meta)
-            else:
-                graphs = LatentGraphs.from_trusted_edges(
-                    *map(list, zip(*(g.layer(0) for g in emitted))), num_heads=self.heads,
-                    **meta)
+            storages = [g.storages[0] for g in emitted]
+            if len({type(s) for s in storages}) > 1:  # 'auto' chose per layer: edges for all
+                storages = [EdgeStorage(*g.layer(0)) for g in emitted]
+            graphs = LatentGraphs.from_storage(storages, num_heads=self.heads, **meta)
         return f, graphs
 
     def __repr__(self) -> str:

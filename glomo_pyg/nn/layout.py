@@ -1,7 +1,13 @@
-"""Choosing between the sparse, dense and fused graph layouts (see LatentGraphs)."""
+"""The one place where ``layout='auto'`` is decided: sparse edges, dense blocks or fused
+keys and queries (:mod:`glomo_pyg.graphs.storage`), from the batch's shape before the
+graphs are scored (:func:`auto_layout`) and from their density after
+(:func:`settle_auto`). Emitters call these two and nothing else decides a layout."""
 from __future__ import annotations
 
 import torch
+
+from glomo_pyg import flex, kernels
+from glomo_pyg.graphs import LatentGraphs
 
 LAYOUTS = ("sparse", "dense", "fused", "auto")
 
@@ -35,8 +41,6 @@ FUSED_MIN_LEN = 512
 
 
 def use_fused(max_len: int, like: torch.Tensor) -> bool:
-    from glomo_pyg import flex
-
     return (not torch.is_grad_enabled() and max_len >= FUSED_MIN_LEN and flex.available()
             and like.dtype in flex.DTYPES)
 
@@ -58,3 +62,40 @@ def choose_layout(num_sequences: int, heads: int, max_len: int, density: float) 
     if not dense_fits(num_sequences, heads, max_len):
         return "sparse"
     return "dense" if density >= crossover_density(max_len) else "sparse"
+
+
+def auto_layout(num_sequences: int, num_nodes: int, max_len: int, heads: int,
+                include_self: bool, like: torch.Tensor) -> str:
+    """What ``'auto'`` scores a batch into: ``'fused'`` for long sequences without
+    gradients (:func:`use_fused`) and for batches too large for the other layouts where
+    FlexAttention can run; ``'dense'`` when the blocks fit (whether they stay dense is
+    decided from their density, :func:`settle_auto`); otherwise ``'sparse'``."""
+    if use_fused(max_len, like):
+        return "fused"
+    if dense_fits(num_sequences, heads, max_len):
+        return "dense"
+    pairs = kernels.graph_pairs("sparse", num_sequences, num_nodes, max_len, heads,
+                                include_self)
+    if pairs > kernels.MAX_GRAPH_PAIRS and flex.available() and like.dtype in flex.DTYPES \
+            and (like.is_cuda or not torch.is_grad_enabled()):
+        return "fused"
+    return "sparse"
+
+
+def unfused_layout(num_sequences: int, heads: int, max_len: int) -> str:
+    """Where ``'auto'`` chose fused graphs that cannot be fused after all (softmax scores
+    that could overflow): dense blocks if they fit, else sparse edges."""
+    return "dense" if dense_fits(num_sequences, heads, max_len) else "sparse"
+
+
+def settle_auto(graphs: LatentGraphs) -> LatentGraphs:
+    """Dense blocks that ``'auto'`` scored, kept dense if they are dense enough for
+    batched matmuls to win (:func:`choose_layout` on their mean density), else their
+    edges."""
+    if graphs.layout != "dense":
+        return graphs
+    density = sum(graphs.density()) / graphs.num_layers
+    if choose_layout(graphs.num_sequences, graphs.num_heads, graphs.sequences.max_len,
+                     density) == "sparse":
+        return graphs.to_sparse()
+    return graphs

@@ -13,9 +13,9 @@ from glomo_pyg import flex
 from glomo_pyg.graphs import LatentGraphs
 from glomo_pyg import kernels
 from glomo_pyg.kernels import (bounded_keys_queries, check_finite_keys_queries, check_graph_size,
-                               column_max_scores, graph_pairs, latent_graph_dense,
+                               column_max_scores, latent_graph_dense,
                                latent_graph_edges)
-from glomo_pyg.nn.layout import LAYOUTS, choose_layout, dense_fits, use_fused
+from glomo_pyg.nn.layout import LAYOUTS, auto_layout, settle_auto, unfused_layout
 from glomo_pyg.ordering import DIRECTIONS
 from glomo_pyg.sequences import SequenceBatch
 
@@ -264,7 +264,7 @@ class GraphScorer(torch.nn.Module):
         normalization = "relu2" if self.sparse else "softmax"
         requested = layout
         if layout == "auto":
-            layout = self._auto_layout(b, n, t, key_states)
+            layout = auto_layout(b, n, t, self.heads, self.include_self, key_states)
         if layout != "fused":
             check_graph_size("sparse" if requested == "auto" else layout, b, n, t, self.heads,
                              self.include_self)
@@ -283,7 +283,7 @@ class GraphScorer(torch.nn.Module):
                 raise ValueError("the graph scores of this batch could overflow float32 (keys "
                                  "and queries above 2**50), which the fused softmax layout "
                                  "cannot rescale; use layout='sparse' or 'dense'")
-            layout = "sparse" if not dense_fits(b, self.heads, t) else "dense"
+            layout = unfused_layout(b, self.heads, t)
             check_graph_size("sparse", b, n, t, self.heads, self.include_self)
         check_finite_keys_queries(*(x for kq in layers_kq for x in kq))
         if layout == "sparse":
@@ -297,28 +297,7 @@ class GraphScorer(torch.nn.Module):
             [latent_graph_dense(k, q, sequences.lengths, direction=self.direction,
                                 include_self=self.include_self, normalization=normalization,
                                 check=False) for k, q in layers_kq], **meta)
-        if requested == "auto":
-            density = sum(graphs.density()) / graphs.num_layers
-            if choose_layout(b, self.heads, t, density) == "sparse":
-                graphs = graphs.to_sparse()
-        return graphs
-
-    def _auto_layout(self, num_sequences: int, num_nodes: int, max_len: int,
-                     like: Tensor) -> str:
-        """``'fused'`` for long sequences without gradients (:func:`use_fused`) and for
-        batches too large for the other layouts where FlexAttention can run; ``'dense'``
-        when the blocks fit (whether they stay dense is decided from their density);
-        otherwise ``'sparse'``."""
-        if use_fused(max_len, like):
-            return "fused"
-        if dense_fits(num_sequences, self.heads, max_len):
-            return "dense"
-        pairs = graph_pairs("sparse", num_sequences, num_nodes, max_len, self.heads,
-                            self.include_self)
-        if pairs > kernels.MAX_GRAPH_PAIRS and flex.available() and like.dtype in flex.DTYPES \
-                and (like.is_cuda or not torch.is_grad_enabled()):
-            return "fused"
-        return "sparse"
+        return settle_auto(graphs) if requested == "auto" else graphs
 
     def forward(self, layer: int, key_states: Tensor, query_states: Tensor,
                 sequences: SequenceBatch) -> Tuple[Tensor, Tensor, Tensor]:

@@ -1,0 +1,557 @@
+"""The one graph object of the library: a stack of latent graphs over a batch, and
+the pair of them (forward, backward) a bidirectional predictor emits."""
+from __future__ import annotations
+
+from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from glomo_pyg import graph_conversion
+from glomo_pyg.graphs.checks import (check_dense_blocks, check_direction, check_edge_layer,
+                                     check_fixed_graphs, check_max_distance, check_num_heads,
+                                     check_ptr)
+from glomo_pyg.graphs.storage import (DenseStorage, EdgeStorage, FusedStorage, GraphFrame,
+                                      GraphStorage, LayerEdges, UniformStorage)
+from glomo_pyg.ordering import RasterOrder, SequenceOrder, UnitOrder
+from glomo_pyg.sequences import SequenceBatch
+
+# Short keys of the two directions, for ModuleDicts ('forward' is a Module method) and
+# the saved weights' names.
+DIRECTION_KEYS = {"forward": "fw", "backward": "bw"}
+
+
+class LatentGraphs:
+    r"""Sparse weighted graphs emitted by a graph predictor (paper Sec. 2.1, Eq. 1).
+
+    For every graph layer ``l`` the edges of all heads and all sequences of the
+    batch are stored together:
+
+    * ``edge_index[l]``: ``[2, E_l]`` int64, row 0 the source ``i``, row 1 the
+      target ``j``, as flat node ids ``0..N-1`` (PyG's ``source_to_target``);
+    * ``edge_weight[l]``: ``[E_l]``, :math:`G^{l,h}_{ij} > 0`;
+    * ``edge_head[l]``: ``[E_l]`` head id of each edge.
+
+    Emitted edges are sorted by ``(head, target, source)``, so a CSR adjacency
+    needs no sort (hand-built edges may come in any order: they are sorted once,
+    when first propagated). Per (layer, head, target) the incoming weights sum
+    to 1, or the target has no incoming edge. No edge touches padding or
+    crosses sequences.
+
+    The constructor validates what it is given (dtypes, shapes, devices, ids and
+    heads in range, edges inside one sequence, finite non-negative weights), so
+    no graph that reaches a sparse kernel can make it read out of bounds.
+
+    A graphs object is metadata shared by its layers (the :class:`~glomo_pyg.graphs.GraphFrame`:
+    sequences, heads, direction, allowed-sources rule) plus one storage per layer
+    (:mod:`glomo_pyg.graphs.storage`), all in one layout (:attr:`layout`):
+    ``'sparse'`` (:class:`~glomo_pyg.graphs.EdgeStorage`), the pruned edge lists
+    above; ``'dense'`` (:meth:`from_dense`, :class:`~glomo_pyg.graphs.DenseStorage`), one
+    padded ``[B, H, T, T]`` block per layer with ``[b, h, i, j] = G_ij``, which is
+    faster to aggregate over short sequences and dense graphs; and ``'fused'``
+    (:class:`~glomo_pyg.graphs.FusedStorage`), each layer kept as the augmented keys
+    and queries it is scored from, so that propagation scores, normalises and
+    aggregates in one FlexAttention call that never forms ``T x T``
+    (:mod:`glomo_pyg.flex`; where FlexAttention cannot run a backward, on CPU with
+    gradients, it falls back to the sparse edges). The uniform baseline
+    (:meth:`uniform`, :class:`~glomo_pyg.graphs.UniformStorage`) reports the sparse
+    layout and builds its edges only when asked. :meth:`to_sparse` /
+    :meth:`to_dense_layout` convert. :meth:`propagate` is the one place that
+    multiplies features by a graph layer, in whichever layout it is stored (caching
+    the sparse product's index arrays); every layer of glomo_pyg propagates through
+    it. Export and analysis (``edge_index``, :meth:`layer`, :meth:`to_networkx`, ...)
+    always see sparse edges, converted on demand.
+
+    Args:
+        edge_index, edge_weight, edge_head: one tensor per layer.
+        num_heads: heads per layer.
+        direction: ``'forward'`` (sources precede targets) or ``'backward'``.
+        ptr: ``[B + 1]`` offsets of the sequences in the flat node order.
+        include_self: whether ``i = j`` edges were allowed.
+        order: the allowed-sources rule (:meth:`with_order`).
+    """
+
+    def __init__(self, edge_index: List[Tensor], edge_weight: List[Tensor], edge_head: List[Tensor],
+                 *, num_heads: int, direction: str, ptr: Tensor, include_self: bool = False,
+                 order: Optional[UnitOrder] = None):
+        check_direction(direction)
+        check_num_heads(num_heads)
+        edge_index, edge_weight, edge_head = list(edge_index), list(edge_weight), list(edge_head)
+        if not (len(edge_index) == len(edge_weight) == len(edge_head)):
+            raise ValueError("edge_index, edge_weight and edge_head need one entry per layer each")
+        if not edge_index:
+            raise ValueError("graphs need at least one layer")
+        sequences = check_ptr(ptr)
+        for l, (ei, ew, eh) in enumerate(zip(edge_index, edge_weight, edge_head)):
+            check_edge_layer(l, ei, ew, eh, sequences, num_heads,
+                             SequenceOrder(direction, include_self))
+        self._set(GraphFrame(sequences, num_heads, direction, include_self),
+                  [EdgeStorage(ei, ew, eh, sorted_edges=False)
+                   for ei, ew, eh in zip(edge_index, edge_weight, edge_head)])
+        self.with_order(order)
+
+    def _set(self, frame: GraphFrame, storages: List[GraphStorage]) -> "LatentGraphs":
+        self._frame = frame
+        self._storages = tuple(storages)
+        return self
+
+    @classmethod
+    def _framed(cls, frame: GraphFrame, storages: List[GraphStorage]) -> "LatentGraphs":
+        return cls.__new__(cls)._set(frame, storages)
+
+    def _like(self, storages: List[GraphStorage]) -> "LatentGraphs":
+        """Other storages in this batch and order (a new frame: caches start empty)."""
+        return LatentGraphs._framed(self._frame.replace(), storages)
+
+    # --- construction without validation (library code) ---------------------------
+    @classmethod
+    def from_storage(cls, storages: Sequence[GraphStorage], *, num_heads: int, direction: str,
+                     sequences: SequenceBatch, include_self: bool = False,
+                     order: Optional[UnitOrder] = None) -> "LatentGraphs":
+        """Graphs from one storage per layer (:mod:`glomo_pyg.graphs.storage`, all of
+        one layout) that code built itself: their tensors are valid for ``sequences``
+        and ``num_heads`` by construction, so **they are not checked** and nothing syncs
+        with the device (only the host-side facts: a known direction, at least one
+        storage, one layout). For library code and emitters; anything else builds
+        graphs with the constructor or :meth:`from_dense`, which validate."""
+        check_direction(direction)
+        storages = list(storages)
+        if not storages or not all(isinstance(s, GraphStorage) for s in storages):
+            raise ValueError("graphs need one GraphStorage per layer (at least one)")
+        if len({type(s) for s in storages}) != 1:
+            raise ValueError(f"every layer of one graphs object has the same storage, got "
+                             f"{sorted({type(s).__name__ for s in storages})}")
+        graphs = cls._framed(GraphFrame(sequences, num_heads, direction, include_self), storages)
+        return graphs.with_order(order)
+
+    @classmethod
+    def from_trusted_edges(cls, edge_index: List[Tensor], edge_weight: List[Tensor],
+                           edge_head: List[Tensor], *, num_heads: int, direction: str,
+                           sequences: SequenceBatch, include_self: bool = False
+                           ) -> "LatentGraphs":
+        """Graphs in the sparse layout from edges that code built itself (emitted,
+        converted, moved): valid and sorted by (head, target) by construction, so
+        **nothing is checked** and nothing syncs with the device
+        (:meth:`from_storage` with :class:`~glomo_pyg.graphs.EdgeStorage`)."""
+        return cls.from_storage([EdgeStorage(*e) for e in zip(edge_index, edge_weight, edge_head)],
+                                num_heads=num_heads, direction=direction, sequences=sequences,
+                                include_self=include_self)
+
+    @classmethod
+    def from_trusted_dense(cls, blocks: List[Tensor], *, direction: str,
+                           sequences: SequenceBatch, include_self: bool = False
+                           ) -> "LatentGraphs":
+        """Graphs in the dense layout from ``[B, H, T, T]`` blocks that code built itself,
+        unchecked (:meth:`from_storage`); :meth:`from_dense` validates."""
+        return cls.from_storage([DenseStorage(b) for b in blocks], num_heads=blocks[0].shape[1],
+                                direction=direction, sequences=sequences,
+                                include_self=include_self)
+
+    @classmethod
+    def from_trusted_fused(cls, layers: List[Tuple[Tensor, Tensor]], *, direction: str,
+                           sequences: SequenceBatch, include_self: bool = False,
+                           normalization: str = "relu2") -> "LatentGraphs":
+        """Graphs in the fused layout: per layer the augmented ``[B, H, T, D]`` keys and
+        queries whose inner products are the scores of paper Eq. 1 (``normalization``
+        ``'relu2'`` or ``'softmax'``), unchecked (:meth:`from_storage`): an emitter
+        checks them before (``flex.check_fusable``)."""
+        return cls.from_storage([FusedStorage(k, q, normalization) for k, q in layers],
+                                num_heads=layers[0][0].shape[1], direction=direction,
+                                sequences=sequences, include_self=include_self)
+
+    # --- construction with validation ---------------------------------------------
+    @classmethod
+    def from_dense(cls, dense: Union[Tensor, Sequence[Tensor]], *, direction: str, ptr: Tensor,
+                   include_self: bool = False) -> "LatentGraphs":
+        """Graphs in the dense layout: one ``[B, H, T, T]`` block per layer with
+        ``[b, h, i, j] = G_ij`` (``T`` the longest sequence), zero at padding and
+        at absent edges. ``dense`` is a list of blocks or an ``[L, B, H, T, T]``
+        tensor. Weights must be finite, non-negative, and zero outside the pairs the
+        direction allows (:class:`ValueError` otherwise)."""
+        check_direction(direction)
+        blocks = list(dense.unbind(0)) if isinstance(dense, Tensor) else list(dense)
+        if not blocks:
+            raise ValueError("dense graphs need at least one layer")
+        seqs = check_ptr(ptr)
+        check_dense_blocks(blocks, seqs, direction, include_self)
+        return cls.from_trusted_dense(blocks, direction=direction, sequences=seqs,
+                                      include_self=include_self)
+
+    @classmethod
+    def uniform(cls, ptr: Tensor, *, num_layers: int, num_heads: int, direction: str,
+                include_self: bool = False, order: Optional[UnitOrder] = None
+                ) -> "LatentGraphs":
+        """The uniform baseline: every allowed source of a target gets the same weight
+        (``1 / number of allowed sources``), the same graph for every layer and head.
+        Same layout and conventions as emitted graphs (a target with no allowed
+        source, e.g. the first unit going forward, gets no edge). Propagation along
+        them is a per-sequence prefix (suffix) mean, O(N); the O(T^2) edges are built
+        only when asked for (export, analysis, conversion)."""
+        check_fixed_graphs(direction, num_layers, num_heads)
+        seqs = check_ptr(ptr)
+        return cls.from_storage([UniformStorage()] * num_layers, num_heads=num_heads,
+                                direction=direction, sequences=seqs, include_self=include_self,
+                                order=order)
+
+    @classmethod
+    def adjacent(cls, ptr: Tensor, *, num_layers: int, num_heads: int, direction: str,
+                 include_self: bool = False, order: Optional[UnitOrder] = None
+                 ) -> "LatentGraphs":
+        """The adjacent-unit baseline: each target's one source is its neighbour in the
+        sequence (``t - 1`` going forward, ``t + 1`` backward; for pixels in raster order
+        the left neighbour, or the last pixel of the row above at a row's start) with
+        weight 1, the same graph for every layer and head; the first (last) unit gets no
+        edge. Chained over layers (the hierarchical products), layer ``l`` reaches the
+        unit ``l + 1`` positions away. Not a graph of the paper: the control that tells
+        whether learned graphs transfer more than locality (pretrained text graphs often
+        put most weight on the neighbour). ``include_self`` and ``order`` only record
+        the allowed-sources rule the graphs stand in for."""
+        check_fixed_graphs(direction, num_layers, num_heads)
+        seqs = check_ptr(ptr)
+        node = torch.arange(seqs.num_nodes, device=seqs.ptr.device)
+        if direction == "forward":
+            tgt = node[seqs.position >= 1]
+            src = tgt - 1
+        else:
+            tgt = node[seqs.position < seqs.lengths[seqs.batch] - 1]
+            src = tgt + 1
+        # (head, target, source) order: targets ascend within each head
+        edges = torch.stack([src, tgt]).repeat(1, num_heads)
+        heads = torch.arange(num_heads, device=node.device).repeat_interleave(tgt.numel())
+        weight = torch.ones(edges.size(1), device=node.device, dtype=torch.float32)
+        return cls.from_storage([EdgeStorage(edges, weight, heads)] * num_layers,
+                                num_heads=num_heads, direction=direction, sequences=seqs,
+                                include_self=include_self, order=order)
+
+    def with_order(self, order: Optional[UnitOrder]) -> "LatentGraphs":
+        """Attach the allowed-sources rule these graphs were emitted under (e.g. a
+        :class:`~glomo_pyg.ordering.RasterOrder` with its grid); returns ``self``. For
+        emitters: the order must match the graphs' direction and ``include_self``."""
+        if order is None:
+            return self
+        if not isinstance(order, UnitOrder):
+            raise TypeError(f"order must be a UnitOrder, got {type(order).__name__}")
+        if (order.direction, order.include_self) != (self.direction, self.include_self):
+            raise ValueError(f"order {order!r} does not match the graphs' direction "
+                             f"{self.direction!r} and include_self={self.include_self}")
+        if not isinstance(order, SequenceOrder):
+            raise ValueError("the kernels mask sources by position in the sequence: the order "
+                             f"must be a SequenceOrder (e.g. RasterOrder), got {order!r}")
+        units = getattr(order, "num_units", None)
+        if units is not None and self.num_sequences and \
+                bool((self.sequences.lengths != units).any()):
+            raise ValueError(f"{order!r} covers {units} units per image; every sequence must "
+                             f"have exactly that many (lengths "
+                             f"{sorted(set(self.sequences.lengths.tolist()))[:5]})")
+        self._frame = self._frame.replace(order=order)  # (what was cached depends on it)
+        return self
+
+    # --- metadata -----------------------------------------------------------------
+    @property
+    def storages(self) -> Tuple[GraphStorage, ...]:
+        """One :mod:`storage <glomo_pyg.graphs.storage>` per layer."""
+        return self._storages
+
+    @property
+    def frame(self) -> GraphFrame:
+        """What the layers share (sequences, heads, direction, order)."""
+        return self._frame
+
+    @property
+    def num_heads(self) -> int:
+        return self._frame.num_heads
+
+    @property
+    def direction(self) -> str:
+        return self._frame.direction
+
+    @property
+    def include_self(self) -> bool:
+        return self._frame.include_self
+
+    @property
+    def sequences(self) -> SequenceBatch:
+        return self._frame.sequences
+
+    @property
+    def layout(self) -> str:
+        """``'sparse'`` (pruned edge lists, or the lazy uniform baseline), ``'dense'``
+        (per-sequence blocks) or ``'fused'`` (keys and queries, propagated by
+        FlexAttention)."""
+        return self._storages[0].layout
+
+    @property
+    def fused_layers(self) -> Optional[List[Tuple[Tensor, Tensor]]]:
+        """Fused layout: per layer the augmented ``[B, H, T, D]`` (keys, queries) whose
+        inner products are the graph scores; ``None`` in the other layouts."""
+        if self.layout != "fused":
+            return None
+        return [(s.keys, s.queries) for s in self._storages]
+
+    @property
+    def normalization(self) -> str:
+        """How scores become weights: ``'relu2'`` (paper Eq. 1, squared ReLU) or
+        ``'softmax'`` (the "-sparse" ablation); known only in the fused layout, where
+        propagation scores the pairs itself (``'relu2'`` in the others)."""
+        return getattr(self._storages[0], "normalization", "relu2")
+
+    @property
+    def window(self) -> Optional[int]:
+        """The longest edge kept (:meth:`within`) where it is applied lazily (uniform and
+        fused graphs); ``None`` otherwise (other layouts drop the longer edges)."""
+        return getattr(self._storages[0], "window", None)
+
+    @property
+    def order(self) -> UnitOrder:
+        """The allowed-sources rule of these graphs (:mod:`glomo_pyg.ordering`): a
+        :class:`~glomo_pyg.ordering.RasterOrder` for pixel graphs, else the 1-D order."""
+        return self._frame.order
+
+    @property
+    def ptr(self) -> Tensor:
+        return self.sequences.ptr
+
+    @property
+    def batch(self) -> Tensor:
+        return self.sequences.batch
+
+    @property
+    def lengths(self) -> Tensor:
+        return self.sequences.lengths
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._storages)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.sequences.num_nodes
+
+    @property
+    def num_sequences(self) -> int:
+        return self.sequences.num_sequences
+
+    @property
+    def num_edges(self) -> List[int]:
+        return [s.num_edges(self._frame) for s in self._storages]
+
+    @property
+    def device(self) -> torch.device:
+        return self.ptr.device
+
+    def _layer_index(self, l: int) -> int:
+        """``l`` as an index in ``0..num_layers - 1`` (negative counts from the end);
+        ``IndexError`` naming the valid range otherwise."""
+        if isinstance(l, bool) or not isinstance(l, int):
+            try:
+                l = l.__index__()  # numpy integers, 0-d integer tensors
+            except (AttributeError, TypeError, RuntimeError):
+                raise TypeError(f"a graph layer index must be an integer, got "
+                                f"{type(l).__name__}") from None
+        n = self.num_layers
+        if not -n <= l < n:
+            raise IndexError(f"graph layer {l} is out of range: these graphs have {n} "
+                             f"layer{'s' if n != 1 else ''} (0..{n - 1})")
+        return l % n
+
+    # --- edges and blocks ---------------------------------------------------------
+    @property
+    def edge_index(self) -> List[Tensor]:
+        return [e[0] for e in self]
+
+    @property
+    def edge_weight(self) -> List[Tensor]:
+        return [e[1] for e in self]
+
+    @property
+    def edge_head(self) -> List[Tensor]:
+        return [e[2] for e in self]
+
+    def layer(self, l: int) -> LayerEdges:
+        """``(edge_index, edge_weight, edge_head)`` of graph layer ``l`` (converted from
+        the dense blocks in the dense layout); ``IndexError`` outside ``0..L-1``."""
+        return self._storages[self._layer_index(l)].edges(self._frame)
+
+    def __iter__(self) -> Iterator[LayerEdges]:
+        return (self.layer(l) for l in range(self.num_layers))
+
+    def dense_layer(self, l: int) -> Tensor:
+        """``[B, H, T, T]`` block of layer ``l`` (``[b, h, i, j] = G_ij``), converted
+        from the edges in the sparse layout (differentiable either way)."""
+        return self._storages[self._layer_index(l)].dense(self._frame)
+
+    def to_dense(self, layer: Optional[int] = None) -> Tensor:
+        """Dense affinities ``[L, B, H, T_max, T_max]`` with ``[l, b, h, i, j] = G_ij``.
+
+        Zero at padding and at pruned pairs. Differentiable w.r.t. the edge
+        weights. With ``layer`` given, returns that layer's ``[B, H, T, T]``.
+        """
+        if layer is not None:
+            return self.dense_layer(layer)
+        if self.layout != "dense":
+            self._frame.check_size("dense")  # before the first layer is built
+        return torch.stack([s.dense(self._frame) for s in self._storages])
+
+    def to_sparse(self) -> "LatentGraphs":
+        """The same graphs in the sparse layout (``self`` if already sparse)."""
+        if self.layout == "sparse":
+            return self
+        return self._like([EdgeStorage(*e) for e in self])
+
+    def to_dense_layout(self) -> "LatentGraphs":
+        """The same graphs in the dense layout (``self`` if already dense)."""
+        if self.layout == "dense":
+            return self
+        return self._like([DenseStorage(self.dense_layer(l)) for l in range(self.num_layers)])
+
+    # --- propagation --------------------------------------------------------------
+    def propagate(self, x: Tensor, layer: int) -> Tensor:
+        r"""Per-head propagation along graph layer ``layer``:
+        :math:`P^{(h)}_j = \sum_i G^{l,h}_{ij}\, x^{(h)}_i`.
+
+        ``x`` is ``[N, C]`` (every head propagates the same features) or ``[H, N, C]``
+        (head ``h`` propagates ``x[h]``, as in a chain :math:`G^1 G^2 \cdots`); the
+        result is ``[H, N, C]``. Sparse layout: one CSR product over all heads, whose
+        head-blocked index arrays are built once per layer and input kind and then
+        reused; dense layout: batched matmuls over the blocks. Differentiable with
+        respect to ``x`` and the edge weights. The shape of ``x`` is checked (on the
+        host, no device sync): the sparse kernels index rows by node id, so a wrong row
+        count would read and write out of bounds; its values are trusted (callers
+        validate them at their door)."""
+        if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() not in (2, 3) or \
+                x.size(-2) != self.num_nodes or (x.dim() == 3 and x.size(0) != self.num_heads):
+            raise ValueError(f"x must be floating-point [N, C] or [H, N, C] with N = "
+                             f"{self.num_nodes} units and H = {self.num_heads} heads, got "
+                             f"{getattr(x, 'dtype', type(x).__name__)} "
+                             f"{tuple(getattr(x, 'shape', ()))}")
+        return self._storages[self._layer_index(layer)].propagate(self._frame, x)
+
+    # --- statistics ---------------------------------------------------------------
+    def density(self) -> List[float]:
+        """Fraction of allowed (source, target) pairs that carry an edge, per layer."""
+        total = float(self.order.num_pairs(self.lengths).sum()) * self.num_heads
+        return [e / total if total else 0.0 for e in self.num_edges]
+
+    def column_entropy(self, normalized: bool = True) -> Tensor:
+        r"""Entropy of every target's incoming weights, ``[L, H, N]``.
+
+        :math:`H^{l,h}_j = -\sum_i G^{l,h}_{ij} \log G^{l,h}_{ij}` over the target's
+        edges (its weights sum to 1); with ``normalized`` divided by
+        :math:`\log n_j`, :math:`n_j` its allowed sources, so 1 is uniform over
+        what may be attended and 0 a single source. ``NaN`` where it is undefined:
+        targets with no incoming edge or fewer than two allowed sources.
+        Differentiable w.r.t. the edge weights (graphs in the fused layout are
+        asked for their edges).
+        """
+        s, h_ = self.sequences, self.num_heads
+        allowed = self.order.num_sources(s.position, s.lengths[s.batch])  # [N]
+        out = []
+        for (src, tgt), w, h in self:
+            column = h * s.num_nodes + tgt
+            plogp = w * w.clamp_min(torch.finfo(w.dtype).tiny).log()
+            entropy = -plogp.new_zeros(h_ * s.num_nodes).index_add(0, column, plogp)
+            has_edge = torch.bincount(column, minlength=h_ * s.num_nodes) > 0
+            entropy, has_edge = entropy.view(h_, -1), has_edge.view(h_, -1)
+            if normalized:  # clamp: no 0/0 in the gradient of the undefined entries
+                entropy = entropy / allowed.clamp_min(2).to(entropy.dtype).log()
+            defined = has_edge & (allowed >= 2)
+            out.append(torch.where(defined, entropy, entropy.new_full((), float("nan"))))
+        return torch.stack(out)
+
+    def within(self, max_distance: int) -> "LatentGraphs":
+        r"""The graphs with every edge longer than ``max_distance`` removed and each
+        target's remaining weights rescaled to the total its weights had before: to
+        sum 1 again in emitted graphs (a target whose edges were all longer keeps none;
+        graphs with no longer edge come back unchanged).
+
+        Length is :meth:`UnitOrder.window_distance <glomo_pyg.ordering.UnitOrder.window_distance>`:
+        ``|i - j|`` units along a sequence; for pixel graphs in raster order the larger
+        of the row and column offsets, so that ``max_distance = d`` keeps exactly the
+        pairs a ``(d + 1) x (d + 1)`` crop holds.
+
+        Because paper Eq. 1 normalises each target's column over its allowed sources,
+        for emitted graphs this is the graph scored with the pairs farther than
+        ``max_distance`` masked out before normalising (squared ReLU or softmax
+        alike), up to rounding: a weight that already underflowed to zero beside much
+        heavier far-away sources stays absent. Use it when a predictor with a learned
+        distance term (``position='relative'`` or ``'grid'``, extensions of the paper)
+        is applied to longer sequences or larger images than it was pretrained on: its
+        scores at distances it never saw are extrapolations, and can put real weight on
+        far-away units. Give the pretraining window minus 1 (e.g. 63 for 64-token
+        sequences, 15 for 16 x 16 crops; :attr:`PretrainedGraphPredictor.trained_length`
+        and ``trained_size`` record the window).
+
+        Uniform graphs stay uniform over each target's windowed sources and propagate in
+        O(N) (prefix sums along sequences, box sums over images); fused graphs stay
+        fused, with the window in FlexAttention's block mask (so far-apart blocks are
+        skipped); dense graphs become masked blocks; sparse graphs keep their filtered
+        edges. Graphs whose sequences hold no pair farther apart come back as they are.
+        Differentiable w.r.t. the edge weights. Materialising windowed fused graphs (their
+        edges, dense blocks, or the sparse fallback where FlexAttention has no backward)
+        still scores every pair first: ``O(T^2)`` per sequence, under the same size limit
+        as the full graphs. :meth:`density` and the other statistics still count every
+        pair the direction allows."""
+        max_distance = check_max_distance(max_distance)
+        order = self.order
+        if type(order) not in (SequenceOrder, RasterOrder):  # the lazy layouts know only these
+            raise ValueError(f"within() cuts sequences and raster-ordered images; these graphs "
+                             f"follow {order!r}")
+        if max_distance >= order.longest_window_distance(self.sequences.max_len):
+            return self  # nothing farther apart
+        cut = {}  # a storage shared by several layers (uniform, adjacent) stays shared
+        for s in self._storages:
+            if id(s) not in cut:
+                cut[id(s)] = s.within(self._frame, max_distance)
+        return self._like([cut[id(s)] for s in self._storages])
+
+    # --- conversion ---------------------------------------------------------------
+    def _map(self, fn) -> "LatentGraphs":
+        s = self.sequences
+        seqs = SequenceBatch(fn(s.batch), fn(s.ptr), fn(s.lengths), fn(s.position), s.max_len)
+        moved = {}
+        for storage in self._storages:
+            if id(storage) not in moved:
+                moved[id(storage)] = storage.apply(fn)
+        return LatentGraphs._framed(self._frame.replace(sequences=seqs),
+                                    [moved[id(st)] for st in self._storages])
+
+    def to(self, device: Union[str, torch.device]) -> "LatentGraphs":
+        """The graphs on ``device`` (a device only: a dtype would also convert the node
+        ids and heads, which must stay int64)."""
+        if isinstance(device, torch.dtype):
+            raise TypeError("LatentGraphs.to takes a device, not a dtype: node ids and heads "
+                            "must stay int64 (weights follow the features' dtype when used)")
+        device = torch.device(device)
+        return self._map(lambda t: t.to(device))
+
+    def detach(self) -> "LatentGraphs":
+        return self._map(lambda t: t.detach())
+
+    # --- conversions (implemented in glomo_pyg.graph_conversion) ---------------------
+    def to_networkx(self, sample: int, layer: Optional[int] = None, head: Optional[int] = None,
+                    labels: Optional[Sequence] = None):
+        """One sequence's graphs as a networkx graph; see
+        :func:`glomo_pyg.graph_conversion.to_networkx`."""
+        return graph_conversion.to_networkx(self, sample, layer, head, labels)
+
+    def adjacency(self, sample: int, layer: int, head: int) -> Tensor:
+        """``G`` of one sequence, layer and head as a sparse COO ``[T, T]``; see
+        :func:`glomo_pyg.graph_conversion.adjacency`."""
+        return graph_conversion.adjacency(self, sample, layer, head)
+
+    def hierarchical(self, sample: int, layer: int, head: int) -> Tensor:
+        r"""Explicit :math:`\Lambda^l = G^1 \cdots G^l` of one sequence and head; see
+        :func:`glomo_pyg.graph_conversion.hierarchical`."""
+        return graph_conversion.hierarchical(self, sample, layer, head)
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}(layers={self.num_layers}, heads={self.num_heads}, "
+                f"direction='{self.direction}', layout='{self.layout}', "
+                f"sequences={self.num_sequences}, nodes={self.num_nodes}, edges={self.num_edges})")
+
+
+class DirectionalGraphs(NamedTuple):
+    """Graphs of the forward and the backward predictor (``None`` if absent)."""
+
+    forward: Optional[LatentGraphs]
+    backward: Optional[LatentGraphs]
