@@ -9,6 +9,8 @@ from typing import Dict
 
 import torch
 
+from glomo_pyg.atomic_files import atomic_write
+
 
 def hardware(device: str = "cpu") -> str:
     """What the numbers were measured on."""
@@ -85,9 +87,8 @@ def cached_runs(path: str, settings: Dict, log=print) -> Dict:
 
 def write_runs(path: str, settings: Dict, runs: Dict) -> None:
     """Write ``runs`` with their ``settings`` through a temporary file renamed into place."""
-    with open(path + ".tmp", "w") as fh:
+    with atomic_write(path) as fh:
         json.dump(dict(settings=settings, runs=runs), fh, indent=1)
-    os.replace(path + ".tmp", path)
 
 
 def as_script(main) -> None:

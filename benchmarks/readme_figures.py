@@ -17,6 +17,8 @@ import os
 
 import torch
 
+from glomo_pyg.atomic_files import atomic_write
+
 SENTENCE = "The acting was wonderful , but the story made no sense to me ."
 
 
@@ -76,9 +78,8 @@ def main(argv=None) -> int:
         if not isinstance(kept, dict):
             kept = {}
     kept.update(made)  # (in the file's order)
-    with open(record + ".tmp", "w") as fh:
+    with atomic_write(record) as fh:
         json.dump(kept, fh, indent=1)
-    os.replace(record + ".tmp", record)
     for name, info in made.items():
         print(name, "->", ", ".join(info["files"]))
     return 0

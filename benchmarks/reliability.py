@@ -269,9 +269,15 @@ def saved_predictor(ctx: Context, seed: int = 1) -> Path:
     return path
 
 
-def edit_config(path: Path, change) -> None:
+def edit_config(path: Path, change, seal: bool = True) -> None:
+    """Edit a saved predictor's config and (``seal``) seal it again, as an attacker could:
+    the seal is a digest anyone can compute, so the deeper checks must hold alone."""
+    from glomo_pyg.io.seal import seal_of
+
     config = json.loads((path / "config.json").read_text())
     change(config)
+    if seal and "seal" in config:
+        config["seal"] = seal_of(config)
     (path / "config.json").write_text(json.dumps(config))
 
 
@@ -504,8 +510,48 @@ def _(ctx):
     load_pretrained(path)
 
 
+# --- sealed bundles: edits that would change the graphs silently, without a reseal --------
+def _tampered(ctx, change) -> Path:
+    path = saved_predictor(ctx)
+    edit_config(path, change, seal=False)
+    return path
+
+
+for _label, _change, _key in [
+        ("a direction's sparse true -> false", lambda c: c["directions"]["forward"]["config"]
+         .update(sparse=False), "directions.forward.config.sparse"),
+        ("include_self false -> true", lambda c: c["directions"]["forward"]["config"]
+         .update(include_self=True), "directions.forward.config.include_self"),
+        ("two vocabulary entries swapped", lambda c: c["vocabulary"].__setitem__(
+            slice(0, 2), c["vocabulary"][1::-1]), "vocabulary"),
+        ("the vocabulary replaced by other words", lambda c: c.update(
+            vocabulary=[f"other{i}" for i in range(len(c["vocabulary"]))]), "vocabulary")]:
+    def _make(change):
+        def run(ctx):
+            from glomo_pyg import load_pretrained
+            load_pretrained(_tampered(ctx, change))
+        return run
+    case(G, f"sealed config.json edited: {_label}", error=(ValueError,),
+         names=rf"config\.json: it was edited after it was sealed \(changed: {re.escape(_key)}"
+         )(_make(_change))
+
+
+@case(G, "sealed config.json edited: a pixel predictor's pixel_mean", error=(ValueError,),
+      names=r"changed: directions\.forward\.config\.pixel_mean")
+def _(ctx):
+    from glomo_pyg import PretrainedGraphPredictor, load_pretrained, save_pretrained
+    from glomo_pyg.nn.pixel import PixelGraphPredictor
+    path = ctx.tmp() / "pixels"
+    torch.manual_seed(0)
+    save_pretrained(PretrainedGraphPredictor(PixelGraphPredictor(
+        height=4, width=4, hidden_channels=8, num_layers=1, heads=2, cnn_layers=1)), path)
+    edit_config(path, lambda c: c["directions"]["forward"]["config"].update(
+        pixel_mean=[0.5, 0.5, 0.5]), seal=False)
+    load_pretrained(path)
+
+
 @case(G, 'config.json kwargs dropout="0.5"', error=(ValueError,),
-      names=r'config\.json.*dropout must be a finite number, got "0.5"')
+      names=r'config\.json.*dropout must be a number in \[0, 1\), got "0.5"')
 def _(ctx):
     from glomo_pyg import load_pretrained
     path = saved_predictor(ctx)
@@ -615,6 +661,8 @@ def _(ctx):
     with quiet_training():
         run_pretraining(pretrain_config(run, corpus, max_steps=2), log=quiet)
     shutil.rmtree(run / "tokens")
+    before = {p.relative_to(run): p.read_bytes() if p.is_file() else None
+              for p in run.rglob("*")}
     with open(corpus / "doc000.txt", "a") as fh:
         fh.write(" zebra zebra zebra giraffe giraffe giraffe")
     cfg = write_yaml(base / "cfg.yaml", pretrain_settings(run, corpus, max_steps=4))
@@ -623,10 +671,68 @@ def _(ctx):
     finally:
         step = checkpoint_weights(ckpt(run))[1]
         check(step == 2, f"trained on the changed corpus: last.ckpt at step {step}")
+        after = {p.relative_to(run): p.read_bytes() if p.is_file() else None
+                 for p in run.rglob("*")}
+        changed = sorted(str(k) for k in set(before) | set(after)
+                         if before.get(k, b"?") != after.get(k, b"?"))
+        check(not changed, f"the refused resume changed the run folder: {changed[:5]}")
+
+
+@case(G, "a kill while last.ckpt is rewritten at the final step, then --resume")
+def _(ctx):
+    straight = ctx.straight()
+    run = copy_run(ctx)
+    shutil.copyfile(ckpt(run, "step4.ckpt"), ckpt(run))  # last.ckpt left at step 4
+    resume_cli(ctx, run)
+    step = checkpoint_weights(ckpt(run))[1]
+    check(step == 6 and same_weights(ckpt(run), ckpt(straight / "run", "step6.ckpt")),
+          f"last.ckpt was not repaired: still at step {step}")
 
 
 # ==== crashes ==============================================================================
 G = "crashes"
+
+# A compiled GlomoConv given a hostile graph, in a child process (an abort there is an
+# unhelpful crash here, not the end of the harness).
+_COMPILED_HOSTILE = r"""
+import sys, torch
+from glomo_pyg import GlomoConv
+backend, side = sys.argv[1], sys.argv[2]
+conv = torch.compile(GlomoConv(4), backend=backend, fullgraph=True)
+x = torch.randn(6, 4)
+conv(x, torch.tensor([[0, 1], [1, 2]]), torch.ones(2))
+bad = [[0, 1], [50, 2]] if side == "target" else [[50, 1], [0, 2]]
+try:
+    out = conv(x, torch.tensor(bad), torch.ones(2))
+except ValueError as err:
+    print("REFUSED", err)
+else:
+    print("ACCEPTED", tuple(out.shape))
+"""
+
+
+class CompiledRefusal(ValueError):
+    """The child's ValueError, raised again here to be classified."""
+
+
+def _compiled_hostile(backend: str, side: str):
+    def run():
+        result = subprocess.run([sys.executable, "-c", _COMPILED_HOSTILE, backend, side],
+                                capture_output=True, text=True, timeout=600)
+        if result.returncode:
+            raise RuntimeError(f"the child died (exit {result.returncode}): "
+                               f"{result.stderr.strip().splitlines()[-1:]}")
+        if result.stdout.startswith("REFUSED"):
+            raise CompiledRefusal(result.stdout[len("REFUSED "):].strip())
+        check(False, f"a compiled GlomoConv read outside x: {result.stdout.strip()}")
+    return run
+
+
+for _backend in ("eager", "inductor"):
+    for _side in ("target", "source"):
+        case(G, f"torch.compile({_backend}) GlomoConv with a {_side} id of 50 among 6 nodes",
+             error=(ValueError,), names=r"edge_index refers to nodes outside \[0, 6\)",
+             limit=600)(_compiled_hostile(_backend, _side))
 
 
 def _token_dtype(dtype):
@@ -706,7 +812,7 @@ def _():
 
 
 @case(G, "Glomo.text(decoder_layers=0)", error=(ValueError,),
-      names=r"decoder_layers must be a positive integer.*got 0")
+      names=r"decoder_layers must be an integer in \[1, 1024\], got 0")
 def _():
     from glomo_pyg import Glomo
     Glomo.text(10, hidden_channels=8, heads=2, num_layers=1, decoder_layers=0)

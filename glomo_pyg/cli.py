@@ -341,6 +341,9 @@ def _export(args: argparse.Namespace) -> int:
     for name in ("max_samples", "max_tokens", "batch_size", "max_edges", "max_units"):
         if getattr(args, name) < 1:
             raise SystemExit(f"glomo export: --{name.replace('_', '-')} must be >= 1")
+    if args.max_tokens < 2:  # every line would be cut to one token, which has no edge
+        raise SystemExit("glomo export: --max-tokens must be >= 2: a graph over one token has "
+                         "no edges")
     if args.top_k is not None and args.top_k < 1:
         raise SystemExit("glomo export: --top-k must be >= 1")
     if not 0.0 <= args.min_weight <= 1.0:
@@ -403,6 +406,14 @@ def _pretrained(args: argparse.Namespace) -> int:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
     print(f"\nload one with PretrainedGraphPredictor.from_pretrained(NAME) (in "
           f"{os.path.dirname(infos[0]['path'])})")
+    return 0
+
+
+def _reseal(args: argparse.Namespace) -> int:
+    from glomo_pyg.io.pretrained import reseal_pretrained
+
+    reseal_pretrained(args.predictor)
+    print(f"sealed {args.predictor} as it is now (it loads)")
     return 0
 
 
@@ -525,6 +536,17 @@ def main(argv: Optional[List[str]] = None) -> int:
                                    "pretrained/ folder, or in $GLOMO_PRETRAINED_DIR.")
     r.add_argument("--json", action="store_true", help="print the list as JSON")
     r.set_defaults(func=_pretrained)
+
+    s = sub.add_parser("reseal", help="seal a saved predictor again after a deliberate edit",
+                       description="A saved predictor's config.json is sealed: any edit (a "
+                                   "setting, the vocabulary, the pixel statistics) makes it "
+                                   "refuse to load, naming the keys that changed. After an "
+                                   "edit made on purpose, or to seal a predictor saved in "
+                                   "format 2, run this: it records the bundle as it is now, "
+                                   "then loads it with every check (and puts the old config "
+                                   "back if that fails).")
+    s.add_argument("predictor", help="the folder save_pretrained wrote")
+    s.set_defaults(func=_reseal)
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     args.argv = argv

@@ -625,6 +625,55 @@ def is_compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
+def check_edge_values(x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor],
+                      edge_head: Optional[Tensor], num_heads: int) -> None:
+    """The values of a user-given graph (:class:`~glomo_pyg.GlomoConv`'s edges, whose
+    shapes and dtypes were checked): ids in ``[0, N)``, heads in ``[0, num_heads)``,
+    finite features and weights, with one device sync for all of them (as
+    :class:`~glomo_pyg.GlomoTransfer` refuses NaN/Inf). ``ValueError`` otherwise."""
+    stats = [torch.isfinite(x).all().long()]
+    if edge_weight is not None:
+        stats.append(torch.isfinite(edge_weight).all().long())
+    num_edges = edge_index.size(1)
+    if num_edges:
+        stats += [edge_index.min(), edge_index.max()]
+        if edge_head is not None:
+            stats += [edge_head.min(), edge_head.max()]
+    values = torch.stack(stats).tolist()  # the one device sync
+    if not values[0]:
+        raise ValueError("x contains NaN or Inf")
+    if edge_weight is not None:
+        if not values[1]:
+            raise ValueError("edge_weight contains NaN or Inf")
+        values = values[1:]
+    if num_edges:
+        low, high = values[1:3]
+        if low < 0 or high >= x.size(0):
+            raise ValueError(f"edge_index refers to nodes outside [0, {x.size(0)}) "
+                             f"(ids from {low} to {high})")
+        if edge_head is not None and (values[3] < 0 or values[4] >= num_heads):
+            raise ValueError(f"edge_head values must lie in [0, {num_heads}), got values "
+                             f"from {values[3]} to {values[4]}")
+
+
+# Under torch.compile, check_edge_values runs inside this opaque operator: compiled code
+# calls it at run time with the real tensors, so a hostile graph raises the eager
+# ValueError before any product reads it. It returns a copy of edge_index (an operator
+# may not return its input) that the product then uses, so the check cannot be dropped
+# as dead code and always runs first.
+@torch.library.custom_op("glomo_pyg::checked_edge_index", mutates_args=())
+def checked_edge_index(x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor],
+                       edge_head: Optional[Tensor], num_heads: int) -> Tensor:
+    """``edge_index`` (a copy) after :func:`check_edge_values`; for compiled callers."""
+    check_edge_values(x, edge_index, edge_weight, edge_head, num_heads)
+    return edge_index.clone()
+
+
+@checked_edge_index.register_fake
+def _(x, edge_index, edge_weight, edge_head, num_heads):
+    return torch.empty_like(edge_index)
+
+
 def head_blocked_edges(edge_index: Tensor, edge_weight: Tensor, edge_head: Tensor,
                        num_nodes: int, shared_input: bool = False,
                        num_heads: Optional[int] = None,

@@ -151,7 +151,9 @@ def test_image_training_refuses_bad_input_and_another_recipe_on_resume(tmp_path)
              ((images, labels), (images[:0], labels[:0]), config, "val split is empty"),
              ((images, labels), (images, labels), ImageTrainConfig(crop_padding=8), "crop_padding"),
              ((images, labels), (images, labels), ImageTrainConfig(lr=float("inf")),
-              "invalid optimisation")]
+              "lr must be a positive number, got inf"),
+             ((images, labels), (images, labels), ImageTrainConfig(momentum=1),
+              r"momentum must be a number in \[0, 1\), got 1")]
     for train, val, cfg, message in cases:
         with pytest.raises(ValueError, match=message):
             train_image_classifier(model, train, val, cfg, device="cpu", log=lambda *a: None)

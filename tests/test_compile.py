@@ -68,3 +68,65 @@ def test_compiled_glomo_conv_on_unsorted_edges_matches_eager(backend):
             pytest.skip(f"inductor unavailable here: {err}")
         raise
     torch.testing.assert_close(got, want)
+
+
+# A hostile graph given to a compiled layer: run in a child process, so that memory
+# corruption (an abort) fails the test instead of killing the test run.
+HOSTILE = r'''
+import sys, torch
+from glomo_pyg import GlomoConv
+backend, case = sys.argv[1], sys.argv[2]
+x = torch.randn(6, 4)
+edges = dict(target=[[0, 1], [50, 2]], source=[[50, 1], [0, 2]], negative=[[-3, 1], [0, 2]],
+             big=[[0, 1], [2 ** 40, 2]])
+weight = torch.ones(2)
+head = None
+if case == "nan_weight":
+    edge_index, weight = torch.tensor([[0, 1], [1, 2]]), torch.tensor([1.0, float("nan")])
+elif case == "head":
+    edge_index, head = torch.tensor([[0, 1], [1, 2]]), torch.tensor([0, 7])
+else:
+    edge_index = torch.tensor(edges[case])
+conv = GlomoConv(4, heads=2 if case == "head" else 1)
+compiled = torch.compile(conv, backend=backend, fullgraph=True)
+good = torch.tensor([[0, 1], [1, 2]])
+compiled(x, good, torch.ones(2), torch.zeros(2, dtype=torch.long) if case == "head" else None)
+try:
+    out = compiled(x, edge_index, weight, head)
+except ValueError as err:
+    print("REFUSED", err)
+else:
+    print("ACCEPTED", tuple(out.shape))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+@pytest.mark.parametrize("case,message", [
+    ("target", "edge_index refers to nodes outside [0, 6) (ids from 0 to 50)"),
+    ("source", "edge_index refers to nodes outside [0, 6) (ids from 0 to 50)"),
+    ("negative", "edge_index refers to nodes outside [0, 6) (ids from -3 to 2)"),
+    ("big", "edge_index refers to nodes outside [0, 6)"),
+    ("nan_weight", "edge_weight contains NaN or Inf"),
+    ("head", "edge_head values must lie in [0, 2), got values from 0 to 7"),
+])
+def test_a_compiled_layer_refuses_a_hostile_graph_like_eager_mode(backend, case, message):
+    """Compiled code skips nothing that keeps memory safe: the eager error, never an
+    out-of-bounds read (a finite result) or write (the process aborts)."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", HOSTILE, backend, case], capture_output=True,
+                            text=True, timeout=600)
+    if backend == "inductor" and result.returncode and "CppCompileError" in result.stderr:
+        pytest.skip("inductor needs a working C++ toolchain")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("REFUSED") and message in result.stdout, result.stdout
+
+
+def test_the_edge_check_operator_registration():
+    x = torch.randn(3, 4)
+    torch.library.opcheck(F.checked_edge_index,
+                          (x, torch.tensor([[0, 1], [1, 2]]), torch.ones(2), None, 1))
+    with pytest.raises(ValueError, match="outside"):
+        F.checked_edge_index(x, torch.tensor([[0, 1], [1, 9]]), None, None, 1)

@@ -72,8 +72,11 @@ def test_threads_setting_is_checked():
     (dict(corpus=dict(min_length=20, max_length=10)), "corpus.min_length (20) must not exceed"),
     (dict(corpus=dict(path=5)), "corpus.path must be a string or null, got 5"),
     (dict(output_dir=None), "output_dir must be a folder path"),
-    (dict(model=dict(hidden_channels="abc")), "model.hidden_channels must be a positive "
-                                              "integer, got 'abc'"),
+    (dict(model=dict(hidden_channels="abc")), "model.hidden_channels must be an integer in "
+                                              "[1, 65536], got 'abc'"),
+    # the range a saved predictor is loaded with: a run cannot end in an unloadable file
+    (dict(model=dict(heads=2000)), "model.heads must be an integer in [1, 1024], got 2000"),
+    (dict(model=dict(position_period=1)), "model.position_period must be a number >= 2"),
     (dict(model=dict(dropout=1.5)), "model.dropout must be a number in [0, 1)"),
     (dict(model=dict(layout="diagonal")), "model.layout must be one of"),
     (dict(model=dict(entropy_penalty=-0.5)), "model.entropy_penalty must be a non-negative number"),
@@ -91,10 +94,13 @@ def test_bad_settings_are_named_with_their_key(data, message):
 def test_every_setting_has_a_rule_and_defaults_pass():
     import dataclasses
 
-    from glomo_pyg.training.pretrain.config import TrainConfig, _RULES
+    from glomo_pyg.settings import rules
+    from glomo_pyg.training.pretrain.config import TrainConfig
 
     for name, kind in (("corpus", CorpusConfig), ("train", TrainConfig)):
-        assert {f.name for f in dataclasses.fields(kind)} == set(_RULES[name])
+        assert {f.name for f in dataclasses.fields(kind)} == set(rules(kind))
+        assert all(f.metadata.get("rule") or f.metadata.get("rule_args") is not None
+                   for f in dataclasses.fields(kind))  # declared with setting()
     config = PretrainConfig.from_dict(dict(train=dict(lr=1, devices=[0, 1], precision="16"),
                                            corpus=dict(format="cifar10", crop=24)))
     assert config.train.lr == 1.0 and isinstance(config.train.lr, float)

@@ -3,6 +3,7 @@ parts, and the one allowed-sources rule."""
 import inspect
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import torch
 from glomo_pyg import (ContextDecoder, FeatureGraphEmitter, FeaturePredictor, Glomo,
                        GraphEmitter, GraphPredictor, LatentGraphs, PretrainedGraphPredictor,
                        SequenceOrder, UnitOrder, load_pretrained, save_pretrained)
+from glomo_pyg.io.pretrained import UnsealedPredictorWarning
 from glomo_pyg.nn import EMITTERS
 from glomo_pyg.nn.config import ConfigurableModule
 
@@ -91,10 +93,12 @@ def v1_directory(name: str, tmp_path) -> str:
 @pytest.mark.parametrize("name", ["pretrained-v1", "pretrained-v1-nodecouple"])
 def test_files_of_format_version_1_still_load_with_the_same_graphs(name, tmp_path):
     """Fixtures written by glomo_pyg 0.1.0 (format 1, hand-copied kwargs with the layout
-    inside): the same graphs come out, and saving again writes format 2."""
+    inside): the same graphs come out, with a warning that the file is not sealed, and
+    saving again writes the current, sealed format."""
     path = v1_directory(name, tmp_path)
     assert json.load(open(os.path.join(path, "config.json")))["format_version"] == 1
-    predictor = load_pretrained(path)
+    with pytest.warns(UnsealedPredictorWarning, match="has format version 1.*Save it again"):
+        predictor = load_pretrained(path)
     expected = json.load(open(os.path.join(DATA, name, "expected.json")))
     x, batch = torch.tensor(expected["x"]), torch.tensor(expected["batch"])
     graphs = predictor(x, batch)
@@ -110,9 +114,11 @@ def test_files_of_format_version_1_still_load_with_the_same_graphs(name, tmp_pat
     assert predictor.predictor("forward").layout == "sparse"  # the saved 'auto' is dropped
     save_pretrained(predictor, tmp_path / "p")
     config = json.load(open(tmp_path / "p" / "config.json"))
-    assert config["format_version"] == 2 and "layout" not in \
-        config["directions"]["forward"]["config"]
-    assert load_pretrained(tmp_path / "p").vocabulary == predictor.vocabulary
+    assert config["format_version"] == 3 and "layout" not in \
+        config["directions"]["forward"]["config"] and "seal" in config
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # sealed: no warning
+        assert load_pretrained(tmp_path / "p").vocabulary == predictor.vocabulary
 
 
 def test_layout_is_a_run_time_choice_and_not_saved(tmp_path):

@@ -247,7 +247,8 @@ def test_padding_idx_and_decoder_layers_are_validated_in_the_constructors():
         GlomoTextClassifier(torch.randn(5, 4), padding_idx=5)
     assert GraphPredictor(num_tokens=10, hidden_channels=8, heads=2,
                           padding_idx=-1).encoder.embedding.padding_idx == 9
-    with pytest.raises(ValueError, match="decoder_layers must be a positive integer.*got 0"):
+    with pytest.raises(ValueError, match=r"decoder_layers must be an integer in \[1, 1024\], "
+                                         r"got 0"):
         Glomo.text(10, hidden_channels=8, heads=2, num_layers=1, decoder_layers=0)
     with pytest.raises(ValueError, match="at least one GRU layer"):
         ContextDecoder(torch.nn.Embedding(10, 8), 8, num_layers=0)

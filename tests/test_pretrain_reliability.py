@@ -89,6 +89,51 @@ def test_kill_between_periodic_and_last_checkpoint_resumes_from_the_newest(strai
     assert_same_weights(ckpt(run), ckpt(straight / "run"))
 
 
+def test_a_kill_while_last_ckpt_is_rewritten_at_the_end_is_repaired_on_resume(straight,
+                                                                              tmp_path):
+    """The kill left last.ckpt at the previous checkpoint (step 4) beside the final
+    step6.ckpt: resume finds nothing to train, and still makes last.ckpt the newest."""
+    run = copy_run(straight, tmp_path)
+    shutil.copyfile(ckpt(run, "step4.ckpt"), ckpt(run))
+    messages = []
+    assert resume(straight, run, log=messages.append)["steps"] == 6
+    assert_same_weights(ckpt(run), ckpt(run, "step6.ckpt"))
+    assert any("last.ckpt is now a copy of" in m and "step6.ckpt" in m for m in messages), \
+        messages
+
+
+def snapshot(folder):
+    """Every file's bytes (and every folder) under ``folder``, by relative path."""
+    out = {}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            out[os.path.relpath(os.path.join(root, name), folder)] = "dir"
+        for name in files:
+            with open(os.path.join(root, name), "rb") as fh:
+                out[os.path.relpath(os.path.join(root, name), folder)] = fh.read()
+    return out
+
+
+def test_a_refused_resume_leaves_the_run_folder_as_it_found_it(straight, tmp_path):
+    """tokens/ deleted and the corpus edited: the resume is refused, and the refused attempt
+    rebuilds nothing in the run folder, so restoring the corpus makes resume work."""
+    run = copy_run(straight, tmp_path)
+    corpus = tmp_path / "corpus"
+    shutil.copytree(straight / "corpus", corpus)
+    shutil.rmtree(run / "tokens")
+    before = snapshot(run)
+    with open(corpus / "doc000.txt", "a") as fh:
+        fh.write(" " + " ".join(WORDS[:5]))
+    with pytest.raises(CheckpointMismatchError, match="the corpus changed"):
+        run_pretraining(config(run, corpus), resume=True, log=quiet)
+    assert snapshot(run) == before
+    shutil.rmtree(corpus)
+    shutil.copytree(straight / "corpus", corpus)  # the corpus restored
+    assert run_pretraining(config(run, corpus), resume=True, log=quiet)["steps"] == 6
+    assert sorted(os.listdir(run / "tokens")) == sorted(os.listdir(straight / "run" / "tokens"))
+    assert not [n for n in os.listdir(run) if n.startswith(".corpus-")]  # no staging left
+
+
 @pytest.mark.parametrize("damage", ["empty", "random", "truncated"])
 def test_damaged_last_checkpoint_is_named(straight, tmp_path, damage):
     run = copy_run(straight, tmp_path, keep=("last.ckpt",))

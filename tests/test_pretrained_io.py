@@ -6,6 +6,7 @@ import time
 
 import pytest
 import torch
+from bundles import edit_config, write_config
 from reference import batch_vector
 
 import glomo_pyg.io.pretrained as io
@@ -113,12 +114,6 @@ def test_vocabulary_checks(tmp_path):
         load_pretrained(tmp_path)
 
 
-def edit_config(path, change):
-    config = json.loads((path / "config.json").read_text())
-    change(config)
-    (path / "config.json").write_text(json.dumps(config))
-
-
 def rehash(path):
     """Record the current weights file in the config, as an attacker could."""
     data = (path / "model.safetensors").read_bytes()
@@ -146,7 +141,7 @@ def test_missing_and_malformed_files(tmp_path):
         load_pretrained(d)
     save_pretrained(make(), d)
     edit_config(d, lambda c: c.update(format_version=io.FORMAT_VERSION + 1))
-    with pytest.raises(PretrainedFormatError, match="format version 3.*reads versions up to 2"):
+    with pytest.raises(PretrainedFormatError, match="format version 4.*reads versions up to 3"):
         load_pretrained(d)
     save_pretrained(make(), d)
     edit_config(d, lambda c: c.pop("weights"))
@@ -279,16 +274,16 @@ def fails_fast(path, match, limit=0.5):
 
 
 @pytest.mark.parametrize("key,value,match", [
-    ("num_tokens", 2e7, r"num_tokens must be an integer or null, got 20000000\.0"),
-    ("num_tokens", 20_000_000, r"num_tokens is 20000000, outside the range \[1, 16777216\]"),
-    ("num_layers", 1e5, "num_layers must be an integer, got 100000.0"),
-    ("num_layers", 100_000, r"num_layers is 100000, outside the range \[1, 1024\]"),
-    ("cnn_layers", 1_000_000, r"cnn_layers is 1000000, outside the range \[0, 1024\]"),
-    ("hidden_channels", 1 << 20, r"hidden_channels is 1048576, outside the range \[1, 65536\]"),
-    ("heads", 5000, r"heads is 5000, outside the range \[1, 1024\]"),
-    ("kernel_size", 1 << 30, r"kernel_size is 1073741824, outside the range \[1, 1023\]"),
-    ("block_size", 1 << 40, "block_size is 1099511627776, outside the range"),
-    ("position_frequencies", 10 ** 6, "position_frequencies is 1000000, outside the range"),
+    ("num_tokens", 2e7, r"num_tokens must be an integer in \[1, 16777216\] or null, got 20000000\.0"),
+    ("num_tokens", 20_000_000, r"num_tokens must be an integer in \[1, 16777216\] or null, got 20000000"),
+    ("num_layers", 1e5, r"num_layers must be an integer in \[1, 1024\], got 100000.0"),
+    ("num_layers", 100_000, r"num_layers must be an integer in \[1, 1024\], got 100000"),
+    ("cnn_layers", 1_000_000, r"cnn_layers must be an integer in \[0, 1024\], got 1000000"),
+    ("hidden_channels", 1 << 20, r"hidden_channels must be an integer in \[1, 65536\], got 1048576"),
+    ("heads", 5000, r"heads must be an integer in \[1, 1024\], got 5000"),
+    ("kernel_size", 1 << 30, r"kernel_size must be an integer in \[1, 1023\], got 1073741824"),
+    ("block_size", 1 << 40, r"block_size must be an integer in \[1, 17179869184\], got 1099511627776"),
+    ("position_frequencies", 10 ** 6, r"position_frequencies must be an integer in \[1, 4096\], got 1000000"),
 ])
 def test_config_bombs_fail_fast_naming_the_key_and_the_bound(tmp_path, key, value, match):
     save_pretrained(make(), tmp_path)
@@ -339,16 +334,17 @@ def test_the_header_is_read_without_the_tensors_and_dtypes_are_compared(tmp_path
     ("sparse", "no", 'sparse must be true or false, got "no" \\(a string\\)'),
     ("sparse", 0, "sparse must be true or false, got 0 \\(an integer\\)"),
     ("include_self", None, "include_self must be true or false, got null"),
-    ("dropout", "0.5", 'dropout must be a finite number, got "0.5" \\(a string\\)'),
-    ("dropout", True, "dropout must be a finite number, got true"),
-    ("dropout", 1.5, r"dropout is 1.5, outside the range \[0.0, 1.0\]"),
-    ("num_layers", True, "num_layers must be an integer, got true"),
-    ("num_layers", 2.0, "num_layers must be an integer, got 2.0"),
-    ("hidden_channels", "16", 'hidden_channels must be an integer, got "16"'),
+    ("dropout", "0.5", 'dropout must be a number in \\[0, 1\\), got "0.5" \\(a string\\)'),
+    ("dropout", True, "dropout must be a number in \\[0, 1\\), got true"),
+    ("dropout", 1.5, r"dropout must be a number in \[0, 1\), got 1.5"),
+    ("num_layers", True, r"num_layers must be an integer in \[1, 1024\], got true"),
+    ("num_layers", 2.0, r"num_layers must be an integer in \[1, 1024\], got 2.0"),
+    ("hidden_channels", "16", r'hidden_channels must be an integer in \[1, 65536\], got "16"'),
     ("norm", 5, "norm must be a string of at most 256 characters or null, got 5"),
     ("bias", ["scalar"], "bias must be a string .*, got a list"),
-    ("head_channels", {"a": 1}, "head_channels must be an integer or null, got an object"),
-    ("position_period", 10 ** 400, "position_period must be a finite number, got 1000"),
+    ("head_channels", {"a": 1}, r"head_channels must be an integer in \[1, 65536\] or null, "
+                                r"got an object"),
+    ("position_period", 10 ** 400, "position_period must be a number >= 2, got 1000"),
     ("pixel_mean", [0.5, "0.5"],
      "pixel_mean must be a list of at most 65536 finite numbers or null"),
 ])
@@ -390,15 +386,17 @@ def test_format_2_feature_emitter_saved_before_pooled_context_was_named(tmp_path
 
 
 def test_type_rules_cover_every_emitter_argument():
-    """A new constructor argument needs a rule in CONFIG_RULES, or its saved models
-    would not load; the rule's type must be the argument's annotation."""
+    """A new constructor argument needs a declared setting (ModelSettings) listed in
+    SAVED_SETTINGS, or its saved models would not load; the rule's type must be the
+    argument's annotation."""
     import inspect
 
     from glomo_pyg.nn.emitter import EMITTERS
     from glomo_pyg.nn.scorer import GraphScorer
-    kinds = {"int": "int", "Optional[int]": "int?", "float": "float", "bool": "bool",
-             "str": "str", "Optional[str]": "str?", "Sequence[float]": "floats",
-             "Optional[Sequence[float]]": "floats?"}
+    from glomo_pyg.nn.settings import MODEL_RULES
+    kinds = {"int": (int, False), "Optional[int]": (int, True), "float": (float, False),
+             "bool": (bool, False), "str": (str, False), "Optional[str]": (str, True),
+             "Sequence[float]": (list, False), "Optional[Sequence[float]]": (list, True)}
     seen = set()
     for cls in EMITTERS.values():
         params = list(inspect.signature(cls.__init__).parameters.values())[1:]
@@ -407,11 +405,13 @@ def test_type_rules_cover_every_emitter_argument():
         for p in params:
             if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
                 continue
-            assert p.name in io.CONFIG_RULES, f"{cls.__name__}.{p.name} has no rule"
-            rule, annotation = io.CONFIG_RULES[p.name][0], kinds.get(p.annotation, "?")
-            assert rule in (annotation, annotation + "?"), (cls.__name__, p.name, annotation)
+            assert p.name in io.SAVED_SETTINGS, f"{cls.__name__}.{p.name} is not saved"
+            rule = MODEL_RULES[p.name]
+            kind, optional = kinds[p.annotation]
+            assert rule.kind is kind and (rule.optional or not optional), \
+                (cls.__name__, p.name, p.annotation)
             seen.add(p.name)
-    assert seen == set(io.CONFIG_RULES)
+    assert seen == set(io.SAVED_SETTINGS)
 
 
 def test_bad_json_is_named_with_the_file(tmp_path, monkeypatch):
@@ -514,7 +514,7 @@ def test_sparse_huge_files_are_refused_before_they_are_read(tmp_path):
     with open(weights, "r+b") as fh:
         fh.truncate(1 << 30)  # sparse: 1 GiB of zeros after the real tensors
     config["weights"]["bytes"] = 1 << 30
-    (folder / "config.json").write_text(json.dumps(config))
+    write_config(folder, config)
     start = time.time()
     with pytest.raises(PretrainedFormatError, match="its header and tensors take"):
         load_pretrained(folder)
@@ -534,7 +534,7 @@ def test_duplicate_vocabulary_and_bad_map_location_are_named(tmp_path):
         PretrainedGraphPredictor(load_pretrained(folder).predictor("forward"),
                                  vocabulary=[vocab[0]] + vocab[:-1])
     config["vocabulary"] = [vocab[0]] + vocab[:-1]
-    (folder / "config.json").write_text(json.dumps(config))
+    write_config(folder, config)
     with pytest.raises(PretrainedFormatError, match="more than once"):
         load_pretrained(folder)
     for bad in ("banana", 3.5):

@@ -18,6 +18,7 @@ import json
 import os
 
 import networkx as nx
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -195,6 +196,39 @@ def test_glomo_conv_equals_the_dense_sum(graph, width, data):
     for (i, j), w, h in zip(ei.t().tolist(), ew.tolist(), eh.tolist()):
         ref[j, h * width:(h + 1) * width] += w * x[i, h * width:(h + 1) * width]
     assert torch.allclose(out, ref, atol=1e-10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_compiled_glomo_conv_equals_the_dense_sum(backend):
+    """The layer users compile: compiled with each backend, the same dense sum on the same
+    random graphs (empty ones, unsorted edges, several heads). A small example count:
+    every example compiles anew. (Hostile ids under compile: tests/test_compile.py, in a
+    child process, so that a regression aborts the child, not the test run.)"""
+    import torch._dynamo as dynamo
+
+    @settings(PROFILE, max_examples=min(LARGE or 6, 3 if backend == "inductor" else 6))
+    @given(graph=edge_graphs(), width=st.integers(1, 3), data=st.data())
+    def check(graph, width, data):
+        lengths, heads, ei, ew, eh = graph
+        n, channels = sum(lengths), heads * width
+        x = torch.randn(n, channels, dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(data.draw(st.integers(0, 999))))
+        dynamo.reset()
+        compiled = torch.compile(GlomoConv(channels, heads=heads).double(), backend=backend,
+                                 fullgraph=True)
+        out = compiled(x, ei, ew, eh)
+        ref = torch.zeros_like(x)
+        for (i, j), w, h in zip(ei.t().tolist(), ew.tolist(), eh.tolist()):
+            ref[j, h * width:(h + 1) * width] += w * x[i, h * width:(h + 1) * width]
+        assert torch.allclose(out, ref, atol=1e-10)
+
+    try:
+        check()
+    except Exception as err:  # inductor needs a working C++ toolchain
+        if backend == "inductor" and "CppCompileError" in type(err).__name__ + str(err)[:300]:
+            pytest.skip(f"inductor unavailable here: {err}")
+        raise
 
 
 @functools.lru_cache(maxsize=None)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from bundles import write_config
 from reference import batch_vector
 
 import glomo_pyg.io.releases as releases
@@ -105,7 +106,7 @@ def test_16_bit_weights_widen_and_nothing_else_does(tmp_path):
     config = json.loads((tmp_path / "half" / "config.json").read_text())
     import hashlib
     config["weights"].update(bytes=len(payload), sha256=hashlib.sha256(payload).hexdigest())
-    (tmp_path / "half" / "config.json").write_text(json.dumps(config))
+    write_config(tmp_path / "half", config)  # resealed, as an attacker could
     with pytest.raises(PretrainedFormatError, match="unexpected dtypes"):
         io.load_pretrained(tmp_path / "half")
 

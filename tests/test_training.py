@@ -82,7 +82,7 @@ def test_bad_settings_are_rejected():
                    dict(graph_lr_scale=float("inf")), dict(weight_decay=float("nan"))):
         with pytest.raises(ValueError, match="finite"):
             GlomoPretraining(dict(num_tokens=20, **TINY_MODEL), **kwargs)
-    for argv, message in [(["--lr", "nan"], "finite"),
+    for argv, message in [(["--lr", "nan"], "lr must be a positive number, got nan"),
                           (["--steps", str(10 ** 9)], "at most"),
                           (["--accelerator", "gpu"] if not torch.cuda.is_available() else
                            ["--accelerator", "banana"], "accelerator")]:

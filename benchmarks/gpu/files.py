@@ -7,6 +7,7 @@ import os
 from typing import Dict, List, Tuple
 
 from benchmarks.gpu import limits
+from glomo_pyg.atomic_files import atomic_write
 
 MANIFEST = "manifest.json"
 CONSOLE = "console.log"  # the call's own `tee` of everything printed (not digested)
@@ -95,6 +96,5 @@ def read_json(path: str, what: str, limit: int = 16 << 20) -> Dict:
 
 
 def write_json(path: str, data: Dict) -> None:
-    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+    with atomic_write(path) as fh:
         json.dump(data, fh, indent=1, sort_keys=True, allow_nan=False)
-    os.replace(path + ".tmp", path)

@@ -12,6 +12,8 @@ import json
 import os
 from typing import Dict, Iterable, List, Set, Tuple
 
+from glomo_pyg.atomic_files import atomic_write
+
 FIELDS = ("slice", "recipe", "key", "run", "commit", "date", "device", "versions",
           "seconds", "metrics", "dry_run")
 
@@ -86,10 +88,6 @@ def append(path: str, new: List[Dict]) -> None:
     old or the new one."""
     lines = check_new(path, new)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with atomic_write(path) as fh:
         for line in lines + new:
             fh.write(json.dumps(line, sort_keys=True) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)

@@ -12,6 +12,7 @@ from typing import Dict, List, Optional
 
 from benchmarks.gpu import campaign
 from benchmarks.gpu.runner import ROOT
+from glomo_pyg.atomic_files import atomic_write
 
 
 RESULTS_DIR = os.path.join(ROOT, "benchmarks", "results")
@@ -79,9 +80,8 @@ def regenerate(lines: List[Dict], results_dir: Optional[str] = None, dry_run: bo
         new = replace_block(text, name, body)
         if new != text:
             os.makedirs(folder, exist_ok=True)
-            with open(path + ".tmp", "w", encoding="utf-8") as fh:
+            with atomic_write(path) as fh:
                 fh.write(new)
-            os.replace(path + ".tmp", path)
             written.append(path)
             log(f"results: {path} ({name})")
     return written

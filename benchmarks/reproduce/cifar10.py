@@ -65,6 +65,7 @@ import torch
 from benchmarks.common import (as_script, cached_runs, check_common_arguments, file_digest,
                                read_cache, run_reporting_errors, write_runs)
 from benchmarks.reproduce.imdb import paired_difference
+from glomo_pyg.atomic_files import atomic_write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = os.path.join(ROOT, "configs")
@@ -125,9 +126,8 @@ def log(*args):
 
 
 def write_json(path: str, obj) -> None:
-    with open(path + ".tmp", "w") as fh:
+    with atomic_write(path) as fh:
         json.dump(obj, fh, indent=1)
-    os.replace(path + ".tmp", path)
 
 
 def check_arguments(args) -> None:

@@ -128,7 +128,10 @@ def safe_load(path: str) -> Any:
     except Exception as e:  # truncated, corrupt, not a pickle, bad array state
         raise ImageDataError(f"{path}: truncated or corrupt pickle ({type(e).__name__}: "
                              f"{e})") from None
-    _check_plain(obj)
+    try:
+        _check_plain(obj)
+    except UnsafePickleError as e:
+        raise UnsafePickleError(f"{path}: {e}") from None
     return obj
 
 
@@ -203,8 +206,10 @@ def read_image_batch(path: str, num_classes: Optional[int] = None, label_offset:
         raise ImageDataError(f"{path}: 'data' must be a uint8 [n, 3 * side^2] array, got "
                              f"{getattr(data, 'dtype', type(data).__name__)} "
                              f"{getattr(data, 'shape', '')}")
+    if data.shape[0] < 1:
+        raise ImageDataError(f"{path}: 'data' holds no images (0 rows)")
     side = int(round((data.shape[1] / 3) ** 0.5))
-    if data.shape[0] < 1 or side < 1 or 3 * side * side != data.shape[1]:
+    if side < 1 or 3 * side * side != data.shape[1]:
         raise ImageDataError(f"{path}: 'data' rows of {data.shape[1]} values are not 3 square "
                              "colour planes")
     images = torch.from_numpy(np.ascontiguousarray(data)).view(-1, 3, side, side)

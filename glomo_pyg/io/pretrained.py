@@ -16,7 +16,6 @@ import errno
 import hashlib
 import inspect
 import json
-import math
 import os
 import re
 import secrets
@@ -36,14 +35,17 @@ from glomo_pyg.graphs import DIRECTION_KEYS
 from glomo_pyg.io.releases import RELEASE_NAME, available_releases, released_names, releases_root
 from glomo_pyg.nn import FeatureGraphEmitter, GraphPredictor  # noqa: F401 (registers emitters)
 from glomo_pyg.nn.emitter import EMITTERS
-from glomo_pyg.nn.feature_predictor import MAX_LOCAL_CONTEXT
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor, register_persistence
+from glomo_pyg.nn.settings import MAX_STRING, MAX_VOCABULARY, check_model_setting  # noqa: F401
+from glomo_pyg.io.seal import SEAL_KEY, seal_of, seal_problem
 from glomo_pyg.version import __version__
 
 FORMAT = "glomo_pyg.pretrained_graph_predictor"
 # 2: each direction saves its emitter's config() (the layout, a run-time choice, is no
 #    longer part of it); 1: hand-copied constructor kwargs (still read, see _legacy_entry)
-FORMAT_VERSION = 2
+# 3: config.json is sealed (glomo_pyg.io.seal); 2 and 1 still load, with a warning
+FORMAT_VERSION = 3
+SEALED_SINCE = 3
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 
@@ -53,45 +55,20 @@ PathLike = Union[str, os.PathLike]
 MAX_CONFIG_BYTES = 256 << 20      # a 16M-token vocabulary fits
 MAX_CONFIG_DEPTH = 16             # a saved config nests 5 deep
 MAX_HEADER_BYTES = 100_000_000    # safetensors' own limit on its JSON header
-MAX_STRING = 256                  # string values of an emitter config
-MAX_VOCABULARY = 1 << 24
 
-# What a saved emitter config may hold: each constructor argument's JSON type and the
-# range a file may ask for, as (kind, low, high); kind is "int", "float", "bool", "str"
-# or "floats" (a list of numbers), with "?" when null is allowed. The upper bounds are
-# far above any real predictor; they stop an edited config from asking for gigabytes or
-# hours before it is compared with the weights. Every constructor argument of every
-# registered emitter must have a rule (tests/test_pretrained_io.py checks it).
-CONFIG_RULES: Dict[str, Tuple[str, Optional[float], Optional[float]]] = {
-    "num_tokens": ("int?", 1, MAX_VOCABULARY),
-    "in_channels": ("int?", 1, 1 << 16),
-    "hidden_channels": ("int", 1, 1 << 16),
-    "head_channels": ("int?", 1, 1 << 16),
-    "heads": ("int", 1, 1024),
-    "num_layers": ("int", 1, 1024),
-    "cnn_layers": ("int", 0, 1024),
-    "kernel_size": ("int", 1, 1023),
-    "padding_idx": ("int?", -MAX_VOCABULARY, MAX_VOCABULARY - 1),
-    "block_size": ("int", 1, 1 << 34),
-    "position_frequencies": ("int", 1, 4096),
-    "position_period": ("float", None, None),
-    "height": ("int", 1, 1 << 16),
-    "width": ("int", 1, 1 << 16),
-    "grid_width": ("int?", 1, 1 << 16),
-    "dropout": ("float", 0.0, 1.0),
-    "pixel_mean": ("floats?", None, None),
-    "pixel_std": ("floats?", None, None),
-    "direction": ("str", None, None),
-    "norm": ("str?", None, None),
-    "bias": ("str", None, None),
-    "position": ("str?", None, None),
-    "update": ("str", None, None),
-    "include_self": ("bool", None, None),
-    "sparse": ("bool", None, None),
-    "pooled_context": ("bool", None, None),
-    "local_context": ("int", 0, MAX_LOCAL_CONTEXT),
-}
-_MAX_LIST = 1 << 16  # entries of a "floats" value
+# The settings a saved emitter config may hold: the constructor arguments of the
+# registered emitters. Their types and ranges are declared once, in
+# glomo_pyg.nn.settings.ModelSettings (the same rules glomo pretrain checks its model
+# section with); the upper bounds are far above any real predictor, so an edited config
+# cannot ask for gigabytes or hours before it is compared with the weights. Every
+# constructor argument of every registered emitter must be here
+# (tests/test_pretrained_io.py checks it).
+SAVED_SETTINGS = ("num_tokens", "in_channels", "hidden_channels", "head_channels", "heads",
+                  "num_layers", "cnn_layers", "kernel_size", "padding_idx", "block_size",
+                  "position_frequencies", "position_period", "height", "width", "grid_width",
+                  "dropout", "pixel_mean", "pixel_std", "direction", "norm", "bias",
+                  "position", "update", "include_self", "sparse", "pooled_context",
+                  "local_context")
 
 # safetensors dtype names of the torch dtypes a predictor may hold
 _SAFETENSORS_DTYPES = {
@@ -105,6 +82,12 @@ _DTYPE_BYTES = {name: torch.empty(0, dtype=dtype).element_size()
 # are widened to the module's dtype on load
 STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _NARROW = ("F16", "BF16")
+
+
+class UnsealedPredictorWarning(UserWarning):
+    """A predictor saved before bundles were sealed (format 1 or 2) was loaded: edits to
+    its config or vocabulary cannot be detected. Save it again, or seal it as it is with
+    :func:`reseal_pretrained`."""
 
 
 class PretrainedFormatError(ValueError):
@@ -426,6 +409,7 @@ def save_pretrained(predictor: PretrainedGraphPredictor, path: PathLike,
         weights=dict(file=WEIGHTS_NAME, bytes=len(payload),
                      sha256=hashlib.sha256(payload).hexdigest()))
     try:
+        config[SEAL_KEY] = seal_of(config)  # (last: it covers everything above)
         text = json.dumps(config, indent=2, allow_nan=False).encode()
     except ValueError as err:
         raise ValueError(f"cannot save {given}: the config holds a NaN or infinite number "
@@ -569,7 +553,7 @@ def _read_fd(fd: int, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _read_config(path: Path, fd: Optional[int]) -> Dict[str, Any]:
+def _read_config(path: Path, fd: Optional[int], unsealed_ok: bool = True) -> Dict[str, Any]:
     file = path / CONFIG_NAME
     if fd is None:
         raise PretrainedFormatError(f"{file} is missing: {path} was not written by "
@@ -600,6 +584,21 @@ def _read_config(path: Path, fd: Optional[int]) -> Dict[str, Any]:
             f"glomo_pyg ({__version__}) reads versions up to {FORMAT_VERSION}: upgrade glomo_pyg")
     if version < 1:
         raise PretrainedFormatError(f"{file} has an invalid format version {version}")
+    if version >= SEALED_SINCE:
+        problem = seal_problem(config)
+        if problem is not None:
+            raise PretrainedFormatError(
+                f"{file}: {problem}. If the edit was deliberate, seal the predictor again "
+                f"with `glomo reseal {path}` (glomo_pyg.io.pretrained.reseal_pretrained)")
+    elif not unsealed_ok:
+        raise PretrainedFormatError(f"{file} has format version {version}, which is not "
+                                    "sealed; a released predictor must be sealed")
+    else:
+        how = "Save it again (save_pretrained)" + (
+            f", or seal it as it is with `glomo reseal {path}`" if version >= 2 else "")
+        warnings.warn(f"{file} has format version {version}, saved before predictors were "
+                      f"sealed: edits to its config or vocabulary cannot be detected. {how}",
+                      UnsealedPredictorWarning, stacklevel=3)
     for key, kind in (("directions", dict), ("weights", dict)):
         if not isinstance(config.get(key), kind):
             raise PretrainedFormatError(f"{file} lacks the {key!r} entry")
@@ -608,9 +607,14 @@ def _read_config(path: Path, fd: Optional[int]) -> Dict[str, Any]:
         raise PretrainedFormatError(f"{file} names weights file {_show(meta.get('file'))}; "
                                     f"expected {WEIGHTS_NAME!r}")
     size = meta.get("bytes")
-    if not isinstance(size, int) or isinstance(size, bool) or size < 8:
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise PretrainedFormatError(f"{file}: weights.bytes must be the weights file's size in "
                                     f"bytes, got {_show(size)}")
+    if size < 8:
+        raise PretrainedFormatError(f"{file}: weights.bytes records a {size}-byte weights "
+                                    "file, but a safetensors file holds at least 8 bytes (the "
+                                    "length of its header): the weights file is not one "
+                                    "save_pretrained wrote")
     digest = meta.get("sha256")
     if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
         raise PretrainedFormatError(f"{file}: weights.sha256 must be 64 lowercase hex digits, "
@@ -649,41 +653,10 @@ def _legacy_entry(entry: Any) -> Any:
     return dict(cls=cls, config=kwargs)
 
 
-def _finite(value: Any) -> bool:
-    """A JSON number (not a boolean) that is a finite float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:  # an integer beyond the float range
-        return False
-
-
 def _check_value(key: str, value: Any, where: str) -> None:
-    kind, low, high = CONFIG_RULES[key]
-    optional, kind = kind.endswith("?"), kind.rstrip("?")
-    words = {"int": "an integer", "float": "a finite number", "bool": "true or false",
-             "str": f"a string of at most {MAX_STRING} characters",
-             "floats": f"a list of at most {_MAX_LIST} finite numbers"}[kind]
-    if value is None and optional:
-        return
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind == "bool":
-        ok = isinstance(value, bool)
-    elif kind == "str":
-        ok = isinstance(value, str) and len(value) <= MAX_STRING
-    elif kind == "floats":
-        ok = isinstance(value, list) and len(value) <= _MAX_LIST and all(map(_finite, value))
-    elif kind == "int":
-        ok = number and isinstance(value, int)
-    else:
-        ok = _finite(value)
-    if not ok:
-        raise PretrainedFormatError(f"{where}: {key} must be {words}"
-                                    f"{' or null' if optional else ''}, got {_show(value)}")
-    if number and ((low is not None and value < low) or (high is not None and value > high)):
-        raise PretrainedFormatError(f"{where}: {key} is {value}, outside the range "
-                                    f"[{low}, {high}] this loader accepts")
+    """One saved setting, by its declared rule (:mod:`glomo_pyg.nn.settings`)."""
+    check_model_setting(key, value, PretrainedFormatError, key=f"{where}: {key}", show=_show,
+                        typed=True)
 
 
 # Named emitter constructor arguments that format-2 files may lack: arguments added
@@ -716,7 +689,7 @@ def _entry(direction: str, entry: Any, file: Path,
         raise PretrainedFormatError(
             f"{file}: the {direction} entry must name one of {sorted(EMITTERS)} with its config")
     cls, config = EMITTERS[entry["cls"]], entry["config"]
-    unknown = sorted(k for k in config if k not in CONFIG_RULES)
+    unknown = sorted(k for k in config if k not in SAVED_SETTINGS)
     if unknown:
         raise PretrainedFormatError(f"{file}: cannot build the {direction} {cls.__name__} from "
                                     f"its config (unknown arguments {unknown[:5]})")
@@ -899,7 +872,8 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
     JSON (no NaN, no duplicate keys, nested at most 16 deep); its format and version are
     known; every emitter argument has the JSON type its constructor takes (``true`` /
     ``false`` for booleans, numbers for numbers) and lies within a generous range (see
-    ``CONFIG_RULES``); the weights file has the recorded size and SHA-256; its
+    ``SAVED_SETTINGS``, by the rules of :class:`~glomo_pyg.nn.settings.ModelSettings`);
+    the weights file has the recorded size and SHA-256; its
     safetensors header lists exactly the tensors, shapes and dtypes the config
     describes (checked on modules built on the meta device, which allocate nothing);
     the tensors parse and are all finite. Only then are the modules built and filled.
@@ -928,8 +902,8 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
             the problem.
     """
     given, path = path, _as_path(path, "load_pretrained")
-    if isinstance(given, str):  # (a Path object always means a path)
-        path = _released(given) or path
+    released = _released(given) if isinstance(given, str) else None  # (a Path is a path)
+    path = released or path
     if map_location is not None:  # checked before anything is read
         try:
             device = torch.device(map_location)
@@ -943,7 +917,7 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
                         f"{type(vocabulary).__name__}")
     config_file, weights_file = path / CONFIG_NAME, path / WEIGHTS_NAME
     with _opened(path) as (config_fd, weights_fd):
-        config = _read_config(path, config_fd)
+        config = _read_config(path, config_fd, unsealed_ok=released is None)
         directions = config["directions"]
         unknown = sorted(set(directions) - set(DIRECTION_KEYS))
         if unknown or not directions:
@@ -1006,6 +980,56 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
     if map_location is not None:
         predictor = predictor.to(map_location)
     return predictor.eval()
+
+
+def reseal_pretrained(path: PathLike) -> Path:
+    """Seal a saved predictor again, as it now is: for a ``config.json`` edited on purpose
+    (a renamed vocabulary entry, a changed setting) or a predictor of format 1 or 2.
+
+    The weights file's size and SHA-256 are recorded anew, the format version becomes the
+    current one and the seal covers the whole bundle; then the predictor is loaded as any
+    other (every check of :func:`load_pretrained`), and if that fails the previous
+    ``config.json`` is put back and the error raised: resealing never leaves a predictor
+    that does not load. The new ``config.json`` replaces the old one atomically.
+
+    Returns:
+        ``path``.
+    """
+    from glomo_pyg.atomic_files import atomic_write
+
+    given, path = path, _as_path(path, "reseal_pretrained")
+    config_file, weights_file = path / CONFIG_NAME, path / WEIGHTS_NAME
+    with _opened(path) as (config_fd, weights_fd):
+        if config_fd is None:
+            raise _missing_directory(path) if not path.is_dir() else PretrainedFormatError(
+                f"{config_file} is missing: nothing to seal")
+        old = _read_fd(config_fd, MAX_CONFIG_BYTES)
+        if weights_fd is None:
+            raise PretrainedFormatError(f"{weights_file} is missing: nothing to seal")
+        payload = _read_fd(weights_fd, 1 << 62)
+    try:
+        config = _strict_json(old, MAX_CONFIG_DEPTH)
+    except _JSONProblem as err:
+        raise PretrainedFormatError(f"{config_file} is not valid JSON ({err})") from None
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        raise PretrainedFormatError(f"{config_file} is not a glomo_pyg pretrained-predictor "
+                                    f"config (expected format {FORMAT!r})")
+    if config.get("format_version") == 1:  # the layout of format 2 first
+        raise PretrainedFormatError(f"{config_file} has format version 1: load it and save it "
+                                    "again (save_pretrained) instead of sealing it as it is")
+    config["format_version"] = FORMAT_VERSION
+    config["weights"] = dict(file=WEIGHTS_NAME, bytes=len(payload),
+                             sha256=hashlib.sha256(payload).hexdigest())
+    config[SEAL_KEY] = seal_of(config)
+    with atomic_write(config_file, "wb") as fh:
+        fh.write(json.dumps(config, indent=2, allow_nan=False).encode())
+    try:
+        load_pretrained(path)
+    except Exception:
+        with atomic_write(config_file, "wb") as fh:
+            fh.write(old)
+        raise
+    return given
 
 
 register_persistence(save_pretrained, load_pretrained)

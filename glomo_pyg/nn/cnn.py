@@ -37,8 +37,16 @@ class MaskedNorm(torch.nn.Module):
             return x
         if self.norm == "layer":
             return self.module(x)
+        units = x[mask]
+        if self.training and units.size(0) < 2:
+            # BatchNorm's batch statistics need two values per channel; say which setting
+            # and which input instead of torch's "more than 1 value per channel"
+            raise ValueError(f"norm='batch' needs at least 2 units in a batch while training "
+                             f"(its statistics are over the batch's units), got "
+                             f"{units.size(0)}: train on larger batches, use norm='layer', or "
+                             "call .eval() to emit graphs")
         out = torch.zeros_like(x)
-        out[mask] = self.module(x[mask])
+        out[mask] = self.module(units)
         return out
 
 

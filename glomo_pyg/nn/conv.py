@@ -12,8 +12,8 @@ from torch_geometric.utils import is_torch_sparse_tensor
 import warnings
 
 from glomo_pyg.graphs import LatentGraphs
-from glomo_pyg.kernels import (is_compiling, dense_head_propagate, head_blocked_edges,
-                               propagate_unchecked)
+from glomo_pyg.kernels import (check_edge_values, checked_edge_index, dense_head_propagate,
+                               head_blocked_edges, is_compiling, propagate_unchecked)
 from glomo_pyg.sequences import check_dtype, sequence_batch
 
 UPDATES = (None, "gru", "residual")
@@ -48,7 +48,9 @@ class GlomoConv(MessagePassing):
     Edges may come in any order (they are sorted by target when needed, also
     under ``torch.compile``). Input is validated at the door: ids in range, NaN or
     Inf in ``x`` or ``edge_weight`` refused (``ValueError``), with one device sync for
-    all of it (skipped while compiling); with an update, ``x`` must have the
+    all of it; under ``torch.compile`` the same check runs inside the compiled code (an
+    opaque operator, :func:`~glomo_pyg.kernels.checked_edge_index`), so a hostile graph
+    raises the same error and is never read out of bounds; with an update, ``x`` must have the
     parameters' dtype unless autocast is on. Empty input (no nodes, no edges) gives
     an empty or zero aggregation.
 
@@ -130,8 +132,14 @@ class GlomoConv(MessagePassing):
                 raise ValueError("with a torch.sparse adjacency, weights and heads come from the "
                                  "tensor itself; do not pass edge_weight or edge_head")
             edge_index, edge_weight, edge_head = self._edges_from_sparse(edge_index, num_nodes)
-        if not is_compiling():
-            self._check(x, edge_index, edge_weight, edge_head)
+        self._check(x, edge_index, edge_weight, edge_head)
+        if is_compiling():
+            # the values are checked where the graph runs: an opaque operator that torch
+            # compiles around, so bad ids raise the eager error instead of reading or
+            # writing outside x (a compiled product does not check indices)
+            edge_index = checked_edge_index(x, edge_index, edge_weight, edge_head, self.heads)
+        else:
+            check_edge_values(x, edge_index, edge_weight, edge_head, self.heads)
         if edge_weight is None:
             edge_weight = x.new_ones(edge_index.size(1))
         return self._update(x, self._aggregate(x, edge_index, edge_weight, edge_head))
@@ -246,8 +254,8 @@ class GlomoConv(MessagePassing):
 
     def _check(self, x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor],
                edge_head: Optional[Tensor]) -> None:
-        """Types and shapes (host-side), then ids in range and finite features and weights
-        with one device sync for all of them (as :class:`GlomoTransfer` refuses NaN/Inf)."""
+        """Types, shapes and devices: host-side facts, known while tracing too (the
+        values are checked by :func:`~glomo_pyg.kernels.check_edge_values`)."""
         if not isinstance(x, Tensor) or not x.dtype.is_floating_point:
             raise TypeError(f"x must be a floating-point tensor, got "
                             f"{x.dtype if isinstance(x, Tensor) else type(x).__name__}")
@@ -274,28 +282,6 @@ class GlomoConv(MessagePassing):
                         ("edge_head", edge_head)):
             if t is not None and t.device != x.device:
                 raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
-        stats = [torch.isfinite(x).all().long()]
-        if edge_weight is not None:
-            stats.append(torch.isfinite(edge_weight).all().long())
-        if num_edges:
-            stats += [edge_index.min(), edge_index.max()]
-            if edge_head is not None:
-                stats += [edge_head.min(), edge_head.max()]
-        values = torch.stack(stats).tolist()  # the one device sync
-        if not values[0]:
-            raise ValueError("x contains NaN or Inf")
-        if edge_weight is not None:
-            if not values[1]:
-                raise ValueError("edge_weight contains NaN or Inf")
-            values = values[1:]
-        if num_edges:
-            low, high = values[1:3]
-            if low < 0 or high >= x.size(0):
-                raise ValueError(f"edge_index refers to nodes outside [0, {x.size(0)}) "
-                                 f"(ids from {low} to {high})")
-            if edge_head is not None and (values[3] < 0 or values[4] >= self.heads):
-                raise ValueError(f"edge_head values must lie in [0, {self.heads}), got values "
-                                 f"from {values[3]} to {values[4]}")
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.channels}, heads={self.heads}, "

@@ -14,6 +14,7 @@ from glomo_pyg.nn.emitter import EmitResult, GraphEmitter
 from glomo_pyg.nn.encoder import UnitEncoder
 from glomo_pyg.nn.layout import LAYOUTS
 from glomo_pyg.nn.scorer import GraphScorer, resolve_head_channels
+from glomo_pyg.nn.settings import MAX_LOCAL_CONTEXT, check_model_setting  # noqa: F401
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
 
@@ -57,7 +58,6 @@ def nearest_sources(x: Tensor, sequences: SequenceBatch, direction: str, k: int)
     return sequences.to_flat(torch.cat(parts, -1))
 
 
-MAX_LOCAL_CONTEXT = 64  # nearest units a layer may read directly (local_context)
 
 
 class FeaturePredictor(ConfigurableModule):
@@ -128,9 +128,7 @@ class FeaturePredictor(ConfigurableModule):
         except TypeError:
             raise TypeError(f"local_context must be an integer, got {local_context!r}") \
                 from None
-        if not 0 <= local_context <= MAX_LOCAL_CONTEXT:
-            raise ValueError(f"local_context must be an integer in [0, {MAX_LOCAL_CONTEXT}], "
-                             f"got {local_context}")
+        local_context = check_model_setting("local_context", local_context)
         if "layout" in scorer_kwargs:
             raise TypeError("layout is a run-time choice: use set_layout() or "
                             "from_sequences(..., layout=...)")

@@ -18,6 +18,7 @@ from glomo_pyg.nn.graph_predictor import GraphPredictor
 from glomo_pyg.nn.layout import LAYOUTS
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 from glomo_pyg.nn.scorer import resolve_head_channels
+from glomo_pyg.nn.settings import check_model_setting
 from glomo_pyg.ordering import DIRECTIONS
 from glomo_pyg.pixels import IMAGENET_MEAN, IMAGENET_STD
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
@@ -106,13 +107,9 @@ class Glomo(torch.nn.Module):
         if emitters is not None and set(emitters) != set(directions):
             raise ValueError(f"emitters must cover the same directions as the feature predictors "
                              f"({directions}), got {sorted(emitters)}")
-        if not (0.0 <= float(keep_alive) < float("inf")) or not \
-                (0.0 < float(keep_alive_margin) < float("inf")):
-            raise ValueError("keep_alive must be a finite number >= 0 and keep_alive_margin a "
-                             f"finite number > 0, got {keep_alive!r}, {keep_alive_margin!r}")
-        if not (0.0 <= float(entropy_penalty) < float("inf")):
-            raise ValueError(f"entropy_penalty must be a finite number >= 0, got "
-                             f"{entropy_penalty!r}")
+        keep_alive = check_model_setting("keep_alive", keep_alive)
+        keep_alive_margin = check_model_setting("keep_alive_margin", keep_alive_margin)
+        entropy_penalty = check_model_setting("entropy_penalty", entropy_penalty)
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
         if num_positions < 1:
@@ -195,10 +192,7 @@ class Glomo(torch.nn.Module):
         Others as in :class:`GraphPredictor`, :class:`ContextDecoder` and
         :class:`Glomo`.
         """
-        if isinstance(decoder_layers, bool) or not isinstance(decoder_layers, int) or \
-                decoder_layers < 1:
-            raise ValueError(f"decoder_layers must be a positive integer (GRU layers of the "
-                             f"context decoder), got {decoder_layers!r}")
+        check_model_setting("decoder_layers", decoder_layers)
         if keep_alive and not sparse:
             raise ValueError("keep_alive is for squared-ReLU graphs (sparse=True); softmax "
                              "graphs have no empty columns")

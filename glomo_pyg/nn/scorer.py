@@ -16,6 +16,7 @@ from glomo_pyg.kernels import (bounded_keys_queries, check_finite_keys_queries, 
                                column_max_scores, latent_graph_dense,
                                latent_graph_edges)
 from glomo_pyg.nn.layout import LAYOUTS, auto_layout, settle_auto, unfused_layout
+from glomo_pyg.nn.settings import check_model_setting
 from glomo_pyg.ordering import DIRECTIONS
 from glomo_pyg.sequences import SequenceBatch
 
@@ -109,12 +110,9 @@ class GraphScorer(torch.nn.Module):
             raise ValueError(f"bias must be one of {BIASES}, got {bias!r}")
         if position not in POSITIONS:
             raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
-        if position is not None and (int(position_frequencies) != position_frequencies or
-                                     position_frequencies < 1 or not
-                                     2.0 <= float(position_period) < float("inf")):
-            raise ValueError("position_frequencies must be a positive integer and "
-                             f"position_period a finite number >= 2, got {position_frequencies!r}, "
-                             f"{position_period!r}")
+        # checked even without a distance term: what is saved must load
+        check_model_setting("position_frequencies", position_frequencies)
+        check_model_setting("position_period", position_period)
         if (position == "grid") != (grid_width is not None) or (
                 grid_width is not None and (not isinstance(grid_width, int) or grid_width < 1)):
             raise ValueError("position='grid' needs grid_width, a positive integer (the image "

@@ -29,32 +29,30 @@ from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.data.images import augment
 from glomo_pyg.nn.resnet import GlomoResNet
 from glomo_pyg.pixels import image_units
+from glomo_pyg.settings import check_settings, setting
 
 
 @dataclass
 class ImageTrainConfig:
-    epochs: int = 20
-    batch_size: int = 256
-    lr: float = 0.2  # peak of the one-cycle schedule
-    weight_decay: float = 5e-4
-    momentum: float = 0.9
-    warmup_fraction: float = 0.25
-    crop_padding: int = 4  # 0: flips only
-    flip: bool = True
-    label_smoothing: float = 0.0
-    eval_batch_size: int = 512
+    """The recipe of :func:`train_image_classifier` (SGD with Nesterov momentum, a
+    one-cycle schedule, random crops and flips)."""
+
+    epochs: int = setting(20, low=1)
+    batch_size: int = setting(256, low=1)
+    lr: float = setting(0.2, low=0, low_open=True, doc="peak of the one-cycle schedule")
+    weight_decay: float = setting(5e-4, low=0)
+    momentum: float = setting(0.9, low=0, high=1, high_open=True)
+    warmup_fraction: float = setting(0.25, low=0, high=1, low_open=True, high_open=True,
+                                     doc="share of the steps spent warming up")
+    crop_padding: int = setting(4, low=0, doc="pixels padded before random crops (0: flips "
+                                             "only)")
+    flip: bool = setting(True, doc="random horizontal flips")
+    label_smoothing: float = setting(0.0, low=0, high=1, high_open=True)
+    eval_batch_size: int = setting(512, low=1)
 
     def validate(self) -> None:
-        if self.epochs < 1 or self.batch_size < 1 or self.eval_batch_size < 1:
-            raise ValueError("epochs and batch sizes must be >= 1")
-        numbers = (self.lr, self.weight_decay, self.momentum, self.warmup_fraction,
-                   self.label_smoothing)
-        if not all(math.isfinite(v) for v in numbers) or not (
-                self.lr > 0 and self.weight_decay >= 0 and 0 <= self.momentum < 1 and
-                0 < self.warmup_fraction < 1 and 0 <= self.label_smoothing < 1):
-            raise ValueError(f"invalid optimisation settings: {self}")
-        if self.crop_padding < 0:
-            raise ValueError("crop_padding must be >= 0")
+        """Every setting by its declared rule; :class:`ValueError` naming it."""
+        check_settings(self)
 
 
 @torch.no_grad()

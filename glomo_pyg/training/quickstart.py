@@ -17,6 +17,8 @@ from glomo_pyg.data.synthetic import PlantedDependencyCorpus
 from glomo_pyg.analysis.recovery import RecoveryReport, planted_source_recovery
 from glomo_pyg.io.pretrained import save_pretrained
 from glomo_pyg.nn.glomo import Glomo
+from glomo_pyg.settings import Rule, check_settings, rules, setting
+from glomo_pyg.training.pretrain.config import TrainConfig, check_model_section
 from glomo_pyg.training.pretraining import GlomoPretraining
 from glomo_pyg.training.utils import quiet_lightning
 
@@ -32,27 +34,40 @@ def predictor_dir(output_dir: str) -> str:
     return os.path.join(output_dir, "predictor")
 
 
+_TRAIN = rules(TrainConfig)  # the settings shared with glomo pretrain, declared there
+
+
 @dataclass
 class QuickstartConfig:
-    """Settings of ``glomo quickstart`` (defaults: a few minutes on 2 CPU cores)."""
+    """Settings of ``glomo quickstart`` (defaults: a few minutes on 2 CPU cores). The
+    optimisation settings it shares with ``glomo pretrain`` (:class:`TrainConfig
+    <glomo_pyg.training.pretrain.TrainConfig>`) follow the rules declared there; the
+    ``model`` settings those of :class:`~glomo_pyg.nn.settings.ModelSettings`."""
 
-    steps: int = 1000
-    batch_size: int = 32
-    test_sequences: int = 512
-    seed: int = 0
-    lr: float = 3e-3
-    graph_lr_scale: float = 1.0
-    graph_warmup_steps: int = 150
-    grad_clip: float = 1.0
-    corpus: Dict[str, Any] = field(default_factory=lambda: dict(
+    steps: int = setting(1000, low=1, doc="optimiser steps")
+    batch_size: int = setting(32, rule=_TRAIN["batch_size"])
+    test_sequences: int = setting(512, low=1, doc="held-out sequences the scores use")
+    seed: int = setting(0, rule=_TRAIN["seed"])
+    lr: float = setting(3e-3, rule=_TRAIN["lr"])
+    graph_lr_scale: float = setting(1.0, rule=_TRAIN["graph_lr_scale"])
+    graph_warmup_steps: int = setting(150, rule=_TRAIN["graph_warmup_steps"])
+    grad_clip: float = setting(1.0, rule=_TRAIN["grad_clip"])
+    corpus: Dict[str, Any] = setting(factory=lambda: dict(
         min_length=16, max_length=32, num_filler=16, num_slots=3, num_values=4, topic_size=5,
-        min_distance=3, max_distance=12, dependencies=2))
-    model: Dict[str, Any] = field(default_factory=lambda: dict(
+        min_distance=3, max_distance=12, dependencies=2),
+        rule=Rule(dict), doc="PlantedDependencyCorpus arguments (checked by it)")
+    model: Dict[str, Any] = setting(factory=lambda: dict(
         hidden_channels=48, num_layers=2, heads=4, cnn_layers=2, num_positions=32,
-        context_length=3))
-    accelerator: str = "cpu"
-    output_dir: Optional[str] = None  # CSV logs, quickstart.json and the predictor (predictor/)
-    progress_bar: bool = True
+        context_length=3), rule=Rule(dict), doc="Glomo.text arguments")
+    accelerator: str = setting("cpu", rule=_TRAIN["accelerator"])
+    output_dir: Optional[str] = setting(None, doc="CSV logs, quickstart.json and the "
+                                                  "predictor (predictor/)")
+    progress_bar: bool = setting(True)
+
+    def validate(self) -> None:
+        """Every setting by its declared rule; :class:`ValueError` naming it."""
+        check_settings(self)
+        check_model_section(self.model, images=False)
 
 
 @dataclass
@@ -112,8 +127,7 @@ def _evaluate(model, test_batch):
 
 def run_quickstart(config: QuickstartConfig = QuickstartConfig()) -> QuickstartResult:
     """Pretrain GLoMo on the synthetic corpus and measure planted-source recovery."""
-    if config.steps < 1 or config.batch_size < 1:
-        raise ValueError("steps and batch_size must be positive")
+    config.validate()
     if config.steps * config.batch_size > MAX_SEQUENCES:  # the shuffled index is allocated
         raise ValueError(f"steps x batch_size = {config.steps * config.batch_size} sequences; at "
                          f"most {MAX_SEQUENCES} (the quickstart corpus is generated per run)")

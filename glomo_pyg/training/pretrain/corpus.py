@@ -56,6 +56,32 @@ def with_corpus_defaults(saved: Dict[str, Any], keys) -> Dict[str, Any]:
     return {**{k: v for k, v in _ADDED_CORPUS_SETTINGS.items() if k in keys}, **saved}
 
 
+CORPUS_FILES = ("tokens", "vocabulary.json", "corpus.json")  # (corpus.json marks it complete)
+
+
+def corpus_is_prepared(folder: str) -> bool:
+    """Whether ``folder`` holds a complete prepared corpus (possibly of other settings:
+    :func:`prepare_corpus` checks that)."""
+    tokens, vocab, meta = (os.path.join(folder, name) for name in CORPUS_FILES)
+    return os.path.exists(meta) and os.path.exists(vocab) and os.path.isdir(tokens)
+
+
+def install_prepared_corpus(staging: str, folder: str) -> None:
+    """Move a corpus prepared in ``staging`` into ``folder``, replacing what is there;
+    ``corpus.json`` last, so a kill in between leaves an incomplete corpus that the next
+    run rebuilds, never a mixture taken for complete."""
+    import shutil
+
+    meta = os.path.join(folder, "corpus.json")
+    if os.path.exists(meta):
+        os.unlink(meta)
+    for name in CORPUS_FILES:
+        target = os.path.join(folder, name)
+        if os.path.isdir(target) and not os.path.islink(target):
+            shutil.rmtree(target)
+        os.replace(os.path.join(staging, name), target)
+
+
 def prepare_corpus(corpus: CorpusConfig, folder: str, log=print):
     """Vocabulary and token shards in ``folder`` (built once: two passes over the
     documents, counting then encoding; reused when present and built from the same

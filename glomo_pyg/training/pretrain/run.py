@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
+import tempfile
 import time
 import warnings
 from typing import Any, Dict, List, Optional
@@ -11,8 +13,9 @@ from typing import Any, Dict, List, Optional
 import lightning.pytorch as pl
 import torch
 
+from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.data.tokens import read_shard_index
-from glomo_pyg.io.pretrained import MAX_VOCABULARY
+from glomo_pyg.nn.settings import MAX_VOCABULARY
 from glomo_pyg.training.checkpoints import (CHECKPOINT_KEY, check_checkpoint_matches,
                                             find_resume_checkpoint, newest_checkpoint_file,
                                             stale_temporary_files)
@@ -22,8 +25,9 @@ from glomo_pyg.training.utils import quiet_lightning
 from glomo_pyg.training.pretrain.config import (IMAGE_FORMATS, INIT_VECTORS_PARTS, PretrainConfig,
                                                 TrainConfig, short_repr)
 from glomo_pyg.training.pretrain.corpus import (check_fingerprint, corpus_fingerprint,
-                                                image_fingerprint, prepare_corpus, read_json,
-                                                with_corpus_defaults, write_json)
+                                                corpus_is_prepared, image_fingerprint,
+                                                install_prepared_corpus, prepare_corpus,
+                                                read_json, with_corpus_defaults, write_json)
 from glomo_pyg.training.pretrain.callbacks import RunRecord
 from glomo_pyg.training.pretrain.data import (ImagePretrainingData, TextPretrainingData,
                                               load_pretraining_images)
@@ -88,6 +92,19 @@ def _check_resume_settings(config: PretrainConfig, before: Any, source: str, out
         raise ValueError(f"{out}: cannot resume with changed {', '.join(fixed)}: the "
                          "checkpoint's optimiser state and data position were made with the "
                          f"saved ones ({source}); start a new output_dir to change them")
+
+
+def _make_last_the_newest(folder: str, ckpt: str, log) -> None:
+    """After a resume's checks passed: ``last.ckpt`` becomes a copy of ``ckpt``, the
+    newest complete checkpoint, when it is older or missing (a kill while it was
+    rewritten), so the run folder's own pointer to its state is right again, also when
+    there is nothing left to train. Written atomically."""
+    last = os.path.join(folder, "last.ckpt")
+    if os.path.abspath(ckpt) == os.path.abspath(last):
+        return
+    with open(ckpt, "rb") as src, atomic_write(last, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 24)
+    log(f"{last} is now a copy of {ckpt}, the newest complete checkpoint")
 
 
 def _metric(trainer: pl.Trainer, name: str) -> Optional[float]:
@@ -172,14 +189,27 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
             return dict(images=len(pixels))
         fingerprint, where = image_fingerprint(pixels), f"corpus.path ({c.path})"
     else:
-        vocab, shards = prepare_corpus(config.corpus, out, log)
-        if len(vocab) > MAX_VOCABULARY:  # the saved predictor could not be loaded
-            raise ValueError(f"the corpus has {len(vocab)} distinct tokens, more than a saved "
-                             f"predictor may hold ({MAX_VOCABULARY}): set corpus.max_size")
-        if prepare_only:
-            return dict(vocabulary=len(vocab), tokens=read_shard_index(shards)["num_tokens"])
-        fingerprint = corpus_fingerprint(vocab, shards)
-        where = f"the corpus ({c.path}, prepared in {shards})"
+        # a resumed run whose prepared corpus is gone prepares it aside and checks it
+        # against the checkpoint first: a refused resume leaves the run folder as it was
+        staging = tempfile.mkdtemp(prefix=".corpus-", dir=out) if contents is not None and \
+            not prepare_only and not child and not corpus_is_prepared(out) else None
+        try:
+            vocab, shards = prepare_corpus(config.corpus, staging or out, log)
+            if len(vocab) > MAX_VOCABULARY:  # the saved predictor could not be loaded
+                raise ValueError(f"the corpus has {len(vocab)} distinct tokens, more than a "
+                                 f"saved predictor may hold ({MAX_VOCABULARY}): set "
+                                 "corpus.max_size")
+            if prepare_only:
+                return dict(vocabulary=len(vocab), tokens=read_shard_index(shards)["num_tokens"])
+            fingerprint = corpus_fingerprint(vocab, shards)
+            where = f"the corpus ({c.path}, prepared in {os.path.join(out, 'tokens')})"
+            if staging is not None:
+                check_fingerprint(contents, ckpt, fingerprint, where, log)
+                install_prepared_corpus(staging, out)
+                shards = os.path.join(out, "tokens")
+        finally:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
     threads = torch.get_num_threads()  # restored on return: no lasting side effect
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
@@ -225,6 +255,8 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
             contents = found = None  # let go of the memory-mapped file
             if not child:
                 write_json(saved_config, config.to_dict())
+                _make_last_the_newest(folder, ckpt, log)
+                ckpt = os.path.join(folder, "last.ckpt")
         extra_callbacks = list(extra_callbacks or [])
         if trees is not None:
             from glomo_pyg.training.syntax_monitor import SyntaxMonitor

@@ -1,0 +1,103 @@
+"""Every architecture setting of the graph predictors and the pretraining model, declared
+once (:class:`ModelSettings`). The constructors check their arguments with these rules
+(:func:`check_model_setting`), ``glomo pretrain`` checks its ``model`` section with them,
+and :func:`~glomo_pyg.load_pretrained` checks a saved predictor's ``config.json`` with
+them, so a value is refused with the same words wherever it comes from."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Sequence, Type
+
+from glomo_pyg.settings import Rule, rules, setting
+
+MAX_VOCABULARY = 1 << 24  # token types a text predictor may hold
+MAX_STRING = 256  # characters of a string setting (a saved config's are read from files)
+MAX_LOCAL_CONTEXT = 64  # nearest units a layer may read directly (local_context)
+MAX_SIDE = 1 << 16  # channels, pixels per side
+MAX_DEPTH = 1024  # layers, heads
+
+
+def _layouts():
+    from glomo_pyg.nn.layout import LAYOUTS
+
+    return LAYOUTS
+
+
+@dataclass
+class ModelSettings:
+    """The architecture settings, with the text model's defaults (:meth:`Glomo.text
+    <glomo_pyg.Glomo.text>`; :meth:`Glomo.image <glomo_pyg.Glomo.image>` and the
+    emitters document their own). A saved predictor's ``config.json`` holds the
+    settings of its emitter class; ``glomo pretrain``'s ``model`` section those of
+    ``Glomo.text`` or ``Glomo.image`` and ``layout``."""
+
+    # what the data fix
+    num_tokens: Optional[int] = setting(None, low=1, high=MAX_VOCABULARY,
+                                        doc="token types (text; set from the vocabulary)")
+    padding_idx: Optional[int] = setting(None, low=-MAX_VOCABULARY, high=MAX_VOCABULARY - 1,
+                                         doc="the padding token's id, if any")
+    height: int = setting(32, low=1, high=MAX_SIDE, doc="image rows (pixels)")
+    width: int = setting(32, low=1, high=MAX_SIDE, doc="image columns (pixels)")
+    in_channels: Optional[int] = setting(3, low=1, high=MAX_SIDE, doc="colour planes")
+    grid_width: Optional[int] = setting(None, low=1, high=MAX_SIDE,
+                                        doc="pixel graphs: the raster's width")
+    pixel_mean: Optional[Sequence[float]] = setting(None, max_length=1 << 16,
+                                                    doc="per-plane mean the pixels are "
+                                                        "normalised with")
+    pixel_std: Optional[Sequence[float]] = setting(None, max_length=1 << 16,
+                                                   doc="per-plane standard deviation")
+    # the graph predictor (paper Sec. 2.1)
+    hidden_channels: int = setting(512, low=1, high=MAX_SIDE, doc="width of every layer")
+    num_layers: int = setting(3, low=1, high=MAX_DEPTH, doc="graph layers L")
+    heads: int = setting(8, low=1, high=MAX_DEPTH, doc="graphs per layer H")
+    head_channels: Optional[int] = setting(None, low=1, high=MAX_SIDE,
+                                           doc="key/query width per head (default: "
+                                               "hidden_channels / heads)")
+    cnn_layers: int = setting(4, low=0, high=MAX_DEPTH,
+                              doc="convolutions of the predictor's encoder")
+    kernel_size: int = setting(3, low=1, high=MAX_DEPTH - 1, doc="their kernel width")
+    norm: Optional[str] = setting("layer", max_length=MAX_STRING,
+                                  doc="normalisation of the encoder's layers")
+    bias: str = setting("scalar", max_length=MAX_STRING, doc="the score's bias term")
+    direction: str = setting("forward", max_length=MAX_STRING,
+                             doc="'forward' or 'backward' graphs")
+    include_self: bool = setting(False, doc="whether i = j edges are allowed")
+    sparse: bool = setting(True, doc="squared ReLU (paper Eq. 1); false: softmax")
+    position: Optional[str] = setting(None, max_length=MAX_STRING,
+                                      doc="a learned distance term ('relative', 'grid')")
+    position_frequencies: int = setting(16, low=1, high=4096,
+                                        doc="frequencies of the distance term")
+    position_period: float = setting(512.0, low=2,
+                                     doc="longest period of the distance term (units)")
+    block_size: int = setting(1 << 22, low=1, high=1 << 34,
+                              doc="scores per block while emitting (memory bound)")
+    dropout: float = setting(0.0, low=0, high=1, high_open=True, doc="dropout probability")
+    # the feature predictor and the pretraining model (paper Sec. 2.1, Eq. 3)
+    update: str = setting("gru", max_length=MAX_STRING, doc="the paper's v: 'gru' or 'residual'")
+    decouple: bool = setting(True, doc="separate graph and feature predictors (false: the "
+                                       "'-decouple' ablation)")
+    pooled_context: bool = setting(False, doc="add the mean of each unit's allowed sources")
+    local_context: int = setting(0, low=0, high=MAX_LOCAL_CONTEXT,
+                                 doc="nearest units each layer reads directly")
+    context_length: int = setting(3, low=1, high=MAX_SIDE, doc="future units each position "
+                                                                  "predicts (D)")
+    num_positions: int = setting(20, low=1, high=MAX_SIDE, doc="position embeddings")
+    decoder_layers: int = setting(2, low=1, high=MAX_DEPTH, doc="GRU layers of the decoder")
+    objective: str = setting("unit", max_length=MAX_STRING, doc="what the decoder predicts")
+    bidirectional: bool = setting(True, doc="forward and backward graphs")
+    keep_alive: float = setting(0.0, low=0, doc="weight of the dead-head penalty")
+    keep_alive_margin: float = setting(0.1, low=0, low_open=True, doc="its margin")
+    entropy_penalty: float = setting(0.0, low=0, doc="weight of the column-entropy penalty")
+    layout: str = setting("sparse", choices=_layouts,
+                          doc="graph layout at run time (not saved)")
+
+
+MODEL_RULES: Dict[str, Rule] = rules(ModelSettings)
+
+
+def check_model_setting(name: str, value: Any, error: Type[Exception] = ValueError,
+                        key: Optional[str] = None, **how) -> Any:
+    """``value`` checked (and normalised) by the declared rule of setting ``name``;
+    ``error`` names ``key`` (default: ``name``); ``how``: :meth:`Rule.check
+    <glomo_pyg.settings.Rule.check>`'s ``show`` and ``typed``."""
+    return MODEL_RULES[name].check(name if key is None else key, value, error, **how)

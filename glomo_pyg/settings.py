@@ -1,0 +1,320 @@
+"""Typed settings, declared once: a :func:`setting` is a dataclass field whose metadata
+holds its :class:`Rule` (type, range or choices, whether ``None`` is allowed) and its
+documentation. The configuration classes of the library (:class:`~glomo_pyg.nn.settings.ModelSettings`,
+the pretraining sections, the quickstart's, the image classifier's) are dataclasses of
+such fields, and everything that reads a setting, whether a YAML file, a ``--set``
+override, a saved predictor's ``config.json`` or a module constructor, checks it with the
+same rule, so an error names the same dotted key and range wherever the value came from.
+
+Plain stdlib: the library's core must check settings without Lightning or jsonargparse
+(a saved predictor is loaded with neither installed).
+"""
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import math
+import os
+import reprlib
+import typing
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Type, TypeVar, Union
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxlevel = \
+    80, 80, 6, 6, 3
+
+T = TypeVar("T")
+
+
+def short_repr(value: Any) -> str:
+    """A bounded repr for error messages: a hostile value (a YAML alias bomb, say)
+    must not make the message itself huge."""
+    return _SHORT.repr(value)
+
+
+def _number_from_text(value: str) -> Optional[float]:
+    """``'1e-3'`` as 1e-3: YAML 1.1 reads exponents without a dot as strings."""
+    try:
+        number = float(value.strip())
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _finite(value: Any) -> bool:
+    """A number (not a boolean) that is a finite float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an integer beyond the float range
+        return False
+
+
+class Rule:
+    """What one setting may hold.
+
+    Args:
+        kind: ``int``, ``float``, ``bool``, ``str``, ``list`` (a list of finite
+            numbers) or ``dict`` (a mapping, whose entries the consumer checks). An int, or a number written as text such as ``'1e-3'`` (YAML 1.1
+            reads those as strings), is accepted where a float is expected; floats must
+            be finite.
+        low, high: the range of a number (inclusive unless ``low_open`` /
+            ``high_open``).
+        optional: ``None`` is allowed.
+        choices: the allowed strings (a tuple, or a callable returning one, for choices
+            known only at run time such as Lightning's accelerators).
+        max_length: longest string, or most list entries.
+        note: said after the description in errors (e.g. ``"0: no clipping"``).
+    """
+
+    def __init__(self, kind: type, low=None, high=None, low_open: bool = False,
+                 high_open: bool = False, optional: bool = False, choices=None,
+                 max_length: Optional[int] = None, note: str = ""):
+        if kind not in (int, float, bool, str, list, dict):
+            raise TypeError(f"a Rule's kind is int, float, bool, str, list or dict, got "
+                            f"{kind!r}")
+        self.kind, self.low, self.high = kind, low, high
+        self.low_open, self.high_open, self.optional = low_open, high_open, optional
+        self.choices, self.max_length, self.note = choices, max_length, note
+
+    def replace(self, **changes) -> "Rule":
+        fields = dict(kind=self.kind, low=self.low, high=self.high, low_open=self.low_open,
+                      high_open=self.high_open, optional=self.optional, choices=self.choices,
+                      max_length=self.max_length, note=self.note)
+        fields.update(changes)
+        return Rule(**fields)
+
+    def allowed_choices(self) -> Optional[Tuple]:
+        return self.choices() if callable(self.choices) else self.choices
+
+    def describe(self) -> str:
+        """The rule in words, as errors and the docs say it."""
+        if self.choices is not None:
+            text = "one of " + ", ".join(repr(c) for c in self.allowed_choices())
+        elif self.kind is bool:
+            text = "true or false"
+        elif self.kind is str:
+            text = "a string" + (f" of at most {self.max_length} characters"
+                                 if self.max_length is not None else "")
+        elif self.kind is dict:
+            text = "a mapping"
+        elif self.kind is list:
+            text = "a list of " + (f"at most {self.max_length} " if self.max_length else "") + \
+                "finite numbers"
+        else:
+            text = self._describe_number()
+        if self.optional:
+            text += " or null"
+        return text + (f" ({self.note})" if self.note else "")
+
+    def _describe_number(self) -> str:
+        noun = "integer" if self.kind is int else "number"
+        low, high = self.low, self.high
+        if high is None and low == 0 and self.low_open:
+            return f"a positive {noun}"
+        if high is None and low == 1 and self.kind is int:
+            return "a positive integer"
+        if high is None and low == 0:
+            return f"a non-negative {noun}"
+        if high is None and low is not None:
+            return f"an {noun} >= {low}" if noun == "integer" else f"a number >= {low}"
+        if low is not None:
+            return (f"a{'n' if noun == 'integer' else ''} {noun} in "
+                    f"{'(' if self.low_open else '['}{low}, {high}"
+                    f"{')' if self.high_open else ']'}")
+        return "an integer" if noun == "integer" else "a finite number"
+
+    def check(self, key: str, value, error: Type[Exception] = ValueError,
+              show: Callable[[Any], str] = short_repr, typed: bool = False):
+        """``value`` if it obeys the rule (numbers normalised: a float setting given as
+        an int, or as text such as ``'1e-3'``, becomes a float), else ``error`` saying
+        ``"{key} must be ..., got {show(value)}"``. ``typed``: the value comes from a
+        typed source (JSON), so text is never read as a number or a number as a
+        choice."""
+        if value is None and self.optional:
+            return None
+        if self.kind is str and self.choices is None and isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        fail = error(f"{key} must be {self.describe()}, got {show(value)}")
+        if self.choices is not None:
+            if not typed and isinstance(value, int) and not isinstance(value, bool) and \
+                    str(value) in self.allowed_choices():
+                value = str(value)  # precision: 32
+            if not isinstance(value, str) or value not in self.allowed_choices():
+                raise fail
+            return value
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise fail
+            return value
+        if self.kind is str:
+            if not isinstance(value, str) or (self.max_length is not None and
+                                              len(value) > self.max_length):
+                raise fail
+            return value
+        if self.kind is dict:
+            if not isinstance(value, Mapping):
+                raise fail
+            return dict(value)
+        if self.kind is list:
+            if not isinstance(value, (list, tuple)) or (self.max_length is not None and
+                                                        len(value) > self.max_length) or \
+                    not all(map(_finite, value)):
+                raise fail
+            return list(value)
+        if self.kind is float and isinstance(value, str) and not typed:
+            value = _number_from_text(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise fail
+        if self.kind is int and not isinstance(value, int):
+            raise fail
+        if not _finite(value):
+            raise fail
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            raise fail
+        if self.high is not None and (value > self.high or
+                                      (self.high_open and value == self.high)):
+            raise fail
+        return float(value) if self.kind is float else value
+
+    def __repr__(self) -> str:
+        return f"Rule({self.describe()!r})"
+
+
+class DevicesRule(Rule):
+    """Lightning's ``devices``: 'auto', a count, -1 (all), '0,1' or a list of indices."""
+
+    def __init__(self):
+        super().__init__(str)
+
+    def describe(self) -> str:
+        return ("'auto', a positive integer (a device count), -1 (all devices), a list of "
+                "device indices or a string such as '0,1'")
+
+    def check(self, key: str, value, error: Type[Exception] = ValueError,
+              show: Callable[[Any], str] = short_repr, typed: bool = False):
+        ok = (isinstance(value, str) and value.strip() != "") or \
+            (isinstance(value, int) and not isinstance(value, bool) and
+             (value >= 1 or value == -1)) or \
+            (isinstance(value, list) and value and
+             all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value))
+        if not ok:
+            raise error(f"{key} must be {self.describe()}, got {show(value)}")
+        return value
+
+
+_MISSING = dataclasses.MISSING
+
+
+def setting(default: Any = _MISSING, *, factory: Optional[Callable[[], Any]] = None,
+            rule: Optional[Rule] = None, doc: str = "", **rule_args) -> Any:
+    """A dataclass field that declares a setting: its default (or ``factory``), its
+    :class:`Rule` (given, or built from ``rule_args`` and the field's type hint) and a
+    one-line ``doc``. ``setting(3, low=1)`` on an ``int`` field is a positive integer
+    defaulting to 3."""
+    metadata = dict(doc=doc, rule=rule, rule_args=rule_args)
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def _rule_from_hint(hint) -> Rule:
+    """The bare rule of a type hint: ``int``, ``Optional[float]``, ``Sequence[float]``..."""
+    optional = False
+    if typing.get_origin(hint) is Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(hint))
+        hint = args[0] if len(args) == 1 else Any
+    origin = typing.get_origin(hint)
+    if origin in (list, tuple, collections.abc.Sequence) or hint in (list, tuple):
+        return Rule(list, optional=optional)
+    if hint in (int, float, bool, str):
+        return Rule(hint, optional=optional)
+    raise TypeError(f"no rule for a setting of type {hint!r}: declare one with setting(rule=...)")
+
+
+def rules(cls: type) -> Dict[str, Rule]:
+    """Every field of the settings dataclass ``cls`` with its :class:`Rule` (built once
+    per class)."""
+    cached = cls.__dict__.get("_settings_rules")
+    if cached is not None:
+        return cached
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        declared = f.metadata.get("rule")
+        if declared is None:
+            declared = _rule_from_hint(hints[f.name])
+            args = f.metadata.get("rule_args") or {}
+            if args:
+                declared = declared.replace(**args)
+        out[f.name] = declared
+    setattr(cls, "_settings_rules", out)
+    return out
+
+
+def documentation(cls: type) -> Dict[str, Tuple[Any, str, str]]:
+    """``{name: (default, rule in words, doc)}`` of a settings dataclass, for docs and
+    ``--print-config``."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not _MISSING else (
+            f.default_factory() if f.default_factory is not _MISSING else None)
+        rule = rules(cls)[f.name]
+        # choices known only at run time (the installed Lightning's) are described by
+        # their function's docstring, so the reference does not depend on the machine
+        dynamic = callable(rule.choices) and getattr(rule.choices, "__doc__", None)
+        allowed = ("one of " + rule.choices.__doc__.strip() + (" or null" if rule.optional
+                                                                else "")) if dynamic \
+            else rule.describe()
+        out[f.name] = (default, allowed, f.metadata.get("doc", ""))
+    return out
+
+
+def check_settings(obj: Any, section: str = "", error: Type[Exception] = ValueError) -> None:
+    """Check every field of the settings dataclass instance ``obj`` with its rule,
+    normalising in place; an error names ``section.field``."""
+    for name, rule in rules(type(obj)).items():
+        setattr(obj, name, rule.check(_dotted(section, name), getattr(obj, name), error))
+
+
+def from_mapping(cls: Type[T], data: Optional[Mapping[str, Any]], section: str = "",
+                 base: Optional[T] = None, error: Type[Exception] = ValueError) -> T:
+    """An instance of the settings dataclass ``cls`` from a mapping (a YAML section),
+    starting from ``base`` (default: ``cls()``): unknown keys and values that break a
+    rule raise ``error`` naming the dotted key."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise error(f"{section or 'the settings'} must be a mapping of settings, got "
+                    f"{short_repr(data)}")
+    allowed = rules(cls)
+    unknown = [k for k in data if k not in allowed]
+    if unknown:
+        where = f"{section} " if section else ""
+        raise error(f"unknown {where}settings {sorted(map(str, unknown))}; allowed: "
+                    f"{sorted(allowed)}")
+    out = dataclasses.replace(base if base is not None else cls(), **dict(data))
+    check_settings(out, section, error)
+    return out
+
+
+def _dotted(section: str, name: str) -> str:
+    return f"{section}.{name}" if section else name
+
+
+def set_by_path(data: Dict[str, Any], dotted: str, value: Any) -> None:
+    """``set_by_path(cfg, 'train.lr', 0.01)``: a command-line override of a nested key."""
+    keys = dotted.split(".")
+    if not dotted or any(not k for k in keys):
+        raise ValueError(f"{dotted!r} is not a setting name (e.g. train.max_steps)")
+    node = data
+    for depth, key in enumerate(keys[:-1]):
+        if node.get(key) is None:
+            node[key] = {}
+        node = node[key]
+        if not isinstance(node, dict):
+            raise ValueError(f"cannot set {dotted}: {'.'.join(keys[:depth + 1])} is not a "
+                             f"section but the value {short_repr(node)}")
+    node[keys[-1]] = value
