@@ -183,19 +183,24 @@ def edge_graphs(draw):
     return lengths, heads, ei, ew, eh
 
 
-@PROFILE
-@given(graph=edge_graphs(), width=st.integers(1, 3), data=st.data())
-def test_glomo_conv_equals_the_dense_sum(graph, width, data):
+def check_conv_equals_the_dense_sum(graph, width, data, wrap=lambda conv: conv):
+    """A GlomoConv without update (``wrap``: e.g. compiled) against the sum over edges."""
     lengths, heads, ei, ew, eh = graph
     n, channels = sum(lengths), heads * width
     x = torch.randn(n, channels, dtype=torch.float64,
                     generator=torch.Generator().manual_seed(data.draw(st.integers(0, 999))))
-    out = GlomoConv(channels, heads=heads).double()(x, ei, ew, eh)
+    out = wrap(GlomoConv(channels, heads=heads).double())(x, ei, ew, eh)
     assert out.shape == (n, channels) and torch.isfinite(out).all()
     ref = torch.zeros_like(x)
     for (i, j), w, h in zip(ei.t().tolist(), ew.tolist(), eh.tolist()):
         ref[j, h * width:(h + 1) * width] += w * x[i, h * width:(h + 1) * width]
     assert torch.allclose(out, ref, atol=1e-10)
+
+
+@PROFILE
+@given(graph=edge_graphs(), width=st.integers(1, 3), data=st.data())
+def test_glomo_conv_equals_the_dense_sum(graph, width, data):
+    check_conv_equals_the_dense_sum(graph, width, data)
 
 
 @pytest.mark.slow
@@ -210,18 +215,9 @@ def test_compiled_glomo_conv_equals_the_dense_sum(backend):
     @settings(PROFILE, max_examples=min(LARGE or 6, 3 if backend == "inductor" else 6))
     @given(graph=edge_graphs(), width=st.integers(1, 3), data=st.data())
     def check(graph, width, data):
-        lengths, heads, ei, ew, eh = graph
-        n, channels = sum(lengths), heads * width
-        x = torch.randn(n, channels, dtype=torch.float64,
-                        generator=torch.Generator().manual_seed(data.draw(st.integers(0, 999))))
         dynamo.reset()
-        compiled = torch.compile(GlomoConv(channels, heads=heads).double(), backend=backend,
-                                 fullgraph=True)
-        out = compiled(x, ei, ew, eh)
-        ref = torch.zeros_like(x)
-        for (i, j), w, h in zip(ei.t().tolist(), ew.tolist(), eh.tolist()):
-            ref[j, h * width:(h + 1) * width] += w * x[i, h * width:(h + 1) * width]
-        assert torch.allclose(out, ref, atol=1e-10)
+        check_conv_equals_the_dense_sum(graph, width, data, lambda conv: torch.compile(
+            conv, backend=backend, fullgraph=True))
 
     try:
         check()

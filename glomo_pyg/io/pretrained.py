@@ -553,6 +553,18 @@ def _read_fd(fd: int, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def _parse_config(data: bytes, file: Path) -> Dict[str, Any]:
+    """``config.json``'s bytes as strict JSON of this format (nothing else checked)."""
+    try:
+        config = _strict_json(data, MAX_CONFIG_DEPTH)
+    except _JSONProblem as err:
+        raise PretrainedFormatError(f"{file} is not valid JSON ({err})") from None
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        raise PretrainedFormatError(f"{file} is not a glomo_pyg pretrained-predictor config "
+                                    f"(expected format {FORMAT!r})")
+    return config
+
+
 def _read_config(path: Path, fd: Optional[int], unsealed_ok: bool = True) -> Dict[str, Any]:
     file = path / CONFIG_NAME
     if fd is None:
@@ -566,13 +578,7 @@ def _read_config(path: Path, fd: Optional[int], unsealed_ok: bool = True) -> Dic
     if max(size, len(data)) > MAX_CONFIG_BYTES:
         raise PretrainedFormatError(f"{file} has {max(size, len(data))} bytes, more than the "
                                     f"{MAX_CONFIG_BYTES} a predictor config may have")
-    try:
-        config = _strict_json(data, MAX_CONFIG_DEPTH)
-    except _JSONProblem as err:
-        raise PretrainedFormatError(f"{file} is not valid JSON ({err})") from None
-    if not isinstance(config, dict) or config.get("format") != FORMAT:
-        raise PretrainedFormatError(f"{file} is not a glomo_pyg pretrained-predictor config "
-                                    f"(expected format {FORMAT!r})")
+    config = _parse_config(data, file)
     version = config.get("format_version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise PretrainedFormatError(f"{file} has no integer format_version")
@@ -1007,13 +1013,7 @@ def reseal_pretrained(path: PathLike) -> Path:
         if weights_fd is None:
             raise PretrainedFormatError(f"{weights_file} is missing: nothing to seal")
         payload = _read_fd(weights_fd, 1 << 62)
-    try:
-        config = _strict_json(old, MAX_CONFIG_DEPTH)
-    except _JSONProblem as err:
-        raise PretrainedFormatError(f"{config_file} is not valid JSON ({err})") from None
-    if not isinstance(config, dict) or config.get("format") != FORMAT:
-        raise PretrainedFormatError(f"{config_file} is not a glomo_pyg pretrained-predictor "
-                                    f"config (expected format {FORMAT!r})")
+    config = _parse_config(old, config_file)
     if config.get("format_version") == 1:  # the layout of format 2 first
         raise PretrainedFormatError(f"{config_file} has format version 1: load it and save it "
                                     "again (save_pretrained) instead of sealing it as it is")
