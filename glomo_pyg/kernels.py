@@ -625,35 +625,61 @@ def is_compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
-def check_edge_values(x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor],
-                      edge_head: Optional[Tensor], num_heads: int) -> None:
+def finite_flag(t: Tensor) -> Tensor:
+    """A 0-d tensor, finite exactly when every entry of ``t`` may be (no sync): the sum.
+    A NaN or an infinity makes any float sum NaN or infinite, so a finite sum proves them
+    absent in one pass; a non-finite sum of finite values (an overflow) is resolved by
+    :func:`all_finite`."""
+    return t.sum() if t.numel() else t.new_zeros(())
+
+
+def all_finite(t: Tensor, flag: Optional[float] = None) -> bool:
+    """Whether every entry of ``t`` is finite; ``flag``: :func:`finite_flag`'s value, if
+    already synced. The exact pass runs only when the sum is not finite."""
+    flag = float(finite_flag(t)) if flag is None else flag
+    return math.isfinite(flag) or bool(torch.isfinite(t).all())
+
+
+def check_graph_values(x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor],
+                       edge_head: Optional[Tensor], num_heads: int, ids: bool = True,
+                       weights: bool = True) -> None:
     """The values of a user-given graph (:class:`~glomo_pyg.GlomoConv`'s edges, whose
-    shapes and dtypes were checked): ids in ``[0, N)``, heads in ``[0, num_heads)``,
-    finite features and weights, with one device sync for all of them (as
-    :class:`~glomo_pyg.GlomoTransfer` refuses NaN/Inf). ``ValueError`` otherwise."""
-    stats = [torch.isfinite(x).all().long()]
-    if edge_weight is not None:
-        stats.append(torch.isfinite(edge_weight).all().long())
+    shapes and dtypes were checked) and of its features: finite ``x`` (as
+    :class:`~glomo_pyg.GlomoTransfer` refuses NaN/Inf); with ``ids``, node ids in
+    ``[0, N)`` and heads in ``[0, num_heads)``; with ``weights``, finite weights. One
+    device sync for all of them; ``ValueError`` otherwise. (``ids`` / ``weights`` off:
+    the caller validated those tensors before, unchanged since.)"""
     num_edges = edge_index.size(1)
-    if num_edges:
+    weights = weights and edge_weight is not None
+    ids = ids and num_edges > 0
+    stats = [finite_flag(x)]
+    if weights:
+        stats.append(finite_flag(edge_weight))
+    if ids:
         stats += [edge_index.min(), edge_index.max()]
         if edge_head is not None:
             stats += [edge_head.min(), edge_head.max()]
-    values = torch.stack(stats).tolist()  # the one device sync
-    if not values[0]:
+    values = torch.stack([v.double() for v in stats]).tolist()  # the one device sync
+    if not all_finite(x, values[0]):
         raise ValueError("x contains NaN or Inf")
-    if edge_weight is not None:
-        if not values[1]:
+    if weights:
+        if not all_finite(edge_weight, values[1]):
             raise ValueError("edge_weight contains NaN or Inf")
         values = values[1:]
-    if num_edges:
-        low, high = values[1:3]
+    if ids:
+        low, high = int(values[1]), int(values[2])
         if low < 0 or high >= x.size(0):
             raise ValueError(f"edge_index refers to nodes outside [0, {x.size(0)}) "
                              f"(ids from {low} to {high})")
         if edge_head is not None and (values[3] < 0 or values[4] >= num_heads):
             raise ValueError(f"edge_head values must lie in [0, {num_heads}), got values "
-                             f"from {values[3]} to {values[4]}")
+                             f"from {int(values[3])} to {int(values[4])}")
+
+
+def check_edge_values(x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor],
+                      edge_head: Optional[Tensor], num_heads: int) -> None:
+    """:func:`check_graph_values` of the graph and the features."""
+    check_graph_values(x, edge_index, edge_weight, edge_head, num_heads)
 
 
 # Under torch.compile, check_edge_values runs inside this opaque operator: compiled code
@@ -674,6 +700,53 @@ def _(x, edge_index, edge_weight, edge_head, num_heads):
     return torch.empty_like(edge_index)
 
 
+def head_blocked_index(edge_index: Tensor, edge_head: Tensor, num_nodes: int,
+                       shared_input: bool = False, num_heads: Optional[int] = None,
+                       assume_sorted: bool = False
+                       ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """:func:`head_blocked_edges` without the weights: ``(rows, cols, perm)`` with
+    ``perm`` the permutation that sorts the edges (``None`` when they already are), so
+    that the index of a graph used again with other weights is built once."""
+    src, tgt = edge_index[0], edge_index[1]
+    if num_heads is None:
+        num_heads = int(edge_head.max()) + 1 if edge_head.numel() else 1
+    small = num_heads * num_nodes < 2**31 - 1
+    index = torch.int32 if small else edge_index.dtype
+    # in place on fresh copies (copy=True: .to() returns edge_head itself when it already
+    # has the index dtype, and the graph's heads must not change): no int64 temporaries
+    # beside the two int32 results
+    rows = edge_head.to(index, copy=True).mul_(num_nodes).add_(tgt.to(index))
+    cols = src.to(index) if shared_input else \
+        edge_head.to(index, copy=True).mul_(num_nodes).add_(src.to(index))
+    if assume_sorted or rows.numel() <= 1:
+        return rows, cols, None
+    if is_compiling() or bool((rows[1:] < rows[:-1]).any()):
+        width = num_nodes if shared_input else num_heads * num_nodes
+        perm = torch.argsort(rows.long() * width + cols.long())
+        return rows[perm], cols[perm], perm
+    return rows, cols, None
+
+
+def interleaved_index(edge_index: Tensor, edge_head: Tensor, num_nodes: int, num_heads: int
+                      ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """``(rows, cols, perm)`` of the ``[N H, N H]`` matrix that holds one aggregation
+    matrix per head with node ``(v, h)`` at id ``v * H + h``: the rows of ``x`` ``[N, H C]``
+    viewed as ``[N H, C]``, with no copy in or out (the head-blocked layout of
+    :func:`head_blocked_index` copies ``x`` to ``[H N, C]`` and the result back). Each
+    row's sources keep their order, so the sums are the same. ``perm`` sorts the edges by
+    row (``None`` when they already are); the rows are sorted."""
+    small = num_heads * num_nodes < 2**31 - 1
+    index = torch.int32 if small else edge_index.dtype
+    rows = edge_index[1].to(index, copy=True).mul_(num_heads).add_(edge_head.to(index))
+    cols = edge_index[0].to(index, copy=True).mul_(num_heads).add_(edge_head.to(index))
+    if rows.numel() <= 1:
+        return rows, cols, None
+    if is_compiling() or bool((rows[1:] < rows[:-1]).any()):
+        perm = torch.argsort(rows.long() * (num_heads * num_nodes) + cols.long())
+        return rows[perm], cols[perm], perm
+    return rows, cols, None
+
+
 def head_blocked_edges(edge_index: Tensor, edge_weight: Tensor, edge_head: Tensor,
                        num_nodes: int, shared_input: bool = False,
                        num_heads: Optional[int] = None,
@@ -688,24 +761,9 @@ def head_blocked_edges(edge_index: Tensor, edge_weight: Tensor, edge_head: Tenso
 
     Indices are int32 whenever ``H * N`` fits (half the memory of int64 and a
     faster sort in the backward; CSR kernels take either), int64 otherwise."""
-    src, tgt = edge_index[0], edge_index[1]
-    if num_heads is None:
-        num_heads = int(edge_head.max()) + 1 if edge_head.numel() else 1
-    small = num_heads * num_nodes < 2**31 - 1
-    index = torch.int32 if small else edge_index.dtype
-    # in place on fresh copies (copy=True: .to() returns edge_head itself when it already
-    # has the index dtype, and the graph's heads must not change): no int64 temporaries
-    # beside the two int32 results
-    rows = edge_head.to(index, copy=True).mul_(num_nodes).add_(tgt.to(index))
-    cols = src.to(index) if shared_input else \
-        edge_head.to(index, copy=True).mul_(num_nodes).add_(src.to(index))
-    if assume_sorted or rows.numel() <= 1:
-        return rows, cols, edge_weight
-    if is_compiling() or bool((rows[1:] < rows[:-1]).any()):
-        width = num_nodes if shared_input else num_heads * num_nodes
-        perm = torch.argsort(rows.long() * width + cols.long())
-        rows, cols, edge_weight = rows[perm], cols[perm], edge_weight[perm]
-    return rows, cols, edge_weight
+    rows, cols, perm = head_blocked_index(edge_index, edge_head, num_nodes, shared_input,
+                                          num_heads, assume_sorted)
+    return rows, cols, edge_weight if perm is None else edge_weight[perm]
 
 
 def check_head_edges(edge_index: Tensor, edge_weight: Tensor, edge_head: Tensor,

@@ -14,6 +14,8 @@ Sections (each module's docstring has the details):
 * ``fused``: the fused layout (FlexAttention) against sparse, dense and a hand-written
   FlexAttention call, T = 64..8192, with its peak memory;
 * ``pretraining``: one ``Glomo`` step (tokens/s) per layout;
+* ``repeated``: ``GlomoConv`` given the same PyG graph every call (validated once) against
+  fresh tensors, the dense per-head matmul and gather/scatter;
 * ``transfer``: one ``GlomoTransfer`` forward for text (T=128..512) and 32x32 images
   (T=1024) per layout.
 
@@ -36,11 +38,11 @@ import torch
 import torch_geometric
 
 from benchmarks.common import append_results, hardware
-from benchmarks.speed import aggregation, emission, fused, pretraining, transfer
+from benchmarks.speed import aggregation, emission, fused, pretraining, repeated, transfer
 from benchmarks.speed.measure import NoCases, set_timing_allocator
 
 SECTIONS = {"aggregation": aggregation, "emission": emission, "fused": fused,
-            "pretraining": pretraining, "transfer": transfer}
+            "pretraining": pretraining, "repeated": repeated, "transfer": transfer}
 
 
 def main(argv=None) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import operator
+import weakref
 from typing import Optional, Tuple
 
 import torch
@@ -12,11 +13,49 @@ from torch_geometric.utils import is_torch_sparse_tensor
 import warnings
 
 from glomo_pyg.graphs import LatentGraphs
-from glomo_pyg.kernels import (check_edge_values, checked_edge_index, dense_head_propagate,
-                               head_blocked_edges, is_compiling, propagate_unchecked)
+from glomo_pyg.kernels import (check_graph_values, checked_edge_index, dense_head_propagate,
+                               head_blocked_index, interleaved_index, is_compiling,
+                               spmm_unchecked)
 from glomo_pyg.sequences import check_dtype, sequence_batch
 
 UPDATES = (None, "gru", "residual")
+
+
+class _Seen:
+    """What a :class:`GlomoConv` remembers of the last graph given to :meth:`forward`
+    (PyG's pattern: the same ``edge_index`` every step): weak references to its tensors
+    with their version counters, and the index built from it. A tensor
+    matches when it is the same object at the same version: torch bumps the version on
+    every in-place write, so an edited graph is checked again. (Writes that bypass torch,
+    e.g. through a numpy array sharing the memory, are not seen: give a new tensor.)"""
+
+    __slots__ = ("index_refs", "weight_ref", "index", "sorted_weight")
+
+    def __init__(self, index_refs, weight_ref, index, sorted_weight=None):
+        self.index_refs, self.weight_ref, self.index = index_refs, weight_ref, index
+        # the weights in the index's order, kept only where no autograd graph hangs on them
+        self.sorted_weight = sorted_weight
+
+    @staticmethod
+    def ref(t: Optional[Tensor]):
+        """``(weakref, version)`` of ``t``; ``None`` for no tensor; ``False`` when ``t``
+        cannot be tracked (an inference-mode tensor keeps no version counter)."""
+        if t is None:
+            return None
+        if t.is_inference():
+            return False
+        return weakref.ref(t), t._version
+
+    @staticmethod
+    def same(ref, t: Optional[Tensor]) -> bool:
+        if ref is None or t is None:
+            return ref is None and t is None
+        return ref is not False and ref[0]() is t and ref[1] == t._version
+
+
+# one entry per layer, dropped with it (not a module attribute: weak references do not
+# deep-copy or pickle)
+_SEEN: "weakref.WeakKeyDictionary[GlomoConv, _Seen]" = weakref.WeakKeyDictionary()
 
 
 class GlomoConv(MessagePassing):
@@ -50,7 +89,13 @@ class GlomoConv(MessagePassing):
     Inf in ``x`` or ``edge_weight`` refused (``ValueError``), with one device sync for
     all of it; under ``torch.compile`` the same check runs inside the compiled code (an
     opaque operator, :func:`~glomo_pyg.kernels.checked_edge_index`), so a hostile graph
-    raises the same error and is never read out of bounds; with an update, ``x`` must have the
+    raises the same error and is never read out of bounds. A graph is validated and
+    indexed once: given again (the same ``edge_index``, ``edge_head`` and
+    ``edge_weight`` tensors, unchanged, as in the usual PyG loop over a fixed graph) only
+    ``x`` is checked, and the product reads ``x`` without copying it. "Unchanged" is
+    PyG's ``EdgeIndex`` contract: torch's version counter, which every in-place write
+    through torch bumps (a write through a numpy array sharing the memory is not seen:
+    give a new tensor after one). With an update, ``x`` must have the
     parameters' dtype unless autocast is on. Empty input (no nodes, no edges) gives
     an empty or zero aggregation.
 
@@ -133,16 +178,39 @@ class GlomoConv(MessagePassing):
                                  "tensor itself; do not pass edge_weight or edge_head")
             edge_index, edge_weight, edge_head = self._edges_from_sparse(edge_index, num_nodes)
         self._check(x, edge_index, edge_weight, edge_head)
+        index = None
         if is_compiling():
             # the values are checked where the graph runs: an opaque operator that torch
             # compiles around, so bad ids raise the eager error instead of reading or
             # writing outside x (a compiled product does not check indices)
             edge_index = checked_edge_index(x, edge_index, edge_weight, edge_head, self.heads)
         else:
-            check_edge_values(x, edge_index, edge_weight, edge_head, self.heads)
+            # a graph given again (same tensors, unchanged) was validated and indexed
+            # before: only the features are checked (validate once, as PyG's EdgeIndex
+            # remembers its sort order)
+            index_refs = (_Seen.ref(edge_index), _Seen.ref(edge_head), x.size(0))
+            seen = _SEEN.get(self)
+            known = seen is not None and x.size(0) == seen.index_refs[2] and \
+                _Seen.same(seen.index_refs[0], edge_index) and \
+                _Seen.same(seen.index_refs[1], edge_head)
+            weights_known = known and _Seen.same(seen.weight_ref, edge_weight)
+            check_graph_values(x, edge_index, edge_weight, edge_head, self.heads,
+                               ids=not known, weights=not weights_known)
+            index = seen.index if known else None
+        given_weight = edge_weight
         if edge_weight is None:
             edge_weight = x.new_ones(edge_index.size(1))
-        return self._update(x, self._aggregate(x, edge_index, edge_weight, edge_head))
+        # (weights permuted without gradients cannot serve a call that needs them)
+        reuse = seen.sorted_weight if index is not None and weights_known and not (
+            torch.is_grad_enabled() and edge_weight.requires_grad) else None
+        out, built, sorted_weight = self._aggregate(x, edge_index, edge_weight, edge_head,
+                                                    index, reuse)
+        if not is_compiling() and index_refs[0] is not False and index_refs[1] is not False:
+            keep = sorted_weight if given_weight is not None and not (
+                torch.is_grad_enabled() and sorted_weight.requires_grad) else None
+            _SEEN[self] = _Seen(index_refs, _Seen.ref(given_weight), built,
+                                keep if built[3] is not None else None)
+        return self._update(x, out)
 
     def forward_dense(self, x: Tensor, adj: Tensor, batch: Optional[Tensor] = None) -> Tensor:
         """The dense layout: per-sequence blocks ``adj`` ``[B, H, T, T]`` (or
@@ -184,24 +252,40 @@ class GlomoConv(MessagePassing):
         return c
 
     def _aggregate(self, x: Tensor, edge_index: Tensor, edge_weight: Tensor,
-                   edge_head: Optional[Tensor]) -> Tensor:
+                   edge_head: Optional[Tensor], index=None, sorted_weight=None
+                   ) -> Tuple[Tensor, tuple, Tensor]:
+        """The aggregation, the index it used and the weights in the index's order
+        (``index``, ``sorted_weight``: built before for the same graph).
+
+        A graph seen once is aggregated head-blocked (node ``(h, v)`` at ``h * N + v``,
+        :func:`~glomo_pyg.kernels.head_blocked_index`): edges in (head, target) order, as
+        emitted ones are, need no sort, at the price of a copy of ``x`` in and of the
+        result out. A graph given again switches to the interleaved index (node ``(v, h)``
+        at ``v * H + h``, :func:`~glomo_pyg.kernels.interleaved_index`): ``x`` viewed as
+        ``[N H, C / H]`` with no copy either way, its edges sorted once."""
         n = x.size(0)
-        if edge_head is None:  # one graph for all channels
-            edge_head = torch.zeros_like(edge_index[0])
-            xb = x.view(1, n, self.channels)
-            heads = 1
-        else:  # block-diagonal over heads: node (h, v) has id h * N + v
-            xb = x.view(n, self.heads, self.channels // self.heads).transpose(0, 1)
-            heads = self.heads
+        heads = 1 if edge_head is None else self.heads  # (None: one graph for all channels)
+        if index is None or index[0] == "blocked":
+            head = torch.zeros_like(edge_index[0]) if edge_head is None else edge_head
+            if index is None:
+                index = ("blocked", *head_blocked_index(edge_index, head, n, False, heads))
+            else:  # a graph given again: worth the one sort of the copy-free layout
+                index = ("interleaved", *interleaved_index(edge_index, head, n, heads))
+                sorted_weight = None
+        kind, rows, cols, perm = index
+        weight = sorted_weight if sorted_weight is not None else \
+            edge_weight if perm is None else edge_weight[perm]
+        c = self.channels // heads
+        flat = x.reshape(n * heads, c) if kind == "interleaved" else \
+            x.view(n, heads, c).transpose(0, 1).reshape(heads * n, c)
         if self.fused:
-            out = propagate_unchecked(xb, edge_index, edge_weight, edge_head, heads)
+            out = spmm_unchecked(rows, cols, weight, flat, n * heads)
         else:
-            rows, cols, weight = head_blocked_edges(edge_index, edge_weight, edge_head, n,
-                                                    num_heads=heads)
-            out = self.propagate(torch.stack([cols, rows]).long(),
-                                 x=xb.reshape(heads * n, self.channels // heads),
-                                 edge_weight=weight, size=(heads * n, heads * n))
-        return out.view(heads, n, self.channels // heads).transpose(0, 1).reshape(n, self.channels)
+            out = self.propagate(torch.stack([cols, rows]).long(), x=flat, edge_weight=weight,
+                                 size=(n * heads, n * heads))
+        if kind == "blocked":
+            out = out.view(heads, n, c).transpose(0, 1)
+        return out.reshape(n, self.channels), index, weight
 
     def _aggregate_dense(self, x: Tensor, adj: Tensor, batch: Optional[Tensor]) -> Tensor:
         """Dense layout: per-sequence blocks ``[B, H, T, T]`` (or ``[B, T, T]``, one graph
@@ -255,7 +339,7 @@ class GlomoConv(MessagePassing):
     def _check(self, x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor],
                edge_head: Optional[Tensor]) -> None:
         """Types, shapes and devices: host-side facts, known while tracing too (the
-        values are checked by :func:`~glomo_pyg.kernels.check_edge_values`)."""
+        values are checked by :func:`~glomo_pyg.kernels.check_graph_values`)."""
         if not isinstance(x, Tensor) or not x.dtype.is_floating_point:
             raise TypeError(f"x must be a floating-point tensor, got "
                             f"{x.dtype if isinstance(x, Tensor) else type(x).__name__}")
