@@ -409,6 +409,48 @@ def _pretrained(args: argparse.Namespace) -> int:
     return 0
 
 
+def _view(args: argparse.Namespace) -> int:
+    from glomo_pyg.analysis.viewer import view
+    from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
+
+    sources = [args.text, args.text_file, args.image, args.treebank]
+    if sum(source is not None for source in sources) != 1:
+        raise SystemExit("glomo view: give exactly one of --text, --text-file (with --line), "
+                         "--image and --treebank (with --sentence)")
+    if os.path.isdir(args.output):
+        raise SystemExit(f"glomo view: --output {args.output} is a directory: give the page's "
+                         "file name (e.g. graphs.html)")
+    predictor = PretrainedGraphPredictor.from_pretrained(args.predictor)
+    text, gold = args.text, None
+    if args.text_file is not None:
+        from glomo_pyg.data.text import binary_lines, decode_utf8
+
+        if args.line < 1:
+            raise SystemExit("glomo view: --line counts from 1")
+        with open(args.text_file, "rb") as fh:
+            for number, offset, data in binary_lines(fh, args.text_file, 1 << 20):
+                if number == args.line:
+                    text = decode_utf8(data, args.text_file, number, offset)
+                    break
+        if text is None:
+            raise SystemExit(f"glomo view: {args.text_file} has fewer than {args.line} lines")
+    if args.treebank is not None:
+        from glomo_pyg.analysis.treebank import read_treebank
+
+        trees = read_treebank(args.treebank, max_sentences=args.sentence)
+        if args.sentence < 1 or len(trees) < args.sentence:
+            raise SystemExit(f"glomo view: --sentence {args.sentence} is out of range: "
+                             f"{args.treebank} holds {len(trees)} sentence(s) (count from 1)")
+        gold = trees[args.sentence - 1]
+        text = [w.lower() for w in gold.words] if not args.cased else list(gold.words)
+    page = view(predictor, text, image=args.image, gold=gold, min_weight=args.min_weight,
+                top_k=args.top_k, lower=not args.cased)
+    page.save(args.output)
+    print(f"glomo view: {args.output} ({os.path.getsize(args.output) / 2**20:.1f} MB; open it "
+          "in a browser, offline)")
+    return 0
+
+
 def _reseal(args: argparse.Namespace) -> int:
     from glomo_pyg.io.pretrained import reseal_pretrained
 
@@ -536,6 +578,30 @@ def main(argv: Optional[List[str]] = None) -> int:
                                    "pretrained/ folder, or in $GLOMO_PRETRAINED_DIR.")
     r.add_argument("--json", action="store_true", help="print the list as JSON")
     r.set_defaults(func=_pretrained)
+
+    v = sub.add_parser("view", help="write an interactive page of every graph of a sentence "
+                                    "or an image",
+                       description="One self-contained HTML page (no network, no CDN): for "
+                                   "text a head view (tokens in two columns, a line per edge, a "
+                                   "colour per head) and a matrix view of every layer and head; "
+                                   "for an image its incoming weights at the pixel under the "
+                                   "pointer in every graph (docs/analysis.md).")
+    v.add_argument("--predictor", required=True, help="folder written by save_pretrained, or a "
+                   "released name (glomo pretrained)")
+    v.add_argument("--text", help="a sentence")
+    v.add_argument("--text-file", help="a text file; --line picks the line")
+    v.add_argument("--line", type=int, default=1, help="line of --text-file (from 1)")
+    v.add_argument("--image", help="an image file of the predictor's size")
+    v.add_argument("--treebank", help="a CoNLL-U / CoNLL-X file: view --sentence with its gold "
+                   "arcs")
+    v.add_argument("--sentence", type=int, default=1, help="sentence of --treebank (from 1)")
+    v.add_argument("--min-weight", type=float, default=0.01,
+                   help="leave out lighter edges (default 0.01)")
+    v.add_argument("--top-k", type=int, default=None,
+                   help="keep each target's K heaviest sources (images: 8 by default)")
+    v.add_argument("--cased", action="store_true", help="do not lower-case words")
+    v.add_argument("--output", required=True, help="the page to write (e.g. graphs.html)")
+    v.set_defaults(func=_view)
 
     s = sub.add_parser("reseal", help="seal a saved predictor again after a deliberate edit",
                        description="A saved predictor's config.json is sealed: any edit (a "

@@ -130,3 +130,43 @@ def test_the_edge_check_operator_registration():
                           (x, torch.tensor([[0, 1], [1, 2]]), torch.ones(2), None, 1))
     with pytest.raises(ValueError, match="outside"):
         F.checked_edge_index(x, torch.tensor([[0, 1], [1, 9]]), None, None, 1)
+
+
+HOSTILE_KERNEL = r'''
+import sys, torch
+from glomo_pyg.kernels import head_propagate, weighted_spmm
+backend, kernel = sys.argv[1], sys.argv[2]
+x = torch.randn(6, 4)
+if kernel == "weighted_spmm":
+    fn = torch.compile(lambda col: weighted_spmm(torch.tensor([0, 1]), col, torch.ones(2), x, 6),
+                       backend=backend)
+    good, bad = torch.tensor([1, 2]), torch.tensor([1, 50])
+else:
+    fn = torch.compile(lambda ei: head_propagate(x, ei, torch.ones(2), torch.zeros(2, dtype=torch.long), 1),
+                       backend=backend)
+    good, bad = torch.tensor([[0, 1], [1, 2]]), torch.tensor([[50, 1], [1, 2]])
+fn(good)
+try:
+    out = fn(bad)
+except ValueError as err:
+    print("REFUSED", err)
+else:
+    print("ACCEPTED", tuple(out.shape))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+@pytest.mark.parametrize("kernel,message", [("weighted_spmm", "col holds ids outside [0, 6)"),
+                                            ("head_propagate", "refers to nodes outside [0, 6)")])
+def test_the_public_kernels_refuse_hostile_ids_when_compiled(backend, kernel, message):
+    """Their index checks read values (a graph break under compile), so they still run."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", HOSTILE_KERNEL, backend, kernel],
+                            capture_output=True, text=True, timeout=600)
+    if backend == "inductor" and result.returncode and "CppCompileError" in result.stderr:
+        pytest.skip("inductor needs a working C++ toolchain")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("REFUSED") and message in result.stdout, result.stdout

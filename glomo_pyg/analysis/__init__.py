@@ -21,6 +21,7 @@ _EXPORTS = {
                "align",
                "compare_with_syntax", "syntax_scores", "untrained_copy"),
     "treebank": ("GoldTree", "TreebankFormatError", "read_treebank"),
+    "viewer": ("GraphView", "view", "view_data"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -1,0 +1,313 @@
+"""The viewer's data (the graphs of one sentence or one image, pruned as asked) and its
+page. See :func:`view`."""
+from __future__ import annotations
+
+import html
+import json
+import os
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+# Pages stay small: text graphs keep every edge of at least MIN_WEIGHT; pixel graphs
+# also only each target's TOP_K heaviest sources (a 32x32 image with 24 graphs: about
+# 2 MB at the defaults).
+MIN_WEIGHT = 0.01
+IMAGE_TOP_K = 8
+MAX_PAGE_BYTES = 8 << 20  # refused beyond this: raise min_weight or lower top_k
+MAX_TEXT_TOKENS = 512
+MAX_IMAGE_PIXELS = 64 * 64
+
+
+def _check_prune(min_weight: float, top_k: Optional[int]) -> None:
+    if isinstance(min_weight, bool) or not isinstance(min_weight, (int, float)) or \
+            not 0.0 <= float(min_weight) < 1.0:
+        raise ValueError(f"min_weight must be a number in [0, 1), got {min_weight!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or
+                              top_k < 1):
+        raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
+
+
+def prune(dense: Tensor, min_weight: float, top_k: Optional[int]) -> Dict[str, List]:
+    """One ``[T, T]`` graph (``[i, j] = G_ij``, source ``i``, target ``j``) as the page
+    holds it: per target ``j`` (CSR over targets, ``ptr``), its sources with weight at least
+    ``min_weight``, the ``top_k`` heaviest if given (ties: the earlier source), heaviest
+    first; weights rounded to 5 decimals."""
+    t = dense.size(0)
+    ptr, src, weight = [0], [], []
+    columns = dense.t().double()  # [j, i]
+    for j in range(t):
+        col = columns[j]
+        keep = (col >= min_weight) & (col > 0)
+        idx = keep.nonzero().flatten()
+        if idx.numel():
+            vals = col[idx]
+            order = sorted(range(idx.numel()), key=lambda k: (-float(vals[k]), int(idx[k])))
+            if top_k is not None:
+                order = order[:top_k]
+            src += [int(idx[k]) for k in order]
+            weight += [round(float(vals[k]), 5) for k in order]
+        ptr.append(len(src))
+    return dict(ptr=ptr, src=src, w=weight)
+
+
+def _graph_lists(graphs, min_weight, top_k, products: bool, sample: int = 0) -> Dict[str, Any]:
+    """Every layer and head of one direction's graphs of ``sample`` (and, with
+    ``products``, the chained products G^1...G^l)."""
+    n = int(graphs.lengths[sample])
+    dense = graphs.to_dense()[:, sample, :, :n, :n].detach().cpu()  # [L, H, T, T]
+    layers, heads = dense.shape[:2]
+    out = dict(layers=layers, heads=heads,
+               graphs=[[prune(dense[l, h], min_weight, top_k) for h in range(heads)]
+                       for l in range(layers)])
+    if products:
+        chained = []
+        for h in range(heads):
+            acc = dense[0, h].double()
+            per_layer = [acc]
+            for l in range(1, layers):
+                acc = acc @ dense[l, h].double()  # (G^1 ... G^l)_ij
+                per_layer.append(acc)
+            chained.append(per_layer)
+        out["products"] = [[prune(chained[h][l], min_weight, top_k) for h in range(heads)]
+                           for l in range(layers)]
+    return out
+
+
+def _image_pixels(image) -> Tensor:
+    """``image`` as uint8 ``[3, H, W]``: a tensor (``[3, H, W]`` or ``[H, W, 3]``), a
+    numpy array, a PIL image or an image file's path."""
+    import numpy as np
+
+    if isinstance(image, (str, os.PathLike)):
+        from PIL import Image
+
+        with Image.open(image) as img:
+            image = np.asarray(img.convert("RGB"), dtype=np.uint8)
+    if hasattr(image, "convert") and not isinstance(image, (Tensor, np.ndarray)):
+        image = np.asarray(image.convert("RGB"), dtype=np.uint8)
+    if isinstance(image, np.ndarray):
+        image = torch.from_numpy(np.ascontiguousarray(image))
+    if not isinstance(image, Tensor) or image.dim() != 3:
+        raise ValueError(f"image must be a [3, H, W] or [H, W, 3] uint8 image (a tensor, numpy "
+                         f"array, PIL image or a file), got "
+                         f"{tuple(getattr(image, 'shape', ())) or type(image).__name__}")
+    if image.shape[0] != 3 and image.shape[-1] == 3:
+        image = image.permute(2, 0, 1)
+    if image.shape[0] != 3 or image.dtype != torch.uint8:
+        raise ValueError(f"image must be uint8 with 3 colour planes, got {image.dtype} "
+                         f"{tuple(image.shape)}")
+    return image.contiguous()
+
+
+def _given_graphs(graphs, text, image, sample: int, lower: bool):
+    """Graphs given instead of a predictor: ``(DirectionalGraphs, data)`` after checking
+    that the tokens (or the image) are the units of sequence ``sample``."""
+    from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
+
+    if isinstance(graphs, LatentGraphs):
+        other = "backward" if graphs.direction == "forward" else "forward"
+        graphs = DirectionalGraphs(**{graphs.direction: graphs, other: None})
+    first = graphs.forward if graphs.forward is not None else graphs.backward
+    if isinstance(sample, bool) or not isinstance(sample, int) or \
+            not 0 <= sample < first.num_sequences:
+        raise ValueError(f"sample must be an integer in [0, {first.num_sequences}), got "
+                         f"{sample!r}")
+    n = int(first.lengths[sample])
+    if text is not None:
+        from glomo_pyg.data.text import tokenize
+
+        tokens = tokenize(text, lower) if isinstance(text, str) else [str(t) for t in text]
+        if len(tokens) != n:
+            raise ValueError(f"{len(tokens)} tokens given, but sequence {sample} of the graphs "
+                             f"has {n} units: give that sequence's own tokens")
+        return graphs, dict(kind="text", tokens=tokens)
+    pixels = _image_pixels(image)
+    if pixels.shape[1] * pixels.shape[2] != n:
+        raise ValueError(f"the image has {pixels.shape[1] * pixels.shape[2]} pixels, but "
+                         f"sequence {sample} of the graphs has {n} units")
+    return graphs, dict(kind="image", height=int(pixels.shape[1]), width=int(pixels.shape[2]),
+                        pixels=pixels.permute(1, 2, 0).flatten().tolist())
+
+
+def view_data(predictor, text: Union[str, Sequence[str], None] = None, *, image=None,
+              gold=None, min_weight: float = MIN_WEIGHT, top_k: Optional[int] = None,
+              lower: bool = True, sample: int = 0) -> Dict[str, Any]:
+    """The data a :class:`GraphView` page embeds (plain JSON-able lists): the tokens or
+    the image, and for each direction every layer and head (and, for text, the chained
+    products) pruned by ``min_weight`` and ``top_k``; see :func:`view`."""
+    from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
+    from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
+
+    _check_prune(min_weight, top_k)
+    if (text is None) == (image is None):
+        raise ValueError("give exactly one of text (a sentence or its tokens) and image")
+    if isinstance(predictor, (LatentGraphs, DirectionalGraphs)):
+        graphs, data = _given_graphs(predictor, text, image, sample, lower)
+        if data["kind"] == "image":
+            top_k = IMAGE_TOP_K if top_k is None else top_k
+        data.update(min_weight=float(min_weight), top_k=top_k)
+        if gold is not None and data["kind"] == "text":
+            data["gold"] = _gold_heads(gold, data["tokens"])
+        data["directions"] = {d: _graph_lists(getattr(graphs, d), min_weight, top_k,
+                                              data["kind"] == "text", sample)
+                              for d in ("forward", "backward") if getattr(graphs, d) is not None}
+        return data
+    if not isinstance(predictor, PretrainedGraphPredictor):
+        raise TypeError(f"predictor must be a PretrainedGraphPredictor (e.g. from_pretrained) "
+                        f"or the graphs themselves, got {type(predictor).__name__}")
+    pixel = hasattr(predictor.predictor(predictor.directions[0]), "height")
+    data: Dict[str, Any] = dict(min_weight=float(min_weight), top_k=top_k)
+    with torch.no_grad():
+        if text is not None:
+            if pixel:
+                raise ValueError("this is a pixel predictor: give image=, not text")
+            from glomo_pyg.data.text import UNK, tokenize
+
+            tokens = tokenize(text, lower) if isinstance(text, str) else [str(t) for t in text]
+            if len(tokens) < 2:
+                raise ValueError(f"a graph needs at least 2 tokens, got {len(tokens)}")
+            if len(tokens) > MAX_TEXT_TOKENS:
+                raise ValueError(f"{len(tokens)} tokens: the viewer shows at most "
+                                 f"{MAX_TEXT_TOKENS} (a page of their graphs would not be "
+                                 "readable); view a shorter passage")
+            unknown = UNK if predictor.vocabulary is not None and UNK in predictor.vocabulary \
+                else None
+            ids = predictor.encode(tokens, unknown=unknown)
+            graphs = predictor(ids, torch.zeros(len(tokens), dtype=torch.long))
+            data.update(kind="text", tokens=tokens)
+            if gold is not None:
+                data["gold"] = _gold_heads(gold, tokens)
+        else:
+            if not pixel:
+                raise ValueError("this predictor reads text: give text=, not image")
+            from glomo_pyg.pixels import image_units
+
+            pixels = _image_pixels(image)
+            emitter = predictor.predictor(predictor.directions[0])
+            if tuple(pixels.shape[1:]) != (emitter.height, emitter.width):
+                raise ValueError(f"the image is {pixels.shape[2]}x{pixels.shape[1]} pixels; "
+                                 f"this predictor reads {emitter.width}x{emitter.height}")
+            if pixels.shape[1] * pixels.shape[2] > MAX_IMAGE_PIXELS:
+                raise ValueError(f"the viewer shows images of at most {MAX_IMAGE_PIXELS} pixels")
+            x, batch = image_units(pixels[None])
+            graphs = predictor(x, batch)
+            top_k = IMAGE_TOP_K if top_k is None else top_k
+            data.update(kind="image", height=int(pixels.shape[1]), width=int(pixels.shape[2]),
+                        pixels=pixels.permute(1, 2, 0).flatten().tolist(), top_k=top_k)
+    data["directions"] = {d: _graph_lists(getattr(graphs, d), min_weight, top_k,
+                                          products=data["kind"] == "text")
+                          for d in predictor.directions}
+    return data
+
+
+def _gold_heads(gold, tokens: Sequence[str]) -> List[int]:
+    """0-based gold head of each token (-1: the root) from a ``GoldTree`` of the same
+    words, or a list of 1-based CoNLL heads."""
+    heads = getattr(gold, "heads", gold)
+    words = getattr(gold, "words", None)
+    if not isinstance(heads, (list, tuple)) or len(heads) != len(tokens):
+        raise ValueError(f"the gold tree has {len(heads) if isinstance(heads, (list, tuple)) else '?'} "
+                         f"words, the sentence {len(tokens)} tokens: view the treebank "
+                         "sentence's own words (text=tree.words)")
+    if words is not None and [w.lower() for w in words] != [t.lower() for t in tokens]:
+        raise ValueError("the gold tree's words are not the sentence's tokens: view the "
+                         "treebank sentence's own words (text=tree.words)")
+    if not all(isinstance(h, int) and 0 <= h <= len(tokens) for h in heads):
+        raise ValueError("gold heads must be 1-based word indices (0 for the root)")
+    return [h - 1 for h in heads]
+
+
+def _asset(name: str) -> str:
+    return resources.files("glomo_pyg.analysis.viewer").joinpath(name).read_text("utf-8")
+
+
+def render(data: Dict[str, Any], title: str = "GLoMo graphs") -> str:
+    """The self-contained HTML5 page of ``data``."""
+    payload = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    payload = payload.replace("</", "<\\/")  # no early end of the script element
+    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<title>{html.escape(title)}</title>\n<style>\n{_asset('viewer.css')}</style>\n"
+            "</head>\n<body>\n<div id=\"glomo-viewer\"></div>\n"
+            f"<script type=\"application/json\" id=\"glomo-data\">{payload}</script>\n"
+            f"<script>\n{_asset('viewer.js')}</script>\n</body>\n</html>\n")
+
+
+@dataclass
+class GraphView:
+    """A viewer page: ``data`` (what :func:`view_data` returns) and its HTML
+    (:attr:`html`). Renders inline in Jupyter and VS Code notebooks (``_repr_html_``: the
+    page in a sandboxed ``iframe``); :meth:`save` writes the page."""
+
+    data: Dict[str, Any]
+    title: str = "GLoMo graphs"
+
+    @property
+    def html(self) -> str:
+        return render(self.data, self.title)
+
+    def _repr_html_(self) -> str:
+        height = 720 if self.data.get("kind") == "image" else 640
+        return (f"<iframe srcdoc=\"{html.escape(self.html, quote=True)}\" "
+                f"style=\"width: 100%; height: {height}px; border: 0\" "
+                "sandbox=\"allow-scripts\"></iframe>")
+
+    def save(self, path: Union[str, os.PathLike]) -> str:
+        """Write the page to ``path`` (atomically); returns the path. One file, no other
+        files needed: it opens from disk, offline."""
+        from glomo_pyg.atomic_files import atomic_write
+
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            raise ValueError(f"{path} is a directory: give the page's file name "
+                             "(e.g. graphs.html)")
+        text = self.html
+        if len(text.encode()) > MAX_PAGE_BYTES:
+            raise ValueError(f"the page would take {len(text.encode()) >> 20} MB: raise "
+                             "min_weight or lower top_k")
+        with atomic_write(path) as fh:
+            fh.write(text)
+        return path
+
+
+def view(predictor, text: Union[str, Sequence[str], None] = None, *, image=None, gold=None,
+         min_weight: float = MIN_WEIGHT, top_k: Optional[int] = None, lower: bool = True,
+         title: Optional[str] = None, sample: int = 0) -> GraphView:
+    r"""Every graph a pretrained predictor emits for one sentence or one image, as an
+    interactive page.
+
+    Text (``text``: a sentence, tokenised as the predictor's corpus was, or its tokens):
+    a *head view* (sources and targets in two columns, a line per edge whose opacity is
+    its weight, a colour per head; direction, layer and heads are picked, the chained
+    product :math:`G^1 \cdots G^l` is a layer choice, and hovering a token keeps only its
+    incoming or outgoing edges) and a *matrix view* (all layers x heads as small heat
+    maps, paper Fig. 3; a click opens one in the head view). With ``gold`` (a
+    :class:`~glomo_pyg.analysis.treebank.GoldTree` of the same words, or their 1-based
+    CoNLL heads) the gold arcs are drawn beside the learned ones and the page says how
+    many targets' heaviest source is their gold head.
+
+    Images (``image``: uint8 ``[3, H, W]`` or ``[H, W, 3]``, a PIL image or a file): the
+    image, upscaled, and for the pixel under the pointer (or moved with the arrow keys)
+    its incoming weights in every graph as overlays (paper Fig. 4).
+
+    ``predictor`` may also be graphs already emitted (:class:`~glomo_pyg.LatentGraphs` or
+    :class:`~glomo_pyg.DirectionalGraphs`, e.g. ``model.graphs(x, batch)``): ``sample``
+    picks the sequence, whose tokens (or image) ``text`` (``image``) must be.
+
+    Edges lighter than ``min_weight`` are left out, and with ``top_k`` all but each
+    target's ``top_k`` heaviest (images: 8 by default), so pages stay small (a 32x32 image
+    with 24 graphs: about 2 MB). The page is one HTML file with its data as JSON and its
+    script inline: no network access, no CDN.
+
+    Returns:
+        a :class:`GraphView` (shown inline in a notebook; ``.save(path)``).
+    """
+    data = view_data(predictor, text, image=image, gold=gold, min_weight=min_weight,
+                     top_k=top_k, lower=lower, sample=sample)
+    if title is None:
+        title = "GLoMo graphs: " + (" ".join(data["tokens"])[:60] if data["kind"] == "text"
+                                    else f"{data['width']}x{data['height']} image")
+    return GraphView(data, title)
