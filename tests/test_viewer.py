@@ -122,15 +122,19 @@ def test_the_page_is_self_contained_html5_with_its_data(tmp_path):
     assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//", text)  # no network
     embedded = re.search(r'<script type="application/json" id="glomo-data">(.*?)</script>',
                          text, re.S).group(1)
-    assert json.loads(embedded.replace("<\\/", "</")) == json.loads(json.dumps(page.data))
+    assert "<" not in embedded
+    assert json.loads(embedded) == json.loads(json.dumps(page.data))
     assert page.save(tmp_path / "p.html") == str(tmp_path / "p.html")
     assert (tmp_path / "p.html").read_text() == text
     assert "<iframe" in page._repr_html_() and "sandbox" in page._repr_html_()
 
 
 def test_a_hostile_token_cannot_end_the_script():
-    page = view(text_predictor(), ["the", "</script><script>alert(1)</script>", "cat"])
+    tokens = ["the", "</script><script>alert(1)</script>", "<!--<script>", "cat"]
+    page = view(text_predictor(), tokens)
     assert page.html.count("</script>") == 2  # the data block's and the viewer's
+    embedded = re.search(r'id="glomo-data">(.*?)</script>', page.html, re.S).group(1)
+    assert json.loads(embedded)["tokens"] == tokens
 
 
 @pytest.mark.slow

@@ -228,7 +228,9 @@ def _asset(name: str) -> str:
 def render(data: Dict[str, Any], title: str = "GLoMo graphs") -> str:
     """The self-contained HTML5 page of ``data``."""
     payload = json.dumps(data, separators=(",", ":"), allow_nan=False)
-    payload = payload.replace("</", "<\\/")  # no early end of the script element
+    # no "<" at all inside the script element: neither "</script>" nor "<!--" can end or
+    # change it, whatever the tokens hold (JSON reads \u003c back as "<")
+    payload = payload.replace("<", "\\u003c")
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>{html.escape(title)}</title>\n<style>\n{_asset('viewer.css')}</style>\n"
             "</head>\n<body>\n<div id=\"glomo-viewer\"></div>\n"
