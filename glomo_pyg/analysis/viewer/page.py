@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 
 # Pages stay small: text graphs keep every edge of at least MIN_WEIGHT; pixel graphs
-# also only each target's TOP_K heaviest sources (a 32x32 image with 24 graphs: about
-# 2 MB at the defaults).
+# also only each target's TOP_K heaviest sources (a 32x32 image with 24 graphs: under
+# 3 MB at the defaults).
 MIN_WEIGHT = 0.01
 IMAGE_TOP_K = 8
 MAX_PAGE_BYTES = 8 << 20  # refused beyond this: raise min_weight or lower top_k
@@ -301,7 +301,7 @@ def view(predictor, text: Union[str, Sequence[str], None] = None, *, image=None,
 
     Edges lighter than ``min_weight`` are left out, and with ``top_k`` all but each
     target's ``top_k`` heaviest (images: 8 by default), so pages stay small (a 32x32 image
-    with 24 graphs: about 2 MB). The page is one HTML file with its data as JSON and its
+    with 24 graphs: under 3 MB). The page is one HTML file with its data as JSON and its
     script inline: no network access, no CDN.
 
     Returns:
