@@ -676,13 +676,7 @@ def check_graph_values(x: Tensor, edge_index: Tensor, edge_weight: Optional[Tens
                              f"from {int(values[3])} to {int(values[4])}")
 
 
-def check_edge_values(x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor],
-                      edge_head: Optional[Tensor], num_heads: int) -> None:
-    """:func:`check_graph_values` of the graph and the features."""
-    check_graph_values(x, edge_index, edge_weight, edge_head, num_heads)
-
-
-# Under torch.compile, check_edge_values runs inside this opaque operator: compiled code
+# Under torch.compile, check_graph_values runs inside this opaque operator: compiled code
 # calls it at run time with the real tensors, so a hostile graph raises the eager
 # ValueError before any product reads it. It returns a copy of edge_index (an operator
 # may not return its input) that the product then uses, so the check cannot be dropped
@@ -690,8 +684,8 @@ def check_edge_values(x: Tensor, edge_index: Tensor, edge_weight: Optional[Tenso
 @torch.library.custom_op("glomo_pyg::checked_edge_index", mutates_args=())
 def checked_edge_index(x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor],
                        edge_head: Optional[Tensor], num_heads: int) -> Tensor:
-    """``edge_index`` (a copy) after :func:`check_edge_values`; for compiled callers."""
-    check_edge_values(x, edge_index, edge_weight, edge_head, num_heads)
+    """``edge_index`` (a copy) after :func:`check_graph_values`; for compiled callers."""
+    check_graph_values(x, edge_index, edge_weight, edge_head, num_heads)
     return edge_index.clone()
 
 

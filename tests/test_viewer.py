@@ -91,7 +91,7 @@ def test_text_data_equal_the_graphs_with_threshold_and_top_k(min_weight, top_k):
             assert_same_lists(page_lists(info["products"][1][h]), rows)
 
 
-def test_image_data_equal_the_graphs_and_the_pixels():
+def test_image_data_equal_the_graphs_and_the_pixels(tmp_path):
     predictor = pixel_predictor()
     image = torch.randint(0, 256, (3, 4, 4), dtype=torch.uint8,
                           generator=torch.Generator().manual_seed(1))
@@ -108,14 +108,17 @@ def test_image_data_equal_the_graphs_and_the_pixels():
                                   expected_lists(getattr(graphs, d).layer(l), 16, h, 0.01, 3))
     assert "products" not in data["directions"]["forward"]
     # the same image as [H, W, 3] numpy, and from a file
-    import numpy as np
-    assert view_data(predictor, image=image.permute(1, 2, 0).numpy())["pixels"] == data["pixels"]
-    assert isinstance(np, object)
+    assert view_data(predictor, image=image.permute(1, 2, 0).numpy(), top_k=3) == data
+    from PIL import Image
+    path = tmp_path / "image.png"
+    Image.fromarray(image.permute(1, 2, 0).numpy()).save(path)
+    assert view_data(predictor, image=str(path), top_k=3) == data
 
 
 def test_the_page_is_self_contained_html5_with_its_data(tmp_path):
     html5lib = pytest.importorskip("html5lib")
     page = view(text_predictor(), " ".join(WORDS))
+    assert isinstance(page, GraphView) and page.title.startswith("GLoMo graphs: the cat")
     text = page.html
     parser = html5lib.HTMLParser(strict=True)
     parser.parse(text)  # raises on any HTML5 parse error
@@ -159,6 +162,14 @@ def test_bad_input_is_named(tmp_path):
         view(pixels, image=torch.zeros(3, 5, 5, dtype=torch.uint8))
     with pytest.raises(ValueError, match="uint8 with 3 colour planes"):
         view(pixels, image=torch.zeros(3, 4, 4))
+    (tmp_path / "bad.png").write_bytes(b"not an image")
+    with pytest.raises(ValueError, match="cannot read image .*bad.png"):
+        view(pixels, image=str(tmp_path / "bad.png"))
+    from PIL import Image
+    Image.new("RGB", (100, 100)).save(tmp_path / "big.png")
+    with pytest.raises(ValueError, match="big.png is 100x100 pixels; the viewer shows images "
+                                         "of at most 4096"):
+        view(pixels, image=str(tmp_path / "big.png"))
     with pytest.raises(ValueError, match="min_weight must be a number in"):
         view(text, "the cat", min_weight=1.5)
     with pytest.raises(ValueError, match="top_k must be None or an integer"):

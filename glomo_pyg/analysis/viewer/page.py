@@ -83,14 +83,22 @@ def _image_pixels(image) -> Tensor:
     import numpy as np
 
     if isinstance(image, (str, os.PathLike)):
-        from PIL import Image
+        from PIL import Image, UnidentifiedImageError
 
-        with Image.open(image) as img:
-            image = np.asarray(img.convert("RGB"), dtype=np.uint8)
+        try:
+            with Image.open(image) as img:
+                # the header's size first: nothing larger than a page shows is decoded
+                if img.width * img.height > MAX_IMAGE_PIXELS:
+                    raise ValueError(f"{os.fspath(image)} is {img.width}x{img.height} pixels; "
+                                     f"the viewer shows images of at most "
+                                     f"{MAX_IMAGE_PIXELS} pixels")
+                image = np.asarray(img.convert("RGB"), dtype=np.uint8)
+        except (Image.DecompressionBombError, UnidentifiedImageError, OSError) as err:
+            raise ValueError(f"cannot read image {os.fspath(image)}: {err}") from None
     if hasattr(image, "convert") and not isinstance(image, (Tensor, np.ndarray)):
         image = np.asarray(image.convert("RGB"), dtype=np.uint8)
     if isinstance(image, np.ndarray):
-        image = torch.from_numpy(np.ascontiguousarray(image))
+        image = torch.from_numpy(np.array(image, copy=True, order="C"))  # (a writable copy)
     if not isinstance(image, Tensor) or image.dim() != 3:
         raise ValueError(f"image must be a [3, H, W] or [H, W, 3] uint8 image (a tensor, numpy "
                          f"array, PIL image or a file), got "
