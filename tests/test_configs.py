@@ -11,7 +11,7 @@ from glomo_pyg.training.pretrain.corpus import iter_documents
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("name", ["imdb-cpu.yaml", "imdb-gpu.yaml"])
+@pytest.mark.parametrize("name", ["imdb-cpu.yaml", "imdb-gpu.yaml", "imdb-gpu-release.yaml"])
 def test_shipped_configs_validate_and_build_the_model(name):
     with open(os.path.join(ROOT, "configs", name)) as fh:
         data = yaml.safe_load(fh)
@@ -27,6 +27,23 @@ def test_shipped_configs_validate_and_build_the_model(name):
     # relative position terms repeat with the longest period: at least twice the length
     period = config.model.get("position_period", 512.0)
     assert period >= 2 * config.corpus.max_length
+
+
+@pytest.mark.parametrize("name", ["imdb-cpu.yaml", "imdb-gpu-release.yaml"])
+def test_release_recipes_make_a_predictor_a_release_can_hold(name):
+    """The text recipes whose predictors are released: both directions' graph predictors
+    over the whole vocabulary fit a release's weights in float16."""
+    from glomo_pyg import Glomo
+    from glomo_pyg.io.releases import MAX_WEIGHTS_BYTES
+
+    with open(os.path.join(ROOT, "configs", name)) as fh:
+        data = yaml.safe_load(fh)
+    words = data["corpus"]["max_size"]
+    model = {k: v for k, v in data["model"].items() if k != "layout"}
+    predictor = Glomo.text(num_tokens=words, **model).to_pretrained(
+        [f"w{i}" for i in range(words)])
+    values = sum(t.numel() for t in predictor.state_dict().values())
+    assert 2 * values <= MAX_WEIGHTS_BYTES - 64 * 1024  # (room for the header)
 
 
 def test_max_documents_spreads_evenly_over_the_corpus(tmp_path):

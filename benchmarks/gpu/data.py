@@ -132,10 +132,30 @@ def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
     tf.addfile(info, io.BytesIO(data))
 
 
+def _toy_treebank(rng: np.random.Generator, words: List[str], sentences: int) -> str:
+    """CoNLL-U text of ``sentences`` random dependency trees (one root each) over
+    ``words``."""
+    out = []
+    for s in range(sentences):
+        n = int(rng.integers(4, 12))
+        order = (rng.permutation(n) + 1).tolist()  # each word attaches to one before it
+        heads = {order[0]: 0}
+        for k in range(1, n):
+            heads[order[k]] = order[int(rng.integers(0, k))]
+        out.append(f"# sent_id = toy-{s}")
+        for i in range(1, n + 1):
+            head, word = heads[i], str(rng.choice(words))
+            out.append(f"{i}\t{word}\t{word}\tX\t_\t_\t{head}\t{'root' if head == 0 else 'dep'}"
+                       "\t_\t_")
+        out.append("")
+    return "\n".join(out) + "\n"
+
+
 def write_toy_archives(names: List[str], folder: str, images: int = 40) -> List[str]:
     """Archives named ``names`` in ``folder``, laid out as the real ones, holding a few
-    random 32x32 images (CIFAR: ``images`` per split; ImageNet: ``images`` per shard) or
-    reviews (IMDB: ``images // 2`` per folder)."""
+    random 32x32 images (CIFAR: ``images`` per split; ImageNet: ``images`` per shard),
+    reviews (IMDB: ``images // 2`` per folder) or dependency trees (UD English-EWT:
+    ``images // 2`` sentences in each of train and dev)."""
     rng = np.random.default_rng(0)
     os.makedirs(folder, exist_ok=True)
     paths = []
@@ -168,6 +188,13 @@ def write_toy_archives(names: List[str], folder: str, images: int = 40) -> List[
                         for i in range(images // 2):
                             text = " ".join(rng.choice(words + cue[kind], 24).tolist()) + "."
                             _add(tf, f"aclImdb/{split}/{kind}/{i}_{rating}.txt", text.encode())
+        elif name == EWT:  # random trees over the toy reviews' words
+            words = ("the a this movie film was is and of it story actor plot scene time "
+                     "really very just one its").split()
+            with tarfile.open(path, "w:xz") as tf:
+                for split in ("train", "dev"):
+                    _add(tf, f"ud-english-ewt/en_ewt-ud-{split}.conllu",
+                         _toy_treebank(rng, words, images // 2).encode())
         else:
             raise ValueError(f"no toy version of {name}")
         paths.append(path)

@@ -1,4 +1,6 @@
-"""``imdb`` (repeatable): paper Table 1's IMDB rows with a released text predictor: the
+"""``imdb`` (repeatable): paper Table 1's IMDB rows with a released text predictor (the
+GPU release ``imdb-text`` once ``text-pretrain`` has made it, else the CPU release
+``imdb-text-cpu``; the recipe names the one it uses, by digest): the
 paper's model (word vectors -> 2-layer BiGRU -> self-attention -> pooling -> MLP,
 :class:`~glomo_pyg.GlomoTextClassifier`) on the full downstream data (22,500 / 2,500
 training / validation reviews, the 25,000 test reviews, 400 tokens), without graphs
@@ -30,28 +32,40 @@ from benchmarks.gpu import data
 ARCHIVES = (data.IMDB,)
 RESULTS = "imdb.md"
 KEYS_PER_PROCESS = None  # the reviews are read and encoded once per call
-RELEASE = "imdb-text-cpu"
+# the text releases, best first: the recipe uses the first one present, so the GPU
+# release (text-pretrain runs before this slice) replaces the CPU one when it exists
+RELEASES = ("imdb-text", "imdb-text-cpu")
 VARIANTS = {"baseline": dict(), "glomo": dict(places=("embedding",)),
             "uniform": dict(places=("embedding",), graph="uniform")}
 PAPER = {"baseline": 88.51, "glomo": 89.16, "uniform": 88.57}
 TARGET = 0.65  # GLoMo - baseline, points (paper: +0.65)
 
 
-def _release_digest() -> Optional[str]:
-    from benchmarks.gpu.files import sha256
+def _release() -> Dict:
+    """The first of :data:`RELEASES` present: its name, weights' digest and the window
+    length it was trained on (``sha256`` None when there is none)."""
+    from benchmarks.gpu.files import read_json, sha256
     from glomo_pyg.io.releases import releases_root
 
-    path = os.path.join(str(releases_root()), RELEASE, "model.safetensors")
-    return sha256(path) if os.path.isfile(path) else None
+    for name in RELEASES:
+        folder = os.path.join(str(releases_root()), name)
+        if os.path.isfile(os.path.join(folder, "model.safetensors")):
+            trained = read_json(os.path.join(folder, "config.json"),
+                                f"release {name}'s config").get("trained_length")
+            return dict(release=name, sha256=sha256(os.path.join(folder, "model.safetensors")),
+                        trained_length=trained)
+    return dict(release=RELEASES[-1], sha256=None, trained_length=None)
 
 
 def recipe(dry_run: bool) -> Dict:
-    r = dict(predictor=dict(release=RELEASE, sha256=_release_digest()),
+    release = _release()
+    r = dict(predictor=release,
              vectors=dict(dim=300, window=5, min_count=3, epochs=5, seed=0),
              reviews=dict(length=400, validation=2500, split_seed=0),
              model=dict(hidden_channels=150, rnn_layers=2),
-             # the predictor's distance term was trained on 64-token windows
-             max_distance=63,
+             # the predictor's distance term was trained on windows of trained_length
+             # tokens: longer distances share the longest one's term
+             max_distance=(release["trained_length"] or 64) - 1,
              train=dict(epochs=6, batch=32, lr=1e-3, precision="32-true"),
              variants=list(VARIANTS), seeds=10)
     if dry_run:
@@ -70,7 +84,7 @@ def keys(recipe: Dict) -> List[str]:
 
 def blocked(recipe: Dict) -> Optional[str]:
     return None if recipe["predictor"].get("sha256") else \
-        f"needs the release pretrained/{RELEASE}"
+        f"needs one of the releases {', '.join(f'pretrained/{n}' for n in RELEASES)}"
 
 
 def min_seconds(key: str, recipe: Dict) -> float:
@@ -82,7 +96,7 @@ def _predictor(recipe: Dict):
     from glomo_pyg import PretrainedGraphPredictor
     from glomo_pyg.io.releases import release_path
 
-    folder = release_path(RELEASE)
+    folder = release_path(recipe["predictor"]["release"])
     if sha256(os.path.join(folder, "model.safetensors")) != recipe["predictor"]["sha256"]:
         raise ValueError(f"{folder} is not the release the recipe names")
     return PretrainedGraphPredictor.from_pretrained(folder)
@@ -169,7 +183,7 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
     out = ["### GPU campaign: IMDB with the paper's model (full downstream data)", "",
            f"Generated from the ledger: {len(lines)} runs on "
            f"{', '.join(sorted({l['device'] for l in lines}))}. Predictor: release "
-           f"`{RELEASE}` (a CPU release; `max_distance` {recipe['max_distance']}). "
+           f"`{recipe['predictor']['release']}` (`max_distance` {recipe['max_distance']}). "
            f"{' / '.join(f'{n:,}' for n in lines[0]['metrics']['reviews'])} train / "
            f"validation / test reviews of at most {recipe['reviews']['length']} tokens; "
            f"{recipe['vectors']['dim']}-d word2vec vectors; BiGRU x "

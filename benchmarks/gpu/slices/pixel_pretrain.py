@@ -23,16 +23,16 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import tempfile
 import time
 from typing import Dict, List
 
-import lightning.pytorch as pl
 import torch
 
 from benchmarks.gpu import data
 from benchmarks.gpu.slices.common import config
+from benchmarks.gpu.slices.pretraining import hardware, metrics, pretrain_to_deadline
+from benchmarks.gpu.slices.pretraining import salvage as salvage_pretraining
 
 ARCHIVES = (data.IMAGENET[0],)
 RESULTS = "cifar10.md"
@@ -41,7 +41,6 @@ RETURNED_FILES = 4  # manifest.json, run.log, predictor/config.json, predictor/m
 WHOLE_CALL = True   # trains until the call's deadline: it never shares a call
 CHECK_IMAGES = 64        # (part of the recipe the first GPU run used)
 CPU_CHECK_IMAGES = 16    # the check at ingest: about 5 s an image on 2 CPU cores
-AFTER_TRAINING_S = 30.0  # kept after training: saving the float16 predictor
 MIN_GRAPH_STEPS = 100   # steps past the warm-up a released predictor's graphs trained
 
 
@@ -79,79 +78,19 @@ def min_seconds(key: str, recipe: Dict) -> float:
     return 20.0 if recipe["train"]["max_steps"] < 10 else 300.0
 
 
-class _Deadline(pl.Callback):
-    """Stops training cleanly (the step finishes, the predictor is saved) once ``seconds``
-    of training have passed or at the absolute time ``end`` (``time.time()``), whichever
-    comes first: set-up and the sanity check, before training starts, count against
-    ``end`` but not against ``seconds``."""
-
-    def __init__(self, seconds: float, end: float = float("inf")):
-        self.seconds, self.end, self.start, self.stopped_at = seconds, end, None, None
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        self.start = time.time()
-
-    def on_train_batch_end(self, trainer, *args) -> None:
-        now = time.time()
-        if (now - self.start >= self.seconds or now >= self.end) and not trainer.should_stop:
-            trainer.should_stop = True
-            self.stopped_at = trainer.global_step
-
-
 def run_key(key: str, ctx) -> Dict:
-    from glomo_pyg import PretrainedGraphPredictor
-    from glomo_pyg.training import PretrainConfig, run_pretraining
-
     r = ctx.recipe
-    folder = os.path.join(ctx.work, "pretrain")
-    settings = dict(output_dir=folder, corpus=dict(r["corpus"], path=os.path.join(
-        ctx.data_dir, "imagenet32")), model=r["model"],
+    settings = dict(output_dir=os.path.join(ctx.work, "pretrain"), corpus=dict(
+        r["corpus"], path=os.path.join(ctx.data_dir, "imagenet32")), model=r["model"],
         train=dict(r["train"], seed=r["seed"], accelerator="gpu" if ctx.device == "cuda" else "cpu"))
-    end = ctx.deadline - AFTER_TRAINING_S
-    if end <= time.time():
-        raise RuntimeError(f"{ctx.seconds_left():.0f} s left: no time to pretrain")
-    limit = float("inf") if r["train_seconds"] is None else r["train_seconds"]
-    deadline = _Deadline(limit, end)
-    start = time.time()
-    summary = run_pretraining(PretrainConfig.from_dict(settings), extra_callbacks=[deadline],
-                              log=lambda *a: print(*a, flush=True))
-    wall = time.time() - start
-    predictor = PretrainedGraphPredictor.from_pretrained(os.path.join(folder, "predictor"))
-    predictor.save_pretrained(os.path.join(ctx.out, "predictor"), dtype=torch.float16)
-    return _metrics(summary, r, stopped_by="time" if deadline.stopped_at is not None
-                    else "max_steps", wall_s=round(wall, 1),
-                    train_budget_s=round(min(limit, end - start), 1))
-
-
-def _metrics(summary: Dict, recipe: Dict, **extra) -> Dict:
-    steps = summary.get("steps", 0)
-    return dict(summary=summary, steps=steps,
-                graph_steps=max(0, steps - recipe["train"]["graph_warmup_steps"]),
-                seconds_per_step=round(summary["seconds"] / max(1, steps), 4), **extra)
-
-
-_DONE = re.compile(r"^done: (\d+) steps in (\d+(?:\.\d+)?) s; predictor saved to ")
+    summary, stop = pretrain_to_deadline(settings, ctx, r["train_seconds"])
+    return metrics(summary, r, **stop)
 
 
 def salvage(failure: Dict, manifest: Dict) -> Dict:
-    """The metrics of a ``pretrain`` key that was killed after its predictor came back:
-    from the pretraining's ``done: N steps in S s; predictor saved`` line in the
-    failure's log tail. Raises ``ValueError`` when nothing can be salvaged."""
-    if failure.get("key") != "pretrain":
-        raise ValueError(f"pixel-pretrain has no run {failure.get('key')!r} to salvage")
-    missing = [f for f in ("predictor/config.json", "predictor/model.safetensors")
-               if f not in manifest["files"]]
-    if missing:
-        raise ValueError(f"the killed run's predictor did not come back ({missing} missing)")
-    done = [m for m in (_DONE.match(str(line).strip()) for line in failure.get("tail") or [])
-            if m]
-    if not done:
-        raise ValueError("the killed run's log has no 'done: N steps in S s; predictor "
-                         "saved' line: it was killed before its predictor was saved")
-    steps, seconds = int(done[-1].group(1)), float(done[-1].group(2))
-    recipe = manifest["recipe"]
-    return _metrics(dict(steps=steps, seconds=seconds), recipe,
-                    stopped_by="time" if steps < recipe["train"]["max_steps"] else "max_steps")
+    """The metrics of a ``pretrain`` key that was killed after its predictor came back
+    (:func:`~benchmarks.gpu.slices.pretraining.salvage`)."""
+    return salvage_pretraining("pixel-pretrain", failure, manifest)
 
 
 def graph_check(predictor_dir: str, recipe: Dict, shared_data: str, images: int,
@@ -265,16 +204,13 @@ def ingest(lines: List[Dict], folder: str, manifest: Dict, releases_root, log,
         images = 2 if manifest.get("dry_run") else CPU_CHECK_IMAGES
         metrics.update(graph_check(predictor_dir, manifest["recipe"], shared_data, images,
                                    log))
-    m = manifest["environment"]
     root = releases_root or str(default_root())
     recipe = manifest["recipe"]
     card = dict(
         name=RELEASE, modality="pixels", release="GPU release",
         summary="Pixel graphs for 32x32 RGB images: 3 layers x 8 heads x 2 directions, "
                 "pretrained on 50,000 Tiny-ImageNet 32x32 images.",
-        hardware=f"{m.get('device')}"
-                 + (f" ({m['memory_gib']} GiB)" if m.get("memory_gib") else "")
-                 + f"; torch {m.get('torch')}, CUDA {m.get('cuda')}",
+        hardware=hardware(manifest),
         data="Tiny ImageNet training images box-downsampled to 32x32 (JPEG quality 90), the "
              "even-numbered half (50,000 images, 200 classes; labels unused).",
         recipe=f"`configs/cifar10-gpu.yaml` (width 128, 3 layers x 8 heads, 64 predicted "

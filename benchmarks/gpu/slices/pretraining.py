@@ -1,0 +1,98 @@
+"""What the pretraining slices (``pixel-pretrain``, ``text-pretrain``) share: ``glomo
+pretrain``'s own loop stopped cleanly at a wall-clock deadline, the metrics a pretraining
+key records, and the salvage of a key killed after its predictor came back."""
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Dict, Tuple
+
+import lightning.pytorch as pl
+import torch
+
+AFTER_TRAINING_S = 30.0  # kept after training: saving the float16 predictor
+
+
+class Deadline(pl.Callback):
+    """Stops training cleanly (the step finishes, the predictor is saved) once ``seconds``
+    of training have passed or at the absolute time ``end`` (``time.time()``), whichever
+    comes first: set-up and the sanity check, before training starts, count against
+    ``end`` but not against ``seconds``."""
+
+    def __init__(self, seconds: float, end: float = float("inf")):
+        self.seconds, self.end, self.start, self.stopped_at = seconds, end, None, None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.start = time.time()
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        now = time.time()
+        if (now - self.start >= self.seconds or now >= self.end) and not trainer.should_stop:
+            trainer.should_stop = True
+            self.stopped_at = trainer.global_step
+
+
+def pretrain_to_deadline(settings: Dict, ctx, train_seconds=None) -> Tuple[Dict, Dict]:
+    """Run ``glomo pretrain`` with ``settings`` (a config mapping, its ``output_dir`` in
+    ``ctx.work``) until ``train_seconds`` of training (``None``: no limit), the call's
+    deadline less :data:`AFTER_TRAINING_S`, or ``train.max_steps``; then write the
+    predictor in float16 to ``<ctx.out>/predictor``. Returns the run's summary and what
+    stopped it (``stopped_by``, ``wall_s``, ``train_budget_s``)."""
+    from glomo_pyg import PretrainedGraphPredictor
+    from glomo_pyg.training import PretrainConfig, run_pretraining
+
+    end = ctx.deadline - AFTER_TRAINING_S
+    if end <= time.time():
+        raise RuntimeError(f"{ctx.seconds_left():.0f} s left: no time to pretrain")
+    limit = float("inf") if train_seconds is None else train_seconds
+    deadline = Deadline(limit, end)
+    start = time.time()
+    summary = run_pretraining(PretrainConfig.from_dict(settings), extra_callbacks=[deadline],
+                              log=lambda *a: print(*a, flush=True))
+    wall = time.time() - start
+    predictor = PretrainedGraphPredictor.from_pretrained(
+        os.path.join(settings["output_dir"], "predictor"))
+    predictor.save_pretrained(os.path.join(ctx.out, "predictor"), dtype=torch.float16)
+    return summary, dict(stopped_by="time" if deadline.stopped_at is not None else "max_steps",
+                         wall_s=round(wall, 1), train_budget_s=round(min(limit, end - start), 1))
+
+
+def metrics(summary: Dict, recipe: Dict, **extra) -> Dict:
+    """A pretraining key's metrics: the run's summary, its steps, the steps the graph
+    predictor trained (past the warm-up) and the mean time per step."""
+    steps = summary.get("steps", 0)
+    return dict(summary=summary, steps=steps,
+                graph_steps=max(0, steps - recipe["train"]["graph_warmup_steps"]),
+                seconds_per_step=round(summary["seconds"] / max(1, steps), 4), **extra)
+
+
+_DONE = re.compile(r"^done: (\d+) steps in (\d+(?:\.\d+)?) s; predictor saved to ")
+
+
+def salvage(slice_name: str, failure: Dict, manifest: Dict) -> Dict:
+    """The metrics of a ``pretrain`` key of ``slice_name`` that was killed after its
+    predictor came back: from the pretraining's ``done: N steps in S s; predictor saved``
+    line in the failure's log tail. Raises ``ValueError`` when nothing can be salvaged."""
+    if failure.get("key") != "pretrain":
+        raise ValueError(f"{slice_name} has no run {failure.get('key')!r} to salvage")
+    missing = [f for f in ("predictor/config.json", "predictor/model.safetensors")
+               if f not in manifest["files"]]
+    if missing:
+        raise ValueError(f"the killed run's predictor did not come back ({missing} missing)")
+    done = [m for m in (_DONE.match(str(line).strip()) for line in failure.get("tail") or [])
+            if m]
+    if not done:
+        raise ValueError("the killed run's log has no 'done: N steps in S s; predictor "
+                         "saved' line: it was killed before its predictor was saved")
+    steps, seconds = int(done[-1].group(1)), float(done[-1].group(2))
+    recipe = manifest["recipe"]
+    return metrics(dict(steps=steps, seconds=seconds), recipe,
+                   stopped_by="time" if steps < recipe["train"]["max_steps"] else "max_steps")
+
+
+def hardware(manifest: Dict) -> str:
+    """The model card's hardware line from a returned run's environment."""
+    m = manifest["environment"]
+    return (f"{m.get('device')}" + (f" ({m['memory_gib']} GiB)" if m.get("memory_gib") else "")
+            + f"; torch {m.get('torch')}, CUDA {m.get('cuda')}")
