@@ -31,7 +31,8 @@ import torch
 
 from benchmarks.gpu import data
 from benchmarks.gpu.slices.common import config
-from benchmarks.gpu.slices.pretraining import hardware, metrics, pretrain_to_deadline
+from benchmarks.gpu.slices.pretraining import (card_command, check_graph_steps, hardware,
+                                                metrics, pretrain_to_deadline)
 from benchmarks.gpu.slices.pretraining import salvage as salvage_pretraining
 
 ARCHIVES = (data.IMAGENET[0],)
@@ -193,12 +194,9 @@ def ingest(lines: List[Dict], folder: str, manifest: Dict, releases_root, log,
 
     (line,) = lines
     metrics = line["metrics"]
-    graph_steps = metrics.get("graph_steps", 0)
-    if graph_steps < MIN_GRAPH_STEPS and not manifest.get("dry_run"):
-        raise ValueError(f"the graphs trained for {graph_steps} steps past the warm-up "
-                         f"(fewer than {MIN_GRAPH_STEPS}): not released and not recorded; "
-                         "size the recipe's train_seconds and graph_warmup_steps from the "
-                         "profile's pixel-pretrain-step time")
+    check_graph_steps(metrics, manifest, MIN_GRAPH_STEPS,
+                      "size the recipe's train_seconds and graph_warmup_steps from the "
+                      "profile's pixel-pretrain-step time")
     predictor_dir = os.path.join(folder, "predictor")
     if "check" not in metrics:  # (recorded in the ledger line: ingest appends it after)
         images = 2 if manifest.get("dry_run") else CPU_CHECK_IMAGES
@@ -219,12 +217,7 @@ def ingest(lines: List[Dict], folder: str, manifest: Dict, releases_root, log,
                f"bf16-mixed) stopped by the wall clock after "
                f"{metrics['summary']['seconds']:.0f} s of training, at step "
                f"{metrics['steps']} of {recipe['train']['max_steps']}; seed {recipe['seed']}.",
-        command="python -m benchmarks.gpu prepare pixel-pretrain\n"
-                "# one GPU call, carrying .gpu/:\n"
-                "python -m benchmarks.gpu run pixel-pretrain --budget-s 510 --carry .gpu "
-                "--out $OUT\n"
-                "python -m benchmarks.gpu ingest FOLDER_THE_CALL_RETURNED"
-                + (" --salvage" if metrics.get("salvaged") else ""),
+        command=card_command("pixel-pretrain", bool(metrics.get("salvaged"))),
         commit=line["commit"],
         training_time=f"{metrics['summary'].get('seconds')} s of training "
                       f"({metrics['steps']} steps), {line['seconds']} s in all",

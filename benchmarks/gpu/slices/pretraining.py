@@ -96,3 +96,21 @@ def hardware(manifest: Dict) -> str:
     m = manifest["environment"]
     return (f"{m.get('device')}" + (f" ({m['memory_gib']} GiB)" if m.get("memory_gib") else "")
             + f"; torch {m.get('torch')}, CUDA {m.get('cuda')}")
+
+
+def check_graph_steps(metrics: Dict, manifest: Dict, minimum: int, advice: str) -> None:
+    """Refuse to release (and record) a real run whose graphs trained for fewer than
+    ``minimum`` steps past the warm-up; ``advice`` says what to resize."""
+    graph_steps = metrics.get("graph_steps", 0)
+    if graph_steps < minimum and not manifest.get("dry_run"):
+        raise ValueError(f"the graphs trained for {graph_steps} steps past the warm-up "
+                         f"(fewer than {minimum}): not released and not recorded; {advice}")
+
+
+def card_command(slice_name: str, salvaged: bool) -> str:
+    """The model card's command: the slice's prepare, GPU call and ingest."""
+    return (f"python -m benchmarks.gpu prepare {slice_name}\n"
+            "# one GPU call, carrying .gpu/:\n"
+            f"python -m benchmarks.gpu run {slice_name} --budget-s 510 --carry .gpu --out $OUT\n"
+            "python -m benchmarks.gpu ingest FOLDER_THE_CALL_RETURNED"
+            + (" --salvage" if salvaged else ""))

@@ -36,7 +36,8 @@ import numpy as np
 
 from benchmarks.gpu import data
 from benchmarks.gpu.slices.common import config
-from benchmarks.gpu.slices.pretraining import hardware, metrics, pretrain_to_deadline
+from benchmarks.gpu.slices.pretraining import (card_command, check_graph_steps, hardware,
+                                                metrics, pretrain_to_deadline)
 from benchmarks.gpu.slices.pretraining import salvage as salvage_pretraining
 
 ARCHIVES = (data.IMDB,)
@@ -223,11 +224,8 @@ def ingest(lines: List[Dict], folder: str, manifest: Dict, releases_root, log,
 
     (line,) = lines
     metrics = line["metrics"]
-    graph_steps = metrics.get("graph_steps", 0)
-    if graph_steps < MIN_GRAPH_STEPS and not manifest.get("dry_run"):
-        raise ValueError(f"the graphs trained for {graph_steps} steps past the warm-up "
-                         f"(fewer than {MIN_GRAPH_STEPS}): not released and not recorded; "
-                         "size the recipe's graph_warmup_steps from its seconds per step")
+    check_graph_steps(metrics, manifest, MIN_GRAPH_STEPS,
+                      "size the recipe's graph_warmup_steps from its seconds per step")
     predictor_dir = os.path.join(folder, "predictor")
     recipe = manifest["recipe"]
     if "syntax" not in metrics:  # (recorded in the ledger line: ingest appends it after)
@@ -255,12 +253,7 @@ def ingest(lines: List[Dict], folder: str, manifest: Dict, releases_root, log,
                f"of {t['max_steps']}; seed {recipe['seed']}. Trained on windows of "
                f"{c['max_length']} tokens: for longer inputs pass `max_distance="
                f"{c['max_length'] - 1}` to `GlomoTransfer`.",
-        command="python -m benchmarks.gpu prepare text-pretrain\n"
-                "# one GPU call, carrying .gpu/:\n"
-                "python -m benchmarks.gpu run text-pretrain --budget-s 510 --carry .gpu "
-                "--out $OUT\n"
-                "python -m benchmarks.gpu ingest FOLDER_THE_CALL_RETURNED"
-                + (" --salvage" if metrics.get("salvaged") else ""),
+        command=card_command("text-pretrain", bool(metrics.get("salvaged"))),
         commit=line["commit"],
         training_time=f"{metrics['summary'].get('seconds')} s of training "
                       f"({metrics['steps']} steps), {line['seconds']} s in all",
