@@ -866,3 +866,25 @@ def test_text_pretrain_names_a_missing_treebank_and_salvages_only_its_key(tmp_pa
         text_pretrain.syntax_check(str(tmp_path), text_pretrain.recipe(True), str(tmp_path))
     with pytest.raises(ValueError, match="text-pretrain has no run 'x' to salvage"):
         text_pretrain.salvage(dict(key="x"), dict(files={}))
+
+
+def test_imdb_uses_the_best_text_release_there_is(tmp_path, monkeypatch):
+    """imdb runs with the GPU text release once text-pretrain (which comes first) has made
+    it, else with the CPU release; its recipe names the release and its window length."""
+    from benchmarks.gpu.slices import imdb
+
+    assert campaign.ORDER.index("text-pretrain") < campaign.ORDER.index("imdb")
+    monkeypatch.setenv("GLOMO_PRETRAINED_DIR", str(tmp_path))
+    assert imdb.keys(imdb.recipe(False)) == []
+    assert "pretrained/imdb-text, pretrained/imdb-text-cpu" in imdb.blocked(imdb.recipe(False))
+    shutil.copytree(os.path.join(ROOT, "pretrained", "imdb-text-cpu"), tmp_path / "imdb-text-cpu")
+    cpu = imdb.recipe(False)
+    assert (cpu["predictor"]["release"], cpu["max_distance"]) == ("imdb-text-cpu", 63)
+    assert imdb.blocked(cpu) is None and len(imdb.keys(cpu)) == 30
+    shutil.copytree(tmp_path / "imdb-text-cpu", tmp_path / "imdb-text")
+    config_path = tmp_path / "imdb-text" / "config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps(dict(config, trained_length=128)))
+    gpu = imdb.recipe(False)
+    assert (gpu["predictor"]["release"], gpu["max_distance"]) == ("imdb-text", 127)
+    assert campaign.digest(gpu) != campaign.digest(cpu)
