@@ -717,6 +717,8 @@ def test_dry_run_of_slice_end_to_end(name, tmp_path):
         card = open(os.path.join(releases, mod.RELEASE, "README.md"), encoding="utf-8").read()
         assert line["commit"] in card and m["syntax_text"] in card
         assert f"max_distance={recipe['corpus']['max_length'] - 1}" in card
+        assert f"{len(predictor.vocabulary)}-word lower-cased vocabulary" in card
+        assert "ran to max_steps after" in card and "wall clock" not in card
         assert "chosen graph" in text and "imdb-gpu-release.yaml" in text
         assert sorted(manifest["files"]) == ["predictor/config.json",
                                              "predictor/model.safetensors", "run.log"]

@@ -16,6 +16,8 @@ A slice is a module of :mod:`benchmarks.gpu.slices` with:
 - optionally ``prepare_extra(folder, archives, recipe, log)``: files made on the CPU
   machine that the call carries (e.g. word vectors: the GPU machine has no gensim),
   written into ``folder``; their digests are checked on the GPU machine;
+- optionally ``INGEST_ARCHIVES``: archives of the project's data folder that ``ingest``
+  reads on the CPU machine (``--shared-data``) to measure what came back; not carried;
 - optionally ``KEYS_PER_PROCESS = None``: the call's keys run in one process (data
   and caches built once), else one process per key.
 """

@@ -32,7 +32,7 @@ import torch
 from benchmarks.gpu import data
 from benchmarks.gpu.slices.common import config
 from benchmarks.gpu.slices.pretraining import (card_command, check_graph_steps, hardware,
-                                                metrics, pretrain_to_deadline)
+                                                metrics, pretrain_to_deadline, stopped_by)
 from benchmarks.gpu.slices.pretraining import salvage as salvage_pretraining
 
 ARCHIVES = (data.IMAGENET[0],)
@@ -214,7 +214,7 @@ def ingest(lines: List[Dict], folder: str, manifest: Dict, releases_root, log,
         recipe=f"`configs/cifar10-gpu.yaml` (width 128, 3 layers x 8 heads, 64 predicted "
                f"pixels per image, grid position term, keep-alive 0.05, batch 64, Adam "
                f"3e-3, graph warm-up {recipe['train']['graph_warmup_steps']} steps, "
-               f"bf16-mixed) stopped by the wall clock after "
+               f"bf16-mixed) {stopped_by(metrics)} after "
                f"{metrics['summary']['seconds']:.0f} s of training, at step "
                f"{metrics['steps']} of {recipe['train']['max_steps']}; seed {recipe['seed']}.",
         command=card_command("pixel-pretrain", bool(metrics.get("salvaged"))),

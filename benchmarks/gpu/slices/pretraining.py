@@ -114,3 +114,9 @@ def card_command(slice_name: str, salvaged: bool) -> str:
             f"python -m benchmarks.gpu run {slice_name} --budget-s 510 --carry .gpu --out $OUT\n"
             "python -m benchmarks.gpu ingest FOLDER_THE_CALL_RETURNED"
             + (" --salvage" if salvaged else ""))
+
+
+def stopped_by(metrics: Dict) -> str:
+    """How a run's training ended, for its model card."""
+    return "stopped by the wall clock" if metrics.get("stopped_by") == "time" else \
+        "ran to max_steps"

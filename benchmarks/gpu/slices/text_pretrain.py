@@ -37,7 +37,7 @@ import numpy as np
 from benchmarks.gpu import data
 from benchmarks.gpu.slices.common import config
 from benchmarks.gpu.slices.pretraining import (card_command, check_graph_steps, hardware,
-                                                metrics, pretrain_to_deadline)
+                                                metrics, pretrain_to_deadline, stopped_by)
 from benchmarks.gpu.slices.pretraining import salvage as salvage_pretraining
 
 ARCHIVES = (data.IMDB,)
@@ -220,6 +220,7 @@ def report_earlier(lines: List[Dict]) -> List[str]:
 
 def ingest(lines: List[Dict], folder: str, manifest: Dict, releases_root, log,
            shared_data: str) -> None:
+    from glomo_pyg import PretrainedGraphPredictor
     from glomo_pyg.io.releases import releases_root as default_root, write_release
 
     (line,) = lines
@@ -231,12 +232,13 @@ def ingest(lines: List[Dict], folder: str, manifest: Dict, releases_root, log,
     if "syntax" not in metrics:  # (recorded in the ledger line: ingest appends it after)
         metrics.update(syntax_check(predictor_dir, recipe, shared_data, log))
     m, c, t = recipe["model"], recipe["corpus"], recipe["train"]
-    words = metrics["summary"].get("vocabulary", c["max_size"])
+    words = len(PretrainedGraphPredictor.from_pretrained(predictor_dir).vocabulary)
     card = dict(
         name=RELEASE, modality="text", release="GPU release",
         summary=f"Text graphs for English (IMDB reviews, {words}-word lower-cased "
                 f"vocabulary): {m['num_layers']} layers x {m['heads']} heads x 2 directions, "
-                "pretrained on all 75,000 IMDB training reviews.",
+                "pretrained on all 75,000 IMDB training reviews (1% of the windows held "
+                "out for validation).",
         hardware=hardware(manifest),
         data="IMDB (Maas et al., 2011): the 50,000 unlabelled and 25,000 labelled training "
              f"reviews (the test reviews unseen), in windows of {c['max_length']} tokens"
@@ -248,7 +250,7 @@ def ingest(lines: List[Dict], folder: str, manifest: Dict, releases_root, log,
                f"term, keep-alive {m['keep_alive']}; SGD lr {t['lr']} momentum "
                f"{t['momentum']}, clip {t['grad_clip']}, batch {t['batch_size']}, graph "
                f"warm-up {t['graph_warmup_steps']} steps, embeddings from word2vec on the same "
-               f"reviews, bf16-mixed; stopped by the wall clock after "
+               f"reviews, bf16-mixed; {stopped_by(metrics)} after "
                f"{metrics['summary']['seconds']:.0f} s of training, at step {metrics['steps']} "
                f"of {t['max_steps']}; seed {recipe['seed']}. Trained on windows of "
                f"{c['max_length']} tokens: for longer inputs pass `max_distance="
