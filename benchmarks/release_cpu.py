@@ -38,17 +38,30 @@ def _read(path: str):
         return json.load(fh)
 
 
-def text_quality(predictor, data_dir: str) -> str:
+def ewt_comparison(predictor, ewt: str, select: int = 2000):
+    """``glomo syntax`` for a release's card: the predictor against the gold trees of UD
+    English-EWT dev (the folder ``ewt``), the graph per direction chosen on the first
+    ``select`` train sentences. Returns the comparison and the numbers of dev and
+    selection sentences."""
     from glomo_pyg.analysis import compare_with_syntax, read_treebank
 
-    ewt = os.path.join(data_dir, "ud-english-ewt")
     dev = read_treebank(os.path.join(ewt, "en_ewt-ud-dev.conllu"))
-    train = read_treebank(os.path.join(ewt, "en_ewt-ud-train.conllu"), max_sentences=2000)
-    result = compare_with_syntax(predictor, dev, train)
-    return ("Graphs against the gold dependency trees of UD English-EWT dev (2,001 "
-            "sentences; the graph chosen on 2,000 EWT train sentences; undirected "
+    train = read_treebank(os.path.join(ewt, "en_ewt-ud-train.conllu"), max_sentences=select)
+    return compare_with_syntax(predictor, dev, train), len(dev), len(train)
+
+
+def ewt_heading(dev: int, select: int) -> str:
+    """The sentence that introduces a card's EWT table."""
+    return (f"Graphs against the gold dependency trees of UD English-EWT dev ({dev:,} "
+            f"sentences; the graph chosen on {select:,} EWT train sentences; undirected "
             "attachment of each target's heaviest source, punctuation excluded; `glomo "
-            "syntax`):\n\n```text\n" + result.format().strip() + "\n```")
+            "syntax`)")
+
+
+def text_quality(predictor, data_dir: str) -> str:
+    result, dev, select = ewt_comparison(predictor, os.path.join(data_dir, "ud-english-ewt"))
+    return (ewt_heading(dev, select) + ":\n\n```text\n" + result.format().strip()
+            + "\n```")
 
 
 def pixel_quality(predictor, run: str) -> str:

@@ -140,24 +140,20 @@ def salvage(failure: Dict, manifest: Dict) -> Dict:
 def syntax_check(predictor_dir: str, recipe: Dict, shared_data: str, log=print) -> Dict:
     """``glomo syntax`` on the CPU: the predictor in ``predictor_dir`` against UD
     English-EWT dev, the graph per direction chosen on the first train sentences."""
+    from benchmarks.release_cpu import ewt_comparison
     from glomo_pyg import PretrainedGraphPredictor
-    from glomo_pyg.analysis import compare_with_syntax, read_treebank
 
     archive = os.path.join(shared_data, data.EWT)
     if not os.path.isfile(archive):
         raise ValueError(f"{archive} is missing: the graphs are scored against its trees "
                          "(--shared-data: the project's data folder)")
-    select = recipe["syntax"]["select_sentences"]
+    predictor = PretrainedGraphPredictor.from_pretrained(predictor_dir).eval()
     with tempfile.TemporaryDirectory(prefix="glomo-check-") as tmp:
         ewt = data.build([archive], tmp, log=log)[data.EWT]
-        dev = read_treebank(os.path.join(ewt, "en_ewt-ud-dev.conllu"))
-        train = read_treebank(os.path.join(ewt, "en_ewt-ud-train.conllu"),
-                              max_sentences=select)
-    predictor = PretrainedGraphPredictor.from_pretrained(predictor_dir).eval()
-    start = time.time()
-    result = compare_with_syntax(predictor, dev, train)
-    log(f"syntax check: {len(dev)} EWT dev sentences on the CPU in "
-        f"{time.time() - start:.0f} s")
+        start = time.time()
+        result, dev, select = ewt_comparison(predictor, ewt,
+                                             recipe["syntax"]["select_sentences"])
+    log(f"syntax check: {dev} EWT dev sentences on the CPU in {time.time() - start:.0f} s")
     scores = {}
     for d, s in result.evaluation.directions.items():
         layer, head = result.chosen[d]
@@ -169,11 +165,13 @@ def syntax_check(predictor_dir: str, recipe: Dict, shared_data: str, log=print) 
                          float(untrained.per_graph["undirected"][layer, head]),
                          baselines={k: float(v["undirected"]) for k, v in s.baselines.items()})
     return dict(syntax=scores, syntax_text=result.format().strip(),
-                syntax_sentences=dict(dev=len(dev), select=len(train)))
+                syntax_sentences=dict(dev=dev, select=select))
 
 
 def quality_lines(metrics: Dict) -> List[str]:
     """A run's pretraining figures and its syntax table (results file and model card)."""
+    from benchmarks.release_cpu import ewt_heading
+
     s = metrics["summary"]
     val = s.get("val_loss")
     loss = ("not returned (the run was killed after saving its predictor)" if
@@ -188,11 +186,8 @@ def quality_lines(metrics: Dict) -> List[str]:
     if "syntax" not in metrics:
         return lines + ["", "(No syntax check is recorded for this run.)"]
     n = metrics["syntax_sentences"]
-    return lines + ["", f"Graphs against the gold dependency trees of UD English-EWT dev "
-                        f"({n['dev']:,} sentences; the graph chosen on {n['select']:,} EWT "
-                        "train sentences; undirected attachment of each target's heaviest "
-                        "source, punctuation excluded; `glomo syntax`), measured on the CPU "
-                        "at ingest:", "", "```text", metrics["syntax_text"], "```"]
+    return lines + ["", ewt_heading(n["dev"], n["select"]) + ", measured on the CPU at "
+                    "ingest:", "", "```text", metrics["syntax_text"], "```"]
 
 
 def _run_line(l: Dict, released: bool) -> str:
