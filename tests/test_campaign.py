@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from benchmarks.gpu import campaign, data, files, ingest, ledger, limits, report, runner
+from benchmarks.gpu import campaign, data, files, ingest, ledger, limits, report, runner, schedule
 from benchmarks.gpu.__main__ import main
 from benchmarks.gpu.ingest import IngestError
 from benchmarks.gpu.ledger import LedgerError
@@ -153,8 +153,8 @@ def test_ingest_round_trip(dry, returned, tmp_path):
     with pytest.raises(ValueError, match="nothing to prepare"):
         runner.prepare("profile", carry, None, ledger_path, dry_run=True, log=quiet)
     assert not os.path.exists(carry)
-    assert campaign.next_slice(lines, dry_run=True) != "profile"
-    assert campaign.next_slice(lines, dry_run=False) == "profile"  # dry runs are not real ones
+    assert schedule.pending_by_slice(lines, dry_run=True)["profile"] == []
+    assert schedule.pending_by_slice(lines, dry_run=False)["profile"]  # dry runs are not real
 
 
 def test_ingest_writes_a_new_results_file(returned, tmp_path):
@@ -256,17 +256,63 @@ REFUSALS = {
     "unknown-slice": (lambda f: _edit_manifest(f, _set(slice="nope")), "unknown slice 'nope'"),
     "no-runs-field": (lambda f: _edit_manifest(f, lambda m: m.pop("runs")), "has no 'runs'"),
     "not-json": (lambda f: _append(os.path.join(f, files.MANIFEST)), "not valid JSON"),
+    "symlink": (lambda f: os.symlink(os.path.join(f, "run.log"), os.path.join(f, "link.log")),
+                "is not a plain file"),
+    "path-separator-in-listing": (lambda f: _edit_manifest(f, _listed_outside),
+                                  "listed in the manifest but did not come back"),
+    "pickle": (lambda f: _pickled(f, "result.pkl"), "is a pickle"),
+    "torch-save": (lambda f: _pickled(f, "weights.safetensors", torch_save=True), "is a pickle"),
+    "duplicate-run": (lambda f: _edit_manifest(f, lambda m: m["runs"].append(m["runs"][0])),
+                      "already records run"),
 }
+
+
+def _listed_outside(m):
+    m["files"]["../../outside.txt"] = dict(bytes=1, sha256="0" * 64)
+
+
+def _pickled(folder, name, torch_save=False):
+    """A listed (digest-correct) file that only unpickling would read."""
+    import pickle
+
+    path = os.path.join(folder, name)
+    if torch_save:
+        torch.save({"x": torch.zeros(1)}, path)
+    else:
+        with open(path, "wb") as fh:
+            pickle.dump({"x": 1}, fh)
+    _edit_manifest(folder, lambda m: m["files"].update(
+        {name: dict(bytes=os.path.getsize(path), sha256=files.sha256(path))}))
 
 
 @pytest.mark.parametrize("case", sorted(REFUSALS))
 def test_ingest_refuses(case, returned, tmp_path):
     damage, message = REFUSALS[case]
     damage(returned)
-    with pytest.raises(IngestError, match=message):
+    with pytest.raises(ValueError, match=message):  # (IngestError or LedgerError)
         _ingest(returned, tmp_path)
     assert not os.path.exists(tmp_path / "ledger.jsonl")  # refused before writing
     assert not os.path.exists(tmp_path / "results")
+
+
+def test_a_folder_returned_from_elsewhere_is_listed_then_ingested_like_any(returned,
+                                                                         tmp_path):
+    """A call folder placed in the shared returns folder: plan lists it until the ledger
+    has its run; a damaged one is refused there too, and changes nothing."""
+    returns = tmp_path / "gpu-returns"
+    placed = returns / "from-elsewhere"
+    shutil.copytree(returned, placed)
+    ledger_path = str(tmp_path / "ledger.jsonl")
+    assert [f for f, _ in schedule.returned_folders(str(returns), [])] == [str(placed)]
+    damaged = returns / "damaged"
+    shutil.copytree(returned, damaged)
+    _change_a_byte(str(damaged / "run.log"))
+    with pytest.raises(IngestError, match="size or SHA-256 differs"):
+        _ingest(str(damaged), tmp_path, ledger_path=ledger_path)
+    assert not os.path.exists(ledger_path) and not os.path.exists(tmp_path / "results")
+    shutil.rmtree(damaged)
+    _ingest(str(placed), tmp_path, ledger_path=ledger_path)
+    assert schedule.returned_folders(str(returns), ledger.read(ledger_path)) == []
 
 
 def test_ingest_refuses_a_file_over_the_size_limit(returned, tmp_path, monkeypatch):
@@ -544,16 +590,17 @@ def test_recipes_and_digests():
     assert len(campaign.digest(real)) == 16
     assert all(profile.min_seconds(k, real) >= 30 for k in PROFILE_KEYS)
     assert set(campaign.ORDER) == set(campaign.MODULES) | set(campaign.NOT_BUILT)
-    assert campaign.next_slice([]) == campaign.next_slice([], dry_run=True) == "profile"
+    assert {s.slice for s in schedule.STAGES} == set(campaign.ORDER)
 
 
-def test_plan_names_the_next_slice(tmp_path, capsys):
+def test_plan_prints_both_calls_of_an_allocation(tmp_path, capsys):
     main(["plan", "--dry-run", "--ledger", str(tmp_path / "ledger.jsonl"),
-          "--shared-data", str(tmp_path)])
+          "--shared-data", str(tmp_path), "--returns", str(tmp_path / "none")])
     out = capsys.readouterr().out
-    assert "ledger: 0 runs" in out and "next: profile" in out
-    assert "python -m benchmarks.gpu prepare profile" in out and "MiB" in out
-
+    assert "ledger: 0 runs" in out and "next: pixel-pretrain" in out
+    assert "call 1: timeout_s 540, --budget-s 510" in out and "call 2: timeout_s 220" in out
+    assert "--carry .gpu-call1-pixel-pretrain" in out and "--carry .gpu-call2-profile" in out
+    assert "plan --prepare --dry-run" in out and "MiB" in out
 
 
 def _recorded(keys_by_slice, dry_run=True):
@@ -561,36 +608,156 @@ def _recorded(keys_by_slice, dry_run=True):
     lines = []
     for name, keys in keys_by_slice.items():
         recipe = campaign.slice_module(name).recipe(dry_run)
-        lines += [dict(slice=name, recipe=campaign.digest(recipe), key=k, run="r", metrics={})
-                  for k in keys]
+        lines += [dict(slice=name, recipe=campaign.recipe_digest(name, recipe), key=k, run="r",
+                       metrics={}) for k in keys]
     return lines
 
 
-def test_call_plan_lets_a_short_slice_share_its_call():
-    """One slice takes the whole call, unless its pending keys need under half of it:
-    then the next runnable slice gets what is left (the case of the first GPU session,
-    whose profile left only the CUDA tests pending)."""
+def _parts(calls):
+    return [[(p.slice, len(p.keys), p.budget_s) for p in c.parts] for c in calls]
+
+
+def test_allocation_uses_both_calls_in_the_order_of_first_answers():
+    """The real recipes: a whole call for pixel pretraining, then fillers in what the
+    allocation has left (CIFAR-10 waits for the new pixel release); once it is recorded,
+    ResNet-18 seeds 0-4 come first, packed into both calls by their estimates."""
     real = profile.recipe(False)
-    pixel = campaign.slice_module("pixel-pretrain")
-    assert campaign.call_plan([], False) == [("profile", 510.0)]
-    lines = _recorded({"profile": [k for k in profile.keys(real) if k != "cuda-tests"]},
+    lim = limits.JobLimits()
+    profiled = _recorded({"profile": [k for k in profile.keys(real) if k != "cuda-tests"]},
+                         dry_run=False)  # (the ledger's state: the CUDA tests pending)
+    calls = schedule.allocation(profiled, False, lim)
+    assert [c.timeout_s for c in calls] == [540, 900 - 120 - 540 - 20]
+    assert calls[0].budget_s == 510 and calls[1].budget_s == 190
+    assert _parts(calls) == [[("pixel-pretrain", 1, None)], [("profile", 1, None)]]
+    assert calls[1].parts[0].keys == ["cuda-tests"] and calls[1].parts[0].carry == \
+        ".gpu-call2-profile"
+    done = _recorded({"pixel-pretrain": ["pretrain"],
+                      "profile": profile.keys(real)}, dry_run=False)
+    calls = schedule.allocation(done, False, lim)
+    first = calls[0].parts[0]
+    assert first.slice == "cifar10" and first.keys[0] == "resnet18/baseline/seed0"
+    assert all(k.startswith("resnet18/") and int(k[-1]) < 5 for k in first.keys)
+    cifar10 = campaign.slice_module("cifar10")
+    stage = cifar10.recipe(False)["stage"]["estimate_s"]
+    # priors: 60 s a ResNet-18 run, the propagations once (120 s), 30 s to start
+    assert first.seconds == schedule.SETUP_S + 60 * len(first.keys) + stage <= 510
+    second = calls[1].parts[0]
+    assert second.slice == "cifar10" and not set(second.keys) & set(first.keys)
+    assert second.keys[0] == schedule.ordered_pending("cifar10", done)[len(first.keys)]
+    # text pretraining trains to a deadline: never in the shorter second call
+    assert all(p.slice != "text-pretrain" for c in calls[1:] for p in c.parts)
+    # a warm machine and a longer allocation: no start-up, three calls' worth
+    long = limits.JobLimits(allocation_s=2000)
+    assert [c.timeout_s for c in schedule.allocation(done, False, long, warm=True,
+                                                     calls=3)] == [540, 540, 540]
+
+
+def test_allocation_estimates_from_recorded_runs_and_respects_the_limits():
+    """Measured run times replace the priors; a part that would carry or return too much
+    is left for a later call; an allocation too short for a call has none."""
+    real = profile.recipe(False)
+    done = _recorded({"pixel-pretrain": ["pretrain"], "profile": profile.keys(real)},
+                     dry_run=False)
+    timed = _recorded({"cifar10": ["resnet18/baseline/seed0", "resnet18/glomo/seed0"]},
                       dry_run=False)
-    # pixel pretraining trains to the call's deadline: it goes first, alone
-    assert pixel.WHOLE_CALL and campaign.call_plan(lines, False) == [("pixel-pretrain", 510.0)]
-    lines += _recorded({"pixel-pretrain": ["pretrain"]}, dry_run=False)
-    call = campaign.call_plan(lines, False)
-    need = campaign.SETUP_S + profile.min_seconds("cuda-tests", real)
-    assert call[0] == ("profile", need) and call[1][1] is None and len(call) == 2
-    assert call[1][0] == campaign.next_slice(
-        _recorded({"profile": profile.keys(real), "pixel-pretrain": ["pretrain"]},
-                  dry_run=False), False) == "cifar10"
-    # a smaller call: the same keys need more than half of it, so they have it alone
-    assert campaign.call_plan(lines, False, budget_s=2 * need - 1) == [("profile",
-                                                                       2 * need - 1)]
-    command = runner.chained_command(call, [".gpu", ".gpu-2"])
-    assert command.count("python3 -m benchmarks.gpu run") == 2
-    assert f'--budget-s {need:.0f} --carry .gpu --out "$OUT/profile"' in command
-    assert "$((t0 + 510 - $(date +%s)))" in command and len(command) <= 2000
+    for line in timed:
+        line["metrics"] = dict(seconds=30.0, propagations_s=20.0 if "glomo" in line["key"]
+                               else 0.0)
+    calls = schedule.allocation(done + timed, False, limits.JobLimits())
+    first = calls[0].parts[0]
+    assert first.seconds == pytest.approx(schedule.SETUP_S + 33 * len(first.keys) + 22)
+    assert len(first.keys) == 13  # (30 + 22 + 13 x 33 = 481 <= 510 < 514)
+    assert schedule.allocation([], False, limits.JobLimits(allocation_s=100)) == []
+    tiny = limits.JobLimits(carry_bytes=10)
+    assert schedule.allocation(done, False, tiny, tree_bytes=5,
+                               carry_bytes=lambda n: 20) == []
+    # a slice that needs another's release waits while that one has pending runs
+    assert all(p.slice not in ("cifar10", "imdb") for c in schedule.allocation([], False)
+               for p in c.parts)
+
+
+def test_adding_seeds_or_depths_keeps_the_recorded_runs(monkeypatch):
+    from benchmarks.gpu.slices import cifar10
+
+    recipe = cifar10.recipe(False)
+    more = dict(recipe, seeds={"18": 20, "34": 10}, depths=[18, 34, 50])
+    assert campaign.recipe_digest("cifar10", more) == campaign.recipe_digest("cifar10", recipe)
+    other = dict(recipe, width=32)
+    assert campaign.recipe_digest("cifar10", other) != campaign.recipe_digest("cifar10", recipe)
+    # the profile has no key fields: its digest, and the runs recorded under it, unchanged
+    assert campaign.recipe_digest("profile", profile.recipe(False)) == \
+        campaign.digest(profile.recipe(False))
+
+
+def test_order_of_pending_keys_follows_the_stages():
+    from benchmarks.gpu.slices import cifar10
+
+    recipe = cifar10.recipe(False)
+    if not cifar10.keys(recipe):
+        pytest.skip("no pixel release in this checkout")
+    keys = schedule.ordered_pending("cifar10", [])
+    seeds = [int(k.rsplit("seed", 1)[1]) for k in keys]
+    assert keys[:15] == [f"resnet18/{v}/seed{s}" for s in range(5) for v in cifar10.VARIANTS]
+    assert all(k.startswith("resnet34/") for k in keys[15:30]) and min(seeds[30:]) == 5
+    assert sorted(keys) == sorted(cifar10.keys(recipe))
+
+
+def test_prepare_carries_the_keys_it_is_given(tmp_path):
+    carry = _carry_name("-keys")
+    try:
+        d = runner.prepare("profile", carry, None, str(tmp_path / "l.jsonl"), dry_run=True,
+                           log=quiet, keys=["transfer-forward", "cuda-tests"])
+        assert d["keys"] == ["transfer-forward", "cuda-tests"]
+        for bad in (["nope"], ["cuda-tests", "cuda-tests"], []):
+            with pytest.raises(ValueError, match="--keys must name distinct pending runs"):
+                runner.prepare("profile", carry, None, str(tmp_path / "l.jsonl"),
+                               dry_run=True, log=quiet, keys=bad)
+    finally:
+        shutil.rmtree(carry, ignore_errors=True)
+
+
+def test_job_limits_are_settings():
+    assert limits.from_environment({}) == limits.JobLimits()
+    lim = limits.from_environment({"GLOMO_GPU_ALLOCATION_S": "1800",
+                                   "GLOMO_GPU_RETURN_FILES": "16"})
+    assert lim.allocation_s == 1800.0 and lim.return_files == 16
+    with pytest.raises(ValueError, match="GLOMO_GPU_CALL_S='ten' is not a number"):
+        limits.from_environment({"GLOMO_GPU_CALL_S": "ten"})
+    for bad in ("-1", "nan", "inf"):
+        with pytest.raises(ValueError, match="startup_s must be a finite number"):
+            limits.from_environment({"GLOMO_GPU_STARTUP_S": bad})
+    with pytest.raises(ValueError, match="call_s must be at least 60"):
+        limits.JobLimits(call_s=30)
+
+
+def test_plan_lists_returned_folders_the_ledger_lacks(tmp_path, capsys):
+    returns = tmp_path / "gpu-returns"
+    known = returns / "known"
+    chained = returns / "chained" / "profile"
+    broken = returns / "broken"
+    for folder, run in ((known, "aaa"), (chained, "bbb")):
+        folder.mkdir(parents=True)
+        (folder / files.MANIFEST).write_text(json.dumps(dict(run=run, slice="profile")))
+    broken.mkdir()
+    (broken / files.MANIFEST).write_text("[" * 5000 + "]" * 5000)
+    (returns / "README.md").write_text("not a folder")
+    lines = [dict(run="aaa")]
+    found = dict(schedule.returned_folders(str(returns), lines))
+    assert set(found) == {str(chained), str(broken)}
+    assert "run 'bbb'" in found[str(chained)] and "unreadable" in found[str(broken)]
+    ledger_path = tmp_path / "l.jsonl"
+    main(["plan", "--dry-run", "--ledger", str(ledger_path), "--returns", str(returns)])
+    out = capsys.readouterr().out
+    assert "returned call folders the ledger lacks" in out and str(chained) in out
+
+
+def test_step_timer_takes_the_median_after_the_warm_up():
+    from benchmarks.gpu.slices.pretraining import StepTimer
+
+    timer = StepTimer(skip=2)
+    assert timer.steady() == dict(step_ms=None, step_ms_steps=0, step_ms_from=2)
+    timer.times = [9.0, 8.0, 0.3, 0.1, 0.2, 0.4]
+    assert timer.steady() == dict(step_ms=250.0, step_ms_steps=4, step_ms_from=2)
 
 
 @pytest.mark.slow
@@ -601,7 +768,7 @@ def test_chained_call_dry_run_end_to_end(tmp_path):
     import subprocess
 
     pixel = campaign.slice_module("pixel-pretrain")
-    call = [("profile", 40.0), ("pixel-pretrain", None)]
+    call = [("profile", 40.0), ("pixel-pretrain", None)]  # (two parts of one call)
     carries = [_carry_name("-c1"), _carry_name("-c2")]
     rel = [os.path.relpath(c, ROOT) for c in carries]
     out = tmp_path / "out"
@@ -875,7 +1042,9 @@ def test_imdb_uses_the_best_text_release_there_is(tmp_path, monkeypatch):
     it, else with the CPU release; its recipe names the release and its window length."""
     from benchmarks.gpu.slices import imdb
 
-    assert campaign.ORDER.index("text-pretrain") < campaign.ORDER.index("imdb")
+    order = [s.slice for s in schedule.STAGES]
+    assert order.index("text-pretrain") < order.index("imdb")
+    assert schedule.NEEDS["imdb"] == "text-pretrain"
     monkeypatch.setenv("GLOMO_PRETRAINED_DIR", str(tmp_path))
     assert imdb.keys(imdb.recipe(False)) == []
     assert "pretrained/imdb-text, pretrained/imdb-text-cpu" in imdb.blocked(imdb.recipe(False))
@@ -889,4 +1058,4 @@ def test_imdb_uses_the_best_text_release_there_is(tmp_path, monkeypatch):
     config_path.write_text(json.dumps(dict(config, trained_length=128)))
     gpu = imdb.recipe(False)
     assert (gpu["predictor"]["release"], gpu["max_distance"]) == ("imdb-text", 127)
-    assert campaign.digest(gpu) != campaign.digest(cpu)
+    assert campaign.recipe_digest("imdb", gpu) != campaign.recipe_digest("imdb", cpu)

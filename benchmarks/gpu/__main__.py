@@ -6,80 +6,131 @@ import json
 import os
 import sys
 
-from benchmarks.gpu import campaign, ledger, limits, runner
+from benchmarks.gpu import campaign, ledger, limits, runner, schedule
 
 
-def plan(args) -> None:
-    lines = ledger.read(args.ledger or runner.default_ledger())
-    print(f"ledger: {len(lines)} runs ({args.ledger or runner.default_ledger()})")
+def _shared(args) -> str:
+    return args.shared_data or os.path.join(os.path.dirname(runner.ROOT), "shared", "data")
+
+
+def _slice_lines(lines, dry_run: bool) -> None:
     for name in campaign.ORDER:
         if name in campaign.NOT_BUILT:
             print(f"  {name:15s} not built yet: {campaign.NOT_BUILT[name]}")
             continue
         mod = campaign.slice_module(name)
-        recipe = mod.recipe(args.dry_run)
-        done = ledger.recorded_keys(lines, name, campaign.digest(recipe))
+        recipe = mod.recipe(dry_run)
+        digest = campaign.recipe_digest(name, recipe)
+        done = ledger.recorded_keys(lines, name, digest)
         todo = campaign.pending(name, recipe, done)
         why = getattr(mod, "blocked", lambda r: None)(recipe)
-        print(f"  {name:15s} recipe {campaign.digest(recipe)}: {len(done)} recorded, "
-              f"{len(todo)} pending; carries {', '.join(mod.ARCHIVES) or 'no data'}"
+        print(f"  {name:15s} recipe {digest}: {len(done)} recorded, {len(todo)} pending; "
+              f"carries {', '.join(mod.ARCHIVES) or 'no data'}"
               + (f"; blocked: {why}" if why else ""))
-    nxt = campaign.next_slice(lines, args.dry_run)
-    if nxt is None:
-        print("every slice of the campaign is recorded")
-        return
-    call = campaign.call_plan(lines, args.dry_run, limits.CALL_SECONDS - 30)
-    if call and call[0][0] != nxt and not getattr(campaign.slice_module(nxt), "blocked",
-                                                   lambda r: None)(
-            campaign.slice_module(nxt).recipe(args.dry_run)):
-        print(f"({nxt}'s pending keys wait for a later call: {call[0][0]} needs a whole call)")
-        nxt = call[0][0]
-    print(f"next: {nxt}")
-    source = args.shared_data or os.path.join(os.path.dirname(runner.ROOT), "shared", "data")
 
-    def data_bytes(names):
-        archives = [a for n in names for a in campaign.slice_module(n).ARCHIVES]
-        return sum(os.path.getsize(os.path.join(source, a)) for a in archives
-                   if os.path.exists(os.path.join(source, a)))
+
+def _print_call(call: schedule.Call, tree: int, archive_bytes, dry_run: bool,
+                lim: limits.JobLimits) -> None:
+    data = sum(archive_bytes(p.slice) for p in call.parts)
+    print(f"call {call.number}: timeout_s {call.timeout_s}, --budget-s {call.budget_s}; "
+          f"carries tree {tree / limits.MIB:.1f} MiB + data {data / limits.MIB:.1f} MiB = "
+          f"{(tree + data) / limits.MIB:.1f} of {lim.carry_bytes // limits.MIB} MiB")
+    for part in call.parts:
+        budget = "what is left" if part.budget_s is None else f"{part.budget_s:.0f} s"
+        runs = f"{len(part.keys)} run" + ("s" if len(part.keys) > 1 else "")
+        print(f"  {part.slice}: {runs} ({', '.join(part.keys[:6])}"
+              f"{' ...' if len(part.keys) > 6 else ''}), about {part.seconds:.0f} s; "
+              f"budget {budget}; carry {part.carry}")
+    carries = [p.carry for p in call.parts]
+    print(f"  command: {runner.chained_command([(p.slice, p.budget_s) for p in call.parts], carries, budget_s=call.budget_s, dry_run=dry_run)}")
+    print(f"  carry: {json.dumps(carries)}, timeout_s: {call.timeout_s}")
+
+
+def _print_forecast(lines, dry_run: bool, lim: limits.JobLimits) -> None:
+    allocations = schedule.forecast(lines, dry_run, lim)
+    print(f"forecast at the slices' estimates ({len(allocations)} allocations of "
+          f"{lim.allocation_s:.0f} s, each call running what plan gives it):")
+    for number, calls in enumerate(allocations, 1):
+        print(f"  allocation {number}: " + " | ".join(
+            ", ".join(f"{p.slice} x{len(p.keys)}" for p in c.parts) for c in calls))
+    for stage, what in ((schedule.STAGES[1], "Table 3, ResNet-18 seeds 0-4"),
+                        (schedule.STAGES[3], "IMDB seeds 0-4")):
+        n = schedule.answered_after(allocations, stage, lines, dry_run)
+        print(f"  {what}: " + ("not within them" if n is None else
+                               f"planned after allocation {n}"))
+
+
+def plan(args) -> None:
+    path = args.ledger or runner.default_ledger()
+    lines = ledger.read(path)
+    lim = limits.LIMITS
+    print(f"ledger: {len(lines)} runs ({path})")
+    _slice_lines(lines, args.dry_run)
+    returns = args.returns or os.path.join(os.path.dirname(runner.ROOT), "shared",
+                                           "gpu-returns")
+    waiting = schedule.returned_folders(returns, lines)
+    if waiting:
+        print(f"returned call folders the ledger lacks ({returns}): ingest each first "
+              "(python -m benchmarks.gpu ingest FOLDER), then plan again")
+        for folder, what in waiting:
+            print(f"  {folder}: {what}")
+    source = _shared(args)
+
+    def archive_bytes(name: str) -> int:
+        if args.dry_run:  # (toy archives)
+            return 0
+        paths = [os.path.join(source, a) for a in campaign.slice_module(name).ARCHIVES]
+        return sum(os.path.getsize(p) for p in paths if os.path.isfile(p))
 
     tree = runner.travelling_bytes()
-    if not call or call[0][0] != nxt:  # (the next slice is blocked: plan names why above)
-        call = [(nxt, limits.CALL_SECONDS - 30)]
-    if len(call) > 1 and tree + data_bytes(n for n, _ in call) > limits.CARRY_BYTES:
-        call = call[:1]
-    names = [n for n, _ in call]
-    data = data_bytes(names)
-    print(f"size: tree {tree / limits.MIB:.1f} MiB + data {data / limits.MIB:.1f} MiB = "
-          f"{(tree + data) / limits.MIB:.1f} of {limits.CARRY_BYTES // limits.MIB} MiB")
-    if len(call) == 1:
-        print(f"then: python -m benchmarks.gpu prepare {nxt}, and one device call:\n"
-              f"  command: {runner.device_command(nxt)}\n"
-              f"  carry: [\"{runner.CARRY}\"], timeout_s: {limits.CALL_SECONDS}\n"
-              f"then: python -m benchmarks.gpu ingest <the call's files folder>")
+    calls = schedule.allocation(lines, args.dry_run, lim, warm=args.warm,
+                                tree_bytes=tree, carry_bytes=archive_bytes)
+    if not calls:
+        print("every runnable slice of the campaign is recorded (blocked slices: above)")
         return
-    carries = [runner.CARRY] + [f"{runner.CARRY}-{i + 1}" for i in range(1, len(call))]
-    print(f"{nxt} needs about {call[0][1]:.0f} s: {', '.join(names[1:])} shares the call")
-    print("then: " + "; ".join(f"python -m benchmarks.gpu prepare {n} --carry {c}"
-                               for n, c in zip(names, carries)) + ", and one device call:\n"
-          f"  command: {runner.chained_command(call, carries)}\n"
-          f"  carry: {json.dumps(carries)}, timeout_s: {limits.CALL_SECONDS}\n"
-          "then: " + "; ".join(f"python -m benchmarks.gpu ingest <files folder>/{n}"
-                               for n in names))
+    print(f"next: {calls[0].parts[0].slice}")
+    print(f"allocation: {lim.allocation_s:.0f} s of device time, "
+          + ("a machine held already" if args.warm else f"start-up {lim.startup_s:.0f} s")
+          + f"; {len(calls)} call{'s' if len(calls) > 1 else ''}, prepared now, the next "
+          f"started within {lim.warm_s:.0f} s of the last one's end (else it goes cold: "
+          f"a new start of {lim.startup_s:.0f} s comes out of the next call's time)")
+    for call in calls:
+        _print_call(call, tree, archive_bytes, args.dry_run, lim)
+    print("prepare every part now: python -m benchmarks.gpu plan --prepare"
+          + (" --dry-run" if args.dry_run else "") + "\nthen, after each call: "
+          "python -m benchmarks.gpu ingest <the call's files folder>/<slice>, for each part")
+    if args.forecast:
+        _print_forecast(lines, args.dry_run, lim)
+    if args.prepare:
+        for call in calls:
+            for part in call.parts:
+                runner.prepare(part.slice, part.carry, args.shared_data, args.ledger,
+                               args.dry_run, keys=part.keys)
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu",
                                      description="The GPU campaign in short allocations.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("plan", help="the campaign's state and the next pending slice")
+    p = sub.add_parser("plan", help="the campaign's state and the next allocation's calls")
     p.add_argument("--ledger")
     p.add_argument("--shared-data", help="the project's data folder (default ../shared/data)")
+    p.add_argument("--returns", help="folder of call folders returned from elsewhere "
+                   "(default ../shared/gpu-returns)")
+    p.add_argument("--warm", action="store_true",
+                   help="a GPU machine is held already: no start-up in the allocation")
+    p.add_argument("--prepare", action="store_true",
+                   help="also prepare the carry folder of every part of every call")
+    p.add_argument("--forecast", action="store_true",
+                   help="also the allocations the whole campaign needs at its estimates")
     p.add_argument("--dry-run", action="store_true")
     p = sub.add_parser("prepare", help="CPU machine: fill the carry folder for SLICE")
     p.add_argument("slice")
     p.add_argument("--carry", default=runner.CARRY)
     p.add_argument("--shared-data", help="the project's data folder (default ../shared/data)")
     p.add_argument("--ledger")
+    p.add_argument("--keys", nargs="+", help="the pending runs to carry, in the order they run "
+                   "(default: every pending run, in the campaign's order)")
     p.add_argument("--dry-run", action="store_true",
                    help="toy data and toy sizes, to rehearse on the CPU")
     p = sub.add_parser("run", help="GPU machine: run the prepared SLICE within --budget-s")
@@ -108,7 +159,8 @@ def main(argv=None) -> None:
         if args.command == "plan":
             plan(args)
         elif args.command == "prepare":
-            runner.prepare(args.slice, args.carry, args.shared_data, args.ledger, args.dry_run)
+            runner.prepare(args.slice, args.carry, args.shared_data, args.ledger, args.dry_run,
+                           keys=args.keys)
             print(f"device call: command {json.dumps(runner.device_command(args.slice, carry=args.carry))}"
                   f", carry [\"{args.carry}\"], timeout_s {limits.CALL_SECONDS}")
         elif args.command == "run":

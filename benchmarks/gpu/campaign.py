@@ -19,7 +19,15 @@ A slice is a module of :mod:`benchmarks.gpu.slices` with:
 - optionally ``INGEST_ARCHIVES``: archives of the project's data folder that ``ingest``
   reads on the CPU machine (``--shared-data``) to measure what came back; not carried;
 - optionally ``KEYS_PER_PROCESS = None``: the call's keys run in one process (data
-  and caches built once), else one process per key.
+  and caches built once), else one process per key;
+- optionally ``KEY_FIELDS``: the recipe's fields that only enumerate its keys (seeds,
+  depths, variants): they are left out of the recipe's digest, so adding seeds or depths
+  keeps every recorded run valid;
+- optionally ``WHOLE_CALL = True``: the slice trains to its call's deadline and takes a
+  full call alone; ``RETURNED_FILES``: the files it returns (default 2);
+  ``estimate_seconds(keys, recipe, recorded)``: the time ``keys`` take together, from
+  the ledger's ``recorded`` runs of the recipe where it can (default: the sum
+  of their ``min_seconds``), which the schedule packs calls with.
 """
 from __future__ import annotations
 
@@ -27,14 +35,11 @@ import dataclasses
 import hashlib
 import importlib
 import json
-import math
 import time
 from types import ModuleType
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List
 
-# The campaign's order: each slice sizes the next ones. text-pretrain comes before imdb
-# so that the IMDB runs use the GPU text release (imdb uses the best text release there
-# is): the other way round, every IMDB seed would be run twice.
+# The campaign's slices (the order in which they run is the schedule's STAGES)
 ORDER = ("profile", "pixel-pretrain", "cifar10", "text-pretrain", "imdb", "speed")
 MODULES = {"profile": "profile", "pixel-pretrain": "pixel_pretrain", "cifar10": "cifar10",
            "text-pretrain": "text_pretrain", "imdb": "imdb", "speed": "speed"}
@@ -53,9 +58,17 @@ def slice_module(name: str) -> ModuleType:
 
 
 def digest(recipe: Dict) -> str:
-    """The recipe's name in the ledger: SHA-256 (16 hex digits) of its canonical JSON."""
+    """SHA-256 (16 hex digits) of ``recipe``'s canonical JSON."""
     text = json.dumps(recipe, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def recipe_digest(name: str, recipe: Dict) -> str:
+    """The name of slice ``name``'s ``recipe`` in the ledger: its :func:`digest` without
+    the fields that only enumerate keys (the slice's ``KEY_FIELDS``), so a recipe that
+    only adds seeds or depths keeps its name and its recorded runs."""
+    fields = getattr(slice_module(name), "KEY_FIELDS", ())
+    return digest({k: v for k, v in recipe.items() if k not in fields})
 
 
 @dataclasses.dataclass
@@ -83,61 +96,6 @@ class Context:
 
 
 def pending(name: str, recipe: Dict, recorded) -> List[str]:
-    """The keys of ``name``'s recipe that the ledger does not record yet, in order."""
+    """The keys of ``name``'s recipe that the ledger does not record yet, in the slice's
+    own order (:func:`benchmarks.gpu.schedule.ordered_pending` gives the campaign's)."""
     return [k for k in slice_module(name).keys(recipe) if k not in recorded]
-
-
-def next_slice(ledger_lines: List[Dict], dry_run: bool = False) -> Optional[str]:
-    """The first built slice in :data:`ORDER` with runs the ledger does not have (slices
-    not built yet are passed over: ``plan`` lists them)."""
-    from benchmarks.gpu.ledger import recorded_keys
-
-    for name in ORDER:
-        if name in NOT_BUILT:
-            continue
-        recipe = slice_module(name).recipe(dry_run)
-        if pending(name, recipe, recorded_keys(ledger_lines, name, digest(recipe))):
-            return name
-    return None
-
-
-SETUP_S = 30.0        # a slice's own start in a call: the runner, its data, its first import
-RETURNED_FILES = 2    # a slice's files back unless its module says (manifest.json, run.log)
-
-
-def call_plan(ledger_lines: List[Dict], dry_run: bool = False,
-              budget_s: float = 510.0) -> List[Tuple[str, Optional[float]]]:
-    """The slices of the next device call, each with its ``--budget-s`` (``None``: what
-    is left of ``budget_s`` when it starts). Normally one slice with the whole budget;
-    when the next slice's pending keys need (by their ``min_seconds``) less than half of
-    it, the slice after it (built, not blocked, with pending keys) shares the call, if
-    both slices' files and the console log fit in what a call returns. A slice whose
-    module sets ``WHOLE_CALL`` (training to the call's deadline) never shares one: when it
-    comes after the remainder of a short slice (one with runs recorded already), it goes
-    first and alone, and the remainder waits for a later call."""
-    from benchmarks.gpu.ledger import recorded_keys
-    from benchmarks.gpu.limits import RETURN_FILES
-
-    todo = []
-    for name in ORDER:
-        if name in NOT_BUILT:
-            continue
-        mod = slice_module(name)
-        recipe = mod.recipe(dry_run)
-        keys = pending(name, recipe, recorded_keys(ledger_lines, name, digest(recipe)))
-        if keys and not (getattr(mod, "blocked", None) and mod.blocked(recipe)):
-            started = len(keys) < len(mod.keys(recipe))
-            todo.append((name, mod, recipe, keys, started))
-    if not todo:
-        return []
-    name, mod, recipe, keys, started = todo[0]
-    need = SETUP_S + sum(mod.min_seconds(k, recipe) for k in keys)
-    if len(todo) == 1 or need > budget_s / 2 or getattr(mod, "WHOLE_CALL", False):
-        return [(name, budget_s)]
-    second = todo[1][1]
-    if getattr(second, "WHOLE_CALL", False):
-        return [(todo[1][0] if started else name, budget_s)]
-    returned = sum(getattr(m, "RETURNED_FILES", RETURNED_FILES) for m in (mod, second)) + 1
-    if returned > RETURN_FILES:
-        return [(name, budget_s)]
-    return [(name, float(math.ceil(need))), (todo[1][0], None)]

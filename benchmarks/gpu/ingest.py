@@ -1,7 +1,9 @@
 """``ingest DIR``: check what a call returned, add it to the ledger, regenerate results.
 
 Refused, each with a named error and before anything is written: a folder that breaks
-the limits of what a call returns, a manifest that is not this campaign's, a commit
+the limits of what a call returns (links, special files, names with anything but letters,
+digits, '.', '_' and '-', too deep, too many, too large), a file that would need
+unpickling, a manifest that is not this campaign's, a commit
 that is not in this repository's history (or was dirty, for a real run), a recipe that
 is not the slice's current one, a file whose size or digest differs from the manifest's
 (or that the manifest does not list), a dry run into the real ledger, and a run the
@@ -35,6 +37,20 @@ def _same(a: str, b: str) -> bool:
 def _inside(path: str, folder: str) -> bool:
     path, folder = os.path.realpath(path), os.path.realpath(folder)
     return os.path.commonpath([path, folder]) == folder
+
+
+PICKLE_SUFFIXES = (".pkl", ".pickle", ".pt", ".pth", ".ckpt", ".joblib", ".bin")
+
+
+def _is_pickle(path: str) -> bool:
+    """A file that only unpickling (``torch.load``, ``pickle``) would read: by its name,
+    or by its first bytes (a pickle's protocol header, or the zip ``torch.save`` writes)."""
+    if path.lower().endswith(PICKLE_SUFFIXES):
+        return True
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    return (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5) or \
+        head == b"PK\x03\x04"
 
 
 def check(folder: str, dry_run: bool = False) -> Dict:
@@ -72,18 +88,22 @@ def check(folder: str, dry_run: bool = False) -> Dict:
         raise IngestError(f"{folder} ran on a tree with uncommitted changes: its code is not "
                           f"commit {commit[:10]}")
     recipe = mod.recipe(dry_run)
-    if campaign.digest(manifest["recipe"]) != manifest["recipe_digest"]:
+    if not isinstance(manifest["recipe"], dict) or \
+            campaign.recipe_digest(name, manifest["recipe"]) != manifest["recipe_digest"]:
         raise IngestError(f"{folder}: the manifest's recipe does not match its own digest")
-    if manifest["recipe_digest"] != campaign.digest(recipe):
+    current = campaign.recipe_digest(name, recipe)
+    if manifest["recipe_digest"] != current:
         raise IngestError(f"{folder} ran slice {name} with recipe {manifest['recipe_digest']}, "
-                          f"not the slice's current recipe {campaign.digest(recipe)} (a foreign "
-                          "recipe)")
+                          f"not the slice's current recipe {current} (a foreign recipe)")
     listed = manifest["files"]
     if not isinstance(listed, dict):
         raise IngestError(f"{folder}/{files.MANIFEST}: 'files' must be an object")
     for rel in returned:
         if rel not in listed and rel not in (files.MANIFEST, files.CONSOLE):
             raise IngestError(f"{folder}/{rel} is not listed in the manifest")
+        if _is_pickle(os.path.join(folder, rel)):
+            raise IngestError(f"{folder}/{rel} is a pickle (or torch.save archive): a returned "
+                              "folder is untrusted and nothing in it is ever unpickled")
     for rel, meta in listed.items():
         path = os.path.join(folder, rel)
         if rel not in returned:

@@ -63,14 +63,15 @@ def regenerate(lines: List[Dict], results_dir: Optional[str] = None, dry_run: bo
             continue
         mod = campaign.slice_module(name)
         recipe = mod.recipe(dry_run)
-        mine = [l for l in lines if l["slice"] == name and l["recipe"] == campaign.digest(recipe)]
+        digest = campaign.recipe_digest(name, recipe)
+        mine = [l for l in lines if l["slice"] == name and l["recipe"] == digest]
         path = os.path.join(folder, mod.RESULTS)
         if not mine and not os.path.exists(path):
             continue
         why = getattr(mod, "blocked", lambda r: None)(recipe)
         body = mod.report(mine, recipe) if mine else [
             f"### GPU campaign: {name}", "",
-            f"Pending: no run of this slice's recipe ({campaign.digest(recipe)}) is in the "
+            f"Pending: no run of this slice's recipe ({digest}) is in the "
             "ledger yet" + (f"; it {why}." if why else "."), ""]
         earlier = [l for l in lines if l["slice"] == name and l not in mine]
         if earlier:  # runs of an earlier recipe stay visible (and in the ledger)

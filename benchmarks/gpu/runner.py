@@ -74,16 +74,28 @@ def carry_folder(path: str) -> str:
 
 
 def prepare(name: str, carry: str = CARRY, shared_data: Optional[str] = None,
-            ledger_path: Optional[str] = None, dry_run: bool = False, log=print) -> Dict:
-    """Fill ``carry`` for slice ``name``; returns the slice description it wrote."""
+            ledger_path: Optional[str] = None, dry_run: bool = False, log=print,
+            keys: Optional[List[str]] = None) -> Dict:
+    """Fill ``carry`` for slice ``name``; returns the slice description it wrote. The
+    call runs ``keys`` in that order (each a pending key of the recipe), by default
+    every pending key in the campaign's order (:func:`schedule.ordered_pending`)."""
+    from benchmarks.gpu import schedule
+
     mod = campaign.slice_module(name)
     recipe = mod.recipe(dry_run)
-    recorded = ledger.recorded_keys(ledger.read(ledger_path or default_ledger()), name,
-                                    campaign.digest(recipe))
-    keys = campaign.pending(name, recipe, recorded)
+    digest = campaign.recipe_digest(name, recipe)
+    todo = schedule.ordered_pending(name, ledger.read(ledger_path or default_ledger()),
+                                    dry_run)
+    if keys is not None:
+        unknown = [k for k in keys if k not in todo]
+        if unknown or len(set(keys)) != len(keys) or not keys:
+            raise ValueError(f"slice {name!r}: --keys must name distinct pending runs of its "
+                             f"recipe {digest}; not pending: {unknown or 'none given'}")
+        todo = list(keys)
+    keys = todo
     if not keys:
         raise ValueError(f"slice {name!r}: the ledger records every run of its recipe "
-                         f"{campaign.digest(recipe)}; nothing to prepare")
+                         f"{digest}; nothing to prepare")
     commit = git("rev-parse", "HEAD")
     dirty = bool(git("status", "--porcelain", "--untracked-files=normal"))
     if dirty and not dry_run:
@@ -120,7 +132,7 @@ def prepare(name: str, carry: str = CARRY, shared_data: Optional[str] = None,
             extra[n] = dict(bytes=os.path.getsize(path), sha256=files.sha256(path))
     ledger_file = os.path.abspath(ledger_path or default_ledger())
     description = dict(format=FORMAT, slice=name, recipe=recipe,
-                       recipe_digest=campaign.digest(recipe), keys=keys, commit=commit,
+                       recipe_digest=digest, keys=keys, commit=commit,
                        ledger=os.path.relpath(ledger_file, ROOT)
                        if os.path.commonpath([ledger_file, ROOT]) == ROOT else ledger_file,
                        dirty=dirty, dry_run=dry_run, archives=archives, extra=extra,
@@ -145,7 +157,7 @@ def default_ledger() -> str:
     return os.path.join(ROOT, "benchmarks", "results", "gpu", "ledger.jsonl")
 
 
-def device_command(name: str, budget_s: int = limits.CALL_SECONDS - 30,
+def device_command(name: str, budget_s: int = int(limits.LIMITS.call_budget_s),
                    carry: str = CARRY) -> str:
     """The command the device call runs for slice ``name``."""
     return ("set -o pipefail; PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu run "
@@ -154,7 +166,8 @@ def device_command(name: str, budget_s: int = limits.CALL_SECONDS - 30,
 
 
 def chained_command(slices: List[Tuple[str, Optional[float]]], carries: List[str],
-                    budget_s: int = limits.CALL_SECONDS - 30, dry_run: bool = False) -> str:
+                    budget_s: int = int(limits.LIMITS.call_budget_s),
+                    dry_run: bool = False) -> str:
     """One device call running several prepared slices in turn, each into ``$OUT/NAME``
     (ingest each folder): a slice with a budget gets it, one with ``None`` gets what is
     left of ``budget_s`` since the call began; the console log covers them all."""
@@ -304,14 +317,15 @@ def run(name: str, budget_s: float, carry: str = CARRY, out: Optional[str] = Non
                          f" --dry-run; run it the same way")
     mod = campaign.slice_module(name)
     recipe = mod.recipe(dry_run)
-    if campaign.digest(recipe) != description.get("recipe_digest"):
-        raise ValueError(f"the tree's recipe for {name} ({campaign.digest(recipe)}) is not the "
+    digest = campaign.recipe_digest(name, recipe)
+    if digest != description.get("recipe_digest"):
+        raise ValueError(f"the tree's recipe for {name} ({digest}) is not the "
                          f"prepared one ({description.get('recipe_digest')}): prepare again")
     keys = list(description["keys"])
     carried = os.path.join(ROOT, description.get("ledger", "")) if description.get("ledger") \
         else None
     if carried and os.path.isfile(carried):  # a stale prepare: never rerun a recorded run
-        recorded = ledger.recorded_keys(ledger.read(carried), name, campaign.digest(recipe))
+        recorded = ledger.recorded_keys(ledger.read(carried), name, digest)
         keys = [k for k in keys if k not in recorded]
         if not keys:
             raise ValueError(f"{carried} records every run {carry}/{SLICE_FILE} prepared: "

@@ -36,8 +36,13 @@ RELEASE = "imagenet32-pixel"
 VARIANTS = {"baseline": "none", "glomo": "learned", "uniform": "uniform"}
 PAPER = {(18, "baseline"): 90.93, (18, "glomo"): 91.55, (18, "uniform"): 91.07,
          (34, "baseline"): 91.42, (34, "glomo"): 91.70}
-TARGETS = dict(baseline_acc=92.5, run_s=90.0, epoch_ratio=1.5, glomo_minus_baseline=0.6,
-               glomo_minus_uniform=0.5)
+TARGETS = dict(baseline_acc=92.5, run_s=35.0, stage_s=30.0, epoch_ratio=1.5,
+               glomo_minus_baseline=0.6, glomo_minus_uniform=0.5)
+KEY_FIELDS = ("depths", "seeds")  # more seeds or depths keep the recorded runs
+# A run's time on an H100 until the ledger has timings of the recipe: the profile's
+# ResNet-18 epoch of 42,000 images with the precomputed stage (1.2 s; 24 epochs: 29 s),
+# plus validation, the test and cuDNN's autotuning; ResNet-34 about twice that.
+PRIOR_RUN_S = {18: 60.0, 34: 110.0}
 
 
 def _release_digest() -> Optional[str]:
@@ -84,18 +89,41 @@ def blocked(recipe: Dict) -> Optional[str]:
     return None
 
 
+def _depth(key: str) -> int:
+    return int(key.split("/")[0][len("resnet"):])
+
+
+def _precomputed(key: str, recipe: Dict) -> bool:
+    return VARIANTS.get(key.split("/")[1]) in recipe["stage"]["precompute"]
+
+
 def min_seconds(key: str, recipe: Dict) -> float:
     """A run's time, plus (GLoMo, before this process has them) the propagations'."""
     if recipe["train"]["epochs"] < 5:
         return 5.0
-    # the profile on an H100: a ResNet-18 epoch of 42,000 images in 1.2 s with the
-    # precomputed stage (24 epochs: 29 s), plus compilation, validation and the test
-    run = 110.0 if key.startswith("resnet34") else 60.0
-    variant = key.split("/")[1] if key.count("/") == 2 else ""
-    if VARIANTS.get(variant) in recipe["stage"]["precompute"] and \
-            variant not in _STATE.get("stages", {}):
+    run = PRIOR_RUN_S[_depth(key)]
+    if _precomputed(key, recipe) and key.split("/")[1] not in _STATE.get("stages", {}):
         run += recipe["stage"]["estimate_s"]
     return run
+
+
+def estimate_seconds(keys: List[str], recipe: Dict, recorded: List[Dict]) -> float:
+    """``keys`` run in one process: each run, and the propagations once, timed as the
+    slowest recorded run of the recipe at that depth (and the slowest propagations) with
+    10% to spare, or by the priors before any is recorded."""
+    if recipe["train"]["epochs"] < 5:
+        return 5.0 * len(keys)
+
+    def slowest(values: List, prior: float) -> float:
+        values = [v for v in values if isinstance(v, (int, float))]
+        return 1.1 * max(values) if values else prior
+
+    runs = {d: slowest([l["metrics"].get("seconds") for l in recorded
+                        if _depth(l["key"]) == d], PRIOR_RUN_S[d]) for d in PRIOR_RUN_S}
+    stage = slowest([l["metrics"].get("propagations_s") or None for l in recorded],
+                    recipe["stage"]["estimate_s"])
+    return sum(runs[_depth(k)] for k in keys) + \
+        stage * len({k.split("/")[1] for k in keys if _precomputed(k, recipe)})
 
 
 def _predictor(recipe: Dict, device: str):
@@ -366,11 +394,16 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
         m = sum(base.values()) / len(base)
         per_run = [l["metrics"]["seconds"] for k, l in runs.items()
                    if k.startswith("resnet18/baseline/")]
+        prop = [l["metrics"]["propagations_s"] for l in lines
+                if l["metrics"].get("propagations_s")]
         out += ["", f"Targets: ResNet-18 baseline >= {TARGETS['baseline_acc']}%: "
                 f"{'met' if m >= TARGETS['baseline_acc'] else 'not met'} ({m:.2f}); within "
-                f"{TARGETS['run_s']:.0f} s per run: "
+                f"{TARGETS['run_s']:.0f} s per run, its test included: "
                 f"{'met' if max(per_run) <= TARGETS['run_s'] else 'not met'} "
-                f"(at most {max(per_run):.0f} s)."]
+                f"(at most {max(per_run):.0f} s)"
+                + (f"; the GLoMo stage's propagations within {TARGETS['stage_s']:.0f} s: "
+                   f"{'met' if max(prop) <= TARGETS['stage_s'] else 'not met'} (at most "
+                   f"{max(prop):.0f} s)" if prop else "") + "."]
         epochs = {v: [e for k, l in runs.items() if k.startswith(f"resnet18/{v}/")
                       for e in l["metrics"]["epoch_s"]] for v in ("baseline", "glomo")}
         if epochs["glomo"]:

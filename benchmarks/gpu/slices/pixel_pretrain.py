@@ -43,6 +43,7 @@ WHOLE_CALL = True   # trains until the call's deadline: it never shares a call
 CHECK_IMAGES = 64        # (part of the recipe the first GPU run used)
 CPU_CHECK_IMAGES = 16    # the check at ingest: about 5 s an image on 2 CPU cores
 MIN_GRAPH_STEPS = 100   # steps past the warm-up a released predictor's graphs trained
+STEP_TARGET_MS = 150.0  # a steady step, so that 3,000 steps fit one call
 
 
 def recipe(dry_run: bool) -> Dict:
@@ -144,6 +145,12 @@ def quality_lines(metrics: Dict) -> List[str]:
     lines = [f"- {s.get('steps')} steps in {s.get('seconds')} s of training "
              f"({metrics['seconds_per_step']} s/step, compilation and validation included; "
              f"stopped by {metrics['stopped_by']}); final validation loss {loss}"]
+    if metrics.get("step_ms") is not None:
+        lines.append(f"- steady step {metrics['step_ms']} ms (median of "
+                     f"{metrics['step_ms_steps']} steps from step {metrics['step_ms_from']}, "
+                     "synchronised; target <= "
+                     f"{STEP_TARGET_MS:.0f} ms: "
+                     f"{'met' if metrics['step_ms'] <= STEP_TARGET_MS else 'not met'})")
     if "check" not in metrics:
         return lines + ["", "(No graph check is recorded for this run.)"]
     lines += ["", f"Weight on a pixel's 4-neighbourhood (left and above for forward graphs, "

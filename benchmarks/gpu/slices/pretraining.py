@@ -33,12 +33,49 @@ class Deadline(pl.Callback):
             self.stopped_at = trainer.global_step
 
 
+class StepTimer(pl.Callback):
+    """Each training step's time, from its batch's start to its end (forward, backward,
+    optimiser), with the device synchronised at both ends; :meth:`steady` is the median
+    of the steps after ``skip`` (compilation and the graph warm-up, whose steps do not
+    train the graph predictor)."""
+
+    def __init__(self, skip: int):
+        self.skip, self.times, self._start = skip, [], 0.0
+
+    @staticmethod
+    def _sync(pl_module) -> None:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+
+    def on_train_batch_start(self, trainer, pl_module, *args) -> None:
+        self._sync(pl_module)
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        self._sync(pl_module)
+        self.times.append(time.perf_counter() - self._start)
+
+    def steady(self) -> Dict:
+        """``step_ms`` (median, ``None`` when no step came after ``skip``), the steps it
+        is taken over and the first of them."""
+        steady = sorted(self.times[self.skip:])
+        if not steady:
+            return dict(step_ms=None, step_ms_steps=0, step_ms_from=self.skip)
+        n = len(steady)
+        median = steady[n // 2] if n % 2 else (steady[n // 2 - 1] + steady[n // 2]) / 2
+        return dict(step_ms=round(1000 * median, 2), step_ms_steps=n, step_ms_from=self.skip)
+
+
+STEADY_AFTER = 10  # steps past the graph warm-up before a step counts as steady
+
+
 def pretrain_to_deadline(settings: Dict, ctx, train_seconds=None) -> Tuple[Dict, Dict]:
     """Run ``glomo pretrain`` with ``settings`` (a config mapping, its ``output_dir`` in
     ``ctx.work``) until ``train_seconds`` of training (``None``: no limit), the call's
     deadline less :data:`AFTER_TRAINING_S`, or ``train.max_steps``; then write the
     predictor in float16 to ``<ctx.out>/predictor``. Returns the run's summary and what
-    stopped it (``stopped_by``, ``wall_s``, ``train_budget_s``)."""
+    stopped it (``stopped_by``, ``wall_s``, ``train_budget_s``), with the steady step
+    time (:class:`StepTimer`: ``step_ms``, ``step_ms_steps``, ``step_ms_from``)."""
     from glomo_pyg import PretrainedGraphPredictor
     from glomo_pyg.training import PretrainConfig, run_pretraining
 
@@ -47,15 +84,18 @@ def pretrain_to_deadline(settings: Dict, ctx, train_seconds=None) -> Tuple[Dict,
         raise RuntimeError(f"{ctx.seconds_left():.0f} s left: no time to pretrain")
     limit = float("inf") if train_seconds is None else train_seconds
     deadline = Deadline(limit, end)
+    timer = StepTimer(settings["train"].get("graph_warmup_steps", 0) + STEADY_AFTER)
     start = time.time()
-    summary = run_pretraining(PretrainConfig.from_dict(settings), extra_callbacks=[deadline],
+    summary = run_pretraining(PretrainConfig.from_dict(settings),
+                              extra_callbacks=[deadline, timer],
                               log=lambda *a: print(*a, flush=True))
     wall = time.time() - start
     predictor = PretrainedGraphPredictor.from_pretrained(
         os.path.join(settings["output_dir"], "predictor"))
     predictor.save_pretrained(os.path.join(ctx.out, "predictor"), dtype=torch.float16)
     return summary, dict(stopped_by="time" if deadline.stopped_at is not None else "max_steps",
-                         wall_s=round(wall, 1), train_budget_s=round(min(limit, end - start), 1))
+                         wall_s=round(wall, 1), train_budget_s=round(min(limit, end - start), 1),
+                         **timer.steady())
 
 
 def metrics(summary: Dict, recipe: Dict, **extra) -> Dict:
