@@ -758,6 +758,12 @@ def test_step_timer_takes_the_median_after_the_warm_up():
     assert timer.steady() == dict(step_ms=None, step_ms_steps=0, step_ms_from=2)
     timer.times = [9.0, 8.0, 0.3, 0.1, 0.2, 0.4]
     assert timer.steady() == dict(step_ms=250.0, step_ms_steps=4, step_ms_from=2)
+    from benchmarks.gpu.slices.pretraining import steady_step_lines
+
+    (line,) = steady_step_lines(timer.steady(), 150.0)
+    assert "steady step 250.0 ms (median of 4 steps from step 2" in line and "not met" in line
+    assert "; target <= 300 ms: met)" in steady_step_lines(timer.steady(), 300.0)[0]
+    assert steady_step_lines(dict(step_ms=None)) == []
 
 
 @pytest.mark.slow

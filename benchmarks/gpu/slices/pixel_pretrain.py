@@ -32,7 +32,8 @@ import torch
 from benchmarks.gpu import data
 from benchmarks.gpu.slices.common import config
 from benchmarks.gpu.slices.pretraining import (card_command, check_graph_steps, hardware,
-                                                metrics, pretrain_to_deadline, stopped_by)
+                                                metrics, pretrain_to_deadline,
+                                                steady_step_lines, stopped_by)
 from benchmarks.gpu.slices.pretraining import salvage as salvage_pretraining
 
 ARCHIVES = (data.IMAGENET[0],)
@@ -145,12 +146,7 @@ def quality_lines(metrics: Dict) -> List[str]:
     lines = [f"- {s.get('steps')} steps in {s.get('seconds')} s of training "
              f"({metrics['seconds_per_step']} s/step, compilation and validation included; "
              f"stopped by {metrics['stopped_by']}); final validation loss {loss}"]
-    if metrics.get("step_ms") is not None:
-        lines.append(f"- steady step {metrics['step_ms']} ms (median of "
-                     f"{metrics['step_ms_steps']} steps from step {metrics['step_ms_from']}, "
-                     "synchronised; target <= "
-                     f"{STEP_TARGET_MS:.0f} ms: "
-                     f"{'met' if metrics['step_ms'] <= STEP_TARGET_MS else 'not met'})")
+    lines += steady_step_lines(metrics, STEP_TARGET_MS)
     if "check" not in metrics:
         return lines + ["", "(No graph check is recorded for this run.)"]
     lines += ["", f"Weight on a pixel's 4-neighbourhood (left and above for forward graphs, "

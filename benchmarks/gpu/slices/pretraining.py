@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Dict, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import lightning.pytorch as pl
 import torch
@@ -154,6 +154,19 @@ def card_command(slice_name: str, salvaged: bool) -> str:
             f"python -m benchmarks.gpu run {slice_name} --budget-s 510 --carry .gpu --out $OUT\n"
             "python -m benchmarks.gpu ingest FOLDER_THE_CALL_RETURNED"
             + (" --salvage" if salvaged else ""))
+
+
+def steady_step_lines(metrics: Dict, target_ms: Optional[float] = None) -> List[str]:
+    """The results' line of a run's steady step time (none when it was not measured),
+    with the target where there is one."""
+    if metrics.get("step_ms") is None:
+        return []
+    verdict = "" if target_ms is None else \
+        f"; target <= {target_ms:.0f} ms: " + ("met" if metrics["step_ms"] <= target_ms
+                                                else "not met")
+    return [f"- steady step {metrics['step_ms']} ms (median of {metrics['step_ms_steps']} "
+            f"steps from step {metrics['step_ms_from']}, each between device "
+            f"synchronisations{verdict})"]
 
 
 def stopped_by(metrics: Dict) -> str:

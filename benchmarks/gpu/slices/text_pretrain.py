@@ -37,7 +37,8 @@ import numpy as np
 from benchmarks.gpu import data
 from benchmarks.gpu.slices.common import config
 from benchmarks.gpu.slices.pretraining import (card_command, check_graph_steps, hardware,
-                                                metrics, pretrain_to_deadline, stopped_by)
+                                                metrics, pretrain_to_deadline,
+                                                steady_step_lines, stopped_by)
 from benchmarks.gpu.slices.pretraining import salvage as salvage_pretraining
 
 ARCHIVES = (data.IMDB,)
@@ -182,7 +183,7 @@ def quality_lines(metrics: Dict) -> List[str]:
              + (f"; {s['tokens']:,} tokens, vocabulary {s['vocabulary']:,}" if "tokens" in s
                 else "")
              + (f"; initial word vectors for {s['init_vectors_found']:.1%} of it"
-                if "init_vectors_found" in s else "")]
+                if "init_vectors_found" in s else "")] + steady_step_lines(metrics)
     if "syntax" not in metrics:
         return lines + ["", "(No syntax check is recorded for this run.)"]
     n = metrics["syntax_sentences"]
