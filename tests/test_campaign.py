@@ -767,41 +767,63 @@ def test_step_timer_takes_the_median_after_the_warm_up():
 
 
 @pytest.mark.slow
-def test_chained_call_dry_run_end_to_end(tmp_path):
-    """The chained call exactly as plan prints it, run by bash on the CPU (dry run): two
-    prepared slices, each into its own folder under $OUT with a budget it keeps, both
-    folders ingested, within what a call returns."""
+def test_allocation_dry_run_end_to_end(tmp_path):
+    """A whole allocation as plan schedules it, rehearsed on the CPU: both calls'
+    parts prepared first (as ``plan --prepare`` does), then each call's command run by
+    bash exactly as printed, each part into its own folder under that call's $OUT, and
+    every folder ingested. Call 1 is pixel pretraining alone (it trains to its deadline);
+    call 2 packs the fillers into what the allocation has left."""
     import subprocess
 
-    pixel = campaign.slice_module("pixel-pretrain")
-    call = [("profile", 40.0), ("pixel-pretrain", None)]  # (two parts of one call)
-    carries = [_carry_name("-c1"), _carry_name("-c2")]
-    rel = [os.path.relpath(c, ROOT) for c in carries]
-    out = tmp_path / "out"
-    out.mkdir()
+    lim = limits.JobLimits(allocation_s=420, startup_s=0, call_s=240, gap_s=0)
+    ledger0 = str(tmp_path / "l0.jsonl")
+    calls = schedule.allocation([], True, lim, calls=2)
+    assert [[p.slice for p in c.parts] for c in calls] == [["pixel-pretrain"],
+                                                            ["profile", "speed"]]
+    assert [c.timeout_s for c in calls] == [240, 180]
+    for call in calls:
+        for part in call.parts:
+            part.carry = _carry_name(f"-{part.carry}")
+    outs = []
     try:
-        for (name, _), carry in zip(call, carries):
-            runner.prepare(name, carry, None, str(tmp_path / "l0.jsonl"), dry_run=True, log=quiet)
-        command = runner.chained_command(call, rel, budget_s=240, dry_run=True)
-        env = dict(os.environ, OUT=str(out), GLOMO_GPU_BLOCK_MODULES="gensim,conllu")
-        proc = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-2000:]
+        for call in calls:  # (both prepared before the first runs)
+            for part in call.parts:
+                runner.prepare(part.slice, part.carry, None, ledger0, dry_run=True, log=quiet,
+                               keys=part.keys)
+        for call in calls:
+            out = tmp_path / f"out{call.number}"
+            out.mkdir()
+            command = runner.chained_command(
+                [(p.slice, p.budget_s) for p in call.parts],
+                [os.path.relpath(p.carry, ROOT) for p in call.parts], budget_s=call.budget_s,
+                dry_run=True)
+            assert len(command) <= 2000
+            env = dict(os.environ, OUT=str(out), GLOMO_GPU_BLOCK_MODULES="gensim,conllu")
+            proc = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env,
+                                  capture_output=True, text=True, timeout=call.timeout_s + 60)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            files.check_limits(str(out))
+            outs.append(out)
     finally:
-        for carry in carries:
-            shutil.rmtree(carry, ignore_errors=True)
-    files.check_limits(str(out))
-    console = (out / files.CONSOLE).read_text()
-    assert "slice profile" in console and "slice pixel-pretrain" in console
-    assert "budget 40 s" in console
+        for call in calls:
+            for part in call.parts:
+                shutil.rmtree(part.carry, ignore_errors=True)
+    console = (outs[1] / files.CONSOLE).read_text()
+    budget = calls[1].parts[0].budget_s
+    assert "slice profile" in console and "slice speed" in console
+    assert f"budget {budget:.0f} s" in console
+    pixel = campaign.slice_module("pixel-pretrain")
     shared = str(tmp_path / "shared")
     data.write_toy_archives(list(pixel.ARCHIVES), shared)
     kw = dict(ledger_path=str(tmp_path / "ledger.jsonl"), results_dir=str(tmp_path / "res"),
               releases_root=str(tmp_path / "rel"), shared_data=shared)
-    new = _ingest(str(out / "profile"), tmp_path, **kw) + _ingest(str(out / "pixel-pretrain"),
-                                                                  tmp_path, **kw)
-    assert {l["slice"] for l in new} == {"profile", "pixel-pretrain"}
+    new = []
+    for call, out in zip(calls, outs):
+        for part in call.parts:
+            new += _ingest(str(out / part.slice), tmp_path, **kw)
+    assert {l["slice"] for l in new} == {"pixel-pretrain", "profile", "speed"}
     assert os.path.isdir(os.path.join(kw["releases_root"], pixel.RELEASE))
+    assert "step_ms" in next(l for l in new if l["slice"] == "pixel-pretrain")["metrics"]
 
 
 # -- the other slices' dry runs: prepare, run, ingest (a release, the results) ------------
