@@ -23,14 +23,30 @@ exhaust torch's recompilation limit (8 per function) after a few shapes, after w
 FlexAttention silently runs eagerly: slow, and with ``T x T`` memory (measured:
 benchmarks/results/speed.md). FlexAttention has no backward on CPU: callers fall back to the sparse
 or dense layout there (:meth:`glomo_pyg.LatentGraphs.propagate` does).
+
+Precision (:func:`resolve_kernel_dtype`): inside a bfloat16 autocast region the keys,
+queries and values enter FlexAttention in bfloat16, so its products run on tensor cores;
+the kernel still forms the scores, :math:`2 \log s`, the normaliser and the output sums
+in float32, and the result comes back in the values' dtype. bfloat16 has float32's
+range, so keys rescaled by :func:`~glomo_pyg.kernels.bounded_keys_queries` stay finite.
+Rounding moves a score by up to about :math:`2^{-7} M_j`,
+:math:`M_j = \max_i \sum_d |k_{id} q_{jd}|`, and the weights, functions of the ratios
+:math:`s_{ij} / \max_i s_{ij}`, by :math:`O(2^{-8} M_j / \max_i s_{ij})`: little where a
+column's largest score clears its rounding, but a column whose largest score is within
+rounding of 0 is not determined in bfloat16 (it may lose or gain its edges; the
+measured agreement is in docs/design.md). Outside such a region (float32 training,
+inference, a float16 region: float16's range of 65504 cannot hold rescaled keys) the
+kernel runs in the keys' dtype as given.
 """
 from __future__ import annotations
 
+import types
 from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from glomo_pyg.kernels import autocast_half_dtype
 from glomo_pyg.ordering import DIRECTIONS
 
 BLOCK = 128  # FlexAttention's default block size, and the padding granularity
@@ -58,11 +74,25 @@ def available() -> bool:
     return True
 
 
-def _flex():
-    if "flex" not in _COMPILED:
+def _flex(dtype: torch.dtype = torch.float32):
+    """Compiled FlexAttention for inputs of ``dtype``. Each dtype has its own entry point
+    (a code object of its own): torch caps the compiled variants per code object at 8,
+    after which FlexAttention silently runs eagerly, and every dtype compiles the mask
+    variants (direction, self-loops, window) again, so a bfloat16 training run that
+    evaluates in float32 would otherwise spend the cap twice as fast."""
+    name = "flex" if dtype == torch.float32 else f"flex_{str(dtype).split('.')[-1]}"
+    if name not in _COMPILED:
         from torch.nn.attention.flex_attention import flex_attention
-        _COMPILED["flex"] = torch.compile(flex_attention, dynamic=True)
-    return _COMPILED["flex"]
+        entry = flex_attention
+        if name != "flex":  # float32 compiles flex_attention itself, as it always did
+
+            def call(*args, **kwargs):
+                return flex_attention(*args, **kwargs)
+
+            entry = types.FunctionType(call.__code__.replace(co_name=name), call.__globals__,
+                                       name, None, call.__closure__)
+        _COMPILED[name] = torch.compile(entry, dynamic=True)
+    return _COMPILED[name]
 
 
 def _relu2_score(score, b, h, q_idx, kv_idx):
@@ -194,10 +224,25 @@ def check_fusable(key: Tensor, query: Tensor) -> None:
                          f"split the batch")
 
 
+def resolve_kernel_dtype(key: Tensor, kernel_dtype: Optional[torch.dtype] = None
+                         ) -> torch.dtype:
+    """The dtype keys, queries and values enter FlexAttention in: ``kernel_dtype`` when
+    given; ``None`` follows autocast: bfloat16 inside an enabled bfloat16 autocast region
+    on the keys' device (:func:`glomo_pyg.kernels.autocast_half_dtype`), else the keys'
+    own dtype (float32 stays exact; float16 autocast keeps it too, for range)."""
+    if kernel_dtype is not None:
+        if kernel_dtype not in DTYPES:
+            raise ValueError(f"kernel_dtype must be one of {[str(d) for d in DTYPES]} or "
+                             f"None, got {kernel_dtype}")
+        return kernel_dtype
+    return autocast_half_dtype(key.device.type) or key.dtype
+
+
 def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor, *,
                     direction: str = "forward", include_self: bool = False,
                     normalization: str = "relu2", mask=None,
-                    full_length: Optional[bool] = None, check: bool = True) -> Tensor:
+                    full_length: Optional[bool] = None, check: bool = True,
+                    kernel_dtype: Optional[torch.dtype] = None) -> Tensor:
     r""":math:`\sum_i G_{ij} v_i` for every head and target, with the graphs of paper
     Eq. 1 given by their augmented keys and queries.
 
@@ -212,9 +257,17 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
             ``lengths`` when ``None``, which synchronises with the device).
         check: validate ``key`` and ``query`` (:func:`check_fusable`, one device sync);
             ``False`` for keys and queries validated when the graphs were emitted.
+        kernel_dtype: the dtype the kernel reads keys, queries and values in
+            (:func:`resolve_kernel_dtype`); ``None`` (default) follows autocast, bfloat16
+            in a bfloat16 region; ``key.dtype`` runs as given, as before.
 
     Returns ``[B, H, T, C]`` in the dtype of ``values``, zero at padding and at targets
-    without edges.
+    without edges. Gradients reach ``key``, ``query`` and ``values`` in their own dtypes
+    (through the casts), where FlexAttention has a backward (not on CPU).
+
+    Shapes:
+        key, query: ``[B, H, T, D]``; values: ``[B, H or 1, T, C]``; lengths: ``[B]``;
+        returns ``[B, H, T, C]``.
     """
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
@@ -226,6 +279,7 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
         raise ValueError(f"the fused layout supports {[str(d) for d in DTYPES]}, got "
                          f"{key.dtype}; use layout='sparse' or 'dense'")
     b, h, t, _ = key.shape
+    dtype = resolve_kernel_dtype(key, kernel_dtype)
     if values.dim() != 4 or values.shape[0] != b or values.shape[2] != t or \
             values.shape[1] not in (1, h):
         raise ValueError(f"values must be [B, H or 1, T, C] = [{b}, {h} or 1, {t}, C], "
@@ -235,7 +289,8 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
     if values.size(1) == 1 and h > 1:  # shared input: every head reads the same values
         values = values.expand(b, h, t, values.size(-1))
     out_dtype = values.dtype
-    values = values.to(key.dtype)
+    # autocast is off inside (it would recast each operand): the casts happen here, once
+    key, query, values = key.to(dtype), query.to(dtype), values.to(dtype)
     width = values.size(-1)
     min_dim = MIN_HEAD_DIM.get(key.device.type, 1)
     dim_pad = max(0, min_dim - key.size(-1))
@@ -262,7 +317,7 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
                 part_width = part.size(-1)
                 if part_width < min_dim:
                     part = torch.nn.functional.pad(part, (0, min_dim - part_width))
-                outs.append(_flex()(query, key, part.contiguous(),
+                outs.append(_flex(dtype)(query, key, part.contiguous(),
                                     score_mod=_relu2_score if relu2 else None,
                                     block_mask=mask, scale=1.0)[..., :part_width])
             out = outs[0] if len(outs) == 1 else torch.cat(outs, -1)

@@ -390,52 +390,108 @@ def latent_graph_dense(key: Tensor, query: Tensor, lengths: Tensor, *,
     return g.transpose(-1, -2)
 
 
+# Under a bfloat16 autocast region the keep-alive scan and the fused propagation
+# (glomo_pyg.flex) run their T x T products in bfloat16 (tensor cores); False keeps both in
+# float32 as before, e.g. to time one against the other.
+FOLLOW_AUTOCAST = True
+
+
+def autocast_half_dtype(device_type: str) -> Optional[torch.dtype]:
+    """``torch.bfloat16`` inside an enabled bfloat16 autocast region on ``device_type``
+    (and :data:`FOLLOW_AUTOCAST`), else ``None``. A float16 region gives ``None``: float16
+    holds at most 65504, less than the scores of ordinary keys and queries may reach and
+    far less than the ``2**SAFE_EXPONENT`` that rescaled keys may hold, while bfloat16 has
+    float32's range. No device sync."""
+    if FOLLOW_AUTOCAST and torch.is_autocast_enabled(device_type) and \
+            torch.get_autocast_dtype(device_type) == torch.bfloat16:
+        return torch.bfloat16
+    return None
+
+
+def _column_max_scan(k: Tensor, q: Tensor, lengths: Tensor, direction: str,
+                     include_self: bool, tile: int) -> Tuple[Tensor, Tensor]:
+    """``(best, arg)``, both ``[B, H, T]``: each target's largest allowed score in the
+    dtype of ``k`` and ``q`` (``-inf`` without allowed sources) and its first arg-max
+    source, scanned tile by tile without autograd."""
+    t = k.size(2)
+    best, arg = [], []
+    for j0 in range(0, t, tile):
+        j1 = min(t, j0 + tile)
+        i0, i1 = _block_ranges(direction, j0, j1, t)  # the sources that can feed
+        scores = q[:, :, j0:j1] @ k[:, :, i0:i1].transpose(-1, -2)  # [B, H, tj, ti]
+        allowed = _allowed(j0, j1, i0, i1, lengths, direction, include_self)
+        # two passes over the tile (fill in place, then max); one fused pass would need
+        # a compiled or custom kernel
+        top = scores.masked_fill_(~allowed.unsqueeze(1), float("-inf")).max(-1)
+        best.append(top.values)
+        arg.append(top.indices + i0)
+    return torch.cat(best, -1), torch.cat(arg, -1)
+
+
 def column_max_scores(key: Tensor, query: Tensor, lengths: Tensor, *,
                       direction: str = "forward", include_self: bool = False,
-                      block_size: int = 1 << 22) -> Tensor:
+                      block_size: int = 1 << 22,
+                      scan_dtype: Optional[torch.dtype] = None) -> Tensor:
     r"""Each target's largest score over its allowed sources,
-    :math:`\max_{i \text{ allowed}} s_{ij}`, as ``[B, H, T]`` (``-inf`` for targets
-    without allowed sources and at padding). A column of a squared-ReLU graph has an
-    edge iff this is positive. Targets are scanned without autograd in tiles of at most
-    ``block_size`` scores; only the arg-max pairs' scores are recomputed with autograd,
-    so the gradient reaches the arg-max pair and the backward pass keeps O(B H T D), not
-    O(B H T^2) (``benchmarks/keep_alive_speed.py``). A tile holds at most ``block_size``
-    scores per head (all heads and sequences of a tile are one batched matmul) and only
-    the sources that can feed its targets. Where sources tie for the maximum, the whole
-    gradient goes to the first of them (a subgradient; ``amax`` would split it evenly)."""
+    :math:`\max_{i \text{ allowed}} s_{ij}` with :math:`s_{ij} = k_i^\top q_j`, as
+    ``[B, H, T]`` (``-inf`` for targets without allowed sources and at padding). A column
+    of a squared-ReLU graph has an edge iff this is positive.
+
+    Targets are scanned without autograd in tiles of at most ``block_size`` scores per
+    head (all heads and sequences of a tile are one batched matmul over only the sources
+    that can feed its targets); only the arg-max pairs' scores are recomputed with
+    autograd, in float32 (float64 for float64 inputs) as :math:`(q_j \odot k_{i^*_j})
+    \mathbf{1}`, so the gradient reaches the arg-max pair :math:`i^*_j` and the backward
+    pass keeps O(B H T D), not O(B H T^2) (``benchmarks/keep_alive_speed.py``). Where
+    sources tie for the maximum, the whole gradient goes to the first of them (a
+    subgradient; ``amax`` would split it evenly).
+
+    ``scan_dtype``: the dtype of the scan; ``None`` follows autocast
+    (:func:`autocast_half_dtype`): bfloat16 inside a bfloat16 autocast region, which runs
+    the ``T x T`` products on tensor cores with tiles of twice as many scores (the same
+    bytes), else the float32 computation dtype. A scan in float32 (or wider) returns its
+    maxima exactly as scanned, bit for bit what it always did. A half-precision scan only
+    picks :math:`i^*_j`; the value returned is the float32 score of that pair, which
+    is below the exact maximum only where another source scored within bfloat16's
+    rounding of it (a near-tie), and by at most twice that rounding, about
+    :math:`3 \cdot 2^{-8} \max_i \sum_d |k_{id} q_{jd}|` each. (An explicit float16 scan
+    is only for scores known to stay below float16's 65504.)
+
+    Shapes:
+        key, query: ``[B, H, T, D]``; lengths: ``[B]``; returns ``[B, H, T]`` in
+        float32 (float64 for float64 inputs).
+    """
     _check_emission_args(key, query, direction, "relu2")
     dtype = torch.promote_types(key.dtype, torch.float32)
     b, h, t, d = key.shape
     if t == 0:
         return key.new_empty(b, h, 0, dtype=dtype)
+    scan = scan_dtype or autocast_half_dtype(key.device.type) or dtype
     # Per head, as block_size means everywhere: tiles of a few targets each made a pixel
     # pretraining step (B 64, H 8, T 1024) launch 128 tiny float32 matmuls per layer and
     # direction, 10-20% of its GPU time (benchmarks/results/speed.md, the GPU profile).
-    tile = max(1, block_size // max(1, b * t))
-    best, argbest = [], []
+    # A narrower scan dtype takes proportionally more scores in the same bytes.
+    tile = max(1, block_size // max(1, b * t)) * max(1, dtype.itemsize // scan.itemsize)
     with torch.autocast(key.device.type, enabled=False):
         k, q = key.to(dtype), query.to(dtype)
         # The maxima and their sources without autograd: differentiating the tiled
         # T x T scores through amax kept every tile for the backward pass (O(B H T^2)
         # memory and most of a pixel pretraining step's time).
         with torch.no_grad():
-            for j0 in range(0, t, tile):
-                j1 = min(t, j0 + tile)
-                i0, i1 = _block_ranges(direction, j0, j1, t)  # the sources that can feed
-                scores = q[:, :, j0:j1] @ k[:, :, i0:i1].transpose(-1, -2)  # [B, H, tj, ti]
-                allowed = _allowed(j0, j1, i0, i1, lengths, direction, include_self)
-                top = scores.masked_fill_(~allowed.unsqueeze(1), float("-inf")).max(-1)
-                best.append(top.values)
-                argbest.append(top.indices + i0)
-        best = torch.cat(best, -1)  # [B, H, T]
-        if not (torch.is_grad_enabled() and (key.requires_grad or query.requires_grad)):
+            best, arg = _column_max_scan(k.to(scan), q.to(scan), lengths, direction,
+                                         include_self, tile)
+            best = best.to(dtype)
+        exact_scan = scan.itemsize >= dtype.itemsize
+        grad = torch.is_grad_enabled() and (key.requires_grad or query.requires_grad)
+        if exact_scan and not grad:
             return best
-        # the arg-max pair's score, recomputed with autograd in O(B H T D); the returned
-        # value is exactly the scanned maximum (the recomputation only carries the gradient)
-        source = k.gather(2, torch.cat(argbest, -1).unsqueeze(-1).expand(b, h, t, d))
+        # the arg-max pair's score, recomputed (with autograd where needed) in O(B H T D)
+        source = k.gather(2, arg.unsqueeze(-1).expand(b, h, t, d))
         score = (q * source).sum(-1)
-        exact = best + (score - score.detach())
-        return torch.where(torch.isfinite(best), exact, best)  # -inf: no allowed source
+        if exact_scan:  # the value stays exactly the scanned maximum; score carries the gradient
+            score = best + (score - score.detach())
+        return torch.where(torch.isfinite(best), score,
+                           torch.full((), -float("inf"), dtype=dtype, device=key.device))
 
 
 def dense_head_propagate(x: Tensor, adj: Tensor, ptr: Tensor, position: Tensor,
