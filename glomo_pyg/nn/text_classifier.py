@@ -3,14 +3,17 @@
 and/or after the first recurrent layer."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import numbers
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
+from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
+from glomo_pyg.graphs.storage import EdgeStorage
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 from glomo_pyg.nn.transfer import GRAPHS, GlomoTransfer
-from glomo_pyg.sequences import sequence_batch
+from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
 PLACES = ("embedding", "rnn")
 RNNS = ("gru", "lstm")
@@ -42,7 +45,12 @@ class GlomoTextClassifier(torch.nn.Module):
     * a predictor pretrained under an ablation gives that ablation's row.
 
     Graphs are computed once per batch from the token ids (the predictor shares the
-    classifier's vocabulary) and reused at every place.
+    classifier's vocabulary) and reused at every place. They depend only on the frozen
+    predictor and the token ids, so for a fixed set of documents they can be computed
+    once (:class:`TextGraphCache`) and passed to :meth:`forward` as ``graphs``: the same
+    logits and gradients, without running the predictor every epoch. (The propagated
+    word vectors are *not* fixed even with ``freeze_embedding=True``: dropout acts on
+    the word vectors before the graphs mix them, with a new mask every step.)
 
     Args:
         embedding (Tensor): ``[V, d]`` initial word vectors (e.g. from
@@ -66,7 +74,9 @@ class GlomoTextClassifier(torch.nn.Module):
             :class:`GlomoTransfer`); default: no limit.
 
     Shapes:
-        - **input:** token ids :math:`(N)` (flat, int64 or int32), sorted ``batch`` :math:`(N)`
+        - **input:** token ids :math:`(N)` (flat, int64 or int32), sorted ``batch`` :math:`(N)`,
+          optionally precomputed ``graphs`` over the same :math:`N` units
+          (:class:`~glomo_pyg.DirectionalGraphs`, e.g. from :meth:`TextGraphCache.graphs`)
         - **output:** logits :math:`(B, \text{num\_classes})`
     """
 
@@ -162,7 +172,44 @@ class GlomoTextClassifier(torch.nn.Module):
                                                         total_length=seqs.max_len)
         return seqs.to_flat(out)
 
-    def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
+    @property
+    def transfer(self) -> Optional[GlomoTransfer]:
+        """The first :class:`GlomoTransfer` (the one whose graphs every place shares),
+        ``None`` for the feature-only baseline."""
+        return self.glomo_embedding or self.glomo_rnn
+
+    def _given_graphs(self, graphs: DirectionalGraphs, seqs: SequenceBatch) -> DirectionalGraphs:
+        """Graphs passed to :meth:`forward`, checked against the batch they must cover
+        (graphs of other reviews with the same number of tokens would mix features
+        across the wrong reviews without any error)."""
+        transfer = self.transfer
+        if transfer is None or transfer.graph == "none":
+            raise ValueError("this classifier mixes no graphs (predictor=None, places=() or "
+                             "graph='none'): do not pass graphs")
+        if not isinstance(graphs, tuple) or len(graphs) != 2 or \
+                any(g is not None and not isinstance(g, LatentGraphs) for g in graphs):
+            raise TypeError(f"graphs must be DirectionalGraphs (forward, backward), got "
+                            f"{type(graphs).__name__}")
+        present = tuple(d for d, g in zip(("forward", "backward"), graphs) if g is not None)
+        if present != tuple(transfer.predictor.directions):
+            raise ValueError(f"graphs hold the directions {present}, the predictor "
+                             f"{tuple(transfer.predictor.directions)}")
+        for g in graphs:
+            if g is None:
+                continue
+            if g.num_nodes != seqs.num_nodes or g.device != seqs.ptr.device:
+                raise ValueError(f"graphs cover {g.num_nodes} units on {g.device}, x has "
+                                 f"{seqs.num_nodes} on {seqs.ptr.device}")
+            if not torch.equal(g.ptr, seqs.ptr):
+                raise ValueError("graphs were computed for other reviews than this batch's "
+                                 "(their sequence offsets differ from batch's)")
+        return DirectionalGraphs(*graphs)
+
+    def forward(self, x: Tensor, batch: Optional[Tensor] = None,
+                graphs: Optional[DirectionalGraphs] = None) -> Tensor:
+        """``graphs``: this batch's graphs computed beforehand (:class:`TextGraphCache`),
+        used instead of running the predictor; they must cover the same reviews in the
+        same order (checked: one device sync)."""
         if not isinstance(x, Tensor) or x.dtype not in (torch.int64, torch.int32) or \
                 x.dim() != 1:  # (the integer types an embedding indexes with, as in Glomo)
             raise ValueError("x must be flat int64 or int32 token ids [N], got "
@@ -176,9 +223,11 @@ class GlomoTextClassifier(torch.nn.Module):
             raise ValueError("every sequence needs at least one token")
         # one set of graphs per batch, shared by both places (None for graph='none',
         # which needs none)
-        transfer = self.glomo_embedding or self.glomo_rnn
-        graphs = transfer.graphs(x, seqs.batch, num_nodes=x.size(0)) \
-            if transfer is not None else None
+        transfer = self.transfer
+        if graphs is not None:
+            graphs = self._given_graphs(graphs, seqs)
+        elif transfer is not None:
+            graphs = transfer.graphs(x, seqs.batch, num_nodes=x.size(0))
         h = self.dropout(self.embedding(x))
         if self.glomo_embedding is not None:
             h = self.glomo_embedding(h, graphs=graphs)
@@ -203,5 +252,345 @@ class GlomoTextClassifier(torch.nn.Module):
                 f"rnn={f'{self.rnn_kind}x{len(self.rnns)}' if self.rnns else 'none'}, "
                 f"places={self.places}, graph='{self.graph_kind}'"
                 + (f", max_distance={transfer.max_distance}"
-                   if (transfer := self.glomo_embedding or self.glomo_rnn) is not None and
+                   if (transfer := self.transfer) is not None and
                    transfer.max_distance is not None else "") + ")")
+
+
+# weight dtypes a cache may store: float32 is exact; the half types halve the memory
+CACHE_WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_DIRECTIONS = ("forward", "backward")
+
+
+def _small_int_dtype(bound: int) -> torch.dtype:
+    """The narrowest integer dtype that holds ``0 .. bound``."""
+    for dtype, top in ((torch.uint8, 255), (torch.int16, 32767), (torch.int32, 2**31 - 1)):
+        if bound <= top:
+            return dtype
+    return torch.int64
+
+
+def _fingerprint(module: torch.nn.Module) -> Tuple:
+    """What tells two predictors' weights apart (names, shapes and two sums per tensor),
+    without keeping a copy of them."""
+    return tuple((k, tuple(v.shape), float(v.double().sum()), float(v.double().abs().sum()))
+                 for k, v in module.state_dict().items() if v.is_floating_point())
+
+
+def _exclusive_cumsum(t: Tensor, dim: int = -1) -> Tensor:
+    return t.cumsum(dim) - t
+
+
+def _check_documents(documents, num_tokens: int) -> List[Tensor]:
+    if isinstance(documents, (Tensor, str, bytes)) or not isinstance(documents, Sequence) or \
+            not documents:
+        raise TypeError("documents must be a non-empty sequence of 1-D token-id tensors, one "
+                        f"per document, got {type(documents).__name__}")
+    docs = list(documents)
+    for k, doc in enumerate(docs):
+        if not isinstance(doc, Tensor) or doc.dtype not in (torch.int64, torch.int32) or \
+                doc.dim() != 1 or doc.numel() < 1:
+            raise ValueError(f"document {k} must be a non-empty 1-D int64 or int32 tensor of "
+                             "token ids, got " + (f"{doc.dtype} of shape {tuple(doc.shape)}"
+                                                  if isinstance(doc, Tensor)
+                                                  else type(doc).__name__))
+    flat = torch.cat([d.cpu().long() for d in docs])
+    if int(flat.min()) < 0 or int(flat.max()) >= num_tokens:
+        raise ValueError(f"token ids must lie in [0, {num_tokens}), got "
+                         f"[{int(flat.min())}, {int(flat.max())}]")
+    return docs
+
+
+class TextGraphCache:
+    r"""The graphs a :class:`GlomoTextClassifier` mixes its features along, computed
+    once for a fixed list of documents (:meth:`compute`) and assembled for any batch of
+    them (:meth:`graphs`), to be passed to the classifier's ``forward`` instead of
+    running the frozen predictor every epoch.
+
+    The graphs :math:`G^{l,h}_{dir}` of a document depend only on the frozen predictor
+    (eval mode, no gradient), its token ids and ``max_distance``: not on any trained
+    parameter, not on dropout, not on the other documents of a batch (graphs never
+    cross sequences). So :math:`M H = \sum_c m_c\, H G_c + \sum_c m'_c\, H \Lambda_c`
+    computed from cached graphs is the on-the-fly computation: with ``float32`` weights
+    the same edges, weights and edge order, hence the same logits and gradients (up to
+    the rounding by which a predictor's scores of a document differ between batches of
+    other shapes). What is *not* cached: the propagations :math:`H G_c` themselves, which
+    change every step because dropout masks the word vectors before the mixture. The
+    predictor scores the cached graphs in float32 even inside an autocast region (on the
+    fly, under ``bf16-mixed``, it would score them in bfloat16).
+
+    Each layer's edges are stored by (head, document, target, source), as emitted, in
+    a compact form: per edge the distance :math:`|i - j|` (the smallest integer type
+    that holds the longest allowed distance: one byte up to 255) and the weight
+    (``weight_dtype``), and per (head, token) the number of incoming edges. A batch's
+    edge lists are rebuilt from these with gathers on the cache's device. Memory:
+    about ``(1 + weight bytes) x edges + (heads x layers x directions) x tokens`` bytes
+    (:attr:`nbytes`). ``'uniform'`` and ``'adjacent'`` graphs need no predictor and are
+    built per batch from the documents' lengths (nothing is stored but the lengths).
+
+    Build it with :meth:`compute`, not with the constructor.
+
+    Shapes:
+        - **documents:** :math:`R` tensors of :math:`(T_r)` token ids
+        - :meth:`graphs` ``(index)``: :math:`(B)` document ids ->
+          :class:`~glomo_pyg.DirectionalGraphs` over the :math:`N = \sum_b T_{index_b}`
+          units of those documents, concatenated in that order (a PyG batch of them)
+    """
+
+    def __init__(self, *, kind: str, lengths: Tensor, tokens: Tensor, directions: Sequence[str],
+                 num_layers: int, heads: int, include_self: bool, orders: Dict,
+                 max_distance: Optional[int], fingerprint: Optional[Tuple],
+                 layers: Optional[Dict[str, List[Dict[str, Tensor]]]] = None):
+        # (built by compute(); the fields are the cache's state)
+        self.kind, self.directions = kind, tuple(directions)
+        self.num_layers, self.heads, self.include_self = num_layers, heads, include_self
+        self.orders, self.max_distance, self.fingerprint = orders, max_distance, fingerprint
+        self.lengths = lengths.cpu()  # [R] (host: the checks of check_documents)
+        self.tokens = tokens.cpu()  # [G] int32, the documents' tokens (ditto)
+        self.layers = layers or {}
+        device = next((l["weight"].device for d in self.layers.values() for l in d),
+                      torch.device("cpu"))
+        self._ptr = torch.cat([self.lengths.new_zeros(1), self.lengths.cumsum(0)]).to(device)
+        self._lengths = self.lengths.to(device)
+
+    @property
+    def device(self) -> torch.device:
+        return self._ptr.device
+
+    @property
+    def num_documents(self) -> int:
+        return self.lengths.numel()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the stored graphs take (lengths and the tokens kept for checks apart)."""
+        return sum(t.numel() * t.element_size() for d in self.layers.values() for l in d
+                   for t in l.values())
+
+    # --- construction ---------------------------------------------------------------
+    @classmethod
+    @torch.no_grad()
+    def compute(cls, model: Union["GlomoTextClassifier", GlomoTransfer],
+                documents: Sequence[Tensor], batch_size: int = 64,
+                device: Optional[Union[str, torch.device]] = None,
+                weight_dtype: torch.dtype = torch.float32) -> "TextGraphCache":
+        r"""The graphs of every document of ``documents`` (see the class docstring).
+
+        Args:
+            model (GlomoTextClassifier or GlomoTransfer): whose graphs to compute (its
+                predictor, ``graph`` and ``max_distance``).
+            documents (sequence of Tensor): one 1-D tensor of token ids per document.
+            batch_size (int): documents per predictor call (sorted by length).
+            device (torch.device, optional): where the cache is kept and batches are
+                assembled (default: the predictor's device).
+            weight_dtype (torch.dtype): ``torch.float32`` (exact), ``torch.float16``
+                (relative error at most :math:`2^{-11}`; weights below about
+                :math:`6 \cdot 10^{-8}` become 0) or ``torch.bfloat16``.
+        """
+        transfer = cls._transfer(model)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or \
+                batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if weight_dtype not in CACHE_WEIGHT_DTYPES:
+            raise ValueError(f"weight_dtype must be one of {CACHE_WEIGHT_DTYPES}, got "
+                             f"{weight_dtype!r}")
+        p = transfer.predictor
+        docs = _check_documents(documents, p.num_tokens)
+        source = next(p.parameters()).device
+        device = torch.device(device) if device is not None else source
+        lengths = torch.tensor([d.numel() for d in docs])
+        tokens = torch.cat([d.cpu() for d in docs]).to(torch.int32)
+        meta = dict(kind=transfer.graph, lengths=lengths, tokens=tokens,
+                    directions=p.directions, num_layers=p.num_layers, heads=p.heads,
+                    include_self=p.include_self,
+                    orders={d: p.predictor(d).order for d in p.directions},
+                    max_distance=transfer.max_distance, fingerprint=None)
+        if transfer.graph != "learned":  # uniform / adjacent: built per batch, O(N)
+            return cls(**meta, layers={})
+        longest = int(lengths.max())
+        window = longest if transfer.max_distance is None else \
+            min(longest, transfer.max_distance + 1)
+        small = _small_int_dtype(window)  # distances < window, counts <= window
+        ptr = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+        # each chunk's edges wait in host memory and are copied once into the final
+        # tensors: the device never holds the cache twice (as a cat of the parts would)
+        parts: Dict[str, List[List[Dict[str, Tensor]]]] = {d: [] for d in p.directions}
+        starts = {d: [torch.empty(p.heads, len(docs), dtype=torch.long, device=device)
+                      for _ in range(p.num_layers)] for d in p.directions}
+        counts = {d: [torch.empty(p.heads, int(ptr[-1]), dtype=small, device=device)
+                      for _ in range(p.num_layers)] for d in p.directions}
+        stored = {d: [0] * p.num_layers for d in p.directions}  # edges so far per layer
+        order = sorted(range(len(docs)), key=lambda k: -docs[k].numel())  # less padding
+        for first in range(0, len(order), batch_size):
+            chunk = torch.tensor(order[first:first + batch_size])
+            x = torch.cat([docs[k] for k in chunk.tolist()]).to(source, torch.long)
+            batch = torch.repeat_interleave(torch.arange(chunk.numel()), lengths[chunk])
+            with torch.autocast(source.type, enabled=False):  # scored in float32
+                graphs = transfer.graphs(x, batch.to(source), num_nodes=x.numel())
+            # where the chunk's tokens sit among all documents' tokens
+            seqs = sequence_batch(x.numel(), batch.to(device), device)
+            token = (ptr[chunk].to(device))[seqs.batch] + seqs.position
+            for d, g in zip(_DIRECTIONS, graphs):
+                if g is None:
+                    continue
+                g = g.to_sparse()
+                parts[d].append([])
+                for l in range(p.num_layers):
+                    (src, tgt), w, h = (t.to(device) for t in g.layer(l))
+                    n = x.numel()
+                    count = torch.bincount(h * n + tgt, minlength=p.heads * n).view(p.heads, n)
+                    counts[d][l][:, token] = count.to(small)
+                    # edges are in (head, document, target, source) order: each (head,
+                    # document) run starts after the runs before it
+                    runs = torch.zeros(p.heads, chunk.numel(), dtype=torch.long, device=device)
+                    runs.index_add_(1, seqs.batch, count)
+                    starts[d][l][:, chunk.to(device)] = \
+                        _exclusive_cumsum(runs.flatten()).view_as(runs) + stored[d][l]
+                    stored[d][l] += int(src.numel())
+                    parts[d][-1].append(dict(distance=(tgt - src).abs().to("cpu", small),
+                                             weight=w.to("cpu", weight_dtype)))
+        layers = {d: [dict(count=counts[d][l], start=starts[d][l],
+                           **{k: cls._joined([c[l][k] for c in parts[d]], device)
+                              for k in ("distance", "weight")})
+                      for l in range(p.num_layers)] for d in p.directions}
+        meta["fingerprint"] = _fingerprint(p)
+        return cls(**meta, layers=layers)
+
+    @staticmethod
+    def _joined(parts: List[Tensor], device: torch.device) -> Tensor:
+        """``torch.cat(parts).to(device)`` without a second copy on ``device``."""
+        out = torch.empty(sum(t.numel() for t in parts), dtype=parts[0].dtype, device=device)
+        at = 0
+        for t in parts:
+            out[at:at + t.numel()] = t
+            at += t.numel()
+        return out
+
+    @staticmethod
+    def _transfer(model) -> GlomoTransfer:
+        if isinstance(model, GlomoTextClassifier):
+            transfer = model.transfer
+            if transfer is None:
+                raise ValueError("the classifier mixes no graphs (predictor=None or "
+                                 "places=()): there is nothing to precompute")
+        elif isinstance(model, GlomoTransfer):
+            transfer = model
+        else:
+            raise TypeError(f"model must be a GlomoTextClassifier or a GlomoTransfer, got "
+                            f"{type(model).__name__}")
+        if transfer.graph == "none":
+            raise ValueError("graph='none' mixes no graphs: there is nothing to precompute")
+        if transfer.predictor.num_tokens is None:
+            raise ValueError("the predictor reads features, not token ids: a text graph "
+                             "cache needs a predictor over a vocabulary")
+        return transfer
+
+    # --- checks against a model and documents ---------------------------------------
+    def check_model(self, model: Union["GlomoTextClassifier", GlomoTransfer]) -> None:
+        """Raise :class:`ValueError` unless ``model`` would compute these graphs (same
+        ``graph`` kind, ``max_distance``, graph shape and, for learned graphs, the same
+        predictor weights)."""
+        transfer = self._transfer(model)
+        p = transfer.predictor
+        mine = (self.kind, self.max_distance, self.directions, self.num_layers, self.heads,
+                self.include_self)
+        theirs = (transfer.graph, transfer.max_distance, tuple(p.directions), p.num_layers,
+                  p.heads, p.include_self)
+        if mine != theirs:
+            raise ValueError(f"the graph cache holds (graph, max_distance, directions, layers, "
+                             f"heads, include_self) = {mine}, the model uses {theirs}")
+        if self.kind == "learned" and _fingerprint(p) != self.fingerprint:
+            raise ValueError("the graph cache was computed with another predictor's weights")
+
+    def check_documents(self, documents: Sequence[Tensor]) -> None:
+        """Raise :class:`ValueError` unless ``documents`` are the cached documents, in
+        the same order (their lengths and token ids are compared)."""
+        if len(documents) != self.num_documents:
+            raise ValueError(f"the graph cache holds {self.num_documents} documents, got "
+                             f"{len(documents)}")
+        lengths = torch.tensor([d.numel() for d in documents])
+        if not torch.equal(lengths, self.lengths) or \
+                not torch.equal(torch.cat([d.cpu() for d in documents]).to(torch.int32),
+                                self.tokens):
+            raise ValueError("the graph cache was computed for other documents (their "
+                             "lengths or token ids differ)")
+
+    # --- assembly -------------------------------------------------------------------
+    def graphs(self, index: Union[Tensor, Sequence[int]],
+               device: Optional[Union[str, torch.device]] = None) -> DirectionalGraphs:
+        """The graphs of documents ``index``, in that order, over their concatenated
+        tokens (what :meth:`GlomoTextClassifier.forward` computes for the PyG batch of
+        those documents), on ``device`` (default: the cache's)."""
+        index = self._check_index(index)
+        lengths = self._lengths[index]
+        ptr = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+        seqs = SequenceBatch.from_ptr(ptr)
+        out = []
+        for d in _DIRECTIONS:
+            if d not in self.directions:
+                out.append(None)
+            elif self.kind == "learned":
+                out.append(self._assemble(d, index, seqs))
+            else:
+                build = LatentGraphs.uniform if self.kind == "uniform" else LatentGraphs.adjacent
+                g = build(ptr, num_layers=self.num_layers, num_heads=self.heads, direction=d,
+                          include_self=self.include_self, order=self.orders[d])
+                out.append(g if self.max_distance is None else g.within(self.max_distance))
+        graphs = DirectionalGraphs(*out)
+        if device is not None and torch.device(device) != self.device:
+            graphs = DirectionalGraphs(*(None if g is None else g.to(device) for g in graphs))
+        return graphs
+
+    def _check_index(self, index) -> Tensor:
+        if not isinstance(index, Tensor):
+            if isinstance(index, (str, bytes)) or not isinstance(index, Sequence) or \
+                    not all(isinstance(i, numbers.Integral) and not isinstance(i, bool)
+                            for i in index):
+                raise TypeError(f"index must be a 1-D integer tensor or a sequence of ints, "
+                                f"got {type(index).__name__}")
+            index = torch.tensor(list(index), dtype=torch.long)
+        if index.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8) or \
+                index.dim() != 1 or index.numel() < 1:
+            raise ValueError(f"index must be a non-empty 1-D integer tensor of document ids, "
+                             f"got {index.dtype} of shape {tuple(index.shape)}")
+        index = index.to(self.device, torch.long)
+        low, high = int(index.min()), int(index.max())
+        if low < 0 or high >= self.num_documents:
+            raise ValueError(f"document ids must lie in [0, {self.num_documents}), got "
+                             f"[{low}, {high}]")
+        return index
+
+    def _assemble(self, direction: str, index: Tensor, seqs: SequenceBatch) -> LatentGraphs:
+        n, heads = seqs.num_nodes, self.heads
+        token = self._ptr[index][seqs.batch] + seqs.position  # [N] rows of the store
+        first = seqs.ptr[:-1]
+        storages = []
+        for layer in self.layers[direction]:
+            count = layer["count"][:, token].long()  # [H, N] edges into each unit
+            before = _exclusive_cumsum(count)  # within the batch, per head
+            # start of each (head, unit)'s edges in the store: its (head, document) run's
+            # start, plus the edges of the document's earlier units
+            start = layer["start"][:, index][:, seqs.batch] + before - \
+                before[:, first][:, seqs.batch]
+            count, start = count.flatten(), start.flatten()
+            total = int(count.sum())
+            gather = torch.repeat_interleave(start - _exclusive_cumsum(count), count,
+                                             output_size=total) + \
+                torch.arange(total, device=self.device)
+            unit = torch.arange(n, device=self.device).repeat(heads)
+            tgt = torch.repeat_interleave(unit, count, output_size=total)
+            dist = layer["distance"][gather].long()
+            src = tgt - dist if direction == "forward" else tgt + dist
+            head = torch.repeat_interleave(torch.arange(heads, device=self.device),
+                                           count.view(heads, n).sum(1), output_size=total)
+            storages.append(EdgeStorage(torch.stack([src, tgt]),
+                                        layer["weight"][gather].float(), head))
+        return LatentGraphs.from_storage(storages, num_heads=heads, direction=direction,
+                                         sequences=seqs, include_self=self.include_self,
+                                         order=self.orders[direction])
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}(documents={self.num_documents}, "
+                f"graph='{self.kind}', directions={self.directions}, "
+                f"layers={self.num_layers}, heads={self.heads}"
+                + (f", max_distance={self.max_distance}" if self.max_distance is not None
+                   else "") + f", nbytes={self.nbytes})")

@@ -2,6 +2,7 @@
 validation split, one evaluation on the test set."""
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 import os
@@ -9,7 +10,7 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Union
 
 import lightning.pytorch as pl
 import torch
@@ -17,7 +18,13 @@ from torch_geometric.data import Data
 from torch_geometric.loader import DataLoader
 
 from glomo_pyg.data.text import WordVocabulary, tokenize
+from glomo_pyg.nn.text_classifier import GlomoTextClassifier, TextGraphCache
 from glomo_pyg.training.utils import quiet_lightning
+
+# the attribute train_and_test gives each training and validation document: its row in
+# the graph cache (a name PyG's collation neither offsets, as it would '*index*', nor
+# reads as a batch vector, '*batch*')
+CACHE_ROW = "graph_cache_row"
 
 
 def encode_documents(texts: Sequence[str], labels: Sequence[int], vocabulary: WordVocabulary,
@@ -36,17 +43,37 @@ def encode_documents(texts: Sequence[str], labels: Sequence[int], vocabulary: Wo
 class TextClassification(pl.LightningModule):
     """Cross-entropy training of a classifier ``model(x, batch) -> logits``; logs
     ``train_loss``, ``val_acc``, ``test_acc``. Adam on the trainable parameters (a frozen
-    predictor and frozen word vectors have none)."""
+    predictor and frozen word vectors have none). With ``graph_cache`` (a
+    :class:`~glomo_pyg.nn.text_classifier.TextGraphCache`), batches whose documents carry
+    their cache row (attribute ``graph_cache_row``) get their graphs from it
+    (``model(x, batch, graphs=...)``); others run the predictor, in float32 like the
+    cache."""
 
-    def __init__(self, model: torch.nn.Module, lr: float = 1e-3, weight_decay: float = 0.0):
+    def __init__(self, model: torch.nn.Module, lr: float = 1e-3, weight_decay: float = 0.0,
+                 graph_cache: Optional[TextGraphCache] = None):
         super().__init__()
         self.model, self.lr, self.weight_decay = model, lr, weight_decay
+        self.graph_cache = graph_cache
 
-    def forward(self, x, batch):
-        return self.model(x, batch)
+    def forward(self, x, batch, graphs=None):
+        if graphs is None:
+            return self.model(x, batch)
+        return self.model(x, batch, graphs=graphs)
+
+    def _logits(self, data):
+        graphs, rows = None, getattr(data, CACHE_ROW, None)
+        if self.graph_cache is not None and rows is not None:
+            graphs = self.graph_cache.graphs(rows, device=data.x.device)
+        elif self.graph_cache is not None:
+            # documents outside the cache (the test set, read once): the predictor runs,
+            # in float32 as for the cached graphs, whatever the autocast region
+            with torch.autocast(data.x.device.type, enabled=False):
+                graphs = self.model.transfer.graphs(data.x, data.batch,
+                                                    num_nodes=data.x.size(0))
+        return self(data.x, data.batch, graphs)
 
     def training_step(self, data, batch_idx):
-        loss = torch.nn.functional.cross_entropy(self(data.x, data.batch), data.y)
+        loss = torch.nn.functional.cross_entropy(self._logits(data), data.y)
         if not torch.isfinite(loss):  # stop instead of recording a NaN run as a result
             raise FloatingPointError(f"the training loss is {loss.item()} at step "
                                      f"{self.global_step}: non-finite features (word vectors "
@@ -56,7 +83,7 @@ class TextClassification(pl.LightningModule):
         return loss
 
     def _accuracy(self, data, stage):
-        correct = (self(data.x, data.batch).argmax(-1) == data.y).float().mean()
+        correct = (self._logits(data).argmax(-1) == data.y).float().mean()
         self.log(f"{stage}_acc", correct, batch_size=int(data.num_graphs), prog_bar=True)
 
     def validation_step(self, data, batch_idx):
@@ -93,15 +120,47 @@ class _History(pl.Callback):
             self.loss.append(float(trainer.callback_metrics["train_loss_epoch"]))
 
 
+def cache_documents(model: GlomoTextClassifier, train: List[Data], val: List[Data],
+                    batch_size: int = 64, device=None,
+                    weight_dtype: torch.dtype = torch.float32) -> TextGraphCache:
+    """The graph cache :func:`train_and_test` takes as ``graph_cache``: the graphs of
+    ``train + val`` (in this order) under ``model``'s predictor and settings
+    (:meth:`TextGraphCache.compute`). One cache serves every model with the same
+    predictor, ``graph`` and ``max_distance`` (e.g. every seed of a variant)."""
+    return TextGraphCache.compute(model, [d.x for d in list(train) + list(val)], batch_size,
+                                  device, weight_dtype)
+
+
+def _with_cache_rows(items: List[Data], first: int) -> List[Data]:
+    """Shallow copies of ``items`` (the caller's objects stay as they are), each with
+    its row in the graph cache."""
+    out = []
+    for k, d in enumerate(items):
+        d = copy.copy(d)
+        setattr(d, CACHE_ROW, torch.tensor([first + k]))
+        out.append(d)
+    return out
+
+
 def train_and_test(model: torch.nn.Module, train: List[Data], val: List[Data], test: List[Data],
                    epochs: int = 5, batch_size: int = 32, lr: float = 1e-3, seed: int = 0,
                    accelerator: str = "auto", precision: str = "32-true",
-                   progress_bar: bool = False) -> ClassificationResult:
+                   progress_bar: bool = False,
+                   graph_cache: Union[None, bool, TextGraphCache] = None
+                   ) -> ClassificationResult:
     """Train for ``epochs``, keep the epoch with the best validation accuracy, and
     evaluate that one once on ``test``. ``epochs`` and ``batch_size`` must be positive
     integers, ``lr`` a finite positive number, and ``train``, ``val`` and ``test``
     non-empty (:class:`ValueError` otherwise); a non-finite training loss raises
-    :class:`FloatingPointError`."""
+    :class:`FloatingPointError`.
+
+    ``graph_cache``: the graphs of the training and validation documents computed once
+    instead of by the predictor at every step (same results: see
+    :class:`~glomo_pyg.nn.text_classifier.TextGraphCache`): ``True`` computes them here
+    (counted in ``seconds``), or pass the cache of :func:`cache_documents` for ``train``
+    and ``val`` (checked against ``model`` and the documents; computed once, it serves
+    every run with the same predictor and graph settings). The test set, read once, runs
+    the predictor. Only for a :class:`~glomo_pyg.GlomoTextClassifier` that mixes graphs."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     for name, value in (("epochs", epochs), ("batch_size", batch_size)):
@@ -114,12 +173,27 @@ def train_and_test(model: torch.nn.Module, train: List[Data], val: List[Data], t
         if len(items) == 0:
             raise ValueError(f"the {name} split is empty")
 
+    start = time.time()
+    if graph_cache is not None and graph_cache is not False:
+        if not isinstance(model, GlomoTextClassifier):
+            raise TypeError(f"graph_cache needs a GlomoTextClassifier, got "
+                            f"{type(model).__name__}")
+        if graph_cache is True:
+            graph_cache = cache_documents(model, train, val)
+        elif not isinstance(graph_cache, TextGraphCache):
+            raise TypeError(f"graph_cache must be None, a bool or a TextGraphCache (from "
+                            f"cache_documents), got {type(graph_cache).__name__}")
+        graph_cache.check_model(model)
+        graph_cache.check_documents([d.x for d in list(train) + list(val)])
+        train, val = _with_cache_rows(train, 0), _with_cache_rows(val, len(train))
+    else:
+        graph_cache = None
+
     pl.seed_everything(seed, workers=True, verbose=False)
-    module = TextClassification(model, lr)
+    module = TextClassification(model, lr, graph_cache=graph_cache)
     gen = torch.Generator().manual_seed(seed)
     loaders = dict(train=DataLoader(train, batch_size=batch_size, shuffle=True, generator=gen),
                    val=DataLoader(val, batch_size=batch_size), test=DataLoader(test, batch_size))
-    start = time.time()
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings(), quiet_lightning():
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         warnings.filterwarnings("ignore", ".*isinstance.treespec, LeafSpec.*")
