@@ -385,18 +385,27 @@ def _size(size: int) -> str:
 def _pretrained(args: argparse.Namespace) -> int:
     import json
 
-    from glomo_pyg.io.releases import available_releases, describe_release, released_names
+    from glomo_pyg.io.releases import (available_releases, describe_release, release_problem,
+                                       released_names)
 
     names = released_names()
-    infos = [describe_release(name) for name in names]
+    infos, broken = [], []
+    for name in names:  # a release that fails its seal is named, not hidden or fatal
+        problem = release_problem(name)
+        if problem is None:
+            infos.append(describe_release(name))
+        else:
+            broken.append(name)
+            infos.append(dict(name=name, error=problem))
     if args.json:
         print(json.dumps(infos, indent=2))
-        return 0
+        return 1 if broken else 0
     if not infos:
         print(f"glomo pretrained: {available_releases(names)}")
         return 0
+    good = [i for i in infos if "error" not in i]
     rows = [("NAME", "MODALITY", "DIRS x LAYERS x HEADS", "UNITS", "WEIGHTS", "SUMMARY")]
-    for i in infos:
+    for i in good:
         units = f"{i['units'][0]}x{i['units'][1]} pixels" if i["modality"] == "pixels" else \
             f"{i['units']} tokens"
         rows.append((i["name"], i["modality"], f"{i['directions']} x {i['layers']} x {i['heads']}",
@@ -404,22 +413,43 @@ def _pretrained(args: argparse.Namespace) -> int:
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
-    print(f"\nload one with PretrainedGraphPredictor.from_pretrained(NAME) (in "
-          f"{os.path.dirname(infos[0]['path'])})")
-    return 0
+    if good:
+        print(f"\nload one with PretrainedGraphPredictor.from_pretrained(NAME) (in "
+              f"{os.path.dirname(good[0]['path'])})")
+    for i in infos:
+        if "error" in i:
+            print(f"glomo pretrained: release {i['name']} FAILS its checks and will not load: "
+                  f"{i['error']}", file=sys.stderr)
+    return 1 if broken else 0
 
 
-def _view(args: argparse.Namespace) -> int:
-    from glomo_pyg.analysis.viewer import view
-    from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
+def _view_inputs(args: argparse.Namespace) -> None:
+    """The view command's door: its strings valid text, its input paths regular files
+    (a FIFO would hang the read) and its output path writable as a file, all before the
+    predictor loads (errors name the option)."""
+    from glomo_pyg.analysis.viewer.inputs import check_input_file, check_output_path, valid_text
 
     sources = [args.text, args.text_file, args.image, args.treebank]
     if sum(source is not None for source in sources) != 1:
         raise SystemExit("glomo view: give exactly one of --text, --text-file (with --line), "
                          "--image and --treebank (with --sentence)")
-    if os.path.isdir(args.output):
-        raise SystemExit(f"glomo view: --output {args.output} is a directory: give the page's "
-                         "file name (e.g. graphs.html)")
+    check_output_path(args.output, "--output")
+    if "\0" in args.predictor:
+        raise ValueError("--predictor holds a NUL character: it is not a folder or a name")
+    if args.text is not None:
+        valid_text(args.text, "--text")
+    for option in ("text_file", "image", "treebank"):
+        if getattr(args, option) is not None:
+            check_input_file(getattr(args, option), "--" + option.replace("_", "-"))
+
+
+def _view(args: argparse.Namespace) -> int:
+    from glomo_pyg.analysis.viewer import view
+    from glomo_pyg.analysis.viewer.inputs import open_input_file
+
+    from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
+
+    _view_inputs(args)
     predictor = PretrainedGraphPredictor.from_pretrained(args.predictor)
     text, gold = args.text, None
     if args.text_file is not None:
@@ -427,7 +457,7 @@ def _view(args: argparse.Namespace) -> int:
 
         if args.line < 1:
             raise SystemExit("glomo view: --line counts from 1")
-        with open(args.text_file, "rb") as fh:
+        with open_input_file(args.text_file, "--text-file") as fh:
             for number, offset, data in binary_lines(fh, args.text_file, 1 << 20):
                 if number == args.line:
                     text = decode_utf8(data, args.text_file, number, offset)

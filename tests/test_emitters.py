@@ -12,7 +12,7 @@ import torch
 from glomo_pyg import (ContextDecoder, FeatureGraphEmitter, FeaturePredictor, Glomo,
                        GraphEmitter, GraphPredictor, LatentGraphs, PretrainedGraphPredictor,
                        SequenceOrder, UnitOrder, load_pretrained, save_pretrained)
-from glomo_pyg.io.pretrained import UnsealedPredictorWarning
+from glomo_pyg.io.pretrained import PretrainedFormatError, UnsealedPredictorWarning
 from glomo_pyg.nn import EMITTERS
 from glomo_pyg.nn.config import ConfigurableModule
 
@@ -93,12 +93,15 @@ def v1_directory(name: str, tmp_path) -> str:
 @pytest.mark.parametrize("name", ["pretrained-v1", "pretrained-v1-nodecouple"])
 def test_files_of_format_version_1_still_load_with_the_same_graphs(name, tmp_path):
     """Fixtures written by glomo_pyg 0.1.0 (format 1, hand-copied kwargs with the layout
-    inside): the same graphs come out, with a warning that the file is not sealed, and
-    saving again writes the current, sealed format."""
+    inside): loaded when asked for (allow_unsealed=True), the same graphs come out, with
+    a warning that the file is not sealed, and saving again writes the current, sealed
+    format."""
     path = v1_directory(name, tmp_path)
     assert json.load(open(os.path.join(path, "config.json")))["format_version"] == 1
-    with pytest.warns(UnsealedPredictorWarning, match="has format version 1.*Save it again"):
-        predictor = load_pretrained(path)
+    with pytest.raises(PretrainedFormatError, match="format version 1, which is not sealed"):
+        load_pretrained(path)
+    with pytest.warns(UnsealedPredictorWarning, match="has format version 1.*glomo reseal"):
+        predictor = load_pretrained(path, allow_unsealed=True)
     expected = json.load(open(os.path.join(DATA, name, "expected.json")))
     x, batch = torch.tensor(expected["x"]), torch.tensor(expected["batch"])
     graphs = predictor(x, batch)

@@ -156,13 +156,35 @@ def test_damaged_last_checkpoint_is_named(straight, tmp_path, damage):
 
 def test_damaged_last_checkpoint_falls_back_to_an_older_one(straight, tmp_path):
     run = copy_run(straight, tmp_path, keep=("step2.ckpt", "last.ckpt"))
+    damaged = os.urandom(1000)
     with open(ckpt(run), "wb") as fh:
-        fh.write(os.urandom(1000))
+        fh.write(damaged)
     messages = []
     assert resume(straight, run, log=messages.append)["steps"] == 6
     warning = [m for m in messages if m.startswith("warning:")]
     assert warning and ckpt(run) in warning[0] and "step2.ckpt (step 2)" in warning[0]
     assert_same_weights(ckpt(run), ckpt(straight / "run"))  # step2 -> 6 as in one go
+    # one message for the decision, and it says what happened: the damaged last.ckpt is
+    # kept (under another name) and replaced; nothing claims it was left untouched
+    assert len(warning) == 1 and "left untouched" not in warning[0]
+    assert f"kept under new names ({ckpt(run)} -> {ckpt(run)}.damaged)" in warning[0]
+    assert f"{ckpt(run)} becomes a copy of {ckpt(run, 'step2.ckpt')}" in warning[0]
+    assert not [m for m in messages if "is now a copy of" in m], messages
+    with open(ckpt(run) + ".damaged", "rb") as fh:
+        assert fh.read() == damaged
+
+
+def test_damaged_step_checkpoints_are_kept_as_they_are(straight, tmp_path):
+    run = copy_run(straight, tmp_path, keep=("step2.ckpt", "step4.ckpt", "step6.ckpt"))
+    with open(ckpt(run, "step6.ckpt"), "wb") as fh:
+        fh.write(b"damaged")
+    messages = []
+    assert resume(straight, run, log=messages.append)["steps"] == 6
+    warning = [m for m in messages if m.startswith("warning:")]
+    step6 = ckpt(run, "step6.ckpt")
+    assert len(warning) == 1 and f"({step6} -> {step6}.damaged)" in warning[0], warning
+    assert not [m for m in messages if "is now a copy of" in m], messages
+    assert open(step6 + ".damaged", "rb").read() == b"damaged"  # not overwritten by training
 
 
 def test_unsafe_checkpoint_is_refused_without_unsafe_advice(straight, tmp_path):

@@ -1,6 +1,8 @@
 """Saved predictors are sealed as a whole (config, vocabulary, weights): every edit is
 refused on load naming the keys that changed; reseal_pretrained / glomo reseal seal a
-deliberate edit; older formats load with a warning; released predictors only sealed."""
+deliberate edit; older formats load only when asked for (allow_unsealed=True), with a
+warning; a folder in the releases root loads only sealed, however it is named."""
+import os
 import json
 import shutil
 import warnings
@@ -117,10 +119,17 @@ def unsealed_format_2(path):
     return path
 
 
-def test_format_2_loads_with_a_warning_and_reseals(tmp_path, capsys):
+def test_format_2_loads_only_when_asked_for_and_reseals(tmp_path, capsys):
     path = unsealed_format_2(text_predictor(tmp_path / "p"))
-    with pytest.warns(UnsealedPredictorWarning, match="format version 2.*glomo reseal"):
+    with pytest.raises(PretrainedFormatError, match="format version 2, which is not sealed.*"
+                                                    "glomo reseal.*allow_unsealed=True"):
         load_pretrained(path)
+    with pytest.raises(PretrainedFormatError, match="not sealed"):
+        PretrainedGraphPredictor.from_pretrained(path)
+    with pytest.warns(UnsealedPredictorWarning, match="format version 2.*glomo reseal"):
+        load_pretrained(path, allow_unsealed=True)
+    with pytest.warns(UnsealedPredictorWarning):
+        PretrainedGraphPredictor.from_pretrained(path, allow_unsealed=True)
     assert main(["reseal", str(path)]) == 0
     assert "sealed" in capsys.readouterr().out
     assert json.loads((path / "config.json").read_text())["format_version"] == 3
@@ -137,11 +146,36 @@ def test_a_released_predictor_loads_only_sealed(tmp_path, monkeypatch):
     monkeypatch.setenv("GLOMO_PRETRAINED_DIR", str(root))
     PretrainedGraphPredictor.from_pretrained("tiny-text")
     unsealed_format_2(root / "tiny-text")
-    with pytest.raises(PretrainedFormatError, match="not sealed; a released predictor must "
-                                                    "be sealed"):
+    with pytest.raises(PretrainedFormatError, match="not sealed.*a released predictor must "
+                                                    "always be sealed"):
         PretrainedGraphPredictor.from_pretrained("tiny-text")
-    with pytest.warns(UnsealedPredictorWarning):  # as a path it is the user's own file
-        load_pretrained(str(root / "tiny-text"))
+    (tmp_path / "link").symlink_to(root / "tiny-text")
+    monkeypatch.chdir(root)
+    # however the release is named, even when asked for unsealed, its seal is required
+    for name in (str(root / "tiny-text"), root / "tiny-text", "./tiny-text",
+                 os.path.join("..", "releases", "tiny-text"), str(tmp_path / "link")):
+        with pytest.raises(PretrainedFormatError, match="not sealed"):
+            load_pretrained(name, allow_unsealed=True)
+    shutil.copytree(root / "tiny-text", tmp_path / "mine")  # outside the root: the user's own
+    with pytest.warns(UnsealedPredictorWarning):
+        load_pretrained(tmp_path / "mine", allow_unsealed=True)
+
+
+def test_glomo_pretrained_names_releases_that_fail_their_seal(tmp_path, monkeypatch, capsys):
+    root = tmp_path / "releases"
+    for name in ("good-text", "bad-text"):
+        text_predictor(root / name)
+        (root / name / "README.md").write_text(f"# {name}\n\nA test release.\n")
+    monkeypatch.setenv("GLOMO_PRETRAINED_DIR", str(root))
+    unsealed_format_2(root / "bad-text")
+    assert main(["pretrained"]) == 1
+    out = capsys.readouterr()
+    assert "good-text" in out.out and "A test release." in out.out
+    assert "bad-text" in out.err and "not sealed" in out.err, out.err
+    assert main(["pretrained", "--json"]) == 1
+    infos = json.loads(capsys.readouterr().out)
+    assert [i["name"] for i in infos] == ["bad-text", "good-text"]
+    assert "not sealed" in infos[0]["error"] and "error" not in infos[1]
 
 
 def test_a_tiny_weights_entry_says_what_is_wrong(tmp_path):

@@ -32,11 +32,13 @@ import torch
 
 from glomo_pyg.atomic_files import fsync_folder
 from glomo_pyg.graphs import DIRECTION_KEYS
-from glomo_pyg.io.releases import RELEASE_NAME, available_releases, released_names, releases_root
+from glomo_pyg.io.releases import (RELEASE_NAME, available_releases, in_releases_root,
+                                   released_names, releases_root)
 from glomo_pyg.nn import FeatureGraphEmitter, GraphPredictor  # noqa: F401 (registers emitters)
 from glomo_pyg.nn.emitter import EMITTERS
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor, register_persistence
 from glomo_pyg.nn.settings import MAX_STRING, MAX_VOCABULARY, check_model_setting  # noqa: F401
+from glomo_pyg.io.paths import NotRegularFileError, open_regular
 from glomo_pyg.io.seal import SEAL_KEY, seal_of, seal_problem
 from glomo_pyg.version import __version__
 
@@ -55,6 +57,10 @@ PathLike = Union[str, os.PathLike]
 MAX_CONFIG_BYTES = 256 << 20      # a 16M-token vocabulary fits
 MAX_CONFIG_DEPTH = 16             # a saved config nests 5 deep
 MAX_HEADER_BYTES = 100_000_000    # safetensors' own limit on its JSON header
+# far above any real predictor (a release may hold 6 MiB): a larger weights file is
+# refused by its size before it is read, so an edited or sparse file cannot exhaust memory
+MAX_WEIGHTS_BYTES = 8 << 30
+_CHUNK = 1 << 22                  # weights are read and hashed this much at a time
 
 # The settings a saved emitter config may hold: the constructor arguments of the
 # registered emitters. Their types and ranges are declared once, in
@@ -237,6 +243,18 @@ def _recover(target: Path) -> None:
             stale = [(kind, path) for kind, path in stale if path != newest]
     for _, path in stale:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_stale(target: Path) -> None:
+    """On load: remove the staging folders that killed saves into ``target`` left (their
+    writer no longer runs), so they do not last until the next save. A backup of a
+    half-done swap is kept while ``target`` is missing: it is the previous predictor,
+    which the next save puts back and the load error names. Best effort: a folder we may
+    not write (a read-only install) is left as it is."""
+    present = os.path.lexists(target)
+    for kind, pid, path in _temporaries(target):
+        if (kind == "new" or present) and not _alive(pid, path) and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 _renameat2_fn: Any = None
@@ -463,8 +481,6 @@ def save_pretrained(predictor: PretrainedGraphPredictor, path: PathLike,
 
 
 # --- loading ------------------------------------------------------------------------------
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0) | \
-    getattr(os, "O_NONBLOCK", 0)  # a FIFO named config.json must not block the open
 _DIR_FD = os.open in os.supports_dir_fd and hasattr(os, "O_DIRECTORY")
 
 
@@ -521,17 +537,18 @@ def _opened(path: Path) -> Iterator[Tuple[Optional[int], Optional[int]]]:
         opened: List[Optional[int]] = []
         for name in (CONFIG_NAME, WEIGHTS_NAME):
             try:
-                fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd) if dir_fd is not None else \
-                    os.open(path / name, _OPEN_FLAGS)
+                fd = open_regular(name, name, dir_fd=dir_fd) if dir_fd is not None else \
+                    open_regular(path / name, name)
             except (FileNotFoundError, NotADirectoryError):
                 opened.append(None)
                 continue
+            except NotRegularFileError as err:
+                raise PretrainedFormatError(f"{path / name} is not a regular file ({err})") \
+                    from None
             except OSError as err:
                 raise PretrainedFormatError(f"{path / name} cannot be opened "
                                             f"({err.strerror})") from None
             fds.append(fd)
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise PretrainedFormatError(f"{path / name} is not a regular file")
             opened.append(fd)
         yield opened[0], opened[1]
     finally:
@@ -545,12 +562,60 @@ def _read_fd(fd: int, limit: int) -> bytes:
     chunks, size = [], 0
     os.lseek(fd, 0, os.SEEK_SET)
     while size <= limit:
-        chunk = os.read(fd, min(1 << 24, limit + 1 - size))
+        chunk = os.read(fd, min(_CHUNK, limit + 1 - size))  # (os.read allocates it whole)
         if not chunk:
             break
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)
+
+
+def _bounded_weights_size(file: Path, fd: int, release: bool = False) -> int:
+    """The weights file's size from ``fstat``, refused before any byte is read when it is
+    over :data:`MAX_WEIGHTS_BYTES` (a sparse file may claim terabytes it never stored), or
+    for a ``release`` over the releases' own bound."""
+    from glomo_pyg.io import releases
+
+    size = os.fstat(fd).st_size
+    limit, whose = (releases.MAX_WEIGHTS_BYTES, "a released predictor's") if release else \
+        (MAX_WEIGHTS_BYTES, "a predictor's")
+    if size > limit:
+        raise PretrainedFormatError(
+            f"{file} has {size} bytes, more than the {limit} ({limit / 2**20:g} MiB) "
+            f"{whose} weights may have: it is not a file save_pretrained (or write_release) "
+            "wrote; save the predictor again")
+    return size
+
+
+def _sha256_fd(fd: int, size: int, file: Path, into: Optional[bytearray] = None) -> str:
+    """SHA-256 of the first ``size`` bytes of ``fd``, read in chunks (so memory stays
+    small), copied into ``into`` when given; a file that changes size meanwhile is
+    refused."""
+    digest, done = hashlib.sha256(), 0
+    view = memoryview(into) if into is not None else None
+    os.lseek(fd, 0, os.SEEK_SET)
+    while done < size:
+        chunk = os.read(fd, min(_CHUNK, size - done))
+        if not chunk:
+            break
+        digest.update(chunk)
+        if view is not None:
+            view[done:done + len(chunk)] = chunk
+        done += len(chunk)
+    if done != size or os.read(fd, 1):
+        raise PretrainedFormatError(f"{file} changed while it was read")
+    return digest.hexdigest()
+
+
+def _read_config_bytes(file: Path, fd: int) -> bytes:
+    """``config.json``'s bytes, refused by its size before reading when over
+    :data:`MAX_CONFIG_BYTES`."""
+    size = os.fstat(fd).st_size
+    data = _read_fd(fd, MAX_CONFIG_BYTES) if size <= MAX_CONFIG_BYTES else b""
+    if max(size, len(data)) > MAX_CONFIG_BYTES:
+        raise PretrainedFormatError(f"{file} has {max(size, len(data))} bytes, more than the "
+                                    f"{MAX_CONFIG_BYTES} a predictor config may have")
+    return data
 
 
 def _parse_config(data: bytes, file: Path) -> Dict[str, Any]:
@@ -570,15 +635,7 @@ def _read_config(path: Path, fd: Optional[int], unsealed_ok: bool = True) -> Dic
     if fd is None:
         raise PretrainedFormatError(f"{file} is missing: {path} was not written by "
                                     "save_pretrained, or the save did not finish")
-    size = os.fstat(fd).st_size
-    if size > MAX_CONFIG_BYTES:  # (refused before reading: it may be sparse and huge)
-        raise PretrainedFormatError(f"{file} has {size} bytes, more than the "
-                                    f"{MAX_CONFIG_BYTES} a predictor config may have")
-    data = _read_fd(fd, MAX_CONFIG_BYTES)
-    if max(size, len(data)) > MAX_CONFIG_BYTES:
-        raise PretrainedFormatError(f"{file} has {max(size, len(data))} bytes, more than the "
-                                    f"{MAX_CONFIG_BYTES} a predictor config may have")
-    config = _parse_config(data, file)
+    config = _parse_config(_read_config_bytes(file, fd), file)
     version = config.get("format_version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise PretrainedFormatError(f"{file} has no integer format_version")
@@ -596,15 +653,16 @@ def _read_config(path: Path, fd: Optional[int], unsealed_ok: bool = True) -> Dic
             raise PretrainedFormatError(
                 f"{file}: {problem}. If the edit was deliberate, seal the predictor again "
                 f"with `glomo reseal {path}` (glomo_pyg.io.pretrained.reseal_pretrained)")
-    elif not unsealed_ok:
-        raise PretrainedFormatError(f"{file} has format version {version}, which is not "
-                                    "sealed; a released predictor must be sealed")
+    elif not unsealed_ok:  # (a lowered version must not step around the seal)
+        raise PretrainedFormatError(
+            f"{file} has format version {version}, which is not sealed: edits to its config "
+            f"or vocabulary cannot be detected. Seal it with `glomo reseal {path}` "
+            "(reseal_pretrained); to load it unsealed once, pass allow_unsealed=True "
+            "(a released predictor must always be sealed)")
     else:
-        how = "Save it again (save_pretrained)" + (
-            f", or seal it as it is with `glomo reseal {path}`" if version >= 2 else "")
         warnings.warn(f"{file} has format version {version}, saved before predictors were "
-                      f"sealed: edits to its config or vocabulary cannot be detected. {how}",
-                      UnsealedPredictorWarning, stacklevel=3)
+                      "sealed: edits to its config or vocabulary cannot be detected. Seal it "
+                      f"with `glomo reseal {path}`", UnsealedPredictorWarning, stacklevel=3)
     for key, kind in (("directions", dict), ("weights", dict)):
         if not isinstance(config.get(key), kind):
             raise PretrainedFormatError(f"{file} lacks the {key!r} entry")
@@ -760,12 +818,13 @@ def _build(direction: str, cls: type, config: Dict[str, Any], file: Path,
     return module
 
 
-def _check_weights_size(file: Path, fd: Optional[int], config: Dict[str, Any]) -> int:
+def _check_weights_size(file: Path, fd: Optional[int], config: Dict[str, Any],
+                        release: bool = False) -> int:
     """The weights file's size, which must be the one its config records."""
     if fd is None:
         raise PretrainedFormatError(f"{file} is missing")
     expected = config["weights"]["bytes"]
-    size = os.fstat(fd).st_size
+    size = _bounded_weights_size(file, fd, release)
     if size < expected:
         raise PretrainedFormatError(f"{file} is truncated: {size} of {expected} bytes")
     if size > expected:
@@ -774,14 +833,12 @@ def _check_weights_size(file: Path, fd: Optional[int], config: Dict[str, Any]) -
     return expected
 
 
-def _read_weights(path: Path, fd: Optional[int], config: Dict[str, Any]) -> bytes:
+def _read_weights(path: Path, fd: Optional[int], config: Dict[str, Any]) -> bytearray:
     """The weights file's bytes, once its size and SHA-256 match the config."""
     file = path / WEIGHTS_NAME
     expected = _check_weights_size(file, fd, config)
-    data = _read_fd(fd, expected)
-    if len(data) != expected:
-        raise PretrainedFormatError(f"{file} changed while it was read")
-    if config["weights"]["sha256"] != hashlib.sha256(data).hexdigest():
+    data = bytearray(expected)  # (filled while hashed: one copy in memory, not two)
+    if config["weights"]["sha256"] != _sha256_fd(fd, expected, file, into=data):
         raise PretrainedFormatError(f"{file} does not match the SHA-256 recorded in "
                                     f"{CONFIG_NAME}: the file is corrupt or was modified")
     return data
@@ -859,19 +916,20 @@ def _compare(expected: Dict[str, torch.Tensor], header: Dict[str, Tuple[str, Tup
         raise PretrainedFormatError(f"{weights_file}: unexpected dtypes for {bad_dtype[:5]}")
 
 
-def _parse_weights(data: bytes, file: Path) -> Dict[str, torch.Tensor]:
+def _parse_weights(data: Union[bytes, bytearray], file: Path) -> Dict[str, torch.Tensor]:
     """Parse a safetensors file; anything else (a pickle, random bytes) is refused
     by the parser before any of it is interpreted as code or objects."""
     from safetensors.torch import load
 
     try:
-        return load(data)
+        return load(bytes(data))
     except Exception as err:  # safetensors raises its own error types for bad headers
         raise PretrainedFormatError(f"{file} is not a valid safetensors file ({err})") from None
 
 
 def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None] = None,
-                    vocabulary: Optional[Sequence[str]] = None) -> PretrainedGraphPredictor:
+                    vocabulary: Optional[Sequence[str]] = None,
+                    allow_unsealed: bool = False) -> PretrainedGraphPredictor:
     """Load a predictor written by :func:`save_pretrained`, in eval mode.
 
     The files are untrusted input. In order: the config is at most 256 MiB of standard
@@ -885,7 +943,11 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
     the tensors parse and are all finite. Only then are the modules built and filled.
 
     Floating-point weights stored in 16 bits (``save_pretrained(..., dtype=...)``, as
-    released predictors are) are widened to the modules' float32.
+    released predictors are) are widened to the modules' float32. Both files must be
+    regular files (a FIFO or device is refused at once, never read); a weights file over
+    :data:`MAX_WEIGHTS_BYTES` is refused by its size before it is read, and the weights
+    are hashed in chunks as they are read. Staging folders that killed saves into
+    ``path`` left are removed (when their writer no longer runs).
 
     Args:
         path: the directory given to :func:`save_pretrained`, or the name of a released
@@ -895,6 +957,12 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
             ``'cuda'`` or ``torch.device('cuda', 1)``.
         vocabulary: if given, the vocabulary the caller's data was encoded
             with; it must equal the saved one.
+        allow_unsealed: load a predictor of format 1 or 2 (saved before predictors were
+            sealed; edits to it cannot be detected), with an
+            :class:`UnsealedPredictorWarning`. Without it such a predictor is refused:
+            seal it with :func:`reseal_pretrained` (``glomo reseal DIR``). A folder
+            inside :func:`~glomo_pyg.io.releases.releases_root` is a release however it
+            is named (path, relative path, symlink) and must always pass its seal.
 
     Raises:
         TypeError: ``path`` is not a str or os.PathLike.
@@ -910,6 +978,7 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
     given, path = path, _as_path(path, "load_pretrained")
     released = _released(given) if isinstance(given, str) else None  # (a Path is a path)
     path = released or path
+    is_release = released is not None or in_releases_root(path)
     if map_location is not None:  # checked before anything is read
         try:
             device = torch.device(map_location)
@@ -922,8 +991,9 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
         raise TypeError(f"vocabulary must be a sequence of tokens, got "
                         f"{type(vocabulary).__name__}")
     config_file, weights_file = path / CONFIG_NAME, path / WEIGHTS_NAME
+    _remove_stale(Path(os.path.realpath(path)))
     with _opened(path) as (config_fd, weights_fd):
-        config = _read_config(path, config_fd, unsealed_ok=released is None)
+        config = _read_config(path, config_fd, unsealed_ok=allow_unsealed and not is_release)
         directions = config["directions"]
         unknown = sorted(set(directions) - set(DIRECTION_KEYS))
         if unknown or not directions:
@@ -934,7 +1004,7 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
         entries = {d: _entry(d, directions[d], config_file,
                              complete=config["format_version"] >= 2)
                    for d in DIRECTION_KEYS if d in directions}
-        _check_weights_size(weights_file, weights_fd, config)
+        _check_weights_size(weights_file, weights_fd, config, is_release)
         # the header first: the tensors it lists must be the config's, and the file
         # exactly their size, before the rest is read (a sparse file may claim terabytes)
         prefix = _read_header_prefix(weights_fd, weights_file)
@@ -992,11 +1062,14 @@ def reseal_pretrained(path: PathLike) -> Path:
     """Seal a saved predictor again, as it now is: for a ``config.json`` edited on purpose
     (a renamed vocabulary entry, a changed setting) or a predictor of format 1 or 2.
 
-    The weights file's size and SHA-256 are recorded anew, the format version becomes the
-    current one and the seal covers the whole bundle; then the predictor is loaded as any
-    other (every check of :func:`load_pretrained`), and if that fails the previous
-    ``config.json`` is put back and the error raised: resealing never leaves a predictor
-    that does not load. The new ``config.json`` replaces the old one atomically.
+    The weights file's size and SHA-256 are recorded anew (hashed in chunks: the file is
+    never held in memory whole, and one over :data:`MAX_WEIGHTS_BYTES` is refused by its
+    size before it is read), the format version becomes the current one and the seal
+    covers the whole bundle; then the predictor is loaded as any other (every check of
+    :func:`load_pretrained`), and if that fails the previous ``config.json`` is put back
+    and the error raised: resealing never leaves a predictor that does not load. The new
+    ``config.json`` replaces the old one atomically. A format-1 predictor (another
+    layout) is loaded and saved again instead.
 
     Returns:
         ``path``.
@@ -1009,17 +1082,20 @@ def reseal_pretrained(path: PathLike) -> Path:
         if config_fd is None:
             raise _missing_directory(path) if not path.is_dir() else PretrainedFormatError(
                 f"{config_file} is missing: nothing to seal")
-        old = _read_fd(config_fd, MAX_CONFIG_BYTES)
+        old = _read_config_bytes(config_file, config_fd)
         if weights_fd is None:
             raise PretrainedFormatError(f"{weights_file} is missing: nothing to seal")
-        payload = _read_fd(weights_fd, 1 << 62)
+        size = _bounded_weights_size(weights_file, weights_fd)
+        digest = _sha256_fd(weights_fd, size, weights_file)
     config = _parse_config(old, config_file)
-    if config.get("format_version") == 1:  # the layout of format 2 first
-        raise PretrainedFormatError(f"{config_file} has format version 1: load it and save it "
-                                    "again (save_pretrained) instead of sealing it as it is")
+    if config.get("format_version") == 1:  # another layout: migrated by a new save
+        with warnings.catch_warnings():  # (being sealed is what was asked for)
+            warnings.simplefilter("ignore", UnsealedPredictorWarning)
+            predictor = load_pretrained(path, allow_unsealed=True)
+        save_pretrained(predictor, path)
+        return given
     config["format_version"] = FORMAT_VERSION
-    config["weights"] = dict(file=WEIGHTS_NAME, bytes=len(payload),
-                             sha256=hashlib.sha256(payload).hexdigest())
+    config["weights"] = dict(file=WEIGHTS_NAME, bytes=size, sha256=digest)
     config[SEAL_KEY] = seal_of(config)
     with atomic_write(config_file, "wb") as fh:
         fh.write(json.dumps(config, indent=2, allow_nan=False).encode())

@@ -16,7 +16,7 @@ import re
 import secrets
 import shutil
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Union
+from typing import Any, Dict, List, Mapping, Optional, Union
 
 import torch
 
@@ -50,7 +50,22 @@ def releases_root() -> Path:
         package (the repository root of a clone installed with ``pip install -e .``).
     """
     env = os.environ.get(ENV_VAR)
-    return Path(env).expanduser() if env else Path(__file__).resolve().parents[2] / "pretrained"
+    if not env:
+        return Path(__file__).resolve().parents[2] / "pretrained"
+    try:
+        return Path(env).expanduser()
+    except RuntimeError:  # '~user/...' for a user this system does not know
+        raise ValueError(f"{ENV_VAR}={env!r}: its '~' names no home folder on this system; "
+                         "give the releases folder as an absolute path") from None
+
+
+def in_releases_root(path: PathLike) -> bool:
+    """Whether ``path`` is a folder inside :func:`releases_root`, however it is named
+    (absolute, relative, through a symlink): resolved paths are compared, so a release
+    cannot be loaded around the checks that releases pass."""
+    root = os.path.realpath(releases_root())
+    resolved = os.path.realpath(path)
+    return resolved != root and os.path.commonpath([root, resolved]) == root
 
 
 def released_names() -> List[str]:
@@ -231,6 +246,16 @@ def _summary(readme: Path) -> str:
     except OSError:
         return ""
     return next((line.strip() for line in lines[1:] if line.strip()), "")
+
+
+def release_problem(name: str) -> Optional[str]:
+    """``None`` when the released predictor ``name`` loads (its seal and every other check
+    pass), else why it does not, for ``glomo pretrained`` to name it."""
+    try:
+        PretrainedGraphPredictor.from_pretrained(release_path(name))
+    except ValueError as err:  # (PretrainedFormatError is one)
+        return str(err)
+    return None
 
 
 def describe_release(name: str) -> Dict[str, Any]:

@@ -238,7 +238,8 @@ class PretrainedGraphPredictor(torch.nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_path, map_location=None,
-                        vocabulary: Optional[Sequence[str]] = None) -> "PretrainedGraphPredictor":
+                        vocabulary: Optional[Sequence[str]] = None,
+                        allow_unsealed: bool = False) -> "PretrainedGraphPredictor":
         """Load a predictor written by :meth:`save_pretrained` (eval mode, float32), or
         a released predictor by name; see :func:`glomo_pyg.io.load_pretrained`.
 
@@ -249,6 +250,8 @@ class PretrainedGraphPredictor(torch.nn.Module):
                 path.
             map_location: the device to load onto (default: CPU).
             vocabulary: if given, it must equal the saved vocabulary.
+            allow_unsealed: load a predictor of format 1 or 2 (not sealed), with a
+                warning; without it such a predictor is refused (``glomo reseal``).
 
         Raises:
             PretrainedFormatError: the folder or its files are missing or invalid, or a
@@ -256,7 +259,7 @@ class PretrainedGraphPredictor(torch.nn.Module):
                 lists the released ones).
         """
         return _persistence("load")(name_or_path, map_location=map_location,
-                                    vocabulary=vocabulary)
+                                    vocabulary=vocabulary, allow_unsealed=allow_unsealed)
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{d}={self.predictors[_KEY[d]]!r}" for d in self.directions)

@@ -26,10 +26,13 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from glomo_pyg.atomic_files import atomic_write
+from glomo_pyg.io.paths import NotRegularFileError, open_regular
 
 #: The entry ``glomo pretrain`` adds to its Lightning checkpoints (plain data only).
 CHECKPOINT_KEY = "glomo"
 _STEP_NAME = re.compile(r"^step(\d+)(?:-v\d+)?\.ckpt$")
+#: A damaged checkpoint is kept under this suffix once a resume past it passes its checks.
+DAMAGED_SUFFIX = ".damaged"
 
 
 class CheckpointError(ValueError):
@@ -87,9 +90,12 @@ def read_checkpoint(path: str) -> Dict[str, Any]:
     damaged), :class:`UnsafeCheckpointError` (objects other than tensors and plain data)
     or :class:`CheckpointError` (not a Lightning checkpoint), each naming ``path``."""
     path = os.fspath(path)
-    try:
+    try:  # (a FIFO or device would block the reads below: refused at the door)
+        os.close(open_regular(path, "checkpoint"))
         size = os.path.getsize(path)
         is_zip = zipfile.is_zipfile(path)
+    except NotRegularFileError as err:
+        raise CheckpointError(str(err)) from None
     except OSError as err:
         raise OSError(f"{path}: cannot read the checkpoint ({err.strerror or err})") from None
     if size == 0:
@@ -151,7 +157,8 @@ def newest_checkpoint_file(folder: str) -> Optional[str]:
     return max(steps)[1] if steps else files[-1]
 
 
-def find_resume_checkpoint(folder: str, log: Callable = print
+def find_resume_checkpoint(folder: str, log: Callable = print,
+                           damaged: Optional[List[str]] = None
                            ) -> Optional[Tuple[str, Dict[str, Any]]]:
     """``(path, contents)`` of the newest usable checkpoint in ``folder`` (the largest
     ``global_step``; ``last.ckpt`` on ties), or None when there is no ``*.ckpt`` at all.
@@ -160,7 +167,9 @@ def find_resume_checkpoint(folder: str, log: Callable = print
     Unusable files are reported through ``log`` when an older usable one is taken
     instead; with none usable, :class:`CorruptCheckpointError` names them all. A file
     holding unsafe objects stops the search (:class:`UnsafeCheckpointError`): someone
-    put it there, and the run folder needs a look before anything resumes from it."""
+    put it there, and the run folder needs a look before anything resumes from it.
+    The unusable files are appended to ``damaged`` when given (the caller sets them aside,
+    as the message says, with :func:`set_aside_damaged`)."""
     files = checkpoint_files(folder)
     if not files:
         return None
@@ -192,15 +201,29 @@ def find_resume_checkpoint(folder: str, log: Callable = print
             "damaged file(s) away (e.g. rename to .corrupt) and run without --resume to "
             "start over")
     step, path, data = best
-    if bad:
+    if bad:  # one message: what is resumed from, what is kept, what is replaced
+        names = ", ".join(f"{f} -> {f}{DAMAGED_SUFFIX}" for f, _ in bad)
+        last = os.path.join(folder, "last.ckpt")
+        copy = f", and {last} becomes a copy of {path}" if path != last else ""
         log(f"warning: {'; '.join(str(err) for _, err in bad)}. Resuming from the newest "
-            f"usable checkpoint instead: {path} (step {step}); the damaged file(s) are left "
-            "untouched")
+            f"usable checkpoint instead: {path} (step {step}); once the checks pass, the "
+            f"damaged file(s) are kept under new names ({names}), so that training does not "
+            f"overwrite them{copy}")
+        if damaged is not None:
+            damaged.extend(f for f, _ in bad)
     elif os.path.basename(path) != "last.ckpt":
         log(f"resuming from {path} (step {step}), the newest checkpoint"
             + (" (last.ckpt is older)" if os.path.join(folder, "last.ckpt") in files else
                " (there is no last.ckpt)"))
     return path, data
+
+
+def set_aside_damaged(paths: Sequence[str]) -> None:
+    """Rename each damaged checkpoint to ``NAME.damaged`` (no longer a ``*.ckpt``): kept
+    for a look, and out of the way of the checkpoints a resumed run writes."""
+    for path in paths:
+        if os.path.lexists(path):
+            os.replace(path, path + DAMAGED_SUFFIX)
 
 
 def _shape(value) -> Optional[Tuple[int, ...]]:

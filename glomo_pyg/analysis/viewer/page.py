@@ -9,8 +9,12 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Dict, List, Optional, Sequence, Union
 
+import numpy as np
 import torch
 from torch import Tensor
+
+from glomo_pyg.analysis.viewer.inputs import (check_output_path, open_input_file, to_uint8,
+                                              valid_text)
 
 # Pages stay small: text graphs keep every edge of at least MIN_WEIGHT; pixel graphs
 # also only each target's TOP_K heaviest sources (a 32x32 image with 24 graphs: under
@@ -77,26 +81,40 @@ def _graph_lists(graphs, min_weight, top_k, products: bool, sample: int = 0) -> 
     return out
 
 
+def _pil_pixels(img, where: str) -> np.ndarray:
+    """A PIL image as a uint8 ``[H, W, 3]`` array; greyscale of more than 8 bits (modes
+    ``I;16``, ``I``) or float (``F``) scaled to 8 bits first, where ``convert`` would clip
+    or truncate them (a 16-bit image all white, a float one all black)."""
+    if img.mode == "F" or img.mode.startswith("I"):
+        grey = to_uint8(np.asarray(img), where)
+        return np.repeat(grey[:, :, None], 3, axis=2)
+    return np.asarray(img.convert("RGB"), dtype=np.uint8)
+
+
+def _read_image(path) -> np.ndarray:
+    """The image file ``path`` as a uint8 ``[H, W, 3]`` array: a regular file only (a
+    FIFO would hang the read), at most :data:`MAX_IMAGE_PIXELS` (from the header)."""
+    from PIL import Image, UnidentifiedImageError
+
+    name = os.fspath(path)
+    try:
+        with open_input_file(path, "image") as fh, Image.open(fh) as img:
+            # the header's size first: nothing larger than a page shows is decoded
+            if img.width * img.height > MAX_IMAGE_PIXELS:
+                raise ValueError(f"{name} is {img.width}x{img.height} pixels; the viewer "
+                                 f"shows images of at most {MAX_IMAGE_PIXELS} pixels")
+            return _pil_pixels(img, f"image {name}")
+    except (Image.DecompressionBombError, UnidentifiedImageError, OSError) as err:
+        raise ValueError(f"cannot read image {name}: {err}") from None
+
+
 def _image_pixels(image) -> Tensor:
     """``image`` as uint8 ``[3, H, W]``: a tensor (``[3, H, W]`` or ``[H, W, 3]``), a
     numpy array, a PIL image or an image file's path."""
-    import numpy as np
-
     if isinstance(image, (str, os.PathLike)):
-        from PIL import Image, UnidentifiedImageError
-
-        try:
-            with Image.open(image) as img:
-                # the header's size first: nothing larger than a page shows is decoded
-                if img.width * img.height > MAX_IMAGE_PIXELS:
-                    raise ValueError(f"{os.fspath(image)} is {img.width}x{img.height} pixels; "
-                                     f"the viewer shows images of at most "
-                                     f"{MAX_IMAGE_PIXELS} pixels")
-                image = np.asarray(img.convert("RGB"), dtype=np.uint8)
-        except (Image.DecompressionBombError, UnidentifiedImageError, OSError) as err:
-            raise ValueError(f"cannot read image {os.fspath(image)}: {err}") from None
+        image = _read_image(image)
     if hasattr(image, "convert") and not isinstance(image, (Tensor, np.ndarray)):
-        image = np.asarray(image.convert("RGB"), dtype=np.uint8)
+        image = _pil_pixels(image, "image")
     if isinstance(image, np.ndarray):
         image = torch.from_numpy(np.array(image, copy=True, order="C"))  # (a writable copy)
     if not isinstance(image, Tensor) or image.dim() != 3:
@@ -109,6 +127,16 @@ def _image_pixels(image) -> Tensor:
         raise ValueError(f"image must be uint8 with 3 colour planes, got {image.dtype} "
                          f"{tuple(image.shape)}")
     return image.contiguous()
+
+
+def _tokens(text: Union[str, Sequence[str]], lower: bool) -> List[str]:
+    """The tokens of ``text`` (a sentence or its tokens), each valid text: a lone
+    surrogate could not be written to the page."""
+    from glomo_pyg.data.text import tokenize
+
+    if isinstance(text, str):
+        return tokenize(valid_text(text, "text"), lower)
+    return [valid_text(str(t), f"token {i} of text") for i, t in enumerate(text)]
 
 
 def _given_graphs(graphs, text, image, sample: int, lower: bool):
@@ -126,9 +154,7 @@ def _given_graphs(graphs, text, image, sample: int, lower: bool):
                          f"{sample!r}")
     n = int(first.lengths[sample])
     if text is not None:
-        from glomo_pyg.data.text import tokenize
-
-        tokens = tokenize(text, lower) if isinstance(text, str) else [str(t) for t in text]
+        tokens = _tokens(text, lower)
         if len(tokens) != n:
             raise ValueError(f"{len(tokens)} tokens given, but sequence {sample} of the graphs "
                              f"has {n} units: give that sequence's own tokens")
@@ -173,9 +199,9 @@ def view_data(predictor, text: Union[str, Sequence[str], None] = None, *, image=
         if text is not None:
             if pixel:
                 raise ValueError("this is a pixel predictor: give image=, not text")
-            from glomo_pyg.data.text import UNK, tokenize
+            from glomo_pyg.data.text import UNK
 
-            tokens = tokenize(text, lower) if isinstance(text, str) else [str(t) for t in text]
+            tokens = _tokens(text, lower)
             if len(tokens) < 2:
                 raise ValueError(f"a graph needs at least 2 tokens, got {len(tokens)}")
             if len(tokens) > MAX_TEXT_TOKENS:
@@ -235,6 +261,7 @@ def _asset(name: str) -> str:
 
 def render(data: Dict[str, Any], title: str = "GLoMo graphs") -> str:
     """The self-contained HTML5 page of ``data``."""
+    valid_text(title, "title")  # (a GraphView made by hand: view() checks it at the door)
     payload = json.dumps(data, separators=(",", ":"), allow_nan=False)
     # no "<" at all inside the script element: neither "</script>" nor "<!--" can end or
     # change it, whatever the tokens hold (JSON reads \u003c back as "<")
@@ -270,10 +297,7 @@ class GraphView:
         files needed: it opens from disk, offline."""
         from glomo_pyg.atomic_files import atomic_write
 
-        path = os.fspath(path)
-        if os.path.isdir(path):
-            raise ValueError(f"{path} is a directory: give the page's file name "
-                             "(e.g. graphs.html)")
+        path = check_output_path(path, "path")
         text = self.html
         if len(text.encode()) > MAX_PAGE_BYTES:
             raise ValueError(f"the page would take {len(text.encode()) >> 20} MB: raise "
@@ -299,9 +323,10 @@ def view(predictor, text: Union[str, Sequence[str], None] = None, *, image=None,
     CoNLL heads) the gold arcs are drawn beside the learned ones and the page says how
     many targets' heaviest source is their gold head.
 
-    Images (``image``: uint8 ``[3, H, W]`` or ``[H, W, 3]``, a PIL image or a file): the
-    image, upscaled, and for the pixel under the pointer (or moved with the arrow keys)
-    its incoming weights in every graph as overlays (paper Fig. 4).
+    Images (``image``: uint8 ``[3, H, W]`` or ``[H, W, 3]``, a PIL image or a regular
+    file; a 16-bit or float PIL image or file is scaled to 8 bits, see
+    :func:`~glomo_pyg.analysis.viewer.inputs.to_uint8`): the image, upscaled, and for the
+    pixel under the pointer (or moved with the arrow keys) its incoming weights in every graph as overlays (paper Fig. 4).
 
     ``predictor`` may also be graphs already emitted (:class:`~glomo_pyg.LatentGraphs` or
     :class:`~glomo_pyg.DirectionalGraphs`, e.g. ``model.graphs(x, batch)``): ``sample``
@@ -312,9 +337,14 @@ def view(predictor, text: Union[str, Sequence[str], None] = None, *, image=None,
     with 24 graphs: under 3 MB). The page is one HTML file with its data as JSON and its
     script inline: no network access, no CDN.
 
+    Strings (``text``, its tokens, ``title``) must be valid UTF-8: a lone surrogate raises
+    :class:`ValueError` naming the argument.
+
     Returns:
         a :class:`GraphView` (shown inline in a notebook; ``.save(path)``).
     """
+    if title is not None:
+        valid_text(title, "title")
     data = view_data(predictor, text, image=image, gold=gold, min_weight=min_weight,
                      top_k=top_k, lower=lower, sample=sample)
     if title is None:

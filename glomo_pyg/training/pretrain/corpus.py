@@ -18,14 +18,15 @@ from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.data.corpora import read_corpus_documents
 from glomo_pyg.data.text import SPECIALS, WordVocabulary, tokenize
 from glomo_pyg.data.tokens import read_shard_index, write_token_shards
+from glomo_pyg.io.paths import open_regular_file
 from glomo_pyg.training.checkpoints import CHECKPOINT_KEY, CheckpointMismatchError
 from glomo_pyg.training.pretrain.config import CorpusConfig
 
 
 def read_json(path: str, advice: str) -> Any:
     """A JSON file of the run folder; a damaged one raises ValueError naming it."""
-    try:
-        with open(path, encoding="utf-8") as fh:
+    try:  # (a FIFO or device in the run folder would block the read)
+        with open_regular_file(path, "r", "run file", encoding="utf-8") as fh:
             return json.load(fh)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path} is damaged (not valid JSON: {err}); {advice}") from None
@@ -141,7 +142,7 @@ def prepare_corpus(corpus: CorpusConfig, folder: str, log=print):
 def _sha256_files(paths: List[str]) -> str:
     digest = hashlib.sha256()
     for path in paths:
-        with open(path, "rb") as fh:
+        with open_regular_file(path, "rb", "token shard") as fh:
             for chunk in iter(lambda: fh.read(1 << 24), b""):
                 digest.update(chunk)
     return digest.hexdigest()

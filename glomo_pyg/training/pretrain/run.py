@@ -16,7 +16,9 @@ import torch
 from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.data.tokens import read_shard_index
 from glomo_pyg.nn.settings import MAX_VOCABULARY
+from glomo_pyg.io.paths import check_input_path, locked_folder, open_regular_file
 from glomo_pyg.training.checkpoints import (CHECKPOINT_KEY, check_checkpoint_matches,
+                                            set_aside_damaged,
                                             find_resume_checkpoint, newest_checkpoint_file,
                                             stale_temporary_files)
 from glomo_pyg.training.interrupts import GracefulInterrupt, TrainingInterrupted
@@ -94,17 +96,21 @@ def _check_resume_settings(config: PretrainConfig, before: Any, source: str, out
                          f"saved ones ({source}); start a new output_dir to change them")
 
 
-def _make_last_the_newest(folder: str, ckpt: str, log) -> None:
-    """After a resume's checks passed: ``last.ckpt`` becomes a copy of ``ckpt``, the
-    newest complete checkpoint, when it is older or missing (a kill while it was
-    rewritten), so the run folder's own pointer to its state is right again, also when
-    there is nothing left to train. Written atomically."""
+def _make_last_the_newest(folder: str, ckpt: str, log, damaged: List[str]) -> None:
+    """After a resume's checks passed: the ``damaged`` checkpoints are set aside as
+    ``NAME.damaged`` (find_resume_checkpoint's warning said so: one message for the
+    decision), and ``last.ckpt`` becomes a copy of ``ckpt``, the newest complete
+    checkpoint, when it is older or missing (a kill while it was rewritten), so the run
+    folder's own pointer to its state is right again, also when there is nothing left to
+    train. Written atomically."""
+    set_aside_damaged(damaged)
     last = os.path.join(folder, "last.ckpt")
     if os.path.abspath(ckpt) == os.path.abspath(last):
         return
-    with open(ckpt, "rb") as src, atomic_write(last, "wb") as dst:
+    with open_regular_file(ckpt, "rb", "checkpoint") as src, atomic_write(last, "wb") as dst:
         shutil.copyfileobj(src, dst, 1 << 24)
-    log(f"{last} is now a copy of {ckpt}, the newest complete checkpoint")
+    if not damaged:  # (with damaged files, the warning said this already)
+        log(f"{last} is now a copy of {ckpt}, the newest complete checkpoint")
 
 
 def _metric(trainer: pl.Trainer, name: str) -> Optional[float]:
@@ -126,7 +132,25 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
     settings its optimiser state and data position depend on) and against the corpus
     (fingerprint).
     SIGTERM or SIGINT while training writes a checkpoint and raises
-    :class:`~glomo_pyg.training.interrupts.TrainingInterrupted`."""
+    :class:`~glomo_pyg.training.interrupts.TrainingInterrupted`.
+
+    The output folder is locked while the run writes into it: a second run into the
+    same folder raises :class:`~glomo_pyg.io.paths.FolderLockedError` at once."""
+    config.validate()
+    if is_launcher_child():  # the launching process holds the lock for all of them
+        return _run_pretraining(config, resume, extra_callbacks, log, prepare_only)
+    out = config.output_dir
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"output_dir {out} is a file, not a folder")
+    if config.corpus.path is not None:
+        check_input_path(config.corpus.path, "corpus.path")
+    with locked_folder(out, "glomo pretrain run"):  # (freed at exit, also on a crash)
+        return _run_pretraining(config, resume, extra_callbacks, log, prepare_only)
+
+
+def _run_pretraining(config: PretrainConfig, resume: bool,
+                     extra_callbacks: Optional[List[pl.Callback]], log,
+                     prepare_only: bool) -> Dict[str, Any]:
     from glomo_pyg.io.pretrained import save_pretrained
 
     config.validate()
@@ -142,13 +166,13 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
     if not resume and existing is not None and not child:
         raise FileExistsError(f"{out} already holds a run ({existing}); pass --resume to "
                               "continue it or choose another output_dir")
-    found = None
+    found, damaged = None, []  # (checkpoints found damaged, set aside once checks pass)
     if resume:
         if not child:
             for tmp in stale_temporary_files(folder):
                 log(f"removing {tmp}: an unfinished checkpoint write of a killed run")
                 os.unlink(tmp)
-        found = find_resume_checkpoint(folder, log)
+        found = find_resume_checkpoint(folder, log, damaged)
         if found is None:
             log(f"--resume: no checkpoint in {folder} yet; starting from scratch")
     ckpt, contents = found if found is not None else (None, None)
@@ -175,7 +199,7 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
         message = (f"train.graph_warmup_steps ({t.graph_warmup_steps}) >= train.max_steps "
                    f"({t.max_steps}): the graph predictor is frozen during the warm-up, so "
                    "the saved graphs will be those of its random initialisation")
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)  # (the caller of run_pretraining)
         log(f"warning: {message}")
     images = c.format in IMAGE_FORMATS
     trees = _read_syntax_treebank(t) if t.syntax_treebank and not images and \
@@ -255,7 +279,7 @@ def run_pretraining(config: PretrainConfig, resume: bool = False,
             contents = found = None  # let go of the memory-mapped file
             if not child:
                 write_json(saved_config, config.to_dict())
-                _make_last_the_newest(folder, ckpt, log)
+                _make_last_the_newest(folder, ckpt, log, damaged)
                 ckpt = os.path.join(folder, "last.ckpt")
         extra_callbacks = list(extra_callbacks or [])
         if trees is not None:
