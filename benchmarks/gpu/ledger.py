@@ -12,6 +12,7 @@ import json
 import os
 from typing import Dict, Iterable, List, Set, Tuple
 
+from benchmarks.gpu import files
 from glomo_pyg.atomic_files import atomic_write
 
 FIELDS = ("slice", "recipe", "key", "run", "commit", "date", "device", "versions",
@@ -51,8 +52,8 @@ def read(path: str) -> List[Dict]:
         for number, text in enumerate(fh, 1):
             if not text.strip():
                 continue
-            try:
-                line = json.loads(text)
+            try:  # (bounded depth, finite numbers: a hostile line is a named error)
+                line = files.loads(text)
             except ValueError as err:
                 raise LedgerError(f"{path}:{number} is not JSON ({err})") from None
             check_line(line, f"{path}:{number}")
@@ -82,12 +83,27 @@ def check_new(path: str, new: List[Dict]) -> List[Dict]:
     return lines
 
 
+def text(lines: List[Dict]) -> str:
+    """The ledger file holding ``lines`` (strict JSON: a non-finite number is refused)."""
+    try:
+        return "".join(json.dumps(line, sort_keys=True, allow_nan=False) + "\n"
+                       for line in lines)
+    except ValueError as err:
+        raise LedgerError(f"a ledger line cannot be written as JSON: {err}") from None
+
+
+def staged(path: str, new: List[Dict]) -> Tuple[List[Dict], str]:
+    """The ledger's lines with ``new`` added (refused as :func:`check_new` says) and the
+    file's new text, written by nobody yet (ingest renames it into place with the rest)."""
+    lines = check_new(path, new) + new
+    return lines, text(lines)
+
+
 def append(path: str, new: List[Dict]) -> None:
     """Add ``new`` lines (refused as :func:`check_new` says, before writing anything).
     The file is rewritten through a temporary file renamed into place: a kill leaves the
     old or the new one."""
-    lines = check_new(path, new)
+    _, body = staged(path, new)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with atomic_write(path) as fh:
-        for line in lines + new:
-            fh.write(json.dumps(line, sort_keys=True) + "\n")
+        fh.write(body)

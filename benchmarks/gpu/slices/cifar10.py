@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.gpu import data
+from benchmarks.gpu.report import md
 from benchmarks.gpu.slices.common import cifar
 
 ARCHIVES = (data.CIFAR,)
@@ -344,7 +345,7 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
 
     t = recipe["train"]
     runs = {l["key"]: l for l in lines}
-    devices = sorted({l["device"] for l in lines})
+    devices = sorted({md(l["device"]) for l in lines})
     out = ["### GPU campaign: Table 3 downstream (CIFAR-10, full configuration)", "",
            f"Generated from the ledger: {len(lines)} runs on {', '.join(devices)}. Predictor: "
            + (f"release `{recipe['predictor'].get('release')}` (SHA-256 "

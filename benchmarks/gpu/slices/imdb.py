@@ -39,6 +39,8 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
+from benchmarks.gpu.report import md
+
 from benchmarks.gpu import data
 
 ARCHIVES = (data.IMDB,)
@@ -278,7 +280,7 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
                for l in lines if l["key"].startswith(f"{v}/")} for v in VARIANTS}
     out = ["### GPU campaign: IMDB with the paper's model (full downstream data)", "",
            f"Generated from the ledger: {len(lines)} runs on "
-           f"{', '.join(sorted({l['device'] for l in lines}))}. Predictor: release "
+           f"{', '.join(sorted({md(l['device']) for l in lines}))}. Predictor: release "
            f"`{recipe['predictor']['release']}` (`max_distance` {recipe['max_distance']}). "
            f"{' / '.join(f'{n:,}' for n in lines[0]['metrics']['reviews'])} train / "
            f"validation / test reviews of at most {recipe['reviews']['length']} tokens; "

@@ -30,8 +30,11 @@ from typing import Dict, List
 import torch
 
 from benchmarks.gpu import data
+from benchmarks.gpu.report import md
+from benchmarks.gpu.runner import finite
 from benchmarks.gpu.slices.common import config
-from benchmarks.gpu.slices.pretraining import (card_command, check_graph_steps, hardware,
+from benchmarks.gpu.slices.pretraining import (card_command, check_graph_steps,
+                                                check_metrics, check_predictor, hardware,
                                                 metrics, pretrain_to_deadline,
                                                 steady_step_lines, stopped_by)
 from benchmarks.gpu.slices.pretraining import salvage as salvage_pretraining
@@ -170,8 +173,8 @@ def report_earlier(lines: List[Dict]) -> List[str]:
     have been replaced since)."""
     out = []
     for l in lines:
-        out += [f"Run {l['run']} (recipe {l['recipe']}) on {l['device']} (commit "
-                f"{l['commit'][:10]}, {l['date']})"
+        out += [f"Run {md(l['run'])} (recipe {md(l['recipe'])}) on {md(l['device'])} (commit "
+                f"{md(l['commit'][:10])}, {md(l['date'])})"
                 + (" (salvaged: its metrics come from the log)" if l["metrics"].get("salvaged")
                    else "") + ":", ""]
         out += quality_lines(l["metrics"]) + [""]
@@ -181,8 +184,9 @@ def report_earlier(lines: List[Dict]) -> List[str]:
 def report(lines: List[Dict], recipe: Dict) -> List[str]:
     out = ["### GPU campaign: pixel-graph pretraining (ImageNet 32x32, full configuration)", ""]
     for l in lines:
-        out += [f"Run {l['run']} on {l['device']} (commit {l['commit'][:10]}, {l['date']}; "
-                f"torch {l['versions'].get('torch')}, CUDA {l['versions'].get('cuda')}); "
+        out += [f"Run {md(l['run'])} on {md(l['device'])} (commit {md(l['commit'][:10])}, "
+                f"{md(l['date'])}; torch {md(l['versions'].get('torch'))}, CUDA "
+                f"{md(l['versions'].get('cuda'))}); "
                 f"released as `pretrained/{RELEASE}`"
                 + (" (salvaged: the key was killed after its predictor was saved, so its "
                    "metrics come from the log)" if l["metrics"].get("salvaged") else "")
@@ -200,11 +204,14 @@ def ingest(lines: List[Dict], folder: str, manifest: Dict, releases_root, log,
     check_graph_steps(metrics, manifest, MIN_GRAPH_STEPS,
                       "size the recipe's train_seconds and graph_warmup_steps from the "
                       "profile's pixel-pretrain-step time")
-    predictor_dir = os.path.join(folder, "predictor")
-    if "check" not in metrics:  # (recorded in the ledger line: ingest appends it after)
-        images = 2 if manifest.get("dry_run") else CPU_CHECK_IMAGES
-        metrics.update(graph_check(predictor_dir, manifest["recipe"], shared_data, images,
-                                   log))
+    predictor_dir = os.path.join(folder, "predictor")  # (ingest's private copy)
+    check_predictor(predictor_dir, "pixels")
+    # always measured here (a returned folder carries no verdict: the manifest's schema
+    # refuses one); recorded in the ledger line, which ingest writes after
+    images = 2 if manifest.get("dry_run") else CPU_CHECK_IMAGES
+    # (a NaN is recorded as null: the ledger is strict JSON)
+    metrics.update(finite(graph_check(predictor_dir, manifest["recipe"], shared_data, images,
+                                      log)))
     root = releases_root or str(default_root())
     recipe = manifest["recipe"]
     card = dict(

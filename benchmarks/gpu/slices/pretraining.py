@@ -131,11 +131,47 @@ def salvage(slice_name: str, failure: Dict, manifest: Dict) -> Dict:
                    stopped_by="time" if steps < recipe["train"]["max_steps"] else "max_steps")
 
 
+def check_metrics(metrics: Dict, where: str) -> None:
+    """A returned pretraining key's metrics: the fields its report and card read, each of
+    its declared type (``ValueError`` naming the field), before anything is written."""
+    from benchmarks.gpu.manifest import pretraining_metrics
+
+    pretraining_metrics(metrics, where)
+
+
+# a predictor's config.json: the class of each direction's predictor, per modality
+PREDICTOR_CLASSES = {"pixels": "PixelGraphPredictor", "text": "GraphPredictor"}
+
+
+def check_predictor(predictor_dir: str, modality: str) -> None:
+    """Refuse a returned predictor that does not read ``modality`` (``'pixels'`` or
+    ``'text'``), from its ``config.json`` alone, before anything loads it: a text
+    predictor returned for a pixel slice would fail deep in the graph check."""
+    from benchmarks.gpu import files
+
+    config = files.read_json(os.path.join(predictor_dir, "config.json"),
+                             "the returned predictor's config")
+    directions = config.get("directions")
+    if not isinstance(directions, dict) or not directions:
+        raise ValueError("the returned predictor's config.json has no 'directions'")
+    for name, d in directions.items():
+        cls = d.get("cls") if isinstance(d, dict) else None
+        if cls != PREDICTOR_CLASSES[modality]:
+            raise ValueError(f"the returned predictor's {name!r} direction is {cls!r}, not "
+                             f"{PREDICTOR_CLASSES[modality]!r}: it does not read {modality} "
+                             "(the wrong modality for this slice)")
+    if modality == "text" and not isinstance(config.get("vocabulary"), list):
+        raise ValueError("the returned text predictor's config.json has no vocabulary")
+
+
 def hardware(manifest: Dict) -> str:
     """The model card's hardware line from a returned run's environment."""
+    from benchmarks.gpu.report import md
+
     m = manifest["environment"]
-    return (f"{m.get('device')}" + (f" ({m['memory_gib']} GiB)" if m.get("memory_gib") else "")
-            + f"; torch {m.get('torch')}, CUDA {m.get('cuda')}")
+    return (f"{md(m.get('device'))}" + (f" ({md(m['memory_gib'])} GiB)" if m.get("memory_gib")
+                                        else "")
+            + f"; torch {md(m.get('torch'))}, CUDA {md(m.get('cuda'))}")
 
 
 def check_graph_steps(metrics: Dict, manifest: Dict, minimum: int, advice: str) -> None:

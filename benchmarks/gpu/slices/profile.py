@@ -30,6 +30,7 @@ import torch
 
 from benchmarks.gpu import data
 from benchmarks.gpu.measure import time_steps
+from benchmarks.gpu.report import code, md
 from benchmarks.gpu.runner import ROOT
 from benchmarks.gpu.slices.common import cifar, config, pixel_units, untrained_pixel_predictor
 
@@ -273,22 +274,23 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
             continue
         m = l["metrics"]
         if key == "cuda-tests":
-            out.append(f"| {key} | {l['device']} | {l['commit'][:10]} | | | | {m.get('passed')} "
+            out.append(f"| {key} | {md(l['device'])} | {md(l['commit'][:10])} | | | | {md(m.get('passed'))} "
                        f"passed, {m.get('failures', 0) + m.get('errors', 0)} failed, "
                        f"{m.get('skipped')} skipped | |")
             continue
         rate = next((f"{m[k]:.0f} {k.replace('_per_s', '')}/s" for k in
                      ("images_per_s", "tokens_per_s") if m.get(k)), "")
         top = m.get("top") or [{}]
-        out.append(f"| {key} | {l['device']} | {l['commit'][:10]} | {m.get('median_ms')} | "
-                   f"{m.get('first_step_s')} | {m.get('peak_mib')} | {rate} | "
-                   f"`{str(top[0].get('name', ''))[:40]}` ({top[0].get('share', 0):.0%}) |")
+        out.append(f"| {key} | {md(l['device'])} | {md(l['commit'][:10])} | "
+                   f"{md(m.get('median_ms'))} | {md(m.get('first_step_s'))} | "
+                   f"{md(m.get('peak_mib'))} | {rate} | "
+                   f"{code(top[0].get('name', ''), 40)} ({top[0].get('share', 0):.0%}) |")
     pixel = by.get("pixel-pretrain-step")
     if pixel:
         ms = pixel["metrics"]["median_ms"]
         out += ["", f"Target: pixel pretraining step <= {TARGET_PIXEL_MS:.0f} ms on an H100: "
                 f"**{'met' if ms <= TARGET_PIXEL_MS else 'not met'}** ({ms} ms on "
-                f"{pixel['device']})."]
+                f"{md(pixel['device'])})."]
     for key in KEYS:
         l = by.get(key)
         if l is None or not l["metrics"].get("top"):
@@ -305,7 +307,7 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
         out += ["", f"Top {'kernels' if kernels else 'operations'} of `{key}` (device time "
                 "per step):", "", "| operation | ms/step | share | calls/step |",
                 "|---|---|---|---|"]
-        out += [f"| `{t['name'][:90]}` | {t['ms_per_step']} | {t['share']:.1%} | "
+        out += [f"| {code(t['name'], 90)} | {md(t['ms_per_step'])} | {t['share']:.1%} | "
                 f"{t['calls_per_step']:g} |" for t in top[:8]]
         if not kernels:
             out += ["", "(Recorded before the profiler's operators and kernels were told "

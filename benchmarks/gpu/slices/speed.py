@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Dict, List
 
+from benchmarks.gpu.report import md, no_html
 from benchmarks.gpu.slices import profile
 
 ARCHIVES = ()
@@ -63,10 +64,10 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
         if l is None:
             out += [f"#### {key}: pending", ""]
             continue
-        out += [f"#### {key}: {l['device']}, commit {l['commit'][:10]}, {l['date']}, torch "
-                f"{l['versions'].get('torch')}", ""]
+        out += [f"#### {key}: {md(l['device'])}, commit {md(l['commit'][:10])}, "
+                f"{md(l['date'])}, torch {md(l['versions'].get('torch'))}", ""]
         out += [line.replace("### ", "##### ", 1) if line.startswith("### ") else line
-                for line in l["metrics"]["lines"]]
+                for line in no_html(f"speed {key}", l["metrics"]["lines"])]
     return out + [""]
 
 

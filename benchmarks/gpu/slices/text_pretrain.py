@@ -35,8 +35,11 @@ from typing import Dict, List
 import numpy as np
 
 from benchmarks.gpu import data
+from benchmarks.gpu.report import md
+from benchmarks.gpu.runner import finite
 from benchmarks.gpu.slices.common import config
-from benchmarks.gpu.slices.pretraining import (card_command, check_graph_steps, hardware,
+from benchmarks.gpu.slices.pretraining import (card_command, check_graph_steps,
+                                                check_metrics, check_predictor, hardware,
                                                 metrics, pretrain_to_deadline,
                                                 steady_step_lines, stopped_by)
 from benchmarks.gpu.slices.pretraining import salvage as salvage_pretraining
@@ -192,9 +195,9 @@ def quality_lines(metrics: Dict) -> List[str]:
 
 
 def _run_line(l: Dict, released: bool) -> str:
-    return (f"Run {l['run']} (recipe {l['recipe']}) on {l['device']} (commit "
-            f"{l['commit'][:10]}, {l['date']}; torch {l['versions'].get('torch')}, CUDA "
-            f"{l['versions'].get('cuda')})"
+    return (f"Run {md(l['run'])} (recipe {md(l['recipe'])}) on {md(l['device'])} (commit "
+            f"{md(l['commit'][:10])}, {md(l['date'])}; torch {md(l['versions'].get('torch'))}, "
+            f"CUDA {md(l['versions'].get('cuda'))})"
             + (f"; released as `pretrained/{RELEASE}`" if released else "")
             + (" (salvaged: the key was killed after its predictor was saved, so its "
                "metrics come from the log)" if l["metrics"].get("salvaged") else "") + ":")
@@ -223,10 +226,12 @@ def ingest(lines: List[Dict], folder: str, manifest: Dict, releases_root, log,
     metrics = line["metrics"]
     check_graph_steps(metrics, manifest, MIN_GRAPH_STEPS,
                       "size the recipe's graph_warmup_steps from its seconds per step")
-    predictor_dir = os.path.join(folder, "predictor")
+    predictor_dir = os.path.join(folder, "predictor")  # (ingest's private copy)
+    check_predictor(predictor_dir, "text")
     recipe = manifest["recipe"]
-    if "syntax" not in metrics:  # (recorded in the ledger line: ingest appends it after)
-        metrics.update(syntax_check(predictor_dir, recipe, shared_data, log))
+    # always measured here (a returned folder carries no verdict: the manifest's schema
+    # refuses one); recorded in the ledger line, which ingest writes after
+    metrics.update(finite(syntax_check(predictor_dir, recipe, shared_data, log)))
     m, c, t = recipe["model"], recipe["corpus"], recipe["train"]
     words = len(PretrainedGraphPredictor.from_pretrained(predictor_dir).vocabulary)
     card = dict(
