@@ -274,3 +274,13 @@ def test_glomo_pretrain_refuses_a_locked_output_folder(tmp_path):
     with locked_folder(tmp_path / "out"):
         with pytest.raises(FolderLockedError, match="another glomo pretrain run is writing"):
             run_pretraining(config, log=lambda *a, **k: None)
+
+
+def test_a_fifo_corpus_is_refused_by_the_reader_itself(tmp_path):
+    from glomo_pyg.data.text import read_text_documents
+    from glomo_pyg.io.paths import NotRegularFileError
+
+    fifo = tmp_path / "corpus.txt"
+    os.mkfifo(fifo)
+    with pytest.raises(NotRegularFileError, match="corpus.txt is a FIFO, not a regular file"):
+        next(read_text_documents(str(fifo)))

@@ -32,6 +32,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Un
 import torch
 
 from glomo_pyg.atomic_files import atomic_write
+from glomo_pyg.io.paths import check_input_path
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
 SPECIALS = (PAD, UNK, BOS, EOS)
@@ -230,6 +231,7 @@ def read_text_documents(path: str, one_per_line: bool = False,
     or line) over ``max_bytes`` bytes raises, so no input is read into memory unbounded."""
     if errors not in ("strict", "replace"):
         raise ValueError(f"errors must be 'strict' or 'replace', got {errors!r}")
+    check_input_path(path, "corpus")  # a FIFO or device: a named error, never a hang
     if os.path.isfile(path):
         files = [path]
     elif os.path.isdir(path):
