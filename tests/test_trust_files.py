@@ -24,16 +24,10 @@ from glomo_pyg.io.pretrained import UnsealedPredictorWarning, reseal_pretrained
 from glomo_pyg.training.checkpoints import CheckpointError, read_checkpoint
 from glomo_pyg.training.pretrain.corpus import read_json
 
-VOCAB = [f"w{i}" for i in range(12)]
+from tests.test_pretrained_seal import VOCAB, text_predictor  # noqa: E402
 FIFO = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 
 
-def text_predictor(path):
-    torch.manual_seed(0)
-    parts = [GraphPredictor(num_tokens=12, hidden_channels=8, num_layers=2, heads=2,
-                            cnn_layers=1, direction=d) for d in ("forward", "backward")]
-    save_pretrained(PretrainedGraphPredictor(*parts, VOCAB, trained_length=16), path)
-    return path
 
 
 def lowered(path, version):

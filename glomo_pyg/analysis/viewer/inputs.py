@@ -5,10 +5,11 @@ names the argument it is about."""
 from __future__ import annotations
 
 import os
-import stat
 from typing import BinaryIO, Union
 
 import numpy as np
+
+from glomo_pyg.io.paths import NotRegularFileError, open_regular
 
 PathLike = Union[str, os.PathLike]
 
@@ -38,21 +39,16 @@ def _no_nul(path: str, name: str) -> str:
 
 
 def open_input_file(path: PathLike, name: str) -> BinaryIO:
-    """``path`` opened for binary reading if it is a regular file; a FIFO, device, socket
-    or folder is refused at once. ``O_NONBLOCK`` keeps a FIFO from hanging the open (it
-    would wait for a writer), and ``fstat`` on what was opened closes the race with a
-    swap after the first ``stat``."""
+    """``path`` opened for binary reading if it is a regular file
+    (:func:`glomo_pyg.io.paths.open_regular`: non-blocking, checked on the descriptor);
+    a FIFO, device, socket or folder is refused at once, naming the argument."""
     path = _no_nul(os.fspath(path), name)
-    _regular(os.stat(path).st_mode, path, name)  # (a missing file: the OS's own words)
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
-        _regular(os.fstat(fd).st_mode, path, name)
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)  # a regular file: ordinary reads from here on
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+        return os.fdopen(open_regular(path, name), "rb")
+    except NotRegularFileError:
+        kind = "a directory, not a file" if os.path.isdir(path) else \
+            "not a regular file (a FIFO, device or socket)"
+        raise ValueError(f"{name} {path} is {kind}") from None
 
 
 def check_input_file(path: PathLike, name: str) -> str:
@@ -61,13 +57,6 @@ def check_input_file(path: PathLike, name: str) -> str:
     path = os.fspath(path)
     open_input_file(path, name).close()
     return path
-
-
-def _regular(mode: int, path: str, name: str) -> None:
-    if stat.S_ISDIR(mode):
-        raise ValueError(f"{name} {path} is a directory, not a file")
-    if not stat.S_ISREG(mode):
-        raise ValueError(f"{name} {path} is not a regular file (a FIFO, device or socket)")
 
 
 def check_output_path(path: PathLike, name: str) -> str:
