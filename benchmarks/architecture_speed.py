@@ -60,8 +60,7 @@ out["pretraining step (B=16, T=64, width 128, 2 x 3 x 8 graphs)"] = median_ms(st
 # edge), the heaviest case for the mixer (the trained one above prunes almost all edges)
 torch.manual_seed(0)
 fresh = build(num_tokens=1000, hidden_channels=128, num_layers=3, heads=8, cnn_layers=2).eval()
-predictor = fresh.to_pretrained() if hasattr(fresh, "to_pretrained") else \
-    __import__("glomo_pyg").PretrainedGraphPredictor.from_glomo(fresh)
+predictor = fresh.to_pretrained()
 b, t = 16, 128
 x = torch.randint(0, 1000, (b * t,))
 batch = torch.arange(b).repeat_interleave(t)

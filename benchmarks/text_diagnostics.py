@@ -60,6 +60,21 @@ def fixed_graphs(x: torch.Tensor, batch: torch.Tensor, kind: str, layers: int, h
                              direction=direction, ptr=seq.ptr)
 
 
+def _model(args) -> tuple:
+    """The model, the parameters trained, the learning rate and the batch size of a mode."""
+    if args.mode == "recipe":
+        settings = json.loads(args.what)
+        lr, batch_size = settings.pop("lr", 3e-3), settings.pop("bs", 32)
+        model = Glomo.text(10000, **dict(BASE, **settings))
+        return model, list(model.parameters()), lr, batch_size
+    if args.what not in ("uniform", "local", "previous"):
+        raise SystemExit("fixed mode: uniform, local or previous")
+    model = Glomo.text(10000, **dict(BASE, position=None), bidirectional=False)
+    unique = {id(p): p for p in [*model.feature_predictors.parameters(),
+                                 *model.decoders.parameters()]}  # the tied embedding once
+    return model, list(unique.values()), args.lr, 32
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", choices=("recipe", "fixed"))
@@ -79,19 +94,7 @@ def main(argv=None) -> int:
     held_out = batch_of(torch.randint(0, len(windows), (128,),
                                       generator=torch.Generator().manual_seed(99)).tolist())
     torch.manual_seed(0)
-    if args.mode == "recipe":
-        settings = json.loads(args.what)
-        lr, batch_size = settings.pop("lr", 3e-3), settings.pop("bs", 32)
-        model = Glomo.text(10000, **dict(BASE, **settings))
-        params = list(model.parameters())
-    else:
-        if args.what not in ("uniform", "local", "previous"):
-            raise SystemExit("fixed mode: uniform, local or previous")
-        lr, batch_size = args.lr, 32
-        model = Glomo.text(10000, **dict(BASE, position=None), bidirectional=False)
-        unique = {id(p): p for p in [*model.feature_predictors.parameters(),
-                                     *model.decoders.parameters()]}  # the tied embedding once
-        params = list(unique.values())
+    model, params, lr, batch_size = _model(args)
     optimizer = torch.optim.Adam(params, lr)
 
     def loss_with(x, batch, kind, direction):

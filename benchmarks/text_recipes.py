@@ -6,7 +6,7 @@ Every recipe is ``glomo pretrain`` on IMDB reviews (the unlabelled and training 
 an even spread of 20,000 documents, vocabulary 10,000, sequences of 64 tokens) with the
 CPU base configuration below and a few settings changed. While it trains, the graphs are
 scored every ``--syntax-every`` steps against gold trees of a sample of UD English-EWT
-*train* (``SyntaxMonitor``), and their per-head health is logged (``GraphStatistics``).
+*train* (``SyntaxMonitor``), and their per-head health is logged (``GraphStatisticsCallback``).
 Each recipe writes ``<output>/<recipe>/curves.json`` (loss, syntax and health learning
 curves); ``--report`` prints one line per recipe from those files. EWT dev is not used
 here: the recipe chosen from these curves is evaluated on dev by ``glomo syntax``.

@@ -2,12 +2,9 @@
 
 PyTorch's CPU tensors come straight from ``malloc``. glibc serves blocks above its mmap
 threshold (at most 32 MiB) with a fresh ``mmap`` and unmaps them on ``free``, so every
-step of a text model re-faults its largest tensors page by page: the decoder's logits
-alone (positions x context x vocabulary floats) are tens of MiB. In 3,000 steps of
-``configs/imdb-cpu.yaml`` on 2 cores that was 245 million minor page faults and 21% of
-the CPU time spent in the kernel. With freed memory kept for reuse, a step of that
-model (``layout: auto``) took 0.51 s instead of 0.73 s (``python -m benchmarks.cpu_recipe_step``;
-``docs/training.md``, "Time on 2 cores").
+step of a text model re-faults its largest tensors page by page (the decoder's logits
+alone are tens of MiB). The gain is measured by ``python -m benchmarks.cpu_recipe_step``
+(``docs/training.md``, "Time on 2 cores").
 """
 from __future__ import annotations
 
@@ -34,19 +31,15 @@ def _glibc() -> bool:
 def keep_freed_memory() -> bool:
     """Make glibc's ``malloc`` keep freed memory for reuse in this process: large blocks
     come from the heap instead of a fresh ``mmap`` each, and the heap is trimmed only
-    above 2 GiB of free memory at its top, so later allocations of the same sizes reuse
-    pages already mapped. Results do not change, only where the bytes come from.
-
-    The cost is memory: the resident size stays near its peak until the process ends,
-    and processes forked from it (e.g. DataLoader workers) inherit the setting. Threads
-    other than the main one still map blocks above 64 MiB afresh (glibc's arenas). Only
-    glibc's own ``malloc`` is affected: under a preloaded allocator (jemalloc, tcmalloc)
-    this does nothing useful.
+    above 2 GiB free at its top. Results do not change, only where the bytes come from;
+    the cost is a resident size that stays near its peak (inherited by forked processes
+    such as DataLoader workers). Threads other than the main one still map blocks above
+    64 MiB afresh, and a preloaded allocator (jemalloc, tcmalloc) is not affected.
 
     Applied by the ``glomo`` executable and the reproduction scripts, not by importing
-    the library. ``GLOMO_MALLOC=system`` in the environment leaves malloc as it is.
-    Returns whether the setting was applied (``False`` off Linux/glibc, where nothing is
-    done); a ``GLOMO_MALLOC`` other than ``keep`` or ``system`` raises ``ValueError``.
+    the library; ``GLOMO_MALLOC=system`` leaves malloc as it is, another value than
+    ``keep`` or ``system`` raises ``ValueError``. Returns whether the setting was applied
+    (``False`` off Linux/glibc).
     """
     choice = os.environ.get(ENV, "keep")
     if choice not in CHOICES:

@@ -1,19 +1,29 @@
-"""Writing a file so that a reader (or a restart after a crash) sees either the old
-file or the complete new one, never a part.
+"""Writing a file or a whole folder so that a reader (or a restart after a crash) sees
+either the old one or the complete new one, never a part.
 
-:func:`atomic_write` writes into a fresh temporary file beside the target (created with
-``O_EXCL``, so it never follows a planted link), flushes and ``fsync``\\ s it, renames it
-over the target (:func:`os.replace`: atomic on POSIX, and it replaces a link at the
-target instead of following it), then ``fsync``\\ s the folder so the rename itself
-survives a power loss. A write that fails or is interrupted removes its temporary file
-and leaves the target as it was. Temporary files are named ``.<name>.<random>.tmp``.
+:func:`atomic_write` writes into a fresh temporary file beside the target (``O_EXCL``:
+it never follows a planted link), ``fsync``\\ s it, renames it over the target
+(:func:`os.replace`) and ``fsync``\\ s the folder; a failed write removes its temporary
+file (``.<name>.<random>.tmp``) and leaves the target as it was.
+
+:func:`replace_folder` stages a complete folder beside the target and renames it into
+place while holding an ``flock`` on the parent folder, which the OS drops when the
+process dies: staged folders found by the next holder of that lock are stale.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import os
+import re
+import secrets
+import shutil
+import stat
 import tempfile
-from typing import IO, Iterator, Optional
+import warnings
+from pathlib import Path
+from typing import IO, Any, Iterator, List, Mapping, Optional, Tuple
 
 
 def umask() -> int:
@@ -72,3 +82,152 @@ def atomic_write(path, mode: str = "w", encoding: Optional[str] = "utf-8",
         raise
     if fsync:
         fsync_folder(folder)
+
+
+def write_json(path, data: Any, sort_keys: bool = False, allow_nan: bool = True) -> None:
+    """``data`` as JSON (``indent=1``) written to ``path`` through :func:`atomic_write`."""
+    with atomic_write(path) as fh:
+        json.dump(data, fh, indent=1, sort_keys=sort_keys, allow_nan=allow_nan)
+
+
+# --- whole folders ------------------------------------------------------------------------
+_STAGED = re.compile(r"^(new|old)-[0-9]+-[0-9a-f]{8}$")
+# errors that say a folder cannot be replaced as a whole (a mount point, a parent we may
+# not write): its files are then replaced inside it
+_CANNOT_SWAP = (errno.EACCES, errno.EPERM, errno.EBUSY, errno.EXDEV, errno.EROFS)
+
+
+def _staged_path(target: Path, kind: str) -> Path:
+    return target.parent / f".{target.name}.glomo-{kind}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def staged_folders(target: Path) -> List[Tuple[str, Path]]:
+    """``(kind, path)`` of the siblings that :func:`replace_folder` made for ``target``:
+    ``new`` folders being written and ``old`` backups of the two-rename swap."""
+    prefix = f".{target.name}.glomo-"
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return []
+    return [(n[len(prefix):].split("-")[0], target.parent / n) for n in names
+            if n.startswith(prefix) and _STAGED.match(n[len(prefix):])]
+
+
+def interrupted_backup(target: Path) -> Optional[Path]:
+    """The newest backup of ``target`` that a swap cut short between its two renames left."""
+    backups = [p for kind, p in staged_folders(target) if kind == "old"]
+    return max(backups, key=lambda p: p.stat().st_mtime) if backups else None
+
+
+@contextlib.contextmanager
+def _writers_lock(folder: Path, wait: bool) -> Iterator[bool]:
+    """An exclusive ``flock`` on ``folder`` itself, held by whoever replaces a folder in
+    it; yields whether it is held (``False``: another writer runs, or the folder cannot
+    be locked, so its staged folders are left alone)."""
+    import fcntl  # (POSIX)
+
+    with contextlib.ExitStack() as stack:
+        held = False
+        with contextlib.suppress(OSError):
+            fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
+            stack.callback(os.close, fd)  # (closing releases the lock)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            held = True
+        yield held
+
+
+def remove_stale(target: Path) -> None:
+    """Remove the staged folders that killed writers of ``target`` left, unless a writer
+    runs now. A backup is kept while ``target`` is missing: it is the previous folder,
+    which the next :func:`replace_folder` puts back. Best effort (a read-only install
+    keeps them)."""
+    with _writers_lock(target.parent, wait=False) as held:
+        present = os.path.lexists(target)
+        for kind, path in staged_folders(target) if held else []:
+            if kind == "new" or present:
+                shutil.rmtree(path, ignore_errors=True)  # (refuses a symlink: kept)
+
+
+def _recover(target: Path) -> None:
+    """Put back the backup of a swap killed between its renames, then remove the rest."""
+    staged, backup = staged_folders(target), interrupted_backup(target)
+    if backup is not None and not os.path.lexists(target):
+        os.rename(backup, target)
+        fsync_folder(target.parent)
+    for _, path in staged:  # (the backup, once put back, is no longer there)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _stage(target: Path, files: Mapping[str, bytes]) -> Path:
+    new = _staged_path(target, "new")
+    os.mkdir(new)
+    try:
+        for name, data in files.items():
+            with atomic_write(new / name, "wb") as fh:
+                fh.write(data)
+        if target.is_dir():  # keep the permissions of the folder it replaces
+            os.chmod(new, stat.S_IMODE(os.stat(target).st_mode))
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    return new
+
+
+def _swap_in(new: Path, target: Path) -> None:
+    """Rename ``new`` to ``target``; an existing ``target`` is first renamed to a backup
+    (a kill between the two renames leaves it, which :func:`_recover` puts back)."""
+    if os.path.lexists(target):
+        backup = _staged_path(target, "old")
+        os.rename(target, backup)
+        try:
+            os.rename(new, target)
+        except BaseException:
+            os.rename(backup, target)
+            raise
+        shutil.rmtree(backup, ignore_errors=True)
+    else:
+        os.rename(new, target)
+    fsync_folder(target.parent)
+
+
+def _write_in_place(target: Path, files: Mapping[str, bytes], reason: OSError) -> None:
+    """Each file replaced by :func:`atomic_write`, in ``files``' order."""
+    warnings.warn(f"cannot replace {target} as a whole ({reason}); writing its files in "
+                  "place instead", RuntimeWarning, stacklevel=4)
+    stale = re.compile(r"^\.(" + "|".join(map(re.escape, files)) + r")\..+\.tmp$")
+    for name in filter(stale.match, os.listdir(target)):
+        with contextlib.suppress(OSError):
+            os.unlink(target / name)
+    for name, data in files.items():
+        with atomic_write(target / name, "wb") as fh:
+            fh.write(data)
+
+
+def replace_folder(target: Path, files: Mapping[str, bytes]) -> None:
+    """Make ``target`` a folder holding exactly ``files`` (name: bytes; the last one
+    written last). The files are written and synced into a staged sibling that then takes
+    ``target``'s place: a kill at any point leaves the complete previous folder, the
+    complete new one or (between the two renames) no ``target`` and the previous one in
+    a backup that the next call puts back (:func:`interrupted_backup` names it). Staged
+    folders of killed writers are removed. Where ``target`` cannot be renamed (a mount
+    point, a parent we may not write) its files are replaced in place, with a warning."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    cwd = None
+    with contextlib.suppress(OSError):
+        cwd = os.getcwd()
+    with _writers_lock(target.parent, wait=True) as held:
+        if held:
+            _recover(target)
+        new = None
+        try:
+            new = _stage(target, files)
+            _swap_in(new, target)
+        except OSError as err:
+            if err.errno not in _CANNOT_SWAP or not target.is_dir():
+                raise
+            _write_in_place(target, files, err)
+        finally:
+            if new is not None:
+                shutil.rmtree(new, ignore_errors=True)
+    if cwd == str(target):
+        os.chdir(target)  # our working folder was the replaced one

@@ -1,4 +1,7 @@
-"""The ``glomo`` command line."""
+"""The ``glomo`` command line: one parser and one handler per subcommand. Options are
+checked at the door (:func:`_check_options`, the settings' own rules); a
+:class:`ValueError`, :class:`OSError` or missing extra becomes one line naming the
+command (``GLOMO_TRACEBACK=1`` shows the traceback)."""
 from __future__ import annotations
 
 import argparse
@@ -11,38 +14,78 @@ from glomo_pyg.allocator import keep_freed_memory
 from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.extras import MissingExtraError, require
 
+PREDICTOR_HELP = "folder written by save_pretrained, or a released name (glomo pretrained)"
 
-def _set_threads(command: str, threads: int) -> None:
-    """``--threads N``: torch's CPU thread count (0 keeps torch's default)."""
+
+def _check_options(args: argparse.Namespace, **limits) -> None:
+    """Each named option (unset: skipped) within its ``(low, high[, why])`` bounds
+    (``None``: unbounded), or :class:`ValueError` naming it."""
+    for name, (low, high, *why) in limits.items():
+        value = getattr(args, name)
+        if value is not None and ((low is not None and value < low) or
+                                  (high is not None and value > high)):
+            bounds = " and ".join(f"{op} {bound}" for op, bound in ((">=", low), ("<=", high))
+                                  if bound is not None)
+            raise ValueError(f"--{name.replace('_', '-')} must be {bounds}, got {value}"
+                             + "".join(f" ({reason})" for reason in why))
+
+
+def _set_threads(threads: Optional[int]) -> None:
+    """``--threads N``: torch's CPU thread count (unset or 0 keeps torch's default)."""
     import torch
 
-    from glomo_pyg.threads import MAX_THREADS
+    from glomo_pyg.settings import THREADS
 
-    if not 0 <= threads <= MAX_THREADS:
-        raise SystemExit(f"glomo {command}: --threads must be in [0, {MAX_THREADS}] "
-                         f"(0: torch's default), got {threads}")
-    if threads:
+    if THREADS.check("--threads", threads or 0):
         torch.set_num_threads(threads)
 
 
-def _check_output_file(command: str, option: str, path: str) -> None:
+def _threads_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, help="torch CPU threads (0: torch's default)")
+
+
+def _check_output_file(option: str, path: str) -> None:
     """Refuse, before any work, an output path that cannot be written as a file."""
     from glomo_pyg.io.paths import check_output_file
 
     try:
         check_output_file(path)
     except ValueError as err:
-        raise SystemExit(f"glomo {command}: {option} {err}")
+        raise ValueError(f"{option} {err}") from None
+
+
+# --- glomo quickstart ---------------------------------------------------------------------
+def _add_quickstart(sub) -> None:
+    # no defaults here: the unset options keep QuickstartConfig's, declared there
+    q = sub.add_parser("quickstart", help="pretrain on built-in synthetic data and score the "
+                                          "graphs")
+    q.add_argument("--steps", type=int)
+    q.add_argument("--batch-size", type=int)
+    q.add_argument("--seed", type=int)
+    q.add_argument("--lr", type=float)
+    q.add_argument("--graph-lr-scale", type=float,
+                   help="learning-rate factor of the graph predictor (see docs/training.md)")
+    q.add_argument("--graph-warmup-steps", type=int,
+                   help="steps during which the graph predictor is frozen")
+    q.add_argument("--accelerator", help="Lightning accelerator: cpu, gpu, auto")
+    # the command writes by default, the library (QuickstartConfig.output_dir) does not
+    q.add_argument("--output-dir", default="runs/quickstart",
+                   help="write CSV logs, quickstart.json and the pretrained predictor "
+                        "(predictor/) here; '' writes nothing (default: runs/quickstart)")
+    _threads_option(q)
+    q.add_argument("--no-progress", action="store_true", help="no progress bar")
+    q.set_defaults(func=_quickstart)
 
 
 def _quickstart(args: argparse.Namespace) -> int:
-    from glomo_pyg.training.quickstart import QuickstartConfig, run_quickstart
+    from glomo_pyg.training.quickstart import QuickstartConfig, predictor_dir, run_quickstart
 
-    _set_threads("quickstart", args.threads)
-    config = QuickstartConfig(steps=args.steps, batch_size=args.batch_size, seed=args.seed,
-                              lr=args.lr, graph_lr_scale=args.graph_lr_scale,
-                              graph_warmup_steps=args.graph_warmup_steps,
-                              accelerator=args.accelerator, output_dir=args.output_dir or None,
+    _set_threads(args.threads)
+    given = {name: getattr(args, name) for name in ("steps", "batch_size", "seed", "lr",
+                                                    "graph_lr_scale", "graph_warmup_steps",
+                                                    "accelerator")}
+    config = QuickstartConfig(**{k: v for k, v in given.items() if v is not None},
+                              output_dir=args.output_dir or None,
                               progress_bar=not args.no_progress)
     print(f"glomo quickstart: pretraining GLoMo for {config.steps} steps on a synthetic corpus "
           f"with planted long-range dependencies (seed {config.seed})", flush=True)
@@ -53,12 +96,12 @@ def _quickstart(args: argparse.Namespace) -> int:
     print(f"\nchosen graph vs best baseline: {result.chosen_precision:.3f} vs {baseline:.3f} "
           f"({ratio:.1f}x)")
     if config.output_dir:
-        from glomo_pyg.training.quickstart import predictor_dir
         print(f"\npretrained graph predictor saved to {predictor_dir(config.output_dir)}; load it "
               "with PretrainedGraphPredictor.from_pretrained (see examples/transfer.py)")
     return 0
 
 
+# --- glomo pretrain -----------------------------------------------------------------------
 def _load_yaml(stream):
     """``yaml.safe_load`` that also refuses aliases (``*name``: a few hundred bytes of
     nested aliases expand to gigabytes) and duplicate keys (the later one would silently
@@ -87,46 +130,63 @@ def _load_yaml(stream):
     return yaml.load(stream, Loader=StrictLoader)
 
 
-def _parse_value(text: str):
-    return _load_yaml(text)
+def _add_pretrain(sub) -> None:
+    p = sub.add_parser("pretrain", help="pretrain GLoMo on a text corpus (Lightning)",
+                       description="Pretrain GLoMo on a text corpus. Settings come from a YAML "
+                                   "file (sections corpus, model, train; see --print-config) "
+                                   "and --set overrides.")
+    p.add_argument("--config", help="YAML configuration file")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a setting, e.g. --set train.max_steps=500 (repeatable)")
+    p.add_argument("--output-dir", help="run folder (corpus cache, checkpoints, logs, predictor)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest usable checkpoint in "
+                        "<output-dir>/checkpoints (last.ckpt, or a newer periodic one)")
+    p.add_argument("--print-config", action="store_true", help="print the resolved settings")
+    p.add_argument("--prepare-only", action="store_true",
+                   help="tokenise the corpus and build the vocabulary, then stop (run once "
+                        "before a multi-node job whose nodes share the output folder)")
+    p.set_defaults(func=_pretrain)
 
 
-def _pretrain(args: argparse.Namespace) -> int:
-    yaml = require("yaml", "Reading YAML configurations")
-
-    from glomo_pyg.training.interrupts import TrainingInterrupted
-    from glomo_pyg.training.pretrain.config import PretrainConfig, set_by_path
-    from glomo_pyg.training.pretrain.trainer import is_launcher_child
-    from glomo_pyg.training.pretrain.run import run_pretraining
+def _pretrain_settings(args: argparse.Namespace, yaml) -> dict:
+    """The YAML file's settings with the ``--set`` overrides applied."""
+    from glomo_pyg.settings import set_by_path
 
     data = {}
     if args.config:
         try:
             with open(args.config, encoding="utf-8") as fh:
                 data = _load_yaml(fh) or {}
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-            raise SystemExit(f"glomo pretrain: cannot read {args.config}: {err}")
-        except RecursionError:
-            raise SystemExit(f"glomo pretrain: cannot read {args.config}: nested too deeply")
-        if not isinstance(data, dict):
-            raise SystemExit(f"glomo pretrain: {args.config} must hold a mapping")
+            problem = None if isinstance(data, dict) else "it must hold a mapping"
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as err:
+            problem = "nested too deeply" if isinstance(err, RecursionError) else err
+        if problem is not None:
+            raise ValueError(f"cannot read {args.config}: {problem}")
     for item in args.set or []:
         key, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"glomo pretrain: --set expects key=value, got {item!r}")
+            raise ValueError(f"--set expects key=value, got {item!r}")
         try:
-            set_by_path(data, key.strip(), _parse_value(value))
-        except (ValueError, yaml.YAMLError) as err:
-            raise SystemExit(f"glomo pretrain: --set {item}: {err}")
-        except RecursionError:
-            raise SystemExit(f"glomo pretrain: --set {key.strip()}: the value is nested "
-                             "too deeply")
+            set_by_path(data, key.strip(), _load_yaml(value))
+        except (ValueError, yaml.YAMLError, RecursionError) as err:
+            problem = f"{key.strip()}: the value is nested too deeply" \
+                if isinstance(err, RecursionError) else f"{item}: {err}"
+            raise ValueError(f"--set {problem}") from None
     if args.output_dir:
         data["output_dir"] = args.output_dir
-    try:
-        config = PretrainConfig.from_dict(data)
-    except (TypeError, ValueError) as err:
-        raise SystemExit(f"glomo pretrain: {err}")
+    return data
+
+
+def _pretrain(args: argparse.Namespace) -> int:
+    yaml = require("yaml", "Reading YAML configurations")
+
+    from glomo_pyg.training.interrupts import TrainingInterrupted
+    from glomo_pyg.training.pretrain.config import PretrainConfig
+    from glomo_pyg.training.pretrain.run import run_pretraining
+    from glomo_pyg.training.pretrain.trainer import is_launcher_child
+
+    config = PretrainConfig.from_dict(_pretrain_settings(args, yaml))
     if args.print_config:
         print(yaml.safe_dump(config.to_dict(), sort_keys=False))
         return 0
@@ -144,7 +204,21 @@ def _pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
-WORD_VECTOR_COUNTS = ("dim", "window", "min_count", "epochs", "workers")
+# --- glomo word-vectors -------------------------------------------------------------------
+def _add_word_vectors(sub) -> None:
+    w = sub.add_parser("word-vectors", help="train word2vec vectors (GloVe text format)")
+    w.add_argument("--corpus", required=True, help="text file or folder, or the aclImdb folder")
+    w.add_argument("--format", default="text", choices=("text", "aclimdb"))
+    w.add_argument("--one-per-line", action="store_true")
+    w.add_argument("--output", required=True)
+    w.add_argument("--dim", type=int, default=300)
+    w.add_argument("--window", type=int, default=5)
+    w.add_argument("--min-count", type=int, default=5)
+    w.add_argument("--epochs", type=int, default=5)
+    w.add_argument("--workers", type=int, default=2)
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--max-documents", type=int, default=None)
+    w.set_defaults(func=_word_vectors)
 
 
 def _word_vectors(args: argparse.Namespace) -> int:
@@ -157,94 +231,98 @@ def _word_vectors(args: argparse.Namespace) -> int:
     from glomo_pyg.training.pretrain.config import CorpusConfig
     from glomo_pyg.training.pretrain.corpus import iter_documents
 
-    highest = dict(dim=MAX_TRAIN_DIM, window=MAX_WINDOW, epochs=MAX_EPOCHS,
-                   workers=MAX_WORKERS)
-    for name in WORD_VECTOR_COUNTS:  # checked before anything is read or written
-        value, high = getattr(args, name), highest.get(name)
-        if value < 1 or (high is not None and value > high):
-            raise SystemExit(f"glomo word-vectors: --{name.replace('_', '-')} must be >= 1"
-                             + (f" and <= {high}" if high is not None else "")
-                             + f", got {value}")
-    if not 0 <= args.seed <= MAX_SEED:
-        raise SystemExit(f"glomo word-vectors: --seed must lie in [0, {MAX_SEED}], got "
-                         f"{args.seed}")
-    _check_output_file("word-vectors", "--output", args.output)
+    # checked before anything is read or written
+    _check_options(args, dim=(1, MAX_TRAIN_DIM), window=(1, MAX_WINDOW), min_count=(1, None),
+                   epochs=(1, MAX_EPOCHS), workers=(1, MAX_WORKERS), seed=(0, MAX_SEED),
+                   max_documents=(1, None))
+    _check_output_file("--output", args.output)
     corpus_path = os.path.realpath(args.corpus)
     output_path = os.path.realpath(args.output)
     if output_path == corpus_path or output_path.startswith(corpus_path.rstrip(os.sep) + os.sep):
         # (the vectors would replace the corpus, or be read as a document by the next run)
-        raise SystemExit(f"glomo word-vectors: --output {args.output} is the corpus or lies "
-                         f"inside the corpus folder {args.corpus}; write it elsewhere")
-    if args.max_documents is not None and args.max_documents < 1:
-        raise SystemExit(f"glomo word-vectors: --max-documents must be >= 1, got "
-                         f"{args.max_documents}")
+        raise ValueError(f"--output {args.output} is the corpus or lies inside the corpus "
+                         f"folder {args.corpus}; write it elsewhere")
     corpus = CorpusConfig(path=args.corpus, format=args.format, one_per_line=args.one_per_line,
                           max_documents=args.max_documents)
-    try:
-        docs = [tokens for tokens in (tokenize(d) for d in iter_documents(corpus)) if tokens]
-        if not docs:
-            raise SystemExit(f"glomo word-vectors: {args.corpus}: no documents with words")
-        counts = Counter(w for doc in docs for w in doc)
-        if max(counts.values()) < args.min_count:
-            raise SystemExit(f"glomo word-vectors: no word of {args.corpus} occurs "
-                             f"--min-count {args.min_count} times (the most frequent: "
-                             f"{max(counts.values())}); lower --min-count")
-        print(f"glomo word-vectors: {len(docs)} documents, {sum(map(len, docs))} tokens; "
-              f"word2vec dim {args.dim}, {args.epochs} epochs", flush=True)
-        words, vectors = train_word_vectors(docs, dim=args.dim, window=args.window,
-                                            min_count=args.min_count, epochs=args.epochs,
-                                            workers=args.workers, seed=args.seed)
-        write_word_vectors(args.output, words, vectors)
-    except (ValueError, OSError) as err:
-        raise SystemExit(f"glomo word-vectors: {err}")
+    docs = [tokens for tokens in (tokenize(d) for d in iter_documents(corpus)) if tokens]
+    most = max(Counter(w for doc in docs for w in doc).values(), default=0)
+    if most < args.min_count:
+        raise ValueError(f"no word of {args.corpus} occurs --min-count {args.min_count} times "
+                         f"(the most frequent: {most}); lower --min-count" if docs else
+                         f"{args.corpus}: no documents with words")
+    print(f"glomo word-vectors: {len(docs)} documents, {sum(map(len, docs))} tokens; "
+          f"word2vec dim {args.dim}, {args.epochs} epochs", flush=True)
+    words, vectors = train_word_vectors(docs, dim=args.dim, window=args.window,
+                                        min_count=args.min_count, epochs=args.epochs,
+                                        workers=args.workers, seed=args.seed)
+    write_word_vectors(args.output, words, vectors)
     print(f"{len(words)} vectors written to {args.output} (GloVe text format)")
     return 0
+
+
+# --- glomo syntax -------------------------------------------------------------------------
+def _add_syntax(sub) -> None:
+    y = sub.add_parser("syntax", help="score a predictor's graphs against gold dependency trees",
+                       description="Score every graph of a saved predictor against gold "
+                                   "dependency trees (CoNLL-U or CoNLL-X), beside the adjacent-"
+                                   "word, uniform and untrained baselines (docs/syntax.md).")
+    y.add_argument("--predictor", required=True, help=PREDICTOR_HELP)
+    y.add_argument("--treebank", required=True, help="gold trees to report on (e.g. EWT dev)")
+    y.add_argument("--select-treebank",
+                   help="gold trees on which the single graph is chosen (e.g. EWT train)")
+    y.add_argument("--format", choices=("conllu", "conllx"),
+                   help="default: from the extension (.conll/.conllx: CoNLL-X)")
+    y.add_argument("--max-sentences", type=int, help="only the first N trees of --treebank")
+    y.add_argument("--select-sentences", type=int, default=2000,
+                   help="only the first N trees of --select-treebank (default 2000)")
+    y.add_argument("--metric", default="undirected", choices=("undirected", "directed", "ap"),
+                   help="what the graph is chosen by")
+    y.add_argument("--include-punct", action="store_true", help="score punctuation targets too")
+    y.add_argument("--beyond-adjacent", action="store_true",
+                   help="score only targets with a gold neighbour among their sources but "
+                        "not their adjacent word, beside the word at distance 2: "
+                        "structure beyond position")
+    y.add_argument("--cased", action="store_true",
+                   help="do not lower-case words (for a predictor trained on cased text)")
+    y.add_argument("--no-untrained", action="store_true", help="skip the untrained baseline")
+    y.add_argument("--seed", type=int, default=0, help="seed of the untrained baseline")
+    y.add_argument("--batch-size", type=int, default=64)
+    y.add_argument("--max-tokens", type=int, default=512,
+                   help="skip (and count) sentences of more tokens: memory is O(tokens^2)")
+    _threads_option(y)
+    y.add_argument("--json", help="also write all scores to this JSON file")
+    y.set_defaults(func=_syntax)
 
 
 def _syntax(args: argparse.Namespace) -> int:
     import json
 
-    from glomo_pyg.analysis import TreebankFormatError, compare_with_syntax, read_treebank
-    from glomo_pyg.io import PretrainedFormatError
+    from glomo_pyg.analysis import compare_with_syntax, read_treebank
     from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 
-    _set_threads("syntax", args.threads)
-    for name in ("max_sentences", "select_sentences", "batch_size"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise SystemExit(f"glomo syntax: --{name.replace('_', '-')} must be >= 1")
-    if args.max_tokens < 2:
-        raise SystemExit("glomo syntax: --max-tokens must be >= 2 (a sentence of one token "
-                         "has nothing to score)")
-    if not -(1 << 63) <= args.seed < (1 << 64):
-        raise SystemExit(f"glomo syntax: --seed must lie in [-2**63, 2**64), got {args.seed}")
+    _set_threads(args.threads)
+    _check_options(args, max_sentences=(1, None), select_sentences=(1, None),
+                   batch_size=(1, None), seed=(-(1 << 63), (1 << 64) - 1),
+                   max_tokens=(2, None, "a sentence of one token has nothing to score"))
     if args.json:
-        _check_output_file("syntax", "--json", args.json)
-    try:
-        predictor = PretrainedGraphPredictor.from_pretrained(args.predictor)
-        trees = read_treebank(args.treebank, args.format, args.max_sentences)
-        select = read_treebank(args.select_treebank, args.format, args.select_sentences) \
-            if args.select_treebank else None
-    except (OSError, TreebankFormatError, PretrainedFormatError, ValueError) as err:
-        raise SystemExit(f"glomo syntax: {err}")
+        _check_output_file("--json", args.json)
+    predictor = PretrainedGraphPredictor.from_pretrained(args.predictor)
+    trees = read_treebank(args.treebank, args.format, args.max_sentences)
+    select = read_treebank(args.select_treebank, args.format, args.select_sentences) \
+        if args.select_treebank else None
     if predictor.vocabulary is None:
-        raise SystemExit("glomo syntax: the predictor has no vocabulary (it reads features, "
-                         "not words)")
-    if not trees:
-        raise SystemExit(f"glomo syntax: {args.treebank} holds no sentences")
-    if select is not None and not select:
-        raise SystemExit(f"glomo syntax: {args.select_treebank} holds no sentences")
+        raise ValueError("the predictor has no vocabulary (it reads features, not words)")
+    for path, read in ((args.treebank, trees), (args.select_treebank, select)):
+        if read is not None and not read:
+            raise ValueError(f"{path} holds no sentences")
     print(f"glomo syntax: {len(trees)} gold trees from {args.treebank}"
           + (f"; graph chosen on {len(select)} trees from {args.select_treebank}" if select
              else ""), flush=True)
-    try:
-        result = compare_with_syntax(predictor, trees, select, lower=not args.cased,
-                                     exclude_punct=not args.include_punct, metric=args.metric,
-                                     untrained=not args.no_untrained, seed=args.seed,
-                                     batch_size=args.batch_size, max_tokens=args.max_tokens,
-                                     beyond_adjacent=args.beyond_adjacent)
-    except ValueError as err:
-        raise SystemExit(f"glomo syntax: {err}")
+    result = compare_with_syntax(predictor, trees, select, lower=not args.cased,
+                                 exclude_punct=not args.include_punct, metric=args.metric,
+                                 untrained=not args.no_untrained, seed=args.seed,
+                                 batch_size=args.batch_size, max_tokens=args.max_tokens,
+                                 beyond_adjacent=args.beyond_adjacent)
     print(result.format())
     if args.json:
         try:
@@ -253,53 +331,71 @@ def _syntax(args: argparse.Namespace) -> int:
                                select_treebank=args.select_treebank, **result.to_dict()), fh,
                           allow_nan=False)
         except (OSError, ValueError) as err:
-            raise SystemExit(f"glomo syntax: cannot write --json {args.json}: {err}")
+            raise ValueError(f"cannot write --json {args.json}: {err}") from None
         print(f"scores written to {args.json}")
     return 0
 
 
+# --- glomo export -------------------------------------------------------------------------
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
-
-
 EXPORT_LINE_BYTES = 1 << 22  # one document per line: 4 MiB is far beyond any review
 
 
-def _export_text_items(path: str, predictor, max_samples: int, max_tokens: int, lower: bool):
-    from glomo_pyg.data.text import UNK, TextDataError, decode_utf8, binary_lines, tokenize
-    from glomo_pyg.analysis.export_files import ExportItem
+def _add_export(sub) -> None:
+    e = sub.add_parser("export", help="write a predictor's graphs to GraphML / JSON edge lists",
+                       description="Write every graph of each line of a text file, or each "
+                                   "image of a folder, as GraphML and JSON edge lists with the "
+                                   "statistics table into --output (docs/analysis.md).")
+    e.add_argument("--predictor", required=True, help=PREDICTOR_HELP)
+    source = e.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", help="UTF-8 text file, one document per line")
+    source.add_argument("--images", help="folder of PNG/JPEG images (RGB)")
+    e.add_argument("--output", required=True, help="directory to write into (created)")
+    e.add_argument("--formats", nargs="+", default=["graphml", "json"],
+                   choices=("graphml", "json"))
+    e.add_argument("--max-samples", type=int, default=100, help="first N lines or images")
+    e.add_argument("--max-tokens", type=int, default=256, help="tokens kept per line")
+    e.add_argument("--max-units", type=int, default=4096, help="largest image in pixels")
+    e.add_argument("--min-weight", type=float, default=0.0, help="leave out lighter edges")
+    e.add_argument("--top-k", type=int, help="keep the k heaviest edges into each unit")
+    e.add_argument("--max-edges", type=int, default=2_000_000,
+                   help="refuse a sample with more edges (thin with --min-weight/--top-k)")
+    e.add_argument("--batch-size", type=int, default=16)
+    e.add_argument("--cased", action="store_true", help="do not lower-case the text")
+    _threads_option(e)
+    e.add_argument("--verbose", action="store_true", help="one line per sample")
+    e.set_defaults(func=_export)
 
-    if predictor.vocabulary is None:
-        raise SystemExit("glomo export: this predictor reads features, not words; --text "
-                         "needs a predictor with a vocabulary")
-    if UNK not in predictor.vocabulary:
-        raise SystemExit(f"glomo export: the predictor's vocabulary has no {UNK!r} token")
+
+def _export_text_items(path: str, predictor, max_samples: int, max_tokens: int, lower: bool):
+    from glomo_pyg.analysis.export_files import ExportItem
+    from glomo_pyg.data.text import UNK, binary_lines, decode_utf8, tokenize
+
+    if predictor.vocabulary is None or UNK not in predictor.vocabulary:
+        raise ValueError("--text needs a predictor that reads words, with a vocabulary that "
+                         f"holds {UNK!r}; this one "
+                         + ("reads features, not words" if predictor.vocabulary is None
+                            else f"has no {UNK!r} token"))
     items, short = [], 0
     try:
         with open(path, "rb") as fh:  # a line at a time, bounded (a huge line is refused)
             for number, offset, data in binary_lines(fh, path, EXPORT_LINE_BYTES):
-                line = decode_utf8(data, path, number, offset)
-                tokens = tokenize(line, lower)[:max_tokens]
-                if not tokens:
-                    continue
-                if len(tokens) < 2:
+                tokens = tokenize(decode_utf8(data, path, number, offset), lower)[:max_tokens]
+                if len(tokens) == 1:
                     short += 1
-                    continue
-                items.append(ExportItem(predictor.encode(tokens, unknown=UNK),
-                                        f"{path}:{number}", tokens))
+                elif tokens:
+                    items.append(ExportItem(predictor.encode(tokens, unknown=UNK),
+                                            f"{path}:{number}", tokens))
                 if len(items) == max_samples:
                     break
-    except TextDataError as err:
-        raise SystemExit(f"glomo export: {err}")
     except OSError as err:
-        raise SystemExit(f"glomo export: cannot read {path}: {err}")
+        raise OSError(f"cannot read {path}: {err}") from None
     if short:
         print(f"{short} line(s) of a single token skipped (no graph edges possible)")
     return items
 
 
 def _export_image_items(folder: str, max_samples: int, max_units: int):
-    import os
-
     import numpy as np
     import torch
     from PIL import Image, UnidentifiedImageError
@@ -307,75 +403,69 @@ def _export_image_items(folder: str, max_samples: int, max_units: int):
     from glomo_pyg.analysis.export_files import ExportItem
 
     if not os.path.isdir(folder):
-        raise SystemExit(f"glomo export: {folder} is not a directory")
+        raise ValueError(f"{folder} is not a directory")
     names = sorted(n for n in os.listdir(folder) if n.lower().endswith(IMAGE_SUFFIXES)
                    and os.path.isfile(os.path.join(folder, n)))[:max_samples]
     items = []
     for name in names:
         path = os.path.join(folder, name)
+        rgb = None
         try:
             with Image.open(path) as img:
-                if img.width * img.height > max_units:
-                    raise SystemExit(f"glomo export: {path} is {img.width}x{img.height} "
-                                     f"pixels, more than --max-units {max_units} (graphs grow "
-                                     "with the square of the pixel count; downscale it or "
-                                     "raise --max-units)")
-                rgb = np.asarray(img.convert("RGB"), dtype=np.uint8)
+                size = f"{img.width}x{img.height} pixels"
+                if img.width * img.height <= max_units:
+                    rgb = np.asarray(img.convert("RGB"), dtype=np.uint8)
         except Image.DecompressionBombError as err:  # (not an OSError) a header claiming
-            # billions of pixels, refused by Pillow before anything is decoded
-            raise SystemExit(f"glomo export: {path}: {err}; graphs grow with the square of "
-                             f"the pixel count (--max-units {max_units})")
+            size = str(err)  # billions of pixels, refused by Pillow before decoding
         except (UnidentifiedImageError, OSError, ValueError) as err:
-            raise SystemExit(f"glomo export: cannot read image {path}: {err}")
+            raise ValueError(f"cannot read image {path}: {err}") from None
+        if rgb is None:
+            raise ValueError(f"{path}: {size}, more than --max-units {max_units} (graphs grow "
+                             "with the square of the pixel count; downscale it or raise "
+                             "--max-units)")
         items.append(ExportItem(torch.from_numpy(rgb.copy()).permute(2, 0, 1).contiguous(),
                                 path))
     return items
 
 
 def _export(args: argparse.Namespace) -> int:
-    from glomo_pyg.io import PretrainedFormatError
     from glomo_pyg.analysis.export_files import export_graphs
     from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 
-    _set_threads("export", args.threads)
-    for name in ("max_samples", "max_tokens", "batch_size", "max_edges", "max_units"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"glomo export: --{name.replace('_', '-')} must be >= 1")
-    if args.max_tokens < 2:  # every line would be cut to one token, which has no edge
-        raise SystemExit("glomo export: --max-tokens must be >= 2: a graph over one token has "
-                         "no edges")
-    if args.top_k is not None and args.top_k < 1:
-        raise SystemExit("glomo export: --top-k must be >= 1")
-    if not 0.0 <= args.min_weight <= 1.0:
-        raise SystemExit("glomo export: --min-weight must lie in [0, 1]")
-    try:
-        predictor = PretrainedGraphPredictor.from_pretrained(args.predictor)
-    except (OSError, PretrainedFormatError, ValueError) as err:
-        raise SystemExit(f"glomo export: {err}")
+    _set_threads(args.threads)
+    _check_options(args, max_samples=(1, None), batch_size=(1, None), max_edges=(1, None),
+                   max_units=(1, None), top_k=(1, None), min_weight=(0.0, 1.0),
+                   max_tokens=(2, None, "a graph over one token has no edges"))
+    predictor = PretrainedGraphPredictor.from_pretrained(args.predictor)
     pixel = hasattr(predictor.predictor(predictor.directions[0]), "height")
-    if args.text:
-        if pixel:
-            raise SystemExit("glomo export: this is a pixel predictor; use --images")
-        items = _export_text_items(args.text, predictor, args.max_samples, args.max_tokens,
-                                   not args.cased)
-    else:
-        if not pixel:
-            raise SystemExit("glomo export: this predictor reads text; use --text")
-        items = _export_image_items(args.images, args.max_samples, args.max_units)
+    if pixel == bool(args.text):
+        raise ValueError("this is a pixel predictor; use --images" if pixel else
+                         "this predictor reads text; use --text")
+    items = _export_image_items(args.images, args.max_samples, args.max_units) if pixel else \
+        _export_text_items(args.text, predictor, args.max_samples, args.max_tokens,
+                           not args.cased)
     if not items:
-        raise SystemExit("glomo export: no input to export (empty file or no images)")
+        raise ValueError("no input to export (empty file or no images)")
     print(f"glomo export: {len(items)} sample(s) -> {args.output}", flush=True)
-    try:
-        summary = export_graphs(predictor, items, args.output, formats=args.formats,
-                                batch_size=args.batch_size, min_weight=args.min_weight,
-                                top_k=args.top_k, max_edges=args.max_edges,
-                                log=print if args.verbose else None)
-    except (ValueError, OSError) as err:
-        raise SystemExit(f"glomo export: {err}")
+    summary = export_graphs(predictor, items, args.output, formats=args.formats,
+                            batch_size=args.batch_size, min_weight=args.min_weight,
+                            top_k=args.top_k, max_edges=args.max_edges,
+                            log=print if args.verbose else None)
     edges = sum(s["num_edges"] for s in summary["samples"])
     print(f"{len(summary['samples'])} sample(s), {edges} edges written; statistics in "
           f"{args.output}/statistics.md")
     return 0
+
+
+# --- glomo pretrained ---------------------------------------------------------------------
+def _add_pretrained(sub) -> None:
+    r = sub.add_parser("pretrained", help="list the released pretrained predictors",
+                       description="List the released predictors, which load by name with "
+                                   "PretrainedGraphPredictor.from_pretrained(NAME) "
+                                   "(docs/pretrained.md). They live in the repository's "
+                                   "pretrained/ folder, or in $GLOMO_PRETRAINED_DIR.")
+    r.add_argument("--json", action="store_true", help="print the list as JSON")
+    r.set_defaults(func=_pretrained)
 
 
 def _size(size: int) -> str:
@@ -389,14 +479,10 @@ def _pretrained(args: argparse.Namespace) -> int:
                                        released_names)
 
     names = released_names()
-    infos, broken = [], []
-    for name in names:  # a release that fails its seal is named, not hidden or fatal
-        problem = release_problem(name)
-        if problem is None:
-            infos.append(describe_release(name))
-        else:
-            broken.append(name)
-            infos.append(dict(name=name, error=problem))
+    # a release that fails its seal is named, not hidden or fatal
+    infos = [describe_release(name) if (problem := release_problem(name)) is None else
+             dict(name=name, error=problem) for name in names]
+    broken = [i for i in infos if "error" in i]
     if args.json:
         print(json.dumps(infos, indent=2))
         return 1 if broken else 0
@@ -423,19 +509,42 @@ def _pretrained(args: argparse.Namespace) -> int:
     return 1 if broken else 0
 
 
+# --- glomo view ---------------------------------------------------------------------------
+def _add_view(sub) -> None:
+    v = sub.add_parser("view", help="write an interactive page of every graph of a sentence "
+                                    "or an image",
+                       description="One self-contained HTML page (no network): a head view "
+                                   "and a matrix view of every graph of a sentence, or an "
+                                   "image's incoming weights under the pointer "
+                                   "(docs/analysis.md).")
+    v.add_argument("--predictor", required=True, help=PREDICTOR_HELP)
+    source = v.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", help="a sentence")
+    source.add_argument("--text-file", help="a text file; --line picks the line")
+    source.add_argument("--image", help="an image file of the predictor's size")
+    source.add_argument("--treebank", help="a CoNLL-U / CoNLL-X file: view --sentence with its "
+                        "gold arcs")
+    v.add_argument("--line", type=int, default=1, help="line of --text-file (from 1)")
+    v.add_argument("--sentence", type=int, default=1, help="sentence of --treebank (from 1)")
+    v.add_argument("--min-weight", type=float, default=0.01,
+                   help="leave out lighter edges (default 0.01)")
+    v.add_argument("--top-k", type=int, default=None,
+                   help="keep each target's K heaviest sources (images: 8 by default)")
+    v.add_argument("--cased", action="store_true", help="do not lower-case words")
+    v.add_argument("--output", required=True, help="the page to write (e.g. graphs.html)")
+    v.set_defaults(func=_view)
+
+
 def _view_inputs(args: argparse.Namespace) -> None:
     """The view command's door: its strings valid text, its input paths regular files
     (a FIFO would hang the read) and its output path writable as a file, all before the
     predictor loads (errors name the option)."""
     from glomo_pyg.analysis.viewer.inputs import check_input_file, check_output_path, valid_text
 
-    sources = [args.text, args.text_file, args.image, args.treebank]
-    if sum(source is not None for source in sources) != 1:
-        raise SystemExit("glomo view: give exactly one of --text, --text-file (with --line), "
-                         "--image and --treebank (with --sentence)")
     check_output_path(args.output, "--output")
     if "\0" in args.predictor:
         raise ValueError("--predictor holds a NUL character: it is not a folder or a name")
+    _check_options(args, line=(1, None, "counts from 1"), sentence=(1, None, "counts from 1"))
     if args.text is not None:
         valid_text(args.text, "--text")
     for option in ("text_file", "image", "treebank"):
@@ -446,7 +555,6 @@ def _view_inputs(args: argparse.Namespace) -> None:
 def _view(args: argparse.Namespace) -> int:
     from glomo_pyg.analysis.viewer import view
     from glomo_pyg.analysis.viewer.inputs import open_input_file
-
     from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 
     _view_inputs(args)
@@ -455,22 +563,20 @@ def _view(args: argparse.Namespace) -> int:
     if args.text_file is not None:
         from glomo_pyg.data.text import binary_lines, decode_utf8
 
-        if args.line < 1:
-            raise SystemExit("glomo view: --line counts from 1")
         with open_input_file(args.text_file, "--text-file") as fh:
             for number, offset, data in binary_lines(fh, args.text_file, 1 << 20):
                 if number == args.line:
                     text = decode_utf8(data, args.text_file, number, offset)
                     break
         if text is None:
-            raise SystemExit(f"glomo view: {args.text_file} has fewer than {args.line} lines")
+            raise ValueError(f"{args.text_file} has fewer than {args.line} lines")
     if args.treebank is not None:
         from glomo_pyg.analysis.treebank import read_treebank
 
         trees = read_treebank(args.treebank, max_sentences=args.sentence)
-        if args.sentence < 1 or len(trees) < args.sentence:
-            raise SystemExit(f"glomo view: --sentence {args.sentence} is out of range: "
-                             f"{args.treebank} holds {len(trees)} sentence(s) (count from 1)")
+        if len(trees) < args.sentence:
+            raise ValueError(f"--sentence {args.sentence} is out of range: {args.treebank} "
+                             f"holds {len(trees)} sentence(s) (count from 1)")
         gold = trees[args.sentence - 1]
         text = [w.lower() for w in gold.words] if not args.cased else list(gold.words)
     page = view(predictor, text, image=args.image, gold=gold, min_weight=args.min_weight,
@@ -481,6 +587,18 @@ def _view(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- glomo reseal -------------------------------------------------------------------------
+def _add_reseal(sub) -> None:
+    s = sub.add_parser("reseal", help="seal a saved predictor again after a deliberate edit",
+                       description="A saved predictor's config.json is sealed: an edit makes "
+                                   "it refuse to load. After an edit made on purpose (or for a "
+                                   "format-2 predictor) this records the bundle as it is now, "
+                                   "then loads it with every check (the old config comes back "
+                                   "if that fails).")
+    s.add_argument("predictor", help="the folder save_pretrained wrote")
+    s.set_defaults(func=_reseal)
+
+
 def _reseal(args: argparse.Namespace) -> int:
     from glomo_pyg.io.pretrained import reseal_pretrained
 
@@ -489,162 +607,20 @@ def _reseal(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+# --- the executable -----------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    """The ``glomo`` parser, a subparser per command."""
     parser = argparse.ArgumentParser(prog="glomo", description="GLoMo latent graphs for PyG")
     sub = parser.add_subparsers(dest="command", required=True)
-    q = sub.add_parser("quickstart", help="pretrain on built-in synthetic data and score the graphs")
-    q.add_argument("--steps", type=int, default=1000)
-    q.add_argument("--batch-size", type=int, default=32)
-    q.add_argument("--seed", type=int, default=0)
-    q.add_argument("--lr", type=float, default=3e-3)
-    q.add_argument("--graph-lr-scale", type=float, default=1.0,
-                   help="learning-rate factor of the graph predictor (see docs/training.md)")
-    q.add_argument("--graph-warmup-steps", type=int, default=150,
-                   help="steps during which the graph predictor is frozen")
-    q.add_argument("--accelerator", default="cpu", help="Lightning accelerator: cpu, gpu, auto")
-    q.add_argument("--output-dir", default="runs/quickstart",
-                   help="write CSV logs, quickstart.json and the pretrained predictor "
-                        "(predictor/) here; '' writes nothing (default: runs/quickstart)")
-    q.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
-    q.add_argument("--no-progress", action="store_true", help="no progress bar")
-    q.set_defaults(func=_quickstart)
+    for add in (_add_quickstart, _add_pretrain, _add_word_vectors, _add_syntax, _add_export,
+                _add_pretrained, _add_view, _add_reseal):
+        add(sub)
+    return parser
 
-    p = sub.add_parser("pretrain", help="pretrain GLoMo on a text corpus (Lightning)",
-                       description="Pretrain GLoMo on a text corpus. Settings come from a YAML "
-                                   "file (sections corpus, model, train; see --print-config) "
-                                   "and --set overrides.")
-    p.add_argument("--config", help="YAML configuration file")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a setting, e.g. --set train.max_steps=500 (repeatable)")
-    p.add_argument("--output-dir", help="run folder (corpus cache, checkpoints, logs, predictor)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the newest usable checkpoint in "
-                        "<output-dir>/checkpoints (last.ckpt, or a newer periodic one)")
-    p.add_argument("--print-config", action="store_true", help="print the resolved settings")
-    p.add_argument("--prepare-only", action="store_true",
-                   help="tokenise the corpus and build the vocabulary, then stop (run once "
-                        "before a multi-node job whose nodes share the output folder)")
-    p.set_defaults(func=_pretrain)
 
-    w = sub.add_parser("word-vectors", help="train word2vec vectors (GloVe text format)")
-    w.add_argument("--corpus", required=True, help="text file or folder, or the aclImdb folder")
-    w.add_argument("--format", default="text", choices=("text", "aclimdb"))
-    w.add_argument("--one-per-line", action="store_true")
-    w.add_argument("--output", required=True)
-    w.add_argument("--dim", type=int, default=300)
-    w.add_argument("--window", type=int, default=5)
-    w.add_argument("--min-count", type=int, default=5)
-    w.add_argument("--epochs", type=int, default=5)
-    w.add_argument("--workers", type=int, default=2)
-    w.add_argument("--seed", type=int, default=0)
-    w.add_argument("--max-documents", type=int, default=None)
-    w.set_defaults(func=_word_vectors)
-
-    y = sub.add_parser("syntax", help="score a predictor's graphs against gold dependency trees",
-                       description="Score every graph of a saved predictor against gold "
-                                   "dependency trees (CoNLL-U or CoNLL-X): attachment of the "
-                                   "heaviest source, directed and undirected, and average "
-                                   "precision, beside the adjacent-word, uniform and untrained "
-                                   "baselines (docs/syntax.md).")
-    y.add_argument("--predictor", required=True, help="folder written by save_pretrained, or a released name "
-                   "(glomo pretrained)")
-    y.add_argument("--treebank", required=True, help="gold trees to report on (e.g. EWT dev)")
-    y.add_argument("--select-treebank",
-                   help="gold trees on which the single graph is chosen (e.g. EWT train)")
-    y.add_argument("--format", choices=("conllu", "conllx"),
-                   help="default: from the extension (.conll/.conllx: CoNLL-X)")
-    y.add_argument("--max-sentences", type=int, help="only the first N trees of --treebank")
-    y.add_argument("--select-sentences", type=int, default=2000,
-                   help="only the first N trees of --select-treebank (default 2000)")
-    y.add_argument("--metric", default="undirected", choices=("undirected", "directed", "ap"),
-                   help="what the graph is chosen by")
-    y.add_argument("--include-punct", action="store_true", help="score punctuation targets too")
-    y.add_argument("--beyond-adjacent", action="store_true",
-                   help="score only targets with a gold neighbour among their sources but "
-                        "not their adjacent word, beside the word at distance 2: "
-                        "structure beyond position")
-    y.add_argument("--cased", action="store_true",
-                   help="do not lower-case words (for a predictor trained on cased text)")
-    y.add_argument("--no-untrained", action="store_true", help="skip the untrained baseline")
-    y.add_argument("--seed", type=int, default=0, help="seed of the untrained baseline")
-    y.add_argument("--batch-size", type=int, default=64)
-    y.add_argument("--max-tokens", type=int, default=512,
-                   help="skip (and count) sentences of more tokens: memory is O(tokens^2)")
-    y.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
-    y.add_argument("--json", help="also write all scores to this JSON file")
-    y.set_defaults(func=_syntax)
-
-    e = sub.add_parser("export", help="write a predictor's graphs to GraphML / JSON edge lists",
-                       description="Emit the graphs of every line of a text file (one "
-                                   "document per line) or every image of a folder, and write "
-                                   "each sample's graphs (every direction, layer and head) as "
-                                   "GraphML and JSON edge lists, with the statistics table, "
-                                   "into --output (docs/analysis.md).")
-    e.add_argument("--predictor", required=True, help="folder written by save_pretrained, or a released name "
-                   "(glomo pretrained)")
-    source = e.add_mutually_exclusive_group(required=True)
-    source.add_argument("--text", help="UTF-8 text file, one document per line")
-    source.add_argument("--images", help="folder of PNG/JPEG images (RGB)")
-    e.add_argument("--output", required=True, help="directory to write into (created)")
-    e.add_argument("--formats", nargs="+", default=["graphml", "json"],
-                   choices=("graphml", "json"))
-    e.add_argument("--max-samples", type=int, default=100, help="first N lines or images")
-    e.add_argument("--max-tokens", type=int, default=256, help="tokens kept per line")
-    e.add_argument("--max-units", type=int, default=4096, help="largest image in pixels")
-    e.add_argument("--min-weight", type=float, default=0.0, help="leave out lighter edges")
-    e.add_argument("--top-k", type=int, help="keep the k heaviest edges into each unit")
-    e.add_argument("--max-edges", type=int, default=2_000_000,
-                   help="refuse a sample with more edges (thin with --min-weight/--top-k)")
-    e.add_argument("--batch-size", type=int, default=16)
-    e.add_argument("--cased", action="store_true", help="do not lower-case the text")
-    e.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
-    e.add_argument("--verbose", action="store_true", help="one line per sample")
-    e.set_defaults(func=_export)
-
-    r = sub.add_parser("pretrained", help="list the released pretrained predictors",
-                       description="List the released predictors, which load by name with "
-                                   "PretrainedGraphPredictor.from_pretrained(NAME) "
-                                   "(docs/pretrained.md). They live in the repository's "
-                                   "pretrained/ folder, or in $GLOMO_PRETRAINED_DIR.")
-    r.add_argument("--json", action="store_true", help="print the list as JSON")
-    r.set_defaults(func=_pretrained)
-
-    v = sub.add_parser("view", help="write an interactive page of every graph of a sentence "
-                                    "or an image",
-                       description="One self-contained HTML page (no network, no CDN): for "
-                                   "text a head view (tokens in two columns, a line per edge, a "
-                                   "colour per head) and a matrix view of every layer and head; "
-                                   "for an image its incoming weights at the pixel under the "
-                                   "pointer in every graph (docs/analysis.md).")
-    v.add_argument("--predictor", required=True, help="folder written by save_pretrained, or a "
-                   "released name (glomo pretrained)")
-    v.add_argument("--text", help="a sentence")
-    v.add_argument("--text-file", help="a text file; --line picks the line")
-    v.add_argument("--line", type=int, default=1, help="line of --text-file (from 1)")
-    v.add_argument("--image", help="an image file of the predictor's size")
-    v.add_argument("--treebank", help="a CoNLL-U / CoNLL-X file: view --sentence with its gold "
-                   "arcs")
-    v.add_argument("--sentence", type=int, default=1, help="sentence of --treebank (from 1)")
-    v.add_argument("--min-weight", type=float, default=0.01,
-                   help="leave out lighter edges (default 0.01)")
-    v.add_argument("--top-k", type=int, default=None,
-                   help="keep each target's K heaviest sources (images: 8 by default)")
-    v.add_argument("--cased", action="store_true", help="do not lower-case words")
-    v.add_argument("--output", required=True, help="the page to write (e.g. graphs.html)")
-    v.set_defaults(func=_view)
-
-    s = sub.add_parser("reseal", help="seal a saved predictor again after a deliberate edit",
-                       description="A saved predictor's config.json is sealed: any edit (a "
-                                   "setting, the vocabulary, the pixel statistics) makes it "
-                                   "refuse to load, naming the keys that changed. After an "
-                                   "edit made on purpose, or to seal a predictor saved in "
-                                   "format 2, run this: it records the bundle as it is now, "
-                                   "then loads it with every check (and puts the old config "
-                                   "back if that fails).")
-    s.add_argument("predictor", help="the folder save_pretrained wrote")
-    s.set_defaults(func=_reseal)
+def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     args.argv = argv
     try:
         return args.func(args)

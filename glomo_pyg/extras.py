@@ -39,15 +39,11 @@ def require(module: str, feature: str) -> ModuleType:
     its package and which extra installs it. Only the optional package's own absence is
     translated: any other import error (a broken installation) propagates as it is."""
     top = module.split(".")[0]
-    if top not in EXTRAS:
-        raise ValueError(f"{top!r} is not an optional dependency of glomo-pyg "
-                         f"(optional: {sorted(EXTRAS)})")
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as err:
-        if (err.name or "").split(".")[0] != top:
+        if top not in EXTRAS or (err.name or "").split(".")[0] != top:
             raise
-        extra = EXTRAS[top]
         raise MissingExtraError(
             f"{feature} needs {PACKAGES.get(top, top)}, which is not installed: "
-            f"pip install 'glomo-pyg[{extra}]' (or 'glomo-pyg[all]')", name=top) from err
+            f"pip install 'glomo-pyg[{EXTRAS[top]}]' (or 'glomo-pyg[all]')", name=top) from err

@@ -15,28 +15,15 @@ gets exactly 0 (never NaN), as in the other layouts. ``normalization='softmax'``
 plain FlexAttention. The block mask is built at block granularity from the sequence
 lengths and the order (O(B (T/128)^2) memory), so nothing of size ``T x T`` exists.
 
-FlexAttention is compiled with dynamic shapes (:func:`torch.compile`, ``dynamic=True``),
-so batches of other sizes and lengths reuse the compiled kernel (a few variants in
-all); sequence lengths are padded up to a multiple of the 128-unit block. The first
-calls compile (5-15 s each on a 2-core CPU). Compiling per static shape instead would
-exhaust torch's recompilation limit (8 per function) after a few shapes, after which
-FlexAttention silently runs eagerly: slow, and with ``T x T`` memory (measured:
-benchmarks/results/speed.md). FlexAttention has no backward on CPU: callers fall back to the sparse
-or dense layout there (:meth:`glomo_pyg.LatentGraphs.propagate` does).
+FlexAttention is compiled with dynamic shapes, so batches of other sizes and lengths
+reuse the compiled kernel (static shapes would exhaust torch's recompilation limit and
+then run eagerly with ``T x T`` memory: benchmarks/results/speed.md). It has no backward
+on CPU: :meth:`glomo_pyg.LatentGraphs.propagate` falls back to the sparse layout there.
 
-Precision (:func:`resolve_kernel_dtype`): inside a bfloat16 autocast region the keys,
-queries and values enter FlexAttention in bfloat16, so its products run on tensor cores;
-the kernel still forms the scores, :math:`2 \log s`, the normaliser and the output sums
-in float32, and the result comes back in the values' dtype. bfloat16 has float32's
-range, so keys rescaled by :func:`~glomo_pyg.kernels.bounded_keys_queries` stay finite.
-Rounding moves a score by up to about :math:`2^{-7} M_j`,
-:math:`M_j = \max_i \sum_d |k_{id} q_{jd}|`, and the weights, functions of the ratios
-:math:`s_{ij} / \max_i s_{ij}`, by :math:`O(2^{-8} M_j / \max_i s_{ij})`: little where a
-column's largest score clears its rounding, but a column whose largest score is within
-rounding of 0 is not determined in bfloat16 (it may lose or gain its edges; the
-measured agreement is in docs/design.md). Outside such a region (float32 training,
-inference, a float16 region: float16's range of 65504 cannot hold rescaled keys) the
-kernel runs in the keys' dtype as given.
+Precision (:func:`resolve_kernel_dtype`): inside a bfloat16 autocast region keys,
+queries and values enter FlexAttention in bfloat16 (tensor cores); scores, normaliser
+and sums stay float32. A column whose largest score is within bfloat16 rounding of 0 is
+not determined then (docs/design.md). Elsewhere the kernel runs in the keys' dtype.
 """
 from __future__ import annotations
 
@@ -201,27 +188,23 @@ def block_mask(lengths: Tensor, t: int, direction: str, include_self: bool,
 def check_fusable(key: Tensor, query: Tensor) -> None:
     """``ValueError`` naming the alternative layouts for inputs FlexAttention cannot take:
     no FlexAttention, an unsupported dtype, mismatched shapes, or sequences so long that
-    the block mask itself would not fit (:data:`MAX_MASK_BLOCKS`); and NaN or infinite
-    keys or queries (they would silently drop edges)."""
-    if not available():
-        raise ValueError("the fused layout needs torch.nn.attention.flex_attention "
-                         "(torch >= 2.5); use layout='sparse' or 'dense'")
-    if key.dtype not in DTYPES or query.dtype != key.dtype:
-        raise ValueError(f"the fused layout supports {[str(d) for d in DTYPES]} keys and "
-                         f"queries, got {key.dtype}; use layout='sparse' or 'dense'")
-    if key.dim() != 4 or key.shape != query.shape:
-        raise ValueError(f"the fused layout needs keys and queries of one shape [B, H, T, D], "
-                         f"got {tuple(key.shape)} and {tuple(query.shape)}")
-    if not bool(torch.isfinite(key).all() & torch.isfinite(query).all()):
-        raise ValueError("the graph keys or queries contain NaN or Inf (has the model "
-                         "diverged?)")
-    b, _, t, _ = key.shape
+    the block mask itself would not fit (:data:`MAX_MASK_BLOCKS`). Shapes and dtypes
+    only: values are not read (no device sync)."""
+    shaped = key.dtype in DTYPES and query.dtype == key.dtype and key.dim() == 4 and \
+        key.shape == query.shape
+    b, t = (key.size(0), key.size(2)) if shaped else (0, 0)
     blocks = -(-t // BLOCK)
-    if b * blocks * blocks > MAX_MASK_BLOCKS:
-        raise ValueError(f"sequences of {t} units in a batch of {b} are too long for the "
-                         f"fused layout's block mask ({b} x {blocks}^2 blocks > "
-                         f"{MAX_MASK_BLOCKS}); use layout='sparse' (memory O(edges)) or "
-                         f"split the batch")
+    problem = (
+        "the fused layout needs torch.nn.attention.flex_attention (torch >= 2.5); use "
+        "layout='sparse' or 'dense'" if not available() else
+        f"the fused layout supports {[str(d) for d in DTYPES]} keys and queries of one shape "
+        f"[B, H, T, D], got {key.dtype} {tuple(key.shape)} and {query.dtype} "
+        f"{tuple(query.shape)}; use layout='sparse' or 'dense'" if not shaped else
+        f"sequences of {t} units in a batch of {b} are too long for the fused layout's block "
+        f"mask ({b} x {blocks}^2 blocks > {MAX_MASK_BLOCKS}); use layout='sparse' (memory "
+        f"O(edges)) or split the batch" if b * blocks * blocks > MAX_MASK_BLOCKS else None)
+    if problem:
+        raise ValueError(problem)
 
 
 def resolve_kernel_dtype(key: Tensor, kernel_dtype: Optional[torch.dtype] = None
@@ -255,29 +238,25 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
             across calls (built here when ``None``).
         full_length: every sequence has length ``T`` (no padding to mask; computed from
             ``lengths`` when ``None``, which synchronises with the device).
-        check: validate ``key`` and ``query`` (:func:`check_fusable`, one device sync);
-            ``False`` for keys and queries validated when the graphs were emitted.
+        check: validate ``key`` and ``query`` (:func:`check_fusable`); ``False`` for keys
+            and queries validated when the graphs were emitted.
         kernel_dtype: the dtype the kernel reads keys, queries and values in
             (:func:`resolve_kernel_dtype`); ``None`` (default) follows autocast, bfloat16
             in a bfloat16 region; ``key.dtype`` runs as given, as before.
 
     Returns ``[B, H, T, C]`` in the dtype of ``values``, zero at padding and at targets
-    without edges. Gradients reach ``key``, ``query`` and ``values`` in their own dtypes
-    (through the casts), where FlexAttention has a backward (not on CPU).
+    without edges; differentiable where FlexAttention has a backward (not on CPU).
 
     Shapes:
         key, query: ``[B, H, T, D]``; values: ``[B, H or 1, T, C]``; lengths: ``[B]``;
         returns ``[B, H, T, C]``.
     """
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-    if normalization not in ("relu2", "softmax"):
-        raise ValueError(f"normalization must be 'relu2' or 'softmax', got {normalization!r}")
+    for name, value, allowed in (("direction", direction, DIRECTIONS),
+                                 ("normalization", normalization, ("relu2", "softmax"))):
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
     if check:
         check_fusable(key, query)
-    elif key.dtype not in DTYPES:
-        raise ValueError(f"the fused layout supports {[str(d) for d in DTYPES]}, got "
-                         f"{key.dtype}; use layout='sparse' or 'dense'")
     b, h, t, _ = key.shape
     dtype = resolve_kernel_dtype(key, kernel_dtype)
     if values.dim() != 4 or values.shape[0] != b or values.shape[2] != t or \
@@ -308,8 +287,18 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
         key = key * real.to(key.dtype)
     if mask is None:
         mask = block_mask(lengths, padded, direction, include_self, order_only=relu2)
-    block = MAX_VALUE_DIM.get(key.device.type, width)
-    query, key = query.contiguous(), key.contiguous()
+    out = _flex_parts(query.contiguous(), key.contiguous(), values, mask, dtype, relu2,
+                      min_dim, MAX_VALUE_DIM.get(key.device.type, width))[:, :, :t]
+    if zero_padding:  # padded targets read real keys under the order-only mask: zero them
+        out = out * real[:, :, :t].to(out.dtype)
+    return out.to(out_dtype)
+
+
+def _flex_parts(query: Tensor, key: Tensor, values: Tensor, mask, dtype: torch.dtype,
+                relu2: bool, min_dim: int, block: int) -> Tensor:
+    """FlexAttention over ``values`` in parts of at most ``block`` channels (each padded
+    to ``min_dim``); a shape the kernel refuses is a ``ValueError`` naming the other
+    layouts."""
     try:
         with torch.autocast(key.device.type, enabled=False):
             outs = []
@@ -320,7 +309,7 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
                 outs.append(_flex(dtype)(query, key, part.contiguous(),
                                     score_mod=_relu2_score if relu2 else None,
                                     block_mask=mask, scale=1.0)[..., :part_width])
-            out = outs[0] if len(outs) == 1 else torch.cat(outs, -1)
+            return outs[0] if len(outs) == 1 else torch.cat(outs, -1)
     except torch.OutOfMemoryError:
         raise
     except (NotImplementedError, RuntimeError) as e:  # the kernel refused these shapes
@@ -329,10 +318,6 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
             f"{tuple(values.shape)} on {key.device.type} ({type(e).__name__}: "
             f"{str(e).splitlines()[0] if str(e) else ''}); use layout='sparse' or "
             f"'dense'") from e
-    out = out[:, :, :t]
-    if zero_padding:  # padded targets read real keys under the order-only mask: zero them
-        out = out * real[:, :, :t].to(out.dtype)
-    return out.to(out_dtype)
 
 
 def needs_fallback(*tensors: Optional[Tensor]) -> bool:

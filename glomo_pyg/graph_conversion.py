@@ -28,6 +28,17 @@ def check_index(name: str, value, size: int) -> None:
         raise ValueError(f"{name} must be an integer in [0, {size}), got {value!r}")
 
 
+def check_sample(graphs: "LatentGraphs", sample, labels: Optional[Sequence] = None) -> int:
+    """The length of sequence ``sample`` (checked), and ``labels``, when given, must hold
+    one entry per unit of it."""
+    check_index("sample", sample, graphs.num_sequences)
+    length = int(graphs.lengths[sample])
+    if labels is not None and len(labels) != length:
+        raise ValueError(f"labels must have one entry per unit of sample {sample} "
+                         f"({length}), got {len(labels)}")
+    return length
+
+
 def sample_edges(graphs: "LatentGraphs", sample: int, layer: int, head: Optional[int] = None):
     """Local (source, target, head, weight) of one sequence's edges in one layer."""
     check_index("sample", sample, graphs.num_sequences)
@@ -55,11 +66,7 @@ def to_networkx(graphs: "LatentGraphs", sample: int, layer: Optional[int] = None
     """
     import networkx as nx
 
-    check_index("sample", sample, graphs.num_sequences)
-    length = int(graphs.lengths[sample])
-    if labels is not None and len(labels) != length:
-        raise ValueError(f"labels must have one entry per unit of sample {sample} "
-                         f"({length}), got {len(labels)}")
+    length = check_sample(graphs, sample, labels)
     single = layer is not None and head is not None
     graph = nx.DiGraph() if single else nx.MultiDiGraph()
     layers = [layer] if layer is not None else list(range(graphs.num_layers))

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from glomo_pyg.ordering import DIRECTIONS, SequenceOrder
+from glomo_pyg.sequences import first_failure
 
 NORMALIZATIONS = ("relu2", "softmax")
 
@@ -200,19 +201,36 @@ def _block_unscale(unscale, b0: int, b1: int, h0: int, h1: int, j0: int, j1: int
     return unscale[0][b0:b1, h0:h1, j0:j1], unscale[1][b0:b1, h0:h1]
 
 
+def _head_major(head: Tensor, spans: List[int], num_heads: int) -> Tensor:
+    """Where each edge of blocks that each hold every head (edges sorted by (head, b, j, i)
+    within a block) goes in the (head, block, ...) order of the result, computed on the
+    device (no sync): a block's edges of head ``h`` follow those of every earlier block."""
+    nb, device = len(spans) - 1, head.device
+    # per edge its block and the block's first position (fills: no host-to-device copy)
+    block, begin = (torch.cat([torch.full((b - a,), v, dtype=torch.long, device=device)
+                               for v, a, b in zip(values, spans[:-1], spans[1:])])
+                    for values in (range(nb), spans[:-1]))
+    cell = block * num_heads + head
+    counts = torch.zeros(nb * num_heads, dtype=torch.long, device=device).index_add_(
+        0, cell, torch.ones_like(cell)).view(nb, num_heads)
+    in_block = (counts.cumsum(1) - counts).view(-1)  # first edge of (block, head) in its block
+    flat = counts.t().reshape(-1)
+    start = (flat.cumsum(0) - flat).view(num_heads, nb).t().reshape(-1)  # ... in the result
+    local = torch.arange(head.numel(), device=device) - begin
+    return start[cell] + local - in_block[cell]
+
+
 class _LatentGraphEdges(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, key: Tensor, query: Tensor, lengths: Tensor, ptr: Tensor, direction: str,
-                include_self: bool, normalization: str, block_size: int):
+    def forward(ctx, key: Tensor, query: Tensor, lengths: Tensor, ptr: Tensor, sizes: List[int],
+                direction: str, include_self: bool, normalization: str, block_size: int):
         num_seqs, heads, _, _ = key.shape
         dtype = torch.promote_types(key.dtype, torch.float32)  # fp32 for half types
         k, q, unscale = _scaled(key, query, dtype)
-        blocks = list(_blocks(num_seqs, heads, lengths.tolist(), direction, block_size))
-        # Per head, the segments of every block in block order: concatenated head by head,
-        # they give edges sorted by (head, target, source) without a global sort.
-        segments: List[List[Tuple[int, Tensor, Tensor, Tensor]]] = [[] for _ in range(heads)]
+        blocks = list(_blocks(num_seqs, heads, sizes, direction, block_size))
+        parts = []  # per block (source, target, weight, head), sorted by (head, b, j, i)
         with torch.autocast(key.device.type, enabled=False):
-            for n, (h0, h1, b0, b1, j0, j1, i0, i1) in enumerate(blocks):
+            for h0, h1, b0, b1, j0, j1, i0, i1 in blocks:
                 scores = q[b0:b1, h0:h1, j0:j1] @ k[b0:b1, h0:h1, i0:i1].transpose(-1, -2)
                 allowed = _allowed(j0, j1, i0, i1, lengths[b0:b1], direction, include_self)
                 g, _ = _normalise(scores, allowed.unsqueeze(1), normalization,
@@ -220,34 +238,26 @@ class _LatentGraphEdges(torch.autograd.Function):
                 keep = (g > 0).transpose(0, 1)  # prune exact zeros only; [Hb, Bg, tj, ti]
                 hh, b, j, i = keep.nonzero(as_tuple=True)  # sorted by (head, b, j, i)
                 offset = ptr[b0 + b]
-                src, tgt, w = offset + (i0 + i), offset + (j0 + j), g.transpose(0, 1)[keep]
-                counts = torch.bincount(hh, minlength=h1 - h0).tolist() if h1 - h0 > 1 \
-                    else [hh.numel()]
-                for r, (s_, t_, w_) in enumerate(zip(src.split(counts), tgt.split(counts),
-                                                     w.split(counts))):
-                    segments[h0 + r].append((n, s_, t_, w_))
-        device = key.device
-        where: List[List[Tuple[int, int, int]]] = [[] for _ in blocks]  # (head, start, count)
-        srcs, tgts, weights, head_ids = [], [], [], []
-        start = 0
-        for h, segs in enumerate(segments):
-            for n, s_, t_, w_ in segs:
-                where[n].append((h, start, s_.numel()))
-                start += s_.numel()
-                srcs.append(s_)
-                tgts.append(t_)
-                weights.append(w_)
-                head_ids.append(torch.full_like(s_, h))
-        if srcs:
-            edge_index = torch.stack([torch.cat(srcs), torch.cat(tgts)])
-            edge_weight = torch.cat(weights)
-            edge_head = torch.cat(head_ids)
+                parts.append((offset + (i0 + i), offset + (j0 + j), g.transpose(0, 1)[keep],
+                              hh + h0))
+        spans = [0]
+        for p in parts:
+            spans.append(spans[-1] + p[0].numel())
+        if parts:
+            src, tgt, edge_weight, edge_head = (torch.cat(t) for t in zip(*parts))
         else:
-            edge_index = torch.empty(2, 0, dtype=torch.long, device=device)
-            edge_weight = torch.empty(0, dtype=dtype, device=device)
-            edge_head = torch.empty(0, dtype=torch.long, device=device)
-        ctx.save_for_backward(key, query, lengths, ptr, edge_index)
-        ctx.blocks, ctx.where = blocks, where
+            src = tgt = edge_head = torch.empty(0, dtype=torch.long, device=key.device)
+            edge_weight = torch.empty(0, dtype=dtype, device=key.device)
+        # Blocks of one head each come head by head, and one block is sorted already:
+        # only several blocks of all heads need their edges moved to (head, target) order.
+        dest = None
+        if len(blocks) > 1 and blocks[0][1] - blocks[0][0] > 1:
+            dest = _head_major(edge_head, spans, heads)
+            src, tgt, edge_weight, edge_head = (torch.empty_like(t).index_copy_(0, dest, t)
+                                                for t in (src, tgt, edge_weight, edge_head))
+        edge_index = torch.stack([src, tgt])
+        ctx.save_for_backward(key, query, lengths, ptr, edge_index, edge_head, dest)
+        ctx.blocks, ctx.spans = blocks, spans
         ctx.config = (direction, include_self, normalization)
         ctx.mark_non_differentiable(edge_index, edge_head)
         return edge_index, edge_weight, edge_head
@@ -255,32 +265,31 @@ class _LatentGraphEdges(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, _grad_index, grad_weight, _grad_head):
-        key, query, lengths, ptr, edge_index = ctx.saved_tensors
+        key, query, lengths, ptr, edge_index, edge_head, dest = ctx.saved_tensors
         direction, include_self, normalization = ctx.config
-        dtype = torch.promote_types(key.dtype, torch.float32)
         if grad_weight is None:
-            return None, None, None, None, None, None, None, None
+            return (None,) * 9
+        dtype = torch.promote_types(key.dtype, torch.float32)
         k, q, unscale = _scaled(key, query, dtype)
-        dk = torch.zeros_like(k)
-        dq = torch.zeros_like(q)
+        dk, dq = torch.zeros_like(k), torch.zeros_like(q)
         grad_weight = grad_weight.to(dtype)
         src, tgt = edge_index
         with torch.autocast(key.device.type, enabled=False):
-            for (h0, h1, b0, b1, j0, j1, i0, i1), where in zip(ctx.blocks, ctx.where):
+            for n, (h0, h1, b0, b1, j0, j1, i0, i1) in enumerate(ctx.blocks):
+                a, e = ctx.spans[n], ctx.spans[n + 1]
+                if a == e:  # no edge: no gradient reaches this block
+                    continue
                 kb, qb = k[b0:b1, h0:h1, i0:i1], q[b0:b1, h0:h1, j0:j1]
-                scores = qb @ kb.transpose(-1, -2)
                 allowed = _allowed(j0, j1, i0, i1, lengths[b0:b1], direction, include_self)
                 block_unscale = _block_unscale(unscale, b0, b1, h0, h1, j0, j1)
-                g, aux = _normalise(scores, allowed.unsqueeze(1), normalization, block_unscale)
+                g, aux = _normalise(qb @ kb.transpose(-1, -2), allowed.unsqueeze(1),
+                                    normalization, block_unscale)
+                sel = slice(a, e) if dest is None else dest[a:e]
+                e_src, e_tgt = src[sel], tgt[sel]
+                seq = torch.searchsorted(ptr, e_tgt, right=True) - 1
                 grad_g = torch.zeros_like(g)
-                parts = [(h, a, c) for h, a, c in where if c]
-                if parts:
-                    idx = torch.cat([torch.arange(a, a + c, device=src.device) for _, a, c in parts])
-                    hh = torch.cat([torch.full((c,), h - h0, device=src.device) for h, _, c in parts])
-                    e_src, e_tgt = src[idx], tgt[idx]
-                    seq = torch.searchsorted(ptr, e_tgt, right=True) - 1
-                    grad_g[seq - b0, hh, e_tgt - ptr[seq] - j0, e_src - ptr[seq] - i0] = \
-                        grad_weight[idx]
+                grad_g[seq - b0, edge_head[sel] - h0, e_tgt - ptr[seq] - j0,
+                       e_src - ptr[seq] - i0] = grad_weight[sel]
                 centred = grad_g - (grad_g * g).sum(-1, keepdim=True)
                 if normalization == "relu2":
                     u, m, d = aux
@@ -294,35 +303,29 @@ class _LatentGraphEdges(torch.autograd.Function):
                 dq[b0:b1, h0:h1, j0:j1] += grad_s @ kb
                 dk[b0:b1, h0:h1, i0:i1] += grad_s.transpose(-1, -2) @ qb
         dk, dq = dk / unscale[1], dq / unscale[0]  # ... and to k, q: k' = c_k k, q' = c_q q
-        return dk.to(key.dtype), dq.to(query.dtype), None, None, None, None, None, None
+        return dk.to(key.dtype), dq.to(query.dtype), None, None, None, None, None, None, None
 
 
-def check_finite_keys_queries(*tensors: Tensor) -> None:
-    """``ValueError`` if any key or query tensor holds NaN or Inf (one device sync for all:
-    the flags are combined on the device first). Finite keys and queries of any magnitude
-    are safe (:data:`SAFE_EXPONENT`); non-finite ones have no meaningful graph."""
-    if not tensors:
-        return
-    finite = torch.stack([torch.isfinite(t).all() for t in tensors]).all()
-    if not bool(finite):
-        raise ValueError("the graph keys or queries contain NaN or Inf (has the model diverged, "
-                         "or are its parameters or inputs non-finite?)")
-
-
-def _check_emission_args(key: Tensor, query: Tensor, direction: str, normalization: str) -> None:
-    if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-    if normalization not in NORMALIZATIONS:
-        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
-    if key.dim() != 4 or key.shape != query.shape:
-        raise ValueError(f"key and query must both be [B, H, T, D], got {tuple(key.shape)} "
-                         f"and {tuple(query.shape)}")
+def _check_emission_args(key: Tensor, query: Tensor, direction: str, normalization: str,
+                         block_size: int = 1, finite: bool = False) -> None:
+    """The arguments of the public emission functions; with ``finite`` also the values
+    of the keys and queries (a device sync: finite ones of any magnitude are safe, see
+    :data:`SAFE_EXPONENT`, non-finite ones have no meaningful graph)."""
+    shapes = key.dim() == 4 and key.shape == query.shape
+    if direction not in DIRECTIONS or normalization not in NORMALIZATIONS or not shapes or \
+            block_size < 1 or (finite and not bool(torch.isfinite(key).all() &
+                                                   torch.isfinite(query).all())):
+        raise ValueError(f"direction must be one of {DIRECTIONS}, normalization one of "
+                         f"{NORMALIZATIONS}, key and query both [B, H, T, D] without NaN or Inf "
+                         f"and block_size positive; got {direction!r}, {normalization!r}, "
+                         f"{tuple(key.shape)}, {tuple(query.shape)}, {block_size}")
 
 
 def latent_graph_edges(key: Tensor, query: Tensor, lengths: Tensor, ptr: Tensor, *,
                        direction: str = "forward", include_self: bool = False,
                        normalization: str = "relu2", block_size: int = 1 << 22,
-                       check: bool = True) -> Tuple[Tensor, Tensor, Tensor]:
+                       check: bool = True, sizes: Optional[Sequence[int]] = None
+                       ) -> Tuple[Tensor, Tensor, Tensor]:
     r"""Emit the pruned, normalised graphs of paper Eq. 1 as edge lists.
 
     With :math:`s_{ij} = k_i^\top q_j` (a bias is folded into ``key``/``query``
@@ -335,13 +338,10 @@ def latent_graph_edges(key: Tensor, query: Tensor, lengths: Tensor, ptr: Tensor,
                  {\sum_{i' \in \mathcal{A}(j)} \mathrm{ReLU}(s_{i'j})^2}
 
     or a softmax over :math:`\mathcal{A}(j)` for ``normalization='softmax'``.
-    Only strictly positive weights become edges; a target whose allowed scores
-    are all non-positive gets no edge (never NaN). Computed in fp32 (fp64 for
-    fp64 inputs) whatever the input dtype or autocast state, from keys and queries
-    rescaled exactly by powers of two where they are huge (:data:`SAFE_EXPONENT`), so
-    finite keys and queries of any magnitude give finite graphs whose columns sum to 1
-    or are empty. NaN or Inf keys or queries raise ``ValueError`` (``check=False``
-    skips that test, for inputs checked by the caller).
+    Only strictly positive weights become edges (never NaN). Computed in fp32 (fp64 for
+    fp64 inputs) from keys and queries rescaled exactly where they are huge
+    (:data:`SAFE_EXPONENT`). NaN or Inf keys or queries raise ``ValueError`` unless
+    ``check=False`` (for inputs the library built).
 
     Args:
         key, query: ``[B, H, T, D]`` padded per-head keys and queries.
@@ -349,18 +349,17 @@ def latent_graph_edges(key: Tensor, query: Tensor, lengths: Tensor, ptr: Tensor,
         ptr: ``[B + 1]`` flat offset of each sequence (``ptr[b] + t`` is the
             flat node id of position ``t`` of sequence ``b``).
         block_size: at most this many dense scores are held per block.
+        sizes: ``lengths`` as host integers (:attr:`SequenceBatch.sizes`), which plan
+            the blocks; read from ``lengths`` (a device sync) when not given.
 
     Returns:
         ``(edge_index [2, E], edge_weight [E], edge_head [E])`` sorted by
         ``(head, target, source)``; gradients flow from ``edge_weight`` to
         ``key`` and ``query``.
     """
-    _check_emission_args(key, query, direction, normalization)
-    if block_size < 1:
-        raise ValueError(f"block_size must be positive, got {block_size}")
-    if check:  # emission synchronises with the device anyway (block plan, edge counts)
-        check_finite_keys_queries(key, query)
-    return _LatentGraphEdges.apply(key, query, lengths, ptr, direction, include_self,
+    _check_emission_args(key, query, direction, normalization, block_size, finite=check)
+    sizes = lengths.tolist() if sizes is None else list(sizes)
+    return _LatentGraphEdges.apply(key, query, lengths, ptr, sizes, direction, include_self,
                                    normalization, block_size)
 
 
@@ -377,9 +376,7 @@ def latent_graph_dense(key: Tensor, query: Tensor, lengths: Tensor, *,
     sequences and dense graphs. NaN or Inf keys or queries raise ``ValueError``
     unless ``check=False`` (the test costs a device sync).
     """
-    _check_emission_args(key, query, direction, normalization)
-    if check:
-        check_finite_keys_queries(key, query)
+    _check_emission_args(key, query, direction, normalization, finite=check)
     dtype = torch.promote_types(key.dtype, torch.float32)
     t = key.size(2)
     with torch.autocast(key.device.type, enabled=False):
@@ -438,24 +435,14 @@ def column_max_scores(key: Tensor, query: Tensor, lengths: Tensor, *,
     of a squared-ReLU graph has an edge iff this is positive.
 
     Targets are scanned without autograd in tiles of at most ``block_size`` scores per
-    head (all heads and sequences of a tile are one batched matmul over only the sources
-    that can feed its targets); only the arg-max pairs' scores are recomputed with
-    autograd, in float32 (float64 for float64 inputs) as :math:`(q_j \odot k_{i^*_j})
-    \mathbf{1}`, so the gradient reaches the arg-max pair :math:`i^*_j` and the backward
-    pass keeps O(B H T D), not O(B H T^2) (``benchmarks/keep_alive_speed.py``). Where
-    sources tie for the maximum, the whole gradient goes to the first of them (a
-    subgradient; ``amax`` would split it evenly).
+    head; only the arg-max pairs' scores are recomputed with autograd, so the backward
+    keeps O(B H T D) (``benchmarks/keep_alive_speed.py``); ties send the gradient to the
+    first source.
 
     ``scan_dtype``: the dtype of the scan; ``None`` follows autocast
-    (:func:`autocast_half_dtype`): bfloat16 inside a bfloat16 autocast region, which runs
-    the ``T x T`` products on tensor cores with tiles of twice as many scores (the same
-    bytes), else the float32 computation dtype. A scan in float32 (or wider) returns its
-    maxima exactly as scanned, bit for bit what it always did. A half-precision scan only
-    picks :math:`i^*_j`; the value returned is the float32 score of that pair, which
-    is below the exact maximum only where another source scored within bfloat16's
-    rounding of it (a near-tie), and by at most twice that rounding, about
-    :math:`3 \cdot 2^{-8} \max_i \sum_d |k_{id} q_{jd}|` each. (An explicit float16 scan
-    is only for scores known to stay below float16's 65504.)
+    (:func:`autocast_half_dtype`). A float32 scan returns its maxima exactly; a bfloat16
+    scan only picks the arg-max, whose float32 score is returned (below the exact maximum
+    only at near-ties, by about :math:`3 \cdot 2^{-8} \max_i \sum_d |k_{id} q_{jd}|`).
 
     Shapes:
         key, query: ``[B, H, T, D]``; lengths: ``[B]``; returns ``[B, H, T]`` in
@@ -643,14 +630,6 @@ def spmm_unchecked(row: Tensor, col: Tensor, weight: Tensor, x: Tensor, num_rows
         return _spmm_op(row, col, weight, x, num_rows).to(out_dtype)
 
 
-def _check_index(name: str, index: Tensor, size: int) -> None:
-    if not isinstance(index, Tensor) or index.dtype not in (torch.int32, torch.int64) or \
-            index.dim() != 1:
-        raise ValueError(f"{name} must be a 1-D int32/int64 tensor")
-    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= size):
-        raise ValueError(f"{name} holds ids outside [0, {size})")
-
-
 def weighted_spmm(row: Tensor, col: Tensor, weight: Tensor, x: Tensor, num_rows: int) -> Tensor:
     r"""``out[r] = sum_e [row_e = r] * weight_e * x[col_e]`` as one CSR spmm.
 
@@ -661,17 +640,20 @@ def weighted_spmm(row: Tensor, col: Tensor, weight: Tensor, x: Tensor, num_rows:
     them) and cast back. Indices out of range, unsorted rows or mismatched
     shapes raise ``ValueError`` (the sparse kernels would read out of bounds).
     """
-    if not isinstance(x, Tensor) or x.dim() != 2 or not x.dtype.is_floating_point:
-        raise ValueError("x must be a floating-point [M, C] tensor")
-    _check_index("row", row, num_rows)
-    _check_index("col", col, x.size(0))
-    if col.shape != row.shape or not isinstance(weight, Tensor) or weight.shape != row.shape:
-        raise ValueError(f"row, col and weight must have one entry per edge, got "
-                         f"{tuple(row.shape)}, {tuple(col.shape)}, {tuple(weight.shape)}")
-    if row.dtype != col.dtype:
-        raise ValueError(f"row and col must share one index dtype, got {row.dtype} and {col.dtype}")
-    if row.numel() > 1 and bool((row[1:] < row[:-1]).any()):
-        raise ValueError("row must be sorted ascending")
+    tensors = (row, col, weight, x)
+    if not all(isinstance(t, Tensor) for t in tensors) or x.dim() != 2 or \
+            not x.dtype.is_floating_point or row.dtype not in (torch.int32, torch.int64) or \
+            col.dtype != row.dtype or row.dim() != 1 or not row.shape == col.shape == weight.shape:
+        raise ValueError("x must be a floating-point [M, C] tensor and row, col and weight 1-D "
+                         "with one entry per edge, row and col of one int32/int64 dtype; got "
+                         + ", ".join(f"{t.dtype} {tuple(t.shape)}" if isinstance(t, Tensor)
+                                     else type(t).__name__ for t in tensors))
+    if row.numel():
+        first_failure([(((row < 0) | (row >= num_rows)).any(),
+                         f"row holds ids outside [0, {num_rows})"),
+                       (((col < 0) | (col >= x.size(0))).any(),
+                        f"col holds ids outside [0, {x.size(0)})"),
+                       ((row[1:] < row[:-1]).any(), "row must be sorted ascending")])
     return spmm_unchecked(row, col, weight, x, num_rows)
 
 
@@ -696,40 +678,33 @@ def all_finite(t: Tensor, flag: Optional[float] = None) -> bool:
     return math.isfinite(flag) or bool(torch.isfinite(t).all())
 
 
-def check_graph_values(x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor],
-                       edge_head: Optional[Tensor], num_heads: int, ids: bool = True,
-                       weights: bool = True) -> None:
+def check_graph_values(edge_index: Tensor, edge_weight: Optional[Tensor],
+                       edge_head: Optional[Tensor], num_nodes: int, num_heads: int,
+                       ids: bool = True, weights: bool = True) -> None:
     """The values of a user-given graph (:class:`~glomo_pyg.GlomoConv`'s edges, whose
-    shapes and dtypes were checked) and of its features: finite ``x`` (as
-    :class:`~glomo_pyg.GlomoTransfer` refuses NaN/Inf); with ``ids``, node ids in
-    ``[0, N)`` and heads in ``[0, num_heads)``; with ``weights``, finite weights. One
-    device sync for all of them; ``ValueError`` otherwise. (``ids`` / ``weights`` off:
-    the caller validated those tensors before, unchanged since.)"""
-    num_edges = edge_index.size(1)
+    shapes and dtypes were checked): with ``ids``, node ids in ``[0, num_nodes)`` and
+    heads in ``[0, num_heads)``; with ``weights``, finite weights. One device sync for
+    all of them; ``ValueError`` otherwise."""
     weights = weights and edge_weight is not None
-    ids = ids and num_edges > 0
-    stats = [finite_flag(x)]
-    if weights:
-        stats.append(finite_flag(edge_weight))
+    ids = ids and edge_index.size(1) > 0
+    stats = [finite_flag(edge_weight)] if weights else []
     if ids:
         stats += [edge_index.min(), edge_index.max()]
         if edge_head is not None:
             stats += [edge_head.min(), edge_head.max()]
+    if not stats:
+        return
     values = torch.stack([v.double() for v in stats]).tolist()  # the one device sync
-    if not all_finite(x, values[0]):
-        raise ValueError("x contains NaN or Inf")
-    if weights:
-        if not all_finite(edge_weight, values[1]):
-            raise ValueError("edge_weight contains NaN or Inf")
-        values = values[1:]
+    if weights and not all_finite(edge_weight, values.pop(0)):
+        raise ValueError("edge_weight contains NaN or Inf")
     if ids:
-        low, high = int(values[1]), int(values[2])
-        if low < 0 or high >= x.size(0):
-            raise ValueError(f"edge_index refers to nodes outside [0, {x.size(0)}) "
+        low, high = int(values[0]), int(values[1])
+        if low < 0 or high >= num_nodes:
+            raise ValueError(f"edge_index refers to nodes outside [0, {num_nodes}) "
                              f"(ids from {low} to {high})")
-        if edge_head is not None and (values[3] < 0 or values[4] >= num_heads):
+        if edge_head is not None and (values[2] < 0 or values[3] >= num_heads):
             raise ValueError(f"edge_head values must lie in [0, {num_heads}), got values "
-                             f"from {int(values[3])} to {int(values[4])}")
+                             f"from {int(values[2])} to {int(values[3])}")
 
 
 # Under torch.compile, check_graph_values runs inside this opaque operator: compiled code
@@ -741,7 +716,7 @@ def check_graph_values(x: Tensor, edge_index: Tensor, edge_weight: Optional[Tens
 def checked_edge_index(x: Tensor, edge_index: Tensor, edge_weight: Optional[Tensor],
                        edge_head: Optional[Tensor], num_heads: int) -> Tensor:
     """``edge_index`` (a copy) after :func:`check_graph_values`; for compiled callers."""
-    check_graph_values(x, edge_index, edge_weight, edge_head, num_heads)
+    check_graph_values(edge_index, edge_weight, edge_head, x.size(0), num_heads)
     return edge_index.clone()
 
 
@@ -816,23 +791,23 @@ def head_blocked_edges(edge_index: Tensor, edge_weight: Tensor, edge_head: Tenso
     return rows, cols, edge_weight if perm is None else edge_weight[perm]
 
 
-def check_head_edges(edge_index: Tensor, edge_weight: Tensor, edge_head: Tensor,
-                     num_nodes: int, num_heads: int) -> None:
-    """Shapes, dtypes and ranges of per-head edge lists (``ValueError`` otherwise)."""
-    if not isinstance(edge_index, Tensor) or edge_index.dtype != torch.long or \
-            edge_index.dim() != 2 or edge_index.size(0) != 2:
-        raise ValueError("edge_index must be an int64 [2, E] tensor")
-    e = edge_index.size(1)
-    if not isinstance(edge_weight, Tensor) or not edge_weight.dtype.is_floating_point or \
-            edge_weight.shape != (e,):
-        raise ValueError(f"edge_weight must be a floating-point [E] = [{e}] tensor")
-    if not isinstance(edge_head, Tensor) or edge_head.dtype != torch.long or \
-            edge_head.shape != (e,):
-        raise ValueError(f"edge_head must be an int64 [E] = [{e}] tensor")
-    if e and (int(edge_index.min()) < 0 or int(edge_index.max()) >= num_nodes):
-        raise ValueError(f"edge_index refers to nodes outside [0, {num_nodes})")
-    if e and (int(edge_head.min()) < 0 or int(edge_head.max()) >= num_heads):
-        raise ValueError(f"edge_head values must lie in [0, {num_heads})")
+def check_head_edges(x: Tensor, edge_index: Tensor, edge_weight: Tensor, edge_head: Tensor,
+                     num_heads: int) -> None:
+    """Shapes, dtypes and ranges of features and per-head edge lists (``ValueError``
+    otherwise)."""
+    tensors = (x, edge_index, edge_weight, edge_head)
+    if not all(isinstance(t, Tensor) for t in tensors) or x.dim() not in (2, 3) or \
+            (x.dim() == 3 and x.size(0) != num_heads) or edge_index.dtype != torch.long or \
+            edge_index.dim() != 2 or edge_index.size(0) != 2 or \
+            not edge_weight.dtype.is_floating_point or edge_head.dtype != torch.long or \
+            not edge_weight.shape == edge_head.shape == (edge_index.size(1),):
+        raise ValueError(f"x must be [N, C] or [H, N, C] with H = {num_heads}, edge_index an "
+                         f"int64 [2, E] tensor, edge_weight a floating-point [E] and edge_head "
+                         f"an int64 [E] tensor; got "
+                         + ", ".join(f"{t.dtype} {tuple(t.shape)}" if isinstance(t, Tensor)
+                                     else type(t).__name__ for t in tensors))
+    check_graph_values(edge_index, edge_weight, edge_head, x.size(-2), num_heads,
+                       weights=False)
 
 
 def head_propagate(x: Tensor, edge_index: Tensor, edge_weight: Tensor, edge_head: Tensor,
@@ -846,10 +821,7 @@ def head_propagate(x: Tensor, edge_index: Tensor, edge_weight: Tensor, edge_head
     :func:`weighted_spmm`); gradients reach ``x`` and ``edge_weight``. Edges in
     any order; ids and heads out of range raise ``ValueError``.
     """
-    if not isinstance(x, Tensor) or x.dim() not in (2, 3) or \
-            (x.dim() == 3 and x.size(0) != num_heads):
-        raise ValueError(f"x must be [N, C] or [H, N, C] with H = {num_heads}")
-    check_head_edges(edge_index, edge_weight, edge_head, x.shape[-2], num_heads)
+    check_head_edges(x, edge_index, edge_weight, edge_head, num_heads)
     return propagate_unchecked(x, edge_index, edge_weight, edge_head, num_heads)
 
 

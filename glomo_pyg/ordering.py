@@ -10,12 +10,27 @@ with Euclidean distances) is one more subclass.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 DIRECTIONS = ("forward", "backward")
+
+
+def check_count(name: str, value, high: Optional[int] = None) -> None:
+    """A positive integer (not a bool), at most ``high`` when given."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1 or \
+            (high is not None and value > high):
+        raise ValueError(f"{name} must be " + ("a positive integer" if high is None else
+                                               f"an integer in [1, {high}]")
+                         + f", got {value!r}")
+
+
+def check_direction(direction) -> None:
+    """The one check of a graph direction: ``'forward'`` or ``'backward'``."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
 
 
 class UnitOrder(ABC):
@@ -29,8 +44,7 @@ class UnitOrder(ABC):
     """
 
     def __init__(self, direction: str, include_self: bool = False):
-        if direction not in DIRECTIONS:
-            raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+        check_direction(direction)
         self.direction, self.include_self = direction, bool(include_self)
 
     @abstractmethod
@@ -150,9 +164,8 @@ class RasterOrder(SequenceOrder):
 
     def __init__(self, direction: str, height: int, width: int, include_self: bool = False):
         super().__init__(direction, include_self)
-        for name, v in (("height", height), ("width", width)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        check_count("height", height)
+        check_count("width", width)
         self.height, self.width = height, width
 
     @property

@@ -18,34 +18,30 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
+def _check_uint8(t, name: str) -> None:
+    if not isinstance(t, Tensor) or t.dtype != torch.uint8:
+        raise TypeError(f"{name} must be a torch.Tensor of uint8 pixel values (0-255), got "
+                        f"{getattr(t, 'dtype', type(t).__name__)}; normalisation happens "
+                        f"inside the model (see image_units)")
+
+
 def check_images(images: Tensor, channels: Optional[int] = None,
                  size: Optional[Tuple[int, int]] = None, name: str = "images") -> None:
     """``images`` must be a uint8 ``[B, C, H, W]`` tensor (of ``channels`` channels and
     ``size = (H, W)`` when given), with ``B >= 1`` and at least two pixels."""
-    if not isinstance(images, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(images).__name__}")
-    if images.dtype != torch.uint8:
-        raise TypeError(f"{name} must be uint8 pixel values (0-255), got {images.dtype}; "
-                        "normalisation happens inside the model")
-    if images.dim() != 4:
-        raise ValueError(f"{name} must have shape [B, C, H, W], got {tuple(images.shape)}")
-    b, c, h, w = images.shape
-    if b < 1 or h * w < 2:
-        raise ValueError(f"{name} need at least one image of at least two pixels, got "
-                         f"{tuple(images.shape)}")
-    if channels is not None and c != channels:
-        raise ValueError(f"{name} must have {channels} channels, got {c}")
-    if size is not None and (h, w) != tuple(size):
-        raise ValueError(f"{name} must be {size[0]}x{size[1]}, got {h}x{w}")
+    _check_uint8(images, name)
+    shape = tuple(images.shape)
+    if len(shape) != 4 or shape[0] < 1 or shape[2] * shape[3] < 2 or \
+            channels not in (None, shape[1]) or size not in (None, tuple(shape[2:])):
+        raise ValueError(f"{name} must be [B, C, H, W] (at least one image of at least two "
+                         f"pixels" + (f", {channels} channels" if channels is not None else "")
+                         + (f", must be {size[0]}x{size[1]}" if size is not None else "")
+                         + f"), got {shape}")
 
 
 def check_pixels(x: Tensor, channels: int, name: str = "x") -> None:
     """Pixel units: a uint8 ``[N, channels]`` tensor."""
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype != torch.uint8:
-        raise TypeError(f"{name} must hold uint8 pixel values (0-255), got {x.dtype}; "
-                        "normalisation happens inside the model (see image_units)")
+    _check_uint8(x, name)
     if x.dim() != 2 or x.size(1) != channels:
         raise ValueError(f"{name} must have shape [N, {channels}] (pixels x channels), got "
                          f"{tuple(x.shape)}")

@@ -6,7 +6,7 @@ fails early with a message naming the problem instead of deep inside a kernel.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -17,14 +17,20 @@ class SequenceBatch:
     """Layout of ``B`` variable-length sequences stored flat as ``N`` nodes.
 
     ``ptr[b]:ptr[b + 1]`` are the flat ids of sequence ``b``; ``position[n]`` is
-    node ``n``'s index inside its sequence.
+    node ``n``'s index inside its sequence. ``sizes`` holds ``lengths`` as host integers,
+    read once where the batch enters (the emission plans its blocks from them without a
+    device sync).
     """
 
     batch: Tensor
     ptr: Tensor
     lengths: Tensor
     position: Tensor
-    max_len: int
+    sizes: Tuple[int, ...]
+
+    @property
+    def max_len(self) -> int:
+        return max(self.sizes, default=0)
 
     @property
     def num_nodes(self) -> int:
@@ -54,7 +60,7 @@ class SequenceBatch:
         lengths = ptr[1:] - ptr[:-1]
         batch = torch.repeat_interleave(torch.arange(lengths.numel(), device=ptr.device), lengths)
         position = torch.arange(batch.numel(), device=ptr.device) - ptr[batch]
-        return cls(batch, ptr, lengths, position, int(lengths.max()) if lengths.numel() else 0)
+        return cls(batch, ptr, lengths, position, tuple(lengths.tolist()))
 
 
 # A sorted PyG batch vector may skip ids (empty graphs, which PyG allows), but every
@@ -78,58 +84,49 @@ def sequence_batch(num_nodes: int, batch: Optional[Tensor], device: torch.device
     The ids must be sorted (non-decreasing) and non-negative; ids may be skipped (empty
     sequences), but the number of sequences ``batch[-1] + 1`` may exceed the number of
     units ``N`` by at most :data:`MAX_EMPTY_SEQUENCES`, since every sequence costs
-    memory. Two device syncs."""
-    if num_nodes == 0:
-        raise ValueError("empty input: x has no units (N = 0); every batch needs at least one unit")
+    memory. Two device syncs (the checks, and ``sizes``), here at the door only."""
     if batch is None:
         batch = torch.zeros(num_nodes, dtype=torch.long, device=device)
-    if not isinstance(batch, Tensor):
-        raise TypeError(f"batch must be a torch.Tensor or None, got {type(batch).__name__}")
-    if batch.dtype != torch.long:
-        raise TypeError(f"batch must be int64 (torch.long), got {batch.dtype}")
-    if batch.dim() != 1 or batch.numel() != num_nodes:
-        raise ValueError(f"batch must have shape [N] = [{num_nodes}], got {tuple(batch.shape)}")
-    if batch.device != device:
-        raise ValueError(f"batch is on {batch.device} but x is on {device}")
-    if num_nodes > 1 and bool((batch[1:] < batch[:-1]).any()):
-        raise ValueError("batch must be sorted (non-decreasing), as PyG's DataLoader produces; "
-                         "sort the units by sequence id first")
-    first, last = torch.stack([batch[0], batch[-1]]).tolist()  # sorted: the extremes
-    if first < 0:
-        raise ValueError("batch contains negative sequence ids")
+    if not isinstance(batch, Tensor) or batch.dtype != torch.long:
+        raise TypeError(f"batch must be an int64 (torch.long) torch.Tensor or None, got "
+                        f"{getattr(batch, 'dtype', type(batch).__name__)}")
+    if num_nodes == 0 or batch.shape != (num_nodes,) or batch.device != device:
+        raise ValueError(f"batch must have shape [N] = [{num_nodes}] on x's device {device}, "
+                         f"got {tuple(batch.shape)} on {batch.device}" + (
+                             "; empty input: x has no units (N = 0), every batch needs at "
+                             "least one unit" if num_nodes == 0 else ""))
+    unsorted, first, last = torch.stack([(batch[1:] < batch[:-1]).any().long(), batch[0],
+                                         batch[-1]]).tolist()  # sorted: the extremes
     num_seqs = last + 1
-    if num_seqs > num_nodes + MAX_EMPTY_SEQUENCES:
-        raise ValueError(f"batch numbers {num_seqs} sequences (its last id is {last}) for "
-                         f"{num_nodes} units: at most N + MAX_EMPTY_SEQUENCES = "
-                         f"{num_nodes + MAX_EMPTY_SEQUENCES} are accepted, since every sequence "
-                         f"id costs memory whether or not it holds a unit "
-                         f"(glomo_pyg.sequences.MAX_EMPTY_SEQUENCES); renumber the sequences "
-                         f"0, 1, 2, ... (e.g. torch.unique_consecutive(batch, "
-                         f"return_inverse=True)[1])")
+    problem = (
+        "batch must be sorted (non-decreasing), as PyG's DataLoader produces; sort the units "
+        "by sequence id first" if unsorted else
+        "batch contains negative sequence ids" if first < 0 else
+        f"batch numbers {num_seqs} sequences (its last id is {last}) for {num_nodes} units: "
+        f"at most N + MAX_EMPTY_SEQUENCES = {num_nodes + MAX_EMPTY_SEQUENCES} are accepted, "
+        f"since every sequence id costs memory whether or not it holds a unit "
+        f"(glomo_pyg.sequences.MAX_EMPTY_SEQUENCES); renumber the sequences 0, 1, 2, ... "
+        f"(e.g. torch.unique_consecutive(batch, return_inverse=True)[1])"
+        if num_seqs > num_nodes + MAX_EMPTY_SEQUENCES else None)
+    if problem:
+        raise ValueError(problem)
     lengths = torch.bincount(batch, minlength=num_seqs)
     ptr = torch.zeros(num_seqs + 1, dtype=torch.long, device=device)
     torch.cumsum(lengths, 0, out=ptr[1:])
     position = torch.arange(num_nodes, device=device) - ptr[batch]
-    return SequenceBatch(batch, ptr, lengths, position, int(lengths.max()))
+    return SequenceBatch(batch, ptr, lengths, position, tuple(lengths.tolist()))
 
 
 def check_tokens(x: Tensor, num_tokens: int) -> None:
     """Token ids: a 1-D int64 or int32 tensor with values in ``[0, num_tokens)``."""
-    if not isinstance(x, Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
-        raise TypeError(f"this model reads token ids: x must be an integer tensor, got {x.dtype}")
-    if x.dtype not in TOKEN_DTYPES:
-        raise TypeError(f"token ids must be int64 or int32 (what an embedding indexes with), got "
-                        f"{x.dtype}; convert them with x.long()")
-    if x.dim() != 1:
-        raise ValueError(f"token ids must have shape [N], got {tuple(x.shape)}")
-    if x.numel():
-        low, high = torch.aminmax(x)
-        low, high = torch.stack([low, high]).tolist()  # one device sync
-        if low < 0 or high >= num_tokens:
-            raise ValueError(f"token ids must lie in [0, {num_tokens}), got values in "
-                             f"[{low}, {high}]")
+    if not isinstance(x, Tensor) or x.dtype not in TOKEN_DTYPES:
+        raise TypeError(f"this model reads token ids: x must be an integer tensor, int64 or "
+                        f"int32 (what an embedding indexes with), got "
+                        f"{getattr(x, 'dtype', type(x).__name__)}; convert them with x.long()")
+    low, high = torch.stack(torch.aminmax(x)).tolist() if x.numel() else (0, 0)  # one sync
+    if x.dim() != 1 or low < 0 or high >= num_tokens:
+        raise ValueError(f"token ids must lie in [0, {num_tokens}) and have shape [N], got "
+                         f"shape {tuple(x.shape)}, values in [{low}, {high}]")
 
 
 def check_dtype(x: Tensor, dtype: torch.dtype, name: str = "x",
@@ -147,15 +144,21 @@ def check_dtype(x: Tensor, dtype: torch.dtype, name: str = "x",
                     f"(fp32/fp16/bf16 input)")
 
 
-def check_features(x: Tensor, in_channels: int, name: str = "x",
-                   check_finite: bool = True) -> None:
-    """Features: a finite floating ``[N, in_channels]`` tensor (``check_finite=False``
-    leaves out the NaN/Inf test, a device sync, for callers that combine it with others)."""
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.dtype.is_floating_point:
-        raise TypeError(f"{name} must be a floating-point tensor of features, got {x.dtype}")
+def check_features(x: Tensor, in_channels: int, name: str = "x") -> None:
+    """Features: a floating ``[N, in_channels]`` tensor (shape and dtype only: values are
+    not read, as in PyG's layers, so nothing syncs with the device)."""
+    if not isinstance(x, Tensor) or not x.dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating-point torch.Tensor of features, got "
+                        f"{getattr(x, 'dtype', type(x).__name__)}")
     if x.dim() != 2 or x.size(1) != in_channels:
         raise ValueError(f"{name} must have shape [N, {in_channels}], got {tuple(x.shape)}")
-    if check_finite and not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} contains NaN or Inf")
+
+
+def first_failure(checks: List[Tuple[Tensor, str]], prefix: str = "") -> None:
+    """``ValueError`` with the message of the first check whose flag (a 0-d tensor, true
+    when the check fails) is set: one device sync for all the value checks of a door."""
+    if not checks:
+        return
+    flags = torch.stack([flag.reshape(()).to(torch.bool) for flag, _ in checks]).tolist()
+    if any(flags):
+        raise ValueError(prefix + checks[flags.index(True)][1])

@@ -7,7 +7,8 @@ override, a saved predictor's ``config.json`` or a module constructor, checks it
 same rule, so an error names the same dotted key and range wherever the value came from.
 
 Plain stdlib: the library's core must check settings without Lightning or jsonargparse
-(a saved predictor is loaded with neither installed).
+(a saved predictor is loaded with neither installed). :mod:`glomo_pyg.training.reference`
+writes ``docs/settings.md`` from the declarations.
 """
 from __future__ import annotations
 
@@ -32,21 +33,19 @@ def short_repr(value: Any) -> str:
     return _SHORT.repr(value)
 
 
-def _number_from_text(value: str) -> Optional[float]:
-    """``'1e-3'`` as 1e-3: YAML 1.1 reads exponents without a dot as strings."""
+def _number_from_text(value: str) -> Any:
+    """``'1e-3'`` as 1e-3 (YAML 1.1 reads exponents without a dot as strings)."""
     try:
-        number = float(value.strip())
+        return float(value)
     except ValueError:
-        return None
-    return number if math.isfinite(number) else None
+        return value
 
 
 def _finite(value: Any) -> bool:
     """A number (not a boolean) that is a finite float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
     try:
-        return math.isfinite(float(value))
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+            math.isfinite(value)
     except OverflowError:  # an integer beyond the float range
         return False
 
@@ -56,9 +55,9 @@ class Rule:
 
     Args:
         kind: ``int``, ``float``, ``bool``, ``str``, ``list`` (a list of finite
-            numbers) or ``dict`` (a mapping, whose entries the consumer checks). An int, or a number written as text such as ``'1e-3'`` (YAML 1.1
-            reads those as strings), is accepted where a float is expected; floats must
-            be finite.
+            numbers) or ``dict`` (a mapping, whose entries the consumer checks). An int,
+            or a number written as text such as ``'1e-3'``, is accepted where a float is
+            expected; floats must be finite.
         low, high: the range of a number (inclusive unless ``low_open`` /
             ``high_open``).
         optional: ``None`` is allowed.
@@ -71,19 +70,12 @@ class Rule:
     def __init__(self, kind: type, low=None, high=None, low_open: bool = False,
                  high_open: bool = False, optional: bool = False, choices=None,
                  max_length: Optional[int] = None, note: str = ""):
-        if kind not in (int, float, bool, str, list, dict):
-            raise TypeError(f"a Rule's kind is int, float, bool, str, list or dict, got "
-                            f"{kind!r}")
         self.kind, self.low, self.high = kind, low, high
         self.low_open, self.high_open, self.optional = low_open, high_open, optional
         self.choices, self.max_length, self.note = choices, max_length, note
 
     def replace(self, **changes) -> "Rule":
-        fields = dict(kind=self.kind, low=self.low, high=self.high, low_open=self.low_open,
-                      high_open=self.high_open, optional=self.optional, choices=self.choices,
-                      max_length=self.max_length, note=self.note)
-        fields.update(changes)
-        return Rule(**fields)
+        return Rule(**{**vars(self), **changes})
 
     def allowed_choices(self) -> Optional[Tuple]:
         return self.choices() if callable(self.choices) else self.choices
@@ -134,52 +126,49 @@ class Rule:
         choice."""
         if value is None and self.optional:
             return None
-        if self.kind is str and self.choices is None and isinstance(value, os.PathLike):
-            value = os.fspath(value)
-        fail = error(f"{key} must be {self.describe()}, got {show(value)}")
+        ok, normalised = self._normalise(value, typed)
+        if not ok:
+            raise error(f"{key} must be {self.describe()}, got {show(value)}")
+        return normalised
+
+    def _normalise(self, value, typed: bool) -> Tuple[bool, Any]:
+        """``(obeys the rule, the value normalised)``."""
         if self.choices is not None:
             if not typed and isinstance(value, int) and not isinstance(value, bool) and \
                     str(value) in self.allowed_choices():
                 value = str(value)  # precision: 32
-            if not isinstance(value, str) or value not in self.allowed_choices():
-                raise fail
-            return value
+            return isinstance(value, str) and value in self.allowed_choices(), value
         if self.kind is bool:
-            if not isinstance(value, bool):
-                raise fail
-            return value
+            return isinstance(value, bool), value
         if self.kind is str:
-            if not isinstance(value, str) or (self.max_length is not None and
-                                              len(value) > self.max_length):
-                raise fail
-            return value
+            if isinstance(value, os.PathLike):
+                value = os.fspath(value)
+            return isinstance(value, str) and (self.max_length is None or
+                                               len(value) <= self.max_length), value
         if self.kind is dict:
-            if not isinstance(value, Mapping):
-                raise fail
-            return dict(value)
+            return isinstance(value, Mapping), dict(value) if isinstance(value, Mapping) else value
         if self.kind is list:
-            if not isinstance(value, (list, tuple)) or (self.max_length is not None and
-                                                        len(value) > self.max_length) or \
-                    not all(map(_finite, value)):
-                raise fail
-            return list(value)
+            ok = isinstance(value, (list, tuple)) and \
+                (self.max_length is None or len(value) <= self.max_length) and \
+                all(map(_finite, value))
+            return ok, list(value) if ok else value
         if self.kind is float and isinstance(value, str) and not typed:
             value = _number_from_text(value)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise fail
-        if self.kind is int and not isinstance(value, int):
-            raise fail
-        if not _finite(value):
-            raise fail
-        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
-            raise fail
-        if self.high is not None and (value > self.high or
-                                      (self.high_open and value == self.high)):
-            raise fail
-        return float(value) if self.kind is float else value
+        ok = _finite(value) and (self.kind is float or isinstance(value, int)) and \
+            (self.low is None or value > self.low or (value == self.low and not self.low_open)) \
+            and (self.high is None or value < self.high or
+                 (value == self.high and not self.high_open))
+        return ok, float(value) if ok and self.kind is float else value
 
     def __repr__(self) -> str:
         return f"Rule({self.describe()!r})"
+
+
+# Far above the cores of any real machine. torch accepts any count, then crashes
+# (a segmentation fault at 100,000 threads) or overflows deep inside an operator.
+MAX_THREADS = 1024
+#: torch's CPU thread count (``--threads``, ``train.threads``).
+THREADS = Rule(int, low=0, high=MAX_THREADS, note="0: torch's default")
 
 
 class DevicesRule(Rule):
@@ -192,16 +181,13 @@ class DevicesRule(Rule):
         return ("'auto', a positive integer (a device count), -1 (all devices), a list of "
                 "device indices or a string such as '0,1'")
 
-    def check(self, key: str, value, error: Type[Exception] = ValueError,
-              show: Callable[[Any], str] = short_repr, typed: bool = False):
+    def _normalise(self, value, typed: bool) -> Tuple[bool, Any]:
         ok = (isinstance(value, str) and value.strip() != "") or \
             (isinstance(value, int) and not isinstance(value, bool) and
              (value >= 1 or value == -1)) or \
-            (isinstance(value, list) and value and
+            (isinstance(value, list) and bool(value) and
              all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value))
-        if not ok:
-            raise error(f"{key} must be {self.describe()}, got {show(value)}")
-        return value
+        return ok, value
 
 
 _MISSING = dataclasses.MISSING
@@ -284,17 +270,15 @@ def from_mapping(cls: Type[T], data: Optional[Mapping[str, Any]], section: str =
     """An instance of the settings dataclass ``cls`` from a mapping (a YAML section),
     starting from ``base`` (default: ``cls()``): unknown keys and values that break a
     rule raise ``error`` naming the dotted key."""
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        raise error(f"{section or 'the settings'} must be a mapping of settings, got "
-                    f"{short_repr(data)}")
+    data = {} if data is None else data
     allowed = rules(cls)
-    unknown = [k for k in data if k not in allowed]
-    if unknown:
+    unknown = sorted(str(k) for k in data if k not in allowed) \
+        if isinstance(data, Mapping) else []
+    if unknown or not isinstance(data, Mapping):
         where = f"{section} " if section else ""
-        raise error(f"unknown {where}settings {sorted(map(str, unknown))}; allowed: "
-                    f"{sorted(allowed)}")
+        raise error(f"unknown {where}settings {unknown}; allowed: {sorted(allowed)}" if unknown
+                    else f"{section or 'the settings'} must be a mapping of settings, got "
+                         f"{short_repr(data)}")
     out = dataclasses.replace(base if base is not None else cls(), **dict(data))
     check_settings(out, section, error)
     return out

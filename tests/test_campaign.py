@@ -3,7 +3,9 @@ run end to end once (prepare, run, ingest), then what each step refuses."""
 import glob
 import json
 import os
+import shlex
 import shutil
+import sys
 import types
 
 import pytest
@@ -796,7 +798,7 @@ def test_allocation_dry_run_end_to_end(tmp_path):
             command = runner.chained_command(
                 [(p.slice, p.budget_s) for p in call.parts],
                 [os.path.relpath(p.carry, ROOT) for p in call.parts], budget_s=call.budget_s,
-                dry_run=True)
+                dry_run=True, python=shlex.quote(sys.executable))
             assert len(command) <= 2000
             env = dict(os.environ, OUT=str(out), GLOMO_GPU_BLOCK_MODULES="gensim,conllu")
             proc = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env,
@@ -828,11 +830,64 @@ def test_allocation_dry_run_end_to_end(tmp_path):
 
 # -- the other slices' dry runs: prepare, run, ingest (a release, the results) ------------
 
+def _check_slice_results(name, release, recipe, new, manifest, text, releases):
+    """What each slice's dry run must have recorded (``new``: its ledger lines; ``text``:
+    its results file)."""
+    from glomo_pyg import PretrainedGraphPredictor
+
+    if name == "pixel-pretrain":
+        (line,) = new
+        assert line["metrics"]["steps"] == recipe["train"]["max_steps"]
+        check = line["metrics"]["check"]  # made by ingest, on the CPU
+        assert set(check) == {"learned", "untrained"} and set(check["learned"]) == {
+            "forward", "backward"}
+        assert line["metrics"]["check_device"] == "CPU (at ingest)"
+        assert line["metrics"]["check_images"] == 2 and "salvaged" not in line["metrics"]
+        predictor = PretrainedGraphPredictor.from_pretrained(
+            os.path.join(releases, release))
+        assert predictor.trained_size == (recipe["corpus"]["crop"],) * 2
+        card = open(os.path.join(releases, release, "README.md"), encoding="utf-8").read()
+        assert line["commit"] in card and "| forward | 0 |" in card
+        assert sorted(manifest["files"]) == ["predictor/config.json",
+                                             "predictor/model.safetensors", "run.log"]
+    elif name == "text-pretrain":
+        (line,) = new
+        m = line["metrics"]
+        assert m["steps"] == recipe["train"]["max_steps"] and m["stopped_by"] == "max_steps"
+        assert m["summary"]["init_vectors_found"] > 0.5  # the carried vectors were used
+        assert set(manifest["carried"]) == {"init_vectors.npy", "init_vectors.json"}
+        assert set(m["syntax"]) == {"forward", "backward"}  # scored by ingest, on the CPU
+        assert m["syntax_sentences"] == dict(dev=20, select=recipe["syntax"]["select_sentences"])
+        assert "previous word" in m["syntax_text"] and "next word" in m["syntax_text"]
+        predictor = PretrainedGraphPredictor.from_pretrained(
+            os.path.join(releases, release))
+        assert predictor.trained_length == recipe["corpus"]["max_length"]
+        assert len(predictor.vocabulary) == m["summary"]["vocabulary"]
+        card = open(os.path.join(releases, release, "README.md"), encoding="utf-8").read()
+        assert line["commit"] in card and m["syntax_text"] in card
+        assert f"max_distance={recipe['corpus']['max_length'] - 1}" in card
+        assert f"{len(predictor.vocabulary)}-word lower-cased vocabulary" in card
+        assert "ran to max_steps after" in card and "wall clock" not in card
+        assert "chosen graph" in text and "imdb-gpu-release.yaml" in text
+        assert sorted(manifest["files"]) == ["predictor/config.json",
+                                             "predictor/model.safetensors", "run.log"]
+    elif name == "cifar10":
+        accs = [l["metrics"]["test_acc"] for l in new]
+        assert all(0 <= a <= 1 for a in accs)
+        assert "glomo − baseline" in text
+        assert any(l["metrics"]["propagations_s"] > 0 for l in new if "/glomo/" in l["key"])
+    elif name == "imdb":
+        assert all(0 <= l["metrics"]["test_acc"] <= 1 for l in new)
+        assert "glomo − baseline" in text and recipe["predictor"]["release"] in text
+        assert set(manifest["carried"]) == {"embedding.npy", "embedding.json"}
+    else:  # speed: each section's table, as benchmarks.speed writes it
+        assert all(l["metrics"]["lines"][0].startswith("### ") for l in new)
+        assert "##### Fused layout" in text
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["pixel-pretrain", "cifar10", "text-pretrain", "imdb", "speed"])
 def test_dry_run_of_slice_end_to_end(name, tmp_path):
-    from glomo_pyg import PretrainedGraphPredictor
-
     mod = campaign.slice_module(name)
     carry = _carry_name("-" + name)
     ledger_path, results, releases = (str(tmp_path / "ledger.jsonl"), str(tmp_path / "results"),
@@ -881,54 +936,8 @@ def test_dry_run_of_slice_end_to_end(name, tmp_path):
     assert sorted(l["key"] for l in new) == sorted(mod.keys(recipe))
     text = open(os.path.join(results, mod.RESULTS), encoding="utf-8").read()
     assert f"<!-- gpu:{name} begin" in text and f"<!-- gpu:{name} end -->" in text
-    if name == "pixel-pretrain":
-        (line,) = new
-        assert line["metrics"]["steps"] == recipe["train"]["max_steps"]
-        check = line["metrics"]["check"]  # made by ingest, on the CPU
-        assert set(check) == {"learned", "untrained"} and set(check["learned"]) == {
-            "forward", "backward"}
-        assert line["metrics"]["check_device"] == "CPU (at ingest)"
-        assert line["metrics"]["check_images"] == 2 and "salvaged" not in line["metrics"]
-        predictor = PretrainedGraphPredictor.from_pretrained(
-            os.path.join(releases, mod.RELEASE))
-        assert predictor.trained_size == (recipe["corpus"]["crop"],) * 2
-        card = open(os.path.join(releases, mod.RELEASE, "README.md"), encoding="utf-8").read()
-        assert line["commit"] in card and "| forward | 0 |" in card
-        assert sorted(manifest["files"]) == ["predictor/config.json",
-                                             "predictor/model.safetensors", "run.log"]
-    elif name == "text-pretrain":
-        (line,) = new
-        m = line["metrics"]
-        assert m["steps"] == recipe["train"]["max_steps"] and m["stopped_by"] == "max_steps"
-        assert m["summary"]["init_vectors_found"] > 0.5  # the carried vectors were used
-        assert set(manifest["carried"]) == {"init_vectors.npy", "init_vectors.json"}
-        assert set(m["syntax"]) == {"forward", "backward"}  # scored by ingest, on the CPU
-        assert m["syntax_sentences"] == dict(dev=20, select=recipe["syntax"]["select_sentences"])
-        assert "previous word" in m["syntax_text"] and "next word" in m["syntax_text"]
-        predictor = PretrainedGraphPredictor.from_pretrained(
-            os.path.join(releases, mod.RELEASE))
-        assert predictor.trained_length == recipe["corpus"]["max_length"]
-        assert len(predictor.vocabulary) == m["summary"]["vocabulary"]
-        card = open(os.path.join(releases, mod.RELEASE, "README.md"), encoding="utf-8").read()
-        assert line["commit"] in card and m["syntax_text"] in card
-        assert f"max_distance={recipe['corpus']['max_length'] - 1}" in card
-        assert f"{len(predictor.vocabulary)}-word lower-cased vocabulary" in card
-        assert "ran to max_steps after" in card and "wall clock" not in card
-        assert "chosen graph" in text and "imdb-gpu-release.yaml" in text
-        assert sorted(manifest["files"]) == ["predictor/config.json",
-                                             "predictor/model.safetensors", "run.log"]
-    elif name == "cifar10":
-        accs = [l["metrics"]["test_acc"] for l in new]
-        assert all(0 <= a <= 1 for a in accs)
-        assert "glomo − baseline" in text
-        assert any(l["metrics"]["propagations_s"] > 0 for l in new if "/glomo/" in l["key"])
-    elif name == "imdb":
-        assert all(0 <= l["metrics"]["test_acc"] <= 1 for l in new)
-        assert "glomo − baseline" in text and recipe["predictor"]["release"] in text
-        assert set(manifest["carried"]) == {"embedding.npy", "embedding.json"}
-    else:  # speed: each section's table, as benchmarks.speed writes it
-        assert all(l["metrics"]["lines"][0].startswith("### ") for l in new)
-        assert "##### Fused layout" in text
+    _check_slice_results(name, getattr(mod, "RELEASE", None), recipe, new, manifest, text,
+                         releases)
     with pytest.raises(LedgerError, match="already records"):  # never twice
         ingest.ingest(str(tmp_path / "out"), ledger_path, results, releases, True, log=quiet,
                       shared_data=shared)

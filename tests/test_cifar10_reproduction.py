@@ -148,7 +148,7 @@ def test_image_training_refuses_bad_input_and_another_recipe_on_resume(tmp_path)
              ((images, labels), (images, labels), ImageTrainConfig(epochs=1, batch_size=2),
               "exactly one step"),
              ((images, labels[:5]), (images, labels), config, "labels"),
-             ((images, labels), (images[:0], labels[:0]), config, "val split is empty"),
+             ((images, labels), (images[:0], labels[:0]), config, "val must be a non-empty split"),
              ((images, labels), (images, labels), ImageTrainConfig(crop_padding=8), "crop_padding"),
              ((images, labels), (images, labels), ImageTrainConfig(lr=float("inf")),
               "lr must be a positive number, got inf"),

@@ -286,3 +286,17 @@ def test_word_vector_limits_that_would_hang_or_overflow(tmp_path):
     with pytest.raises(OSError):
         write_word_vectors(str(tmp_path / "out"), ["a"], np.ones((1, 2)))
     assert sorted(os.listdir(tmp_path)) == ["new", "out", "v.txt"]
+
+
+def test_glomo_pretrain_names_an_empty_corpus_file(tmp_path):
+    import yaml
+
+    from glomo_pyg.cli import main
+    from pretrain_runs import pretrain_settings
+
+    (tmp_path / "empty.txt").write_bytes(b"")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(pretrain_settings(tmp_path / "run", tmp_path / "empty.txt")))
+    with pytest.raises(SystemExit, match=r"^glomo pretrain: \S*empty\.txt: .*(no documents|"
+                                         r"0 distinct words)"):
+        main(["pretrain", "--config", str(cfg)])

@@ -25,7 +25,7 @@ def tiny_forward():
 
 
 def test_text_statistics_against_hand_computed_values():
-    table = GraphStatisticsAccumulator(edges=(1, 2, 3)).update(tiny_forward()).result()
+    table = GraphStatisticsAccumulator(edges=(1, 2, 3)).update(tiny_forward()).table()
     assert table.bins == ["0", "1", "2", "3+"]
     assert [(r.direction, r.layer, r.head) for r in table.rows] == \
         [("forward", 0, 0), ("forward", 0, 1)]
@@ -64,7 +64,7 @@ def test_text_statistics_against_hand_computed_values():
 def test_uniform_graphs_are_flagged_near_uniform_and_match_their_reference():
     ptr = torch.tensor([0, 7, 12])
     graphs = LatentGraphs.uniform(ptr, num_layers=2, num_heads=3, direction="backward")
-    table = GraphStatisticsAccumulator().update(graphs).result()
+    table = GraphStatisticsAccumulator().update(graphs).table()
     assert len(table.rows) == 6 and table.near_uniform_heads() == \
         [("backward", l, h) for l in range(2) for h in range(3)]
     for r in table.rows:
@@ -85,8 +85,8 @@ def test_agrees_with_graph_health_and_accumulates_over_batches():
         whole = model(x, batch_vector(lengths))
         first = model(x[:14], batch_vector(lengths[:2]))
         second = model(x[14:], batch_vector(lengths[2:]))
-    one = GraphStatisticsAccumulator().update(whole).result()
-    two = GraphStatisticsAccumulator().update(first).update(second).result()
+    one = GraphStatisticsAccumulator().update(whole).table()
+    two = GraphStatisticsAccumulator().update(first).update(second).table()
     health = graph_health(whole)
     for a, b in zip(one.rows, two.rows):
         for key in ("density", "empty", "entropy", "uniform_entropy", "adjacent", "distance",
@@ -108,7 +108,7 @@ def test_grid_histograms_use_row_and_column_offsets():
     d[0, 0, 0, 2, 4] = 0.25  # above-right: (-1, +1)
     g = LatentGraphs.from_dense(d, direction="forward", ptr=torch.tensor([0, 6]))
     g = g.with_order(RasterOrder("forward", 2, 3))
-    table = GraphStatisticsAccumulator(grid_radius=1).update(g).result()
+    table = GraphStatisticsAccumulator(grid_radius=1).update(g).table()
     assert table.grid_radius == 1 and table.bins is None
     (r,) = table.rows
     hist = torch.tensor(r.histogram, dtype=torch.float64)
@@ -132,7 +132,7 @@ def test_dataset_statistics_of_text_and_images():
     acc = GraphStatisticsAccumulator()
     with torch.no_grad():
         acc.update(predictor(torch.cat(seqs), batch_vector([4, 7, 3, 9, 5])))
-    ref = acc.result()
+    ref = acc.table()
     assert table.num_sequences == 5 and len(table.rows) == 4
     for a, b in zip(table.rows, ref.rows):
         assert a.entropy == pytest.approx(b.entropy) and a.density == pytest.approx(b.density)
@@ -147,7 +147,7 @@ def test_dataset_statistics_of_text_and_images():
     assert table.grid_radius is not None and table.directions == ["forward", "backward"]
     assert table.num_units == 60 and len(table.rows) == 4
     with torch.no_grad():
-        direct = GraphStatisticsAccumulator().update(pixel(*image_units(images))).result()
+        direct = GraphStatisticsAccumulator().update(pixel(*image_units(images))).table()
     for a, b in zip(table.rows, direct.rows):
         assert a.kl_uniform == pytest.approx(b.kl_uniform)
     for r in table.rows:
@@ -156,7 +156,7 @@ def test_dataset_statistics_of_text_and_images():
 
 
 def test_table_exports():
-    table = GraphStatisticsAccumulator().update(tiny_forward()).result()
+    table = GraphStatisticsAccumulator().update(tiny_forward()).table()
     text = table.format()
     assert "DEAD" in text and "fw L0 h1" in text
     csv = table.to_csv().splitlines()
@@ -175,7 +175,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match="grid_radius"):
         GraphStatisticsAccumulator(grid_radius=0)
     with pytest.raises(ValueError, match="no graphs"):
-        GraphStatisticsAccumulator().result()
+        GraphStatisticsAccumulator().table()
     with pytest.raises(TypeError, match="LatentGraphs"):
         GraphStatisticsAccumulator().update(torch.zeros(3))
     acc = GraphStatisticsAccumulator().update(tiny_forward())
@@ -193,4 +193,4 @@ def test_bad_input():
     with pytest.raises(ValueError, match=r"data\[1\]"):
         dataset_statistics(model, [torch.tensor([1, 2]), torch.tensor([], dtype=torch.long)])
     # a DirectionalGraphs with one direction is fine
-    assert GraphStatisticsAccumulator().update(DirectionalGraphs(tiny_forward(), None)).result()
+    assert GraphStatisticsAccumulator().update(DirectionalGraphs(tiny_forward(), None)).table()

@@ -1,5 +1,6 @@
 """The Sphinx documentation builds with warnings as errors and covers the public API."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,3 +31,15 @@ def test_docs_build_without_warnings(tmp_path):
                if name != "__version__" and f'id="glomo_pyg.{name}"' not in top_level]
     assert not missing, missing
     assert (out / "how_glomo_works.html").exists()
+
+
+def test_relative_links_in_the_markdown_files_point_to_files_that_exist():
+    root = DOCS.parent
+    pages = [root / "README.md", *root.glob("docs/*.md"), *root.glob("benchmarks/*.md"),
+             *root.glob("benchmarks/results/*.md")]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s#]+)", page.read_text(encoding="utf-8")):
+            if not re.match(r"[a-z]+:", target) and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(root)}: {target}")
+    assert not broken, broken

@@ -106,8 +106,10 @@ def test_require_names_the_package_and_the_extra(monkeypatch):
                        r"installed: pip install 'glomo-pyg\[analysis\]'") as err:
         require("sklearn", "Scoring")
     assert isinstance(err.value, ImportError) and err.value.name == "sklearn"
-    with pytest.raises(ValueError, match="not an optional dependency"):
-        require("numpy", "x")
+    monkeypatch.setitem(sys.modules, "numpy_absent", None)  # not an extra: no advice
+    with pytest.raises(ModuleNotFoundError) as err:
+        require("numpy_absent", "x")
+    assert not isinstance(err.value, MissingExtraError)
 
 
 def test_require_lets_other_import_errors_through(monkeypatch, tmp_path):

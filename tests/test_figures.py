@@ -83,7 +83,7 @@ def test_pixel_maps_every_graph_of_every_pixel():
 
 
 def test_statistics_figure_text_and_image():
-    table = GraphStatisticsAccumulator().update(text_graphs()).result()
+    table = GraphStatisticsAccumulator().update(text_graphs()).table()
     fig = plot_statistics(table)
     labels = [ax.get_ylabel() for ax in fig.axes]
     for label in ("density", "targets without edges", "KL from uniform (nats)",
@@ -91,7 +91,7 @@ def test_statistics_figure_text_and_image():
                   "edge distance |i - j|"):
         assert label in labels
     graphs, _ = pixel_graphs()
-    table = GraphStatisticsAccumulator(grid_radius=2).update(graphs).result()
+    table = GraphStatisticsAccumulator(grid_radius=2).update(graphs).table()
     fig = plot_statistics(table)
     maps = [ax for ax in fig.axes if ax.images and ax.get_title().startswith(("fw", "bw",
                                                                                "uniform"))]

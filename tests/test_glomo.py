@@ -168,7 +168,7 @@ def test_bad_input_is_rejected_with_clear_errors():
         model(torch.tensor([1, 2, 3]), torch.tensor([0, 1, 2]))
     with pytest.raises(ValueError, match=r"\[0, 25\)"):
         model(torch.tensor([1, 99]))
-    with pytest.raises(TypeError, match="integer"):
+    with pytest.raises(TypeError, match="int64|integer"):
         model(torch.randn(4))
     with pytest.raises(ValueError, match="sorted"):
         model(torch.tensor([1, 2, 3]), torch.tensor([1, 0, 1]))

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from glomo_pyg import LatentGraphs
-from glomo_pyg.training.graph_statistics import GraphStatistics, graph_health
+from glomo_pyg.analysis import graph_health
+from glomo_pyg.training.graph_statistics import GraphStatisticsCallback
 
 
 def hand_graphs(direction="forward"):
@@ -58,7 +59,7 @@ def test_uniform_graphs_match_their_own_reference():
 
 
 def test_dead_head_warning_fires_once_and_only_for_dead_heads():
-    callback = GraphStatistics(every_n_steps=10)
+    callback = GraphStatisticsCallback(every_n_steps=10)
     health = graph_health(hand_graphs())
     with pytest.warns(RuntimeWarning, match=r"graph head 1 of layer 0 \(forward\) is dead: 67%"):
         assert len(callback.check_health("forward", health, step=10)) == 1
@@ -71,9 +72,9 @@ def test_dead_head_warning_fires_once_and_only_for_dead_heads():
     with pytest.warns(RuntimeWarning, match="is dead"):  # died again after recovering
         callback.check_health("forward", health, step=40)
     with pytest.raises(ValueError):
-        GraphStatistics(every_n_steps=0)
+        GraphStatisticsCallback(every_n_steps=0)
     with pytest.raises(ValueError):
-        GraphStatistics(dead_share=1.5)
+        GraphStatisticsCallback(dead_share=1.5)
 
 
 def test_callback_fills_the_progress_bar_and_warns_about_a_dead_model_head():
@@ -92,7 +93,7 @@ def test_callback_fills_the_progress_bar_and_warns_about_a_dead_model_head():
     logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append((step, metrics)))
     trainer = SimpleNamespace(global_step=4, is_global_zero=True, loggers=[logger],
                               progress_bar_callback=object(), progress_bar_metrics=bar)
-    callback = GraphStatistics(every_n_steps=2)
+    callback = GraphStatisticsCallback(every_n_steps=2)
     with pytest.warns(RuntimeWarning, match=r"graph head [01] of layer 1 \(forward\) is dead"):
         callback.on_train_batch_end(trainer, SimpleNamespace(model=model), None, batch, 0)
     assert bar["dead"] == 2 and 0 <= bar["adj"] <= 1
@@ -120,11 +121,11 @@ def test_callback_reads_only_the_leading_whole_sequences_up_to_max_units():
     logger = SimpleNamespace(log_metrics=lambda metrics, step: None)
     trainer = SimpleNamespace(global_step=0, is_global_zero=True, loggers=[logger],
                               progress_bar_callback=None, progress_bar_metrics={})
-    GraphStatistics(every_n_steps=1, max_units=8).on_train_batch_end(
+    GraphStatisticsCallback(every_n_steps=1, max_units=8).on_train_batch_end(
         trainer, SimpleNamespace(model=model), None, batch, 0)
     assert seen[-1].tolist() == [0] * 5 + [1] * 6  # unit 8 lies in sequence 1: keep 0 and 1
-    GraphStatistics(every_n_steps=1, max_units=3).on_train_batch_end(
+    GraphStatisticsCallback(every_n_steps=1, max_units=3).on_train_batch_end(
         trainer, SimpleNamespace(model=model), None, batch, 0)
     assert seen[-1].tolist() == [0] * 5  # at least one whole sequence
     with pytest.raises(ValueError, match="max_units"):
-        GraphStatistics(max_units=1)
+        GraphStatisticsCallback(max_units=1)

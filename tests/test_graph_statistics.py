@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from glomo_pyg import LatentGraphs
-from glomo_pyg.training import GraphStatistics, graph_statistics
-from glomo_pyg.training.graph_statistics import distance_bin_names
+from glomo_pyg.analysis import distance_bin_names, graph_statistics
+from glomo_pyg.training.graph_statistics import GraphStatisticsCallback
 
 
 def test_statistics_of_uniform_graphs_match_closed_forms():
@@ -39,4 +39,4 @@ def test_statistics_of_a_hand_made_sparse_graph():
 def test_bin_names_and_bad_interval():
     assert distance_bin_names() == ["1", "2", "3-4", "5-8", "9-16", "17-32", "33-64", "65+"]
     with pytest.raises(ValueError, match="every_n_steps"):
-        GraphStatistics(0)
+        GraphStatisticsCallback(0)

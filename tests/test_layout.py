@@ -98,8 +98,6 @@ def test_glomo_conv_dense_blocks_equal_edges(heads, update):
                          ptr=graphs.ptr).to_dense_layout().dense_layer(0)
     sparse_out, dense_out = conv(h, ei, w, eh), conv.forward_dense(h, block, batch)
     assert_same_values_and_grads(dense_out, sparse_out, [h, w, *conv.parameters()])
-    with pytest.warns(DeprecationWarning, match="forward_dense"):  # the old entry point
-        torch.testing.assert_close(conv(h, block, batch=batch), dense_out)
 
 
 @pytest.mark.parametrize("propagation", ["both", "graph", "hierarchical"])
@@ -185,10 +183,10 @@ def test_dense_layout_rejects_bad_input():
         conv.forward_dense(x, torch.zeros(2, 3, 4, 4), batch)
     with pytest.raises(ValueError, match="dense graph blocks must have shape"):
         conv.forward_dense(x, torch.zeros(2, 2, 4), batch)
-    with pytest.raises(ValueError, match="dense blocks"):
+    with pytest.raises(ValueError, match="dense graph blocks"):
         conv.forward_dense(x, torch.zeros(2, 4), batch)
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="do not pass edge_weight"):
-        conv(x, torch.zeros(2, 2, 4, 4), torch.ones(3), batch=batch)
+    with pytest.raises(TypeError, match="forward_dense"):
+        conv(x, torch.zeros(2, 2, 4, 4), torch.ones(3))
     with pytest.raises(ValueError, match="layout must be"):
         GraphPredictor(num_tokens=5, hidden_channels=8, heads=2).set_layout("csr")
     with pytest.raises(TypeError):  # a run-time choice, not a constructor argument

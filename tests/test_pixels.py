@@ -117,7 +117,7 @@ def test_raster_order_distances_and_neighbourhood_statistics():
     # 9 of 11 targets per image have a left neighbour; the other 2 (first column) none
     assert health.adjacent[0, 0].item() == pytest.approx(9 / 11)
     assert health.empty[0, 0].item() == pytest.approx(2 / 11)
-    with pytest.raises(ValueError, match="exactly that many"):
+    with pytest.raises(ValueError, match="cover each sequence.s units"):
         LatentGraphs.uniform(torch.tensor([0, 12, 20]), num_layers=1, num_heads=1,
                              direction="forward", order=order)
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 import yaml
 
-from benchmarks.reliability import WORDS, without_recorded_settings, write_corpus
-from benchmarks.reliability import pretrain_settings as settings
+from pretrain_runs import WORDS, without_recorded_settings, write_corpus
+from pretrain_runs import pretrain_settings as settings
 from glomo_pyg.cli import main
 from glomo_pyg.training import PretrainConfig, run_pretraining
 from glomo_pyg.training.checkpoints import (CheckpointMismatchError, CorruptCheckpointError,

@@ -18,7 +18,7 @@ from collections import Counter
 import pytest
 import torch
 
-import glomo_pyg.io.pretrained as io
+import glomo_pyg.atomic_files as atomic_files
 from glomo_pyg import (GraphPredictor, PretrainedFormatError, PretrainedGraphPredictor,
                        load_pretrained, save_pretrained)
 
@@ -61,16 +61,14 @@ def in_child(work):
     return pid
 
 
-def save_forever(path, a, b, exchange):
+def save_forever(path, a, b):
     def work():
-        if not exchange:
-            io._exchange = lambda *args: False  # the two-rename swap of other systems
         for k in range(10 ** 9):
             save_pretrained((b, a)[k % 2], path)
     return work
 
 
-def kill_trials(tmp_path, trials, size, seed, exchange):
+def kill_trials(tmp_path, trials, size, seed):
     a, b = predictor(size[0], size[1], 1), predictor(size[0], size[1], 2)
     path = tmp_path / "p"
     save_pretrained(b, path)
@@ -80,7 +78,7 @@ def kill_trials(tmp_path, trials, size, seed, exchange):
     rng = random.Random(seed)
     outcomes = Counter()
     for _ in range(trials):
-        pid = in_child(save_forever(path, a, b, exchange))
+        pid = in_child(save_forever(path, a, b))
         time.sleep(rng.uniform(0, 3 * per_save))
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
@@ -88,9 +86,8 @@ def kill_trials(tmp_path, trials, size, seed, exchange):
         try:
             loaded = load_pretrained(path)
         except PretrainedFormatError as err:
-            # only the two-rename swap has an instant without the directory: the message
-            # names the backup and says what to do; doing it gives the previous predictor
-            assert not exchange, err
+            # killed between the two renames: the message names the backup and says what
+            # to do; doing it gives the previous predictor
             backup = re.search(r"Rename (\S+) to ", str(err)).group(1)
             os.rename(backup, path)
             outcomes["missing, restored as the message says"] += 1
@@ -101,42 +98,29 @@ def kill_trials(tmp_path, trials, size, seed, exchange):
     save_pretrained(a, path)  # the next save removes what killed saves left
     assert leftovers(path) == [] and sorted(os.listdir(path)) == ["config.json",
                                                                    "model.safetensors"]
-    print(f"\n{trials} SIGKILL trials ({'exchange' if exchange else 'two renames'}, "
+    print(f"\n{trials} SIGKILL trials ("
           f"{os.path.getsize(path / 'model.safetensors') / 1e6:.1f} MB, {per_save:.3f} s per "
           f"save): {dict(outcomes)}")
     return outcomes
 
 
-@pytest.mark.slow
 @posix_only
 def test_sigkill_at_random_times_never_loses_the_predictor(tmp_path):
     size = (50_000, 256) if LARGE else (2_000, 128)  # ~110 MB or ~4.2 MB of weights
-    outcomes = kill_trials(tmp_path, 200 if LARGE else 24, size, seed=1234, exchange=True)
-    assert outcomes["loads a"] + outcomes["loads b"] == (200 if LARGE else 24)
-
-
-@posix_only
-def test_sigkill_with_the_two_rename_swap_never_loses_the_predictor(tmp_path):
-    size = (50_000, 256) if LARGE else (2_000, 128)
-    outcomes = kill_trials(tmp_path, 100 if LARGE else 12, size, seed=4321, exchange=False)
+    outcomes = kill_trials(tmp_path, 100 if LARGE else 12, size, seed=4321)
     assert outcomes["loads a"] + outcomes["loads b"] == (100 if LARGE else 12)
 
 
 def die_at(point, path, new, old_rename=os.rename):
     """A child that saves ``new`` over ``path`` and dies (os._exit) at ``point``."""
     def work():
-        if point == "writing":
-            def half(file, data):
-                with open(file, "wb") as fh:
-                    fh.write(data[:len(data) // 2])
-                os._exit(0)
-            io._write_new_file = half
-        elif point == "after exchange":
-            exchange = io._exchange
-            io._exchange = lambda a, b: exchange(a, b) and os._exit(0)
+        if point == "writing":  # the first file written, before it is synced
+            os.fsync = lambda fd: os._exit(0)
+        elif point == "after the swap":  # before the backup is removed
+            rmtree = atomic_files.shutil.rmtree
+            atomic_files.shutil.rmtree = lambda p, **kw: (
+                os._exit(0) if ".glomo-old-" in os.fspath(p) else rmtree(p, **kw))
         elif point == "between renames":
-            io._exchange = lambda *args: False
-
             def rename(src, dst):
                 old_rename(src, dst)
                 if os.fspath(src) == os.fspath(path):
@@ -147,7 +131,7 @@ def die_at(point, path, new, old_rename=os.rename):
 
 
 @posix_only
-@pytest.mark.parametrize("point", ["writing", "after exchange", "between renames"])
+@pytest.mark.parametrize("point", ["writing", "after the swap", "between renames"])
 def test_death_at_each_step_of_a_save(tmp_path, point):
     old, new = predictor(30, 16, 1), predictor(30, 16, 2)
     path = tmp_path / "p"
@@ -162,7 +146,7 @@ def test_death_at_each_step_of_a_save(tmp_path, point):
             load_pretrained(path)
         expected = "old"
     else:
-        expected = "new" if point == "after exchange" else "old"
+        expected = "new" if point == "after the swap" else "old"
         assert which(load_pretrained(path), {"old": old, "new": new}) == expected
     third = predictor(30, 16, 3)
     save_pretrained(third, path)  # puts a backup back first, then saves; no leftovers
@@ -170,16 +154,22 @@ def test_death_at_each_step_of_a_save(tmp_path, point):
 
 
 def test_temporaries_of_a_running_save_are_kept(tmp_path):
+    import fcntl
     path = tmp_path / "p"
     save_pretrained(predictor(30, 16, 1), path)
-    live = tmp_path / f".p.glomo-new-{os.getppid()}-0123abcd"  # a running process
-    dead = tmp_path / ".p.glomo-old-999999999-0123abcd"        # no such process
-    mine = tmp_path / f".p.glomo-new-{os.getpid()}-0123abcd"   # of no save running here
-    other = tmp_path / ".p.glomo-new-x-0123abcd"               # not a save's
-    for d in (live, dead, mine, other):
+    staged = tmp_path / ".p.glomo-new-123-0123abcd"
+    other = tmp_path / ".p.glomo-new-x-0123abcd"  # not a save's
+    for d in (staged, other):
         d.mkdir()
-    save_pretrained(predictor(30, 16, 2), path)
-    assert live.exists() and other.exists() and not dead.exists() and not mine.exists()
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:  # a save running elsewhere holds the folder's lock: its staged folder is kept
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        load_pretrained(path)
+        assert staged.exists()
+    finally:
+        os.close(fd)  # (the OS drops the lock of a writer that dies)
+    load_pretrained(path)
+    assert not staged.exists() and other.exists()
 
 
 def test_a_directory_with_other_content_is_not_replaced(tmp_path):
@@ -215,8 +205,8 @@ def test_a_directory_that_cannot_be_swapped_is_written_in_place(tmp_path, monkey
     save_pretrained(predictor(30, 16, 1), path)
 
     def busy(new, target):
-        raise io._CannotSwap(OSError(errno.EBUSY, "Device or resource busy"))
-    monkeypatch.setattr(io, "_swap_in", busy)
+        raise OSError(errno.EBUSY, "Device or resource busy")
+    monkeypatch.setattr(atomic_files, "_swap_in", busy)
     second = predictor(30, 16, 2)
     with pytest.warns(RuntimeWarning, match="cannot replace .* as a whole .*in place"):
         save_pretrained(second, path)

@@ -104,7 +104,7 @@ def test_vocabulary_checks(tmp_path):
         load_pretrained(tmp_path, vocabulary=VOCAB[:-1])
     save_pretrained(make(vocab=False), tmp_path / "novocab")
     assert load_pretrained(tmp_path / "novocab").vocabulary is None
-    with pytest.raises(PretrainedFormatError, match="holds no vocabulary"):
+    with pytest.raises(PretrainedFormatError, match="tokens given, none saved"):
         load_pretrained(tmp_path / "novocab", vocabulary=VOCAB)
     edit_config(tmp_path, lambda c: c.update(vocabulary=VOCAB[:-2]))
     with pytest.raises(PretrainedFormatError, match="vocabulary has 28 entries, the predictor embeds 30"):
@@ -137,7 +137,7 @@ def test_missing_and_malformed_files(tmp_path):
     with pytest.raises(PretrainedFormatError, match="not valid JSON"):
         load_pretrained(d)
     (d / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(PretrainedFormatError, match="not a glomo_pyg pretrained-predictor config"):
+    with pytest.raises(PretrainedFormatError, match="format must be .* pretrained-predictor config"):
         load_pretrained(d)
     save_pretrained(make(), d)
     edit_config(d, lambda c: c.update(format_version=io.FORMAT_VERSION + 1))
@@ -145,7 +145,7 @@ def test_missing_and_malformed_files(tmp_path):
         load_pretrained(d)
     save_pretrained(make(), d)
     edit_config(d, lambda c: c.pop("weights"))
-    with pytest.raises(PretrainedFormatError, match="lacks the 'weights' entry"):
+    with pytest.raises(PretrainedFormatError, match="weights.file must be 'model.safetensors', got null"):
         load_pretrained(d)
     save_pretrained(make(), d)
     os.remove(d / "model.safetensors")
@@ -226,7 +226,7 @@ def test_config_that_does_not_match_the_weights(tmp_path):
         load_pretrained(tmp_path)
     save_pretrained(make(), tmp_path)
     edit_config(tmp_path, lambda c: c["directions"]["forward"]["config"].update(direction="backward"))
-    with pytest.raises(PretrainedFormatError, match="other direction"):
+    with pytest.raises(PretrainedFormatError, match="forward predictor was built for direction 'backward'"):
         load_pretrained(tmp_path)
     save_pretrained(make(), tmp_path)
     edit_config(tmp_path, lambda c: c["directions"].update(sideways={}))
@@ -312,11 +312,9 @@ def test_configs_within_the_bounds_are_compared_with_the_header_before_any_real_
     assert real_builds == []  # only the allocation-free meta build ran
 
 
-def test_the_header_is_read_without_the_tensors_and_dtypes_are_compared(tmp_path):
+def test_dtypes_are_compared_and_a_bad_header_is_refused(tmp_path):
     from safetensors.torch import save
     save_pretrained(make(), tmp_path)
-    header = io._read_header((tmp_path / "model.safetensors").read_bytes(), tmp_path)
-    assert header["fw.scorer.bias"] == ("F32", (2,))
     tensors = dict(make().predictors.state_dict())
     tensors["fw.scorer.bias"] = tensors["fw.scorer.bias"].double()
     (tmp_path / "model.safetensors").write_bytes(save(tensors))
@@ -326,7 +324,7 @@ def test_the_header_is_read_without_the_tensors_and_dtypes_are_compared(tmp_path
     data = (tmp_path / "model.safetensors").read_bytes()
     (tmp_path / "model.safetensors").write_bytes((1 << 62).to_bytes(8, "little") + data[8:])
     rehash(tmp_path)
-    with pytest.raises(PretrainedFormatError, match="not a valid safetensors file .*does not fit"):
+    with pytest.raises(PretrainedFormatError, match="not a valid safetensors file .*header"):
         load_pretrained(tmp_path)
 
 
@@ -366,7 +364,7 @@ def test_format_2_config_missing_an_argument_is_refused_not_defaulted(tmp_path, 
     save_pretrained(make(kind), tmp_path)
     edit_config(tmp_path, lambda c: c["directions"]["backward"]["config"].pop(key))
     with pytest.raises(PretrainedFormatError,
-                       match=rf"the backward {cls} config lacks arguments \['{key}'\]"):
+                       match=rf"the backward {cls} from its config: it lacks arguments \['{key}'\]"):
         load_pretrained(tmp_path)
     monkeypatch.setitem(io.ADDED_SINCE_FORMAT_2, cls, (key,))
     assert load_pretrained(tmp_path).predictor("backward") is not None
@@ -439,11 +437,11 @@ def test_bad_json_is_named_with_the_file(tmp_path, monkeypatch):
     monkeypatch.undo()
     (tmp_path / "config.json").unlink()
     (tmp_path / "config.json").mkdir()
-    fails_fast(tmp_path, "config.json is not a regular file")
+    fails_fast(tmp_path, "config.json cannot be read: .*not a regular file")
     os.rmdir(tmp_path / "config.json")
     if hasattr(os, "mkfifo"):  # a FIFO must not block the loader
         os.mkfifo(tmp_path / "config.json")
-        fails_fast(tmp_path, "config.json is not a regular file")
+        fails_fast(tmp_path, "config.json cannot be read: .*not a regular file")
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
@@ -484,7 +482,7 @@ def test_weights_entry_and_vocabulary_are_checked(tmp_path):
             (lambda c: c["weights"].update(bytes=True), "weights.bytes must be .*got true"),
             (lambda c: c["weights"].update(bytes="12"), "weights.bytes must be"),
             (lambda c: c["weights"].update(sha256=None), "weights.sha256 must be 64"),
-            (lambda c: c.update(format_version=True), "no integer format_version"),
+            (lambda c: c.update(format_version=True), "format_version must be an integer >= 1"),
             (lambda c: c.update(vocabulary="abc"), "vocabulary must be a list of strings"),
             (lambda c: c.update(trained_length=1), "trained_length must be an integer >= 2"),
             (lambda c: c.update(trained_length=True), "trained_length must be an integer"),
@@ -506,7 +504,8 @@ def test_weights_entry_and_vocabulary_are_checked(tmp_path):
 
 def test_sparse_huge_files_are_refused_before_they_are_read(tmp_path):
     """A sparse file can claim gigabytes on a few disk blocks: the config's size and the
-    weights' header are checked before any of the rest is read."""
+    weights' header (which must cover the file exactly) are checked before any of the
+    rest is read."""
     folder = tmp_path / "p"
     make().save_pretrained(folder)
     weights = folder / "model.safetensors"
@@ -516,7 +515,7 @@ def test_sparse_huge_files_are_refused_before_they_are_read(tmp_path):
     config["weights"]["bytes"] = 1 << 30
     write_config(folder, config)
     start = time.time()
-    with pytest.raises(PretrainedFormatError, match="its header and tensors take"):
+    with pytest.raises(PretrainedFormatError, match="not a valid safetensors file .*not fully covered"):
         load_pretrained(folder)
     assert time.time() - start < 5
     with open(folder / "config.json", "r+b") as fh:
@@ -567,5 +566,5 @@ def test_trained_length_travels_with_the_predictor(tmp_path):
     edit_config(tmp_path / "px", lambda c: c.pop("trained_size"))
     assert load_pretrained(tmp_path / "px").trained_size is None
     for bad in (1, 0, True, 3.0, "64"):
-        with pytest.raises(ValueError, match="trained_length must be None or an integer >= 2"):
+        with pytest.raises(ValueError, match="trained_length must be an integer >= 2"):
             PretrainedGraphPredictor(*parts, VOCAB, trained_length=bad)

@@ -10,8 +10,7 @@ exports round-trip.
 Budget: the default run (CI) draws a small, fixed set of examples (``derandomize``: the
 same cases every run, so a failure replays). ``GLOMO_PROPERTY_EXAMPLES=N`` draws ``N``
 random examples per property, with hypothesis's example database in ``.hypothesis/``
-so a failure found there replays on the next run (``benchmarks/results/reliability.md``
-records the large run).
+so a failure found there replays on the next run.
 """
 import functools
 import json

@@ -154,7 +154,7 @@ def test_size_limits(root, monkeypatch):
     with pytest.raises(ValueError, match="more than the .* MiB a release may hold"):
         write_release(predictor, root / "tiny-text", card())
     assert not (root / "tiny-text").exists()
-    # the header pushes the file over: refused after writing, and nothing is left
+    # the header pushes the file over: refused before anything is written
     size = sum(t.numel() * 2 for t in predictor.predictors.state_dict().values())
     monkeypatch.setattr(releases, "MAX_WEIGHTS_BYTES", size + 8)
     with pytest.raises(ValueError, match="weights file has"):

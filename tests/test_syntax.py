@@ -382,11 +382,11 @@ def test_syntax_command_refuses_bad_options_before_scoring(tmp_path, capsys):
     base = ["syntax", "--predictor", folder, "--treebank", trees, "--no-untrained"]
     fifo = str(tmp_path / "out.fifo")
     os.mkfifo(fifo)
-    for extra, message in [(["--threads", "-1"], r"--threads must be in \[0, 1024\]"),
-                           (["--threads", "100000"], r"--threads must be in \[0, 1024\]"),
+    for extra, message in [(["--threads", "-1"], r"--threads must be (an integer )?in \[0, 1024\]"),
+                           (["--threads", "100000"], r"--threads must be (an integer )?in \[0, 1024\]"),
                            (["--json", fifo], "not a regular file"),
                            (["--max-tokens", "1"], "--max-tokens must be >= 2"),
-                           (["--seed", str(10 ** 23)], "--seed must lie in"),
+                           (["--seed", str(10 ** 23)], r"--seed must (lie in|be >=)"),
                            (["--json", str(tmp_path)], "is a directory"),
                            (["--json", os.path.join(trees, "x.json")], "is a file, not a folder")]:
         with pytest.raises(SystemExit, match=message):

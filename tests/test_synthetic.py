@@ -5,7 +5,7 @@ from torch_geometric.loader import DataLoader
 
 from glomo_pyg import LatentGraphs
 from glomo_pyg.data import PlantedDependencyCorpus
-from glomo_pyg.evaluation import planted_source_recovery
+from glomo_pyg.analysis import planted_source_recovery
 
 
 def test_items_are_deterministic_and_splits_share_the_language():

@@ -147,8 +147,8 @@ def test_train_and_test_selects_on_validation_and_learns_a_keyword_task():
         encode_documents(["a"], [0, 1], vocab)
     for kwargs, message in [(dict(epochs=0), "epochs must be a positive integer"),
                             (dict(batch_size=0), "batch_size must be"),
-                            (dict(lr=float("nan")), "lr must be a finite positive"),
-                            (dict(lr=-1e-3), "lr must be a finite positive")]:
+                            (dict(lr=float("nan")), "lr must be a positive number"),
+                            (dict(lr=-1e-3), "lr must be a positive number")]:
         with pytest.raises(ValueError, match=message):
             train_and_test(model, data[:10], data[10:12], data[12:14], **kwargs)
     with pytest.raises(ValueError, match="the val split is empty"):

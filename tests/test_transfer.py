@@ -158,8 +158,6 @@ def test_mixer_rejects_bad_input(setting):
         mixer(torch.randn(n, 5), graphs)
     with pytest.raises(TypeError, match="floating-point"):
         mixer(torch.ones(n, 4, dtype=torch.long), graphs)
-    with pytest.raises(ValueError, match="NaN"):
-        mixer(torch.full((n, 4), float("nan")), graphs)
     with pytest.raises(ValueError, match="cover 18 units, x has 17"):
         mixer(torch.randn(n - 1, 4), graphs)
     with pytest.raises(ValueError, match="missing \\['backward'\\]"):
@@ -193,7 +191,7 @@ def test_gated_fusion_formula_and_errors():
     assert GatedFusion(6).out_channels == 12
     with pytest.raises(ValueError, match="expected 2 mixtures"):
         fusion(h, [a])
-    with pytest.raises(ValueError, match="shape of x"):
+    with pytest.raises(ValueError, match=r"each of the shape \(10, 6\).*got \(10, 6\) on cpu, \(10, 5\)"):
         fusion(h, [a, b[:, :5]])
     with pytest.raises(ValueError, match="positive"):
         GatedFusion(6, fusion_channels=0)
@@ -412,7 +410,7 @@ def test_transfer_with_decoupled_ablation_and_one_direction():
     torch.testing.assert_close(transfer.mixer(h, graphs)[0], want)
 
 
-def test_pretrained_predictor_from_glomo_and_checks():
+def test_pretrained_predictor_of_a_glomo_model_and_checks():
     model = Glomo.text(num_tokens=TOKENS, hidden_channels=16, num_layers=2, heads=2, cnn_layers=1)
     vocab = [f"w{i}" for i in range(TOKENS)]
     predictor = model.to_pretrained(vocabulary=vocab)
@@ -439,9 +437,7 @@ def test_pretrained_predictor_from_glomo_and_checks():
     with pytest.raises(TypeError, match="graph emitter"):
         PretrainedGraphPredictor(FeaturePredictor(num_tokens=TOKENS, hidden_channels=16,
                                                   num_layers=2, heads=2))
-    with pytest.warns(DeprecationWarning, match="to_pretrained"):
-        old = PretrainedGraphPredictor.from_glomo(model, vocab)
-    assert old.vocabulary == vocab
+    assert predictor.vocabulary == vocab
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -172,7 +172,7 @@ def test_a_fifo_in_a_predictor_is_refused_at_once(tmp_path, name):
     os.unlink(path / name)
     os.mkfifo(path / name)
     for function in (load_pretrained, reseal_pretrained):
-        with pytest.raises(PretrainedFormatError, match=f"{name} is not a regular file"):
+        with pytest.raises(PretrainedFormatError, match=f"{name} cannot be read: .*not a regular file"):
             run_briefly(function, path)
 
 
@@ -212,26 +212,17 @@ def test_open_regular_refuses_devices_and_folders(tmp_path):
 
 
 # --- 4. interrupted saves leave nothing that lasts -----------------------------------------
-def dead_pid():
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
-
-
 @pytest.mark.parametrize("then", ["load", "save"])
 def test_a_killed_saves_staging_folder_is_removed(tmp_path, then):
     path = text_predictor(tmp_path / "p")
-    stale = tmp_path / f".p.glomo-new-{dead_pid()}-0123abcd"
+    stale = tmp_path / ".p.glomo-new-123-0123abcd"  # no writer holds the folder's lock
     stale.mkdir()
     (stale / "model.safetensors").write_bytes(b"half written")
-    alive = tmp_path / f".p.glomo-new-{os.getppid()}-0123abcd"  # a writer still running
-    alive.mkdir()
     if then == "load":
         load_pretrained(path)
     else:
         save_pretrained(load_pretrained(path), path)
     assert not stale.exists()
-    assert alive.exists()
 
 
 # --- 6. an output folder is locked while a run writes into it ------------------------------

@@ -10,7 +10,7 @@ import stat
 from typing import Dict, List, Tuple
 
 from benchmarks.gpu import limits
-from glomo_pyg.atomic_files import atomic_write
+from glomo_pyg import atomic_files
 
 MANIFEST = "manifest.json"
 CONSOLE = "console.log"  # the call's own `tee` of everything printed (not digested)
@@ -183,5 +183,4 @@ def copy_private(folder: str, rel: str, private: str, limit: int) -> Tuple[int, 
 
 
 def write_json(path: str, data: Dict) -> None:
-    with atomic_write(path) as fh:
-        json.dump(data, fh, indent=1, sort_keys=True, allow_nan=False)
+    atomic_files.write_json(path, data, sort_keys=True, allow_nan=False)

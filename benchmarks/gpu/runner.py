@@ -158,24 +158,26 @@ def default_ledger() -> str:
 
 
 def device_command(name: str, budget_s: int = int(limits.LIMITS.call_budget_s),
-                   carry: str = CARRY) -> str:
-    """The command the device call runs for slice ``name``."""
-    return ("set -o pipefail; PYTHONUNBUFFERED=1 python3 -m benchmarks.gpu run "
+                   carry: str = CARRY, python: str = "python3") -> str:
+    """The command the device call runs for slice ``name`` (``python``: the device's
+    interpreter; a local rehearsal passes ``shlex.quote(sys.executable)``)."""
+    return (f"set -o pipefail; PYTHONUNBUFFERED=1 {python} -m benchmarks.gpu run "
             f"{name} --budget-s {budget_s} --carry {carry} --out \"$OUT\" 2>&1 | "
             f"tee \"$OUT/{files.CONSOLE}\"")
 
 
 def chained_command(slices: List[Tuple[str, Optional[float]]], carries: List[str],
                     budget_s: int = int(limits.LIMITS.call_budget_s),
-                    dry_run: bool = False) -> str:
+                    dry_run: bool = False, python: str = "python3") -> str:
     """One device call running several prepared slices in turn, each into ``$OUT/NAME``
     (ingest each folder): a slice with a budget gets it, one with ``None`` gets what is
-    left of ``budget_s`` since the call began; the console log covers them all."""
+    left of ``budget_s`` since the call began; the console log covers them all.
+    ``python`` as in :func:`device_command`."""
     runs = []
     for (name, budget), carry in zip(slices, carries):
         seconds = f"{budget:.0f}" if budget is not None else \
             f"$((t0 + {budget_s} - $(date +%s)))"
-        runs.append(f"python3 -m benchmarks.gpu run {name} --budget-s {seconds} "
+        runs.append(f"{python} -m benchmarks.gpu run {name} --budget-s {seconds} "
                     f"--carry {carry} --out \"$OUT/{name}\"" + (" --dry-run" if dry_run else ""))
     return ("set -o pipefail; export PYTHONUNBUFFERED=1; t0=$(date +%s); { "
             + "; ".join(runs) + f"; }} 2>&1 | tee \"$OUT/{files.CONSOLE}\"")
@@ -296,17 +298,10 @@ def _wait(proc, timeout: float):
         return None
 
 
-def run(name: str, budget_s: float, carry: str = CARRY, out: Optional[str] = None,
-        dry_run: bool = False, work: Optional[str] = None) -> Dict:
-    """Run slice ``name`` as prepared in ``carry`` within ``budget_s`` seconds; writes the
-    manifest into ``out`` and returns it."""
-    start = time.time()
-    if budget_s < 2 * RESERVE_S:
-        raise ValueError(f"--budget-s must be at least {2 * RESERVE_S:.0f}, got {budget_s}")
-    out = out or os.environ.get("OUT")
-    if not out:
-        raise ValueError("--out is not given and $OUT is not set")
-    os.makedirs(out, exist_ok=True)
+def _check_prepared(name: str, carry: str, dry_run: bool) -> Tuple[Dict, object, Dict,
+                                                                    List[str], List[str]]:
+    """The prepared slice in ``carry``, checked against this tree: its description, the
+    slice module, the recipe, the keys left to run and the carried archives."""
     folder = os.path.abspath(carry)
     description = files.read_json(os.path.join(folder, SLICE_FILE), "the prepared slice")
     if description.get("format") != FORMAT or description.get("slice") != name:
@@ -340,6 +335,58 @@ def run(name: str, budget_s: float, carry: str = CARRY, out: Optional[str] = Non
         path = os.path.join(folder, "extra", n)
         if not os.path.isfile(path) or files.sha256(path) != meta["sha256"]:
             raise ValueError(f"{path} is missing or not the file prepare carried")
+    return description, mod, recipe, keys, archives
+
+
+def _run_keys(mod, keys: List[str], log, **context) -> Tuple[List[Dict], List[Dict], List[str]]:
+    """Run ``keys`` (in processes of the slice's ``KEYS_PER_PROCESS``) while time is left:
+    the runs that succeeded, those that failed and the keys left for a later call."""
+    runs, failures = [], []
+    todo = keys
+    per_process = getattr(mod, "KEYS_PER_PROCESS", 1)  # None: all keys in one process
+    while todo:
+        ctx = campaign.Context(**context)
+        if ctx.seconds_left() < mod.min_seconds(todo[0], context["recipe"]):
+            break
+        batch = todo if per_process is None else todo[:per_process]
+        log(f"{', '.join(batch) if len(batch) < 4 else f'{len(batch)} runs'}: starting "
+            f"({ctx.seconds_left():.0f} s left)")
+        results = _run_item(ctx, batch, log)
+        for result in results:
+            log(f"{result['key']}: {result['status']} in {result['seconds']} s")
+            (runs if result["status"] == "ok" else failures).append(finite(result))
+        started = {r["key"] for r in results}
+        todo = [k for k in todo if k not in started]
+        if per_process is None or not results:  # (the process ran what time allowed)
+            break
+    return runs, failures, todo
+
+
+def _listed_files(out: str) -> Dict[str, Dict]:
+    """Size and SHA-256 of every returned file but the manifest, the console and links."""
+    listed = {}
+    for top, _, names in os.walk(out):
+        for n in names:
+            rel = os.path.relpath(os.path.join(top, n), out)
+            if rel not in (files.MANIFEST, files.CONSOLE) and not os.path.islink(
+                    os.path.join(out, rel)):
+                listed[rel] = dict(bytes=os.path.getsize(os.path.join(out, rel)),
+                                   sha256=files.sha256(os.path.join(out, rel)))
+    return listed
+
+
+def run(name: str, budget_s: float, carry: str = CARRY, out: Optional[str] = None,
+        dry_run: bool = False, work: Optional[str] = None) -> Dict:
+    """Run slice ``name`` as prepared in ``carry`` within ``budget_s`` seconds; writes the
+    manifest into ``out`` and returns it."""
+    start = time.time()
+    if budget_s < 2 * RESERVE_S:
+        raise ValueError(f"--budget-s must be at least {2 * RESERVE_S:.0f}, got {budget_s}")
+    out = out or os.environ.get("OUT")
+    if not out:
+        raise ValueError("--out is not given and $OUT is not set")
+    os.makedirs(out, exist_ok=True)
+    description, mod, recipe, keys, archives = _check_prepared(name, carry, dry_run)
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -357,28 +404,10 @@ def run(name: str, budget_s: float, carry: str = CARRY, out: Optional[str] = Non
     data_start = time.time()
     data.build(archives, data_dir, log)
     data_seconds = round(time.time() - data_start, 1)
-    deadline = start + budget_s - RESERVE_S
-    runs, failures = [], []
-    todo = keys
-    per_process = getattr(mod, "KEYS_PER_PROCESS", 1)  # None: all keys in one process
-    while todo:
-        ctx = campaign.Context(slice=name, recipe=recipe, dry_run=dry_run, data_dir=data_dir,
-                               out=out, work=work, deadline=deadline, device=device,
-                               extra=os.path.join(folder, "extra"))
-        if ctx.seconds_left() < mod.min_seconds(todo[0], recipe):
-            break
-        batch = todo if per_process is None else todo[:per_process]
-        log(f"{', '.join(batch) if len(batch) < 4 else f'{len(batch)} runs'}: starting "
-            f"({ctx.seconds_left():.0f} s left)")
-        results = _run_item(ctx, batch, log)
-        for result in results:
-            log(f"{result['key']}: {result['status']} in {result['seconds']} s")
-            (runs if result["status"] == "ok" else failures).append(finite(result))
-        started = {r["key"] for r in results}
-        todo = [k for k in todo if k not in started]
-        if per_process is None or not results:  # (the process ran what time allowed)
-            break
-    skipped = todo
+    runs, failures, skipped = _run_keys(
+        mod, keys, log, slice=name, recipe=recipe, dry_run=dry_run, data_dir=data_dir,
+        out=out, work=work, deadline=start + budget_s - RESERVE_S, device=device,
+        extra=os.path.join(os.path.abspath(carry), "extra"))
     if skipped:
         log(f"left for a later call (not enough time): {', '.join(skipped)}")
     manifest = dict(format=FORMAT, run=uuid.uuid4().hex[:12], slice=name,
@@ -393,15 +422,7 @@ def run(name: str, budget_s: float, carry: str = CARRY, out: Optional[str] = Non
     log(f"done: {len(runs)} runs, {len(failures)} failed, {len(skipped)} left; "
         f"{manifest['wall_s']} s")
     log.fh.close()
-    listed = {}
-    for top, _, names in os.walk(out):
-        for n in names:
-            rel = os.path.relpath(os.path.join(top, n), out)
-            if rel not in (files.MANIFEST, files.CONSOLE) and not os.path.islink(
-                    os.path.join(out, rel)):
-                listed[rel] = dict(bytes=os.path.getsize(os.path.join(out, rel)),
-                                   sha256=files.sha256(os.path.join(out, rel)))
-    manifest["files"] = listed
+    manifest["files"] = _listed_files(out)
     files.write_json(os.path.join(out, files.MANIFEST), manifest)
     files.check_limits(out)  # (the manifest is written first: a call that broke them is
     return manifest          # refused by ingest, and its manifest says what ran)

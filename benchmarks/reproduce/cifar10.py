@@ -52,20 +52,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import math
 import os
 import platform
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from benchmarks.common import (as_script, cached_runs, check_common_arguments, file_digest,
                                read_cache, run_reporting_errors, write_runs)
 from benchmarks.reproduce.imdb import paired_difference
-from glomo_pyg.atomic_files import atomic_write
+from glomo_pyg.atomic_files import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = os.path.join(ROOT, "configs")
@@ -123,11 +122,6 @@ SMOKE = Setup(config="cifar10-cpu.yaml", train_images=8, val_images=4, test_imag
 
 def log(*args):
     print(time.strftime("[%H:%M:%S]"), *args, flush=True)
-
-
-def write_json(path: str, obj) -> None:
-    with atomic_write(path) as fh:
-        json.dump(obj, fh, indent=1)
 
 
 def check_arguments(args) -> None:
@@ -292,50 +286,31 @@ def main(argv=None) -> None:
     run_reporting_errors("benchmarks.reproduce.cifar10", run, args, argv)
 
 
-def run(args, argv=None) -> None:
-    """The reproduction for parsed ``args`` (see :func:`main`)."""
-    check_arguments(args)
-    setup = dataclasses.replace(SMOKE if args.smoke else REDUCED if args.reduced else FULL)
-    if args.seeds is not None:
-        setup.seeds = args.seeds
-    if args.epochs is not None:
-        setup.epochs = args.epochs
-    if args.depths:
-        setup.depths = tuple(args.depths)
-    variants = tuple(dict.fromkeys(args.variants or DEFAULT_VARIANTS))
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    mode = "smoke" if args.smoke else "reduced" if args.reduced else "full"
-    out = args.output_dir or f"runs/cifar10-{mode}"
-    os.makedirs(out, exist_ok=True)
-    command = "python -m benchmarks.reproduce.cifar10 " + " ".join(
-        sys.argv[1:] if argv is None else argv)
-    started = time.time()
+def load_pixel_predictor(predictor_dir: str) -> Tuple:
+    """The pixel predictor in ``predictor_dir`` (in the fused layout, FlexAttention, for
+    these 1024-unit images without gradients) and its pretraining summary and settings
+    (empty if absent)."""
+    from glomo_pyg import PretrainedGraphPredictor
 
-    from glomo_pyg import GlomoResNet, GlomoTransfer, PretrainedGraphPredictor
-    from glomo_pyg.data.images import load_cifar10, train_validation_split
-    from glomo_pyg.training.image_classification import (ImageTrainConfig, evaluate,
-                                                         precompute_propagations,
-                                                         train_image_classifier)
-
-    device = torch.device("cuda" if args.accelerator in ("auto", "gpu") and
-                          torch.cuda.is_available() else "cpu")
-    predictor_dir = pretrain(args, setup, out)
-    if args.stop_after == "pretrain":
-        return
-    # 'auto': the fused layout (FlexAttention) for these 1024-unit images without gradients
     predictor = PretrainedGraphPredictor.from_pretrained(predictor_dir).eval().set_layout("auto")
     if predictor.vocabulary is not None or "height" not in \
             predictor.predictor(predictor.directions[0]).config():
         raise ValueError(f"{predictor_dir} is not a pixel predictor (it reads words or "
                          "features); pretrain one on images (corpus.format imagenet32)")
-    pretrain_summary, pretrain_config = {}, {}
-    summary_path = os.path.join(os.path.dirname(os.path.abspath(predictor_dir)), "pretrain.json")
-    if os.path.exists(summary_path):
-        pretrain_summary = read_cache(summary_path, "pretraining summary")
-    config_path = os.path.join(os.path.dirname(os.path.abspath(predictor_dir)), "config.json")
-    if os.path.exists(config_path):
-        pretrain_config = read_cache(config_path, "pretraining settings")
+    run_dir = os.path.dirname(os.path.abspath(predictor_dir))
+    summary_path, config_path = (os.path.join(run_dir, "pretrain.json"),
+                                 os.path.join(run_dir, "config.json"))
+    pretrain_summary = read_cache(summary_path, "pretraining summary") \
+        if os.path.exists(summary_path) else {}
+    pretrain_config = read_cache(config_path, "pretraining settings") \
+        if os.path.exists(config_path) else {}
+    return predictor, pretrain_summary, pretrain_config
+
+
+def image_split(args, setup: Setup, out: str) -> Tuple:
+    """CIFAR-10's train, validation and test images and labels, the split cached in
+    ``split.json``."""
+    from glomo_pyg.data.images import load_cifar10, train_validation_split
 
     cifar = os.path.join(args.data_dir, "cifar-10-batches-py")
     images, labels = load_cifar10(cifar, "train")
@@ -362,7 +337,12 @@ def run(args, argv=None) -> None:
     val = (images[split["validation"]], labels[split["validation"]])
     test = (test_images[split["test"]], test_labels[split["test"]])
     log(f"CIFAR-10: {len(train[0])} train / {len(val[0])} validation / {len(test[0])} test")
+    return train, val, test
 
+
+def graph_check(predictor, images: torch.Tensor, out: str) -> Dict:
+    """The pixel graph check of the learned and an untrained predictor on up to 64
+    validation images, cached in ``pixel_graphs.json``."""
     graphs_path = os.path.join(out, "pixel_graphs.json")
     check = read_cache(graphs_path, "pixel graph check") if os.path.exists(graphs_path) else None
     if check is not None and not (isinstance(check.get("learned"), dict) and all(
@@ -370,7 +350,7 @@ def run(args, argv=None) -> None:
             for v in check["learned"].values())):
         raise ValueError(f"{graphs_path} (pixel graph check) is damaged; delete it")
     if check is None:
-        sample = val[0][:min(64, len(val[0]))]
+        sample = images[:min(64, len(images))]
         t0 = time.time()
         learned = pixel_graph_check(predictor, sample)
         untrained = untrained_copy(predictor)
@@ -383,26 +363,22 @@ def run(args, argv=None) -> None:
         log(f"pixel graphs ({d}): 4-neighbourhood weight per layer "
             f"{', '.join(f'{x:.3f}' for x in layers)} vs uniform {v['uniform_neighbour']:.4f}; "
             f"dead heads {v['dead_heads']}")
-    if args.stop_after == "graphs":
-        return
+    return check
 
-    runs_path = os.path.join(out, "downstream.json")
-    recipe = ImageTrainConfig(epochs=setup.epochs, batch_size=setup.batch_size, lr=setup.lr,
-                              crop_padding=setup.crop_padding)
-    settings = dict(dataclasses.asdict(recipe), width=setup.width,
-                    precompute=setup.precompute,
-                    images=[len(train[0]), len(val[0]), len(test[0])],
-                    predictor=file_digest(os.path.join(predictor_dir, "model.safetensors")))
-    runs = cached_runs(runs_path, settings, log)
+
+def graph_window(args, predictor, predictor_dir: str, variants, side: int, runs: Dict,
+                 runs_path: str) -> Optional[int]:
+    """The ``max_distance`` of the *-window variants: ``--max-distance``, else the
+    pretraining crop side minus 1; refused if it keeps every pair or differs from the
+    cached window runs'."""
     window = args.max_distance
-    if window is None and any(v.endswith("-window") for v in variants):  # (the crop side - 1)
+    windowed = any(v.endswith("-window") for v in variants)
+    if window is None and windowed:
         if predictor.trained_size is None:
             raise ValueError(f"{predictor_dir} records no pretraining image size (saved before "
                              "glomo_pyg recorded it): give --max-distance for the *-window "
                              "variants (the crop side minus 1)")
         window = min(predictor.trained_size) - 1
-    side = max(train[0].shape[2:])
-    windowed = any(v.endswith("-window") for v in variants)
     if windowed and window is not None and window >= side - 1:
         raise ValueError(f"a window of {window} keeps every pair of {side}-pixel images: the "
                          "*-window variants would repeat glomo and uniform (was the predictor "
@@ -411,14 +387,19 @@ def run(args, argv=None) -> None:
     if other and window is not None:  # one window per cache: its pairs must be like for like
         raise ValueError(f"{runs_path} holds window runs with max_distance {other[0]}, not "
                          f"{window}: give --max-distance {other[0]} or another --output-dir")
-    cache: Dict[str, torch.Tensor] = {}
-    os.makedirs(os.path.join(out, "runs"), exist_ok=True)
+    return window
 
-    def build(depth: int, variant: str, seed: int) -> GlomoResNet:
-        torch.manual_seed(seed)
-        transfer = GlomoTransfer(predictor, 3, graph=VARIANTS[variant],
-                                 max_distance=window if variant.endswith("-window") else None)
-        return GlomoResNet(transfer, depth=depth, width=setup.width).to(device)
+
+def train_variants(setup: Setup, variants, predictor, data, recipe, window, runs: Dict,
+                   runs_path: str, settings: Dict, out: str, device) -> None:
+    """Every (depth, seed, variant) run not in ``runs``, each recorded as it ends."""
+    from glomo_pyg import GlomoResNet, GlomoTransfer
+    from glomo_pyg.training.image_classification import (evaluate, precompute_propagations,
+                                                         train_image_classifier)
+
+    train, val, test = data
+    cache: Dict[str, Dict] = {}
+    os.makedirs(os.path.join(out, "runs"), exist_ok=True)
 
     def propagations(model: GlomoResNet, variant: str):
         if not setup.precompute or variant == "baseline":
@@ -440,7 +421,11 @@ def run(args, argv=None) -> None:
                 key = f"resnet{depth}/{variant}/seed{seed}"
                 if key in runs:
                     continue
-                model = build(depth, variant, seed)
+                torch.manual_seed(seed)
+                transfer = GlomoTransfer(predictor, 3, graph=VARIANTS[variant],
+                                         max_distance=window if variant.endswith("-window")
+                                         else None)
+                model = GlomoResNet(transfer, depth=depth, width=setup.width).to(device)
                 train_prop, val_prop, test_prop = propagations(model, variant)
                 log(f"{key}: training")
                 result = train_image_classifier(
@@ -459,6 +444,51 @@ def run(args, argv=None) -> None:
                 write_runs(runs_path, settings, runs)
                 log(f"{key}: test {test_acc:.4f} (validation {result['best_val']:.4f} at "
                     f"epoch {result['best_epoch'] + 1})")
+
+
+def run(args, argv=None) -> None:
+    """The reproduction for parsed ``args`` (see :func:`main`)."""
+    check_arguments(args)
+    setup = dataclasses.replace(SMOKE if args.smoke else REDUCED if args.reduced else FULL)
+    if args.seeds is not None:
+        setup.seeds = args.seeds
+    if args.epochs is not None:
+        setup.epochs = args.epochs
+    if args.depths:
+        setup.depths = tuple(args.depths)
+    variants = tuple(dict.fromkeys(args.variants or DEFAULT_VARIANTS))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    mode = "smoke" if args.smoke else "reduced" if args.reduced else "full"
+    out = args.output_dir or f"runs/cifar10-{mode}"
+    os.makedirs(out, exist_ok=True)
+    command = "python -m benchmarks.reproduce.cifar10 " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    started = time.time()
+    from glomo_pyg.training.image_classification import ImageTrainConfig
+
+    device = torch.device("cuda" if args.accelerator in ("auto", "gpu") and
+                          torch.cuda.is_available() else "cpu")
+    predictor_dir = pretrain(args, setup, out)
+    if args.stop_after == "pretrain":
+        return
+    predictor, pretrain_summary, pretrain_config = load_pixel_predictor(predictor_dir)
+    train, val, test = image_split(args, setup, out)
+    check = graph_check(predictor, val[0], out)
+    if args.stop_after == "graphs":
+        return
+    runs_path = os.path.join(out, "downstream.json")
+    recipe = ImageTrainConfig(epochs=setup.epochs, batch_size=setup.batch_size, lr=setup.lr,
+                              crop_padding=setup.crop_padding)
+    settings = dict(dataclasses.asdict(recipe), width=setup.width,
+                    precompute=setup.precompute,
+                    images=[len(train[0]), len(val[0]), len(test[0])],
+                    predictor=file_digest(os.path.join(predictor_dir, "model.safetensors")))
+    runs = cached_runs(runs_path, settings, log)
+    window = graph_window(args, predictor, predictor_dir, variants, max(train[0].shape[2:]),
+                          runs, runs_path)
+    train_variants(setup, variants, predictor, (train, val, test), recipe, window, runs,
+                   runs_path, settings, out, device)
     if args.stop_after == "downstream":
         return
     figure(predictor, test[0][0], args.figure)
@@ -519,6 +549,24 @@ def _mean_std(values: List[float]) -> str:
         return f"{100 * m:.2f}"
     sd = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
     return f"{100 * m:.2f} ± {100 * sd:.2f}"
+
+
+def _graph_check_lines(check: Dict) -> List[str]:
+    """The pixel graph check as a table."""
+    lines = ["", f"Pixel graphs on {check['images']} CIFAR validation images: weight on the "
+             "4-neighbourhood of a pixel (left and above for forward graphs, right and below "
+             "for backward), head-averaged per layer, against uniform graphs over the same "
+             "sources; dead heads = heads with more than half of their targets without edges.",
+             "", "| direction | layer | learned | untrained | uniform | dead heads |",
+             "|---|---|---|---|---|---|"]
+    for d, v in check["learned"].items():
+        u = check["untrained"][d]
+        for l, row in enumerate(v["neighbour"]):
+            dead = [h for (ll, h) in v["dead_heads"] if ll == l]
+            lines.append(f"| {d} | {l} | {sum(row) / len(row):.4f} | "
+                         f"{sum(u['neighbour'][l]) / len(row):.4f} | "
+                         f"{v['uniform_neighbour']:.4f} | {dead or 'none'} |")
+    return lines
 
 
 def write_results(args, setup, mode, command, runs, check, pretrain_summary, pretrain_config,
@@ -583,19 +631,7 @@ def write_results(args, setup, mode, command, runs, check, pretrain_summary, pre
             ci = "" if n < 2 else f" [{100 * lo:+.2f}, {100 * hi:+.2f}]"
             lines.append(f"- ResNet-{depth}, {a} − {b}: {100 * m:+.2f} points{ci} "
                          f"(paired over seeds {seeds}, 95% t interval)")
-    lines += ["", f"Pixel graphs on {check['images']} CIFAR validation images: weight on the "
-              "4-neighbourhood of a pixel (left and above for forward graphs, right and below "
-              "for backward), head-averaged per layer, against uniform graphs over the same "
-              "sources; dead heads = heads with more than half of their targets without edges.",
-              "", "| direction | layer | learned | untrained | uniform | dead heads |",
-              "|---|---|---|---|---|---|"]
-    for d, v in check["learned"].items():
-        u = check["untrained"][d]
-        for l, row in enumerate(v["neighbour"]):
-            dead = [h for (ll, h) in v["dead_heads"] if ll == l]
-            lines.append(f"| {d} | {l} | {sum(row) / len(row):.4f} | "
-                         f"{sum(u['neighbour'][l]) / len(row):.4f} | "
-                         f"{v['uniform_neighbour']:.4f} | {dead or 'none'} |")
+    lines += _graph_check_lines(check)
     lines += ["", f"Figure (paper Fig. 4): `{args.figure}`.", ""]
     text = "\n".join(lines) + "\n"
     header = "# ImageNet 32x32 -> CIFAR-10 (paper Sec. 3.5, Table 3)\n\n"

@@ -639,7 +639,7 @@ def graph_profile(predictor, data, reviews: int = 256,
     from torch_geometric.loader import DataLoader
 
     from glomo_pyg import LatentGraphs
-    from glomo_pyg.training import graph_statistics
+    from glomo_pyg.analysis import graph_statistics
 
     sums: Dict[str, List[float]] = {}
     batches = 0
@@ -713,8 +713,8 @@ def main(argv=None) -> None:
     run_reporting_errors("benchmarks.reproduce.imdb", run, args, argv)
 
 
-def run(args, argv=None) -> None:
-    """The reproduction for parsed ``args`` (see :func:`main`)."""
+def setup_for(args) -> Setup:
+    """The configuration ``args`` pick (smoke, reduced or full) with their overrides."""
     setup = dataclasses.replace(SMOKE if args.smoke else REDUCED if args.reduced else FULL)
     check_arguments(args)
     if args.seeds is not None:
@@ -748,25 +748,29 @@ def run(args, argv=None) -> None:
         raise ValueError(f"variant glomo-rnn puts graphs after the first of at least 2 RNN "
                          f"layers; --rnn-layers is {setup.rnn_layers} (choose --variants "
                          "without it)")
-    mode = "smoke" if args.smoke else "reduced" if args.reduced else "full"
-    out = args.output_dir or f"runs/imdb-{mode}"
-    os.makedirs(out, exist_ok=True)
-    command = "python -m benchmarks.reproduce.imdb " + " ".join(sys.argv[1:] if argv is None
-                                                                 else argv)
-    start = time.time()
-    from glomo_pyg import GlomoTextClassifier, PretrainedGraphPredictor
-    from glomo_pyg.analysis import untrained_copy
-    from glomo_pyg.data import embedding_matrix
-    from glomo_pyg.training.text_classification import train_and_test
+    return setup
 
-    given = None
-    if args.predictor:  # checked before the long stages
-        given = PretrainedGraphPredictor.from_pretrained(args.predictor)
-        if given.vocabulary is None:
-            raise ValueError(f"--predictor {args.predictor} reads pixels or features, not "
-                             "words: IMDB needs a text predictor (glomo pretrain on text)")
-    splits = review_splits(args, setup)
-    words, vectors = word_vectors(args, setup, out)
+
+def given_predictor(args):
+    """The predictor of ``--predictor`` (checked before the long stages), or None."""
+    from glomo_pyg import PretrainedGraphPredictor
+
+    if not args.predictor:
+        return None
+    given = PretrainedGraphPredictor.from_pretrained(args.predictor)
+    if given.vocabulary is None:
+        raise ValueError(f"--predictor {args.predictor} reads pixels or features, not "
+                         "words: IMDB needs a text predictor (glomo pretrain on text)")
+    return given
+
+
+def load_predictors(args, setup: Setup, out: str, given) -> Tuple:
+    """The predictors the variants need (``given``, cached, or pretrained here), their
+    pretraining summaries, the loaded predictors, their untrained copies and the
+    vocabulary."""
+    from glomo_pyg import PretrainedGraphPredictor
+    from glomo_pyg.analysis import untrained_copy
+
     predictors, pretrain_summaries = {}, {}
     needed = sorted({VARIANTS[v]["predictor"] for v in setup.variants} - {None})
     for name in needed:
@@ -791,6 +795,146 @@ def run(args, argv=None) -> None:
                          "pass --predictor")
     if any(p.vocabulary != vocabulary for p in loaded.values()):
         raise ValueError("predictors were pretrained with different vocabularies")
+    return predictors, pretrain_summaries, loaded, untrained, vocabulary
+
+
+class Downstream:
+    """The downstream runs of one reproduction: each trained once and cached in
+    ``downstream.json`` (valid only for the inputs and settings that made it)."""
+
+    def __init__(self, args, setup: Setup, out: str, data, embedding, predictors, loaded,
+                 untrained, settings: Dict):
+        self.args, self.setup, self.embedding = args, setup, embedding
+        self.train, self.val, self.test = data
+        self.loaded, self.untrained, self.settings = loaded, untrained, settings
+        self.runs_path = os.path.join(out, "downstream.json")
+        self.inputs = {v: run_inputs(v, predictors, loaded, setup.max_distance, setup.mixing)
+                       for v in setup.variants}
+        upgrade_cache(self.runs_path, settings, predictors, loaded, log)
+        self.runs = cached_runs(self.runs_path, settings, log)
+        check_runs(self.runs, self.runs_path)
+        for variant, count in stale_runs(self.runs, self.inputs).items():
+            log(f"{count} cached run(s) of {variant} were made with other graph inputs "
+                "(another predictor, --max-distance or --mixing); training them again")
+        self.checkpoints = os.path.join(out, "lr-search")
+        os.makedirs(self.checkpoints, exist_ok=True)
+
+    def build(self, variant: str, seed: int):
+        from glomo_pyg import GlomoTextClassifier
+
+        spec = dict(VARIANTS[variant])
+        source = self.untrained if spec.pop("weights", None) == "untrained" else self.loaded
+        predictor = source.get(spec.pop("predictor"))
+        torch.manual_seed(seed)
+        return GlomoTextClassifier(self.embedding, predictor=predictor,
+                                   hidden_channels=self.setup.hidden,
+                                   rnn_layers=self.setup.rnn_layers,
+                                   max_distance=self.setup.max_distance,
+                                   mixing=self.setup.mixing, **spec)
+
+    def fit(self, variant: str, seed: int, lr: float, test_data):
+        """One run: its cache entry and the model (left at its best validation epoch)."""
+        from glomo_pyg.training.text_classification import train_and_test
+
+        model = self.build(variant, seed)
+        result = train_and_test(model, self.train, self.val, test_data, epochs=self.setup.epochs,
+                                batch_size=self.setup.batch_size, lr=lr, seed=seed,
+                                accelerator=self.args.accelerator)
+        mixture = mixture_weights(model, self.val)
+        return dict(dataclasses.asdict(result), lr=lr, inputs=self.inputs[variant],
+                    **({"mixture": mixture} if mixture else {})), model
+
+    def record(self, key: str, entry: Dict) -> None:
+        self.runs[key] = entry
+        test_text = "not evaluated" if entry["test_acc"] is None else f"{entry['test_acc']:.4f}"
+        log(f"{key}: val {entry['val_acc']:.4f} (epoch {entry['best_epoch']}), "
+            f"test {test_text}, {entry['seconds']:.0f} s")
+        write_runs(self.runs_path, self.settings, self.runs)
+
+    def checkpoint(self, variant: str, seed: int, lr: float) -> str:
+        # (seed 0's name is the one runs 1-13 used, so their interrupted searches resume)
+        return os.path.join(self.checkpoints, f"{variant}-{lr:g}.pt" if seed == 0 else
+                            f"{variant}-{seed}-{lr:g}.pt")
+
+    def choose_rate(self, variant: str) -> float:
+        """The learning rate of ``variant``: seeds 0 .. lr_seeds - 1 at every rate,
+        validation only. train_and_test always evaluates a test set; it gets the
+        validation reviews, so the test reviews are seen only by the chosen rate's
+        models, restored from their checkpoints afterwards."""
+        setup, runs = self.setup, self.runs
+        search_seeds = range(setup.lr_seeds)
+        for seed in search_seeds:
+            for lr in setup.lrs:
+                key = run_key(variant, seed, lr)
+                if key in runs:
+                    continue
+                entry, model = self.fit(variant, seed, lr, self.val)
+                torch.save(trainable_state(model), self.checkpoint(variant, seed, lr))
+                self.record(key, dict(entry, test_acc=None))
+        chosen = max(setup.lrs, key=lambda lr: search_accuracy(runs, setup, variant, lr))
+        for seed in search_seeds:
+            key = run_key(variant, seed, chosen)
+            if runs[key]["test_acc"] is None:
+                self.record(key, self.tested(variant, seed, chosen, key))
+        for seed in search_seeds:  # every search run of this variant is final now
+            for lr in setup.lrs:
+                if os.path.exists(self.checkpoint(variant, seed, lr)):
+                    os.remove(self.checkpoint(variant, seed, lr))
+        tried = ", ".join(f"{lr:g}: {search_accuracy(runs, setup, variant, lr):.4f}"
+                          for lr in setup.lrs)
+        log(f"{variant}: learning rate {chosen:g} chosen on validation ({tried})")
+        return chosen
+
+    def tested(self, variant: str, seed: int, lr: float, key: str) -> Dict:
+        """A search run at the chosen rate, its checkpoint evaluated on test (trained
+        again if the checkpoint is lost or damaged)."""
+        path = self.checkpoint(variant, seed, lr)
+        state = None
+        if os.path.exists(path):
+            try:
+                state = torch.load(path, weights_only=True)
+            except (RuntimeError, OSError, ValueError, EOFError, pickle.UnpicklingError) as err:
+                log(f"{path} is damaged ({err}); training the run again")
+        if state is None:  # checkpoint lost: train this run again, now with the test evaluation
+            return self.fit(variant, seed, lr, self.test)[0]
+        model = self.build(variant, seed)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+        if unexpected or set(missing) - frozen:
+            raise ValueError(f"{path} does not fit variant {variant}; delete it")
+        return dict(self.runs[key], test_acc=evaluate_accuracy(
+            model, self.test, self.setup.batch_size, self.args.accelerator))
+
+    def run_all(self) -> Dict[str, float]:
+        """Every variant at its chosen rate for every reported seed; the chosen rates."""
+        chosen = {variant: self.choose_rate(variant) for variant in self.setup.variants}
+        for seed in reported_seeds(self.setup):
+            for variant in self.setup.variants:
+                key = run_key(variant, seed, chosen[variant])
+                # (the search seeds' runs at the chosen rate are tested above; a
+                # validation-only run of an earlier, larger --lr-seeds has no test result
+                # and no checkpoint left: trained again)
+                if key not in self.runs or self.runs[key]["test_acc"] is None:
+                    self.record(key, self.fit(variant, seed, chosen[variant], self.test)[0])
+        return chosen
+
+
+def run(args, argv=None) -> None:
+    """The reproduction for parsed ``args`` (see :func:`main`)."""
+    setup = setup_for(args)
+    mode = "smoke" if args.smoke else "reduced" if args.reduced else "full"
+    out = args.output_dir or f"runs/imdb-{mode}"
+    os.makedirs(out, exist_ok=True)
+    command = "python -m benchmarks.reproduce.imdb " + " ".join(sys.argv[1:] if argv is None
+                                                                 else argv)
+    start = time.time()
+    from glomo_pyg.data import embedding_matrix
+
+    given = given_predictor(args)
+    splits = review_splits(args, setup)
+    words, vectors = word_vectors(args, setup, out)
+    predictors, pretrain_summaries, loaded, untrained, vocabulary = \
+        load_predictors(args, setup, out, given)
     embedding, coverage = embedding_matrix(vocabulary, words, vectors, seed=0)
     train, val, test = reviews(splits, setup, vocabulary)
     log(f"reviews: {len(train)} train / {len(val)} validation / {len(test)} test, cut to "
@@ -799,7 +943,6 @@ def run(args, argv=None) -> None:
     log(f"{TFIDF_LABEL}: C {baseline_tfidf['C']:g} (validation "
         f"{baseline_tfidf['val_acc']:.4f}), test {baseline_tfidf['test_acc']:.4f}, "
         f"{baseline_tfidf['features']} features")
-
     # cached runs are valid only for the inputs and settings that made them: the shared
     # ones here, and per run the predictor files its variant reads (run_inputs)
     settings = dict(
@@ -811,107 +954,10 @@ def run(args, argv=None) -> None:
         reviews=[len(train), len(val), len(test)],
         word_vectors=file_digest(os.path.join(out, "word_vectors.txt")),
         vocabulary=text_digest(json.dumps(vocabulary)))
-    runs_path = os.path.join(out, "downstream.json")
-    inputs = {v: run_inputs(v, predictors, loaded, setup.max_distance, setup.mixing)
-              for v in setup.variants}
-    upgrade_cache(runs_path, settings, predictors, loaded, log)
-    runs = cached_runs(runs_path, settings, log)
-    check_runs(runs, runs_path)
-    for variant, count in stale_runs(runs, inputs).items():
-        log(f"{count} cached run(s) of {variant} were made with other graph inputs (another "
-            "predictor, --max-distance or --mixing); training them again")
-    checkpoints = os.path.join(out, "lr-search")
-    os.makedirs(checkpoints, exist_ok=True)
-
-    def save_runs():
-        write_runs(runs_path, settings, runs)
-
-    def build(variant: str, seed: int) -> GlomoTextClassifier:
-        spec = dict(VARIANTS[variant])
-        source = untrained if spec.pop("weights", None) == "untrained" else loaded
-        predictor = source.get(spec.pop("predictor"))
-        torch.manual_seed(seed)
-        return GlomoTextClassifier(embedding, predictor=predictor, hidden_channels=setup.hidden,
-                                   rnn_layers=setup.rnn_layers, max_distance=setup.max_distance,
-                                   mixing=setup.mixing, **spec)
-
-    def fit(variant: str, seed: int, lr: float, test_data):
-        """One run: its cache entry and the model (left at its best validation epoch)."""
-        model = build(variant, seed)
-        result = train_and_test(model, train, val, test_data, epochs=setup.epochs,
-                                batch_size=setup.batch_size, lr=lr, seed=seed,
-                                accelerator=args.accelerator)
-        mixture = mixture_weights(model, val)
-        return dict(dataclasses.asdict(result), lr=lr, inputs=inputs[variant],
-                    **({"mixture": mixture} if mixture else {})), model
-
-    def record(key: str, entry: Dict):
-        runs[key] = entry
-        test_text = "not evaluated" if entry["test_acc"] is None else f"{entry['test_acc']:.4f}"
-        log(f"{key}: val {entry['val_acc']:.4f} (epoch {entry['best_epoch']}), "
-            f"test {test_text}, {entry['seconds']:.0f} s")
-        save_runs()
-
-    # learning rate per variant: seeds 0 .. lr_seeds - 1 at every rate, validation only.
-    # train_and_test always evaluates a test set; it gets the validation reviews, so the
-    # test reviews are seen only by the chosen rate's models, restored from their
-    # checkpoints afterwards
-    chosen: Dict[str, float] = {}
-    search_seeds = range(setup.lr_seeds)
-
-    def checkpoint(variant: str, seed: int, lr: float) -> str:
-        # (seed 0's name is the one runs 1-13 used, so their interrupted searches resume)
-        return os.path.join(checkpoints, f"{variant}-{lr:g}.pt" if seed == 0 else
-                            f"{variant}-{seed}-{lr:g}.pt")
-
-    for variant in setup.variants:
-        for seed in search_seeds:
-            for lr in setup.lrs:
-                key = run_key(variant, seed, lr)
-                if key in runs:
-                    continue
-                entry, model = fit(variant, seed, lr, val)
-                torch.save(trainable_state(model), checkpoint(variant, seed, lr))
-                record(key, dict(entry, test_acc=None))
-        chosen[variant] = max(setup.lrs, key=lambda lr: search_accuracy(runs, setup, variant, lr))
-        for seed in search_seeds:
-            key = run_key(variant, seed, chosen[variant])
-            if runs[key]["test_acc"] is not None:
-                continue
-            path = checkpoint(variant, seed, chosen[variant])
-            state = None
-            if os.path.exists(path):
-                try:
-                    state = torch.load(path, weights_only=True)
-                except (RuntimeError, OSError, ValueError, EOFError,
-                        pickle.UnpicklingError) as err:
-                    log(f"{path} is damaged ({err}); training the run again")
-            if state is not None:
-                model = build(variant, seed)
-                missing, unexpected = model.load_state_dict(state, strict=False)
-                frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
-                if unexpected or set(missing) - frozen:
-                    raise ValueError(f"{path} does not fit variant {variant}; delete it")
-                entry = dict(runs[key], test_acc=evaluate_accuracy(
-                    model, test, setup.batch_size, args.accelerator))
-            else:  # checkpoint lost: train this run again, now with the test evaluation
-                entry, _ = fit(variant, seed, chosen[variant], test)
-            record(key, entry)
-        for seed in search_seeds:  # every search run of this variant is final now
-            for lr in setup.lrs:
-                if os.path.exists(checkpoint(variant, seed, lr)):
-                    os.remove(checkpoint(variant, seed, lr))
-        tried = ", ".join(f"{lr:g}: {search_accuracy(runs, setup, variant, lr):.4f}"
-                          for lr in setup.lrs)
-        log(f"{variant}: learning rate {chosen[variant]:g} chosen on validation ({tried})")
-    for seed in reported_seeds(setup):
-        for variant in setup.variants:
-            key = run_key(variant, seed, chosen[variant])
-            # (the search seeds' runs at the chosen rate are tested above; a
-            # validation-only run of an earlier, larger --lr-seeds has no test result and
-            # no checkpoint left: trained again)
-            if key not in runs or runs[key]["test_acc"] is None:
-                record(key, fit(variant, seed, chosen[variant], test)[0])
+    downstream = Downstream(args, setup, out, (train, val, test), embedding, predictors, loaded,
+                            untrained, settings)
+    chosen = downstream.run_all()
+    runs = downstream.runs
     for variant in setup.variants:  # the neural results beside the TF-IDF baseline
         acc = [runs[run_key(variant, s, chosen[variant])]["test_acc"]
                for s in reported_seeds(setup)]
@@ -973,6 +1019,62 @@ def mixture_lines(setup: Setup, final: Dict[str, Dict[int, Dict]]) -> List[str]:
             "|---|---|---|---|---|---|---|", *rows]
 
 
+def _profile_lines(profiles: Dict) -> List[str]:
+    """The table of the predictors' forward graphs against uniform ones."""
+    lines = ["", "Forward graphs on the first 256 test reviews, per layer (learned / uniform "
+             "over the same allowed sources): density; weight-averaged edge distance; share "
+             "of each target's weight on the previous unit, and on the previous two units.", "",
+             "| predictor | layer | density | distance | weight on t-1 | weight on t-1, t-2 |",
+             "|---|---|---|---|---|---|"]
+    for name, prof in profiles.items():
+        for l in range(len(prof["learned/density"])):
+            cell = lambda key: f"{prof['learned/' + key][l]:.3f} / {prof['uniform/' + key][l]:.3f}"
+            lines.append(f"| `{name}` | {l} | {cell('density')} | {cell('distance')} | "
+                         f"{cell('weight_prev1')} | {cell('weight_prev2')} |")
+    lines.append("")
+    return lines
+
+
+def _search_lines(setup: Setup, runs: Dict, chosen: Dict[str, float], searched: str
+                  ) -> List[str]:
+    """Validation accuracy of each variant at each learning rate, the chosen in bold."""
+    lines = ["", f"Validation accuracy % ({searched}) at each learning rate (no test "
+             "evaluation except at the chosen rate):", "",
+             "| variant | " + " | ".join(f"lr {lr:g}" for lr in setup.lrs) + " |",
+             "|---|" + "---|" * len(setup.lrs)]
+    for variant in setup.variants:
+        cells = [f"**{100 * search_accuracy(runs, setup, variant, lr):.2f}**" if lr ==
+                 chosen[variant] else f"{100 * search_accuracy(runs, setup, variant, lr):.2f}"
+                 for lr in setup.lrs]
+        lines.append(f"| {LABELS[variant]} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _paired_lines(setup: Setup, final: Dict) -> List[str]:
+    """Paired test-accuracy differences of the compared variants."""
+    # same seeds, same data order per seed: pairing removes the variation the runs share
+    rows = []
+    for a, b in comparisons(setup.variants):
+        if b not in final:
+            continue
+        seeds = sorted(set(final[a]) & set(final[b]))
+        if not seeds:
+            continue
+        acc_a = [100 * final[a][s]["test_acc"] for s in seeds]
+        acc_b = [100 * final[b][s]["test_acc"] for s in seeds]
+        mean, low, high, n = paired_difference(acc_a, acc_b)
+        interval = "-" if math.isnan(low) else f"[{low:+.2f}, {high:+.2f}]"
+        rows.append(f"| {LABELS[a]} − {LABELS[b]} | {mean:+.2f} | {interval} | {n} | "
+                    + ", ".join(f"{x - y:+.2f}" for x, y in zip(acc_a, acc_b)) + " |")
+    if not rows:  # (a run of one variant has nothing to pair)
+        return []
+    return ["", "Paired test-accuracy differences, percentage points, over the seeds both "
+            "variants ran (the same seeds for every variant), with a two-sided 95% Student-t "
+            "confidence interval of the mean difference:", "",
+            "| comparison | mean difference | 95% CI | seeds | per-seed differences |",
+            "|---|---|---|---|---|", *rows]
+
+
 def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_summaries,
                   profiles, coverage, n_train, n_val, n_test, seconds):
     from benchmarks.common import append_results, hardware
@@ -993,17 +1095,7 @@ def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_s
                      f"(training sequences), vocabulary {s['vocabulary']}, "
                      f"{s['seconds'] / 60:.1f} min, final validation loss "
                      + (f"{s['val_loss']:.3f}" if s.get("val_loss") is not None else "(none)"))
-    lines += ["", "Forward graphs on the first 256 test reviews, per layer (learned / uniform "
-              "over the same allowed sources): density; weight-averaged edge distance; share "
-              "of each target's weight on the previous unit, and on the previous two units.", "",
-              "| predictor | layer | density | distance | weight on t-1 | weight on t-1, t-2 |",
-              "|---|---|---|---|---|---|"]
-    for name, prof in profiles.items():
-        for l in range(len(prof["learned/density"])):
-            cell = lambda key: f"{prof['learned/' + key][l]:.3f} / {prof['uniform/' + key][l]:.3f}"
-            lines.append(f"| `{name}` | {l} | {cell('density')} | {cell('distance')} | "
-                         f"{cell('weight_prev1')} | {cell('weight_prev2')} |")
-    lines.append("")
+    lines += _profile_lines(profiles)
     rates = ", ".join(f"{lr:g}" for lr in setup.lrs)
     val_by_c = ", ".join(f"C {c:g}: {100 * a:.2f}" for c, a in baseline_tfidf["val_by_C"])
     model = (f"word vectors -> BiGRU x {setup.rnn_layers}" if setup.rnn_layers else
@@ -1055,36 +1147,9 @@ def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_s
                      f"lr = {chosen[variant]:g} | {100 * val0:.2f} | "
                      f"{paper if paper is not None else '-'} | "
                      f"{sum(r['seconds'] for r in mine) / len(mine):.0f} |")
-    lines += ["", f"Validation accuracy % ({searched}) at each learning rate (no test "
-              "evaluation except at the chosen rate):", "",
-              "| variant | " + " | ".join(f"lr {lr:g}" for lr in setup.lrs) + " |",
-              "|---|" + "---|" * len(setup.lrs)]
-    for variant in setup.variants:
-        cells = [f"**{100 * search_accuracy(runs, setup, variant, lr):.2f}**" if lr ==
-                 chosen[variant] else f"{100 * search_accuracy(runs, setup, variant, lr):.2f}"
-                 for lr in setup.lrs]
-        lines.append(f"| {LABELS[variant]} | " + " | ".join(cells) + " |")
+    lines += _search_lines(setup, runs, chosen, searched)
     lines += mixture_lines(setup, final)
-    # same seeds, same data order per seed: pairing removes the variation the runs share
-    rows = []
-    for a, b in comparisons(setup.variants):
-        if b not in final:
-            continue
-        seeds = sorted(set(final[a]) & set(final[b]))
-        if not seeds:
-            continue
-        acc_a = [100 * final[a][s]["test_acc"] for s in seeds]
-        acc_b = [100 * final[b][s]["test_acc"] for s in seeds]
-        mean, low, high, n = paired_difference(acc_a, acc_b)
-        interval = "-" if math.isnan(low) else f"[{low:+.2f}, {high:+.2f}]"
-        rows.append(f"| {LABELS[a]} − {LABELS[b]} | {mean:+.2f} | {interval} | {n} | "
-                    + ", ".join(f"{x - y:+.2f}" for x, y in zip(acc_a, acc_b)) + " |")
-    if rows:  # (a run of one variant has nothing to pair)
-        lines += ["", "Paired test-accuracy differences, percentage points, over the seeds "
-                  "both variants ran (the same seeds for every variant), with a two-sided 95% "
-                  "Student-t confidence interval of the mean difference:", "",
-                  "| comparison | mean difference | 95% CI | seeds | per-seed differences |",
-                  "|---|---|---|---|---|", *rows]
+    lines += _paired_lines(setup, final)
     lines.append("")
     print(append_results(args.results, lines))
 

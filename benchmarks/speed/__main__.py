@@ -20,9 +20,10 @@ Sections (each module's docstring has the details):
   (T=1024) per layout.
 
 Quick mode: CPU sizes, 3 repeats, about 3 minutes on 2 cores. Full mode: the GPU sizes (B=16-128, T up
-to 2048, width 512). Appends a section to ``benchmarks/results/speed.md`` and writes the
-raw numbers to ``benchmarks/results/speed_<device>.json``, each section as soon as it
-finishes (each case also prints a line as it finishes). ``--lengths`` keeps only the
+to 2048, width 512). Appends a section to ``benchmarks/results/speed.md`` and the raw
+numbers, as the next entry of its ``runs`` list, to ``benchmarks/results/speed_<device>.json``
+(one file per device), each section as soon as it finishes (each case also prints a line
+as it finishes). ``--lengths`` keeps only the
 cases of those sequence lengths; a section with none of them is skipped. On CPU the command re-executes
 itself with a fixed glibc mmap threshold so that peak resident memory measures tensors.
 """
@@ -33,6 +34,7 @@ import datetime
 import json
 import sys
 import time
+from typing import Dict, List
 
 import torch
 import torch_geometric
@@ -43,6 +45,15 @@ from benchmarks.speed.measure import NoCases, set_timing_allocator
 
 SECTIONS = {"aggregation": aggregation, "emission": emission, "fused": fused,
             "pretraining": pretraining, "repeated": repeated, "transfer": transfer}
+
+
+def read_runs(path: str) -> List[Dict]:
+    """The runs recorded in ``path`` (none if it does not exist yet)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)["runs"]
+    except FileNotFoundError:
+        return []
 
 
 def main(argv=None) -> None:
@@ -59,7 +70,8 @@ def main(argv=None) -> None:
                         help="run only the cases of these sequence lengths (e.g. 1024 on a "
                         "short GPU allocation)")
     parser.add_argument("--output", default="benchmarks/results/speed.md")
-    parser.add_argument("--json", default=None, help="raw results (default: next to --output)")
+    parser.add_argument("--json", default=None, help="the raw results file this run is "
+                        "appended to (default: next to --output)")
     args = parser.parse_args(argv)
     if args.repeats is None:
         args.repeats = 3 if args.quick else 5
@@ -75,11 +87,14 @@ def main(argv=None) -> None:
              f"- command: `{command}`",
              f"- hardware: {hardware(args.device)}; torch {torch.__version__}, "
              f"PyG {torch_geometric.__version__}", ""]
-    raw = dict(command=command, date=datetime.date.today().isoformat(),
-               hardware=hardware(args.device))
     if args.lengths:
         lines[-1:] = [f"- only the cases of lengths {sorted(args.lengths)}", ""]
     path = args.json or args.output.rsplit(".", 1)[0] + f"_{args.device}.json"
+    runs = read_runs(path)
+    raw = dict(run=max((r["run"] for r in runs), default=0) + 1, command=command,
+               date=datetime.date.today().isoformat(), hardware=hardware(args.device))
+    runs.append(raw)
+    lines[0] += f", run {raw['run']}"
     start = time.time()
     # Each finished section is written at once, so a run cut short (a time-limited GPU
     # allocation) keeps what it measured.
@@ -95,7 +110,7 @@ def main(argv=None) -> None:
         raw[name] = section_raw
         raw["seconds"] = round(time.time() - start, 1)
         with open(path, "w") as fh:
-            json.dump(raw, fh, indent=1)
+            json.dump(dict(runs=runs), fh, indent=1)
     raw["seconds"] = round(time.time() - start, 1)
     print(append_results(args.output, [f"Whole run: {raw['seconds'] / 60:.1f} min.", ""]))
 

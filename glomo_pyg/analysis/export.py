@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from glomo_pyg.graph_conversion import (adjacency, hierarchical,  # noqa: F401 (re-exported)
-                                        sample_edges, to_networkx)
+from glomo_pyg.graph_conversion import (adjacency, check_sample,  # noqa: F401 (re-exported)
+                                        hierarchical, sample_edges, to_networkx)
 
 if TYPE_CHECKING:
     from glomo_pyg.graphs import LatentGraphs
@@ -21,12 +21,26 @@ def directions(graphs) -> List[Tuple[str, "LatentGraphs"]]:
     direction of a :class:`~glomo_pyg.DirectionalGraphs` (recognised by shape)."""
     if isinstance(graphs, tuple) and getattr(graphs, "_fields", None) == ("forward", "backward"):
         parts = [(d, g) for d, g in zip(("forward", "backward"), graphs) if g is not None]
-        if parts:
-            return parts
-        raise ValueError("DirectionalGraphs with neither direction")
-    if hasattr(graphs, "num_layers") and hasattr(graphs, "direction") and hasattr(graphs, "ptr"):
-        return [(graphs.direction, graphs)]
-    raise TypeError(f"expected LatentGraphs or DirectionalGraphs, got {type(graphs).__name__}")
+    elif hasattr(graphs, "num_layers") and hasattr(graphs, "direction") and hasattr(graphs, "ptr"):
+        parts = [(graphs.direction, graphs)]
+    else:
+        parts = []
+    if not parts:
+        raise TypeError(f"expected LatentGraphs or DirectionalGraphs with a direction, got "
+                        f"{type(graphs).__name__}")
+    return parts
+
+
+def check_thinning(min_weight: float, top_k: Optional[int], closed: bool = True) -> None:
+    """``min_weight`` a number in ``[0, 1]`` (``[0, 1)`` unless ``closed``) and ``top_k``
+    ``None`` or a positive integer."""
+    if isinstance(min_weight, bool) or not isinstance(min_weight, (int, float)) or \
+            not 0.0 <= float(min_weight) <= 1.0 or (not closed and min_weight == 1.0):
+        raise ValueError(f"min_weight must be a number in [0, 1{']' if closed else ')'}, got "
+                         f"{min_weight!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or
+                              top_k < 1):
+        raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
 
 
 def _unit_attributes(g: "LatentGraphs", sample: int) -> List[Dict]:
@@ -74,22 +88,13 @@ def edge_list(graphs, sample: int, labels: Optional[Sequence[str]] = None,
     are left out, and all but the ``top_k`` heaviest edges into each target); the
     weights kept are not renormalised.
     """
-    if not isinstance(min_weight, (int, float)) or not 0.0 <= float(min_weight) <= 1.0:
-        raise ValueError(f"min_weight must be a number in [0, 1], got {min_weight!r}")
-    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool)
-                              or top_k < 1):
-        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+    check_thinning(min_weight, top_k)
     parts = directions(graphs)
     g0 = parts[0][1]
-    if not 0 <= sample < g0.num_sequences:
-        raise ValueError(f"sample must lie in [0, {g0.num_sequences}), got {sample}")
+    check_sample(g0, sample, labels)
     units = _unit_attributes(g0, sample)
-    if labels is not None:
-        if len(labels) != len(units):
-            raise ValueError(f"labels must have one entry per unit of sample {sample} "
-                             f"({len(units)}), got {len(labels)}")
-        for u, label in zip(units, labels):
-            u["label"] = str(label)
+    for u, label in zip(units, labels or ()):
+        u["label"] = str(label)
     out = []
     for direction, g in parts:
         for l in range(g.num_layers):

@@ -31,20 +31,18 @@ class ExportDirectory:
     :func:`os.replace`, which replaces a link instead of following it)."""
 
     def __init__(self, path: str):
-        if not isinstance(path, str) or not path:
-            raise ValueError("the output directory must be a non-empty path")
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise ValueError(f"{path} exists and is not a directory")
+        if not isinstance(path, str) or not path or (os.path.exists(path) and
+                                                     not os.path.isdir(path)):
+            raise ValueError(f"the output directory {path!r} is empty or an existing file, "
+                             "not a directory")
         os.makedirs(path, exist_ok=True)
         self.root = os.path.realpath(path)
 
     def path(self, name: str) -> str:
-        if not _NAME.match(name) or name in (".", ".."):
-            raise ValueError(f"refusing file name {name!r}: a single plain path component "
-                             "is required")
         full = os.path.join(self.root, name)
-        if os.path.dirname(full) != self.root:
-            raise ValueError(f"refusing {name!r}: it leaves {self.root}")
+        if not _NAME.match(name) or name in (".", "..") or os.path.dirname(full) != self.root:
+            raise ValueError(f"refusing file name {name!r}: a single plain path component "
+                             f"inside {self.root} is required")
         return full
 
     def write(self, name: str, write) -> str:
@@ -132,10 +130,9 @@ def export_graphs(predictor, items: Sequence[ExportItem], output_dir: str,
     formats = list(formats)
     if not formats or any(f not in FORMATS for f in formats):
         raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats}")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if not isinstance(max_edges, int) or max_edges < 1:
-        raise ValueError(f"max_edges must be a positive integer, got {max_edges!r}")
+    for name, value in (("batch_size", batch_size), ("max_edges", max_edges)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if not items:
         raise ValueError("nothing to export: no items")
     out = ExportDirectory(output_dir)
@@ -177,7 +174,7 @@ def export_graphs(predictor, items: Sequence[ExportItem], output_dir: str,
             if log is not None:
                 log(f"{item.source}: {data['num_units']} units, {edges} edges -> "
                     + ", ".join(files))
-    table = stats.result()
+    table = stats.table()
     out.write("statistics.md", lambda fh: fh.write(table.format() + "\n"))
     out.write("statistics.csv", lambda fh: fh.write(table.to_csv()))
     out.write("statistics.json", lambda fh: json.dump(table.to_dict(), fh))

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from glomo_pyg.analysis.statistics import GraphStatisticsTable
 from glomo_pyg.extras import require
+from glomo_pyg.graph_conversion import check_index, check_sample
 from glomo_pyg.kernels import check_graph_size
 
 _SHORT = {"forward": "fw", "backward": "bw"}
@@ -53,10 +54,8 @@ def save_figure(fig, path: str, formats: Sequence[str] = ("png", "svg"), dpi: in
 
 def _sample_dense(graphs, sample: int, layer: int) -> Tensor:
     """``[H, T, T]`` weights of one sequence and layer (``[h, i, j] = G_ij``)."""
-    if not 0 <= sample < graphs.num_sequences:
-        raise ValueError(f"sample must lie in [0, {graphs.num_sequences}), got {sample}")
-    if not 0 <= layer < graphs.num_layers:
-        raise ValueError(f"layer must lie in [0, {graphs.num_layers}), got {layer}")
+    check_index("sample", sample, graphs.num_sequences)
+    check_index("layer", layer, graphs.num_layers)
     t = int(graphs.lengths[sample])
     check_graph_size("dense", 1, t, t, graphs.num_heads,
                      hint="A heatmap holds one sequence's dense weights. ")
@@ -112,13 +111,9 @@ def plot_graph_heatmaps(graphs, sample: int = 0, labels: Optional[Sequence[str]]
     if not layers or not heads:
         raise ValueError("give at least one layer and one head")
     for h in heads:
-        if not 0 <= h < graphs.num_heads:
-            raise ValueError(f"head must lie in [0, {graphs.num_heads}), got {h}")
-    t = int(graphs.lengths[sample]) if 0 <= sample < graphs.num_sequences else 0
+        check_index("head", h, graphs.num_heads)
+    t = check_sample(graphs, sample, labels)
     dense = [_sample_dense(graphs, sample, l) for l in layers]
-    if labels is not None and len(labels) != t:
-        raise ValueError(f"labels must have one entry per unit of sample {sample} ({t}), "
-                         f"got {len(labels)}")
     names = [str(x) for x in labels] if labels is not None else [str(i) for i in range(t)]
     rows = list(range(t))
     if informative_rows is not None:
@@ -172,17 +167,15 @@ def plot_pixel_weights(graphs, image: Tensor, pixels: Sequence[Tuple[int, int]],
     parts = directions(graphs)
     order = parts[0][1].order
     width, height = getattr(order, "width", None), getattr(order, "height", None)
-    if width is None:
-        raise ValueError("plot_pixel_weights needs image graphs (a RasterOrder)")
-    if not isinstance(image, Tensor) or image.dim() != 3 or image.shape[1:] != (height, width):
-        raise ValueError(f"image must be [C, {height}, {width}], got "
+    if width is None or not isinstance(image, Tensor) or image.dim() != 3 or \
+            image.shape[1:] != (height, width):
+        raise ValueError(f"plot_pixel_weights needs image graphs (a RasterOrder), and the "
+                         f"image must be [C, {height}, {width}], got "
                          f"{getattr(image, 'shape', type(image).__name__)}")
     pixels = [tuple(int(v) for v in p) for p in pixels]
-    if not pixels:
-        raise ValueError("give at least one pixel")
-    for r, c in pixels:
-        if not (0 <= r < height and 0 <= c < width):
-            raise ValueError(f"pixel ({r}, {c}) lies outside the {height}x{width} image")
+    if not pixels or not all(0 <= r < height and 0 <= c < width for r, c in pixels):
+        raise ValueError(f"give at least one pixel (row, column), none outside the "
+                         f"{height}x{width} image, got {pixels}")
     rgb = image.detach().cpu().float()
     rgb = (rgb / 255.0 if image.dtype == torch.uint8 else rgb).clamp(0, 1)
     rgb = rgb.permute(1, 2, 0).numpy()
@@ -241,8 +234,6 @@ def plot_statistics(table: GraphStatisticsTable, title: Optional[str] = None):
     Patch = require("matplotlib.patches", "Drawing figures").Patch
 
     rows = table.rows
-    if not rows:
-        raise ValueError("the table has no rows")
     names = [f"{_SHORT[r.direction]} L{r.layer} h{r.head}" for r in rows]
     colours = _flag_colours(rows)
     x = np.arange(len(rows))

@@ -75,26 +75,25 @@ def planted_source_recovery(graphs: LatentGraphs, source: Tensor,
             dependent: ``-1`` (the unit whose next-unit prediction is the
             dependent) for GLoMo's context-prediction objective.
     """
-    if isinstance(reader_offset, bool) or not isinstance(reader_offset, int):
-        raise ValueError(f"reader_offset must be an integer, got {reader_offset!r}")
-    if not isinstance(source, Tensor) or source.dtype != torch.long:
-        raise ValueError("source must be an int64 tensor of positions (-1: not a dependent)")
+    n = graphs.num_nodes
+    if not isinstance(source, Tensor) or source.dtype != torch.long or source.shape != (n,):
+        raise ValueError(f"source must be an int64 tensor of positions (-1: not a dependent) "
+                         f"of shape [N] = [{n}], got {getattr(source, 'shape', type(source))}")
     if graphs.direction != "forward":
         raise ValueError("planted sources precede their dependents: score forward graphs")
-    n = graphs.num_nodes
-    if source.shape != (n,):
-        raise ValueError(f"source must have shape [N] = [{n}], got {tuple(source.shape)}")
     source = source.to(graphs.device)
     dependents = (source >= 0).nonzero().view(-1)
     if dependents.numel() == 0:
         raise ValueError("the batch contains no planted dependency")
     seq = graphs.batch[dependents]
     true_src = graphs.ptr[seq] + source[dependents]
-    reader = dependents + reader_offset
+    whole = isinstance(reader_offset, int) and not isinstance(reader_offset, bool)
+    reader = dependents + (reader_offset if whole else 0)
     reader_pos = reader - graphs.ptr[seq]
-    if bool((reader < 0).any()) or bool((reader >= n).any()) or bool((reader_pos < 0).any()) \
-            or bool((graphs.batch[reader.clamp(0, n - 1)] != seq).any()):
-        raise ValueError("reader_offset moves a reader outside its sequence")
+    if not whole or bool((reader < 0).any() | (reader >= n).any() | (reader_pos < 0).any()
+                         | (graphs.batch[reader.clamp(0, n - 1)] != seq).any()):
+        raise ValueError(f"reader_offset must be an integer that does not move a reader "
+                         f"outside its sequence, got {reader_offset!r}")
 
     per_graph: List[Tensor] = []
     per_layer: List[Tensor] = []

@@ -1,4 +1,12 @@
-"""Statistics of emitted graphs: density, edge distances and per-head health."""
+"""Statistics of emitted graphs.
+
+One vocabulary: :func:`graph_statistics` (per-layer numbers of one batch, for logs),
+:func:`graph_health` (per-head health of one batch), :class:`GraphStatisticsAccumulator`
+(per-head statistics over many batches; :meth:`~GraphStatisticsAccumulator.table` gives a
+:class:`GraphStatisticsTable` of :class:`HeadStatistics` rows) and
+:func:`dataset_statistics` (the accumulator over a predictor and a dataset). The Lightning
+callback that logs them is :class:`~glomo_pyg.training.GraphStatisticsCallback`.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,25 +61,14 @@ DEAD_HEAD_SHARE = 0.5  # a head is dead when more than this share of its targets
 
 @dataclass
 class GraphHealth:
-    """Per-head health of one direction's graphs, each field ``[L, H]``.
-
-    * ``density``: edges / allowed (source, target) pairs;
-    * ``empty``: share of targets (units with at least one allowed source) that have no
-      incoming edge: a head whose ``empty`` exceeds :data:`DEAD_HEAD_SHARE` is *dead*;
-    * ``adjacent``: weight on the adjacent unit (previous unit for forward graphs, next
-      for backward), averaged over targets;
-    * ``distance``: weight-averaged ``|i - j|``, averaged over targets with edges;
-    * ``entropy``: normalised entropy of a target's incoming weights
-      (:meth:`LatentGraphs.column_entropy`: 1 uniform, 0 a single source), averaged over
-      targets with edges and at least two allowed sources (``NaN`` if there are none).
-      Near 1 flags a pooling head (close to the uniform mean, whatever its adjacency);
-      near 0 with ``distance`` near ``uniform_distance * 2`` flags a head that attends
-      to the sequence's first (forward) or last (backward) unit only.
-
-    ``uniform_adjacent`` and ``uniform_distance`` are the same statistics of uniform
-    graphs over the same allowed sources (the reference a learned graph should depart
-    from).
-    """
+    """Per-head health of one direction's graphs, each field ``[L, H]``: ``density``,
+    ``empty`` (a head is *dead* above :data:`DEAD_HEAD_SHARE`), ``adjacent``, ``distance``
+    and the uniform references as in :class:`HeadStatistics`, and ``entropy``, the
+    normalised entropy of a target's incoming weights (:meth:`LatentGraphs.column_entropy`:
+    1 uniform, 0 a single source) averaged over targets with edges and at least two
+    allowed sources (``NaN`` if none). Near 1 flags a pooling head; near 0 with
+    ``distance`` near ``uniform_distance * 2``, a head that attends to the sequence's first
+    (forward) or last (backward) unit only."""
 
     density: torch.Tensor
     empty: torch.Tensor
@@ -88,43 +85,18 @@ class GraphHealth:
 
 @torch.no_grad()
 def graph_health(graphs: LatentGraphs) -> GraphHealth:
-    """:class:`GraphHealth` of ``graphs`` (computed on the sparse edges)."""
-    seqs, order = graphs.sequences, graphs.order
-    # targets with an allowed source, and allowed pairs, over the whole batch
-    count = order.num_sources(seqs.position, seqs.lengths[seqs.batch]).cpu().double()
-    eligible = float((count > 0).sum())
-    allowed = float(order.num_pairs(seqs.lengths).sum())
-    # uniform reference: weight 1 / (allowed sources) on every allowed pair
-    src, tgt = order.pairs(seqs.ptr)
-    pos = seqs.position
-    pair_dist = order.distance(pos[tgt], pos[src]).cpu().double()
-    pair_w = 1.0 / count[tgt.cpu()]
-    uniform_adjacent = float((pair_w * (pair_dist == 1)).sum()) / max(1.0, eligible)
-    uniform_distance = float((pair_w * pair_dist).sum()) / max(1.0, eligible)
-    L, H, n = graphs.num_layers, graphs.num_heads, graphs.num_nodes
-    out = {k: torch.zeros(L, H, dtype=torch.float64) for k in ("density", "empty", "adjacent",
-                                                              "distance")}
-    for l in range(L):
-        ei, w, eh = (t.detach().cpu() for t in graphs.layer(l))
-        w = w.double()
-        position = seqs.position.cpu()
-        dist = order.distance(position[ei[1]], position[ei[0]])
-        edges = torch.bincount(eh, minlength=H).double()
-        columns = torch.zeros(H, dtype=torch.float64)
-        if eh.numel():
-            key = torch.unique(eh * n + ei[1])
-            columns = torch.bincount(key // n, minlength=H).double()
-        out["density"][l] = edges / max(1.0, allowed)
-        out["empty"][l] = 1.0 - columns / max(1.0, eligible)
-        out["adjacent"][l] = torch.zeros(H, dtype=torch.float64).index_add_(
-            0, eh, w * (dist == 1)) / max(1.0, eligible)
-        out["distance"][l] = torch.zeros(H, dtype=torch.float64).index_add_(
-            0, eh, w * dist) / columns.clamp_min(1.0)
-    out["entropy"] = graphs.column_entropy().detach().cpu().double().nanmean(-1)
-    return GraphHealth(**{k: v.float() for k, v in out.items()},
-                       uniform_adjacent=uniform_adjacent, uniform_distance=uniform_distance)
+    """:class:`GraphHealth` of ``graphs``: the :class:`HeadStatistics` of this one batch
+    (:class:`GraphStatisticsAccumulator`) as ``[L, H]`` tensors, with the normalised
+    entropy of :meth:`LatentGraphs.column_entropy`."""
+    table = GraphStatisticsAccumulator().update(graphs).table()
 
+    def field(name: str) -> Tensor:
+        return torch.tensor([[getattr(r, name) for r in table.rows[l * graphs.num_heads:]
+                              [:graphs.num_heads]] for l in range(graphs.num_layers)])
 
+    return GraphHealth(*(field(k) for k in ("density", "empty", "adjacent", "distance")),
+                       graphs.column_entropy().detach().cpu().double().nanmean(-1).float(),
+                       table.rows[0].uniform_adjacent, table.rows[0].uniform_distance)
 
 
 # --- statistics over a dataset, per direction, layer and head ----------------------------
@@ -286,7 +258,7 @@ class _DirectionSums:
 class GraphStatisticsAccumulator:
     """Accumulates :class:`HeadStatistics` over batches of graphs: call :meth:`update`
     with each batch's :class:`~glomo_pyg.LatentGraphs` (or a
-    :class:`~glomo_pyg.DirectionalGraphs`), then :meth:`result`.
+    :class:`~glomo_pyg.DirectionalGraphs`), then :meth:`table`.
 
     Text graphs get 1-D distance histograms over ``edges``; image graphs (ordered by a
     :class:`~glomo_pyg.ordering.RasterOrder`) get 2-D histograms of the source's
@@ -297,7 +269,7 @@ class GraphStatisticsAccumulator:
         acc = GraphStatisticsAccumulator()
         for x, batch in loader:
             acc.update(predictor(x, batch))
-        print(acc.result().format())
+        print(acc.table().format())
     """
 
     def __init__(self, edges: Sequence[int] = DISTANCE_EDGES, grid_radius: int = GRID_RADIUS):
@@ -310,7 +282,7 @@ class GraphStatisticsAccumulator:
         self.edges, self.grid_radius = edges, grid_radius
         self._sums: Dict[str, _DirectionSums] = {}
         self._grid: Optional[bool] = None
-        self._shape: Optional[Tuple[int, int]] = None
+        self._kind: Optional[Tuple[bool, int, int]] = None
         self.num_sequences = self.num_units = 0
 
     def _bins(self, grid: bool) -> int:
@@ -333,27 +305,20 @@ class GraphStatisticsAccumulator:
 
     @torch.no_grad()
     def update(self, graphs) -> "GraphStatisticsAccumulator":
-        from glomo_pyg.graphs import DirectionalGraphs
+        from glomo_pyg.analysis.export import directions
         from glomo_pyg.ordering import RasterOrder
 
-        if isinstance(graphs, DirectionalGraphs):
-            parts = [g for g in graphs if g is not None]
-        elif isinstance(graphs, LatentGraphs):
-            parts = [graphs]
-        else:
-            raise TypeError("update expects LatentGraphs or DirectionalGraphs, got "
-                            f"{type(graphs).__name__}")
+        parts = [g for _, g in directions(graphs)]
         for g in parts:
-            grid = isinstance(g.order, RasterOrder)
-            if self._grid is None:
-                self._grid = grid
-            elif self._grid != grid:
-                raise ValueError("cannot mix image (grid) and sequence graphs in one table")
-            if self._shape is None:
-                self._shape = (g.num_layers, g.num_heads)
-            elif self._shape != (g.num_layers, g.num_heads):
-                raise ValueError(f"graphs of {g.num_layers} layers x {g.num_heads} heads do not "
-                                 f"match earlier ones ({self._shape[0]} x {self._shape[1]})")
+            kind = (isinstance(g.order, RasterOrder), g.num_layers, g.num_heads)
+            if self._kind is None:
+                self._kind = kind
+                self._grid = kind[0]
+            elif self._kind != kind:  # one table: one kind of graph, one architecture
+                raise ValueError(f"graphs of {kind[1]} layers x {kind[2]} heads "
+                                 f"({'image' if kind[0] else 'sequence'}) do not match earlier "
+                                 f"ones: cannot mix image (grid) and sequence graphs or shapes "
+                                 "in one table")
             self._update(g)
         if parts:
             self.num_sequences += parts[0].num_sequences
@@ -408,7 +373,8 @@ class GraphStatisticsAccumulator:
             s.histogram[l] += torch.zeros(H * bins, dtype=torch.float64).index_add_(
                 0, flat, w).view(H, bins)
 
-    def result(self) -> GraphStatisticsTable:
+    def table(self) -> GraphStatisticsTable:
+        """The :class:`GraphStatisticsTable` of every graph added so far."""
         if not self._sums:
             raise ValueError("no graphs were added: call update() first")
         rows = []
@@ -488,4 +454,4 @@ def dataset_statistics(predictor, data, batch_size: int = 32, edges: Sequence[in
         batches = batches_of_sequences()
     for x, batch in batches:
         acc.update(predictor(x, batch))
-    return acc.result()
+    return acc.table()

@@ -189,14 +189,82 @@ def _average_precision(scores: np.ndarray, labels: np.ndarray) -> float:
 
 
 class _Accumulator:
-    """Per (layer, head) (head ``H`` = the head-averaged graph) correct counts and AP pairs."""
+    """One direction's running sums: per (layer, head) (head ``H`` = the head-averaged
+    graph) correct counts and AP pairs, and the baselines' counts and AP pairs."""
 
-    def __init__(self, layers: int, heads: int):
+    def __init__(self, layers: int, heads: int, names: Sequence[str]):
         self.undirected = np.zeros((layers, heads + 1))
         self.directed = np.zeros((layers, heads + 1))
         self.scores: List[np.ndarray] = []  # [L, H + 1, pairs] per sentence
         self.labels: List[np.ndarray] = []
         self.targets = 0
+        self.names = names  # the positional baselines
+        self.base = {name: np.zeros(2) for name in (*names, "uniform", UPPER_BOUND)}
+        self.base_pairs: Dict[str, List[np.ndarray]] = {name: [] for name in names}
+
+    def add(self, ww: Tensor, link: Tensor, heads_gold: Tensor, targets: Tensor,
+            allowed: Tensor, direction: str) -> None:
+        """One sentence: ``ww`` ``[L, H + 1, W, W]`` word weights, its gold arcs and the
+        scored targets with their allowed source words."""
+        masked = ww.masked_fill(~allowed, -1.0)[..., targets]  # [L, H+1, W, n]
+        top, choice = masked.max(2)  # heaviest allowed source word per target
+        hit = top > 0  # a column with no weight on other words attaches nowhere
+        tgt = targets.nonzero().view(-1)
+        cols = torch.arange(tgt.numel())
+        self.undirected += (link[choice, tgt] & hit).sum(-1).numpy()
+        self.directed += ((choice == heads_gold[tgt]) & hit).sum(-1).numpy()
+        self.targets += tgt.numel()
+        pair = allowed[:, tgt]  # [W, n]
+        self.scores.append(ww[..., tgt][..., pair].numpy())
+        self.labels.append(link[:, tgt][pair].numpy())
+        # baselines: the adjacent word (and the one after it), uniform
+        step = -1 if direction == "forward" else 1
+        for distance, name in enumerate(self.names, 1):
+            src = tgt + step * distance
+            ok = pair[src.clamp(0, pair.size(0) - 1), cols] & \
+                (src >= 0) & (src < pair.size(0))  # an allowed word at that distance
+            src = src.clamp(0, pair.size(0) - 1)
+            self.base[name] += [(link[src, tgt] & ok).sum().item(),
+                                ((heads_gold[tgt] == src) & ok).sum().item()]
+            weights = torch.zeros(pair.shape)
+            weights[src[ok], cols[ok]] = 1.0
+            self.base_pairs[name].append(weights[pair].numpy())
+        n_allowed = pair.sum(0).double()
+        head_allowed = (heads_gold[tgt] >= 0) & pair[heads_gold[tgt].clamp_min(0), cols]
+        # the best any graph can do: a gold neighbour (the gold head) among the sources
+        self.base[UPPER_BOUND] += [(link[:, tgt] & pair).any(0).sum().item(),
+                                   head_allowed.sum().item()]
+        self.base["uniform"] += [((link[:, tgt] & pair).sum(0) / n_allowed).sum().item(),
+                                 head_allowed.double().div(n_allowed).sum().item()]
+
+    def scores_of(self, direction: str, beyond_adjacent: bool) -> "GraphScores":
+        if self.targets == 0:
+            raise NothingToScore(f"no target to score in the {direction} direction (every "
+                                 "target is punctuation, has no allowed source word"
+                                 + (", has a gold arc to its adjacent word, or has no other "
+                                    "gold neighbour among its sources" if beyond_adjacent
+                                    else "") + ")")
+        labels = np.concatenate(self.labels)
+        if not labels.any():  # e.g. only roots: average precision has no positive
+            raise NothingToScore(f"no gold arc joins any scored {direction} (source, "
+                                 "target) pair, so the scores are undefined (do the trees "
+                                 "have arcs?)")
+        scores = np.concatenate(self.scores, axis=-1)
+        ap = np.array([[_average_precision(scores[l, h], labels) for h in range(scores.shape[1])]
+                       for l in range(scores.shape[0])])
+        n = self.targets
+        per = {"undirected": self.undirected / n, "directed": self.directed / n, "ap": ap}
+
+        def rates(name: str, ap: float) -> Dict[str, float]:
+            return dict(undirected=self.base[name][0] / n, directed=self.base[name][1] / n,
+                        ap=ap)
+
+        baselines = {name: rates(name, _average_precision(np.concatenate(self.base_pairs[name]),
+                                                          labels)) for name in self.names}
+        baselines["uniform"] = rates("uniform", float(labels.mean()))  # constant: positive rate
+        baselines[UPPER_BOUND] = rates(UPPER_BOUND, 1.0)  # weight on gold pairs only
+        return GraphScores(direction, {m: v[:, :-1] for m, v in per.items()},
+                           {m: v[:, -1] for m, v in per.items()}, baselines, n)
 
 
 def _word_weights(dense: Tensor, sent: AlignedSentence) -> Tensor:
@@ -287,94 +355,37 @@ def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
     if directions is None:
         probe = predictor(sents[0].ids, None)
         directions = [d for d in ("forward", "backward") if getattr(probe, d) is not None]
-    results = {}
-    for direction in directions:
-        acc: Optional[_Accumulator] = None
-        names = (_ADJACENT[direction], _SECOND[direction]) if beyond_adjacent else \
-            (_ADJACENT[direction],)
-        base = {name: np.zeros(3) for name in (*names, "uniform", UPPER_BOUND)}
-        base_pairs: Dict[str, List[np.ndarray]] = {name: [] for name in names}
-        for batch in _batches(sents, batch_size):
-            dense = _emit_dense(predictor, batch, direction)
-            layers, _, heads = dense.shape[:3]
-            if acc is None:
-                acc = _Accumulator(layers, heads)
-            for k, sent in enumerate(batch):
-                t = sent.ids.numel()
-                ww = _word_weights(dense[:, k, :, :t, :t], sent)  # [L, H, W, W]
-                ww = torch.cat([ww, ww.mean(1, keepdim=True)], 1)  # + head-averaged
-                targets, allowed = _targets_and_sources(sent, direction, exclude_punct)
-                link, heads_gold = _gold(sent)
-                if beyond_adjacent:  # a gold neighbour to find, but not the adjacent word
-                    targets &= ~_adjacent_is_gold(link, direction) & (link & allowed).any(0)
-                if not targets.any():
-                    continue
-                masked = ww.masked_fill(~allowed, -1.0)[..., targets]  # [L, H+1, W, n]
-                top, choice = masked.max(2)  # heaviest allowed source word per target
-                hit = top > 0  # a column with no weight on other words attaches nowhere
-                tgt = targets.nonzero().view(-1)
-                acc.undirected += (link[choice, tgt] & hit).sum(-1).numpy()
-                acc.directed += ((choice == heads_gold[tgt]) & hit).sum(-1).numpy()
-                acc.targets += tgt.numel()
-                pair = allowed[:, tgt]  # [W, n]
-                acc.scores.append(ww[..., tgt][..., pair].numpy())
-                labels = link[:, tgt][pair].numpy()
-                acc.labels.append(labels)
-                # baselines: the adjacent word (and the one after it), uniform
-                step = -1 if direction == "forward" else 1
-                for distance, name in enumerate(names, 1):
-                    src = tgt + step * distance
-                    ok = pair[src.clamp(0, pair.size(0) - 1), torch.arange(tgt.numel())] & \
-                        (src >= 0) & (src < pair.size(0))  # an allowed word at that distance
-                    src = src.clamp(0, pair.size(0) - 1)
-                    base[name] += [(link[src, tgt] & ok).sum().item(),
-                                   ((heads_gold[tgt] == src) & ok).sum().item(), 0]
-                    weights = torch.zeros(pair.shape)
-                    weights[src[ok], torch.arange(tgt.numel())[ok]] = 1.0
-                    base_pairs[name].append(weights[pair].numpy())
-                n_allowed = pair.sum(0).double()
-                head_allowed = (heads_gold[tgt] >= 0) & \
-                    pair[heads_gold[tgt].clamp_min(0), torch.arange(tgt.numel())]
-                # the best any graph can do: a gold neighbour (the gold head) among the
-                # target's sources
-                base[UPPER_BOUND] += [(link[:, tgt] & pair).any(0).sum().item(),
-                                      head_allowed.sum().item(), 0]
-                base["uniform"] += [((link[:, tgt] & pair).sum(0) / n_allowed).sum().item(),
-                                    head_allowed.double().div(n_allowed).sum().item(), 0]
-        if acc is None or acc.targets == 0:
-            raise NothingToScore(f"no target to score in the {direction} direction (every "
-                                 "target is punctuation, has no allowed source word"
-                                 + (", has a gold arc to its adjacent word, or has no other "
-                                    "gold neighbour among its sources" if beyond_adjacent
-                                    else "") + ")")
-        labels = np.concatenate(acc.labels)
-        if not labels.any():  # e.g. only roots: average precision has no positive
-            raise NothingToScore(f"no gold arc joins any scored {direction} (source, "
-                                 "target) pair, so the scores are undefined (do the trees "
-                                 "have arcs?)")
-        scores = np.concatenate(acc.scores, axis=-1)
-        ap = np.array([[_average_precision(scores[l, h], labels) for h in range(scores.shape[1])]
-                       for l in range(scores.shape[0])])
-        n = acc.targets
-        per = {"undirected": acc.undirected / n, "directed": acc.directed / n, "ap": ap}
-        baselines = {name: dict(undirected=base[name][0] / n, directed=base[name][1] / n,
-                                ap=_average_precision(np.concatenate(base_pairs[name]), labels))
-                     for name in names}
-        baselines["uniform"] = dict(undirected=base["uniform"][0] / n,
-                                    directed=base["uniform"][1] / n,
-                                    ap=float(labels.mean()))  # constant scores: positive rate
-        # (weight on gold pairs only ranks every positive first)
-        baselines[UPPER_BOUND] = dict(undirected=base[UPPER_BOUND][0] / n,
-                                      directed=base[UPPER_BOUND][1] / n, ap=1.0)
-        results[direction] = GraphScores(
-            direction, {m: v[:, :-1] for m, v in per.items()},
-            {m: v[:, -1] for m, v in per.items()}, baselines, n)
+    results = {d: _direction_scores(predictor, sents, d, exclude_punct, batch_size,
+                                    beyond_adjacent) for d in directions}
     if was_training and hasattr(predictor, "train"):
         predictor.train()
     return SyntaxScores(results, len(alignment.sentences), alignment.skipped_sentences,
                         alignment.unaligned_words, alignment.short_sentences,
                         alignment.unknown_tokens / max(1, alignment.tokens), exclude_punct,
                         alignment.long_sentences, beyond_adjacent)
+
+
+def _direction_scores(predictor, sents: List[AlignedSentence], direction: str,
+                      exclude_punct: bool, batch_size: int, beyond_adjacent: bool
+                      ) -> GraphScores:
+    names = (_ADJACENT[direction], _SECOND[direction]) if beyond_adjacent else \
+        (_ADJACENT[direction],)
+    acc: Optional[_Accumulator] = None
+    for batch in _batches(sents, batch_size):
+        dense = _emit_dense(predictor, batch, direction)
+        if acc is None:
+            acc = _Accumulator(dense.size(0), dense.size(2), names)
+        for k, sent in enumerate(batch):
+            t = sent.ids.numel()
+            ww = _word_weights(dense[:, k, :, :t, :t], sent)  # [L, H, W, W]
+            ww = torch.cat([ww, ww.mean(1, keepdim=True)], 1)  # + head-averaged
+            targets, allowed = _targets_and_sources(sent, direction, exclude_punct)
+            link, heads_gold = _gold(sent)
+            if beyond_adjacent:  # a gold neighbour to find, but not the adjacent word
+                targets &= ~_adjacent_is_gold(link, direction) & (link & allowed).any(0)
+            if targets.any():
+                acc.add(ww, link, heads_gold, targets, allowed, direction)
+    return acc.scores_of(direction, beyond_adjacent)
 
 
 def untrained_copy(predictor, seed: int = 0):
@@ -451,6 +462,18 @@ class SyntaxComparison:
                     selection=self.selection.to_dict() if self.selection else None)
 
 
+def _aligned(name: str, trees: Sequence[GoldTree], vocabulary: Sequence[str], lower: bool,
+             max_tokens: int) -> Alignment:
+    """:func:`align`, refusing trees with no sentence to score; errors name the trees."""
+    try:
+        alignment = align(trees, vocabulary, lower, max_tokens=max_tokens)
+        if not alignment.sentences:
+            raise NothingToScore(f"no sentence to score: {alignment.why_empty()}")
+    except ValueError as err:  # (NothingToScore included)
+        raise type(err)(f"{name} trees: {err}") from None
+    return alignment
+
+
 def compare_with_syntax(predictor, trees: Sequence[GoldTree],
                         select_trees: Optional[Sequence[GoldTree]] = None,
                         vocabulary: Optional[Sequence[str]] = None, lower: bool = True,
@@ -470,19 +493,9 @@ def compare_with_syntax(predictor, trees: Sequence[GoldTree],
     vocabulary = vocabulary if vocabulary is not None else getattr(predictor, "vocabulary", None)
     if vocabulary is None:
         raise ValueError("the predictor carries no vocabulary: pass vocabulary=")
-    ev_align = align(trees, vocabulary, lower, max_tokens=max_tokens)
-    if not ev_align.sentences:
-        raise NothingToScore(f"evaluation trees: no sentence to score: "
-                             f"{ev_align.why_empty()}")
-    sel_align = None
-    if select_trees is not None:  # checked before any scoring, which takes a while
-        try:
-            sel_align = align(select_trees, vocabulary, lower, max_tokens=max_tokens)
-        except ValueError as err:
-            raise ValueError(f"selection trees: {err}") from None
-        if not sel_align.sentences:
-            raise NothingToScore(f"selection trees: no sentence to score: "
-                                 f"{sel_align.why_empty()}")
+    # both sets of trees are aligned (and checked) before any scoring, which takes a while
+    ev_align, sel_align = (None if t is None else _aligned(name, t, vocabulary, lower, max_tokens)
+                           for name, t in (("evaluation", trees), ("selection", select_trees)))
     options = dict(exclude_punct=exclude_punct, batch_size=batch_size,
                    beyond_adjacent=beyond_adjacent)
     evaluation = syntax_scores(predictor, ev_align, **options)

@@ -84,11 +84,12 @@ def _text_lines(path: str) -> Iterator[Tuple[int, str]]:
         with open(path, "rb") as fh:
             for number, offset, data in binary_lines(fh, path, MAX_LINE_BYTES):
                 yield number, decode_utf8(data, path, number, offset)
-    except TextDataError as err:
-        raise TreebankFormatError(str(err)) from None
+    except (TextDataError, IsADirectoryError) as err:
+        raise TreebankFormatError(f"{path} is a directory, not a treebank file" if
+                                  isinstance(err, IsADirectoryError) else str(err)) from None
 
 
-def _parse_columns(columns: List[str], fields: Sequence[str]) -> Dict[str, object]:
+def _parse_columns(columns: List[str], fields: Sequence[str], where: str) -> Dict[str, object]:
     """ID and HEAD parsed by the ``conllu`` library's field parsers, FORM and the tag as
     they are, from already split columns (the library's ``parse_line`` also splits on
     runs of spaces, which would shift the columns of a form such as ``New  York``). The
@@ -98,8 +99,13 @@ def _parse_columns(columns: List[str], fields: Sequence[str]) -> Dict[str, objec
         if name in ("id", "head"):
             try:
                 token[name] = DEFAULT_FIELD_PARSERS[name](columns, i)
-            except (ParseException, ValueError) as err:
-                raise ParseException(f"Failed parsing field '{name}': {err}") from None
+            except (ParseException, ValueError):
+                token[name] = None
+            word = isinstance(token["id"], int)  # (a range or empty node has no head)
+            if not isinstance(token[name], int) and (word if name == "head" else
+                                                     token[name] is None):
+                raise TreebankFormatError(f"{where}: {name} {columns[i]!r} is not an integer "
+                                          "(for 'id': a word id, a range or an empty node)")
         else:
             token[name] = None if columns[i] == "_" and name != "form" else columns[i]
     return token
@@ -123,14 +129,11 @@ def _blocks(lines: Iterable[Tuple[int, str]]) -> Iterator[Tuple[int, List[Tuple[
 def _check_tree(path: str, line: int, heads: List[int], lines: List[int]) -> None:
     n = len(heads)
     for k, h in enumerate(heads):
-        if not 0 <= h <= n:
+        if not 0 <= h <= n or h == k + 1:
             raise TreebankFormatError(f"{path}:{lines[k]}: head {h} of word {k + 1} is out of "
-                                      f"range (the sentence has {n} words)")
-        if h == k + 1:
-            raise TreebankFormatError(f"{path}:{lines[k]}: word {k + 1} is its own head")
-    if 0 not in heads:
-        raise TreebankFormatError(f"{path}:{line}: the sentence has no root (no head 0)")
-    # every word must reach the root: following heads from any word ends at 0
+                                      f"range [0, {n}] or the word itself (not its own head)")
+    # every word must reach the root: following heads from any word ends at 0 (without a
+    # root, some heads form a cycle)
     state = [0] * n  # 0 unvisited, 1 on the current path, 2 reaches the root
     for start in range(n):
         path_words, k = [], start
@@ -141,7 +144,8 @@ def _check_tree(path: str, line: int, heads: List[int], lines: List[int]) -> Non
         if k >= 0 and state[k] == 1:
             cycle = sorted(w + 1 for w in path_words[path_words.index(k):])
             raise TreebankFormatError(f"{path}:{lines[k]}: the heads form a cycle through "
-                                      f"words {cycle}")
+                                      f"words {cycle}" + ("" if 0 in heads else
+                                                          " (the sentence has no root, no head 0)"))
         for w in path_words:
             state[w] = 2
 
@@ -168,8 +172,6 @@ def read_treebank(path: str, format: Optional[str] = None,
         raise ValueError(f"max_sentences must be >= 1, got {max_sentences}")
     fields = CONLLU_FIELDS if format == "conllu" else CONLLX_FIELDS
     tag_field = "upos" if format == "conllu" else "cpostag"
-    if os.path.isdir(path):
-        raise TreebankFormatError(f"{path} is a directory, not a treebank file")
     trees: List[GoldTree] = []
     for first, block in _blocks(_text_lines(path)):
         words, heads, tags, numbers, sent_id = [], [], [], [], ""
@@ -183,22 +185,13 @@ def read_treebank(path: str, format: Optional[str] = None,
             if len(columns) != 10:
                 raise TreebankFormatError(f"{path}:{number}: expected 10 tab-separated columns "
                                           f"({format}), found {len(columns)}")
-            try:
-                token = _parse_columns(columns, fields)
-            except ParseException as err:  # the library's own message, located
-                raise TreebankFormatError(f"{path}:{number}: {err}") from err
-            tid = token["id"]
-            if not isinstance(tid, int):  # (1, '-', 2) range or (8, '.', 1) empty node
-                if isinstance(tid, tuple) and len(tid) == 3 and tid[1] in ("-", "."):
-                    continue
-                raise TreebankFormatError(f"{path}:{number}: bad token id {columns[0]!r}")
+            token = _parse_columns(columns, fields, f"{path}:{number}")
+            tid, head = token["id"], token["head"]
+            if isinstance(tid, tuple) and len(tid) == 3 and tid[1] in ("-", "."):
+                continue  # a (1, '-', 2) range or an (8, '.', 1) empty node
             if tid != len(words) + 1:
-                raise TreebankFormatError(f"{path}:{number}: word id {tid} out of order "
-                                          f"(expected {len(words) + 1})")
-            head = token["head"]
-            if not isinstance(head, int):
-                raise TreebankFormatError(f"{path}:{number}: head {columns[6]!r} of word {tid} "
-                                          "is not an integer")
+                raise TreebankFormatError(f"{path}:{number}: word id {columns[0]!r} out of "
+                                          f"order or not a word id (expected {len(words) + 1})")
             words.append(token["form"] if token["form"] is not None else "_")
             heads.append(head)
             tags.append(token[tag_field] or "")

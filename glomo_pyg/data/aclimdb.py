@@ -33,13 +33,12 @@ class Review:
 
 def _parse_name(name: str, folder: str, kind: str):
     match = _NAME.fullmatch(name)
-    if not match:
-        raise TextDataError(f"{os.path.join(folder, name)}: not an aclImdb review file name "
-                            "(<id>_<rating>.txt); rename or remove it")
-    review_id, rating = int(match[1]), int(match[2])
+    review_id, rating = (int(match[1]), int(match[2])) if match else (None, None)
     if rating not in RATINGS[kind]:
-        raise TextDataError(f"{os.path.join(folder, name)}: rating {rating} does not belong in "
-                            f"{kind}/ (pos: 7-10, neg: 1-4, unsup: 0); move or rename the file")
+        problem = f"rating {rating} does not belong in {kind}/" if match else \
+            "not an aclImdb review file name (<id>_<rating>.txt)"
+        raise TextDataError(f"{os.path.join(folder, name)}: {problem} (pos: 7-10, neg: 1-4, "
+                            "unsup: 0); move, rename or remove the file")
     return review_id, rating
 
 
@@ -51,11 +50,9 @@ def read_aclimdb(root: str, split: str = "train", kinds: Sequence[str] = ("pos",
     UTF-8 (as the official files are)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    bad = [k for k in kinds if k not in KINDS]
-    if bad:
-        raise ValueError(f"kinds must be among {KINDS}, got {bad}")
-    if split == "test" and "unsup" in kinds:
-        raise ValueError("aclImdb has unlabelled reviews only in train/unsup")
+    if any(k not in KINDS for k in kinds) or (split == "test" and "unsup" in kinds):
+        raise ValueError(f"kinds must be among {KINDS} (aclImdb has unlabelled reviews only "
+                         f"in train/unsup), got {list(kinds)} for {split!r}")
     if not os.path.isdir(os.path.join(root, split)) and \
             os.path.isdir(os.path.join(root, "aclImdb", split)):
         root = os.path.join(root, "aclImdb")

@@ -8,7 +8,7 @@ folder, or the aclImdb layout) and the images of an image corpus (CIFAR-10 or Im
 from __future__ import annotations
 
 import os
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Tuple
 
 import torch
 
@@ -17,6 +17,15 @@ from glomo_pyg.data.text import read_text_documents
 
 TEXT_FORMATS = ("text", "aclimdb")
 IMAGE_FORMATS = ("cifar10", "imagenet32")
+
+
+def _corpus_path(path: Optional[str], format: str, formats: Tuple[str, ...], kind: str,
+                 where: str) -> str:
+    """``corpus.path`` (user-expanded) and ``corpus.format``, checked."""
+    if path is None or format not in formats:
+        raise ValueError(f"corpus.path is not set: {where}" if path is None else
+                         f"{kind} corpus's format must be one of {formats}, got {format!r}")
+    return os.path.expanduser(path)
 
 
 def _all_documents(path: str, format: str, one_per_line: bool) -> Iterator[str]:
@@ -34,11 +43,8 @@ def read_corpus_documents(path: Optional[str], format: str = "text", one_per_lin
     at positions ``floor(k * N / M)``, spread evenly over the whole corpus (so a reduced
     aclImdb run sees unlabelled, positive and negative reviews in their proportions, not
     just the first folder)."""
-    if path is None:
-        raise ValueError("corpus.path is not set: a text file or folder, or the aclImdb folder")
-    if format not in TEXT_FORMATS:
-        raise ValueError(f"a text corpus's format must be one of {TEXT_FORMATS}, got {format!r}")
-    path = os.path.expanduser(path)
+    path = _corpus_path(path, format, TEXT_FORMATS, "a text",
+                        "a text file or folder, or the aclImdb folder")
     if max_documents is None:
         yield from _all_documents(path, format, one_per_line)
         return
@@ -64,12 +70,8 @@ def read_image_corpus(path: Optional[str], format: str,
     them when set."""
     from glomo_pyg.data.images import load_cifar10, load_imagenet32
 
-    if path is None:
-        raise ValueError("corpus.path is not set: the cifar-10-batches-py or imagenet32 folder")
-    if format not in IMAGE_FORMATS:
-        raise ValueError(f"an image corpus's format must be one of {IMAGE_FORMATS}, got "
-                         f"{format!r}")
-    path = os.path.expanduser(path)
+    path = _corpus_path(path, format, IMAGE_FORMATS, "an image",
+                        "the cifar-10-batches-py or imagenet32 folder")
     images = load_cifar10(path, "train")[0] if format == "cifar10" else load_imagenet32(path)[0]
     if max_images is not None and max_images < len(images):
         images = images[torch.arange(max_images) * len(images) // max_images]

@@ -53,12 +53,10 @@ def _reconstruct(cls, shape, dtype_code):
 
 
 def _dtype(spec, align=False, copy=False):
-    if not isinstance(spec, str):
-        raise UnsafePickleError(f"refusing a numpy dtype built from {type(spec).__name__}")
-    out = np.dtype(spec)
-    if out.hasobject:
-        raise UnsafePickleError("refusing a numpy object dtype (it would hold arbitrary objects)")
-    return out
+    if not isinstance(spec, str) or np.dtype(spec).hasobject:
+        raise UnsafePickleError(f"refusing a numpy dtype built from {spec!r}: a plain type "
+                                "name only (an object dtype would hold arbitrary objects)")
+    return np.dtype(spec)
 
 
 def _scalar(dtype, data):
@@ -96,8 +94,6 @@ def _check_plain(obj: Any, max_depth: int = 8, max_nodes: int = MAX_PICKLE_NODES
     seen, stack, nodes = set(), [(obj, 0)], 0
     while stack:
         item, depth = stack.pop()
-        if depth > max_depth:
-            raise UnsafePickleError("nesting too deep for an image batch file")
         if isinstance(item, (dict, list, tuple)):
             if id(item) in seen:
                 continue
@@ -105,14 +101,14 @@ def _check_plain(obj: Any, max_depth: int = 8, max_nodes: int = MAX_PICKLE_NODES
             children = [c for kv in item.items() for c in kv] if isinstance(item, dict) \
                 else list(item)
             nodes += len(children)
-            if nodes > max_nodes:
-                raise UnsafePickleError(f"more than {max_nodes} objects: not an image batch file")
+            if nodes > max_nodes or (children and depth >= max_depth):
+                raise UnsafePickleError(f"more than {max_nodes} objects or {max_depth} levels "
+                                        "of nesting: not an image batch file")
             stack.extend((c, depth + 1) for c in children)
-        elif isinstance(item, np.ndarray):
-            if item.dtype.hasobject:
-                raise UnsafePickleError("refusing a numpy object array")
-        elif not isinstance(item, (str, bytes, int, float, bool, type(None), np.generic)):
-            raise UnsafePickleError(f"refusing an object of type {type(item).__name__}")
+        elif not isinstance(item, (str, bytes, int, float, bool, type(None), np.generic,
+                                   np.ndarray)) or (isinstance(item, np.ndarray) and item.dtype.hasobject):
+            raise UnsafePickleError(f"refusing an object of type {type(item).__name__} "
+                                    "(numpy object arrays included)")
 
 
 def safe_load(path: str) -> Any:
@@ -123,15 +119,12 @@ def safe_load(path: str) -> Any:
         raw = fh.read()
     try:
         obj = _RestrictedUnpickler(io.BytesIO(raw), encoding="latin1").load()
+        _check_plain(obj)
     except UnsafePickleError as e:
         raise UnsafePickleError(f"{path}: {e}") from None
     except Exception as e:  # truncated, corrupt, not a pickle, bad array state
         raise ImageDataError(f"{path}: truncated or corrupt pickle ({type(e).__name__}: "
                              f"{e})") from None
-    try:
-        _check_plain(obj)
-    except UnsafePickleError as e:
-        raise UnsafePickleError(f"{path}: {e}") from None
     return obj
 
 
@@ -157,7 +150,7 @@ def load_npz(path: str) -> Dict[str, np.ndarray]:
                     arrays[info.filename[:-len(".npy")]] = np.lib.format.read_array(
                         fh, allow_pickle=False)
             return arrays
-    except ImageDataError:
+    except (ImageDataError, FileNotFoundError):  # (a missing file stays FileNotFoundError)
         raise
     except Exception as e:  # truncated, corrupt, encrypted, an unknown compression...
         raise ImageDataError(f"{path}: truncated or corrupt .npz ({type(e).__name__}: "
@@ -168,28 +161,28 @@ def _npy_bytes(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: str) -> in
     """The data size of one ``.npy`` member, from its header alone (checked)."""
     with archive.open(info) as fh:
         version = np.lib.format.read_magic(fh)
-        if version == (1, 0):
-            shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
-        elif version == (2, 0):
-            shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
-        else:
-            raise ImageDataError(f"{path}: {info.filename}: .npy format {version} is not "
-                                 "supported (1.0 or 2.0)")
-    if dtype.hasobject:
-        raise ImageDataError(f"{path}: {info.filename} holds Python objects, which would "
-                             "need pickle to read: refused")
+        header = {(1, 0): np.lib.format.read_array_header_1_0,
+                  (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        shape, _, dtype = header(fh) if header else ((0,), False, np.dtype(np.uint8))
     nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
-    if nbytes > info.file_size:  # (the zip member's size is enforced while inflating)
-        raise ImageDataError(f"{path}: {info.filename} declares {nbytes} bytes of data in a "
-                             f"member of {info.file_size}: corrupt")
+    # (the zip member's size is enforced while inflating)
+    problem = (f"is in .npy format {version}, not supported (1.0 or 2.0)" if header is None
+               else "holds Python objects, which would need pickle to read: refused"
+               if dtype.hasobject else f"declares {nbytes} bytes of data in a member of "
+               f"{info.file_size}: corrupt" if nbytes > info.file_size else None)
+    if problem:
+        raise ImageDataError(f"{path}: {info.filename} {problem}")
     return nbytes
 
 
-def _field(batch: Dict, name: str, path: str) -> Any:
-    for key in (name, name.encode()):
+def _field(batch: Any, name: str, path: str) -> Any:
+    """Entry ``name`` (a str or bytes key) of the batch dict."""
+    for key in (name, name.encode()) if isinstance(batch, dict) else ():
         if key in batch:
             return batch[key]
-    raise ImageDataError(f"{path}: no '{name}' entry (keys: {sorted(map(str, batch))[:6]})")
+    raise ImageDataError(f"{path}: no '{name}' entry (keys: {sorted(map(str, batch))[:6]})"
+                         if isinstance(batch, dict) else
+                         f"{path}: expected a dict, got {type(batch).__name__}")
 
 
 def read_image_batch(path: str, num_classes: Optional[int] = None, label_offset: int = 0,
@@ -199,31 +192,26 @@ def read_image_batch(path: str, num_classes: Optional[int] = None, label_offset:
     (CIFAR's and Downsampled-ImageNet's python batches) or an ``.npz`` file with the same
     entries."""
     batch = load_npz(path) if path.endswith(".npz") else safe_load(path)
-    if not isinstance(batch, dict):
-        raise ImageDataError(f"{path}: expected a dict, got {type(batch).__name__}")
     data = _field(batch, "data", path)
-    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2:
-        raise ImageDataError(f"{path}: 'data' must be a uint8 [n, 3 * side^2] array, got "
+    ok = isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2
+    side = int(round((data.shape[1] / 3) ** 0.5)) if ok else 0
+    if not ok or data.shape[0] < 1 or side < 1 or 3 * side * side != data.shape[1]:
+        raise ImageDataError(f"{path}: 'data' must be a uint8 [n >= 1, 3 * side^2] array (rows "
+                             f"of 3 square colour planes), got "
                              f"{getattr(data, 'dtype', type(data).__name__)} "
                              f"{getattr(data, 'shape', '')}")
-    if data.shape[0] < 1:
-        raise ImageDataError(f"{path}: 'data' holds no images (0 rows)")
-    side = int(round((data.shape[1] / 3) ** 0.5))
-    if side < 1 or 3 * side * side != data.shape[1]:
-        raise ImageDataError(f"{path}: 'data' rows of {data.shape[1]} values are not 3 square "
-                             "colour planes")
     images = torch.from_numpy(np.ascontiguousarray(data)).view(-1, 3, side, side)
     if not labels:
         return images, None
     raw = _field(batch, "labels", path)
-    if isinstance(raw, (list, tuple)) and not all(
-            isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in raw):
-        # (checked before np.asarray: nested lists that share references would expand)
-        raise ImageDataError(f"{path}: 'labels' must be a flat list of integers")
-    y = np.asarray(raw)
+    # a list is checked before np.asarray: nested lists that share references would expand
+    flat = not isinstance(raw, (list, tuple)) or all(
+        isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in raw)
+    y = np.asarray(raw) if flat else np.zeros(0)
     if y.ndim != 1 or y.shape[0] != data.shape[0] or not np.issubdtype(y.dtype, np.integer):
-        raise ImageDataError(f"{path}: 'labels' must be {data.shape[0]} integers, got "
-                             f"{y.dtype} {y.shape}")
+        raise ImageDataError(f"{path}: 'labels' must be a flat list of integers "
+                             f"({data.shape[0]} integers, one per image), got "
+                             f"{y.dtype if flat else 'nested lists'} {y.shape}")
     y = torch.from_numpy(y.astype(np.int64)) - label_offset
     if num_classes is not None and y.numel() and (int(y.min()) < 0 or
                                                    int(y.max()) >= num_classes):
@@ -237,8 +225,6 @@ def _read_batches(root: str, names: Sequence[str], **kwargs) -> Tuple[Tensor, Op
     images, labels = [], []
     for name in names:
         path = os.path.join(root, name)
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{path} not found")
         x, y = read_image_batch(path, **kwargs)
         if images and x.shape[1:] != images[0].shape[1:]:
             raise ImageDataError(f"{path}: images of {tuple(x.shape[1:])}, earlier files "

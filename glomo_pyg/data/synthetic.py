@@ -95,16 +95,14 @@ class PlantedDependencyCorpus(torch.utils.data.Dataset):
                  num_filler: int = 40, num_slots: int = 8, num_values: int = 8,
                  min_distance: int = 4, max_distance: int = 24, dependencies: int = 4,
                  topic_size: int = 10, seed: int = 0, start: int = 0):
-        if start < 0:
-            raise ValueError(f"start must be >= 0, got {start}")
-        if num_sequences < 1 or not 2 <= min_length <= max_length:
-            raise ValueError("need num_sequences >= 1 and 2 <= min_length <= max_length")
-        if not 2 <= min_distance <= max_distance or max_distance >= min_length:
-            raise ValueError("need 2 <= min_distance <= max_distance < min_length")
-        if min(num_filler, num_slots, num_values) < 1 or dependencies > num_slots:
-            raise ValueError("need at least one token of each kind and dependencies <= num_slots")
-        if not 1 <= topic_size <= num_filler:
-            raise ValueError(f"topic_size must lie in [1, num_filler = {num_filler}]")
+        if not (start >= 0 and num_sequences >= 1 and 2 <= min_length <= max_length
+                and 2 <= min_distance <= max_distance < min_length
+                and min(num_filler, num_slots, num_values) >= 1 and dependencies <= num_slots
+                and 1 <= topic_size <= num_filler):
+            raise ValueError("need start >= 0, num_sequences >= 1, 2 <= min_length <= "
+                             "max_length, 2 <= min_distance <= max_distance < min_length, at "
+                             "least one token of each kind, dependencies <= num_slots and "
+                             f"topic_size in [1, num_filler = {num_filler}]")
         self.topic_size = topic_size
         self.num_sequences, self.min_length, self.max_length = num_sequences, min_length, max_length
         self.min_distance, self.max_distance = min_distance, max_distance

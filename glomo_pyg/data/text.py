@@ -118,11 +118,10 @@ class WordVocabulary:
 
     def __init__(self, tokens: Sequence[str], specials: Sequence[str] = SPECIALS):
         tokens = list(tokens)
-        if len(set(tokens)) != len(tokens):
-            raise ValueError("vocabulary tokens must be unique")
         missing = [s for s in specials if s not in tokens]
-        if missing:
-            raise ValueError(f"vocabulary lacks the special tokens {missing}")
+        if missing or len(set(tokens)) != len(tokens):
+            raise ValueError(f"vocabulary tokens must be unique and include the special tokens "
+                             f"{list(specials)} (missing: {missing})")
         self._tokens = tokens
         self._ids: Dict[str, int] = {t: i for i, t in enumerate(tokens)}
         self.specials = tuple(specials)
@@ -194,22 +193,19 @@ class WordVocabulary:
         :class:`TextDataError` naming the file."""
         try:
             data = json.loads(read_document(path))
+            ok = isinstance(data, dict) and data.get("format") == "glomo-vocabulary"
+            tokens, specials = (data.get("tokens"), data.get("specials", list(SPECIALS))) \
+                if ok else (None, None)
+            if not (isinstance(tokens, list) and isinstance(specials, list) and
+                    all(isinstance(t, str) for t in tokens + specials)):
+                raise ValueError("not a glomo vocabulary (format 'glomo-vocabulary', tokens "
+                                 "and specials lists of strings); save the vocabulary with "
+                                 "WordVocabulary.save")
+            return cls(tokens, specials)
         except TextDataError:
             raise
         except (OSError, ValueError, RecursionError) as err:
-            raise TextDataError(f"{path}: not a readable vocabulary file ({err})") from None
-        if not isinstance(data, dict) or data.get("format") != "glomo-vocabulary" or \
-                not isinstance(data.get("tokens"), list):
-            raise TextDataError(f"{path}: not a glomo vocabulary (format 'glomo-vocabulary')")
-        tokens, specials = data["tokens"], data.get("specials", list(SPECIALS))
-        if not isinstance(specials, list) or \
-                not all(isinstance(t, str) for t in tokens + specials):
-            raise TextDataError(f"{path}: vocabulary tokens and specials must be lists of "
-                                "strings; save the vocabulary with WordVocabulary.save")
-        try:
-            return cls(tokens, specials)
-        except ValueError as err:
-            raise TextDataError(f"{path}: {err}") from None
+            raise TextDataError(f"{path}: not a readable vocabulary file: {err}") from None
 
     def __eq__(self, other) -> bool:
         return isinstance(other, WordVocabulary) and self._tokens == other._tokens

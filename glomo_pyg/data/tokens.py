@@ -1,24 +1,15 @@
 """Token corpora for pretraining: documents of token ids, in memory or as memory-mapped
 shards on disk, cut into training sequences the same way either way.
 
-A corpus too large for RAM is tokenised once by :func:`write_token_shards` into a folder
-of shards: ``tokens-XXXXX.bin`` (int32 token ids, little-endian, documents back to back)
-and ``docs-XXXXX.bin`` (int64 end offset of each document in its shard), described by
-``index.json``. :class:`TokenWindows` then memory-maps them: only its window index (12
-bytes per training sequence) lives in RAM, token pages are read from disk as sequences
-are asked for, so the same code serves this repository's corpora and Wikipedia-size ones.
-
-Sequences: every document is cut into consecutive windows of ``max_length`` tokens; a
-last, shorter window is kept if it has at least ``min_length`` tokens (windows never
-cross documents). :class:`ResumableSampler` orders them (a seeded permutation per epoch,
-split across distributed ranks) and can start part-way through an epoch, which is how
-an interrupted pretraining run continues exactly where it stopped.
-
-A shard folder is checked when opened: ``index.json`` must have the expected fields and
-types, name only plain files inside the folder (no paths, no links leading out), match
-the files' sizes, and describe sorted document offsets that end at each shard's token
-count; token ids are checked against the vocabulary as windows are read. Anything else
-raises a :class:`~glomo_pyg.data.TextDataError` naming the file.
+:func:`write_token_shards` writes a folder of ``tokens-XXXXX.bin`` (int32 ids,
+little-endian, documents back to back) and ``docs-XXXXX.bin`` (int64 end offset of each
+document) shards described by ``index.json``; :class:`TokenWindows` memory-maps them
+(only its window index, 12 bytes per sequence, lives in RAM). Every document is cut into
+windows of ``max_length`` tokens, a shorter last one kept if it has ``min_length``;
+:class:`ResumableSampler` orders them and can start part-way through an epoch (how an
+interrupted run continues where it stopped). A shard folder is checked when opened
+(:func:`read_shard_index`; token ids as windows are read): anything malformed raises a
+:class:`~glomo_pyg.data.TextDataError` naming the file.
 """
 from __future__ import annotations
 
@@ -43,11 +34,15 @@ _FILE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}")
 _REBUILD = "rebuild the folder with glomo_pyg.data.write_token_shards"
 
 
-def _as_array(doc) -> np.ndarray:
+def _as_array(doc, vocab_size: int) -> np.ndarray:
+    """A document as a 1-D array of token ids in ``[0, vocab_size)`` (checked)."""
     arr = doc.numpy() if isinstance(doc, torch.Tensor) else np.asarray(doc)
-    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        raise ValueError(f"a document must be a 1-D sequence of integer token ids, got "
-                         f"shape {arr.shape} of {arr.dtype}")
+    if arr.ndim != 1 or (arr.size and (not np.issubdtype(arr.dtype, np.integer) or
+                                       arr.min() < 0 or arr.max() >= vocab_size)):
+        raise ValueError(f"a document must be a 1-D sequence of integer token ids, and token "
+                         f"ids must lie in [0, {vocab_size}), got shape {arr.shape} of "
+                         f"{arr.dtype}" + (f" in [{arr.min()}, {arr.max()}]" if arr.size and
+                                           arr.ndim == 1 else ""))
     return arr
 
 
@@ -86,10 +81,7 @@ def write_token_shards(documents: Iterable, out_dir: str, vocab_size: int,
 
     try:
         for doc in documents:
-            arr = _as_array(doc)
-            if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
-                raise ValueError(f"token ids must lie in [0, {vocab_size}), got "
-                                 f"[{arr.min()}, {arr.max()}]")
+            arr = _as_array(doc, vocab_size)
             buffer.append(arr)
             filled += arr.size
             if filled >= shard_tokens:
@@ -139,9 +131,8 @@ def read_shard_index(path: str) -> dict:
     version = index.get("version")
     need(_count(version) and version >= 1, f"'version' must be a positive integer, got "
          f"{version!r}")
-    if version > VERSION:
-        raise TextDataError(f"{name}: format version {version} is newer than this glomo_pyg "
-                            f"reads ({VERSION}); upgrade glomo_pyg")
+    need(version <= VERSION, f"format version {version} is newer than this glomo_pyg reads "
+         f"({VERSION}): upgrade glomo_pyg, or")
     need(index.get("token_dtype") == TOKEN_DTYPE.str,
          f"'token_dtype' must be {TOKEN_DTYPE.str!r}, got {index.get('token_dtype')!r}")
     for key in ("vocab_size", "num_tokens", "num_documents"):
@@ -167,11 +158,10 @@ def read_shard_index(path: str) -> dict:
             need(os.path.dirname(os.path.realpath(file)) == root,
                  f"shard {k}: {file} leads out of the shard folder (a link?)")
             size = os.path.getsize(file) if os.path.isfile(file) else -1
-            if size != count * dtype.itemsize:
-                raise TextDataError(f"{file}: expected {count * dtype.itemsize} bytes "
-                                    f"({count} values), found {max(size, 0)}"
-                                    + (" (missing)" if size < 0 else " (truncated or corrupt)")
-                                    + f"; {_REBUILD}")
+            need(size == count * dtype.itemsize,
+                 f"shard {k}: {file} holds {max(size, 0)} bytes, expected "
+                 f"{count * dtype.itemsize} ({count} values)"
+                 + (" (missing)" if size < 0 else " (truncated or corrupt)"))
     for key in ("num_tokens", "num_documents"):
         need(sum(s[key] for s in shards) == index[key],
              f"{key!r} {index[key]} is not the sum over the shards")
@@ -236,10 +226,7 @@ class TokenWindows(torch.utils.data.Dataset):
     @classmethod
     def from_documents(cls, documents: Iterable, vocab_size: int, max_length: int = 128,
                        min_length: int = 8) -> "TokenWindows":
-        docs = [_as_array(d).astype(TOKEN_DTYPE) for d in documents]
-        for d in docs:
-            if d.size and (d.min() < 0 or d.max() >= vocab_size):
-                raise ValueError(f"token ids must lie in [0, {vocab_size})")
+        docs = [_as_array(d, vocab_size).astype(TOKEN_DTYPE) for d in documents]
         tokens = np.concatenate(docs) if docs else np.zeros(0, TOKEN_DTYPE)
         ends = np.cumsum([d.size for d in docs]).astype(np.int64)
         return cls([tokens], [ends], vocab_size, max_length, min_length)
@@ -269,8 +256,6 @@ class TokenWindows(torch.utils.data.Dataset):
         return int(self.starts.size)
 
     def __getitem__(self, k: int) -> Data:
-        if not -len(self) <= k < len(self):
-            raise IndexError(f"window {k} outside [0, {len(self)})")
         s, n, a = int(self.starts[k]), int(self.lengths[k]), int(self.shard[k])
         ids = np.asarray(self.arrays[a][s:s + n], dtype=np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):

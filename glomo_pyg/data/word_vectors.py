@@ -41,22 +41,16 @@ _COUNT = re.compile(r"[0-9]{1,18}")
 
 def read_word_vectors(path: str, vocabulary: Optional[Sequence[str]] = None,
                       max_words: Optional[int] = None) -> Tuple[List[str], np.ndarray]:
-    """Words and an ``[n, dim]`` float32 array from a GloVe or word2vec text file.
-
-    The format, as read here: UTF-8 (a leading byte-order mark is dropped), one vector per
-    line, ``word x1 ... xdim`` separated by single spaces; the word is the first field, so
-    **words cannot contain spaces** (delete the few such lines of GloVe's 840B file), and
-    every line has the same ``dim``, set by the first line or by word2vec's header
-    ``<count> <dim>`` (a first line of two integers), whose count must match the lines.
-    Blank lines are skipped. A line that breaks these rules, a number that does not parse
+    """Words and an ``[n, dim]`` float32 array from a GloVe or word2vec text file: UTF-8
+    (a leading byte-order mark dropped), ``word x1 ... xdim`` per line (blank lines
+    skipped), one ``dim`` set by the first line or by word2vec's header ``<count> <dim>``,
+    whose count must match. A line that breaks these rules, a number that does not parse
     or is not finite in float32 (``nan``, ``inf``, ``1e39``), or text that is not UTF-8
     raises a :class:`~glomo_pyg.data.TextDataError` naming the file and line.
 
-    With ``vocabulary``, only those words are kept (the file's order; the numbers of the
-    other lines are not parsed). ``max_words`` (a positive integer) stops after that many
-    words are kept, leaving the rest of the file unread. Words that occur twice keep
-    their first vector.
-    """
+    With ``vocabulary``, only those words are kept (in the file's order; other lines'
+    numbers are not parsed); ``max_words`` stops after that many, leaving the rest unread.
+    A word that occurs twice keeps its first vector."""
     if max_words is not None and (isinstance(max_words, bool) or
                                   not isinstance(max_words, numbers.Integral) or max_words < 1):
         raise ValueError(f"max_words must be a positive integer or None, got {max_words!r}")
@@ -81,16 +75,13 @@ def read_word_vectors(path: str, vocabulary: Optional[Sequence[str]] = None,
                 continue
             if dim is None:
                 dim, dim_line = len(parts) - 1, number
-                if dim < 1:
-                    raise TextDataError(f"{path}:{number}: expected a word and its numbers, "
-                                        f"got {line[:50]!r}")
-            if len(parts) != dim + 1:
+            if dim < 1 or len(parts) != dim + 1 or not parts[0]:
+                what = f"{dim} numbers after the word" if dim else "a word and its numbers"
                 raise TextDataError(
-                    f"{path}:{number}: expected {dim} numbers after the word (the dimension "
-                    f"set by line {dim_line}), got {len(parts) - 1} fields; words cannot "
-                    "contain spaces and all vectors have one dimension: fix or delete the line")
-            if not parts[0]:
-                raise TextDataError(f"{path}:{number}: the line starts with a space, not a word")
+                    f"{path}:{number}: expected {what} (the dimension set by line {dim_line}), "
+                    f"got {len(parts) - 1} fields in {line[:50]!r}; words cannot contain "
+                    "spaces (a line that starts with a space has no word) and all vectors "
+                    "have one dimension: fix or delete the line")
             count += 1
             word = parts[0]
             if word in seen or (wanted is not None and word not in wanted):
@@ -99,10 +90,11 @@ def read_word_vectors(path: str, vocabulary: Optional[Sequence[str]] = None,
                 with np.errstate(over="ignore", invalid="ignore"):
                     row = np.asarray(parts[1:], dtype=np.float32)
             except ValueError:
-                raise TextDataError(f"{path}:{number}: non-numeric vector entries") from None
-            if not np.isfinite(row).all():
-                raise TextDataError(f"{path}:{number}: non-finite vector entries (nan, inf, or "
-                                    "beyond float32's range of 3.4e38); fix or delete the line")
+                row = None
+            if row is None or not np.isfinite(row).all():
+                raise TextDataError(f"{path}:{number}: non-finite or non-numeric vector "
+                                    "entries (nan, inf, or beyond float32's range of 3.4e38); "
+                                    "fix or delete the line")
             rows.append(row)
             words.append(word)
             seen.add(word)
@@ -124,11 +116,10 @@ def write_word_vectors(path: str, words: Sequence[str], vectors, header: bool = 
     (at most :data:`MAX_LINE_BYTES`)."""
     vectors = vectors.detach().cpu().numpy() if isinstance(vectors, torch.Tensor) else \
         np.asarray(vectors)
-    if vectors.ndim != 2 or vectors.shape[0] != len(words) or vectors.shape[1] < 1:
-        raise ValueError(f"need one vector per word: {len(words)} words, vectors "
-                         f"{vectors.shape}")
-    if not np.isfinite(vectors).all():
-        raise ValueError("vectors hold nan or inf values; they could not be read back")
+    if vectors.ndim != 2 or vectors.shape[0] != len(words) or vectors.shape[1] < 1 or \
+            not np.isfinite(vectors).all():
+        raise ValueError(f"need one vector per word, with no nan or inf values (they could "
+                         f"not be read back): {len(words)} words, vectors {vectors.shape}")
     for word in words:
         if not isinstance(word, str) or not word or any(c in word for c in " \n\r"):
             raise ValueError(f"word {word!r} cannot be written in the text format")
@@ -152,29 +143,25 @@ def embedding_matrix(vocabulary: Sequence[str], words: Sequence[str], vectors: n
     the others and zeros for ``<pad>``. Returns the matrix and the fraction of the
     vocabulary found in the file. ``vectors`` is ``[len(words), dim]`` (e.g. from
     :func:`read_word_vectors`); values or a scale that float32 cannot hold are refused."""
-    if isinstance(vocabulary, str) or not isinstance(vocabulary, Sequence) or \
-            not all(isinstance(w, str) for w in vocabulary):
-        raise ValueError("vocabulary must be a sequence of str tokens, got "
-                         f"{type(vocabulary).__name__}")
-    if isinstance(words, str) or not isinstance(words, Sequence) or \
-            not all(isinstance(w, str) for w in words):
-        raise ValueError(f"words must be a sequence of str, got {type(words).__name__}")
+    for name, value in (("vocabulary", vocabulary), ("words", words)):
+        if isinstance(value, str) or not isinstance(value, Sequence) or \
+                not all(isinstance(w, str) for w in value):
+            raise ValueError(f"{name} must be a sequence of str tokens, got "
+                             f"{type(value).__name__}")
+    limit = float(np.finfo(np.float32).max)
     if not isinstance(vectors, np.ndarray) or vectors.ndim != 2 or \
             vectors.shape[0] != len(words) or vectors.shape[1] < 1 or \
-            not np.issubdtype(vectors.dtype, np.floating):
+            not np.issubdtype(vectors.dtype, np.floating) or not np.isfinite(vectors).all() \
+            or (vectors.size and float(np.abs(vectors).max()) > limit):
         got = f"{vectors.shape} {vectors.dtype}" if isinstance(vectors, np.ndarray) else \
             type(vectors).__name__
         raise ValueError(f"vectors must be a floating-point numpy array [len(words), dim] = "
-                         f"[{len(words)}, dim], got {got}")
+                         f"[{len(words)}, dim], got {got}, of finite values (no NaN or inf) "
+                         "within float32's range (beyond float32's range: too large to be "
+                         "features)")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
                               or not 0 < scale < np.inf):
         raise ValueError(f"scale must be a positive finite number, got {scale!r}")
-    limit = float(np.finfo(np.float32).max)
-    if not np.isfinite(vectors).all():
-        raise ValueError("the word vectors hold NaN or infinite values")
-    if vectors.size and float(np.abs(vectors).max()) > limit:
-        raise ValueError(f"the word vectors hold values up to {float(np.abs(vectors).max()):g},"
-                         " beyond float32's range: too large to be features")
     index: Dict[str, int] = {w: i for i, w in enumerate(words)}
     dim = vectors.shape[1]
     # (the std in float64: float32 overflows to inf on huge but finite vectors)
@@ -207,16 +194,15 @@ def train_word_vectors(documents: Iterable[Sequence[str]], dim: int = 300, windo
     ``epochs`` at most :data:`MAX_EPOCHS`, ``workers`` at most :data:`MAX_WORKERS`), a
     seed outside ``[0, 2**32 - 1]``, documents that are not token lists, or a corpus with no word that occurs
     ``min_count`` times raise a :class:`ValueError` before gensim runs."""
-    for name, value, high in (("dim", dim, MAX_TRAIN_DIM), ("window", window, MAX_WINDOW),
-                              ("min_count", min_count, None), ("epochs", epochs, MAX_EPOCHS),
-                              ("workers", workers, MAX_WORKERS)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1 or \
-                (high is not None and value > high):
-            raise ValueError(f"{name} must be a positive integer"
-                             + (f" <= {high}" if high is not None else "") + f", got {value!r}")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or \
-            not 0 <= seed <= MAX_SEED:
-        raise ValueError(f"seed must be an integer in [0, {MAX_SEED}], got {seed!r}")
+    for name, value, low, high in (
+            ("dim", dim, 1, MAX_TRAIN_DIM), ("window", window, 1, MAX_WINDOW),
+            ("min_count", min_count, 1, None), ("epochs", epochs, 1, MAX_EPOCHS),
+            ("workers", workers, 1, MAX_WORKERS), ("seed", seed, 0, MAX_SEED)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or \
+                value < low or (high is not None and value > high):
+            kind = f"an integer in [0, {high}]" if low == 0 else \
+                "a positive integer" + (f" <= {high}" if high is not None else "")
+            raise ValueError(f"{name} must be {kind}, got {value!r}")
     docs = documents if isinstance(documents, list) else _Reiterable(documents)
     counts: Counter = Counter()
     for doc in docs:
@@ -224,12 +210,11 @@ def train_word_vectors(documents: Iterable[Sequence[str]], dim: int = 300, windo
             raise ValueError("documents must be lists of str tokens (tokenize the text "
                              f"first), got {type(doc).__name__} {str(doc)[:40]!r}")
         counts.update(doc)
-    if not counts:
-        raise ValueError("the corpus holds no tokens (no documents, or only empty ones)")
-    if max(counts.values()) < min_count:
-        raise ValueError(f"no word occurs min_count={min_count} times (the most frequent of "
-                         f"{len(counts)} occurs {max(counts.values())} times); lower "
-                         "min_count or use a larger corpus")
+    if max(counts.values(), default=0) < min_count:
+        raise ValueError(f"no word occurs min_count={min_count} times (the corpus holds no "
+                         f"tokens, or the most frequent of its {len(counts)} words occurs "
+                         f"{max(counts.values(), default=0)} times); lower min_count or use "
+                         "a larger corpus")
     from glomo_pyg.extras import require
 
     Word2Vec = require("gensim.models", "Training word2vec vectors").Word2Vec

@@ -32,35 +32,19 @@ class LatentGraphs:
     * ``edge_weight[l]``: ``[E_l]``, :math:`G^{l,h}_{ij} > 0`;
     * ``edge_head[l]``: ``[E_l]`` head id of each edge.
 
-    Emitted edges are sorted by ``(head, target, source)``, so a CSR adjacency
-    needs no sort (hand-built edges may come in any order: they are sorted once,
-    when first propagated). Per (layer, head, target) the incoming weights sum
-    to 1, or the target has no incoming edge. No edge touches padding or
-    crosses sequences.
+    Emitted edges are sorted by ``(head, target, source)`` (hand-built edges are sorted
+    once, when first propagated). Per (layer, head, target) the incoming weights sum to
+    1, or the target has no incoming edge. The constructor validates what it is given,
+    so no graph that reaches a sparse kernel can make it read out of bounds; graphs the
+    library builds (:meth:`from_storage`) are trusted.
 
-    The constructor validates what it is given (dtypes, shapes, devices, ids and
-    heads in range, edges inside one sequence, finite non-negative weights), so
-    no graph that reaches a sparse kernel can make it read out of bounds.
-
-    A graphs object is metadata shared by its layers (the :class:`~glomo_pyg.graphs.GraphFrame`:
-    sequences, heads, direction, allowed-sources rule) plus one storage per layer
-    (:mod:`glomo_pyg.graphs.storage`), all in one layout (:attr:`layout`):
-    ``'sparse'`` (:class:`~glomo_pyg.graphs.EdgeStorage`), the pruned edge lists
-    above; ``'dense'`` (:meth:`from_dense`, :class:`~glomo_pyg.graphs.DenseStorage`), one
-    padded ``[B, H, T, T]`` block per layer with ``[b, h, i, j] = G_ij``, which is
-    faster to aggregate over short sequences and dense graphs; and ``'fused'``
-    (:class:`~glomo_pyg.graphs.FusedStorage`), each layer kept as the augmented keys
-    and queries it is scored from, so that propagation scores, normalises and
-    aggregates in one FlexAttention call that never forms ``T x T``
-    (:mod:`glomo_pyg.flex`; where FlexAttention cannot run a backward, on CPU with
-    gradients, it falls back to the sparse edges). The uniform baseline
-    (:meth:`uniform`, :class:`~glomo_pyg.graphs.UniformStorage`) reports the sparse
-    layout and builds its edges only when asked. :meth:`to_sparse` /
-    :meth:`to_dense_layout` convert. :meth:`propagate` is the one place that
-    multiplies features by a graph layer, in whichever layout it is stored (caching
-    the sparse product's index arrays); every layer of glomo_pyg propagates through
-    it. Export and analysis (``edge_index``, :meth:`layer`, :meth:`to_networkx`, ...)
-    always see sparse edges, converted on demand.
+    A graphs object is a :class:`~glomo_pyg.graphs.GraphFrame` (sequences, heads,
+    direction, order) plus one storage per layer, all in one :attr:`layout`:
+    ``'sparse'`` (the edge lists above), ``'dense'`` (:meth:`from_dense`, one padded
+    ``[B, H, T, T]`` block per layer, ``[b, h, i, j] = G_ij``) or ``'fused'`` (the keys
+    and queries, propagated by FlexAttention without forming ``T x T``; see
+    :mod:`glomo_pyg.graphs.storage`). :meth:`propagate` is the one place that multiplies
+    features by a graph layer; export and analysis always see sparse edges.
 
     Args:
         edge_index, edge_weight, edge_head: one tensor per layer.
@@ -77,10 +61,9 @@ class LatentGraphs:
         check_direction(direction)
         check_num_heads(num_heads)
         edge_index, edge_weight, edge_head = list(edge_index), list(edge_weight), list(edge_head)
-        if not (len(edge_index) == len(edge_weight) == len(edge_head)):
-            raise ValueError("edge_index, edge_weight and edge_head need one entry per layer each")
-        if not edge_index:
-            raise ValueError("graphs need at least one layer")
+        if not edge_index or not len(edge_index) == len(edge_weight) == len(edge_head):
+            raise ValueError("edge_index, edge_weight and edge_head need one entry per layer "
+                             "each, for at least one layer")
         sequences = check_ptr(ptr)
         for l, (ei, ew, eh) in enumerate(zip(edge_index, edge_weight, edge_head)):
             check_edge_layer(l, ei, ew, eh, sequences, num_heads,
@@ -110,18 +93,12 @@ class LatentGraphs:
                      order: Optional[UnitOrder] = None) -> "LatentGraphs":
         """Graphs from one storage per layer (:mod:`glomo_pyg.graphs.storage`, all of
         one layout) that code built itself: their tensors are valid for ``sequences``
-        and ``num_heads`` by construction, so **they are not checked** and nothing syncs
-        with the device (only the host-side facts: a known direction, at least one
-        storage, one layout). For library code and emitters; anything else builds
-        graphs with the constructor or :meth:`from_dense`, which validate."""
-        check_direction(direction)
-        storages = list(storages)
-        if not storages or not all(isinstance(s, GraphStorage) for s in storages):
-            raise ValueError("graphs need one GraphStorage per layer (at least one)")
-        if len({type(s) for s in storages}) != 1:
-            raise ValueError(f"every layer of one graphs object has the same storage, got "
-                             f"{sorted({type(s).__name__ for s in storages})}")
-        graphs = cls._framed(GraphFrame(sequences, num_heads, direction, include_self), storages)
+        and ``num_heads`` by construction (at least one, all of one layout), so **they are
+        not checked** and nothing syncs with the device. For library code and emitters;
+        anything else builds graphs with the constructor or :meth:`from_dense`, which
+        validate."""
+        graphs = cls._framed(GraphFrame(sequences, num_heads, direction, include_self),
+                             list(storages))
         return graphs.with_order(order)
 
     @classmethod
@@ -170,8 +147,6 @@ class LatentGraphs:
         direction allows (:class:`ValueError` otherwise)."""
         check_direction(direction)
         blocks = list(dense.unbind(0)) if isinstance(dense, Tensor) else list(dense)
-        if not blocks:
-            raise ValueError("dense graphs need at least one layer")
         seqs = check_ptr(ptr)
         check_dense_blocks(blocks, seqs, direction, include_self)
         return cls.from_trusted_dense(blocks, direction=direction, sequences=seqs,
@@ -231,18 +206,15 @@ class LatentGraphs:
             return self
         if not isinstance(order, UnitOrder):
             raise TypeError(f"order must be a UnitOrder, got {type(order).__name__}")
-        if (order.direction, order.include_self) != (self.direction, self.include_self):
-            raise ValueError(f"order {order!r} does not match the graphs' direction "
-                             f"{self.direction!r} and include_self={self.include_self}")
-        if not isinstance(order, SequenceOrder):
-            raise ValueError("the kernels mask sources by position in the sequence: the order "
-                             f"must be a SequenceOrder (e.g. RasterOrder), got {order!r}")
         units = getattr(order, "num_units", None)
-        if units is not None and self.num_sequences and \
-                bool((self.sequences.lengths != units).any()):
-            raise ValueError(f"{order!r} covers {units} units per image; every sequence must "
-                             f"have exactly that many (lengths "
-                             f"{sorted(set(self.sequences.lengths.tolist()))[:5]})")
+        if (order.direction, order.include_self) != (self.direction, self.include_self) or \
+                not isinstance(order, SequenceOrder) or \
+                (units is not None and any(n != units for n in self.sequences.sizes)):
+            raise ValueError(f"order {order!r} must match the graphs' direction "
+                             f"{self.direction!r} and include_self={self.include_self}, be a "
+                             f"SequenceOrder (the kernels mask sources by position in the "
+                             f"sequence; e.g. RasterOrder) and cover each sequence's units "
+                             f"(lengths {sorted(set(self.sequences.sizes))[:5]})")
         self._frame = self._frame.replace(order=order)  # (what was cached depends on it)
         return self
 
@@ -411,13 +383,9 @@ class LatentGraphs:
 
         ``x`` is ``[N, C]`` (every head propagates the same features) or ``[H, N, C]``
         (head ``h`` propagates ``x[h]``, as in a chain :math:`G^1 G^2 \cdots`); the
-        result is ``[H, N, C]``. Sparse layout: one CSR product over all heads, whose
-        head-blocked index arrays are built once per layer and input kind and then
-        reused; dense layout: batched matmuls over the blocks. Differentiable with
-        respect to ``x`` and the edge weights. The shape of ``x`` is checked (on the
-        host, no device sync): the sparse kernels index rows by node id, so a wrong row
-        count would read and write out of bounds; its values are trusted (callers
-        validate them at their door)."""
+        result is ``[H, N, C]``, differentiable with respect to ``x`` and the weights.
+        The sparse product's index arrays are built once per layer and reused. Only the
+        shape of ``x`` is checked (host-side): its values are trusted."""
         if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() not in (2, 3) or \
                 x.size(-2) != self.num_nodes or (x.dim() == 3 and x.size(0) != self.num_heads):
             raise ValueError(f"x must be floating-point [N, C] or [H, N, C] with N = "
@@ -469,28 +437,13 @@ class LatentGraphs:
         of the row and column offsets, so that ``max_distance = d`` keeps exactly the
         pairs a ``(d + 1) x (d + 1)`` crop holds.
 
-        Because paper Eq. 1 normalises each target's column over its allowed sources,
-        for emitted graphs this is the graph scored with the pairs farther than
-        ``max_distance`` masked out before normalising (squared ReLU or softmax
-        alike), up to rounding: a weight that already underflowed to zero beside much
-        heavier far-away sources stays absent. Use it when a predictor with a learned
-        distance term (``position='relative'`` or ``'grid'``, extensions of the paper)
-        is applied to longer sequences or larger images than it was pretrained on: its
-        scores at distances it never saw are extrapolations, and can put real weight on
-        far-away units. Give the pretraining window minus 1 (e.g. 63 for 64-token
-        sequences, 15 for 16 x 16 crops; :attr:`PretrainedGraphPredictor.trained_length`
-        and ``trained_size`` record the window).
-
-        Uniform graphs stay uniform over each target's windowed sources and propagate in
-        O(N) (prefix sums along sequences, box sums over images); fused graphs stay
-        fused, with the window in FlexAttention's block mask (so far-apart blocks are
-        skipped); dense graphs become masked blocks; sparse graphs keep their filtered
-        edges. Graphs whose sequences hold no pair farther apart come back as they are.
-        Differentiable w.r.t. the edge weights. Materialising windowed fused graphs (their
-        edges, dense blocks, or the sparse fallback where FlexAttention has no backward)
-        still scores every pair first: ``O(T^2)`` per sequence, under the same size limit
-        as the full graphs. :meth:`density` and the other statistics still count every
-        pair the direction allows."""
+        For emitted graphs this equals scoring with the farther pairs masked out before
+        normalising (paper Eq. 1), up to rounding. Use it when a predictor with a learned
+        distance term is applied beyond its pretraining window (give the window minus 1,
+        e.g. 63 for 64-token sequences, 15 for 16 x 16 crops). Every layout keeps its
+        own: uniform and fused graphs apply the window lazily, dense graphs become masked
+        blocks, sparse graphs keep their filtered edges. Differentiable w.r.t. the edge
+        weights; :meth:`density` still counts every pair the direction allows."""
         max_distance = check_max_distance(max_distance)
         order = self.order
         if type(order) not in (SequenceOrder, RasterOrder):  # the lazy layouts know only these
@@ -507,7 +460,7 @@ class LatentGraphs:
     # --- conversion ---------------------------------------------------------------
     def _map(self, fn) -> "LatentGraphs":
         s = self.sequences
-        seqs = SequenceBatch(fn(s.batch), fn(s.ptr), fn(s.lengths), fn(s.position), s.max_len)
+        seqs = SequenceBatch(fn(s.batch), fn(s.ptr), fn(s.lengths), fn(s.position), s.sizes)
         moved = {}
         for storage in self._storages:
             if id(storage) not in moved:

@@ -10,15 +10,13 @@ storages hold the same kind of graph layer :math:`G^l` (paper Eq. 1):
   scored from, propagated by FlexAttention without forming ``T x T``;
 * :class:`UniformStorage`: the uniform baseline, propagated in O(N) by prefix sums.
 
-Each answers the same questions, given the frame it lives in: :meth:`~GraphStorage.propagate`,
-:meth:`~GraphStorage.edges`, :meth:`~GraphStorage.dense`, :meth:`~GraphStorage.num_edges`,
-:meth:`~GraphStorage.within` and :meth:`~GraphStorage.to`. Storages hold no batch
-metadata, so one storage type never needs to know another; what a storage derives (its
-edges when asked, the sparse product's index arrays, FlexAttention's block masks) is
-cached in the frame of the graphs that own it, and dropped with them.
+Each answers the same questions given its frame (:meth:`~GraphStorage.propagate`,
+:meth:`~GraphStorage.edges`, :meth:`~GraphStorage.dense`, :meth:`~GraphStorage.within`,
+...); what a storage derives (edges, index arrays, block masks) is cached in the frame.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Callable, Dict, Hashable, Optional, Tuple
 
 import torch
@@ -142,37 +140,37 @@ class GraphFrame:
         return blocked_propagate(x, rows, cols, weight.to(x.dtype), self.num_heads)
 
 
-class GraphStorage:
+class GraphStorage(ABC):
     """One graph layer in one layout; see the module docstring. Immutable: every method
     that changes the graph returns a new storage."""
 
     layout: str = ""
 
+    @abstractmethod
     def propagate(self, frame: GraphFrame, x: Tensor) -> Tensor:
         r""":math:`P^{(h)}_j = \sum_i G_{ij}\, x^{(h)}_i`, ``[H, N, C]`` from ``x`` of
         ``[N, C]`` or ``[H, N, C]`` (checked by the caller)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def edges(self, frame: GraphFrame) -> LayerEdges:
         """``(edge_index, edge_weight, edge_head)``, sorted by (head, target, source)
         unless the edges were given by hand."""
-        raise NotImplementedError
 
+    @abstractmethod
     def dense(self, frame: GraphFrame) -> Tensor:
         """``[B, H, T, T]`` block, ``[b, h, i, j] = G_ij``."""
-        raise NotImplementedError
 
     def num_edges(self, frame: GraphFrame) -> int:
         return int(self.edges(frame)[0].size(1))
 
+    @abstractmethod
     def within(self, frame: GraphFrame, max_distance: int) -> "GraphStorage":
         """The layer with edges longer than ``max_distance`` removed, each target's
         remaining weights rescaled to their former total."""
-        raise NotImplementedError
 
+    @abstractmethod
     def apply(self, fn: Callable[[Tensor], Tensor]) -> "GraphStorage":
         """The storage with ``fn`` applied to each of its tensors."""
-        raise NotImplementedError
 
     def to(self, device) -> "GraphStorage":
         return self.apply(lambda t: t.to(device))
@@ -267,9 +265,6 @@ class FusedStorage(GraphStorage):
 
     def __init__(self, keys: Tensor, queries: Tensor, normalization: str = "relu2",
                  window: Optional[int] = None):
-        if normalization not in NORMALIZATIONS:
-            raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got "
-                             f"{normalization!r}")
         self.keys, self.queries = keys, queries
         self.normalization = normalization
         self.window = window
@@ -283,7 +278,8 @@ class FusedStorage(GraphStorage):
             edges = latent_graph_edges(self.keys, self.queries, s.lengths, s.ptr,
                                        direction=frame.direction,
                                        include_self=frame.include_self,
-                                       normalization=self.normalization, check=False)
+                                       normalization=self.normalization, check=False,
+                                       sizes=s.sizes)
             return edges if self.window is None else frame.cut_edges(edges, self.window)
 
         return frame.cached(("edges", id(self)), emit)

@@ -14,18 +14,16 @@ def check_output_file(path: str) -> None:
     device such as ``/dev/null`` would be lost), a folder on its way is a file, or the
     nearest existing folder is not writable. Missing folders are fine (they are created
     when the file is written)."""
-    if os.path.isdir(path):
-        raise ValueError(f"{path} is a directory; give a file name")
-    if os.path.exists(path) and not os.path.isfile(path):  # the file would replace it
-        raise ValueError(f"{path} is not a regular file (a FIFO, device or socket); give a "
-                         "file name")
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(parent):  # the folders to be created
         parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise ValueError(f"{path}: {parent} is a file, not a folder")
-    if not os.access(parent, os.W_OK):
-        raise ValueError(f"{path}: {parent} is not writable")
+    problem = (f"{path} is a directory; give a file name" if os.path.isdir(path) else
+               f"{path} is not a regular file (a FIFO, device or socket); give a file name"
+               if os.path.exists(path) and not os.path.isfile(path) else  # (it would be lost)
+               f"{path}: {parent} is a file, not a folder" if not os.path.isdir(parent) else
+               f"{path}: {parent} is not writable" if not os.access(parent, os.W_OK) else None)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def check_output_folder(path: str) -> None:
@@ -92,8 +90,6 @@ def check_input_path(path: Union[str, os.PathLike], what: str) -> None:
 def open_regular_file(path: Union[str, os.PathLike], mode: str = "rb", what: str = "file",
                       encoding: Optional[str] = None) -> IO:
     """:func:`open_regular` as a file object (``mode`` ``'rb'`` or ``'r'``)."""
-    if mode not in ("rb", "r"):
-        raise ValueError(f"open_regular_file reads only, got mode {mode!r}")
     return os.fdopen(open_regular(path, what), mode, encoding=encoding)
 
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
-import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Union
 
 import torch
 
+from glomo_pyg.atomic_files import replace_folder
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 
 ENV_VAR = "GLOMO_PRETRAINED_DIR"
@@ -111,25 +111,26 @@ def _check_card(card: Mapping) -> Dict[str, str]:
     if not isinstance(card, Mapping):
         raise TypeError(f"card must be a mapping of the fields {list(CARD_FIELDS)}, got "
                         f"{type(card).__name__}")
-    unknown = sorted(str(k) for k in card if k not in CARD_FIELDS)
-    if unknown:  # (a misspelt field would silently leave its section out)
-        raise ValueError(f"unknown card fields {unknown}; a card has {list(CARD_FIELDS)}")
-    missing = [k for k in CARD_FIELDS if not isinstance(card.get(k), str) or not card[k].strip()]
-    if missing:
-        raise ValueError(f"the card lacks the fields {missing} (each must be non-empty text)")
-    out = {k: card[k].strip() for k in CARD_FIELDS}
-    if not RELEASE_NAME.fullmatch(out["name"]):
-        raise ValueError(f"release name {out['name']!r} must match {RELEASE_NAME.pattern} "
-                         "(lower-case letters, digits, '.' and '-'): it is typed to load it")
-    if "\n" in out["summary"] or out["summary"].startswith("#"):
-        raise ValueError(f"the card's summary must be one line of text, got {out['summary']!r}")
-    if out["modality"] not in MODALITIES:
-        raise ValueError(f"the card's modality must be one of {MODALITIES}, got "
-                         f"{out['modality']!r}")
-    headed = [k for k in CARD_SECTIONS if k != "command" and _TOP_HEADING.search(out[k])]
-    if headed:
-        raise ValueError(f"the card fields {headed} hold '#' or '##' headings, which would "
-                         "split the README's sections: use '###' or deeper")
+    unknown = sorted(str(k) for k in card if k not in CARD_FIELDS)  # (a misspelt field
+    missing = [k for k in CARD_FIELDS  # would silently leave its section out)
+               if not isinstance(card.get(k), str) or not card[k].strip()]
+    out = {k: card[k].strip() for k in CARD_FIELDS if k not in missing}
+    headed = [k for k in CARD_SECTIONS if k in out and k != "command" and
+              _TOP_HEADING.search(out[k])]
+    problems = [text for bad, text in (
+        (unknown, f"unknown card fields {unknown}; a card has {list(CARD_FIELDS)}"),
+        (missing, f"the card lacks the fields {missing} (each must be non-empty text)"),
+        (not RELEASE_NAME.fullmatch(out.get("name", "x")),
+         f"release name {out.get('name')!r} must match {RELEASE_NAME.pattern} (lower-case "
+         "letters, digits, '.' and '-'): it is typed to load it"),
+        ("\n" in out.get("summary", "") or out.get("summary", "").startswith("#"),
+         f"the card's summary must be one line of text, got {out.get('summary')!r}"),
+        (out.get("modality", "text") not in MODALITIES,
+         f"the card's modality must be one of {MODALITIES}, got {out.get('modality')!r}"),
+        (headed, f"the card fields {headed} hold '#' or '##' headings, which would split the "
+         "README's sections: use '###' or deeper")) if bad]
+    if problems:
+        raise ValueError("; ".join(problems))
     return out
 
 
@@ -147,95 +148,80 @@ def _readme(card: Dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def _folder_bytes(folder: Path) -> int:
-    return sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+def _release_bytes(root: Path, but: str) -> int:
+    """Bytes of the releases in ``root`` other than ``but``."""
+    names = os.listdir(root) if root.is_dir() else []
+    return sum(f.stat().st_size for n in names if n != but and RELEASE_NAME.fullmatch(n) and
+               (root / n / "config.json").is_file() for f in (root / n).iterdir() if f.is_file())
 
 
-def write_release(predictor: Union[PretrainedGraphPredictor, PathLike], folder: PathLike,
-                  card: Mapping[str, str]) -> Path:
-    """Write a released predictor: ``config.json`` and ``model.safetensors`` (every
-    floating-point tensor in float16, half the float32 file; float16 rather than
-    bfloat16 because its finer mantissa keeps the graphs within about 0.1% of the float32
-    ones, where bfloat16's rounding can move a score across the pruning threshold) and the ``README.md``
-    model card.
-
-    The release is written complete into a temporary sibling of ``folder`` and its
-    sizes checked before it takes ``folder``'s place (an earlier release there is
-    replaced; any other content is refused).
-
-    Args:
-        predictor: the predictor, or the folder (or released name) of a saved one.
-        folder: the release folder, named after the release: ``pretrained/NAME`` in
-            the repository.
-        card: the model card, text for each of :data:`CARD_FIELDS`: ``name`` (matches
-            ``[a-z0-9][a-z0-9.-]*``), ``summary`` (one line), ``modality`` (``'text'``
-            or ``'pixels'``, as the predictor reads), ``hardware``, ``data``,
-            ``recipe``, ``command``, ``commit``, ``training_time``, ``quality``
-            (markdown: the measured quality) and ``release`` (e.g. ``'CPU release'``).
-
-    Returns:
-        ``folder``.
-
-    Raises:
-        TypeError: ``predictor`` or ``card`` has the wrong type.
-        ValueError: a card field is missing, empty, unknown or malformed; the folder is
-            not named after the release or holds something other than a release; the
-            predictor reads neither text with a vocabulary nor pixels; the weights
-            exceed :data:`MAX_WEIGHTS_BYTES`, or the folder's releases together
-            :data:`MAX_RELEASES_BYTES`.
-    """
-    card = _check_card(card)
-    folder = Path(folder)
-    if folder.name != card["name"]:
-        raise ValueError(f"the release folder {folder} must be named after the release, "
-                         f"{card['name']!r}: it is loaded by its folder's name")
-    if os.path.lexists(folder) and (not folder.is_dir() or folder.is_symlink() or
-                                    not set(os.listdir(folder)) <= set(RELEASE_FILES)):
-        raise ValueError(f"{folder} exists and is not a release folder; write_release only "
-                         "replaces an earlier release")
+def _check_predictor(predictor: Union[PretrainedGraphPredictor, PathLike],
+                     card: Dict[str, str]) -> PretrainedGraphPredictor:
     if isinstance(predictor, (str, os.PathLike)):
         predictor = PretrainedGraphPredictor.from_pretrained(predictor)
     if not isinstance(predictor, PretrainedGraphPredictor):
         raise TypeError(f"predictor must be a PretrainedGraphPredictor or the folder of a saved "
                         f"one, got {type(predictor).__name__}")
     modality = _modality(predictor)
-    if modality != card["modality"]:
+    if modality != card["modality"] or modality == "text" and predictor.vocabulary is None:
         raise ValueError(f"the card says modality {card['modality']!r}, the predictor reads "
-                         f"{modality}")
-    if modality == "text" and predictor.vocabulary is None:
-        raise ValueError("a text release must carry its vocabulary (users encode their text "
+                         f"{modality}" if modality != card["modality"] else
+                         "a text release must carry its vocabulary (users encode their text "
                          "with it): pass one to Glomo.to_pretrained")
-    estimate = sum(t.numel() * (2 if t.is_floating_point() else t.element_size())
-                   for t in predictor.predictors.state_dict().values())
-    if estimate > MAX_WEIGHTS_BYTES:  # refused before anything is written
-        raise ValueError(f"the predictor's weights take {estimate / 2**20:.1f} MiB in 16 bits, "
-                         f"more than the {MAX_WEIGHTS_BYTES / 2**20:g} MiB a release may hold")
-    others = sum(_folder_bytes(folder.parent / n) for n in
-                 (os.listdir(folder.parent) if folder.parent.is_dir() else [])
-                 if n != folder.name and RELEASE_NAME.fullmatch(n) and
-                 (folder.parent / n / "config.json").is_file())
-    new = folder.parent / f".{folder.name}.release-{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        predictor.save_pretrained(new, dtype=torch.float16)
-        size = (new / "model.safetensors").stat().st_size
-        if size > MAX_WEIGHTS_BYTES:
-            raise ValueError(f"the release's weights file has {size / 2**20:.2f} MiB, more "
-                             f"than the {MAX_WEIGHTS_BYTES / 2**20:g} MiB a release may hold")
-        (new / "README.md").write_text(_readme(card), encoding="utf-8")
-        total = others + _folder_bytes(new)
-        if total > MAX_RELEASES_BYTES:
-            raise ValueError(f"the releases in {folder.parent} would take {total / 2**20:.1f} "
-                             f"MiB with this one, more than the {MAX_RELEASES_BYTES / 2**20:g} "
-                             "MiB they may take together")
-        if os.path.lexists(folder):  # (two renames: a release is rewritten by hand, rarely)
-            old = new.with_name(new.name + "-old")
-            os.rename(folder, old)
-            os.rename(new, folder)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(new, folder)
-    finally:
-        shutil.rmtree(new, ignore_errors=True)
+    return predictor
+
+
+def write_release(predictor: Union[PretrainedGraphPredictor, PathLike], folder: PathLike,
+                  card: Mapping[str, str]) -> Path:
+    """Write a released predictor into ``folder``: ``config.json`` and
+    ``model.safetensors`` (floating-point tensors in float16: its finer mantissa keeps
+    the graphs within about 0.1% of the float32 ones, where bfloat16's rounding can move
+    a score across the pruning threshold) and the ``README.md`` model card. The sizes are
+    checked before anything is written; the release then replaces ``folder`` as a whole
+    (:func:`~glomo_pyg.atomic_files.replace_folder`), which may hold only an earlier one.
+
+    Args:
+        predictor: the predictor, or the folder (or released name) of a saved one.
+        folder: the release folder, named after the release (``pretrained/NAME``).
+        card: text for each of :data:`CARD_FIELDS`: ``name`` (``[a-z0-9][a-z0-9.-]*``),
+            ``summary`` (one line), ``modality`` (``'text'`` or ``'pixels'``, as the
+            predictor reads), ``hardware``, ``data``, ``recipe``, ``command``, ``commit``,
+            ``training_time``, ``quality`` and ``release`` (markdown).
+
+    Returns:
+        ``folder``.
+
+    Raises:
+        TypeError: ``predictor`` or ``card`` has the wrong type.
+        ValueError: a card field is missing, unknown or malformed; the folder is not
+            named after the release or holds something else; the predictor does not
+            match the card; or the release would exceed :data:`MAX_WEIGHTS_BYTES` or the
+            releases together :data:`MAX_RELEASES_BYTES`.
+    """
+    card = _check_card(card)
+    folder = Path(folder)
+    foreign = os.path.lexists(folder) and (not folder.is_dir() or folder.is_symlink() or
+                                           not set(os.listdir(folder)) <= set(RELEASE_FILES))
+    if folder.name != card["name"] or foreign:
+        raise ValueError(f"the release folder {folder} must be named after the release, "
+                         f"{card['name']!r}: it is loaded by its folder's name"
+                         if folder.name != card["name"] else f"{folder} exists and is not a "
+                         "release folder; write_release only replaces an earlier release")
+    predictor = _check_predictor(predictor, card)
+    with tempfile.TemporaryDirectory() as scratch:  # (read back: a release is small)
+        predictor.save_pretrained(scratch, dtype=torch.float16)
+        files = {n: (Path(scratch) / n).read_bytes()
+                 for n in ("model.safetensors", "config.json")}  # (the config last)
+    files["README.md"] = _readme(card).encode("utf-8")
+    size = len(files["model.safetensors"])
+    total = _release_bytes(folder.parent, folder.name) + sum(map(len, files.values()))
+    if size > MAX_WEIGHTS_BYTES or total > MAX_RELEASES_BYTES:
+        raise ValueError(
+            f"the release's weights file has {size / 2**20:.2f} MiB, more than the "
+            f"{MAX_WEIGHTS_BYTES / 2**20:g} MiB a release may hold" if size > MAX_WEIGHTS_BYTES
+            else f"the releases in {folder.parent} would take {total / 2**20:.1f} MiB with "
+            f"this one, more than the {MAX_RELEASES_BYTES / 2**20:g} MiB they may take together")
+    replace_folder(Path(os.path.abspath(folder)), files)
     return folder
 
 

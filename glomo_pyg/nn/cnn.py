@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from glomo_pyg.ordering import check_direction
+
 NORMS = (None, "layer", "batch")
 
 
@@ -66,8 +68,7 @@ class CausalCNN(torch.nn.Module):
     def __init__(self, channels: int, num_layers: int = 4, kernel_size: int = 3,
                  direction: str = "forward", norm: Optional[str] = "layer", dropout: float = 0.0):
         super().__init__()
-        if direction not in ("forward", "backward"):
-            raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
+        check_direction(direction)
         if num_layers < 0 or kernel_size < 1:
             raise ValueError("num_layers must be >= 0 and kernel_size >= 1")
         self.channels, self.kernel_size, self.direction = channels, kernel_size, direction

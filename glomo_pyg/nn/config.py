@@ -57,11 +57,7 @@ class ConfigurableModule(torch.nn.Module):
                     kind = signature.parameters[name].kind
                     if kind is inspect.Parameter.VAR_KEYWORD:
                         values.update(value)
-                    elif kind is inspect.Parameter.VAR_POSITIONAL:
-                        if value:
-                            raise TypeError(f"{cls.__name__} takes no extra positional "
-                                            "arguments")
-                    else:
+                    elif kind is not inspect.Parameter.VAR_POSITIONAL:  # (no module has *args)
                         values[name] = value
                 object.__setattr__(self, "_config", values)
             init(self, *args, **kw)
@@ -76,11 +72,12 @@ class ConfigurableModule(torch.nn.Module):
     def from_config(cls, config: Dict[str, Any]) -> "ConfigurableModule":
         """A new module (freshly initialised) built from :meth:`config`'s output.
         Unknown or ill-typed entries raise ``TypeError`` / ``ValueError``."""
-        if not isinstance(config, dict) or not all(isinstance(k, str) for k in config):
-            raise TypeError(f"a {cls.__name__} config must be a dict with string keys")
         params = inspect.signature(cls.__init__).parameters
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            unknown = sorted(set(config) - set(params) - {"self"})
-            if unknown:
-                raise TypeError(f"{cls.__name__} has no constructor arguments {unknown}")
+        open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        keyed = isinstance(config, dict) and all(isinstance(k, str) for k in config)
+        unknown = [] if open_ended or not keyed else sorted(set(config) - set(params) - {"self"})
+        if not keyed or unknown:
+            raise TypeError(f"a {cls.__name__} config must be a dict with string keys naming "
+                            "its constructor arguments"
+                            + (f"; it has no arguments {unknown}" if unknown else ""))
         return cls(**config)

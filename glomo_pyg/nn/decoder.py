@@ -36,11 +36,11 @@ class ContextDecoder(torch.nn.Module):
     def __init__(self, embedding: torch.nn.Embedding, hidden_channels: int, context_length: int = 3,
                  num_layers: int = 2, dropout: float = 0.0):
         super().__init__()
-        if context_length < 1:
-            raise ValueError(f"context_length must be >= 1, got {context_length}")
-        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-            raise ValueError(f"the decoder needs at least one GRU layer: num_layers (Glomo's "
-                             f"decoder_layers) must be a positive integer, got {num_layers!r}")
+        if context_length < 1 or isinstance(num_layers, bool) or \
+                not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"context_length must be >= 1 and the decoder needs at least one "
+                             f"GRU layer: num_layers (Glomo's decoder_layers) must be a positive "
+                             f"integer, got {context_length!r} and {num_layers!r}")
         self.embedding = embedding
         self.context_length = context_length
         dim = embedding.embedding_dim
@@ -56,8 +56,6 @@ class ContextDecoder(torch.nn.Module):
         torch.nn.init.zeros_(self.out_bias)
 
     def forward(self, state: Tensor, targets: Tensor) -> Tensor:
-        if targets.dim() != 2 or targets.size(1) != self.context_length:
-            raise ValueError(f"targets must be [P, {self.context_length}], got {tuple(targets.shape)}")
         inputs = self.embedding(targets[:, :-1].clamp_min(0))  # padded targets only feed ignored steps
         inputs = torch.cat([inputs.new_zeros(inputs.size(0), 1, inputs.size(2)), inputs], 1)
         h0 = state.unsqueeze(0).expand(self.rnn.num_layers, -1, -1).contiguous()

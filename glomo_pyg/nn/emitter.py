@@ -1,13 +1,14 @@
 """The graph-emitter protocol: what every producer of latent graphs provides."""
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
 from typing import Dict, List, Optional, Tuple, Type, Union
 
 from torch import Tensor
 
 from glomo_pyg.graphs import LatentGraphs
 from glomo_pyg.nn.config import ConfigurableModule
-from glomo_pyg.nn.layout import LAYOUTS
+from glomo_pyg.nn.scorer import check_layout
 from glomo_pyg.ordering import SequenceOrder, UnitOrder
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
@@ -18,26 +19,16 @@ EMITTERS: Dict[str, Type["GraphEmitter"]] = {}
 EmitResult = Union[LatentGraphs, Tuple[LatentGraphs, List[Tensor]]]
 
 
-class GraphEmitter(ConfigurableModule):
+class GraphEmitter(ConfigurableModule, metaclass=ABCMeta):
     r"""Base of every module that turns a batch of units into
     :class:`~glomo_pyg.LatentGraphs` (paper Sec. 2.1, the graph predictor :math:`g`).
 
-    An emitter has
-
-    * attributes ``direction`` (``'forward'``/``'backward'``), ``num_layers``,
-      ``heads`` and ``include_self``, and an ``encoder``
-      (:class:`~glomo_pyg.nn.UnitEncoder`) that says what it reads (``num_tokens``
-      token ids or ``in_channels`` features) and validates it;
-    * :attr:`order`, the allowed-sources rule of its graphs;
-    * :meth:`emit` ``(x, sequences) -> LatentGraphs`` on an already validated batch,
-      and ``forward(x, batch)``, which validates at the door and then emits;
-    * :meth:`config` / :meth:`from_config` (constructor arguments as JSON data),
-      from which :mod:`glomo_pyg.io` saves and rebuilds it.
-
-    The graph layout (``'sparse'``, ``'dense'`` or ``'auto'``, see
-    :class:`~glomo_pyg.LatentGraphs`) is a run-time choice (:meth:`set_layout`, or
-    ``layout=`` per call), not part of the model: every layout gives the same graphs.
-    Subclasses register themselves in :data:`EMITTERS` by class name.
+    An emitter has ``direction``, ``num_layers``, ``heads``, ``include_self``, an
+    ``encoder`` (:class:`~glomo_pyg.nn.UnitEncoder`: what it reads, checked at the door),
+    :attr:`order`, :meth:`emit` on an already validated batch, ``forward(x, batch)``
+    (validates, then emits) and :meth:`config` / :meth:`from_config`. The graph layout
+    is a run-time choice (:meth:`set_layout`, or ``layout=`` per call): every layout
+    gives the same graphs. Subclasses register themselves in :data:`EMITTERS`.
     """
 
     layout: str = "sparse"
@@ -65,8 +56,7 @@ class GraphEmitter(ConfigurableModule):
 
     def set_layout(self, layout: str) -> "GraphEmitter":
         """Emit graphs in ``layout`` from now on (not saved with the model)."""
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        check_layout(layout)
         self.layout = layout
         return self
 
@@ -74,11 +64,11 @@ class GraphEmitter(ConfigurableModule):
         """Raise ``TypeError`` / ``ValueError`` unless ``x`` is what this emitter reads."""
         self.encoder.check(x)
 
+    @abstractmethod
     def emit(self, x: Tensor, sequences: SequenceBatch, layout: Optional[str] = None,
              return_column_max: bool = False) -> EmitResult:
         """Graphs of an already validated batch; with ``return_column_max`` also each
         layer's ``[B, H, T]`` largest score per target (for a keep-alive penalty)."""
-        raise NotImplementedError
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None,
                 layout: Optional[str] = None) -> LatentGraphs:
@@ -109,9 +99,9 @@ class ScoredEmitter(GraphEmitter, register=False):
             if hasattr(child, "reset_parameters"):
                 child.reset_parameters()
 
+    @abstractmethod
     def states(self, x: Tensor, sequences: SequenceBatch) -> Tuple[Tensor, Tensor]:
         """Padded ``[B, T, C]`` key and query states of an already validated batch."""
-        raise NotImplementedError
 
     def emit(self, x: Tensor, sequences: SequenceBatch, layout: Optional[str] = None,
              return_column_max: bool = False) -> EmitResult:

@@ -31,38 +31,29 @@ class UnitEncoder(torch.nn.Module):
                  pixel_mean: Optional[Sequence[float]] = None,
                  pixel_std: Optional[Sequence[float]] = None):
         super().__init__()
-        if (num_tokens is None) == (in_channels is None):
-            raise ValueError("give exactly one of num_tokens (token-id input) or in_channels "
-                             "(feature input)")
-        if out_channels <= 0:
-            raise ValueError(f"out_channels must be positive, got {out_channels}")
-        self.num_tokens = num_tokens
-        self.in_channels = in_channels
-        self.out_channels = out_channels
-        if padding_idx is not None and num_tokens is None:
-            raise ValueError("padding_idx applies to token-id input (num_tokens); feature input "
-                             f"has no padding token, got padding_idx={padding_idx!r}")
+        size = num_tokens if in_channels is None else in_channels
+        if (num_tokens is None) == (in_channels is None) or min(size, out_channels) <= 0:
+            raise ValueError(f"give exactly one of num_tokens (token-id input) or in_channels "
+                             f"(feature input), and positive sizes; got num_tokens="
+                             f"{num_tokens}, in_channels={in_channels}, out_channels="
+                             f"{out_channels}")
+        if padding_idx is not None and (num_tokens is None or isinstance(padding_idx, bool) or
+                                        not isinstance(padding_idx, int) or
+                                        not -num_tokens <= padding_idx < num_tokens):
+            raise ValueError(f"padding_idx must be a token id in [0, {num_tokens}) (or negative "
+                             f"from the end); padding_idx applies to token-id input only "
+                             f"(feature input has no padding token), got {padding_idx!r}")
+        self.num_tokens, self.in_channels, self.out_channels = \
+            num_tokens, in_channels, out_channels
         if num_tokens is not None:
-            if num_tokens <= 0:
-                raise ValueError(f"num_tokens must be positive, got {num_tokens}")
-            if padding_idx is not None and (isinstance(padding_idx, bool) or
-                                            not isinstance(padding_idx, int) or
-                                            not -num_tokens <= padding_idx < num_tokens):
-                raise ValueError(f"padding_idx must be a token id in [0, {num_tokens}) (or "
-                                 f"negative from the end, down to {-num_tokens}), got "
-                                 f"{padding_idx!r}")
             self.embedding = torch.nn.Embedding(num_tokens, out_channels, padding_idx=padding_idx)
             self.linear = None
         else:
-            if in_channels <= 0:
-                raise ValueError(f"in_channels must be positive, got {in_channels}")
             self.embedding = None
             self.linear = torch.nn.Linear(in_channels, out_channels)
         self.pixels = pixel_mean is not None or pixel_std is not None
         if self.pixels:
-            if in_channels is None or pixel_mean is None or pixel_std is None:
-                raise ValueError("pixel input needs in_channels, pixel_mean and pixel_std")
-            check_statistics(list(pixel_mean), list(pixel_std), in_channels)
+            check_statistics(list(pixel_mean or ()), list(pixel_std or ()), in_channels)
             self.register_buffer("pixel_mean", torch.tensor([float(v) for v in pixel_mean]),
                                  persistent=False)
             self.register_buffer("pixel_std", torch.tensor([float(v) for v in pixel_std]),

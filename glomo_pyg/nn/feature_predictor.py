@@ -12,9 +12,8 @@ from glomo_pyg.nn.config import ConfigurableModule
 from glomo_pyg.nn.conv import GlomoConv
 from glomo_pyg.nn.emitter import EmitResult, GraphEmitter
 from glomo_pyg.nn.encoder import UnitEncoder
-from glomo_pyg.nn.layout import LAYOUTS
-from glomo_pyg.nn.scorer import GraphScorer, resolve_head_channels
-from glomo_pyg.nn.settings import MAX_LOCAL_CONTEXT, check_model_setting  # noqa: F401
+from glomo_pyg.nn.scorer import GraphScorer, check_layout, resolve_head_channels
+from glomo_pyg.nn.settings import check_model_setting
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
 
@@ -86,20 +85,12 @@ class FeaturePredictor(ConfigurableModule):
             (see :class:`UnitEncoder`).
         pooled_context (bool): an extension of the paper: every layer also adds
             :math:`W_l \bar f^{l-1}_j`, the mean of :math:`f^{l-1}` over the target's
-            allowed sources (the uniform graph's message) through a linear map
-            initialised to zero, so an untrained network is the paper's. It hands
-            the language model the context mean that near-uniform "pooling" heads
-            otherwise provide (docs/training.md). (default: :obj:`False`)
+            allowed sources, through a zero-initialised linear map (docs/training.md).
+            (default: :obj:`False`)
         local_context (int): an extension of the paper: every layer also adds
-            :math:`W_l [f^{l-1}_{j-1}; \dots; f^{l-1}_{j-k}]`, the features of the
-            target's :math:`k` nearest units on its allowed side (:math:`j+1..j+k`
-            going backward; zero past the sequence's ends), through a linear map
-            initialised to zero, so an untrained network is the paper's. The language
-            model then reads the adjacent units without a graph, meant to leave the
-            graphs to learn what lies beyond them (at small scale they settle on
-            previous- and next-unit heads). On the CPU recipe with :math:`k = 2` it
-            did not: the graphs learned less (docs/training.md).
-            (default: :obj:`0`)
+            :math:`W_l [f^{l-1}_{j-1}; \dots; f^{l-1}_{j-k}]`, the target's :math:`k`
+            nearest units on its allowed side, through a zero-initialised linear map
+            (docs/training.md). (default: :obj:`0`)
         scorer_kwargs: options of the internal :class:`GraphScorer` when
             ``decouple=False`` (``direction``, ``sparse``, ``bias``, ...).
 
@@ -118,17 +109,15 @@ class FeaturePredictor(ConfigurableModule):
         super().__init__()
         if update not in ("gru", "residual"):
             raise ValueError(f"update must be 'gru' or 'residual', got {update!r}")
-        if type(pooled_context).__name__ not in ("bool", "bool_"):  # numpy's too
-            raise TypeError(f"pooled_context must be True or False, got {pooled_context!r}")
+        bools = ("bool", "bool_")  # numpy's too
+        if type(pooled_context).__name__ not in bools or \
+                type(local_context).__name__ in bools or \
+                not hasattr(type(local_context), "__index__"):
+            raise TypeError(f"pooled_context must be True or False and local_context must be "
+                            f"an integer, got {pooled_context!r} and {local_context!r}")
         pooled_context = bool(pooled_context)
-        try:
-            if type(local_context).__name__ in ("bool", "bool_"):
-                raise TypeError
-            local_context = operator.index(local_context)  # a plain int: config() is JSON
-        except TypeError:
-            raise TypeError(f"local_context must be an integer, got {local_context!r}") \
-                from None
-        local_context = check_model_setting("local_context", local_context)
+        # a plain int: config() is JSON
+        local_context = check_model_setting("local_context", operator.index(local_context))
         if "layout" in scorer_kwargs:
             raise TypeError("layout is a run-time choice: use set_layout() or "
                             "from_sequences(..., layout=...)")
@@ -171,8 +160,7 @@ class FeaturePredictor(ConfigurableModule):
 
     def set_layout(self, layout: str) -> "FeaturePredictor":
         """Layout of the graphs the ``decouple=False`` scorer emits (not saved)."""
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        check_layout(layout)
         self.layout = layout
         return self
 
@@ -183,27 +171,22 @@ class FeaturePredictor(ConfigurableModule):
         if graphs is not None:
             if not isinstance(graphs, LatentGraphs):
                 raise TypeError(f"graphs must be LatentGraphs, got {type(graphs).__name__}")
-            if graphs.device != x.device:
-                raise ValueError(f"graphs are on {graphs.device}, x is on {x.device}")
-            if not torch.equal(graphs.ptr, sequences.ptr):
-                raise ValueError("graphs were emitted for another batch layout (ptr differs)")
+            if graphs.device != x.device or not torch.equal(graphs.ptr, sequences.ptr):
+                raise ValueError(f"graphs were emitted for another batch layout (ptr differs) "
+                                 f"or device (graphs on {graphs.device}, x on {x.device})")
         return self.from_sequences(x, sequences, graphs)
 
     def from_sequences(self, x: Tensor, sequences: SequenceBatch,
                        graphs: Optional[LatentGraphs] = None,
                        layout: Optional[str] = None) -> Tuple[Tensor, LatentGraphs]:
         """Top-layer features and the graphs used, for an already validated batch."""
-        if self.decouple:
-            if graphs is None:
-                raise ValueError("this FeaturePredictor propagates along given graphs: pass "
-                                 "graphs=GraphPredictor(...)(x, batch)")
-            if graphs.num_layers != self.num_layers or graphs.num_heads != self.heads:
-                raise ValueError(f"graphs have {graphs.num_layers} layers x {graphs.num_heads} "
-                                 f"heads, this network needs {self.num_layers} x {self.heads}")
-            if graphs.num_nodes != x.size(0):
-                raise ValueError(f"graphs cover {graphs.num_nodes} units, x has {x.size(0)}")
-        elif graphs is not None:
-            raise ValueError("decouple=False computes its own graphs; do not pass graphs")
+        shape = None if graphs is None else (graphs.num_layers, graphs.num_heads, graphs.num_nodes)
+        if shape != ((self.num_layers, self.heads, x.size(0)) if self.decouple else None):
+            raise ValueError(f"this FeaturePredictor propagates along given graphs of "
+                             f"{self.num_layers} layers x {self.heads} heads over the "
+                             f"{x.size(0)} units of x (pass graphs=GraphPredictor(...)(x, "
+                             f"batch); decouple=False computes its own graphs: do not pass "
+                             f"graphs); got (layers, heads, units) = {shape}")
         f = torch.nn.functional.dropout(self.encoder.encode(x), self.dropout, self.training)
         emitted = []
         for l, conv in enumerate(self.convs):

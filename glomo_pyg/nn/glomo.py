@@ -9,21 +9,20 @@ import torch
 from torch import Tensor
 
 from glomo_pyg.graphs import DIRECTION_KEYS as _KEY
-from glomo_pyg.graphs import DirectionalGraphs  # noqa: F401 (re-exported, moved there)
+from glomo_pyg.graphs import DirectionalGraphs
 from glomo_pyg.nn.decoder import IGNORE, ContextDecoder
 from glomo_pyg.nn.emitter import GraphEmitter
 from glomo_pyg.nn.encoder import UnitEncoder
 from glomo_pyg.nn.feature_predictor import FeatureGraphEmitter, FeaturePredictor
 from glomo_pyg.nn.graph_predictor import GraphPredictor
-from glomo_pyg.nn.layout import LAYOUTS
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 from glomo_pyg.nn.scorer import resolve_head_channels
+from glomo_pyg.nn.settings import IMAGE_DEFAULTS as _I
+from glomo_pyg.nn.settings import TEXT_DEFAULTS as _T
 from glomo_pyg.nn.settings import check_model_setting
 from glomo_pyg.ordering import DIRECTIONS
-from glomo_pyg.pixels import IMAGENET_MEAN, IMAGENET_STD
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
-OBJECTIVES = ("unit", "sequence")
 EMBEDDING_PARTS = ("graph", "features")  # set_token_embeddings: g's and f's embeddings
 
 
@@ -82,9 +81,8 @@ class Glomo(torch.nn.Module):
             times the mean over layers, heads and targets of the normalised
             entropy of the target's incoming weights
             (:meth:`LatentGraphs.column_entropy`: 1 uniform, 0 one source). It
-            pushes near-uniform "pooling" heads to commit to a few sources; on
-            IMDB at 0.05 most heads took the cheapest way, one edge on the
-            sequence's first (last) unit (docs/training.md). (default: :obj:`0.`)
+            pushes near-uniform "pooling" heads to commit to a few sources (how
+            heads respond: docs/training.md). (default: :obj:`0.`)
 
     Shapes:
         - **input:** token ids :math:`(N)`, sorted batch vector :math:`(N)`
@@ -94,50 +92,47 @@ class Glomo(torch.nn.Module):
     def __init__(self, feature_predictors: Mapping[str, FeaturePredictor],
                  context_heads: Mapping[str, ContextDecoder],
                  emitters: Optional[Mapping[str, GraphEmitter]] = None, *,
-                 num_positions: int = 20, objective: str = "unit", keep_alive: float = 0.0,
-                 keep_alive_margin: float = 0.1, entropy_penalty: float = 0.0):
+                 num_positions: int = _T.num_positions, objective: str = _T.objective,
+                 keep_alive: float = _T.keep_alive,
+                 keep_alive_margin: float = _T.keep_alive_margin,
+                 entropy_penalty: float = _T.entropy_penalty):
         super().__init__()
         directions = tuple(d for d in DIRECTIONS if d in feature_predictors)
-        if not directions or set(feature_predictors) - set(DIRECTIONS):
+        if not directions or set(feature_predictors) - set(DIRECTIONS) or \
+                set(context_heads) != set(directions) or \
+                (emitters is not None and set(emitters) != set(directions)):
             raise ValueError(f"feature_predictors must map a non-empty subset of {DIRECTIONS} "
-                             f"to feature predictors, got {sorted(feature_predictors)}")
-        if set(context_heads) != set(directions):
-            raise ValueError(f"context_heads must cover the same directions as the feature "
-                             f"predictors ({directions}), got {sorted(context_heads)}")
-        if emitters is not None and set(emitters) != set(directions):
-            raise ValueError(f"emitters must cover the same directions as the feature predictors "
-                             f"({directions}), got {sorted(emitters)}")
-        keep_alive = check_model_setting("keep_alive", keep_alive)
-        keep_alive_margin = check_model_setting("keep_alive_margin", keep_alive_margin)
-        entropy_penalty = check_model_setting("entropy_penalty", entropy_penalty)
-        if objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-        if num_positions < 1:
-            raise ValueError(f"num_positions must be >= 1, got {num_positions}")
+                             f"to feature predictors, and context_heads must cover the same "
+                             f"directions (emitters too); got {sorted(feature_predictors)}, "
+                             f"{sorted(context_heads)}"
+                             + (f", {sorted(emitters)}" if emitters is not None else ""))
+        num_positions, objective, keep_alive, keep_alive_margin, entropy_penalty = (
+            check_model_setting(name, value) for name, value in (
+                ("num_positions", num_positions), ("objective", objective),
+                ("keep_alive", keep_alive), ("keep_alive_margin", keep_alive_margin),
+                ("entropy_penalty", entropy_penalty)))
         for d in directions:
             fp = feature_predictors[d]
-            if not isinstance(fp, FeaturePredictor):
-                raise TypeError(f"the {d} feature predictor must be a FeaturePredictor, got "
-                                f"{type(fp).__name__}")
-            if emitters is None:
-                if not isinstance(fp, GraphEmitter):
-                    raise ValueError("without emitters the feature predictors must score their "
-                                     "own graphs (FeatureGraphEmitter, decouple=False)")
-                g = fp
-            else:
-                g = emitters[d]
-                if not isinstance(g, GraphEmitter):
-                    raise TypeError(f"the {d} emitter must be a GraphEmitter, got "
-                                    f"{type(g).__name__}")
-                if (g.num_layers, g.heads) != (fp.num_layers, fp.heads):
-                    raise ValueError(f"the {d} emitter has {g.num_layers} layers x {g.heads} "
-                                     f"heads, its feature predictor {fp.num_layers} x {fp.heads}")
-            if g.direction != d:
-                raise ValueError(f"the {d} emitter was built for direction {g.direction!r}")
-        if keep_alive and emitters is None:
-            raise ValueError("keep_alive applies to the graph predictor g (decouple=True)")
-        self.keep_alive, self.keep_alive_margin = float(keep_alive), float(keep_alive_margin)
-        self.entropy_penalty = float(entropy_penalty)
+            g = fp if emitters is None else emitters[d]
+            if not isinstance(fp, FeaturePredictor) or \
+                    (emitters is not None and not isinstance(g, GraphEmitter)):
+                raise TypeError(f"the {d} feature predictor must be a FeaturePredictor and its "
+                                f"emitter a GraphEmitter, got {type(fp).__name__} and "
+                                f"{type(g).__name__}")
+            if not isinstance(g, GraphEmitter):
+                raise ValueError("without emitters the feature predictors must score their "
+                                 "own graphs (FeatureGraphEmitter, decouple=False)")
+            if (g.num_layers, g.heads, g.direction) != (fp.num_layers, fp.heads, d):
+                raise ValueError(f"the {d} emitter has {g.num_layers} layers x {g.heads} heads "
+                                 f"and was built for direction {g.direction!r}; its feature "
+                                 f"predictor has {fp.num_layers} x {fp.heads}")
+        if keep_alive and (emitters is None or
+                           not all(emitters[d].scorer.sparse for d in directions)):
+            raise ValueError("keep_alive applies to the squared-ReLU graphs (sparse=True) of a "
+                             "graph predictor g (decouple=True); softmax graphs have no empty "
+                             "columns")
+        self.keep_alive, self.keep_alive_margin = keep_alive, keep_alive_margin
+        self.entropy_penalty = entropy_penalty
         self.num_positions, self.objective = num_positions, objective
         self.directions = directions
         self.decouple = emitters is not None
@@ -151,18 +146,23 @@ class Glomo(torch.nn.Module):
         self.decoders = torch.nn.ModuleDict({_KEY[d]: context_heads[d] for d in directions})
 
     @classmethod
-    def text(cls, num_tokens: int, hidden_channels: int = 512, num_layers: int = 3,
-             heads: int = 8, head_channels: Optional[int] = None, context_length: int = 3,
-             num_positions: int = 20, update: str = "gru", decoder_layers: int = 2,
-             cnn_layers: int = 4, kernel_size: int = 3, norm: Optional[str] = "layer",
-             bias: str = "scalar", include_self: bool = False, sparse: bool = True,
-             decouple: bool = True, objective: str = "unit", bidirectional: bool = True,
-             dropout: float = 0.0, padding_idx: Optional[int] = None,
-             block_size: int = 1 << 22, position: Optional[str] = None,
-             position_frequencies: int = 16, position_period: float = 512.0,
-             keep_alive: float = 0.0, keep_alive_margin: float = 0.1,
-             entropy_penalty: float = 0.0, pooled_context: bool = False,
-             local_context: int = 0) -> "Glomo":
+    def text(cls, num_tokens: int, hidden_channels: int = _T.hidden_channels,
+             num_layers: int = _T.num_layers, heads: int = _T.heads,
+             head_channels: Optional[int] = _T.head_channels,
+             context_length: int = _T.context_length, num_positions: int = _T.num_positions,
+             update: str = _T.update, decoder_layers: int = _T.decoder_layers,
+             cnn_layers: int = _T.cnn_layers, kernel_size: int = _T.kernel_size,
+             norm: Optional[str] = _T.norm, bias: str = _T.bias,
+             include_self: bool = _T.include_self, sparse: bool = _T.sparse,
+             decouple: bool = _T.decouple, objective: str = _T.objective,
+             bidirectional: bool = _T.bidirectional, dropout: float = _T.dropout,
+             padding_idx: Optional[int] = _T.padding_idx, block_size: int = _T.block_size,
+             position: Optional[str] = _T.position,
+             position_frequencies: int = _T.position_frequencies,
+             position_period: float = _T.position_period, keep_alive: float = _T.keep_alive,
+             keep_alive_margin: float = _T.keep_alive_margin,
+             entropy_penalty: float = _T.entropy_penalty, pooled_context: bool = _T.pooled_context,
+             local_context: int = _T.local_context) -> "Glomo":
         r"""The paper's text model over a vocabulary of ``num_tokens`` token ids.
 
         Per direction: a :class:`GraphPredictor` (causal key/query CNNs, paper
@@ -190,41 +190,27 @@ class Glomo(torch.nn.Module):
                 (default: :obj:`0`)
 
         Others as in :class:`GraphPredictor`, :class:`ContextDecoder` and
-        :class:`Glomo`.
+        :class:`Glomo`. Defaults: :data:`~glomo_pyg.nn.settings.TEXT_DEFAULTS`
+        (``hidden_channels=512``, 3 layers x 8 heads, ``context_length=3``, ...).
         """
         check_model_setting("decoder_layers", decoder_layers)
-        if keep_alive and not sparse:
-            raise ValueError("keep_alive is for squared-ReLU graphs (sparse=True); softmax "
-                             "graphs have no empty columns")
-        if keep_alive and not decouple:
-            raise ValueError("keep_alive applies to the graph predictor g (decouple=True)")
         head_channels = resolve_head_channels(hidden_channels, heads, head_channels)
         directions = ("forward", "backward") if bidirectional else ("forward",)
-        graph_kwargs = dict(num_layers=num_layers, heads=heads, head_channels=head_channels,
-                            include_self=include_self, sparse=sparse, bias=bias,
-                            block_size=block_size, position=position,
-                            position_frequencies=position_frequencies,
-                            position_period=position_period)
+        scorer = dict(head_channels=head_channels, include_self=include_self, sparse=sparse,
+                      bias=bias, block_size=block_size, position=position,
+                      position_frequencies=position_frequencies, position_period=position_period)
+        shared = dict(num_tokens=num_tokens, hidden_channels=hidden_channels,
+                      num_layers=num_layers, heads=heads, padding_idx=padding_idx, dropout=dropout)
+        f_kwargs = dict(shared, update=update, pooled_context=pooled_context,
+                        local_context=local_context)
         emitters, features, decoders = {}, {}, {}
         for d in directions:
             if decouple:
-                emitters[d] = GraphPredictor(
-                    num_tokens=num_tokens, hidden_channels=hidden_channels, direction=d,
-                    cnn_layers=cnn_layers, kernel_size=kernel_size, norm=norm,
-                    padding_idx=padding_idx, dropout=dropout, **graph_kwargs)
-                features[d] = FeaturePredictor(
-                    num_tokens=num_tokens, hidden_channels=hidden_channels, num_layers=num_layers,
-                    heads=heads, update=update, decouple=True, padding_idx=padding_idx,
-                    dropout=dropout, pooled_context=pooled_context,
-                    local_context=local_context)
+                emitters[d] = GraphPredictor(direction=d, cnn_layers=cnn_layers,
+                                             kernel_size=kernel_size, norm=norm, **shared, **scorer)
+                features[d] = FeaturePredictor(decouple=True, **f_kwargs)
             else:
-                scorer_kwargs = {k: v for k, v in graph_kwargs.items()
-                                 if k not in ("num_layers", "heads")}
-                features[d] = FeatureGraphEmitter(
-                    num_tokens=num_tokens, hidden_channels=hidden_channels, num_layers=num_layers,
-                    heads=heads, update=update, padding_idx=padding_idx, dropout=dropout,
-                    direction=d, pooled_context=pooled_context, local_context=local_context,
-                    **scorer_kwargs)
+                features[d] = FeatureGraphEmitter(direction=d, **f_kwargs, **scorer)
             decoders[d] = ContextDecoder(features[d].embedding, hidden_channels, context_length,
                                          decoder_layers, dropout)
         return cls(features, decoders, emitters if decouple else None,
@@ -232,16 +218,21 @@ class Glomo(torch.nn.Module):
                    keep_alive_margin=keep_alive_margin, entropy_penalty=entropy_penalty)
 
     @classmethod
-    def image(cls, height: int = 32, width: int = 32, in_channels: int = 3,
-              hidden_channels: int = 128, num_layers: int = 3, heads: int = 8,
-              head_channels: Optional[int] = None, num_positions: int = 64,
-              update: str = "gru", cnn_layers: int = 3, kernel_size: int = 3,
-              bias: str = "scalar", include_self: bool = False, sparse: bool = True,
-              bidirectional: bool = True, dropout: float = 0.0, position: Optional[str] = None,
-              position_frequencies: int = 8, position_period: float = 64.0,
-              pixel_mean: Sequence[float] = IMAGENET_MEAN,
-              pixel_std: Sequence[float] = IMAGENET_STD, keep_alive: float = 0.0,
-              keep_alive_margin: float = 0.1, entropy_penalty: float = 0.0) -> "Glomo":
+    def image(cls, height: int = _I.height, width: int = _I.width,
+              in_channels: int = _I.in_channels, hidden_channels: int = _I.hidden_channels,
+              num_layers: int = _I.num_layers, heads: int = _I.heads,
+              head_channels: Optional[int] = _I.head_channels,
+              num_positions: int = _I.num_positions, update: str = _I.update,
+              cnn_layers: int = _I.cnn_layers, kernel_size: int = _I.kernel_size,
+              bias: str = _I.bias, include_self: bool = _I.include_self, sparse: bool = _I.sparse,
+              bidirectional: bool = _I.bidirectional, dropout: float = _I.dropout,
+              position: Optional[str] = _I.position,
+              position_frequencies: int = _I.position_frequencies,
+              position_period: float = _I.position_period,
+              pixel_mean: Sequence[float] = _I.pixel_mean,
+              pixel_std: Sequence[float] = _I.pixel_std, keep_alive: float = _I.keep_alive,
+              keep_alive_margin: float = _I.keep_alive_margin,
+              entropy_penalty: float = _I.entropy_penalty) -> "Glomo":
         r"""The pixel model of paper Sec. 3.5 over ``height x width`` images with
         ``in_channels`` uint8 channels (units from
         :func:`glomo_pyg.pixels.image_units`).
@@ -260,13 +251,11 @@ class Glomo(torch.nn.Module):
             pixel_mean, pixel_std: per-channel statistics on a [0, 1] scale.
 
         Others as in :meth:`text`, :class:`PixelGraphPredictor` and
-        :class:`Glomo`.
+        :class:`Glomo`. Defaults: :data:`~glomo_pyg.nn.settings.IMAGE_DEFAULTS` (32 x 32 x 3
+        images, ``hidden_channels=128``, 3 layers x 8 heads, ``num_positions=64``, ...).
         """
         from glomo_pyg.nn.pixel import PixelContextHead, PixelGraphPredictor
 
-        if keep_alive and not sparse:
-            raise ValueError("keep_alive is for squared-ReLU graphs (sparse=True); softmax "
-                             "graphs have no empty columns")
         head_channels = resolve_head_channels(hidden_channels, heads, head_channels)
         directions = ("forward", "backward") if bidirectional else ("forward",)
         emitters, features, heads_ = {}, {}, {}
@@ -290,16 +279,13 @@ class Glomo(torch.nn.Module):
     def emitter(self, direction: str) -> GraphEmitter:
         """The module that emits ``direction``'s graphs (g, or the self-scoring feature
         predictor with ``decouple=False``)."""
-        if direction not in self.directions:
-            raise ValueError(f"direction must be one of {self.directions}, got {direction!r}")
+        self._check_direction(direction)
         parts = self.graph_predictors if self.decouple else self.feature_predictors
         return parts[_KEY[direction]]
 
     def set_layout(self, layout: str) -> "Glomo":
         """Emit graphs in ``layout`` (``'sparse'``, ``'dense'`` or ``'auto'``) from now on:
         same graphs and results, different speed; not part of the model."""
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         for d in self.directions:
             self.emitter(d).set_layout(layout)
         return self
@@ -314,13 +300,11 @@ class Glomo(torch.nn.Module):
         kept at zero. An initialisation, not part of the paper (which starts from random
         embeddings); one part alone is an ablation of it."""
         if isinstance(parts, str) or not isinstance(parts, Sequence) or not parts or \
-                any(p not in EMBEDDING_PARTS for p in parts) or len(set(parts)) != len(parts):
+                any(p not in EMBEDDING_PARTS for p in parts) or len(set(parts)) != len(parts) \
+                or (not self.decouple and len(parts) != len(EMBEDDING_PARTS)):
             raise ValueError(f"parts must be a non-empty sequence of distinct names from "
-                             f"{EMBEDDING_PARTS}, got {parts!r}")
-        if not self.decouple and tuple(sorted(parts)) != tuple(sorted(EMBEDDING_PARTS)):
-            raise ValueError("with decouple=False the graphs come from f itself, so g has no "
-                             "embedding of its own: parts must be both "
-                             f"{EMBEDDING_PARTS}, got {tuple(parts)!r}")
+                             f"{EMBEDDING_PARTS} (with decouple=False the graphs come from f "
+                             f"itself, so g has no embedding of its own: both), got {parts!r}")
         owners = ([self.graph_predictors] if "graph" in parts else []) + \
             ([self.feature_predictors] if "features" in parts else [])
         embeddings = [m.embedding for owner in owners for m in owner.modules()
@@ -328,25 +312,18 @@ class Glomo(torch.nn.Module):
         if not embeddings:
             raise ValueError("this model reads features, not token ids: it has no token "
                              "embeddings to set")
-        shape = tuple(embeddings[0].weight.shape)
-        if not isinstance(weight, Tensor) or not weight.is_floating_point() or \
-                tuple(weight.shape) != shape:
-            got = f"{tuple(weight.shape)} {weight.dtype}" if isinstance(weight, Tensor) \
-                else type(weight).__name__
-            raise ValueError(f"weight must be a floating-point tensor of shape {shape} "
-                             f"(num_tokens, hidden_channels), got {got}")
-        if weight.layout != torch.strided:
-            raise ValueError(f"weight must be a dense (strided) tensor, got layout "
-                             f"{weight.layout}")
-        if weight.is_meta:
-            raise ValueError("weight is on the meta device: it holds no values to copy")
-        target = embeddings[0].weight.dtype
-        # checked as the embeddings will hold it: 1e300 in float64 is finite, not in float32
-        if not torch.isfinite(weight).all():
-            raise ValueError("weight holds NaN or infinite values")
-        if not torch.isfinite(weight.to(target)).all():
-            raise ValueError(f"weight holds values beyond the range of the embeddings' "
-                             f"{target}: they would become infinite")
+        shape, target = tuple(embeddings[0].weight.shape), embeddings[0].weight.dtype
+        valid = isinstance(weight, Tensor) and weight.is_floating_point() and \
+            tuple(weight.shape) == shape and weight.layout == torch.strided and not weight.is_meta
+        # finite as the embeddings will hold it: 1e300 in float64 is finite, not in float32
+        if not valid or not torch.isfinite(weight.to(target)).all():
+            got = "non-finite values" if valid else type(weight).__name__ if \
+                not isinstance(weight, Tensor) else \
+                f"{tuple(weight.shape)} {weight.dtype} {weight.layout} on {weight.device}"
+            raise ValueError(f"weight must be a dense floating-point tensor of shape {shape} "
+                             f"(num_tokens, hidden_channels), not on the meta device, with no "
+                             f"NaN or infinite values and none beyond the range of the "
+                             f"embeddings' {target}; got {got}")
         for embedding in embeddings:
             embedding.weight.copy_(weight)
             if embedding.padding_idx is not None:
@@ -381,6 +358,7 @@ class Glomo(torch.nn.Module):
 
     def features(self, x: Tensor, batch: Optional[Tensor] = None, direction: str = "forward"):
         """Top-layer features :math:`f^L` ``[N, C]`` and the graphs they used."""
+        self._check_direction(direction)
         sequences = self._sequences(x, batch)
         return self._features(x, sequences, direction)[:2]
 
@@ -423,6 +401,10 @@ class Glomo(torch.nn.Module):
         metrics["loss"] = loss.detach()
         return GlomoOutput(loss, metrics)
 
+    def _check_direction(self, direction: str) -> None:
+        if direction not in self.directions:
+            raise ValueError(f"direction must be one of {self.directions}, got {direction!r}")
+
     def _sequences(self, x: Tensor, batch: Optional[Tensor]) -> SequenceBatch:
         self.feature_predictors[_KEY[self.directions[0]]].encoder.check(x)
         return sequence_batch(x.size(0), batch, x.device)
@@ -430,8 +412,6 @@ class Glomo(torch.nn.Module):
     def _features(self, x: Tensor, sequences: SequenceBatch, direction: str,
                   column_max: bool = False):
         """``(f^L, graphs, column maxima or None)`` of one direction."""
-        if direction not in self.directions:
-            raise ValueError(f"direction must be one of {self.directions}, got {direction!r}")
         graphs, maxima = None, None
         if self.decouple:
             out = self.graph_predictors[_KEY[direction]].emit(x, sequences,

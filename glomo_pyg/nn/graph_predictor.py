@@ -8,9 +8,7 @@ from torch import Tensor
 from glomo_pyg.nn.cnn import CausalCNN
 from glomo_pyg.nn.emitter import ScoredEmitter
 from glomo_pyg.nn.encoder import UnitEncoder
-from glomo_pyg.nn.scorer import (BIASES, POSITIONS, GraphScorer,  # noqa: F401 (moved there)
-                                 relative_frequencies, resolve_head_channels)
-from glomo_pyg.ordering import DIRECTIONS
+from glomo_pyg.nn.scorer import GraphScorer, resolve_head_channels
 from glomo_pyg.sequences import SequenceBatch
 
 
@@ -52,11 +50,9 @@ class GraphPredictor(ScoredEmitter):
         position_frequencies (int), position_period (float): its Fourier
             terms. (default: :obj:`16`, :obj:`512.`)
 
-    The graph layout (``'sparse'`` pruned edges, ``'dense'`` per-sequence
-    ``[B, H, T, T]`` blocks, or ``'auto'``: dense when the blocks fit and the graphs
-    are denser than the measured crossover, see :mod:`glomo_pyg.nn.layout`) is chosen
-    at run time with :meth:`set_layout` or ``forward(..., layout=...)``: same graphs,
-    same results, different speed.
+    The graph layout (``'sparse'``, ``'dense'``, ``'fused'`` or ``'auto'``, see
+    :mod:`glomo_pyg.nn.layout`) is chosen at run time with :meth:`set_layout` or
+    ``forward(..., layout=...)``: same graphs, different speed.
 
     Shapes:
         - **input:** token ids :math:`(N)` or features :math:`(N, F_{in})`,
@@ -75,8 +71,6 @@ class GraphPredictor(ScoredEmitter):
                  position: Optional[str] = None, position_frequencies: int = 16,
                  position_period: float = 512.0):
         super().__init__()
-        if direction not in DIRECTIONS:
-            raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
         head_channels = resolve_head_channels(hidden_channels, heads, head_channels)
         self.hidden_channels, self.direction = hidden_channels, direction
         self.encoder = UnitEncoder(hidden_channels, num_tokens, in_channels, padding_idx)

@@ -17,26 +17,15 @@ LAYOUTS = ("sparse", "dense", "fused", "auto")
 DENSE_MAX_WEIGHTS = 1 << 24
 
 # Density (edges / allowed pairs) from which on dense blocks aggregate at least as fast
-# as sparse edges, by longest sequence length: the crossovers measured by
-# `python -m benchmarks.speed --quick` (2026-11-22, 2-core AMD EPYC CPU, forward +
-# backward, B=4, 8 heads, width 512; run 10 in benchmarks/results/speed.md, after the
-# sparse product moved to int32 indices and a row-chunked backward, which made it
-# 1.5-2x faster: dense wins from 5% at T <= 64 and from 25% at T = 128..512; at T = 128
-# and 25% the two are tied within 3%).
-# Lengths between rows use the next longer row.
-# Beyond 512 the last row is used: at a fixed density both layouts cost O(T^2) per
-# sequence, so the crossover density is expected to stay put, but that is not measured
-# yet. No GPU table has been measured; GPUs use this CPU table until one is.
+# as sparse edges, by longest sequence length (a length uses the next longer row, beyond
+# 512 the last: both layouts cost O(T^2) per sequence at a fixed density). CPU crossovers
+# of benchmarks/results/speed.md (runs 10, 11, 13); GPUs use them until theirs are measured.
 CROSSOVER = ((64, 0.05), (128, 0.05), (256, 0.25), (512, 0.25))
 
-
 # 'auto' emits the fused layout (FlexAttention) for graphs emitted without gradients
-# (transfer with a frozen predictor, inference) from this longest length on: measured
-# by `python -m benchmarks.speed --quick --sections transfer` (2026-11-22, 2-core AMD
-# EPYC, run 16 in benchmarks/results/speed.md). GlomoTransfer forward relative to the
-# sparse layout: fused 0.97 / dense 0.85 at T=128, 0.82 / 0.79 at T=256, 0.61 / 0.72 at
-# T=512, 0.28 / 0.47 at T=1024 (images). Training keeps the sparse/dense choice: on CPU
-# FlexAttention has no backward, and the GPU backward is not measured yet.
+# (transfer with a frozen predictor, inference) from this longest length on, where it
+# beats both others (benchmarks/results/speed.md, transfer sections). Training keeps the
+# sparse/dense choice: on CPU FlexAttention has no backward.
 FUSED_MIN_LEN = 512
 
 

@@ -41,20 +41,11 @@ class GraphMixer(torch.nn.Module):
 
     :math:`\gamma` is a learned scale per direction (initialised at 1).
 
-    Free logits can learn slowly: Adam moves each by about the learning rate per step
-    (at most about 3x that with its default betas), and where their gradients are small
-    and of changing sign they stay near 0, so the mixture stays an almost equal average
-    over every component (measured on IMDB: ``benchmarks/results/imdb.md``, run 11).
-    The logits of conditioned weights are a linear map of the features and move
-    faster. :meth:`mixture_weights` shows what was learned.
+    Free logits learn slowly under Adam (``benchmarks/results/imdb.md``, run 11);
+    :meth:`mixture_weights` shows what was learned.
 
-    Every component propagates *all* channels of :math:`H`, so :math:`H` may
-    have any width, unrelated to the predictor's. :math:`H\Lambda^l` is
-    computed by chained propagation, :math:`P^1 = HG^1`,
-    :math:`P^l = P^{l-1} G^l`, with :meth:`LatentGraphs.propagate`
-    (the aggregation of :class:`GlomoConv`), never by multiplying or
-    densifying graphs. All heads of a layer run as one sparse product (or,
-    for graphs in the dense layout, one batched matmul over the blocks).
+    :math:`H` may have any width. :math:`H\Lambda^l` is chained,
+    :math:`P^l = P^{l-1} G^l` (:meth:`LatentGraphs.propagate`), never densified.
 
     Args:
         in_channels (int): width :math:`d` of the features :math:`H`.
@@ -92,17 +83,17 @@ class GraphMixer(torch.nn.Module):
         if not directions or len(set(directions)) != len(directions) or \
                 any(d not in DIRECTIONS for d in directions):
             raise ValueError(f"directions must be distinct values of {DIRECTIONS}, got {directions}")
-        if mixing not in MIXINGS:
-            raise ValueError(f"mixing must be one of {MIXINGS}, got {mixing!r}")
-        if propagation not in PROPAGATIONS:
-            raise ValueError(f"propagation must be one of {PROPAGATIONS}, got {propagation!r}")
-        if layers is not None and any(isinstance(l, bool) or not isinstance(l, numbers.Integral)
-                                      for l in layers):  # (int(0.7) would pick layer 0)
-            raise ValueError(f"layers must be integer layer indices, got {list(layers)!r}")
-        layers = tuple(range(num_layers)) if layers is None else \
-            tuple(sorted(set(int(l) for l in layers)))
-        if not layers or layers[0] < 0 or layers[-1] >= num_layers:
-            raise ValueError(f"layers must be a non-empty subset of 0..{num_layers - 1}, got {layers}")
+        for name, value, allowed in (("mixing", mixing, MIXINGS),
+                                     ("propagation", propagation, PROPAGATIONS)):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        layers = tuple(range(num_layers)) if layers is None else tuple(layers)
+        # (not int(l): int(0.7) would pick layer 0)
+        if not layers or any(isinstance(l, bool) or not isinstance(l, numbers.Integral) or
+                             not 0 <= l < num_layers for l in layers):
+            raise ValueError(f"layers must be a non-empty subset of the integer layer indices "
+                             f"0..{num_layers - 1}, got {list(layers)!r}")
+        layers = tuple(sorted(set(int(l) for l in layers)))
         self.in_channels, self.num_layers, self.heads = in_channels, num_layers, heads
         self.directions, self.mixing, self.propagation, self.layers = directions, mixing, propagation, layers
         self.kinds = ("graph", "hierarchical") if propagation == "both" else (propagation,)
@@ -140,14 +131,14 @@ class GraphMixer(torch.nn.Module):
         return torch.stack([torch.softmax(lin(x), dim=-1) for lin in self.weight_lins])
 
     def forward(self, x: Tensor, graphs: GraphsArg) -> List[Tensor]:
-        """``x`` must be finite and have the parameters' dtype (unless autocast converts
-        it): ``ValueError`` / ``TypeError`` otherwise."""
+        """``x`` must have the parameters' dtype (unless autocast converts it):
+        ``ValueError`` / ``TypeError`` otherwise."""
         check_features(x, self.in_channels)
         return self.mix(x, graphs)
 
     def mix(self, x: Tensor, graphs: GraphsArg) -> List[Tensor]:
-        """:meth:`forward` for features ``x`` already checked by the caller (shape and
-        NaN/Inf); the graphs and the dtype are still checked (host-side, no sync)."""
+        """:meth:`forward` for features ``x`` whose shape the caller checked; the graphs
+        and the dtype are still checked (host-side, no sync)."""
         check_dtype(x, self.gamma.dtype, owner="GraphMixer's parameters")
         graphs = self._check_graphs(x, graphs)
         weights = self.mixture_weights(x)
@@ -187,7 +178,7 @@ class GraphMixer(torch.nn.Module):
             raise ValueError(f"propagations must be [{d}, {k}, N, {self.in_channels}], got "
                              f"{tuple(propagations.shape)}")
         if self.weight_lins is not None and x is not None:  # host-side checks only
-            check_features(x, self.in_channels, check_finite=False)
+            check_features(x, self.in_channels)
             check_dtype(x, self.gamma.dtype, owner="GraphMixer's parameters")
         weights = self.mixture_weights(x)
         spec = "nk,knc->nc" if weights.dim() == 3 else "k,knc->nc"
@@ -229,21 +220,18 @@ class GraphMixer(torch.nn.Module):
         if bad:
             raise TypeError(f"graphs must be LatentGraphs (or None), got {bad}")
         by_direction = {g.direction: g for g in graphs if g is not None}
-        missing = [d for d in self.directions if d not in by_direction]
-        if missing:
-            raise ValueError(f"this mixer needs graphs for directions {self.directions}; "
-                             f"missing {missing}")
-        out = []
-        for d in self.directions:
-            g = by_direction[d]
-            if g.num_layers != self.num_layers or g.num_heads != self.heads:
-                raise ValueError(f"{d} graphs have {g.num_layers} layers x {g.num_heads} heads, "
-                                 f"this mixer was built for {self.num_layers} x {self.heads}")
-            if g.num_nodes != x.size(0):
-                raise ValueError(f"{d} graphs cover {g.num_nodes} units, x has {x.size(0)} rows")
-            if g.device != x.device:
-                raise ValueError(f"{d} graphs are on {g.device}, x is on {x.device}")
-            out.append(g)
+        out = [by_direction.get(d) for d in self.directions]
+        missing = [d for d, g in zip(self.directions, out) if g is None]
+        bad = next((g for g in out if g is not None and (
+            g.num_layers, g.num_heads, g.num_nodes, g.device) != (
+                self.num_layers, self.heads, x.size(0), x.device)), None)
+        if missing or bad is not None:
+            raise ValueError(
+                f"this mixer needs graphs for directions {self.directions}; missing {missing}"
+                if missing else
+                f"{bad.direction} graphs cover {bad.num_nodes} units, x has {x.size(0)} rows "
+                f"({bad.num_layers} layers x {bad.num_heads} heads on {bad.device}; this mixer "
+                f"was built for {self.num_layers} x {self.heads}, x is on {x.device})")
         return out
 
     def __repr__(self) -> str:

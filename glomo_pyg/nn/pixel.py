@@ -12,7 +12,7 @@ from glomo_pyg.nn.decoder import IGNORE
 from glomo_pyg.nn.emitter import ScoredEmitter
 from glomo_pyg.nn.encoder import UnitEncoder
 from glomo_pyg.nn.scorer import GraphScorer, resolve_head_channels
-from glomo_pyg.ordering import DIRECTIONS, RasterOrder
+from glomo_pyg.ordering import RasterOrder, check_direction
 from glomo_pyg.pixels import IMAGENET_MEAN, IMAGENET_STD
 from glomo_pyg.sequences import SequenceBatch
 
@@ -32,10 +32,9 @@ class MaskedConv2d(torch.nn.Conv2d):
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3,
                  mask_type: str = "B"):
-        if mask_type not in MASK_TYPES:
-            raise ValueError(f"mask_type must be one of {MASK_TYPES}, got {mask_type!r}")
-        if kernel_size < 1 or kernel_size % 2 == 0:
-            raise ValueError(f"kernel_size must be odd and positive, got {kernel_size}")
+        if mask_type not in MASK_TYPES or kernel_size < 1 or kernel_size % 2 == 0:
+            raise ValueError(f"mask_type must be one of {MASK_TYPES} and kernel_size odd and "
+                             f"positive, got {mask_type!r} and {kernel_size}")
         super().__init__(in_channels, out_channels, kernel_size, padding=kernel_size // 2)
         self.mask_type = mask_type
         mask = torch.zeros(kernel_size, kernel_size)
@@ -100,20 +99,13 @@ class PixelGraphPredictor(ScoredEmitter):
     r"""The GLoMo graph predictor :math:`g` for images (paper Sec. 3.5): emits stacks
     of sparse weighted graphs over the :math:`H \times W` positions of each image.
 
-    Units are the pixels in raster order (:func:`glomo_pyg.pixels.image_units`: node
-    id = image index x :math:`HW` + raster position), read as uint8 channels and
-    normalised per channel inside the model. Each pixel is projected to
-    ``hidden_channels``; two :class:`PixelCNN` s (masked 2-D convolutions, mask A then
-    B) give keys and queries, and :class:`GraphScorer` turns them into graphs per layer
-    and head (paper Eq. 1). Forward graphs link each target to sources earlier in
-    raster order (:class:`~glomo_pyg.ordering.RasterOrder`), and nothing in a target's
-    column depends on its own pixel or later ones. The backward predictor runs its
-    networks on the image rotated by 180 degrees and maps the graphs back, so its
-    sources come later in raster order.
-
-    The result is an ordinary :class:`~glomo_pyg.LatentGraphs` (any layout) whose
-    ``order`` is the raster order with its grid, so mixing, transfer, networkx export
-    and graph statistics (with 2-D distances) work unchanged.
+    Units are the pixels in raster order (:func:`glomo_pyg.pixels.image_units`), read as
+    uint8 channels and normalised inside the model. Two :class:`PixelCNN` s (masked
+    convolutions) give keys and queries, and :class:`GraphScorer` turns them into graphs
+    (paper Eq. 1): forward graphs link each target to sources earlier in raster order
+    (:class:`~glomo_pyg.ordering.RasterOrder`); the backward predictor runs on the image
+    rotated by 180 degrees and maps the graphs back. The result is an ordinary
+    :class:`~glomo_pyg.LatentGraphs` whose ``order`` is the raster grid.
 
     Args:
         height, width (int): image size (default 32 x 32 = 1024 units).
@@ -152,13 +144,10 @@ class PixelGraphPredictor(ScoredEmitter):
                  pixel_std: Sequence[float] = IMAGENET_STD, dropout: float = 0.0,
                  block_size: int = 1 << 22):
         super().__init__()
-        if direction not in DIRECTIONS:
-            raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-        if position not in (None, "grid"):
-            raise ValueError(f"position must be None or 'grid' for images, got {position!r}")
         self.raster = RasterOrder(direction, height, width, include_self)  # checks the size
-        if height * width < 2:
-            raise ValueError(f"images need at least two pixels, got {height}x{width}")
+        if position not in (None, "grid") or height * width < 2:
+            raise ValueError(f"position must be None or 'grid' for images, and images need at "
+                             f"least two pixels, got {position!r} and {height}x{width}")
         head_channels = resolve_head_channels(hidden_channels, heads, head_channels)
         self.height, self.width, self.direction = height, width, direction
         self.hidden_channels = hidden_channels
@@ -236,9 +225,8 @@ class PixelContextHead(torch.nn.Module):
     8-bit value. The loss is the mean cross-entropy over the window pixels that lie
     inside the image (nats per sub-pixel).
 
-    A categorical needs no assumption about the shape of the pixel distribution (as in
-    PixelRNN, van den Oord et al., 2016); at this head's size (a two-layer MLP to
-    ``neighbours x channels x 256`` logits) it costs little next to the graphs.
+    A categorical assumes no shape of the pixel distribution (as in PixelRNN, van den
+    Oord et al., 2016).
 
     Shapes:
         - **input:** states :math:`(P, C_{hid})`, targets :math:`(P, K, C)` (``-100``
@@ -251,8 +239,7 @@ class PixelContextHead(torch.nn.Module):
     def __init__(self, hidden_channels: int, height: int, width: int, in_channels: int = 3,
                  direction: str = "forward", radius: int = 1):
         super().__init__()
-        if direction not in DIRECTIONS:
-            raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+        check_direction(direction)
         if radius < 1:
             raise ValueError(f"radius must be >= 1, got {radius}")
         self.height, self.width, self.in_channels = height, width, in_channels

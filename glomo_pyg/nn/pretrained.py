@@ -2,7 +2,6 @@
 vocabulary it reads (paper Sec. 2.2: after pretraining, f is discarded)."""
 from __future__ import annotations
 
-import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -21,12 +20,6 @@ _PERSISTENCE: Dict[str, Callable] = {}
 
 def register_persistence(save: Callable, load: Callable) -> None:
     _PERSISTENCE.update(save=save, load=load)
-
-
-def _persistence(name: str) -> Callable:
-    if name not in _PERSISTENCE:
-        raise RuntimeError("saving and loading need glomo_pyg.io: import glomo_pyg")
-    return _PERSISTENCE[name]
 
 
 class PretrainedGraphPredictor(torch.nn.Module):
@@ -82,15 +75,15 @@ class PretrainedGraphPredictor(torch.nn.Module):
         if trained_length is not None and (isinstance(trained_length, bool) or
                                            not isinstance(trained_length, int) or
                                            trained_length < 2):
-            raise ValueError(f"trained_length must be None or an integer >= 2 (units), got "
+            raise ValueError(f"trained_length must be an integer >= 2 (units) or None, got "
                              f"{trained_length!r}")
         self.trained_length = trained_length
         if trained_size is not None:
             size = tuple(trained_size) if isinstance(trained_size, (tuple, list)) else ()
             if len(size) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and
                                          2 <= v <= 1 << 20 for v in size):
-                raise ValueError(f"trained_size must be None or (height, width), two integers "
-                                 f"in [2, 2^20] (pixels), got {trained_size!r}")
+                raise ValueError(f"trained_size must be (height, width), two integers in "
+                                 f"[2, 2^20] (pixels), or None, got {trained_size!r}")
             trained_size = size
         self.trained_size = trained_size
         self.predictors = torch.nn.ModuleDict()
@@ -115,29 +108,21 @@ class PretrainedGraphPredictor(torch.nn.Module):
             if mine != theirs:
                 raise ValueError("the two directions disagree on (layers, heads, num_tokens, "
                                  f"in_channels, include_self): {theirs} vs {mine}")
+        self.vocabulary = self._checked_vocabulary(vocabulary)
+
+    def _checked_vocabulary(self, vocabulary: Optional[Sequence[str]]) -> Optional[List[str]]:
         if isinstance(vocabulary, str):  # would be one token per character
             raise TypeError("vocabulary must be a sequence of token strings, not one string")
-        if vocabulary is not None:
-            vocabulary = [str(t) for t in vocabulary]
-            if self.num_tokens is None:
-                raise ValueError("a vocabulary is only meaningful for a predictor that reads "
-                                 "token ids")
-            if len(vocabulary) != self.num_tokens:
-                raise ValueError(f"the vocabulary has {len(vocabulary)} entries, the predictor "
-                                 f"embeds {self.num_tokens} token ids")
-            if len(set(vocabulary)) != len(vocabulary):  # encode() would pick one id silently
-                seen: set = set()
-                twice = next(t for t in vocabulary if t in seen or seen.add(t))
-                raise ValueError(f"the vocabulary lists {twice!r} more than once")
-        self.vocabulary: Optional[List[str]] = vocabulary
-
-    @classmethod
-    def from_glomo(cls, model, vocabulary: Optional[Sequence[str]] = None
-                   ) -> "PretrainedGraphPredictor":
-        """Deprecated: use :meth:`Glomo.to_pretrained`."""
-        warnings.warn("PretrainedGraphPredictor.from_glomo(model, vocabulary) is deprecated: "
-                      "use model.to_pretrained(vocabulary)", DeprecationWarning, stacklevel=2)
-        return model.to_pretrained(vocabulary)
+        if vocabulary is None:
+            return None
+        vocabulary = [str(t) for t in vocabulary]
+        seen: set = set()  # (a token listed twice: encode() would pick one id silently)
+        twice = next((t for t in vocabulary if t in seen or seen.add(t)), None)
+        if self.num_tokens is None or len(vocabulary) != self.num_tokens or twice is not None:
+            raise ValueError(f"the vocabulary lists {twice!r} more than once"
+                             if twice is not None else f"the vocabulary has {len(vocabulary)} "
+                             f"entries, the predictor embeds {self.num_tokens or 'no'} token ids")
+        return vocabulary
 
     # --- description --------------------------------------------------------------
     @property
@@ -212,19 +197,16 @@ class PretrainedGraphPredictor(torch.nn.Module):
     def encode(self, tokens: Sequence[str], unknown: Optional[str] = None) -> Tensor:
         """Token ids ``[len(tokens)]`` of strings in this predictor's vocabulary;
         strings not in it map to ``unknown`` (an error if ``None``)."""
-        if self.vocabulary is None:
-            raise ValueError("this predictor has no vocabulary")
-        index = {t: i for i, t in enumerate(self.vocabulary)}
-        fallback = index.get(unknown) if unknown is not None else None
-        if unknown is not None and fallback is None:
-            raise ValueError(f"the unknown token {unknown!r} is not in the vocabulary")
-        ids = []
-        for t in tokens:
-            i = index.get(t, fallback)
-            if i is None:
-                raise ValueError(f"token {t!r} is not in the vocabulary (pass unknown=...)")
-            ids.append(i)
-        return torch.tensor(ids, dtype=torch.long, device=self._device())
+        index = {t: i for i, t in enumerate(self.vocabulary or ())}
+        fallback = index.get(unknown)
+        missing = [t for t in ([unknown] if unknown is not None else tokens) if t not in index]
+        if missing or self.vocabulary is None:
+            raise ValueError(f"token {(missing or [None])[0]!r} is not in the vocabulary ("
+                             + ("this predictor has none)" if self.vocabulary is None else
+                                "given as unknown)" if unknown is not None else
+                                "pass unknown=...)"))
+        return torch.tensor([index.get(t, fallback) for t in tokens], dtype=torch.long,
+                            device=self._device())
 
     def _device(self) -> torch.device:
         return next(self.parameters()).device
@@ -234,7 +216,7 @@ class PretrainedGraphPredictor(torch.nn.Module):
         """Write ``config.json`` and ``model.safetensors`` into directory ``path``;
         ``dtype=torch.float16`` stores the floating-point weights in half the bytes. See
         :func:`glomo_pyg.io.save_pretrained`."""
-        _persistence("save")(self, path, dtype=dtype)
+        _PERSISTENCE["save"](self, path, dtype=dtype)
 
     @classmethod
     def from_pretrained(cls, name_or_path, map_location=None,
@@ -258,7 +240,7 @@ class PretrainedGraphPredictor(torch.nn.Module):
                 bare name is neither a folder nor a released predictor (the message
                 lists the released ones).
         """
-        return _persistence("load")(name_or_path, map_location=map_location,
+        return _PERSISTENCE["load"](name_or_path, map_location=map_location,
                                     vocabulary=vocabulary, allow_unsealed=allow_unsealed)
 
     def __repr__(self) -> str:

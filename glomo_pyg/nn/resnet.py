@@ -55,10 +55,10 @@ class CifarResNet(torch.nn.Module):
     def __init__(self, depth: int = 18, width: int = 64, in_channels: int = 3,
                  num_classes: int = 10):
         super().__init__()
-        if depth not in DEPTHS:
-            raise ValueError(f"depth must be one of {sorted(DEPTHS)}, got {depth!r}")
-        if min(width, in_channels, num_classes) < 1:
-            raise ValueError("width, in_channels and num_classes must be positive")
+        if depth not in DEPTHS or min(width, in_channels, num_classes) < 1:
+            raise ValueError(f"depth must be one of {sorted(DEPTHS)} and width, in_channels and "
+                             f"num_classes positive, got {depth!r}, {width}, {in_channels}, "
+                             f"{num_classes}")
         self.depth, self.width, self.in_channels = depth, width, in_channels
         self.stem = torch.nn.Sequential(
             torch.nn.Conv2d(in_channels, width, 3, 1, 1, bias=False),

@@ -12,7 +12,7 @@ from torch import Tensor
 from glomo_pyg import flex
 from glomo_pyg.graphs import LatentGraphs
 from glomo_pyg import kernels
-from glomo_pyg.kernels import (bounded_keys_queries, check_finite_keys_queries, check_graph_size,
+from glomo_pyg.kernels import (bounded_keys_queries, check_graph_size,
                                column_max_scores, latent_graph_dense,
                                latent_graph_edges)
 from glomo_pyg.nn.layout import LAYOUTS, auto_layout, settle_auto, unfused_layout
@@ -41,6 +41,12 @@ def resolve_head_channels(hidden_channels: int, heads: int, head_channels: Optio
         raise ValueError(f"hidden_channels ({hidden_channels}) is not divisible by heads "
                          f"({heads}); pass head_channels explicitly")
     return hidden_channels // heads
+
+
+def check_layout(layout: str) -> None:
+    """The one check of a graph layout name (:data:`~glomo_pyg.nn.layout.LAYOUTS`)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
 
 
 def _may_overflow(layers_kq) -> bool:
@@ -75,29 +81,15 @@ class GraphScorer(torch.nn.Module):
         s_{ij} \mathrel{+}= \sum_{m=1}^{M} a^{l,h}_m \cos(\omega_m (j - i))
         + c^{l,h}_m \sin(\omega_m (j - i)),
 
-    a truncated Fourier series over ``position_frequencies`` = :math:`M`
-    frequencies from :math:`\pi` down to :math:`2\pi / \text{position\_period}`
-    (:func:`relative_frequencies`). Like a T5 relative bias it lets a head
-    learn "the previous word" or "within 5 units" directly; unlike a bucket
-    table it is exactly an inner product (keys get
-    :math:`[\cos \omega i, \sin \omega i]`, queries the rotated coefficients),
-    so it folds into the augmented keys and queries of every kernel. The
-    coefficients start at zero: an untrained model is the paper's. The
-    function repeats with the longest period, so choose
-    ``position_period`` of at least twice the longest sequence. It is learned
-    only at the distances the training sequences hold; on longer sequences it
-    extrapolates and can favour far units it never saw, so cut such graphs to
-    the training window with :meth:`~glomo_pyg.LatentGraphs.within` (or
-    ``GlomoTransfer(max_distance=...)``).
+    a Fourier series over ``position_frequencies`` = :math:`M` frequencies from
+    :math:`\pi` down to :math:`2\pi / \text{position\_period}`
+    (:func:`relative_frequencies`): exactly an inner product, folded into the augmented
+    keys and queries, zero at initialisation (an untrained model is the paper's). Choose
+    ``position_period`` of at least twice the longest sequence; beyond the training
+    lengths it extrapolates (cut such graphs with :meth:`~glomo_pyg.LatentGraphs.within`).
 
-    ``position='grid'`` is the same over the rows and columns of an image in raster
-    order (``grid_width`` columns): a separable sum of one such series over the row
-    offset :math:`r_j - r_i` and one over the column offset :math:`c_j - c_i`, so a
-    head can learn "the pixel to the left" or "within two rows above". Choose
-    ``position_period`` of at least twice the image side.
-
-    Used by :class:`GraphPredictor` on its CNN states and, for the
-    ``decouple=False`` ablation, by the feature predictor on its own states.
+    ``position='grid'`` is a separable sum of two such series over the row and column
+    offsets of an image in raster order (``grid_width`` columns).
     """
 
     def __init__(self, in_channels: int, num_layers: int, heads: int, head_channels: int,
@@ -106,22 +98,21 @@ class GraphScorer(torch.nn.Module):
                  position: Optional[str] = None, position_frequencies: int = 16,
                  position_period: float = 512.0, grid_width: Optional[int] = None):
         super().__init__()
-        if bias not in BIASES:
-            raise ValueError(f"bias must be one of {BIASES}, got {bias!r}")
-        if position not in POSITIONS:
-            raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
+        for name, value, allowed in (("bias", bias, BIASES), ("position", position, POSITIONS),
+                                     ("direction", direction, DIRECTIONS)):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         # checked even without a distance term: what is saved must load
         check_model_setting("position_frequencies", position_frequencies)
         check_model_setting("position_period", position_period)
         if (position == "grid") != (grid_width is not None) or (
-                grid_width is not None and (not isinstance(grid_width, int) or grid_width < 1)):
-            raise ValueError("position='grid' needs grid_width, a positive integer (the image "
-                             f"width), and only it takes one; got position={position!r}, "
-                             f"grid_width={grid_width!r}")
-        if direction not in DIRECTIONS:
-            raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-        if min(in_channels, num_layers, heads, head_channels) <= 0:
-            raise ValueError("in_channels, num_layers, heads and head_channels must be positive")
+                grid_width is not None and (not isinstance(grid_width, int) or grid_width < 1)) \
+                or min(in_channels, num_layers, heads, head_channels) <= 0:
+            raise ValueError(f"in_channels, num_layers, heads and head_channels must be "
+                             f"positive, and position='grid' needs grid_width, a positive "
+                             f"integer (the image width), and only it takes one; got "
+                             f"{(in_channels, num_layers, heads, head_channels)}, position="
+                             f"{position!r}, grid_width={grid_width!r}")
         self.num_layers, self.heads, self.head_channels = num_layers, heads, head_channels
         self.bias_kind, self.sparse, self.direction = bias, sparse, direction
         self.include_self, self.block_size = include_self, block_size
@@ -248,14 +239,10 @@ class GraphScorer(torch.nn.Module):
         (``'auto'``: dense blocks when they fit and are dense enough, see
         :mod:`glomo_pyg.nn.layout`).
 
-        Before anything is allocated, the size of a graph layer is checked against
-        :data:`~glomo_pyg.kernels.MAX_GRAPH_PAIRS` (host arithmetic, no sync): too
-        large a batch raises ``ValueError`` saying what to do; ``'auto'`` then takes the
-        fused layout where it can run. Keys and queries are checked for NaN/Inf once for
-        all layers (one device sync); finite ones of any magnitude give finite graphs
-        (:data:`~glomo_pyg.kernels.SAFE_EXPONENT`)."""
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        Too large a batch for :data:`~glomo_pyg.kernels.MAX_GRAPH_PAIRS` raises
+        ``ValueError`` before anything is allocated (``'auto'`` then takes the fused
+        layout). Keys and queries are trusted (no device sync)."""
+        check_layout(layout)
         layers = range(self.num_layers) if layers is None else layers
         b, t, n = sequences.num_sequences, sequences.max_len, sequences.num_nodes
         meta = dict(direction=self.direction, sequences=sequences, include_self=self.include_self)
@@ -283,12 +270,12 @@ class GraphScorer(torch.nn.Module):
                                  "cannot rescale; use layout='sparse' or 'dense'")
             layout = unfused_layout(b, self.heads, t)
             check_graph_size("sparse", b, n, t, self.heads, self.include_self)
-        check_finite_keys_queries(*(x for kq in layers_kq for x in kq))
         if layout == "sparse":
             edges = [latent_graph_edges(k, q, sequences.lengths, sequences.ptr,
                                         direction=self.direction, include_self=self.include_self,
                                         normalization=normalization, block_size=self.block_size,
-                                        check=False) for k, q in layers_kq]
+                                        check=False, sizes=sequences.sizes)
+                     for k, q in layers_kq]
             return LatentGraphs.from_trusted_edges(*map(list, zip(*edges)), num_heads=self.heads,
                                                    **meta)
         graphs = LatentGraphs.from_trusted_dense(
@@ -305,7 +292,8 @@ class GraphScorer(torch.nn.Module):
         return latent_graph_edges(k, q, sequences.lengths, sequences.ptr,
                                   direction=self.direction, include_self=self.include_self,
                                   normalization="relu2" if self.sparse else "softmax",
-                                  block_size=self.block_size)
+                                  block_size=self.block_size, check=False,
+                                  sizes=sequences.sizes)
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}(layers={self.num_layers}, heads={self.heads}, "

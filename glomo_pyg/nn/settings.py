@@ -1,13 +1,17 @@
 """Every architecture setting of the graph predictors and the pretraining model, declared
-once (:class:`ModelSettings`). The constructors check their arguments with these rules
-(:func:`check_model_setting`), ``glomo pretrain`` checks its ``model`` section with them,
-and :func:`~glomo_pyg.load_pretrained` checks a saved predictor's ``config.json`` with
-them, so a value is refused with the same words wherever it comes from."""
+once (:class:`ModelSettings`) with its rule and default. The constructors check their
+arguments with these rules (:func:`check_model_setting`) and take their defaults from
+:data:`TEXT_DEFAULTS` / :data:`IMAGE_DEFAULTS`, ``glomo pretrain`` checks its ``model``
+section with them, and :func:`~glomo_pyg.load_pretrained` checks a saved predictor's
+``config.json`` (the :data:`SAVED_SETTINGS`) with them, so a value is refused with the
+same words wherever it comes from (tests/test_defaults_once.py keeps it so)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence, Type
+from typing import Any, Dict, Optional, Sequence, Tuple, Type
 
+from glomo_pyg.pixels import IMAGENET_MEAN, IMAGENET_STD
 from glomo_pyg.settings import Rule, rules, setting
 
 MAX_VOCABULARY = 1 << 24  # token types a text predictor may hold
@@ -26,10 +30,10 @@ def _layouts():
 @dataclass
 class ModelSettings:
     """The architecture settings, with the text model's defaults (:meth:`Glomo.text
-    <glomo_pyg.Glomo.text>`; :meth:`Glomo.image <glomo_pyg.Glomo.image>` and the
-    emitters document their own). A saved predictor's ``config.json`` holds the
-    settings of its emitter class; ``glomo pretrain``'s ``model`` section those of
-    ``Glomo.text`` or ``Glomo.image`` and ``layout``."""
+    <glomo_pyg.Glomo.text>`; the image model's are :data:`IMAGE_DEFAULTS`). A saved
+    predictor's ``config.json`` holds the settings of its emitter class; ``glomo
+    pretrain``'s ``model`` section those of ``Glomo.text`` or ``Glomo.image`` and
+    ``layout``."""
 
     # what the data fix
     num_tokens: Optional[int] = setting(None, low=1, high=MAX_VOCABULARY,
@@ -83,7 +87,9 @@ class ModelSettings:
                                                                   "predicts (D)")
     num_positions: int = setting(20, low=1, high=MAX_SIDE, doc="position embeddings")
     decoder_layers: int = setting(2, low=1, high=MAX_DEPTH, doc="GRU layers of the decoder")
-    objective: str = setting("unit", max_length=MAX_STRING, doc="what the decoder predicts")
+    objective: str = setting("unit", choices=("unit", "sequence"),
+                             doc="what the decoder predicts from: the unit's own feature or "
+                                 "the mean of its prefix (suffix)")
     bidirectional: bool = setting(True, doc="forward and backward graphs")
     keep_alive: float = setting(0.0, low=0, doc="weight of the dead-head penalty")
     keep_alive_margin: float = setting(0.1, low=0, low_open=True, doc="its margin")
@@ -93,6 +99,21 @@ class ModelSettings:
 
 
 MODEL_RULES: Dict[str, Rule] = rules(ModelSettings)
+#: The defaults of the text model (``Glomo.text``, :class:`GraphPredictor`).
+TEXT_DEFAULTS = ModelSettings()
+#: The defaults of the pixel model (``Glomo.image``, :class:`PixelGraphPredictor`): the text
+#: model's but for these.
+IMAGE_DEFAULTS = ModelSettings(hidden_channels=128, cnn_layers=3, num_positions=64,
+                               position_frequencies=8, position_period=64.0,
+                               pixel_mean=IMAGENET_MEAN, pixel_std=IMAGENET_STD)
+# Settings of the pretraining model only (Glomo), not of a graph emitter: never saved.
+_PRETRAINING_ONLY = ("decouple", "context_length", "num_positions", "decoder_layers",
+                     "objective", "bidirectional", "keep_alive", "keep_alive_margin",
+                     "entropy_penalty", "layout")
+#: The settings a saved emitter config may hold: the constructor arguments of the
+#: registered emitters (tests/test_pretrained_io.py checks that every one is here).
+SAVED_SETTINGS: Tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ModelSettings)
+                                        if f.name not in _PRETRAINING_ONLY)
 
 
 def check_model_setting(name: str, value: Any, error: Type[Exception] = ValueError,

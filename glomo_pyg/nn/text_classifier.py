@@ -29,11 +29,8 @@ class GlomoTextClassifier(torch.nn.Module):
         \;\to\; \mathrm{BiRNN}_{2..} \;\to\; \mathrm{SelfAttn} \;\to\;
         [\max ; \mathrm{mean}] \;\to\; \mathrm{MLP}
 
-    Every baseline of the paper has the self-attention layer. With ``rnn_layers=0``
-    (not a model of the paper) the features go through a linear map straight to the
-    self-attention, which reads no word order: the model then sees order only through
-    the graphs, a setting where transferred graphs add what the model cannot compute
-    itself. Variants:
+    ``rnn_layers=0`` (not in the paper) maps the features straight to the self-attention,
+    so word order is seen only through the graphs. Variants:
 
     * ``predictor=None`` (or ``places=()``): the feature-only baseline, no graphs;
     * ``places=('embedding',)``: GLoMo on the word vectors (paper Table 1);
@@ -44,13 +41,9 @@ class GlomoTextClassifier(torch.nn.Module):
       does a learned graph transfer more than locality?);
     * a predictor pretrained under an ablation gives that ablation's row.
 
-    Graphs are computed once per batch from the token ids (the predictor shares the
-    classifier's vocabulary) and reused at every place. They depend only on the frozen
-    predictor and the token ids, so for a fixed set of documents they can be computed
-    once (:class:`TextGraphCache`) and passed to :meth:`forward` as ``graphs``: the same
-    logits and gradients, without running the predictor every epoch. (The propagated
-    word vectors are *not* fixed even with ``freeze_embedding=True``: dropout acts on
-    the word vectors before the graphs mix them, with a new mask every step.)
+    Graphs are computed once per batch from the token ids and reused at every place; for
+    a fixed set of documents :class:`TextGraphCache` computes them once, to pass to
+    :meth:`forward` as ``graphs`` (same logits and gradients).
 
     Args:
         embedding (Tensor): ``[V, d]`` initial word vectors (e.g. from
@@ -89,43 +82,43 @@ class GlomoTextClassifier(torch.nn.Module):
                  max_distance: Optional[int] = None):
         super().__init__()
         places = tuple(places) if predictor is not None else ()
-        bad = [p for p in places if p not in PLACES]
-        if bad:
-            raise ValueError(f"places must be among {PLACES}, got {bad}")
-        if rnn not in RNNS:
-            raise ValueError(f"rnn must be one of {RNNS}, got {rnn!r}")
-        if graph not in GRAPHS:
-            raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
-        for name, value, low in (("num_classes", num_classes, 2), ("rnn_layers", rnn_layers, 0),
-                                 ("hidden_channels", hidden_channels, 1),
-                                 ("attention_heads", attention_heads, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        if (2 * hidden_channels) % attention_heads:  # the BiRNN's 2 x hidden feeds attention
-            raise ValueError(f"2 x hidden_channels ({2 * hidden_channels}) must be divisible by "
-                             f"attention_heads ({attention_heads})")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must lie in [0, 1), got {dropout!r}")
-        if "rnn" in places and rnn_layers < 2:
-            raise ValueError("graphs after the first RNN layer need rnn_layers >= 2")
         if embedding.dim() != 2 or not embedding.dtype.is_floating_point or \
-                embedding.size(0) < 1 or embedding.size(1) < 1:
-            raise ValueError(f"embedding must be a float [V, d] matrix, got "
+                embedding.size(0) < 1 or embedding.size(1) < 1 or \
+                not bool(torch.isfinite(embedding).all()):  # NaN logits otherwise, silently
+            raise ValueError(f"embedding must be a float [V, d] matrix without NaN or Inf, got "
                              f"{tuple(embedding.shape)} {embedding.dtype}")
-        if not bool(torch.isfinite(embedding).all()):  # NaN logits otherwise, silently
-            raise ValueError("embedding holds NaN or Inf values")
-        if predictor is not None and predictor.num_tokens is None:
-            raise ValueError("the predictor reads features, not token ids: a text classifier "
-                             "needs a predictor pretrained on its vocabulary")
-        if predictor is not None and predictor.num_tokens != embedding.size(0):
-            raise ValueError(f"the predictor's vocabulary ({predictor.num_tokens} tokens) must "
-                             f"be the classifier's ({embedding.size(0)} rows of embedding)")
         vocab = embedding.size(0)
-        if padding_idx is not None and (isinstance(padding_idx, bool) or
-                                        not isinstance(padding_idx, int) or
-                                        not -vocab <= padding_idx < vocab):
-            raise ValueError(f"padding_idx must be a row of the embedding, in [0, {vocab}) (or "
-                             f"negative from the end), got {padding_idx!r}")
+
+        def integer(value, low: int) -> bool:
+            return not isinstance(value, bool) and isinstance(value, int) and value >= low
+
+        # (argument, value, whether it is sound, what it must be)
+        for name, value, ok, must in (
+                ("places", places, set(places) <= set(PLACES), f"be among {PLACES}"),
+                ("rnn", rnn, rnn in RNNS, f"be one of {RNNS}"),
+                ("graph", graph, graph in GRAPHS, f"be one of {GRAPHS}"),
+                ("num_classes", num_classes, integer(num_classes, 2), "be an integer >= 2"),
+                ("rnn_layers", rnn_layers, integer(rnn_layers, 0), "be an integer >= 0"),
+                ("rnn_layers", rnn_layers, "rnn" not in places or integer(rnn_layers, 2),
+                 "be >= 2: graphs after the first RNN layer need rnn_layers >= 2"),
+                ("hidden_channels", hidden_channels, integer(hidden_channels, 1),
+                 "be an integer >= 1"),
+                ("attention_heads", attention_heads, integer(attention_heads, 1),
+                 "be an integer >= 1"),
+                ("attention_heads", attention_heads,
+                 not (integer(hidden_channels, 1) and integer(attention_heads, 1)) or
+                 not (2 * hidden_channels) % attention_heads,
+                 f"divide the BiRNN's width: 2 x hidden_channels must be divisible by "
+                 f"attention_heads"),
+                ("dropout", dropout, 0.0 <= dropout < 1.0, "lie in [0, 1)"),
+                ("predictor", predictor, predictor is None or predictor.num_tokens == vocab,
+                 f"read the classifier's vocabulary ({vocab} rows of embedding), not features "
+                 f"or another vocabulary"),
+                ("padding_idx", padding_idx,
+                 padding_idx is None or integer(padding_idx, -vocab) and padding_idx < vocab,
+                 f"be a row of the embedding, in [0, {vocab}) (or negative from the end)")):
+            if not ok:
+                raise ValueError(f"{name} must {must}, got {value!r}")
         self.places, self.graph_kind, self.num_classes = places, graph, num_classes
         self.rnn_kind, self.padding_idx = rnn, padding_idx
         self.embedding = torch.nn.Embedding.from_pretrained(
@@ -183,26 +176,24 @@ class GlomoTextClassifier(torch.nn.Module):
         (graphs of other reviews with the same number of tokens would mix features
         across the wrong reviews without any error)."""
         transfer = self.transfer
-        if transfer is None or transfer.graph == "none":
-            raise ValueError("this classifier mixes no graphs (predictor=None, places=() or "
-                             "graph='none'): do not pass graphs")
         if not isinstance(graphs, tuple) or len(graphs) != 2 or \
                 any(g is not None and not isinstance(g, LatentGraphs) for g in graphs):
             raise TypeError(f"graphs must be DirectionalGraphs (forward, backward), got "
                             f"{type(graphs).__name__}")
         present = tuple(d for d, g in zip(("forward", "backward"), graphs) if g is not None)
-        if present != tuple(transfer.predictor.directions):
-            raise ValueError(f"graphs hold the directions {present}, the predictor "
-                             f"{tuple(transfer.predictor.directions)}")
-        for g in graphs:
-            if g is None:
-                continue
-            if g.num_nodes != seqs.num_nodes or g.device != seqs.ptr.device:
-                raise ValueError(f"graphs cover {g.num_nodes} units on {g.device}, x has "
-                                 f"{seqs.num_nodes} on {seqs.ptr.device}")
-            if not torch.equal(g.ptr, seqs.ptr):
-                raise ValueError("graphs were computed for other reviews than this batch's "
-                                 "(their sequence offsets differ from batch's)")
+        wanted = () if transfer is None or transfer.graph == "none" else \
+            tuple(transfer.predictor.directions)
+        other = next((g for g in graphs if g is not None and (
+            g.num_nodes != seqs.num_nodes or g.device != seqs.ptr.device or
+            not torch.equal(g.ptr, seqs.ptr))), None)
+        if present != wanted or other is not None:
+            raise ValueError(
+                f"graphs hold the directions {present}, the classifier mixes {wanted} (none: "
+                f"predictor=None, places=() or graph='none' mixes no graphs: do not pass "
+                f"graphs)" if present != wanted else
+                f"graphs cover {other.num_nodes} units on {other.device}, x has "
+                f"{seqs.num_nodes} on {seqs.ptr.device}: they were computed for other reviews "
+                f"than this batch's")
         return DirectionalGraphs(*graphs)
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None,
@@ -210,16 +201,18 @@ class GlomoTextClassifier(torch.nn.Module):
         """``graphs``: this batch's graphs computed beforehand (:class:`TextGraphCache`),
         used instead of running the predictor; they must cover the same reviews in the
         same order (checked: one device sync)."""
-        if not isinstance(x, Tensor) or x.dtype not in (torch.int64, torch.int32) or \
-                x.dim() != 1:  # (the integer types an embedding indexes with, as in Glomo)
-            raise ValueError("x must be flat int64 or int32 token ids [N], got "
-                             + (f"{x.dtype} of shape {tuple(x.shape)}" if isinstance(x, Tensor)
-                                else type(x).__name__))
-        if x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.embedding.num_embeddings):
-            raise ValueError(f"token ids must lie in [0, {self.embedding.num_embeddings}), got "
-                             f"[{int(x.min())}, {int(x.max())}]")
+        vocab = self.embedding.num_embeddings
+        # (the integer types an embedding indexes with, as in Glomo)
+        ids = isinstance(x, Tensor) and x.dtype in (torch.int64, torch.int32) and x.dim() == 1
+        low, high = torch.stack(torch.aminmax(x)).tolist() if ids and x.numel() else (0, 0)
+        if not ids or low < 0 or high >= vocab:
+            raise ValueError(f"x must be flat int64 or int32 token ids [N]: token ids must lie "
+                             f"in [0, {vocab}), got " + (f"{x.dtype} of shape {tuple(x.shape)}, "
+                                                         f"values in [{low}, {high}]"
+                                                         if isinstance(x, Tensor)
+                                                         else type(x).__name__))
         seqs = sequence_batch(x.size(0), batch, x.device)
-        if seqs.num_sequences == 0 or int(seqs.lengths.min()) < 1:
+        if seqs.num_sequences == 0 or min(seqs.sizes) < 1:
             raise ValueError("every sequence needs at least one token")
         # one set of graphs per batch, shared by both places (None for graph='none',
         # which needs none)
@@ -286,17 +279,18 @@ def _check_documents(documents, num_tokens: int) -> List[Tensor]:
         raise TypeError("documents must be a non-empty sequence of 1-D token-id tensors, one "
                         f"per document, got {type(documents).__name__}")
     docs = list(documents)
-    for k, doc in enumerate(docs):
-        if not isinstance(doc, Tensor) or doc.dtype not in (torch.int64, torch.int32) or \
-                doc.dim() != 1 or doc.numel() < 1:
-            raise ValueError(f"document {k} must be a non-empty 1-D int64 or int32 tensor of "
-                             "token ids, got " + (f"{doc.dtype} of shape {tuple(doc.shape)}"
-                                                  if isinstance(doc, Tensor)
-                                                  else type(doc).__name__))
-    flat = torch.cat([d.cpu().long() for d in docs])
-    if int(flat.min()) < 0 or int(flat.max()) >= num_tokens:
-        raise ValueError(f"token ids must lie in [0, {num_tokens}), got "
-                         f"[{int(flat.min())}, {int(flat.max())}]")
+    bad = next((k for k, doc in enumerate(docs) if not isinstance(doc, Tensor) or
+                doc.dtype not in (torch.int64, torch.int32) or doc.dim() != 1 or
+                doc.numel() < 1), None)
+    low, high = (0, 0) if bad is not None else \
+        torch.stack(torch.aminmax(torch.cat([d.cpu().long() for d in docs]))).tolist()
+    if bad is not None or low < 0 or high >= num_tokens:
+        doc = docs[bad] if bad is not None else None
+        raise ValueError(
+            f"token ids must lie in [0, {num_tokens}), got [{low}, {high}]" if bad is None else
+            f"document {bad} must be a non-empty 1-D int64 or int32 tensor of token ids, got "
+            + (f"{doc.dtype} of shape {tuple(doc.shape)}" if isinstance(doc, Tensor)
+               else type(doc).__name__))
     return docs
 
 
@@ -306,26 +300,17 @@ class TextGraphCache:
     them (:meth:`graphs`), to be passed to the classifier's ``forward`` instead of
     running the frozen predictor every epoch.
 
-    The graphs :math:`G^{l,h}_{dir}` of a document depend only on the frozen predictor
-    (eval mode, no gradient), its token ids and ``max_distance``: not on any trained
-    parameter, not on dropout, not on the other documents of a batch (graphs never
-    cross sequences). So :math:`M H = \sum_c m_c\, H G_c + \sum_c m'_c\, H \Lambda_c`
-    computed from cached graphs is the on-the-fly computation: with ``float32`` weights
-    the same edges, weights and edge order, hence the same logits and gradients (up to
-    the rounding by which a predictor's scores of a document differ between batches of
-    other shapes). What is *not* cached: the propagations :math:`H G_c` themselves, which
-    change every step because dropout masks the word vectors before the mixture. The
-    predictor scores the cached graphs in float32 even inside an autocast region (on the
-    fly, under ``bf16-mixed``, it would score them in bfloat16).
+    A document's graphs depend only on the frozen predictor, its token ids and
+    ``max_distance`` (never on trained parameters, dropout or the other documents), so
+    with ``float32`` weights cached graphs give the same logits and gradients. The
+    propagations are not cached (dropout changes them every step). The predictor scores
+    cached graphs in float32 even inside an autocast region.
 
-    Each layer's edges are stored by (head, document, target, source), as emitted, in
-    a compact form: per edge the distance :math:`|i - j|` (the smallest integer type
-    that holds the longest allowed distance: one byte up to 255) and the weight
-    (``weight_dtype``), and per (head, token) the number of incoming edges. A batch's
-    edge lists are rebuilt from these with gathers on the cache's device. Memory:
-    about ``(1 + weight bytes) x edges + (heads x layers x directions) x tokens`` bytes
-    (:attr:`nbytes`). ``'uniform'`` and ``'adjacent'`` graphs need no predictor and are
-    built per batch from the documents' lengths (nothing is stored but the lengths).
+    Each layer's edges are stored by (head, document, target, source) as per-edge
+    distances :math:`|i - j|` (the smallest integer type that holds them) and weights
+    (``weight_dtype``), plus per (head, token) edge counts; a batch's edge lists are
+    rebuilt with gathers (:attr:`nbytes`). ``'uniform'`` and ``'adjacent'`` graphs are
+    built per batch from the documents' lengths.
 
     Build it with :meth:`compute`, not with the constructor.
 
@@ -387,12 +372,14 @@ class TextGraphCache:
                 :math:`6 \cdot 10^{-8}` become 0) or ``torch.bfloat16``.
         """
         transfer = cls._transfer(model)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or \
-                batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if weight_dtype not in CACHE_WEIGHT_DTYPES:
-            raise ValueError(f"weight_dtype must be one of {CACHE_WEIGHT_DTYPES}, got "
-                             f"{weight_dtype!r}")
+        for name, value, ok, must in (
+                ("batch_size", batch_size, not isinstance(batch_size, bool) and
+                 isinstance(batch_size, numbers.Integral) and batch_size >= 1,
+                 "be a positive integer"),
+                ("weight_dtype", weight_dtype, weight_dtype in CACHE_WEIGHT_DTYPES,
+                 f"be one of {CACHE_WEIGHT_DTYPES}")):
+            if not ok:
+                raise ValueError(f"{name} must {must}, got {value!r}")
         p = transfer.predictor
         docs = _check_documents(documents, p.num_tokens)
         source = next(p.parameters()).device
@@ -435,25 +422,36 @@ class TextGraphCache:
                 g = g.to_sparse()
                 parts[d].append([])
                 for l in range(p.num_layers):
-                    (src, tgt), w, h = (t.to(device) for t in g.layer(l))
-                    n = x.numel()
-                    count = torch.bincount(h * n + tgt, minlength=p.heads * n).view(p.heads, n)
-                    counts[d][l][:, token] = count.to(small)
-                    # edges are in (head, document, target, source) order: each (head,
-                    # document) run starts after the runs before it
-                    runs = torch.zeros(p.heads, chunk.numel(), dtype=torch.long, device=device)
-                    runs.index_add_(1, seqs.batch, count)
-                    starts[d][l][:, chunk.to(device)] = \
-                        _exclusive_cumsum(runs.flatten()).view_as(runs) + stored[d][l]
-                    stored[d][l] += int(src.numel())
-                    parts[d][-1].append(dict(distance=(tgt - src).abs().to("cpu", small),
-                                             weight=w.to("cpu", weight_dtype)))
+                    edges = [t.to(device) for t in g.layer(l)]
+                    parts[d][-1].append(cls._store_layer(edges, token, seqs, chunk, counts[d][l],
+                                                         starts[d][l], stored[d][l], small,
+                                                         weight_dtype))
+                    stored[d][l] += edges[1].numel()
         layers = {d: [dict(count=counts[d][l], start=starts[d][l],
                            **{k: cls._joined([c[l][k] for c in parts[d]], device)
                               for k in ("distance", "weight")})
                       for l in range(p.num_layers)] for d in p.directions}
         meta["fingerprint"] = _fingerprint(p)
         return cls(**meta, layers=layers)
+
+    @staticmethod
+    def _store_layer(edges: List[Tensor], token: Tensor, seqs: SequenceBatch, chunk: Tensor,
+                     count_out: Tensor, start_out: Tensor, stored: int, small: torch.dtype,
+                     weight_dtype: torch.dtype) -> Dict[str, Tensor]:
+        """Records one layer's edges of a chunk of documents: the incoming edges per
+        (head, token) in ``count_out`` and where each (head, document) run starts in
+        ``start_out``; returns the compact edges (host memory)."""
+        (src, tgt), w, h = edges
+        heads, n = count_out.size(0), seqs.num_nodes
+        count = torch.bincount(h * n + tgt, minlength=heads * n).view(heads, n)
+        count_out[:, token] = count.to(small)
+        # edges are in (head, document, target, source) order: each (head, document) run
+        # starts after the runs before it
+        runs = torch.zeros(heads, chunk.numel(), dtype=torch.long, device=count.device)
+        runs.index_add_(1, seqs.batch, count)
+        start_out[:, chunk.to(count.device)] = \
+            _exclusive_cumsum(runs.flatten()).view_as(runs) + stored
+        return dict(distance=(tgt - src).abs().to("cpu", small), weight=w.to("cpu", weight_dtype))
 
     @staticmethod
     def _joined(parts: List[Tensor], device: torch.device) -> Tensor:
@@ -467,21 +465,14 @@ class TextGraphCache:
 
     @staticmethod
     def _transfer(model) -> GlomoTransfer:
-        if isinstance(model, GlomoTextClassifier):
-            transfer = model.transfer
-            if transfer is None:
-                raise ValueError("the classifier mixes no graphs (predictor=None or "
-                                 "places=()): there is nothing to precompute")
-        elif isinstance(model, GlomoTransfer):
-            transfer = model
-        else:
+        if not isinstance(model, (GlomoTextClassifier, GlomoTransfer)):
             raise TypeError(f"model must be a GlomoTextClassifier or a GlomoTransfer, got "
                             f"{type(model).__name__}")
-        if transfer.graph == "none":
-            raise ValueError("graph='none' mixes no graphs: there is nothing to precompute")
-        if transfer.predictor.num_tokens is None:
-            raise ValueError("the predictor reads features, not token ids: a text graph "
-                             "cache needs a predictor over a vocabulary")
+        transfer = model.transfer if isinstance(model, GlomoTextClassifier) else model
+        if transfer is None or transfer.graph == "none" or transfer.predictor.num_tokens is None:
+            raise ValueError("the model mixes no graphs over token ids (predictor=None, "
+                             "places=(), graph='none' or a predictor that reads features): "
+                             "there is nothing to precompute")
         return transfer
 
     # --- checks against a model and documents ---------------------------------------
@@ -495,24 +486,22 @@ class TextGraphCache:
                 self.include_self)
         theirs = (transfer.graph, transfer.max_distance, tuple(p.directions), p.num_layers,
                   p.heads, p.include_self)
-        if mine != theirs:
+        if mine != theirs or self.kind == "learned" and _fingerprint(p) != self.fingerprint:
             raise ValueError(f"the graph cache holds (graph, max_distance, directions, layers, "
-                             f"heads, include_self) = {mine}, the model uses {theirs}")
-        if self.kind == "learned" and _fingerprint(p) != self.fingerprint:
-            raise ValueError("the graph cache was computed with another predictor's weights")
+                             f"heads, include_self) = {mine}, the model uses {theirs}"
+                             + (" (or the cache was computed with another predictor's weights)"
+                                if mine == theirs else ""))
 
     def check_documents(self, documents: Sequence[Tensor]) -> None:
         """Raise :class:`ValueError` unless ``documents`` are the cached documents, in
         the same order (their lengths and token ids are compared)."""
-        if len(documents) != self.num_documents:
-            raise ValueError(f"the graph cache holds {self.num_documents} documents, got "
-                             f"{len(documents)}")
-        lengths = torch.tensor([d.numel() for d in documents])
-        if not torch.equal(lengths, self.lengths) or \
+        if len(documents) != self.num_documents or \
+                not torch.equal(torch.tensor([d.numel() for d in documents]), self.lengths) or \
                 not torch.equal(torch.cat([d.cpu() for d in documents]).to(torch.int32),
                                 self.tokens):
-            raise ValueError("the graph cache was computed for other documents (their "
-                             "lengths or token ids differ)")
+            raise ValueError(f"the graph cache holds {self.num_documents} documents, got "
+                             f"{len(documents)}: it was computed for other documents (their "
+                             f"number, lengths or token ids differ)")
 
     # --- assembly -------------------------------------------------------------------
     def graphs(self, index: Union[Tensor, Sequence[int]],
@@ -548,14 +537,14 @@ class TextGraphCache:
                 raise TypeError(f"index must be a 1-D integer tensor or a sequence of ints, "
                                 f"got {type(index).__name__}")
             index = torch.tensor(list(index), dtype=torch.long)
-        if index.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8) or \
-                index.dim() != 1 or index.numel() < 1:
-            raise ValueError(f"index must be a non-empty 1-D integer tensor of document ids, "
-                             f"got {index.dtype} of shape {tuple(index.shape)}")
+        ok = index.dtype in (torch.int64, torch.int32, torch.int16, torch.uint8) and \
+            index.dim() == 1 and index.numel() >= 1
         index = index.to(self.device, torch.long)
-        low, high = int(index.min()), int(index.max())
-        if low < 0 or high >= self.num_documents:
-            raise ValueError(f"document ids must lie in [0, {self.num_documents}), got "
+        low, high = torch.stack(torch.aminmax(index)).tolist() if ok else (0, 0)
+        if not ok or low < 0 or high >= self.num_documents:
+            raise ValueError(f"index must be a non-empty 1-D integer tensor of document ids: "
+                             f"document ids must lie in [0, {self.num_documents}), got "
+                             f"{index.dtype} of shape {tuple(index.shape)}, values in "
                              f"[{low}, {high}]")
         return index
 

@@ -21,6 +21,11 @@ _INTERNAL = tuple(m.__file__[:-len("__init__.py")]  # the package folders, separ
                   for m in (sys.modules["glomo_pyg"], torch))
 
 
+def _check_graph(graph: str) -> None:
+    if graph not in GRAPHS:
+        raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
+
+
 def _caller_stacklevel() -> int:
     """``stacklevel`` for a warning raised here that points at the first frame outside
     glomo_pyg and torch (modules, ``no_grad`` wrappers and calls in between vary)."""
@@ -42,23 +47,15 @@ class GlomoTransfer(torch.nn.Module):
     direction's graphs :math:`G` and hierarchical products :math:`\Lambda`, and
     the fusion is :class:`GatedFusion`.
 
-    The predictor is frozen: its parameters never require gradients, graphs
-    are computed under ``torch.no_grad()``, and it stays in eval mode even when
-    this module is trained (no dropout, no BatchNorm statistics updates).
-    Only the mixture weights, :math:`\gamma` and the gate are trained.
-
-    ``graph`` switches the graphs without changing anything else of the
-    model (same parameters, same output width), for the baselines every
-    experiment needs:
+    The predictor is frozen (no gradients, always in eval mode); only the mixture
+    weights, :math:`\gamma` and the gate are trained. ``graph`` switches the graphs
+    without changing the parameters, for the baselines:
 
     * ``'learned'``: the predictor's graphs for the raw units ``x``;
     * ``'uniform'``: equal weights over the same allowed sources
       (:meth:`LatentGraphs.uniform`); the predictor is not run;
-    * ``'adjacent'``: weight 1 on each unit's neighbour in every layer and head
-      (:meth:`LatentGraphs.adjacent`; not in the paper), so the chained layer-``l``
-      component reaches ``l + 1`` units away and the mixture covers the nearest
-      ``L`` units per direction: the control for graphs that learned little beyond
-      locality; the predictor is not run;
+    * ``'adjacent'``: weight 1 on each unit's neighbour (:meth:`LatentGraphs.adjacent`;
+      not in the paper): the control for graphs that learned little beyond locality;
     * ``'none'``: :math:`M = I` (each :math:`M_{dir} H = H`), the feature-only
       baseline with the same gate; no graph is computed.
 
@@ -72,16 +69,10 @@ class GlomoTransfer(torch.nn.Module):
         graph (str): ``'learned'``, ``'uniform'``, ``'adjacent'`` or ``'none'``.
         mixing, propagation, layers: options of :class:`GraphMixer`.
         max_distance (int, optional): drop the edges of the graphs this module computes
-            that span more than this many units, renormalising each target's weights
-            (:meth:`LatentGraphs.within`; for pixel graphs the larger of the row and
-            column offsets counts). Graphs passed to :meth:`forward` are used as given.
-            For a predictor with a learned distance term (``position='relative'`` or
-            ``'grid'``, not in the paper) applied to sequences longer (images larger)
-            than it was pretrained on, give the window minus 1 (e.g. 15 for 16 x 16
-            crops): beyond it the term is an extrapolation (a ``RuntimeWarning`` says
-            so once when the predictor records its ``trained_length`` or
-            ``trained_size`` and a longer sequence or larger image comes). Default: no
-            limit, as in the paper.
+            that span more than this many units (:meth:`LatentGraphs.within`); graphs
+            passed to :meth:`forward` are used as given. For a predictor with a learned
+            distance term applied beyond its pretraining window, give the window minus 1
+            (a ``RuntimeWarning`` says so once). Default: no limit, as in the paper.
 
     Shapes:
         - **input:** features :math:`H` :math:`(N, d)`; the predictor's input
@@ -103,8 +94,7 @@ class GlomoTransfer(torch.nn.Module):
             raise TypeError("predictor must be a PretrainedGraphPredictor (from "
                             "PretrainedGraphPredictor.from_pretrained(...) or Glomo.to_pretrained(...)), "
                             f"got {type(predictor).__name__}")
-        if graph not in GRAPHS:
-            raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
+        _check_graph(graph)
         max_distance = check_max_distance(max_distance, optional=True)
         self.graph, self.max_distance = graph, max_distance
         self._warned_length = False
@@ -139,27 +129,24 @@ class GlomoTransfer(torch.nn.Module):
         ``graph='none'``. ``'uniform'`` and ``'adjacent'`` need only ``batch`` and
         ``num_nodes`` (or ``x``). With ``max_distance`` set, longer edges are already
         removed."""
+        _check_graph(self.graph)  # (graph can be switched after init)
         if self.graph == "none":
             return None
+        if x is None and (self.graph == "learned" or num_nodes is None):
+            raise ValueError(f"graph='{self.graph}' needs the number of units and, for "
+                             f"'learned', the predictor's input: pass x (the units' token ids "
+                             f"or features) with batch" +
+                             ("" if self.graph == "learned" else ", or num_nodes"))
         if self.graph == "learned":
-            if x is None:
-                raise ValueError("graph='learned' computes graphs from the predictor's input: "
-                                 "pass x (the units' token ids or features) with batch")
             self.predictor.eval()
             graphs = self.predictor(x, batch)
             self._check_length(graphs)
             return self._windowed(graphs)
-        if num_nodes is None:
-            if x is None:
-                raise ValueError(f"graph='{self.graph}' needs the number of units: pass x or "
-                                 "num_nodes")
-            num_nodes = x.size(0)
+        num_nodes = x.size(0) if num_nodes is None else num_nodes
         device = batch.device if batch is not None else (x.device if x is not None else
                                                          self.fusion.gate.weight.device)
         ptr = sequence_batch(num_nodes, batch, device).ptr
         p = self.predictor
-        if self.graph not in ("uniform", "adjacent"):  # (graph can be switched after init)
-            raise ValueError(f"graph must be one of {GRAPHS}, got {self.graph!r}")
         build = LatentGraphs.uniform if self.graph == "uniform" else LatentGraphs.adjacent
         graphs = DirectionalGraphs(*(
             build(ptr, num_layers=p.num_layers, num_heads=p.heads, direction=d,
@@ -243,8 +230,9 @@ class GlomoTransfer(torch.nn.Module):
         present = [g for g in graphs if isinstance(g, LatentGraphs)]  # (others: the mixer)
         if batch is not None and present:
             own = present[0].batch
-            if not isinstance(batch, Tensor) or batch.shape != own.shape or \
-                    not torch.equal(batch.to(own.device), own):
+            if batch is not own and (not isinstance(batch, Tensor) or
+                                     batch.shape != own.shape or
+                                     not torch.equal(batch.to(own.device), own)):
                 raise ValueError("batch differs from the batch the given graphs were computed "
                                  "for")
 
@@ -253,29 +241,20 @@ class GlomoTransfer(torch.nn.Module):
                 propagated: Optional[Tensor] = None) -> Tensor:
         """``graphs``, when given, are used as they are (e.g. from :meth:`graphs`);
         otherwise they are computed from ``x`` and ``batch``. ``propagated``: the
-        precomputed :meth:`propagations` of this ``h`` (then no graph is used).
-
-        ``h`` (and ``propagated``) must be finite and ``h`` of the parameters' dtype
-        unless autocast converts it; one device sync tests them for NaN/Inf."""
-        check_features(h, self.in_channels, name="h", check_finite=False)
+        precomputed :meth:`propagations` of this ``h`` (then no graph is used). ``h`` must
+        be of the parameters' dtype unless autocast converts it; its values are not read
+        (no device sync)."""
+        check_features(h, self.in_channels, name="h")
         check_dtype(h, self.fusion.transform.weight.dtype, name="h",
                     owner="GlomoTransfer's parameters")
-        finite = torch.isfinite(h).all()
-        if propagated is not None and self.graph != "none":
-            if not isinstance(propagated, Tensor) or propagated.dim() != 4 or \
-                    propagated.size(2) != h.size(0):
-                raise ValueError(f"propagated must be [D, K, N, C] with N = {h.size(0)} (the "
-                                 f"units of h), got "
-                                 f"{tuple(getattr(propagated, 'shape', ())) or type(propagated)}")
-            finite = finite & torch.isfinite(propagated).all()
-        if not bool(finite):  # the one device sync
-            raise ValueError("h contains NaN or Inf" if not bool(torch.isfinite(h).all())
-                             else "propagated contains NaN or Inf")
         if self.graph == "none":
             mixed: List[Tensor] = [h] * len(self.mixer.directions)
         elif propagated is not None:
-            if graphs is not None:
-                raise ValueError("pass either propagated or graphs, not both")
+            if not isinstance(propagated, Tensor) or propagated.dim() != 4 or \
+                    propagated.size(2) != h.size(0) or graphs is not None:
+                raise ValueError(f"pass either propagated or graphs, not both; propagated must "
+                                 f"be [D, K, N, C] with N = {h.size(0)} (the units of h), got "
+                                 f"{tuple(getattr(propagated, 'shape', ())) or type(propagated)}")
             mixed = self.mixer.combine(propagated, h)
         else:
             if graphs is None:

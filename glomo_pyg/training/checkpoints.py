@@ -1,16 +1,13 @@
 """Checkpoints of ``glomo pretrain``: atomic writes, safe reading, where to resume from.
 
-* :class:`AtomicCheckpointIO` writes every checkpoint to a temporary file in the same
-  folder, flushes it to disk and renames it into place: a kill at any moment leaves the
-  previous file or the new one, never a truncated one. (Lightning's own writer stages the
-  file in the system's temporary folder, and ``/tmp`` on another file system turns the
-  final rename into a copy that a kill can cut short.)
-* :func:`read_checkpoint` opens a checkpoint without unpickling anything but tensors and
-  plain data (``weights_only``; tensors memory-mapped, so reading is cheap) and says in
-  its own words what is wrong with a file that cannot be used: empty, truncated or
-  corrupt (:class:`CorruptCheckpointError`), holding other objects
-  (:class:`UnsafeCheckpointError`, never with advice to load it unsafely), or not a
-  Lightning checkpoint.
+* :class:`AtomicCheckpointIO` writes every checkpoint through
+  :func:`~glomo_pyg.atomic_files.atomic_write` (same folder, fsync, rename: Lightning's
+  own writer stages it in the system's temporary folder, and a rename across file
+  systems is a copy that a kill can cut short).
+* :func:`read_checkpoint` unpickles nothing but tensors and plain data (``weights_only``,
+  memory-mapped) and names what is wrong with a file it cannot use: corrupt
+  (:class:`CorruptCheckpointError`), holding other objects (:class:`UnsafeCheckpointError`)
+  or not a Lightning checkpoint.
 * :func:`find_resume_checkpoint` picks the newest usable checkpoint of a run folder.
 * :func:`check_checkpoint_matches` compares a checkpoint with the model a run builds.
 """
@@ -72,10 +69,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     rename) for local paths."""
 
     def save_checkpoint(self, checkpoint: Dict[str, Any], path, storage_options=None) -> None:
-        if storage_options is not None:
-            raise TypeError("AtomicCheckpointIO.save_checkpoint takes no storage_options")
-        if "://" in str(path):  # remote storage: Lightning's own (fsspec) writer
-            return super().save_checkpoint(checkpoint, path)
+        if storage_options is not None or "://" in str(path):  # remote storage: Lightning's
+            return super().save_checkpoint(checkpoint, path, storage_options)  # own writer
         atomic_save(checkpoint, os.fspath(path))
 
 
@@ -93,45 +88,36 @@ def read_checkpoint(path: str) -> Dict[str, Any]:
     try:  # (a FIFO or device would block the reads below: refused at the door)
         os.close(open_regular(path, "checkpoint"))
         size = os.path.getsize(path)
-        is_zip = zipfile.is_zipfile(path)
+        data = torch.load(path, map_location="cpu", weights_only=True, mmap=True) \
+            if zipfile.is_zipfile(path) else None
     except NotRegularFileError as err:
         raise CheckpointError(str(err)) from None
     except OSError as err:
         raise OSError(f"{path}: cannot read the checkpoint ({err.strerror or err})") from None
-    if size == 0:
-        raise CorruptCheckpointError(f"{path} is empty (0 bytes): a truncated checkpoint "
-                                     "whose write was cut off")
-    if not is_zip:
-        raise CorruptCheckpointError(f"{path} is corrupt or truncated ({size} bytes that are "
-                                     "not a complete checkpoint archive)")
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except pickle.UnpicklingError as err:
+    except Exception as err:  # noqa: BLE001 (damaged archive members raise all sorts)
         found = re.search(r"\bGLOBAL ([\w.]+)", str(err))  # torch words it several ways
-        if found or "Unsupported class" in str(err):
+        if isinstance(err, pickle.UnpicklingError) and (found or "Unsupported class" in str(err)):
             what = f" ({found.group(1)})" if found else ""
             raise UnsafeCheckpointError(
                 f"refusing to load {path}: it contains objects other than tensors and plain "
                 f"data{what}. glomo pretrain never writes such checkpoints, so this file did "
                 "not come from this run; remove it or replace it with one of the run's own "
                 "checkpoints") from None
-        raise CorruptCheckpointError(f"{path} is corrupt (its contents cannot be decoded: "
-                                     f"{_first_sentence(err)})") from None
-    except OSError as err:
-        raise OSError(f"{path}: cannot read the checkpoint ({err.strerror or err})") from None
-    except Exception as err:  # noqa: BLE001 (damaged archive members raise all sorts)
         raise CorruptCheckpointError(f"{path} is corrupt or truncated "
                                      f"({_first_sentence(err)})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("state_dict"), Mapping) or \
-            not isinstance(data.get("global_step"), int):
-        raise CheckpointError(f"{path} is not a Lightning checkpoint of glomo pretrain (no "
-                              "state_dict and global_step)")
-    record = data.get(CHECKPOINT_KEY) or {}
-    if not isinstance(record, Mapping) or any(
+    if data is None:  # (an empty file too: a write cut off)
+        raise CorruptCheckpointError(f"{path} is corrupt or truncated ({size} bytes that are "
+                                     "not a complete checkpoint archive)")
+    lightning = isinstance(data, dict) and isinstance(data.get("state_dict"), Mapping) and \
+        isinstance(data.get("global_step"), int)
+    record = (data.get(CHECKPOINT_KEY) or {}) if lightning else {}
+    if not lightning or not isinstance(record, Mapping) or any(
             record.get(k) is not None and not isinstance(record[k], Mapping)
             for k in ("corpus", "settings")):
         raise CheckpointError(f"{path}: its '{CHECKPOINT_KEY}' record (corpus fingerprint and "
-                              "settings) is damaged")
+                              "settings) is damaged" if lightning else f"{path} is not a "
+                              "Lightning checkpoint of glomo pretrain (no state_dict and "
+                              "global_step)")
     return data
 
 
@@ -157,6 +143,33 @@ def newest_checkpoint_file(folder: str) -> Optional[str]:
     return max(steps)[1] if steps else files[-1]
 
 
+def _newest_usable(files: List[str]) -> Tuple[Optional[Tuple[int, str, Dict[str, Any]]],
+                                              List[Tuple[str, CheckpointError]]]:
+    """``(step, path, contents)`` of the newest usable checkpoint, and the unusable ones."""
+    named, others = [], []
+    for f in files:
+        m = _STEP_NAME.match(os.path.basename(f))
+        (named if m else others).append((int(m.group(1)) if m else -1, f))
+    # last.ckpt first (it wins ties), then other names, then step files newest first
+    others.sort(key=lambda sf: os.path.basename(sf[1]) != "last.ckpt")
+    named.sort(key=lambda sf: -sf[0])
+    best: Optional[Tuple[int, str, Dict[str, Any]]] = None
+    bad: List[Tuple[str, CheckpointError]] = []
+    for claimed, f in others + named:
+        if best is not None and 0 <= claimed <= best[0]:
+            continue  # (a step file older than the best found is not read)
+        try:
+            data = read_checkpoint(f)
+        except UnsafeCheckpointError:
+            raise
+        except CheckpointError as err:
+            bad.append((f, err))
+            continue
+        if best is None or data["global_step"] > best[0]:
+            best = (data["global_step"], f, data)
+    return best, bad
+
+
 def find_resume_checkpoint(folder: str, log: Callable = print,
                            damaged: Optional[List[str]] = None
                            ) -> Optional[Tuple[str, Dict[str, Any]]]:
@@ -173,27 +186,7 @@ def find_resume_checkpoint(folder: str, log: Callable = print,
     files = checkpoint_files(folder)
     if not files:
         return None
-    named, others = [], []
-    for f in files:
-        m = _STEP_NAME.match(os.path.basename(f))
-        (named if m else others).append((int(m.group(1)) if m else -1, f))
-    # last.ckpt first (it wins ties), then other names, then step files newest first
-    others.sort(key=lambda sf: os.path.basename(sf[1]) != "last.ckpt")
-    named.sort(key=lambda sf: -sf[0])
-    best: Optional[Tuple[int, str, Dict[str, Any]]] = None
-    bad: List[Tuple[str, CheckpointError]] = []
-    for claimed, f in others + named:
-        if best is not None and 0 <= claimed <= best[0]:
-            continue
-        try:
-            data = read_checkpoint(f)
-        except UnsafeCheckpointError:
-            raise
-        except CheckpointError as err:
-            bad.append((f, err))
-            continue
-        if best is None or data["global_step"] > best[0]:
-            best = (data["global_step"], f, data)
+    best, bad = _newest_usable(files)
     if best is None:
         reasons = "; ".join(str(err) for _, err in bad)
         raise CorruptCheckpointError(

@@ -7,16 +7,15 @@ from typing import Dict, List, Set, Tuple
 import lightning.pytorch as pl
 import torch
 
-from glomo_pyg.analysis.statistics import (DEAD_HEAD_SHARE, DISTANCE_EDGES, GraphHealth,
-                                           distance_bin_names, graph_health, graph_statistics)
+from glomo_pyg.analysis.statistics import (DEAD_HEAD_SHARE, GraphHealth, graph_health,
+                                           graph_statistics)
 
 HEALTH_FIELDS = ("density", "empty", "adjacent", "distance", "entropy")
 
-__all__ = ["DEAD_HEAD_SHARE", "DISTANCE_EDGES", "GraphHealth", "GraphStatistics",
-           "distance_bin_names", "graph_health", "graph_statistics"]
+__all__ = ["GraphStatisticsCallback"]
 
 
-class GraphStatistics(pl.Callback):
+class GraphStatisticsCallback(pl.Callback):
     """Every ``every_n_steps`` training steps, emit the graphs of the current batch (no
     gradient; its leading whole sequences up to ``max_units`` units, e.g. 8 images of
     1024 pixels) and log, per direction:
@@ -37,12 +36,12 @@ class GraphStatistics(pl.Callback):
     def __init__(self, every_n_steps: int = 100, dead_share: float = DEAD_HEAD_SHARE,
                  max_units: int = 8192):
         super().__init__()
-        if every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
-        if not 0 < dead_share < 1:
-            raise ValueError(f"dead_share must lie in (0, 1), got {dead_share}")
-        if max_units < 2:
-            raise ValueError(f"max_units must be >= 2, got {max_units}")
+        for name, value, ok, want in (
+                ("every_n_steps", every_n_steps, every_n_steps >= 1, ">= 1"),
+                ("dead_share", dead_share, 0 < dead_share < 1, "in (0, 1)"),
+                ("max_units", max_units, max_units >= 2, ">= 2")):
+            if not ok:
+                raise ValueError(f"{name} must be {want}, got {value}")
         self.every_n_steps, self.dead_share = every_n_steps, dead_share
         # the leading sequences of the batch up to this many units (at least one): the
         # sparse edges of e.g. 64 images of 1024 pixels would not fit in memory
@@ -85,20 +84,17 @@ class GraphStatistics(pl.Callback):
             stats = {f"graphs/{direction}/{k}": v for k, v in graph_statistics(g).items()}
             health = graph_health(g)
             self.last[direction] = health
-            self.history.append(dict(step=step, direction=direction,
-                                     **{k: getattr(health, k).tolist() for k in
-                                        HEALTH_FIELDS},
-                                     uniform_adjacent=health.uniform_adjacent,
-                                     uniform_distance=health.uniform_distance))
-            for l in range(g.num_layers):
-                for h in range(g.num_heads):
-                    for name in HEALTH_FIELDS:
-                        stats[f"health/{direction}/layer{l}/head{h}/{name}"] = \
-                            float(getattr(health, name)[l, h])
-            stats[f"health/{direction}/dead_heads"] = len(health.dead_heads(self.dead_share))
-            stats[f"health/{direction}/uniform_adjacent"] = health.uniform_adjacent
-            stats[f"health/{direction}/uniform_distance"] = health.uniform_distance
-            dead += len(health.dead_heads(self.dead_share))
+            uniform = dict(uniform_adjacent=health.uniform_adjacent,
+                           uniform_distance=health.uniform_distance)
+            self.history.append(dict(step=step, direction=direction, **uniform,
+                                     **{k: getattr(health, k).tolist() for k in HEALTH_FIELDS}))
+            stats.update({f"health/{direction}/layer{l}/head{h}/{name}":
+                          float(getattr(health, name)[l, h]) for name in HEALTH_FIELDS
+                          for l in range(g.num_layers) for h in range(g.num_heads)})
+            dead_heads = len(health.dead_heads(self.dead_share))
+            stats.update({f"health/{direction}/{k}": v for k, v in
+                          dict(uniform, dead_heads=dead_heads).items()})
+            dead += dead_heads
             adjacent.append(health.adjacent.mean())
             self.check_health(direction, health, step)
             for logger in trainer.loggers:

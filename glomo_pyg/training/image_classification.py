@@ -1,17 +1,14 @@
 """Training loop for :class:`~glomo_pyg.GlomoResNet` image classifiers (paper Sec. 3.5).
 
 One recipe for every variant (baseline, GLoMo, uniform graph): SGD with Nesterov momentum,
-a one-cycle learning-rate schedule, weight decay, random crops (reflection padding) and
-horizontal flips applied to the uint8 pixels before any graph is computed, bf16 autocast
-and channels-last memory on a GPU. The epoch with the best validation accuracy is kept.
-Each epoch ends with an atomic checkpoint, so an interrupted run (e.g. a GPU allocation
-that ended) resumes at the next epoch with the same result.
+a one-cycle schedule, weight decay, random crops (reflection padding) and horizontal flips
+of the uint8 pixels before any graph is computed, bf16 autocast and channels-last memory
+on a GPU; the epoch with the best validation accuracy is kept. Each epoch ends with an
+atomic checkpoint, from which an interrupted run resumes with the same result.
 
-When the transfer stage's input is fixed data (the normalised pixels), its graph
-propagations can be precomputed once per image and orientation
-(:func:`precompute_propagations`): the output is the same, and an epoch then costs about
-what the baseline's does. Random crops change the pixels each epoch, so they are not
-combined with precomputed propagations (flips are: both orientations are stored).
+When the transfer stage's input is fixed (the normalised pixels), its propagations can be
+precomputed once per image and orientation (:func:`precompute_propagations`): the same
+output, at about the baseline's cost per epoch; not with random crops (flips are fine).
 """
 from __future__ import annotations
 
@@ -34,8 +31,7 @@ from glomo_pyg.settings import check_settings, setting
 
 @dataclass
 class ImageTrainConfig:
-    """The recipe of :func:`train_image_classifier` (SGD with Nesterov momentum, a
-    one-cycle schedule, random crops and flips)."""
+    """The recipe of :func:`train_image_classifier`."""
 
     epochs: int = setting(20, low=1)
     batch_size: int = setting(256, low=1)
@@ -99,9 +95,104 @@ def evaluate(model: GlomoResNet, images: Tensor, labels: Tensor, batch_size: int
     return correct / len(images)
 
 
-def _save_atomic(obj, path: str) -> None:
-    with atomic_write(path, "wb") as fh:
-        torch.save(obj, fh)
+def _check_inputs(model: GlomoResNet, train: Tuple[Tensor, Tensor], val: Tuple[Tensor, Tensor],
+                  config: ImageTrainConfig, precomputed: bool) -> None:
+    config.validate()
+    classes = model.resnet.fc.out_features if hasattr(model.resnet, "fc") else None
+    for name, (x, y) in (("train", train), ("val", val)):
+        shaped = x.dim() == 4 and x.dtype == torch.uint8 and y.dim() == 1 and \
+            len(y) == len(x) > 0
+        low, high = (int(y.min()), int(y.max())) if shaped else (0, 0)
+        if not shaped or low < 0 or (classes is not None and high >= classes):
+            raise ValueError(f"{name} must be a non-empty split (uint8 images [n, C, H, W], "
+                             f"labels [n] in [0, {classes}): the model has {classes} classes), "
+                             f"got {x.dtype} {tuple(x.shape)} and labels {tuple(y.shape)}"
+                             + (f" in [{low}, {high}]" if shaped else ""))
+    side = min(train[0].shape[2:])
+    if config.crop_padding >= side or (precomputed and config.crop_padding):
+        raise ValueError(f"crop_padding {config.crop_padding} must be below the image side "
+                         f"{side}, and 0 with precomputed propagations (they cannot follow "
+                         "random crops; flips are fine)")
+
+
+def _optimizer(model: GlomoResNet, config: ImageTrainConfig, steps_per_epoch: int):
+    """SGD with Nesterov momentum and its one-cycle schedule."""
+    if math.isclose(config.warmup_fraction * config.epochs * steps_per_epoch, 1.0):
+        # torch's one-cycle schedule divides by (warm-up steps - 1): zero here
+        raise ValueError(f"{config.epochs} epochs x {steps_per_epoch} steps with "
+                         f"warmup_fraction {config.warmup_fraction} give a warm-up of exactly "
+                         "one step, which the one-cycle schedule cannot take; change epochs, "
+                         "batch_size or warmup_fraction")
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, nesterov=True,
+                                weight_decay=config.weight_decay)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, max_lr=config.lr, total_steps=config.epochs * steps_per_epoch,
+        pct_start=config.warmup_fraction, anneal_strategy="linear", div_factor=25.0,
+        final_div_factor=1e3)
+    return optimizer, schedule
+
+
+_PROGRESS = ("epoch", "best_val", "best_epoch", "val_curve", "epoch_seconds", "best_state")
+
+
+def _resume(checkpoint: str, recipe: Dict, model: GlomoResNet, optimizer, schedule,
+            gen: torch.Generator, state: Dict, log: Callable) -> None:
+    """Continue from an epoch checkpoint written with the same recipe for this model."""
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    if "recipe" not in saved:
+        log(f"warning: {checkpoint} does not record its recipe (an older file); resumed "
+            "unchecked")
+    refusal = None
+    if saved.get("recipe", recipe) != recipe:  # its optimiser schedule and data order differ
+        refusal = (f"was written by a run with another recipe or training set "
+                   f"({saved.get('recipe')}, now {recipe})")
+    else:
+        try:
+            model.load_state_dict(saved["model"])
+        except RuntimeError as err:
+            refusal = f"does not fit this model: {err}"
+    if refusal:
+        raise ValueError(f"{checkpoint} {refusal}; delete it to start this run afresh")
+    optimizer.load_state_dict(saved["optimizer"])
+    schedule.load_state_dict(saved["schedule"])
+    gen.set_state(saved["generator"])
+    state.update({k: saved[k] for k in _PROGRESS})
+    log(f"resumed at epoch {state['epoch']} from {checkpoint}")
+
+
+def _train_epoch(model: GlomoResNet, train: Tuple[Tensor, Tensor], config: ImageTrainConfig,
+                 optimizer, schedule, gen: torch.Generator, device: torch.device,
+                 train_propagations: Optional[Tuple[Tensor, Tensor]]) -> float:
+    """One epoch in a seeded order; the mean training loss."""
+    images, labels = train
+    model.train()
+    order = torch.randperm(len(images), generator=gen)
+    total = 0.0
+    for step in range(math.ceil(len(images) / config.batch_size)):
+        index = order[step * config.batch_size:(step + 1) * config.batch_size]
+        x = images[index]
+        prop = None
+        if train_propagations is not None:
+            flip = (torch.rand(len(index), generator=gen) < 0.5) if config.flip else \
+                torch.zeros(len(index), dtype=torch.bool)
+            x = torch.where(flip.view(-1, 1, 1, 1), x.flip(3), x)
+            plain = _batch_propagations(train_propagations[0], index, device)
+            mirrored = _batch_propagations(train_propagations[1], index, device)
+            units = flip.repeat_interleave(x.size(2) * x.size(3)).to(device)
+            prop = torch.where(units.view(1, 1, -1, 1), mirrored, plain)
+        else:
+            x = augment(x, gen, flip=config.flip, crop_padding=config.crop_padding)
+        x, y = x.to(device, non_blocking=True), labels[index].to(device, non_blocking=True)
+        with torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda"):
+            logits = model(x, propagated=prop)
+            loss = F.cross_entropy(logits.float(), y, label_smoothing=config.label_smoothing)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        total += float(loss.detach()) * len(index)
+    return total / len(images)
 
 
 def train_image_classifier(model: GlomoResNet, train: Tuple[Tensor, Tensor],
@@ -118,99 +209,24 @@ def train_image_classifier(model: GlomoResNet, train: Tuple[Tensor, Tensor],
     and mirrored (:func:`precompute_propagations` of ``images`` and of
     ``images.flip(3)``), which needs ``crop_padding=0``. ``checkpoint``: a file for an
     atomic per-epoch checkpoint; an existing one is resumed."""
-    config.validate()
-    for name, (x, y) in (("train", train), ("val", val)):
-        if x.dim() != 4 or x.dtype != torch.uint8 or y.dim() != 1 or len(y) != len(x):
-            raise ValueError(f"{name} must be (uint8 images [n, C, H, W], labels [n]), got "
-                             f"{x.dtype} {tuple(x.shape)} and {tuple(y.shape)}")
-        if len(x) == 0:
-            raise ValueError(f"the {name} split is empty")
-    classes = model.resnet.fc.out_features if hasattr(model.resnet, "fc") else None
-    for name, y in (("train", train[1]), ("val", val[1])):
-        if int(y.min()) < 0 or (classes is not None and int(y.max()) >= classes):
-            raise ValueError(f"{name} labels lie in [{int(y.min())}, {int(y.max())}], the "
-                             f"model has {classes} classes")
-    if config.crop_padding >= min(train[0].shape[2:]):
-        raise ValueError(f"crop_padding {config.crop_padding} must be below the image side "
-                         f"{min(train[0].shape[2:])}")
-    if train_propagations is not None and config.crop_padding:
-        raise ValueError("precomputed propagations cannot follow random crops: set "
-                         "crop_padding=0 (flips are fine)")
+    _check_inputs(model, train, val, config, train_propagations is not None)
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    cuda = device.type == "cuda"
     model.to(device)
-    if cuda:
+    if device.type == "cuda":
         model.resnet.to(memory_format=torch.channels_last)
-    images, labels = train
-    n = len(images)
-    steps_per_epoch = math.ceil(n / config.batch_size)
-    if math.isclose(config.warmup_fraction * config.epochs * steps_per_epoch, 1.0):
-        # torch's one-cycle schedule divides by (warm-up steps - 1): zero here
-        raise ValueError(f"{config.epochs} epochs x {steps_per_epoch} steps with "
-                         f"warmup_fraction {config.warmup_fraction} give a warm-up of exactly "
-                         "one step, which the one-cycle schedule cannot take; change epochs, "
-                         "batch_size or warmup_fraction")
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, nesterov=True,
-                                weight_decay=config.weight_decay)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(
-        optimizer, max_lr=config.lr, total_steps=config.epochs * steps_per_epoch,
-        pct_start=config.warmup_fraction, anneal_strategy="linear", div_factor=25.0,
-        final_div_factor=1e3)
+    optimizer, schedule = _optimizer(model, config, math.ceil(len(train[0]) / config.batch_size))
     gen = torch.Generator().manual_seed(seed)
     state = dict(epoch=0, best_val=-1.0, best_epoch=-1, val_curve=[], epoch_seconds=[],
                  best_state=None)
-    recipe = dict(asdict(config), train_images=n)
+    recipe = dict(asdict(config), train_images=len(train[0]))
     recipe.pop("eval_batch_size")  # (does not change training)
     if checkpoint and os.path.exists(checkpoint):
-        saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
-        if "recipe" not in saved:
-            log(f"warning: {checkpoint} does not record its recipe (an older file); resumed "
-                "unchecked")
-        elif saved["recipe"] != recipe:  # its optimiser schedule and data order differ
-            raise ValueError(f"{checkpoint} was written by a run with another recipe or "
-                             f"training set ({saved.get('recipe')}, now {recipe}); delete it "
-                             "to start this run afresh")
-        try:
-            model.load_state_dict(saved["model"])
-        except RuntimeError as err:
-            raise ValueError(f"{checkpoint} does not fit this model: {err}") from None
-        optimizer.load_state_dict(saved["optimizer"])
-        schedule.load_state_dict(saved["schedule"])
-        gen.set_state(saved["generator"])
-        state.update({k: saved[k] for k in ("epoch", "best_val", "best_epoch", "val_curve",
-                                            "epoch_seconds", "best_state")})
-        log(f"resumed at epoch {state['epoch']} from {checkpoint}")
+        _resume(checkpoint, recipe, model, optimizer, schedule, gen, state, log)
     for epoch in range(state["epoch"], config.epochs):
-        model.train()
         start = time.time()
-        order = torch.randperm(n, generator=gen)
-        total, seen = 0.0, 0
-        for step in range(steps_per_epoch):
-            index = order[step * config.batch_size:(step + 1) * config.batch_size]
-            x = images[index]
-            prop = None
-            if train_propagations is not None:
-                flip = (torch.rand(len(index), generator=gen) < 0.5) if config.flip else \
-                    torch.zeros(len(index), dtype=torch.bool)
-                x = torch.where(flip.view(-1, 1, 1, 1), x.flip(3), x)
-                plain = _batch_propagations(train_propagations[0], index, device)
-                mirrored = _batch_propagations(train_propagations[1], index, device)
-                units = flip.repeat_interleave(x.size(2) * x.size(3)).to(device)
-                prop = torch.where(units.view(1, 1, -1, 1), mirrored, plain)
-            else:
-                x = augment(x, gen, flip=config.flip, crop_padding=config.crop_padding)
-            x, y = x.to(device, non_blocking=True), labels[index].to(device, non_blocking=True)
-            with torch.autocast("cuda", torch.bfloat16, enabled=cuda):
-                logits = model(x, propagated=prop)
-                loss = F.cross_entropy(logits.float(), y, label_smoothing=config.label_smoothing)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            total += float(loss.detach()) * len(index)
-            seen += len(index)
-        if cuda:
+        loss = _train_epoch(model, train, config, optimizer, schedule, gen, device,
+                            train_propagations)
+        if device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.time() - start
         acc = evaluate(model, val[0], val[1], config.eval_batch_size, val_propagations, device)
@@ -222,13 +238,12 @@ def train_image_classifier(model: GlomoResNet, train: Tuple[Tensor, Tensor],
                                    model.state_dict().items()}
         state["epoch"] = epoch + 1
         if checkpoint:
-            _save_atomic(dict(recipe=recipe, model=model.state_dict(),
-                              optimizer=optimizer.state_dict(),
-                              schedule=schedule.state_dict(), generator=gen.get_state(),
-                              **{k: state[k] for k in ("epoch", "best_val", "best_epoch",
-                                                       "val_curve", "epoch_seconds",
-                                                       "best_state")}), checkpoint)
-        log(f"epoch {epoch + 1}/{config.epochs}: train loss {total / seen:.4f}, validation "
+            with atomic_write(checkpoint, "wb") as fh:
+                torch.save(dict(recipe=recipe, model=model.state_dict(),
+                                optimizer=optimizer.state_dict(), schedule=schedule.state_dict(),
+                                generator=gen.get_state(), **{k: state[k] for k in _PROGRESS}),
+                           fh)
+        log(f"epoch {epoch + 1}/{config.epochs}: train loss {loss:.4f}, validation "
             f"{acc:.4f}, {seconds:.1f} s")
     model.load_state_dict(state["best_state"])
     return dict(best_val=state["best_val"], best_epoch=state["best_epoch"],

@@ -7,12 +7,10 @@ continues exactly) and stops with :class:`TrainingInterrupted`, whose ``exit_cod
 the shell's ``128 + signal`` (143 for SIGTERM, 130 for SIGINT): ``glomo pretrain && next``
 does not carry on. A second signal stops at once, without a new checkpoint.
 
-Why not Lightning's own SIGTERM handling: the installed version (2.x) turns SIGTERM into
-``SIGTERMException``, a ``SystemExit`` with status 0, raised after the step's checkpoint
-hook and validation, and it writes no checkpoint. The callback replaces Lightning's
-SIGTERM handler once training starts (Lightning restores the previous handlers on
-teardown); it forwards SIGTERM to the processes Lightning's DDP launcher started, and the
-ranks agree on stopping (any rank signalled) before the same step's checkpoint.
+Why not Lightning's own SIGTERM handling: Lightning 2.x raises a ``SystemExit`` with
+status 0 after the step's checkpoint hook and writes no checkpoint. The callback replaces
+Lightning's handler once training starts, forwards SIGTERM to the DDP launcher's
+processes, and the ranks agree on stopping before the same step's checkpoint.
 """
 from __future__ import annotations
 

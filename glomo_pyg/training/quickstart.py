@@ -2,7 +2,6 @@
 how well the learned graphs recover the planted sources."""
 from __future__ import annotations
 
-import json
 import os
 import time
 import warnings
@@ -13,19 +12,18 @@ import lightning.pytorch as pl
 import torch
 from torch_geometric.loader import DataLoader
 
-from glomo_pyg.data.synthetic import PlantedDependencyCorpus
 from glomo_pyg.analysis.recovery import RecoveryReport, planted_source_recovery
+from glomo_pyg.atomic_files import write_json
+from glomo_pyg.data.synthetic import PlantedDependencyCorpus
 from glomo_pyg.io.pretrained import save_pretrained
 from glomo_pyg.nn.glomo import Glomo
 from glomo_pyg.settings import Rule, check_settings, rules, setting
 from glomo_pyg.training.pretrain.config import TrainConfig, check_model_section
-from glomo_pyg.training.pretraining import GlomoPretraining
+from glomo_pyg.training.pretrain.module import GlomoPretraining
 from glomo_pyg.training.utils import quiet_lightning
 
 # Validation and test items: disjoint index ranges of the training corpus's language.
 VALID_START, TEST_START = 10**7, 2 * 10**7
-
-
 MAX_SEQUENCES = 1 << 24  # steps x batch size: 16.8M sequences, a 134 MB shuffled index
 
 
@@ -175,9 +173,8 @@ def run_quickstart(config: QuickstartConfig = QuickstartConfig()) -> QuickstartR
                               float(recovery.per_graph[layer, head]), recovery, untrained, seconds,
                               density, module.model.eval())
     if config.output_dir:
-        os.makedirs(config.output_dir, exist_ok=True)
-        with open(os.path.join(config.output_dir, "quickstart.json"), "w") as fh:
-            json.dump(dict(config=asdict(config), result=result.to_dict()), fh, indent=2)
+        write_json(os.path.join(config.output_dir, "quickstart.json"),
+                   dict(config=asdict(config), result=result.to_dict()))
         predictor = module.model.to_pretrained(train.vocab.tokens())
         save_pretrained(predictor, predictor_dir(config.output_dir))
     return result

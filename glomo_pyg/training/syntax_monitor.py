@@ -7,6 +7,7 @@ import lightning.pytorch as pl
 
 from glomo_pyg.analysis.syntax import NothingToScore, align, syntax_scores
 from glomo_pyg.analysis.treebank import GoldTree
+from glomo_pyg.settings import Rule
 
 
 class SyntaxMonitor(pl.Callback):
@@ -23,8 +24,7 @@ class SyntaxMonitor(pl.Callback):
     def __init__(self, trees: Sequence[GoldTree], vocabulary: Sequence[str],
                  every_n_steps: int = 500, exclude_punct: bool = True, lower: bool = True):
         super().__init__()
-        if every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        Rule(int, low=1).check("every_n_steps", every_n_steps)
         self.alignment = align(trees, vocabulary, lower)
         if not self.alignment.sentences:
             raise ValueError("SyntaxMonitor: no sentence of the sample could be aligned")

@@ -3,12 +3,9 @@ validation split, one evaluation on the test set."""
 from __future__ import annotations
 
 import copy
-import math
-import numbers
 import os
 import tempfile
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Union
 
@@ -19,6 +16,7 @@ from torch_geometric.loader import DataLoader
 
 from glomo_pyg.data.text import WordVocabulary, tokenize
 from glomo_pyg.nn.text_classifier import GlomoTextClassifier, TextGraphCache
+from glomo_pyg.settings import Rule
 from glomo_pyg.training.utils import quiet_lightning
 
 # the attribute train_and_test gives each training and validation document: its row in
@@ -123,23 +121,41 @@ class _History(pl.Callback):
 def cache_documents(model: GlomoTextClassifier, train: List[Data], val: List[Data],
                     batch_size: int = 64, device=None,
                     weight_dtype: torch.dtype = torch.float32) -> TextGraphCache:
-    """The graph cache :func:`train_and_test` takes as ``graph_cache``: the graphs of
-    ``train + val`` (in this order) under ``model``'s predictor and settings
-    (:meth:`TextGraphCache.compute`). One cache serves every model with the same
-    predictor, ``graph`` and ``max_distance`` (e.g. every seed of a variant)."""
+    """:func:`train_and_test`'s ``graph_cache``: the graphs of ``train + val`` (in this
+    order) under ``model``'s predictor, ``graph`` and ``max_distance``, which it serves
+    (e.g. every seed of a variant; :meth:`TextGraphCache.compute`)."""
     return TextGraphCache.compute(model, [d.x for d in list(train) + list(val)], batch_size,
                                   device, weight_dtype)
 
 
 def _with_cache_rows(items: List[Data], first: int) -> List[Data]:
-    """Shallow copies of ``items`` (the caller's objects stay as they are), each with
-    its row in the graph cache."""
+    """Shallow copies of ``items`` (the caller's stay as they are) with their cache row."""
     out = []
     for k, d in enumerate(items):
         d = copy.copy(d)
         setattr(d, CACHE_ROW, torch.tensor([first + k]))
         out.append(d)
     return out
+
+
+_POSITIVE_INT, _POSITIVE = Rule(int, low=1), Rule(float, low=0, low_open=True)
+
+
+def _graph_cache(model: torch.nn.Module, graph_cache: Union[None, bool, TextGraphCache],
+                 train: List[Data], val: List[Data]) -> Optional[TextGraphCache]:
+    """``graph_cache`` as a cache checked against ``model`` and the documents, or None."""
+    if graph_cache is None or graph_cache is False:
+        return None
+    if not isinstance(model, GlomoTextClassifier) or not (
+            graph_cache is True or isinstance(graph_cache, TextGraphCache)):
+        raise TypeError(f"graph_cache must be None, a bool or a TextGraphCache (from "
+                        f"cache_documents), and a graph_cache needs a GlomoTextClassifier; "
+                        f"got {type(graph_cache).__name__} for a {type(model).__name__}")
+    if graph_cache is True:
+        graph_cache = cache_documents(model, train, val)
+    graph_cache.check_model(model)
+    graph_cache.check_documents([d.x for d in list(train) + list(val)])
+    return graph_cache
 
 
 def train_and_test(model: torch.nn.Module, train: List[Data], val: List[Data], test: List[Data],
@@ -149,56 +165,34 @@ def train_and_test(model: torch.nn.Module, train: List[Data], val: List[Data], t
                    graph_cache: Union[None, bool, TextGraphCache] = None
                    ) -> ClassificationResult:
     """Train for ``epochs``, keep the epoch with the best validation accuracy, and
-    evaluate that one once on ``test``. ``epochs`` and ``batch_size`` must be positive
-    integers, ``lr`` a finite positive number, and ``train``, ``val`` and ``test``
-    non-empty (:class:`ValueError` otherwise); a non-finite training loss raises
+    evaluate that one once on ``test``; a non-finite training loss raises
     :class:`FloatingPointError`.
 
-    ``graph_cache``: the graphs of the training and validation documents computed once
-    instead of by the predictor at every step (same results: see
-    :class:`~glomo_pyg.nn.text_classifier.TextGraphCache`): ``True`` computes them here
-    (counted in ``seconds``), or pass the cache of :func:`cache_documents` for ``train``
-    and ``val`` (checked against ``model`` and the documents; computed once, it serves
-    every run with the same predictor and graph settings). The test set, read once, runs
-    the predictor. Only for a :class:`~glomo_pyg.GlomoTextClassifier` that mixes graphs."""
+    ``graph_cache`` (a :class:`~glomo_pyg.GlomoTextClassifier` that mixes graphs only):
+    the graphs of ``train`` and ``val`` computed once instead of at every step, with the
+    same results (:class:`~glomo_pyg.nn.text_classifier.TextGraphCache`): ``True``
+    computes them here (counted in ``seconds``), or pass :func:`cache_documents`'s cache,
+    which serves every run with the same predictor and graph settings. The test set,
+    read once, runs the predictor."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    for name, value in (("epochs", epochs), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not math.isfinite(lr) or \
-            lr <= 0:
-        raise ValueError(f"lr must be a finite positive number, got {lr!r}")
+    for name, value, rule in (("epochs", epochs, _POSITIVE_INT),
+                              ("batch_size", batch_size, _POSITIVE_INT), ("lr", lr, _POSITIVE)):
+        rule.check(name, value, typed=True)
     for name, items in (("train", train), ("val", val), ("test", test)):
         if len(items) == 0:
             raise ValueError(f"the {name} split is empty")
-
     start = time.time()
-    if graph_cache is not None and graph_cache is not False:
-        if not isinstance(model, GlomoTextClassifier):
-            raise TypeError(f"graph_cache needs a GlomoTextClassifier, got "
-                            f"{type(model).__name__}")
-        if graph_cache is True:
-            graph_cache = cache_documents(model, train, val)
-        elif not isinstance(graph_cache, TextGraphCache):
-            raise TypeError(f"graph_cache must be None, a bool or a TextGraphCache (from "
-                            f"cache_documents), got {type(graph_cache).__name__}")
-        graph_cache.check_model(model)
-        graph_cache.check_documents([d.x for d in list(train) + list(val)])
+    graph_cache = _graph_cache(model, graph_cache, train, val)
+    if graph_cache is not None:
         train, val = _with_cache_rows(train, 0), _with_cache_rows(val, len(train))
-    else:
-        graph_cache = None
 
     pl.seed_everything(seed, workers=True, verbose=False)
     module = TextClassification(model, lr, graph_cache=graph_cache)
     gen = torch.Generator().manual_seed(seed)
     loaders = dict(train=DataLoader(train, batch_size=batch_size, shuffle=True, generator=gen),
                    val=DataLoader(val, batch_size=batch_size), test=DataLoader(test, batch_size))
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings(), quiet_lightning():
-        warnings.filterwarnings("ignore", ".*does not have many workers.*")
-        warnings.filterwarnings("ignore", ".*isinstance.treespec, LeafSpec.*")
-        warnings.filterwarnings("ignore", ".*module.s. in eval mode.*")  # the frozen predictor
-        warnings.filterwarnings("ignore", ".*smaller than the logging interval.*")
+    with tempfile.TemporaryDirectory() as tmp, quiet_lightning():
         best = ModelCheckpoint(dirpath=tmp, monitor="val_acc", mode="max", save_top_k=1,
                                filename="best-{epoch}", save_weights_only=True)
         history = _History()

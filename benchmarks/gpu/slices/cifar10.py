@@ -340,6 +340,48 @@ def _mean_sd(values: List[float]) -> Tuple[float, float]:
     return m, sd
 
 
+def _target_lines(acc: Dict, runs: Dict[str, Dict], lines: List[Dict]) -> List[str]:
+    """The targets met or not, from ResNet-18's runs (none without its baseline)."""
+    from benchmarks.reproduce.imdb import paired_difference
+
+    base = acc.get((18, "baseline"))
+    if not base:
+        return []
+    out: List[str] = []
+    m = sum(base.values()) / len(base)
+    per_run = [l["metrics"]["seconds"] for k, l in runs.items()
+               if k.startswith("resnet18/baseline/")]
+    prop = [l["metrics"]["propagations_s"] for l in lines
+            if l["metrics"].get("propagations_s")]
+    out += ["", f"Targets: ResNet-18 baseline >= {TARGETS['baseline_acc']}%: "
+            f"{'met' if m >= TARGETS['baseline_acc'] else 'not met'} ({m:.2f}); within "
+            f"{TARGETS['run_s']:.0f} s per run, its test included: "
+            f"{'met' if max(per_run) <= TARGETS['run_s'] else 'not met'} "
+            f"(at most {max(per_run):.0f} s)"
+            + (f"; the GLoMo stage's propagations within {TARGETS['stage_s']:.0f} s: "
+               f"{'met' if max(prop) <= TARGETS['stage_s'] else 'not met'} (at most "
+               f"{max(prop):.0f} s)" if prop else "") + "."]
+    epochs = {v: [e for k, l in runs.items() if k.startswith(f"resnet18/{v}/")
+                  for e in l["metrics"]["epoch_s"]] for v in ("baseline", "glomo")}
+    if epochs["glomo"]:
+        ratio = (sum(epochs["glomo"]) / len(epochs["glomo"])) / \
+            (sum(epochs["baseline"]) / len(epochs["baseline"]))
+        out.append(f"GLoMo epoch <= {TARGETS['epoch_ratio']}x the baseline's: "
+                   f"{'met' if ratio <= TARGETS['epoch_ratio'] else 'not met'} ({ratio:.2f}x, "
+                   "propagations apart).")
+    for a, b, key in (("glomo", "baseline", "glomo_minus_baseline"),
+                      ("glomo", "uniform", "glomo_minus_uniform")):
+        x, y = acc.get((18, a), {}), acc.get((18, b), {})
+        seeds = sorted(set(x) & set(y))
+        if len(seeds) >= 2:
+            m, lo, hi, n = paired_difference([x[q] for q in seeds], [y[q] for q in seeds])
+            out.append(f"ResNet-18 {a} − {b} >= +{TARGETS[key]}: "
+                       f"{'met' if m >= TARGETS[key] and lo > 0 else 'not met'} "
+                       f"({m:+.2f} [{lo:+.2f}, {hi:+.2f}], {n} seeds; met means the mean "
+                       "reaches it and the interval excludes 0).")
+    return out
+
+
 def report(lines: List[Dict], recipe: Dict) -> List[str]:
     from benchmarks.reproduce.imdb import paired_difference
 
@@ -390,37 +432,4 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
             ci = f" [{lo:+.2f}, {hi:+.2f}]" if n > 1 else ""
             out.append(f"- ResNet-{depth}, {a} − {b}: {m:+.2f} points{ci} (paired over "
                        f"{n} seeds, 95% t interval)")
-    base = acc.get((18, "baseline"))
-    if base:
-        m = sum(base.values()) / len(base)
-        per_run = [l["metrics"]["seconds"] for k, l in runs.items()
-                   if k.startswith("resnet18/baseline/")]
-        prop = [l["metrics"]["propagations_s"] for l in lines
-                if l["metrics"].get("propagations_s")]
-        out += ["", f"Targets: ResNet-18 baseline >= {TARGETS['baseline_acc']}%: "
-                f"{'met' if m >= TARGETS['baseline_acc'] else 'not met'} ({m:.2f}); within "
-                f"{TARGETS['run_s']:.0f} s per run, its test included: "
-                f"{'met' if max(per_run) <= TARGETS['run_s'] else 'not met'} "
-                f"(at most {max(per_run):.0f} s)"
-                + (f"; the GLoMo stage's propagations within {TARGETS['stage_s']:.0f} s: "
-                   f"{'met' if max(prop) <= TARGETS['stage_s'] else 'not met'} (at most "
-                   f"{max(prop):.0f} s)" if prop else "") + "."]
-        epochs = {v: [e for k, l in runs.items() if k.startswith(f"resnet18/{v}/")
-                      for e in l["metrics"]["epoch_s"]] for v in ("baseline", "glomo")}
-        if epochs["glomo"]:
-            ratio = (sum(epochs["glomo"]) / len(epochs["glomo"])) / \
-                (sum(epochs["baseline"]) / len(epochs["baseline"]))
-            out.append(f"GLoMo epoch <= {TARGETS['epoch_ratio']}x the baseline's: "
-                       f"{'met' if ratio <= TARGETS['epoch_ratio'] else 'not met'} ({ratio:.2f}x, "
-                       "propagations apart).")
-        for a, b, key in (("glomo", "baseline", "glomo_minus_baseline"),
-                          ("glomo", "uniform", "glomo_minus_uniform")):
-            x, y = acc.get((18, a), {}), acc.get((18, b), {})
-            seeds = sorted(set(x) & set(y))
-            if len(seeds) >= 2:
-                m, lo, hi, n = paired_difference([x[q] for q in seeds], [y[q] for q in seeds])
-                out.append(f"ResNet-18 {a} − {b} >= +{TARGETS[key]}: "
-                           f"{'met' if m >= TARGETS[key] and lo > 0 else 'not met'} "
-                           f"({m:+.2f} [{lo:+.2f}, {hi:+.2f}], {n} seeds; met means the mean "
-                           "reaches it and the interval excludes 0).")
-    return out + [""]
+    return out + _target_lines(acc, runs, lines) + [""]

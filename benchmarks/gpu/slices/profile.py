@@ -102,7 +102,7 @@ def _pretraining_step(module, batches, grad_clip: float, device: str):
 
 
 def pixel_step(recipe: Dict, ctx) -> Dict:
-    from glomo_pyg.training.pretraining import GlomoPretraining
+    from glomo_pyg.training import GlomoPretraining
 
     r = recipe["pixel"]
     side = recipe["side"]
@@ -123,7 +123,7 @@ def pixel_step(recipe: Dict, ctx) -> Dict:
 
 
 def text_step(recipe: Dict, ctx) -> Dict:
-    from glomo_pyg.training.pretraining import GlomoPretraining
+    from glomo_pyg.training import GlomoPretraining
 
     r = recipe["text"]
     module = GlomoPretraining(dict(r["model"], num_tokens=r["vocabulary"], padding_idx=0),

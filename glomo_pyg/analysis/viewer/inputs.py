@@ -63,19 +63,14 @@ def check_output_path(path: PathLike, name: str) -> str:
     """Refuse, before any work, a page path that cannot be written as a file: empty, with
     a NUL, ending in a separator, an existing folder or non-regular file (the page would
     replace it), or under a file. Missing folders are fine (they are created)."""
-    path = os.fspath(path)
-    if not path:
-        raise ValueError(f"{name} is empty: give the page's file name (e.g. graphs.html)")
-    _no_nul(path, name)
-    if os.path.isdir(path):
-        raise ValueError(f"{name} {path} is a directory: give the page's file name "
-                         "(e.g. graphs.html)")
-    if path.endswith((os.sep, os.altsep or os.sep)):
-        raise ValueError(f"{name} {path} ends with a separator: give the page's file name "
-                         "(e.g. graphs.html)")
-    if os.path.lexists(path) and not os.path.isfile(path):
-        raise ValueError(f"{name} {path} is not a regular file (a FIFO, device or socket): "
-                         "the page would replace it")
+    path = _no_nul(os.fspath(path), name)
+    problem = "is empty" if not path else "is a directory" if os.path.isdir(path) else \
+        "ends with a separator" if path.endswith((os.sep, os.altsep or os.sep)) else \
+        "is not a regular file (a FIFO, device or socket): the page would replace it" \
+        if os.path.lexists(path) and not os.path.isfile(path) else None
+    if problem:
+        raise ValueError(f"{name}{' ' + path if path else ''} {problem}: give the page's file "
+                         "name (e.g. graphs.html)")
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.lexists(parent):  # the folders that will be created
         parent = os.path.dirname(parent)
@@ -92,15 +87,16 @@ def to_uint8(pixels: np.ndarray, where: str) -> np.ndarray:
     floats by 255 when within [0, 1], else min-max to [0, 255]; NaN or inf is refused."""
     if pixels.dtype == np.uint8:
         return pixels
-    if np.issubdtype(pixels.dtype, np.floating):
-        if not np.isfinite(pixels).all():
-            raise ValueError(f"{where} holds NaN or infinite pixel values")
+    floating = np.issubdtype(pixels.dtype, np.floating)
+    if not (floating or np.issubdtype(pixels.dtype, np.integer)) or \
+            (floating and not np.isfinite(pixels).all()):
+        raise ValueError(f"{where} holds NaN or infinite pixel values, or pixels that are not "
+                         f"numbers ({pixels.dtype})")
+    if floating:
         values = pixels.astype(np.float64)
         if values.size and (values.min() < 0 or values.max() > 1):
             values = _min_max(values)
         return np.rint(values * 255).astype(np.uint8)
-    if not np.issubdtype(pixels.dtype, np.integer):
-        raise ValueError(f"{where} has pixels of type {pixels.dtype}, not numbers")
     values = pixels.astype(np.float64)
     top = float(np.iinfo(np.uint16).max)
     if np.issubdtype(pixels.dtype, np.unsignedinteger):

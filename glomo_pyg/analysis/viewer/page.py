@@ -13,8 +13,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from glomo_pyg.analysis.export import check_thinning
 from glomo_pyg.analysis.viewer.inputs import (check_output_path, open_input_file, to_uint8,
                                               valid_text)
+from glomo_pyg.graph_conversion import check_index
 
 # Pages stay small: text graphs keep every edge of at least MIN_WEIGHT; pixel graphs
 # also only each target's TOP_K heaviest sources (a 32x32 image with 24 graphs: under
@@ -24,15 +26,6 @@ IMAGE_TOP_K = 8
 MAX_PAGE_BYTES = 8 << 20  # refused beyond this: raise min_weight or lower top_k
 MAX_TEXT_TOKENS = 512
 MAX_IMAGE_PIXELS = 64 * 64
-
-
-def _check_prune(min_weight: float, top_k: Optional[int]) -> None:
-    if isinstance(min_weight, bool) or not isinstance(min_weight, (int, float)) or \
-            not 0.0 <= float(min_weight) < 1.0:
-        raise ValueError(f"min_weight must be a number in [0, 1), got {min_weight!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or
-                              top_k < 1):
-        raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
 
 
 def prune(dense: Tensor, min_weight: float, top_k: Optional[int]) -> Dict[str, List]:
@@ -117,15 +110,15 @@ def _image_pixels(image) -> Tensor:
         image = _pil_pixels(image, "image")
     if isinstance(image, np.ndarray):
         image = torch.from_numpy(np.array(image, copy=True, order="C"))  # (a writable copy)
-    if not isinstance(image, Tensor) or image.dim() != 3:
-        raise ValueError(f"image must be a [3, H, W] or [H, W, 3] uint8 image (a tensor, numpy "
-                         f"array, PIL image or a file), got "
-                         f"{tuple(getattr(image, 'shape', ())) or type(image).__name__}")
-    if image.shape[0] != 3 and image.shape[-1] == 3:
+    if isinstance(image, Tensor) and image.dim() == 3 and image.shape[0] != 3 and \
+            image.shape[-1] == 3:
         image = image.permute(2, 0, 1)
-    if image.shape[0] != 3 or image.dtype != torch.uint8:
-        raise ValueError(f"image must be uint8 with 3 colour planes, got {image.dtype} "
-                         f"{tuple(image.shape)}")
+    if not isinstance(image, Tensor) or image.dim() != 3 or image.shape[0] != 3 or \
+            image.dtype != torch.uint8:
+        raise ValueError(f"image must be uint8 with 3 colour planes, [3, H, W] or [H, W, 3] (a "
+                         f"tensor, numpy array, PIL image or a file), got "
+                         f"{getattr(image, 'dtype', type(image).__name__)} "
+                         f"{tuple(getattr(image, 'shape', ()))}")
     return image.contiguous()
 
 
@@ -148,23 +141,63 @@ def _given_graphs(graphs, text, image, sample: int, lower: bool):
         other = "backward" if graphs.direction == "forward" else "forward"
         graphs = DirectionalGraphs(**{graphs.direction: graphs, other: None})
     first = graphs.forward if graphs.forward is not None else graphs.backward
-    if isinstance(sample, bool) or not isinstance(sample, int) or \
-            not 0 <= sample < first.num_sequences:
-        raise ValueError(f"sample must be an integer in [0, {first.num_sequences}), got "
-                         f"{sample!r}")
+    check_index("sample", sample, first.num_sequences)
     n = int(first.lengths[sample])
     if text is not None:
         tokens = _tokens(text, lower)
-        if len(tokens) != n:
-            raise ValueError(f"{len(tokens)} tokens given, but sequence {sample} of the graphs "
-                             f"has {n} units: give that sequence's own tokens")
-        return graphs, dict(kind="text", tokens=tokens)
+        units, given = len(tokens), f"{len(tokens)} tokens given"
+        data = dict(kind="text", tokens=tokens)
+    else:
+        pixels = _image_pixels(image)
+        units = pixels.shape[1] * pixels.shape[2]
+        given = f"the image has {units} pixels"
+        data = _image_data(pixels)
+    if units != n:
+        raise ValueError(f"{given}, but sequence {sample} of the graphs has {n} units: give "
+                         "that sequence's own tokens (or image)")
+    return graphs, data
+
+
+def _image_data(pixels: Tensor) -> Dict[str, Any]:
+    return dict(kind="image", height=int(pixels.shape[1]), width=int(pixels.shape[2]),
+                pixels=pixels.permute(1, 2, 0).flatten().tolist())
+
+
+@torch.no_grad()
+def _predicted_graphs(predictor, text, image, lower: bool):
+    """``(DirectionalGraphs, data)`` of a pretrained predictor on the sentence or image."""
+    from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
+
+    if not isinstance(predictor, PretrainedGraphPredictor):
+        raise TypeError(f"predictor must be a PretrainedGraphPredictor (e.g. from_pretrained) "
+                        f"or the graphs themselves, got {type(predictor).__name__}")
+    emitter = predictor.predictor(predictor.directions[0])
+    pixel = hasattr(emitter, "height")
+    if pixel != (image is not None):
+        raise ValueError("this is a pixel predictor: give image=, not text" if pixel else
+                         "this predictor reads text: give text=, not image")
+    if text is not None:
+        from glomo_pyg.data.text import UNK
+
+        tokens = _tokens(text, lower)
+        if not 2 <= len(tokens) <= MAX_TEXT_TOKENS:
+            raise ValueError(f"a graph needs at least 2 tokens, and the viewer shows at most "
+                             f"{MAX_TEXT_TOKENS} (a page of their graphs would not be "
+                             f"readable: view a shorter passage), got {len(tokens)}")
+        unknown = UNK if predictor.vocabulary is not None and UNK in predictor.vocabulary \
+            else None
+        ids = predictor.encode(tokens, unknown=unknown)
+        return predictor(ids, torch.zeros(len(tokens), dtype=torch.long)), \
+            dict(kind="text", tokens=tokens)
+    from glomo_pyg.pixels import image_units
+
     pixels = _image_pixels(image)
-    if pixels.shape[1] * pixels.shape[2] != n:
-        raise ValueError(f"the image has {pixels.shape[1] * pixels.shape[2]} pixels, but "
-                         f"sequence {sample} of the graphs has {n} units")
-    return graphs, dict(kind="image", height=int(pixels.shape[1]), width=int(pixels.shape[2]),
-                        pixels=pixels.permute(1, 2, 0).flatten().tolist())
+    if tuple(pixels.shape[1:]) != (emitter.height, emitter.width) or \
+            pixels.shape[1] * pixels.shape[2] > MAX_IMAGE_PIXELS:
+        raise ValueError(f"the image is {pixels.shape[2]}x{pixels.shape[1]} pixels; "
+                         f"this predictor reads {emitter.width}x{emitter.height} and "
+                         f"the viewer shows images of at most {MAX_IMAGE_PIXELS} pixels")
+    return predictor(*image_units(pixels[None])), _image_data(pixels)
 
 
 def view_data(predictor, text: Union[str, Sequence[str], None] = None, *, image=None,
@@ -174,67 +207,22 @@ def view_data(predictor, text: Union[str, Sequence[str], None] = None, *, image=
     the image, and for each direction every layer and head (and, for text, the chained
     products) pruned by ``min_weight`` and ``top_k``; see :func:`view`."""
     from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
-    from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 
-    _check_prune(min_weight, top_k)
+    check_thinning(min_weight, top_k, closed=False)
     if (text is None) == (image is None):
         raise ValueError("give exactly one of text (a sentence or its tokens) and image")
     if isinstance(predictor, (LatentGraphs, DirectionalGraphs)):
         graphs, data = _given_graphs(predictor, text, image, sample, lower)
-        if data["kind"] == "image":
-            top_k = IMAGE_TOP_K if top_k is None else top_k
-        data.update(min_weight=float(min_weight), top_k=top_k)
-        if gold is not None and data["kind"] == "text":
-            data["gold"] = _gold_heads(gold, data["tokens"])
-        data["directions"] = {d: _graph_lists(getattr(graphs, d), min_weight, top_k,
-                                              data["kind"] == "text", sample)
-                              for d in ("forward", "backward") if getattr(graphs, d) is not None}
-        return data
-    if not isinstance(predictor, PretrainedGraphPredictor):
-        raise TypeError(f"predictor must be a PretrainedGraphPredictor (e.g. from_pretrained) "
-                        f"or the graphs themselves, got {type(predictor).__name__}")
-    pixel = hasattr(predictor.predictor(predictor.directions[0]), "height")
-    data: Dict[str, Any] = dict(min_weight=float(min_weight), top_k=top_k)
-    with torch.no_grad():
-        if text is not None:
-            if pixel:
-                raise ValueError("this is a pixel predictor: give image=, not text")
-            from glomo_pyg.data.text import UNK
-
-            tokens = _tokens(text, lower)
-            if len(tokens) < 2:
-                raise ValueError(f"a graph needs at least 2 tokens, got {len(tokens)}")
-            if len(tokens) > MAX_TEXT_TOKENS:
-                raise ValueError(f"{len(tokens)} tokens: the viewer shows at most "
-                                 f"{MAX_TEXT_TOKENS} (a page of their graphs would not be "
-                                 "readable); view a shorter passage")
-            unknown = UNK if predictor.vocabulary is not None and UNK in predictor.vocabulary \
-                else None
-            ids = predictor.encode(tokens, unknown=unknown)
-            graphs = predictor(ids, torch.zeros(len(tokens), dtype=torch.long))
-            data.update(kind="text", tokens=tokens)
-            if gold is not None:
-                data["gold"] = _gold_heads(gold, tokens)
-        else:
-            if not pixel:
-                raise ValueError("this predictor reads text: give text=, not image")
-            from glomo_pyg.pixels import image_units
-
-            pixels = _image_pixels(image)
-            emitter = predictor.predictor(predictor.directions[0])
-            if tuple(pixels.shape[1:]) != (emitter.height, emitter.width):
-                raise ValueError(f"the image is {pixels.shape[2]}x{pixels.shape[1]} pixels; "
-                                 f"this predictor reads {emitter.width}x{emitter.height}")
-            if pixels.shape[1] * pixels.shape[2] > MAX_IMAGE_PIXELS:
-                raise ValueError(f"the viewer shows images of at most {MAX_IMAGE_PIXELS} pixels")
-            x, batch = image_units(pixels[None])
-            graphs = predictor(x, batch)
-            top_k = IMAGE_TOP_K if top_k is None else top_k
-            data.update(kind="image", height=int(pixels.shape[1]), width=int(pixels.shape[2]),
-                        pixels=pixels.permute(1, 2, 0).flatten().tolist(), top_k=top_k)
+    else:
+        (graphs, data), sample = _predicted_graphs(predictor, text, image, lower), 0
+    if data["kind"] == "image":
+        top_k = IMAGE_TOP_K if top_k is None else top_k
+    data.update(min_weight=float(min_weight), top_k=top_k)
+    if gold is not None and data["kind"] == "text":
+        data["gold"] = _gold_heads(gold, data["tokens"])
     data["directions"] = {d: _graph_lists(getattr(graphs, d), min_weight, top_k,
-                                          products=data["kind"] == "text")
-                          for d in predictor.directions}
+                                          data["kind"] == "text", sample)
+                          for d in ("forward", "backward") if getattr(graphs, d) is not None}
     return data
 
 
@@ -243,15 +231,14 @@ def _gold_heads(gold, tokens: Sequence[str]) -> List[int]:
     words, or a list of 1-based CoNLL heads."""
     heads = getattr(gold, "heads", gold)
     words = getattr(gold, "words", None)
-    if not isinstance(heads, (list, tuple)) or len(heads) != len(tokens):
-        raise ValueError(f"the gold tree has {len(heads) if isinstance(heads, (list, tuple)) else '?'} "
-                         f"words, the sentence {len(tokens)} tokens: view the treebank "
-                         "sentence's own words (text=tree.words)")
-    if words is not None and [w.lower() for w in words] != [t.lower() for t in tokens]:
-        raise ValueError("the gold tree's words are not the sentence's tokens: view the "
-                         "treebank sentence's own words (text=tree.words)")
-    if not all(isinstance(h, int) and 0 <= h <= len(tokens) for h in heads):
-        raise ValueError("gold heads must be 1-based word indices (0 for the root)")
+    listed = isinstance(heads, (list, tuple))
+    if not listed or len(heads) != len(tokens) or \
+            (words is not None and [w.lower() for w in words] != [t.lower() for t in tokens]) \
+            or not all(isinstance(h, int) and 0 <= h <= len(tokens) for h in heads):
+        raise ValueError(f"the gold tree has {len(heads) if listed else '?'} words, the sentence "
+                         f"{len(tokens)} tokens: the gold tree must hold the sentence's own "
+                         "words (view the treebank sentence's own words, text=tree.words) and "
+                         "1-based heads (0 for the root)")
     return [h - 1 for h in heads]
 
 
@@ -261,7 +248,6 @@ def _asset(name: str) -> str:
 
 def render(data: Dict[str, Any], title: str = "GLoMo graphs") -> str:
     """The self-contained HTML5 page of ``data``."""
-    valid_text(title, "title")  # (a GraphView made by hand: view() checks it at the door)
     payload = json.dumps(data, separators=(",", ":"), allow_nan=False)
     # no "<" at all inside the script element: neither "</script>" nor "<!--" can end or
     # change it, whatever the tokens hold (JSON reads \u003c back as "<")
@@ -281,6 +267,9 @@ class GraphView:
 
     data: Dict[str, Any]
     title: str = "GLoMo graphs"
+
+    def __post_init__(self):
+        valid_text(self.title, "title")  # the page's <title>: a lone surrogate cannot be written
 
     @property
     def html(self) -> str:
@@ -343,8 +332,6 @@ def view(predictor, text: Union[str, Sequence[str], None] = None, *, image=None,
     Returns:
         a :class:`GraphView` (shown inline in a notebook; ``.save(path)``).
     """
-    if title is not None:
-        valid_text(title, "title")
     data = view_data(predictor, text, image=image, gold=gold, min_weight=min_weight,
                      top_k=top_k, lower=lower, sample=sample)
     if title is None:

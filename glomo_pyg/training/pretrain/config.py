@@ -4,24 +4,23 @@ an error naming its dotted key."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from glomo_pyg.data.corpora import IMAGE_FORMATS, TEXT_FORMATS
 from glomo_pyg.data.text import SPECIALS
-from glomo_pyg.nn.glomo import EMBEDDING_PARTS
-from glomo_pyg.nn.settings import MAX_VOCABULARY, check_model_setting
-from glomo_pyg.settings import (DevicesRule, check_settings, from_mapping, set_by_path, setting,
-                                short_repr)
-from glomo_pyg.threads import MAX_THREADS
-from glomo_pyg.training.pretraining import OPTIMIZERS
+from glomo_pyg.nn.glomo import EMBEDDING_PARTS, Glomo
+from glomo_pyg.nn.settings import (IMAGE_DEFAULTS, MAX_VOCABULARY, TEXT_DEFAULTS,
+                                   check_model_setting)
+from glomo_pyg.settings import (THREADS, DevicesRule, check_settings, from_mapping, set_by_path,
+                                setting, short_repr)
+
+OPTIMIZERS = ("adam", "sgd")
 
 __all__ = ["CorpusConfig", "TrainConfig", "PretrainConfig", "set_by_path", "short_repr",
-           "PRECISIONS", "CORPUS_FORMATS", "LOGGERS", "INIT_VECTORS_PARTS",
-           "IMAGE_MODEL_DEFAULTS"]
-
-
+           "PRECISIONS", "CORPUS_FORMATS", "LOGGERS", "INIT_VECTORS_PARTS", "model_defaults"]
 
 CORPUS_FORMATS = TEXT_FORMATS + IMAGE_FORMATS
 LOGGERS = ("csv", "tensorboard")
@@ -109,8 +108,7 @@ class TrainConfig:
     precision: Optional[str] = setting(None, choices=lambda: PRECISIONS,
                                        doc="default: 'bf16-mixed' on GPU, '32-true' on CPU")
     num_workers: int = setting(0, low=0, doc="data loader processes")
-    threads: int = setting(0, low=0, high=MAX_THREADS, note="0: torch's default",
-                           doc="torch CPU threads; set to the cores you really have")
+    threads: int = setting(0, rule=THREADS, doc="torch CPU threads; set to the cores you really have")
     checkpoint_every: int = setting(1000, low=1)
     validate_every: int = setting(1000, low=1)
     log_every: int = setting(50, low=1)
@@ -134,13 +132,26 @@ class TrainConfig:
 
 
 def _model_parameters(images: bool) -> Tuple[str, ...]:
-    import inspect
-
-    from glomo_pyg.nn.glomo import Glomo
-
     factory = Glomo.image if images else Glomo.text
-    fixed = ("height", "width", "in_channels") if images else ("num_tokens", "padding_idx")
-    return tuple(name for name in inspect.signature(factory).parameters if name not in fixed)
+    return tuple(name for name in inspect.signature(factory).parameters
+                 if name not in _FIXED[images])
+
+
+# what the data set: the images' size, or the vocabulary
+_FIXED = {True: ("height", "width", "in_channels", "num_tokens", "modality"),
+          False: ("num_tokens", "padding_idx")}
+# the model settings a new configuration shows (--print-config); the rest take their
+# defaults too, unshown
+_SHOWN = ("hidden_channels", "num_layers", "heads", "cnn_layers", "context_length",
+          "num_positions")
+
+
+def model_defaults(images: bool = False) -> Dict[str, Any]:
+    """The main ``model`` settings of a new configuration, with the defaults of
+    ``Glomo.image`` (:data:`~glomo_pyg.nn.settings.IMAGE_DEFAULTS`) or ``Glomo.text``
+    (:data:`~glomo_pyg.nn.settings.TEXT_DEFAULTS`)."""
+    defaults, parameters = IMAGE_DEFAULTS if images else TEXT_DEFAULTS, _model_parameters(images)
+    return {k: getattr(defaults, k) for k in _SHOWN if k in parameters}
 
 
 def check_model_section(model: Dict[str, Any], images: bool) -> None:
@@ -150,7 +161,10 @@ def check_model_section(model: Dict[str, Any], images: bool) -> None:
     allowed = set(_model_parameters(images)) | {"layout"}
     bad = [k for k in model if k not in allowed]
     if bad:
-        raise ValueError(f"unknown model settings {sorted(map(str, bad))} for "
+        fixed = [k for k in bad if k in _FIXED[images]]
+        raise ValueError(f"model.{fixed[0]} is set from the "
+                         f"{'images' if images else 'vocabulary'}; remove it" if fixed else
+                         f"unknown model settings {sorted(map(str, bad))} for "
                          f"{'images' if images else 'text'}; allowed: {sorted(allowed)}")
     for key, value in model.items():
         model[key] = check_model_setting(key, value, key=f"model.{key}")
@@ -169,33 +183,27 @@ def _section(data: Mapping[str, Any], name: str) -> Dict[str, Any]:
 _EXAMPLE = dict(corpus="path", train="max_steps", model="hidden_channels")
 
 
-IMAGE_MODEL_DEFAULTS = dict(hidden_channels=128, num_layers=3, heads=8, cnn_layers=3,
-                            num_positions=64)
-
-
 @dataclass
 class PretrainConfig:
     output_dir: str = "runs/pretrain"
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
-    model: Dict[str, Any] = field(default_factory=lambda: dict(
-        hidden_channels=256, num_layers=3, heads=8, cnn_layers=4, context_length=3,
-        num_positions=20))
+    model: Dict[str, Any] = field(default_factory=model_defaults)
     train: TrainConfig = field(default_factory=TrainConfig)
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "PretrainConfig":
         """Settings from a mapping (a YAML file's), checked: unknown keys, values of the
         wrong type or out of range raise :class:`ValueError` naming the dotted key."""
-        if data is None:
-            data = {}
-        if not isinstance(data, Mapping):
-            raise ValueError("the configuration must be a mapping with the sections "
-                             f"corpus, model and train, got {short_repr(data)}")
+        data = {} if data is None else data
+        unknown = sorted(str(k) for k in data if k not in {f.name for f in
+                                                           dataclasses.fields(cls)}) \
+            if isinstance(data, Mapping) else []
+        if unknown or not isinstance(data, Mapping):
+            raise ValueError(f"unknown configuration keys {unknown}; expected output_dir, "
+                             "corpus, model, train" if unknown else "the configuration must "
+                             f"be a mapping with the sections corpus, model and train, got "
+                             f"{short_repr(data)}")
         data = dict(data)
-        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown configuration keys {sorted(map(str, unknown))}; "
-                             "expected output_dir, corpus, model, train")
         out = cls()
         if "output_dir" in data:
             out.output_dir = data["output_dir"]
@@ -204,7 +212,7 @@ class PretrainConfig:
         for name, kind in (("corpus", CorpusConfig), ("train", TrainConfig)):
             setattr(out, name, from_mapping(kind, _section(data, name), name))
         if isinstance(out.corpus.format, str) and out.corpus.format in IMAGE_FORMATS:
-            out.model = dict(IMAGE_MODEL_DEFAULTS)  # Glomo.image's options, not the text ones
+            out.model = model_defaults(images=True)  # Glomo.image's, not the text ones
         if "model" in data:
             out.model = dict(out.model, **_section(data, "model"))
         out.validate()
@@ -226,26 +234,18 @@ class PretrainConfig:
             raise ValueError(f"model must be a mapping of model settings (e.g. "
                              f"model.hidden_channels), got {short_repr(self.model)}")
         images = c.format in IMAGE_FORMATS
-        if images:
-            for key in ("height", "width", "in_channels", "num_tokens", "modality"):
-                if key in self.model:
-                    raise ValueError(f"model.{key} is set from the images; remove it")
-        else:
-            for key in ("num_tokens", "padding_idx"):
-                if key in self.model:
-                    raise ValueError(f"model.{key} is set from the vocabulary; remove it")
         if images and self.train.init_vectors is not None:
             raise ValueError("train.init_vectors initialises token embeddings; pixel models "
                              "have none (remove it)")
-        if self.train.init_vectors_parts != "both":
-            if self.train.init_vectors is None:
-                raise ValueError("train.init_vectors_parts chooses the embeddings that start "
-                                 "from train.init_vectors, which is not set")
-            if self.model.get("decouple", True) is False:
-                raise ValueError("train.init_vectors_parts: with model.decouple=false the "
-                                 "graphs come from f itself, so only 'both' applies")
+        if self.train.init_vectors_parts != "both" and (
+                self.train.init_vectors is None or self.model.get("decouple") is False):
+            raise ValueError("train.init_vectors_parts chooses the embeddings that start from "
+                             "train.init_vectors, which is not set"
+                             if self.train.init_vectors is None else
+                             "train.init_vectors_parts: with model.decouple=false the graphs "
+                             "come from f itself, so only 'both' applies")
         check_model_section(self.model, images)
-        context = self.model.get("context_length", 3)
+        context = self.model.get("context_length", TEXT_DEFAULTS.context_length)
         if not images and isinstance(context, int) and context >= c.max_length:
             raise ValueError(f"model.context_length ({context}) must be below "
                              f"corpus.max_length ({c.max_length}): each position predicts "

@@ -8,17 +8,19 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import time
 from collections import Counter
 from typing import Any, Dict, Iterator, List
 
 import torch
 
-from glomo_pyg.atomic_files import atomic_write
+from glomo_pyg.atomic_files import write_json
 from glomo_pyg.data.corpora import read_corpus_documents
 from glomo_pyg.data.text import SPECIALS, WordVocabulary, tokenize
 from glomo_pyg.data.tokens import read_shard_index, write_token_shards
 from glomo_pyg.io.paths import open_regular_file
+from glomo_pyg.nn.settings import MAX_VOCABULARY
 from glomo_pyg.training.checkpoints import CHECKPOINT_KEY, CheckpointMismatchError
 from glomo_pyg.training.pretrain.config import CorpusConfig
 
@@ -30,12 +32,6 @@ def read_json(path: str, advice: str) -> Any:
             return json.load(fh)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path} is damaged (not valid JSON: {err}); {advice}") from None
-
-
-def write_json(path: str, data: Any) -> None:
-    """Write ``data`` as JSON, atomically."""
-    with atomic_write(path) as fh:
-        json.dump(data, fh, indent=1)
 
 
 # --- corpus ------------------------------------------------------------------------------
@@ -71,8 +67,6 @@ def install_prepared_corpus(staging: str, folder: str) -> None:
     """Move a corpus prepared in ``staging`` into ``folder``, replacing what is there;
     ``corpus.json`` last, so a kill in between leaves an incomplete corpus that the next
     run rebuilds, never a mixture taken for complete."""
-    import shutil
-
     meta = os.path.join(folder, "corpus.json")
     if os.path.exists(meta):
         os.unlink(meta)
@@ -88,22 +82,18 @@ def prepare_corpus(corpus: CorpusConfig, folder: str, log=print):
     documents, counting then encoding; reused when present and built from the same
     corpus settings)."""
     os.makedirs(folder, exist_ok=True)
-    vocab_path, shards, meta_path = (os.path.join(folder, "vocabulary.json"),
-                                     os.path.join(folder, "tokens"),
-                                     os.path.join(folder, "corpus.json"))
+    shards, vocab_path, meta_path = (os.path.join(folder, name) for name in CORPUS_FILES)
     settings = {k: v for k, v in dataclasses.asdict(corpus).items()
                 if k not in ("max_length", "min_length", "validation_fraction")}
-    if os.path.exists(meta_path) and os.path.exists(vocab_path) and os.path.isdir(shards):
+    if corpus_is_prepared(folder):
         built = read_json(meta_path, f"delete it and {shards} to rebuild the corpus (a "
                                       "run resumed on a rebuilt corpus is checked against "
                                       "its checkpoint's corpus fingerprint)")
-        if not isinstance(built, dict):
-            raise ValueError(f"{meta_path} is damaged (not a corpus description); delete it "
-                             f"and {shards} to rebuild the corpus")
-        saved = built.get("settings")
+        saved = built.get("settings") if isinstance(built, dict) else None
         if not isinstance(saved, dict) or with_corpus_defaults(saved, settings) != settings:
-            raise ValueError(f"{folder} holds a corpus built with other settings "
-                             f"({built.get('settings')}); use another output_dir")
+            raise ValueError(f"{folder} holds a corpus built with other settings ({saved}; "
+                             f"{meta_path}); use another output_dir, or delete {meta_path} "
+                             f"and {shards} to rebuild it")
         read_shard_index(shards)
         return WordVocabulary.load(vocab_path), shards
     start = time.time()
@@ -112,18 +102,18 @@ def prepare_corpus(corpus: CorpusConfig, folder: str, log=print):
     for doc in iter_documents(corpus):
         counts.update(tokenize(doc, corpus.lower))
         num_docs += 1
-    if not num_docs:
-        raise ValueError(f"{corpus.path}: no documents")
     vocab = WordVocabulary.build(counts, corpus.min_count, corpus.max_size)
-    if len(vocab) <= len(SPECIALS):
-        raise ValueError(f"{corpus.path}: no word occurs corpus.min_count={corpus.min_count} "
-                         f"times in {num_docs} documents ({len(counts)} distinct words): the "
-                         "vocabulary would hold only the special tokens; lower min_count or "
-                         "use a larger corpus")
+    few = len(vocab) <= len(SPECIALS)
+    if few or len(vocab) > MAX_VOCABULARY:  # (a saved predictor may hold no more)
+        raise ValueError(f"{corpus.path}: the vocabulary of {num_docs} documents ({len(counts)} "
+                         f"distinct words, corpus.min_count={corpus.min_count}) " + (
+                             "would hold only the special tokens; lower min_count or use a "
+                             "larger corpus" if few else f"has {len(vocab)} entries, more "
+                             f"than a saved predictor may hold ({MAX_VOCABULARY}); set "
+                             "corpus.max_size"))
     log(f"corpus: {num_docs} documents, {sum(counts.values())} tokens, {len(counts)} distinct; "
         f"vocabulary {len(vocab)} (min_count {corpus.min_count}, max_size {corpus.max_size})")
     if os.path.isdir(shards):
-        import shutil
         shutil.rmtree(shards)  # left by an interrupted preparation (no corpus.json yet)
     index = write_token_shards((vocab.encode(tokenize(d, corpus.lower)).numpy()
                                 for d in iter_documents(corpus)),

@@ -10,8 +10,8 @@ import torch
 
 from glomo_pyg.io.memory import physical_memory
 from glomo_pyg.training.checkpoints import AtomicCheckpointIO, newest_checkpoint_file
-from glomo_pyg.training.graph_statistics import GraphStatistics
-from glomo_pyg.training.pretraining import GlomoPretraining
+from glomo_pyg.training.graph_statistics import GraphStatisticsCallback
+from glomo_pyg.training.pretrain.module import GlomoPretraining
 from glomo_pyg.training.utils import quiet_lightning
 from glomo_pyg.training.pretrain.config import (IMAGE_FORMATS, PretrainConfig, TrainConfig,
                                                 short_repr)
@@ -37,7 +37,7 @@ def build_trainer(config: PretrainConfig, extra_callbacks: Optional[List[pl.Call
                                   save_last=True, enable_version_counter=False)
     # (no version counter: a resumed run rewrites last.ckpt and step<N>.ckpt of the same
     # state, never 'last-v1.ckpt' beside a damaged 'last.ckpt')
-    callbacks = [checkpoints, GraphStatistics(t.graph_stats_every), RandomStateCheckpoint(),
+    callbacks = [checkpoints, GraphStatisticsCallback(t.graph_stats_every), RandomStateCheckpoint(),
                  FinalCheckpoint(os.path.join(config.output_dir, "checkpoints", "last.ckpt"),
                                   t.checkpoint_every), *(extra_callbacks or [])]
     from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -91,18 +91,17 @@ def check_model_builds(config: PretrainConfig) -> None:
     try:
         with torch.device("meta"):  # shapes only: no memory, however wide the settings
             module = GlomoPretraining(kwargs)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"model settings {short_repr(config.model)}: {_first_line(err)}") from None
-    except RuntimeError as err:  # e.g. a weight's element count overflows
-        raise ValueError(f"model settings {short_repr(config.model)} cannot be built: "
-                         f"{_first_line(err)}") from None
-    size = sum(p.numel() * p.element_size() for p in module.parameters())
-    memory = physical_memory()
-    if memory is not None and size > memory:
-        raise ValueError(f"model settings {short_repr(config.model)} give "
-                         f"{sum(p.numel() for p in module.parameters()):,} parameters "
-                         f"({size / 2**30:.1f} GiB), more than this machine's memory "
-                         f"({memory / 2**30:.1f} GiB); lower hidden_channels or num_layers")
+    except (TypeError, ValueError, RuntimeError) as err:  # (RuntimeError: an overflow)
+        problem = f"cannot be built: {_first_line(err)}"
+    else:
+        size = sum(p.numel() * p.element_size() for p in module.parameters())
+        memory = physical_memory()
+        problem = None if memory is None or size <= memory else (
+            f"give {sum(p.numel() for p in module.parameters()):,} parameters "
+            f"({size / 2**30:.1f} GiB), more than this machine's memory "
+            f"({memory / 2**30:.1f} GiB); lower hidden_channels or num_layers")
+    if problem:
+        raise ValueError(f"model settings {short_repr(config.model)} {problem}")
 
 
 def _first_line(err: BaseException, limit: int = 300) -> str:

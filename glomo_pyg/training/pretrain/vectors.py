@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -24,23 +24,38 @@ def embedding_width(model: Dict[str, Any]) -> int:
     return model.get("hidden_channels", default)
 
 
+def _read_init_vectors(path: str, vocabulary: Optional[List[str]] = None,
+                       max_words: Optional[int] = None, width: Optional[int] = None
+                       ) -> Tuple[List[str], np.ndarray]:
+    """The words and vectors of ``train.init_vectors`` (those of ``vocabulary``); a file
+    that cannot be read, holds none of them or vectors not ``width`` wide raises
+    :class:`ValueError` naming it."""
+    from glomo_pyg.data.word_vectors import read_word_vectors
+
+    path = os.path.expanduser(path)
+    try:
+        words, vectors = read_word_vectors(path, vocabulary=vocabulary, max_words=max_words)
+        problem = None
+    except (OSError, TextDataError) as err:
+        words, vectors, problem = [], None, err
+    if not words:
+        problem = problem or (f"{path} holds no vectors" if vocabulary is None else
+                              f"{path} has a vector for none of the {len(vocabulary)} "
+                              "vocabulary words (another language or tokenisation?)")
+    elif width is not None and vectors.shape[1] != width:
+        problem = (f"{path} holds {vectors.shape[1]}-d vectors, but the token embeddings are "
+                   f"model.hidden_channels = {width} wide; train vectors of that width "
+                   f"(glomo word-vectors --dim {width})")
+    if problem:
+        raise ValueError(f"train.init_vectors: {problem}")
+    return words, vectors
+
+
 def check_init_vectors(config: PretrainConfig) -> None:
     """Refuse ``train.init_vectors`` before the corpus is prepared when the file is
     missing, unreadable or of another width than the embeddings."""
-    from glomo_pyg.data.word_vectors import read_word_vectors
-
-    path = os.path.expanduser(config.train.init_vectors)
-    try:
-        words, vectors = read_word_vectors(path, max_words=1)
-    except (OSError, TextDataError) as err:
-        raise ValueError(f"train.init_vectors: {err}") from None
-    if not words:
-        raise ValueError(f"train.init_vectors: {path} holds no vectors")
-    width = embedding_width(config.model)
-    if vectors.shape[1] != width:
-        raise ValueError(f"train.init_vectors: {path} holds {vectors.shape[1]}-d vectors, but "
-                         f"the token embeddings are model.hidden_channels = {width} wide; "
-                         f"train vectors of that width (glomo word-vectors --dim {width})")
+    _read_init_vectors(config.train.init_vectors, max_words=1,
+                       width=embedding_width(config.model))
 
 
 TRAIN_VECTORS = "word2vec"  # train.init_vectors: train them on the corpus first
@@ -88,27 +103,18 @@ def initial_token_embeddings(path: str, vocabulary: List[str], dim: int,
     were initialised for inputs of that size, so only the directions (which words are
     alike) come from the file. An extension: the paper learns its embeddings from
     random initial values."""
-    from glomo_pyg.data.word_vectors import embedding_matrix, read_word_vectors
+    from glomo_pyg.data.word_vectors import embedding_matrix
 
-    try:
-        words, vectors = read_word_vectors(os.path.expanduser(path), vocabulary=vocabulary)
-    except (OSError, TextDataError) as err:
-        raise ValueError(f"train.init_vectors: {err}") from None
-    if not words:
-        raise ValueError(f"train.init_vectors: {path} has a vector for none of the "
-                         f"{len(vocabulary)} vocabulary words (another language or "
-                         "tokenisation?)")
-    if vectors.shape[1] != dim:
-        raise ValueError(f"train.init_vectors: {path} holds {vectors.shape[1]}-d vectors, "
-                         f"the token embeddings are {dim} wide")
-    if not np.any(vectors):  # no directions to take
-        raise ValueError(f"train.init_vectors: every vector of {path} is zero")
+    # (the width was checked before the corpus was prepared: check_init_vectors)
+    words, vectors = _read_init_vectors(path, vocabulary)
     try:
         weight, found = embedding_matrix(vocabulary, words, vectors, seed=seed)
+        std = float(weight.double().std()) if weight.numel() > 1 else 0.0
+        problem = None if np.any(vectors) and std > 0 else (
+            "it carries no directions to start from (every vector zero, or embeddings that "
+            "do not vary: every value equal)")
     except ValueError as err:
-        raise ValueError(f"train.init_vectors: {path}: {err}") from None
-    std = float(weight.double().std()) if weight.numel() > 1 else 0.0
-    if not std > 0:  # (equal vectors and one word alike: nothing to rescale to)
-        raise ValueError(f"train.init_vectors: the embeddings made from {path} do not vary "
-                         "(every value equal): they carry no directions to start from")
+        problem = err
+    if problem:
+        raise ValueError(f"train.init_vectors: {path}: {problem}")
     return (weight.double() * (dim ** -0.5 / std)).float(), found

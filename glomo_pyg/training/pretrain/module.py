@@ -1,7 +1,5 @@
-"""Lightning module for unsupervised GLoMo pretraining."""
+"""The Lightning module of unsupervised GLoMo pretraining."""
 from __future__ import annotations
-
-import math
 
 from typing import Any, Dict, Optional, Tuple
 
@@ -9,8 +7,9 @@ import lightning.pytorch as pl
 import torch
 
 from glomo_pyg.nn.glomo import Glomo
+from glomo_pyg.settings import Rule, rules
+from glomo_pyg.training.pretrain.config import TrainConfig
 
-OPTIMIZERS = ("adam", "sgd")
 
 
 class GlomoPretraining(pl.LightningModule):
@@ -21,17 +20,9 @@ class GlomoPretraining(pl.LightningModule):
     :class:`torch_geometric.loader.DataLoader` over per-sequence ``Data``.
 
     Optimiser: Adam. The graph predictor's parameters are frozen for the first
-    ``graph_warmup_steps`` steps and then get ``graph_lr_scale`` times the
-    learning rate (1 by default). Why: their gradients are orders of magnitude
-    smaller than the rest of the model's, so the reference recipe (plain SGD
-    with global-norm clipping) moved them orders of magnitude more slowly.
-    Adam's per-parameter normalisation removes that gap, and the squared-ReLU
-    graphs can then collapse early in training: whole columns' scores drift
-    below zero together (descent sharpens a column by pruning its tail) and,
-    being exactly zero, never receive a gradient again. Letting the feature
-    predictor first learn to use the initial (random, dense) graphs before g
-    trains avoids it. It gave the best recovery of planted dependencies in
-    both measured settings (docs/training.md).
+    ``graph_warmup_steps`` steps and then get ``graph_lr_scale`` times the learning rate:
+    under Adam, squared-ReLU graphs trained from step 0 can collapse (docs/training.md,
+    "Why: squared-ReLU graphs can collapse under Adam").
 
     Args:
         model_kwargs: arguments of :meth:`Glomo.text <glomo_pyg.Glomo.text>` (or, with
@@ -62,23 +53,19 @@ class GlomoPretraining(pl.LightningModule):
                  optimizer: str = "adam", momentum: float = 0.0, flip: bool = True,
                  image_size: Optional[Tuple[int, int]] = None):
         super().__init__()
-        if not (math.isfinite(lr) and lr > 0) or not (math.isfinite(graph_lr_scale) and
-                                                       graph_lr_scale >= 0) or \
-                graph_warmup_steps < 0 or not (math.isfinite(weight_decay) and weight_decay >= 0):
-            raise ValueError(f"lr must be a finite positive number (got {lr}), graph_lr_scale "
-                             f"and weight_decay finite and non-negative (got {graph_lr_scale}, "
-                             f"{weight_decay}), graph_warmup_steps non-negative (got "
-                             f"{graph_warmup_steps})")
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
-        if not 0 <= momentum < 1:
-            raise ValueError(f"momentum must lie in [0, 1), got {momentum}")
+        train = rules(TrainConfig)  # the rules glomo pretrain reads these settings with
+        for name, value in (("lr", lr), ("graph_lr_scale", graph_lr_scale),
+                            ("graph_warmup_steps", graph_warmup_steps),
+                            ("weight_decay", weight_decay), ("optimizer", optimizer),
+                            ("momentum", momentum)):
+            train[name].check(name, value, typed=True)
+        modality = Rule(str, choices=("text", "image")).check(
+            "modality", model_kwargs.get("modality", "text"))
         self.save_hyperparameters()
         kwargs = dict(model_kwargs)
         layout = kwargs.pop("layout", None)
-        self.modality = kwargs.pop("modality", "text")
-        if self.modality not in ("text", "image"):
-            raise ValueError(f"modality must be 'text' or 'image', got {self.modality!r}")
+        self.modality = modality
+        kwargs.pop("modality", None)
         self.model = Glomo.text(**kwargs) if self.modality == "text" else Glomo.image(**kwargs)
         self.flip = bool(flip) and self.modality == "image"
         self.crop_size = (kwargs.get("height", 32), kwargs.get("width", 32))
