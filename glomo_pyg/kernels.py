@@ -201,25 +201,6 @@ def _block_unscale(unscale, b0: int, b1: int, h0: int, h1: int, j0: int, j1: int
     return unscale[0][b0:b1, h0:h1, j0:j1], unscale[1][b0:b1, h0:h1]
 
 
-def _head_major(head: Tensor, spans: List[int], num_heads: int) -> Tensor:
-    """Where each edge of blocks that each hold every head (edges sorted by (head, b, j, i)
-    within a block) goes in the (head, block, ...) order of the result, computed on the
-    device (no sync): a block's edges of head ``h`` follow those of every earlier block."""
-    nb, device = len(spans) - 1, head.device
-    # per edge its block and the block's first position (fills: no host-to-device copy)
-    block, begin = (torch.cat([torch.full((b - a,), v, dtype=torch.long, device=device)
-                               for v, a, b in zip(values, spans[:-1], spans[1:])])
-                    for values in (range(nb), spans[:-1]))
-    cell = block * num_heads + head
-    counts = torch.zeros(nb * num_heads, dtype=torch.long, device=device).index_add_(
-        0, cell, torch.ones_like(cell)).view(nb, num_heads)
-    in_block = (counts.cumsum(1) - counts).view(-1)  # first edge of (block, head) in its block
-    flat = counts.t().reshape(-1)
-    start = (flat.cumsum(0) - flat).view(num_heads, nb).t().reshape(-1)  # ... in the result
-    local = torch.arange(head.numel(), device=device) - begin
-    return start[cell] + local - in_block[cell]
-
-
 class _LatentGraphEdges(torch.autograd.Function):
     @staticmethod
     def forward(ctx, key: Tensor, query: Tensor, lengths: Tensor, ptr: Tensor, sizes: List[int],
@@ -228,36 +209,36 @@ class _LatentGraphEdges(torch.autograd.Function):
         dtype = torch.promote_types(key.dtype, torch.float32)  # fp32 for half types
         k, q, unscale = _scaled(key, query, dtype)
         blocks = list(_blocks(num_seqs, heads, sizes, direction, block_size))
-        parts = []  # per block (source, target, weight, head), sorted by (head, b, j, i)
+        # per head, its edges of every block, in block order: (block, source, target, weight);
+        # one nonzero per (block, head), so each head's edge count is known without a sync
+        segments: List[List[Tuple[int, Tensor, Tensor, Tensor]]] = [[] for _ in range(heads)]
         with torch.autocast(key.device.type, enabled=False):
-            for h0, h1, b0, b1, j0, j1, i0, i1 in blocks:
+            for n, (h0, h1, b0, b1, j0, j1, i0, i1) in enumerate(blocks):
                 scores = q[b0:b1, h0:h1, j0:j1] @ k[b0:b1, h0:h1, i0:i1].transpose(-1, -2)
                 allowed = _allowed(j0, j1, i0, i1, lengths[b0:b1], direction, include_self)
                 g, _ = _normalise(scores, allowed.unsqueeze(1), normalization,
                                   _block_unscale(unscale, b0, b1, h0, h1, j0, j1))
-                keep = (g > 0).transpose(0, 1)  # prune exact zeros only; [Hb, Bg, tj, ti]
-                hh, b, j, i = keep.nonzero(as_tuple=True)  # sorted by (head, b, j, i)
-                offset = ptr[b0 + b]
-                parts.append((offset + (i0 + i), offset + (j0 + j), g.transpose(0, 1)[keep],
-                              hh + h0))
-        spans = [0]
-        for p in parts:
-            spans.append(spans[-1] + p[0].numel())
+                for r in range(h1 - h0):
+                    g_r = g[:, r]
+                    b, j, i = (g_r > 0).nonzero(as_tuple=True)  # prune exact zeros only
+                    offset = ptr[b0 + b]
+                    segments[h0 + r].append((n, offset + (i0 + i), offset + (j0 + j),
+                                             g_r[b, j, i]))
+        where: List[List[Tuple[int, int]]] = [[] for _ in blocks]  # (start, count) per block
+        parts, start = [], 0
+        for h, segs in enumerate(segments):  # (head, target) order: head by head
+            for n, s_, t_, w_ in segs:
+                where[n].append((start, s_.numel()))
+                start += s_.numel()
+                parts.append((s_, t_, w_, torch.full_like(s_, h)))
         if parts:
             src, tgt, edge_weight, edge_head = (torch.cat(t) for t in zip(*parts))
         else:
             src = tgt = edge_head = torch.empty(0, dtype=torch.long, device=key.device)
             edge_weight = torch.empty(0, dtype=dtype, device=key.device)
-        # Blocks of one head each come head by head, and one block is sorted already:
-        # only several blocks of all heads need their edges moved to (head, target) order.
-        dest = None
-        if len(blocks) > 1 and blocks[0][1] - blocks[0][0] > 1:
-            dest = _head_major(edge_head, spans, heads)
-            src, tgt, edge_weight, edge_head = (torch.empty_like(t).index_copy_(0, dest, t)
-                                                for t in (src, tgt, edge_weight, edge_head))
         edge_index = torch.stack([src, tgt])
-        ctx.save_for_backward(key, query, lengths, ptr, edge_index, edge_head, dest)
-        ctx.blocks, ctx.spans = blocks, spans
+        ctx.save_for_backward(key, query, lengths, ptr, edge_index, edge_head)
+        ctx.blocks, ctx.where = blocks, where
         ctx.config = (direction, include_self, normalization)
         ctx.mark_non_differentiable(edge_index, edge_head)
         return edge_index, edge_weight, edge_head
@@ -265,7 +246,7 @@ class _LatentGraphEdges(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, _grad_index, grad_weight, _grad_head):
-        key, query, lengths, ptr, edge_index, edge_head, dest = ctx.saved_tensors
+        key, query, lengths, ptr, edge_index, edge_head = ctx.saved_tensors
         direction, include_self, normalization = ctx.config
         if grad_weight is None:
             return (None,) * 9
@@ -276,15 +257,16 @@ class _LatentGraphEdges(torch.autograd.Function):
         src, tgt = edge_index
         with torch.autocast(key.device.type, enabled=False):
             for n, (h0, h1, b0, b1, j0, j1, i0, i1) in enumerate(ctx.blocks):
-                a, e = ctx.spans[n], ctx.spans[n + 1]
-                if a == e:  # no edge: no gradient reaches this block
+                spans = [(a, c) for a, c in ctx.where[n] if c]
+                if not spans:  # no edge: no gradient reaches this block
                     continue
                 kb, qb = k[b0:b1, h0:h1, i0:i1], q[b0:b1, h0:h1, j0:j1]
                 allowed = _allowed(j0, j1, i0, i1, lengths[b0:b1], direction, include_self)
                 block_unscale = _block_unscale(unscale, b0, b1, h0, h1, j0, j1)
                 g, aux = _normalise(qb @ kb.transpose(-1, -2), allowed.unsqueeze(1),
                                     normalization, block_unscale)
-                sel = slice(a, e) if dest is None else dest[a:e]
+                sel = slice(spans[0][0], spans[0][0] + spans[0][1]) if len(spans) == 1 else \
+                    torch.cat([torch.arange(a, a + c, device=src.device) for a, c in spans])
                 e_src, e_tgt = src[sel], tgt[sel]
                 seq = torch.searchsorted(ptr, e_tgt, right=True) - 1
                 grad_g = torch.zeros_like(g)
