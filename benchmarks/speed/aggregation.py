@@ -40,7 +40,7 @@ def bench_case(b: int, t: int, density: float, device: str, repeats: int, pyg_ma
     conv, unfused = GlomoConv(WIDTH, HEADS).to(device), GlomoConv(WIDTH, HEADS, fused=False).to(device)
     runs = {
         "sparse": lambda: conv(x, ei, w, eh),
-        "dense": lambda: conv(x, blk, batch=batch),
+        "dense": lambda: conv.forward_dense(x, blk, batch),
         "ref": lambda: blk.transpose(-1, -2) @ xh,
         "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, xh, is_causal=True),
     }
@@ -54,7 +54,7 @@ def bench_case(b: int, t: int, density: float, device: str, repeats: int, pyg_ma
     out["sparse_peak_mib"] = peak_mib(lambda: conv(x, ei, w, eh).sum().backward(), device)
     out["budget_mib"] = (edges * 12 + 3 * b * t * WIDTH * 4) / 2**20
     x.grad = blk.grad = None
-    out["dense_peak_mib"] = peak_mib(lambda: conv(x, blk, batch=batch).sum().backward(), device)
+    out["dense_peak_mib"] = peak_mib(lambda: conv.forward_dense(x, blk, batch).sum().backward(), device)
     return out
 
 
@@ -103,7 +103,7 @@ def trained_case(path: str, device: str, repeats: int, batches: int = 4):
                 row = dict(direction=direction, layer=l, edges=ei.size(1),
                            density=g.density()[l], T=int(g.sequences.max_len))
                 for name, fn in (("sparse", lambda: conv(h, ei, w, eh)),
-                                 ("dense", lambda: conv(h, blk, batch=batch)),
+                                 ("dense", lambda: conv.forward_dense(h, blk, batch)),
                                  ("pyg", lambda: unfused(h, ei, w, eh))):
                     row[f"{name}_fwdbwd"] = median_ms(lambda: fn().sum().backward(), repeats,
                                                       device)

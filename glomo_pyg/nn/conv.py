@@ -181,8 +181,6 @@ class GlomoConv(MessagePassing):
     def forward(self, x: Tensor, edge_index: Adj, edge_weight: OptTensor = None,
                 edge_head: OptTensor = None) -> Tensor:
         graph, edge_weight = self._head_graph(x, edge_index, edge_weight, edge_head)
-        if graph.perm is not None:
-            edge_weight = edge_weight[graph.perm]
         out = self.propagate(graph.edge_index, x=graph.features(x), edge_weight=edge_weight)
         return self._update(x, graph.output(out, x.size(0)))
 
@@ -246,7 +244,7 @@ class GlomoConv(MessagePassing):
     def _head_graph(self, x: Tensor, edge_index: Adj, edge_weight: OptTensor,
                     edge_head: OptTensor) -> Tuple[HeadGraph, Tensor]:
         """The user's graph checked (once) and as one graph over ``N H`` nodes, with the
-        edge weights in the user's order."""
+        edge weights in its order."""
         given = (edge_index, edge_weight, edge_head)
         sparse = is_sparse(edge_index)
         self._check_x(x)
@@ -263,17 +261,17 @@ class GlomoConv(MessagePassing):
         if is_compiling():  # the check inside the compiled code, on its tensors
             edge_index = checked_edge_index(x, edge_index, given[1] if not sparse else
                                             edge_weight, edge_head, self.heads)
-            return self._index(edge_index, edge_head, n, fused, blocked=True), edge_weight
-        return self._seen_graph(given, sparse, edge_index, edge_weight, edge_head, n,
-                                fused), edge_weight
+            graph = self._index(edge_index, edge_head, n, fused, blocked=True)
+            return graph, edge_weight if graph.perm is None else edge_weight[graph.perm]
+        return self._seen_graph(given, sparse, edge_index, edge_weight, edge_head, n, fused)
 
     def _seen_graph(self, given: tuple, sparse: bool, edge_index: Tensor,
                     edge_weight: Tensor, edge_head: OptTensor, n: int,
-                    fused: bool) -> HeadGraph:
-        """The checked, indexed graph, reused while ``given`` are the same, unchanged
-        tensors. A graph seen once is indexed head-blocked (no sort for edges in
-        (head, target) order); seen again, it is worth the one sort of the copy-free
-        interleaved index."""
+                    fused: bool) -> Tuple[HeadGraph, Tensor]:
+        """The checked, indexed graph and the weights in its order, reused while
+        ``given`` are the same, unchanged tensors. A graph seen once is indexed
+        head-blocked (no sort for edges in (head, target) order); seen again, it is worth
+        the one sort of the copy-free interleaved index."""
         seen = _SEEN.setdefault(self, {})
         graph_key, facts = (given[0], given[2]), (n, fused)
         edges = seen.get("edges")
@@ -283,14 +281,24 @@ class GlomoConv(MessagePassing):
         if not weights_known:
             check_graph_values(edge_index, edge_weight if sparse else given[1], edge_head, n,
                                self.heads, ids=not known)
-            seen["weights"] = _Seen((_ref(given[1]),), None)
         if known and not edges.value.blocked:
-            return edges.value
-        graph = self._index(edge_index, edge_head, n, fused, blocked=not known)
-        refs = tuple(_ref(t) for t in graph_key)
-        if False not in refs:
-            seen["edges"] = _Seen(refs + facts, graph)
-        return graph
+            graph = edges.value
+        else:
+            graph = self._index(edge_index, edge_head, n, fused, blocked=not known)
+            refs = tuple(_ref(t) for t in graph_key)
+            if False not in refs:
+                seen["edges"] = _Seen(refs + facts, graph)
+        needs_grad = torch.is_grad_enabled() and edge_weight.requires_grad
+        if weights_known and weights.value is not None and weights.value[0] is graph and \
+                not needs_grad:
+            return graph, weights.value[1]
+        if graph.perm is not None and (sparse or given[1] is not None):  # (ones need none)
+            edge_weight = edge_weight[graph.perm]
+        # weights reordered with an autograd graph on them cannot serve a later call, nor
+        # can weights reordered without one serve a call that needs their gradient
+        keep = (given[1] is not None or sparse) and not needs_grad
+        seen["weights"] = _Seen((_ref(given[1]),), (graph, edge_weight) if keep else None)
+        return graph, edge_weight
 
     def _index(self, edge_index: Tensor, edge_head: OptTensor, n: int, fused: bool,
                blocked: bool) -> HeadGraph:
