@@ -1,15 +1,7 @@
 """Writing a file or a whole folder so that a reader (or a restart after a crash) sees
-either the old one or the complete new one, never a part.
-
-:func:`atomic_write` writes into a fresh temporary file beside the target (``O_EXCL``:
-it never follows a planted link), ``fsync``\\ s it, renames it over the target
-(:func:`os.replace`) and ``fsync``\\ s the folder; a failed write removes its temporary
-file (``.<name>.<random>.tmp``) and leaves the target as it was.
-
-:func:`replace_folder` stages a complete folder beside the target and renames it into
-place while holding an ``flock`` on the parent folder, which the OS drops when the
-process dies: staged folders found by the next holder of that lock are stale.
-"""
+either the old one or the complete new one, never a part: each is written beside the
+target (a file with ``O_EXCL``: never through a planted link), synced, then renamed
+over it."""
 from __future__ import annotations
 
 import contextlib
@@ -34,10 +26,7 @@ def umask() -> int:
 
 
 def fsync_folder(folder: str) -> None:
-    """Flush a folder's entries (renames, new files) to disk, where the file system
-    allows it (some cannot open or sync a folder: then nothing happens)."""
-    if os.name != "posix":
-        return
+    """Flush a folder's entries (renames, new files) to disk where the system allows it."""
     with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
         try:
@@ -47,20 +36,10 @@ def fsync_folder(folder: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_write(path, mode: str = "w", encoding: Optional[str] = "utf-8",
-                 fsync: bool = True) -> Iterator[IO]:
-    """A file object to write ``path`` through, atomically (module docstring).
-
-    ``mode`` is ``'w'`` (text, ``encoding``) or ``'wb'``. The new file gets the
-    permissions :func:`open` would give it (``0o666`` less the umask). ``fsync=False``
-    skips both syncs (the rename stays atomic, but may not survive a power loss): for
-    scratch files only.
-
-    Example::
-
-        with atomic_write("scores.json") as fh:
-            json.dump(scores, fh)
-    """
+def atomic_write(path, mode: str = "w", encoding: Optional[str] = "utf-8") -> Iterator[IO]:
+    """A file object to write ``path`` through, atomically (``mode`` ``'w'``: text in
+    ``encoding``, or ``'wb'``), with the permissions :func:`open` would give it; a failed
+    write leaves ``path`` as it was and no temporary file (``.<name>.<random>.tmp``)."""
     if mode not in ("w", "wb"):
         raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
     path = os.fspath(path)
@@ -72,16 +51,13 @@ def atomic_write(path, mode: str = "w", encoding: Optional[str] = "utf-8",
         with os.fdopen(fd, mode, **({"encoding": encoding} if mode == "w" else {})) as fh:
             yield fh
             fh.flush()
-            if fsync:
-                os.fsync(fh.fileno())
+            os.fsync(fh.fileno())
         os.chmod(tmp, 0o666 & ~umask())  # mkstemp's 0600, widened as open() would
         os.replace(tmp, path)
-    except BaseException:
+    finally:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if fsync:
-        fsync_folder(folder)
+            os.unlink(tmp)  # (a failed write's; once renamed, there is none)
+    fsync_folder(folder)
 
 
 def write_json(path, data: Any, sort_keys: bool = False, allow_nan: bool = True) -> None:
@@ -121,9 +97,7 @@ def interrupted_backup(target: Path) -> Optional[Path]:
 
 @contextlib.contextmanager
 def _writers_lock(folder: Path, wait: bool) -> Iterator[bool]:
-    """An exclusive ``flock`` on ``folder`` itself, held by whoever replaces a folder in
-    it; yields whether it is held (``False``: another writer runs, or the folder cannot
-    be locked, so its staged folders are left alone)."""
+    """An exclusive ``flock`` on ``folder``; yields whether it is held."""
     import fcntl  # (POSIX)
 
     with contextlib.ExitStack() as stack:
@@ -137,10 +111,8 @@ def _writers_lock(folder: Path, wait: bool) -> Iterator[bool]:
 
 
 def remove_stale(target: Path) -> None:
-    """Remove the staged folders that killed writers of ``target`` left, unless a writer
-    runs now. A backup is kept while ``target`` is missing: it is the previous folder,
-    which the next :func:`replace_folder` puts back. Best effort (a read-only install
-    keeps them)."""
+    """Remove what killed writers of ``target`` staged, unless a writer runs now; a backup
+    is kept while ``target`` is missing (the next :func:`replace_folder` puts it back)."""
     with _writers_lock(target.parent, wait=False) as held:
         present = os.path.lexists(target)
         for kind, path in staged_folders(target) if held else []:
@@ -158,24 +130,14 @@ def _recover(target: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _stage(target: Path, files: Mapping[str, bytes]) -> Path:
-    new = _staged_path(target, "new")
-    os.mkdir(new)
-    try:
-        for name, data in files.items():
-            with atomic_write(new / name, "wb") as fh:
-                fh.write(data)
-        if target.is_dir():  # keep the permissions of the folder it replaces
-            os.chmod(new, stat.S_IMODE(os.stat(target).st_mode))
-    except BaseException:
-        shutil.rmtree(new, ignore_errors=True)
-        raise
-    return new
+def _write_files(folder: Path, files: Mapping[str, bytes]) -> None:
+    for name, data in files.items():
+        with atomic_write(folder / name, "wb") as fh:
+            fh.write(data)
 
 
 def _swap_in(new: Path, target: Path) -> None:
-    """Rename ``new`` to ``target``; an existing ``target`` is first renamed to a backup
-    (a kill between the two renames leaves it, which :func:`_recover` puts back)."""
+    """Rename ``new`` to ``target``, an existing ``target`` first renamed to a backup."""
     if os.path.lexists(target):
         backup = _staged_path(target, "old")
         os.rename(target, backup)
@@ -190,27 +152,11 @@ def _swap_in(new: Path, target: Path) -> None:
     fsync_folder(target.parent)
 
 
-def _write_in_place(target: Path, files: Mapping[str, bytes], reason: OSError) -> None:
-    """Each file replaced by :func:`atomic_write`, in ``files``' order."""
-    warnings.warn(f"cannot replace {target} as a whole ({reason}); writing its files in "
-                  "place instead", RuntimeWarning, stacklevel=4)
-    stale = re.compile(r"^\.(" + "|".join(map(re.escape, files)) + r")\..+\.tmp$")
-    for name in filter(stale.match, os.listdir(target)):
-        with contextlib.suppress(OSError):
-            os.unlink(target / name)
-    for name, data in files.items():
-        with atomic_write(target / name, "wb") as fh:
-            fh.write(data)
-
-
 def replace_folder(target: Path, files: Mapping[str, bytes]) -> None:
-    """Make ``target`` a folder holding exactly ``files`` (name: bytes; the last one
-    written last). The files are written and synced into a staged sibling that then takes
-    ``target``'s place: a kill at any point leaves the complete previous folder, the
-    complete new one or (between the two renames) no ``target`` and the previous one in
-    a backup that the next call puts back (:func:`interrupted_backup` names it). Staged
-    folders of killed writers are removed. Where ``target`` cannot be renamed (a mount
-    point, a parent we may not write) its files are replaced in place, with a warning."""
+    """Make ``target`` a folder holding exactly ``files`` (name: bytes, the last written
+    last), staged as a sibling that then takes its place; a kill leaves the old folder, the
+    new one, or a backup the next call puts back. Where ``target`` cannot be renamed, its
+    files are replaced in place, with a warning."""
     target.parent.mkdir(parents=True, exist_ok=True)
     cwd = None
     with contextlib.suppress(OSError):
@@ -218,16 +164,24 @@ def replace_folder(target: Path, files: Mapping[str, bytes]) -> None:
     with _writers_lock(target.parent, wait=True) as held:
         if held:
             _recover(target)
-        new = None
+        new = _staged_path(target, "new")
         try:
-            new = _stage(target, files)
+            os.mkdir(new)
+            _write_files(new, files)
+            if target.is_dir():  # keep the permissions of the folder it replaces
+                os.chmod(new, stat.S_IMODE(os.stat(target).st_mode))
             _swap_in(new, target)
         except OSError as err:
             if err.errno not in _CANNOT_SWAP or not target.is_dir():
                 raise
-            _write_in_place(target, files, err)
+            warnings.warn(f"cannot replace {target} as a whole ({err}); writing its files in "
+                          "place instead", RuntimeWarning, stacklevel=3)
+            stale = re.compile(r"^\.(" + "|".join(map(re.escape, files)) + r")\..+\.tmp$")
+            for name in filter(stale.match, os.listdir(target)):
+                with contextlib.suppress(OSError):
+                    os.unlink(target / name)
+            _write_files(target, files)
         finally:
-            if new is not None:
-                shutil.rmtree(new, ignore_errors=True)
+            shutil.rmtree(new, ignore_errors=True)  # (once swapped in, there is none)
     if cwd == str(target):
         os.chdir(target)  # our working folder was the replaced one

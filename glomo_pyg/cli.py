@@ -1,25 +1,51 @@
 """The ``glomo`` command line: one parser and one handler per subcommand. Options are
-checked at the door (:func:`_check_options`, the settings' own rules); a
-:class:`ValueError`, :class:`OSError` or missing extra becomes one line naming the
-command (``GLOMO_TRACEBACK=1`` shows the traceback)."""
+checked before any work; a :class:`ValueError`, :class:`OSError` or missing extra becomes
+one line naming the command (``GLOMO_TRACEBACK=1`` shows the traceback)."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
-from typing import List, Optional
+from collections import Counter
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
 
 from glomo_pyg.allocator import keep_freed_memory
+from glomo_pyg.analysis.export_files import ExportItem, export_graphs
+from glomo_pyg.analysis.viewer import view
+from glomo_pyg.analysis.viewer.inputs import (check_input_file, check_output_path,
+                                              open_input_file, valid_text)
 from glomo_pyg.atomic_files import atomic_write
+from glomo_pyg.data.text import UNK, binary_lines, decode_utf8, tokenize
+from glomo_pyg.data.word_vectors import (MAX_EPOCHS, MAX_SEED, MAX_TRAIN_DIM, MAX_WINDOW,
+                                         MAX_WORKERS, train_word_vectors, write_word_vectors)
 from glomo_pyg.extras import MissingExtraError, require
+from glomo_pyg.io.paths import check_output_file
+from glomo_pyg.io.pretrained import reseal_pretrained
+from glomo_pyg.io.releases import available_releases, describe_release, released_names
+from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
+from glomo_pyg.settings import THREADS, set_by_path
 
-PREDICTOR_HELP = "folder written by save_pretrained, or a released name (glomo pretrained)"
+
+def _command(sub, name: str, func, help: str, description: Optional[str] = None,
+             predictor: bool = False, threads: bool = False) -> argparse.ArgumentParser:
+    """The subparser ``name`` running ``func``, with ``--predictor`` and ``--threads``."""
+    parser = sub.add_parser(name, help=help, description=description)
+    parser.set_defaults(func=func)
+    if predictor:
+        parser.add_argument("--predictor", required=True, help="folder written by "
+                            "save_pretrained, or a released name (glomo pretrained)")
+    if threads:
+        parser.add_argument("--threads", type=int, help="torch CPU threads (0: torch's default)")
+    return parser
 
 
 def _check_options(args: argparse.Namespace, **limits) -> None:
-    """Each named option (unset: skipped) within its ``(low, high[, why])`` bounds
-    (``None``: unbounded), or :class:`ValueError` naming it."""
+    """Each set option within its ``(low, high[, why])`` bounds, or a ValueError."""
     for name, (low, high, *why) in limits.items():
         value = getattr(args, name)
         if value is not None and ((low is not None and value < low) or
@@ -32,49 +58,63 @@ def _check_options(args: argparse.Namespace, **limits) -> None:
 
 def _set_threads(threads: Optional[int]) -> None:
     """``--threads N``: torch's CPU thread count (unset or 0 keeps torch's default)."""
-    import torch
-
-    from glomo_pyg.settings import THREADS
-
     if THREADS.check("--threads", threads or 0):
         torch.set_num_threads(threads)
 
 
-def _threads_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--threads", type=int, help="torch CPU threads (0: torch's default)")
+def _load_predictor(args: argparse.Namespace, **limits):
+    """``--predictor`` loaded once ``--threads`` is set and the options obey ``limits``."""
+    _set_threads(args.threads)
+    _check_options(args, **limits)
+    return PretrainedGraphPredictor.from_pretrained(args.predictor)
 
 
-def _check_output_file(option: str, path: str) -> None:
-    """Refuse, before any work, an output path that cannot be written as a file."""
-    from glomo_pyg.io.paths import check_output_file
+def _check_reads(predictor, wanted: str, needs: str, advice: Optional[dict] = None) -> None:
+    """Refuse a predictor that does not read ``wanted``, which ``needs`` needs."""
+    vocabulary = predictor.vocabulary
+    reads = "pixels" if hasattr(predictor.predictor(predictor.directions[0]), "height") else \
+        "features" if vocabulary is None else \
+        "words" if UNK in vocabulary else f"words but has no {UNK!r} token"
+    if reads != wanted:
+        raise ValueError(f"{needs} needs a predictor that reads {wanted}; this one reads "
+                         f"{reads}" + (f"; {advice[reads]}" if reads in (advice or {}) else ""))
 
+
+def _lines(path: str, option: str, limit: int):
+    """``(number, text)`` of each UTF-8 line (at most ``limit`` bytes) of the file ``path``."""
     try:
-        check_output_file(path)
-    except ValueError as err:
-        raise ValueError(f"{option} {err}") from None
+        with open_input_file(path, option) as fh:
+            for number, offset, data in binary_lines(fh, path, limit):
+                yield number, decode_utf8(data, path, number, offset)
+    except OSError as err:
+        raise OSError(f"cannot read {path}: {err}") from None
 
 
-# --- glomo quickstart ---------------------------------------------------------------------
+def _nth(items, number: int, option: str, source: str, noun: str):
+    """The ``number``-th of ``items`` (counted from 1), as ``option`` picks it."""
+    count = 0
+    for count, item in enumerate(items, 1):
+        if count == number:
+            return item
+    raise ValueError(f"{option} {number} is out of range: {source} holds {count} {noun}(s), "
+                     f"fewer than {number} {noun}s")
+
+
 def _add_quickstart(sub) -> None:
     # no defaults here: the unset options keep QuickstartConfig's, declared there
-    q = sub.add_parser("quickstart", help="pretrain on built-in synthetic data and score the "
-                                          "graphs")
-    q.add_argument("--steps", type=int)
-    q.add_argument("--batch-size", type=int)
-    q.add_argument("--seed", type=int)
-    q.add_argument("--lr", type=float)
+    q = _command(sub, "quickstart", _quickstart, threads=True,
+                 help="pretrain on built-in synthetic data and score the graphs")
+    for name, kind in (("steps", int), ("batch-size", int), ("seed", int), ("lr", float)):
+        q.add_argument(f"--{name}", type=kind)
     q.add_argument("--graph-lr-scale", type=float,
                    help="learning-rate factor of the graph predictor (see docs/training.md)")
     q.add_argument("--graph-warmup-steps", type=int,
                    help="steps during which the graph predictor is frozen")
     q.add_argument("--accelerator", help="Lightning accelerator: cpu, gpu, auto")
     # the command writes by default, the library (QuickstartConfig.output_dir) does not
-    q.add_argument("--output-dir", default="runs/quickstart",
-                   help="write CSV logs, quickstart.json and the pretrained predictor "
-                        "(predictor/) here; '' writes nothing (default: runs/quickstart)")
-    _threads_option(q)
+    q.add_argument("--output-dir", default="runs/quickstart", help="write CSV logs, "
+                   "quickstart.json and predictor/ here; '' writes nothing (default: %(default)s)")
     q.add_argument("--no-progress", action="store_true", help="no progress bar")
-    q.set_defaults(func=_quickstart)
 
 
 def _quickstart(args: argparse.Namespace) -> int:
@@ -101,11 +141,8 @@ def _quickstart(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- glomo pretrain -----------------------------------------------------------------------
 def _load_yaml(stream):
-    """``yaml.safe_load`` that also refuses aliases (``*name``: a few hundred bytes of
-    nested aliases expand to gigabytes) and duplicate keys (the later one would silently
-    win)."""
+    """``yaml.safe_load`` that also refuses aliases (a YAML bomb) and duplicate keys."""
     yaml = require("yaml", "Reading YAML configurations")
 
     class StrictLoader(yaml.SafeLoader):
@@ -131,10 +168,10 @@ def _load_yaml(stream):
 
 
 def _add_pretrain(sub) -> None:
-    p = sub.add_parser("pretrain", help="pretrain GLoMo on a text corpus (Lightning)",
-                       description="Pretrain GLoMo on a text corpus. Settings come from a YAML "
-                                   "file (sections corpus, model, train; see --print-config) "
-                                   "and --set overrides.")
+    p = _command(sub, "pretrain", _pretrain, help="pretrain GLoMo on a text corpus (Lightning)",
+                 description="Pretrain GLoMo on a text corpus. Settings come from a YAML file "
+                             "(sections corpus, model, train; see --print-config) and --set "
+                             "overrides.")
     p.add_argument("--config", help="YAML configuration file")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a setting, e.g. --set train.max_steps=500 (repeatable)")
@@ -146,13 +183,10 @@ def _add_pretrain(sub) -> None:
     p.add_argument("--prepare-only", action="store_true",
                    help="tokenise the corpus and build the vocabulary, then stop (run once "
                         "before a multi-node job whose nodes share the output folder)")
-    p.set_defaults(func=_pretrain)
 
 
 def _pretrain_settings(args: argparse.Namespace, yaml) -> dict:
     """The YAML file's settings with the ``--set`` overrides applied."""
-    from glomo_pyg.settings import set_by_path
-
     data = {}
     if args.config:
         try:
@@ -165,14 +199,15 @@ def _pretrain_settings(args: argparse.Namespace, yaml) -> dict:
             raise ValueError(f"cannot read {args.config}: {problem}")
     for item in args.set or []:
         key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set expects key=value, got {item!r}")
+        problem = None if sep else f"expects key=value, got {item!r}"
         try:
-            set_by_path(data, key.strip(), _load_yaml(value))
+            if sep:
+                set_by_path(data, key.strip(), _load_yaml(value))
         except (ValueError, yaml.YAMLError, RecursionError) as err:
             problem = f"{key.strip()}: the value is nested too deeply" \
                 if isinstance(err, RecursionError) else f"{item}: {err}"
-            raise ValueError(f"--set {problem}") from None
+        if problem is not None:
+            raise ValueError(f"--set {problem}")
     if args.output_dir:
         data["output_dir"] = args.output_dir
     return data
@@ -193,41 +228,27 @@ def _pretrain(args: argparse.Namespace) -> int:
     try:
         run_pretraining(config, resume=args.resume, prepare_only=args.prepare_only)
     except TrainingInterrupted as err:
-        if is_launcher_child():  # the first process says it
-            return err.exit_code
-        command = list(args.argv)
-        if "--resume" not in command:
-            command.append("--resume")
-        print(f"glomo pretrain: {err}.\nTo continue, run: {shlex.join(['glomo', *command])}",
-              file=sys.stderr, flush=True)
+        if not is_launcher_child():  # the first process says it
+            command = list(args.argv) + ([] if "--resume" in args.argv else ["--resume"])
+            print(f"glomo pretrain: {err}.\nTo continue, run: "
+                  f"{shlex.join(['glomo', *command])}", file=sys.stderr, flush=True)
         return err.exit_code
     return 0
 
 
-# --- glomo word-vectors -------------------------------------------------------------------
 def _add_word_vectors(sub) -> None:
-    w = sub.add_parser("word-vectors", help="train word2vec vectors (GloVe text format)")
+    w = _command(sub, "word-vectors", _word_vectors,
+                 help="train word2vec vectors (GloVe text format)")
     w.add_argument("--corpus", required=True, help="text file or folder, or the aclImdb folder")
     w.add_argument("--format", default="text", choices=("text", "aclimdb"))
     w.add_argument("--one-per-line", action="store_true")
     w.add_argument("--output", required=True)
-    w.add_argument("--dim", type=int, default=300)
-    w.add_argument("--window", type=int, default=5)
-    w.add_argument("--min-count", type=int, default=5)
-    w.add_argument("--epochs", type=int, default=5)
-    w.add_argument("--workers", type=int, default=2)
-    w.add_argument("--seed", type=int, default=0)
-    w.add_argument("--max-documents", type=int, default=None)
-    w.set_defaults(func=_word_vectors)
+    for name, default in (("dim", 300), ("window", 5), ("min-count", 5), ("epochs", 5),
+                          ("workers", 2), ("seed", 0), ("max-documents", None)):
+        w.add_argument(f"--{name}", type=int, default=default)
 
 
 def _word_vectors(args: argparse.Namespace) -> int:
-    from collections import Counter
-
-    from glomo_pyg.data.text import tokenize
-    from glomo_pyg.data.word_vectors import (MAX_EPOCHS, MAX_SEED, MAX_TRAIN_DIM,
-                                             MAX_WINDOW, MAX_WORKERS, train_word_vectors,
-                                             write_word_vectors)
     from glomo_pyg.training.pretrain.config import CorpusConfig
     from glomo_pyg.training.pretrain.corpus import iter_documents
 
@@ -235,16 +256,16 @@ def _word_vectors(args: argparse.Namespace) -> int:
     _check_options(args, dim=(1, MAX_TRAIN_DIM), window=(1, MAX_WINDOW), min_count=(1, None),
                    epochs=(1, MAX_EPOCHS), workers=(1, MAX_WORKERS), seed=(0, MAX_SEED),
                    max_documents=(1, None))
-    _check_output_file("--output", args.output)
-    corpus_path = os.path.realpath(args.corpus)
-    output_path = os.path.realpath(args.output)
-    if output_path == corpus_path or output_path.startswith(corpus_path.rstrip(os.sep) + os.sep):
+    check_output_file(args.output)
+    corpus = os.path.realpath(args.corpus)
+    if os.path.commonpath([corpus, os.path.realpath(args.output)]) == corpus:
         # (the vectors would replace the corpus, or be read as a document by the next run)
         raise ValueError(f"--output {args.output} is the corpus or lies inside the corpus "
                          f"folder {args.corpus}; write it elsewhere")
-    corpus = CorpusConfig(path=args.corpus, format=args.format, one_per_line=args.one_per_line,
-                          max_documents=args.max_documents)
-    docs = [tokens for tokens in (tokenize(d) for d in iter_documents(corpus)) if tokens]
+    documents = iter_documents(CorpusConfig(path=args.corpus, format=args.format,
+                                            one_per_line=args.one_per_line,
+                                            max_documents=args.max_documents))
+    docs = [tokens for tokens in map(tokenize, documents) if tokens]
     most = max(Counter(w for doc in docs for w in doc).values(), default=0)
     if most < args.min_count:
         raise ValueError(f"no word of {args.corpus} occurs --min-count {args.min_count} times "
@@ -260,13 +281,12 @@ def _word_vectors(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- glomo syntax -------------------------------------------------------------------------
 def _add_syntax(sub) -> None:
-    y = sub.add_parser("syntax", help="score a predictor's graphs against gold dependency trees",
-                       description="Score every graph of a saved predictor against gold "
-                                   "dependency trees (CoNLL-U or CoNLL-X), beside the adjacent-"
-                                   "word, uniform and untrained baselines (docs/syntax.md).")
-    y.add_argument("--predictor", required=True, help=PREDICTOR_HELP)
+    y = _command(sub, "syntax", _syntax, predictor=True, threads=True,
+                 help="score a predictor's graphs against gold dependency trees",
+                 description="Score every graph of a saved predictor against gold dependency "
+                             "trees (CoNLL-U or CoNLL-X), beside the adjacent-word, uniform "
+                             "and untrained baselines (docs/syntax.md).")
     y.add_argument("--treebank", required=True, help="gold trees to report on (e.g. EWT dev)")
     y.add_argument("--select-treebank",
                    help="gold trees on which the single graph is chosen (e.g. EWT train)")
@@ -274,14 +294,13 @@ def _add_syntax(sub) -> None:
                    help="default: from the extension (.conll/.conllx: CoNLL-X)")
     y.add_argument("--max-sentences", type=int, help="only the first N trees of --treebank")
     y.add_argument("--select-sentences", type=int, default=2000,
-                   help="only the first N trees of --select-treebank (default 2000)")
+                   help="only the first N trees of --select-treebank (default %(default)s)")
     y.add_argument("--metric", default="undirected", choices=("undirected", "directed", "ap"),
                    help="what the graph is chosen by")
     y.add_argument("--include-punct", action="store_true", help="score punctuation targets too")
-    y.add_argument("--beyond-adjacent", action="store_true",
-                   help="score only targets with a gold neighbour among their sources but "
-                        "not their adjacent word, beside the word at distance 2: "
-                        "structure beyond position")
+    y.add_argument("--beyond-adjacent", action="store_true", help="score only targets with a "
+                   "gold neighbour but not their adjacent word, beside the word at distance 2 "
+                   "(docs/syntax.md)")
     y.add_argument("--cased", action="store_true",
                    help="do not lower-case words (for a predictor trained on cased text)")
     y.add_argument("--no-untrained", action="store_true", help="skip the untrained baseline")
@@ -289,29 +308,22 @@ def _add_syntax(sub) -> None:
     y.add_argument("--batch-size", type=int, default=64)
     y.add_argument("--max-tokens", type=int, default=512,
                    help="skip (and count) sentences of more tokens: memory is O(tokens^2)")
-    _threads_option(y)
     y.add_argument("--json", help="also write all scores to this JSON file")
-    y.set_defaults(func=_syntax)
 
 
 def _syntax(args: argparse.Namespace) -> int:
-    import json
-
     from glomo_pyg.analysis import compare_with_syntax, read_treebank
-    from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 
-    _set_threads(args.threads)
-    _check_options(args, max_sentences=(1, None), select_sentences=(1, None),
-                   batch_size=(1, None), seed=(-(1 << 63), (1 << 64) - 1),
-                   max_tokens=(2, None, "a sentence of one token has nothing to score"))
     if args.json:
-        _check_output_file("--json", args.json)
-    predictor = PretrainedGraphPredictor.from_pretrained(args.predictor)
+        check_output_file(args.json)
+    predictor = _load_predictor(args, max_sentences=(1, None), select_sentences=(1, None),
+                                batch_size=(1, None), seed=(-(1 << 63), (1 << 64) - 1),
+                                max_tokens=(2, None, "a sentence of one token has nothing to "
+                                                     "score"))
+    _check_reads(predictor, "words", "scoring against gold trees")
     trees = read_treebank(args.treebank, args.format, args.max_sentences)
     select = read_treebank(args.select_treebank, args.format, args.select_sentences) \
         if args.select_treebank else None
-    if predictor.vocabulary is None:
-        raise ValueError("the predictor has no vocabulary (it reads features, not words)")
     for path, read in ((args.treebank, trees), (args.select_treebank, select)):
         if read is not None and not read:
             raise ValueError(f"{path} holds no sentences")
@@ -325,28 +337,23 @@ def _syntax(args: argparse.Namespace) -> int:
                                  beyond_adjacent=args.beyond_adjacent)
     print(result.format())
     if args.json:
-        try:
-            with atomic_write(args.json) as fh:
-                json.dump(dict(predictor=args.predictor, treebank=args.treebank,
-                               select_treebank=args.select_treebank, **result.to_dict()), fh,
-                          allow_nan=False)
-        except (OSError, ValueError) as err:
-            raise ValueError(f"cannot write --json {args.json}: {err}") from None
+        with atomic_write(args.json) as fh:
+            json.dump(dict(predictor=args.predictor, treebank=args.treebank,
+                           select_treebank=args.select_treebank, **result.to_dict()), fh,
+                      allow_nan=False)
         print(f"scores written to {args.json}")
     return 0
 
 
-# --- glomo export -------------------------------------------------------------------------
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 EXPORT_LINE_BYTES = 1 << 22  # one document per line: 4 MiB is far beyond any review
 
 
 def _add_export(sub) -> None:
-    e = sub.add_parser("export", help="write a predictor's graphs to GraphML / JSON edge lists",
-                       description="Write every graph of each line of a text file, or each "
-                                   "image of a folder, as GraphML and JSON edge lists with the "
-                                   "statistics table into --output (docs/analysis.md).")
-    e.add_argument("--predictor", required=True, help=PREDICTOR_HELP)
+    e = _command(sub, "export", _export, predictor=True, threads=True,
+                 help="write a predictor's graphs to GraphML / JSON edge lists",
+                 description="Write every graph of each line of a text file, or each image of "
+                             "a folder, and a statistics table into --output (docs/analysis.md).")
     source = e.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="UTF-8 text file, one document per line")
     source.add_argument("--images", help="folder of PNG/JPEG images (RGB)")
@@ -362,88 +369,63 @@ def _add_export(sub) -> None:
                    help="refuse a sample with more edges (thin with --min-weight/--top-k)")
     e.add_argument("--batch-size", type=int, default=16)
     e.add_argument("--cased", action="store_true", help="do not lower-case the text")
-    _threads_option(e)
     e.add_argument("--verbose", action="store_true", help="one line per sample")
-    e.set_defaults(func=_export)
 
 
 def _export_text_items(path: str, predictor, max_samples: int, max_tokens: int, lower: bool):
-    from glomo_pyg.analysis.export_files import ExportItem
-    from glomo_pyg.data.text import UNK, binary_lines, decode_utf8, tokenize
-
-    if predictor.vocabulary is None or UNK not in predictor.vocabulary:
-        raise ValueError("--text needs a predictor that reads words, with a vocabulary that "
-                         f"holds {UNK!r}; this one "
-                         + ("reads features, not words" if predictor.vocabulary is None
-                            else f"has no {UNK!r} token"))
     items, short = [], 0
-    try:
-        with open(path, "rb") as fh:  # a line at a time, bounded (a huge line is refused)
-            for number, offset, data in binary_lines(fh, path, EXPORT_LINE_BYTES):
-                tokens = tokenize(decode_utf8(data, path, number, offset), lower)[:max_tokens]
-                if len(tokens) == 1:
-                    short += 1
-                elif tokens:
-                    items.append(ExportItem(predictor.encode(tokens, unknown=UNK),
-                                            f"{path}:{number}", tokens))
-                if len(items) == max_samples:
-                    break
-    except OSError as err:
-        raise OSError(f"cannot read {path}: {err}") from None
+    for number, line in _lines(path, "--text", EXPORT_LINE_BYTES):
+        tokens = tokenize(line, lower)[:max_tokens]
+        if len(tokens) == 1:
+            short += 1
+        elif tokens:
+            items.append(ExportItem(predictor.encode(tokens, unknown=UNK), f"{path}:{number}",
+                                    tokens))
+        if len(items) == max_samples:
+            break
     if short:
         print(f"{short} line(s) of a single token skipped (no graph edges possible)")
     return items
 
 
 def _export_image_items(folder: str, max_samples: int, max_units: int):
-    import numpy as np
-    import torch
     from PIL import Image, UnidentifiedImageError
-
-    from glomo_pyg.analysis.export_files import ExportItem
 
     if not os.path.isdir(folder):
         raise ValueError(f"{folder} is not a directory")
     names = sorted(n for n in os.listdir(folder) if n.lower().endswith(IMAGE_SUFFIXES)
                    and os.path.isfile(os.path.join(folder, n)))[:max_samples]
     items = []
-    for name in names:
-        path = os.path.join(folder, name)
-        rgb = None
+    for path in (os.path.join(folder, name) for name in names):
         try:
             with Image.open(path) as img:
-                size = f"{img.width}x{img.height} pixels"
-                if img.width * img.height <= max_units:
-                    rgb = np.asarray(img.convert("RGB"), dtype=np.uint8)
-        except Image.DecompressionBombError as err:  # (not an OSError) a header claiming
-            size = str(err)  # billions of pixels, refused by Pillow before decoding
-        except (UnidentifiedImageError, OSError, ValueError) as err:
-            raise ValueError(f"cannot read image {path}: {err}") from None
-        if rgb is None:
-            raise ValueError(f"{path}: {size}, more than --max-units {max_units} (graphs grow "
-                             "with the square of the pixel count; downscale it or raise "
-                             "--max-units)")
+                problem = None if img.width * img.height <= max_units else \
+                    f"{img.width}x{img.height} pixels, more than --max-units {max_units} " \
+                    "(graphs grow with the square of the pixel count; downscale it or raise " \
+                    "--max-units)"
+                rgb = None if problem else np.asarray(img.convert("RGB"), dtype=np.uint8)
+        # (a header claiming billions of pixels is refused by Pillow before decoding)
+        except (Image.DecompressionBombError, UnidentifiedImageError, OSError,
+                ValueError) as err:
+            problem = f"cannot read image ({err})"
+        if problem is not None:
+            raise ValueError(f"{path}: {problem}")
         items.append(ExportItem(torch.from_numpy(rgb.copy()).permute(2, 0, 1).contiguous(),
                                 path))
     return items
 
 
 def _export(args: argparse.Namespace) -> int:
-    from glomo_pyg.analysis.export_files import export_graphs
-    from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
-
-    _set_threads(args.threads)
-    _check_options(args, max_samples=(1, None), batch_size=(1, None), max_edges=(1, None),
-                   max_units=(1, None), top_k=(1, None), min_weight=(0.0, 1.0),
-                   max_tokens=(2, None, "a graph over one token has no edges"))
-    predictor = PretrainedGraphPredictor.from_pretrained(args.predictor)
-    pixel = hasattr(predictor.predictor(predictor.directions[0]), "height")
-    if pixel == bool(args.text):
-        raise ValueError("this is a pixel predictor; use --images" if pixel else
-                         "this predictor reads text; use --text")
-    items = _export_image_items(args.images, args.max_samples, args.max_units) if pixel else \
-        _export_text_items(args.text, predictor, args.max_samples, args.max_tokens,
-                           not args.cased)
+    predictor = _load_predictor(args, max_samples=(1, None), batch_size=(1, None),
+                                max_edges=(1, None), max_units=(1, None), top_k=(1, None),
+                                min_weight=(0.0, 1.0),
+                                max_tokens=(2, None, "a graph over one token has no edges"))
+    _check_reads(predictor, "words" if args.text else "pixels",
+                 "--text" if args.text else "--images",
+                 advice=dict(pixels="use --images", words="use --text"))
+    items = _export_text_items(args.text, predictor, args.max_samples, args.max_tokens,
+                               not args.cased) if args.text else \
+        _export_image_items(args.images, args.max_samples, args.max_units)
     if not items:
         raise ValueError("no input to export (empty file or no images)")
     print(f"glomo export: {len(items)} sample(s) -> {args.output}", flush=True)
@@ -457,90 +439,76 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- glomo pretrained ---------------------------------------------------------------------
 def _add_pretrained(sub) -> None:
-    r = sub.add_parser("pretrained", help="list the released pretrained predictors",
-                       description="List the released predictors, which load by name with "
-                                   "PretrainedGraphPredictor.from_pretrained(NAME) "
-                                   "(docs/pretrained.md). They live in the repository's "
-                                   "pretrained/ folder, or in $GLOMO_PRETRAINED_DIR.")
+    r = _command(sub, "pretrained", _pretrained, help="list the released pretrained predictors",
+                 description="List the released predictors (the repository's pretrained/ "
+                             "folder, or $GLOMO_PRETRAINED_DIR; docs/pretrained.md).")
     r.add_argument("--json", action="store_true", help="print the list as JSON")
-    r.set_defaults(func=_pretrained)
 
 
 def _size(size: int) -> str:
     return f"{size / 2**20:.1f} MiB" if size >= 100 << 10 else f"{size / 1024:.0f} KiB"
 
 
+def _release_info(name: str) -> Dict[str, Any]:
+    try:
+        return describe_release(name)
+    except ValueError as err:  # (PretrainedFormatError is one)
+        return dict(name=name, error=str(err))
+
+
 def _pretrained(args: argparse.Namespace) -> int:
-    import json
-
-    from glomo_pyg.io.releases import (available_releases, describe_release, release_problem,
-                                       released_names)
-
+    """List the releases; one that fails its checks is named (exit status 1), not hidden."""
     names = released_names()
-    # a release that fails its seal is named, not hidden or fatal
-    infos = [describe_release(name) if (problem := release_problem(name)) is None else
-             dict(name=name, error=problem) for name in names]
-    broken = [i for i in infos if "error" in i]
+    infos = [_release_info(name) for name in names]
+    good = [i for i in infos if "error" not in i]
     if args.json:
         print(json.dumps(infos, indent=2))
-        return 1 if broken else 0
-    if not infos:
+    elif not infos:
         print(f"glomo pretrained: {available_releases(names)}")
-        return 0
-    good = [i for i in infos if "error" not in i]
-    rows = [("NAME", "MODALITY", "DIRS x LAYERS x HEADS", "UNITS", "WEIGHTS", "SUMMARY")]
-    for i in good:
-        units = f"{i['units'][0]}x{i['units'][1]} pixels" if i["modality"] == "pixels" else \
-            f"{i['units']} tokens"
-        rows.append((i["name"], i["modality"], f"{i['directions']} x {i['layers']} x {i['heads']}",
-                     units, _size(i["weights_bytes"]), i["summary"]))
-    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]) - 1)]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
-    if good:
-        print(f"\nload one with PretrainedGraphPredictor.from_pretrained(NAME) (in "
-              f"{os.path.dirname(good[0]['path'])})")
-    for i in infos:
-        if "error" in i:
-            print(f"glomo pretrained: release {i['name']} FAILS its checks and will not load: "
-                  f"{i['error']}", file=sys.stderr)
-    return 1 if broken else 0
+    else:
+        rows = [("NAME", "MODALITY", "DIRS x LAYERS x HEADS", "UNITS", "WEIGHTS", "SUMMARY")] + [
+            (i["name"], i["modality"], f"{i['directions']} x {i['layers']} x {i['heads']}",
+             f"{i['units'][0]}x{i['units'][1]} pixels" if i["modality"] == "pixels" else
+             f"{i['units']} tokens", _size(i["weights_bytes"]), i["summary"]) for i in good]
+        widths = [max(map(len, column)) for column in zip(*rows)]
+        for row in rows:
+            print("  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths)) + "  " + row[-1])
+        if good:
+            print(f"\nload one with PretrainedGraphPredictor.from_pretrained(NAME) (in "
+                  f"{os.path.dirname(good[0]['path'])})")
+        for i in infos:
+            if "error" in i:
+                print(f"glomo pretrained: release {i['name']} FAILS its checks and will not "
+                      f"load: {i['error']}", file=sys.stderr)
+    return 1 if len(good) < len(infos) else 0
 
 
-# --- glomo view ---------------------------------------------------------------------------
 def _add_view(sub) -> None:
-    v = sub.add_parser("view", help="write an interactive page of every graph of a sentence "
-                                    "or an image",
-                       description="One self-contained HTML page (no network): a head view "
-                                   "and a matrix view of every graph of a sentence, or an "
-                                   "image's incoming weights under the pointer "
-                                   "(docs/analysis.md).")
-    v.add_argument("--predictor", required=True, help=PREDICTOR_HELP)
+    v = _command(sub, "view", _view, predictor=True,
+                 help="write an interactive page of every graph of a sentence or an image",
+                 description="One self-contained HTML page (no network): a head view and a "
+                             "matrix view of every graph of a sentence, or an image's "
+                             "incoming weights under the pointer (docs/analysis.md).")
     source = v.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="a sentence")
     source.add_argument("--text-file", help="a text file; --line picks the line")
     source.add_argument("--image", help="an image file of the predictor's size")
-    source.add_argument("--treebank", help="a CoNLL-U / CoNLL-X file: view --sentence with its "
-                        "gold arcs")
+    source.add_argument("--treebank", help="a CoNLL-U/CoNLL-X file: --sentence with gold arcs")
     v.add_argument("--line", type=int, default=1, help="line of --text-file (from 1)")
     v.add_argument("--sentence", type=int, default=1, help="sentence of --treebank (from 1)")
     v.add_argument("--min-weight", type=float, default=0.01,
                    help="leave out lighter edges (default 0.01)")
-    v.add_argument("--top-k", type=int, default=None,
-                   help="keep each target's K heaviest sources (images: 8 by default)")
+    v.add_argument("--top-k", type=int, help="keep each target's K heaviest sources (images: 8)")
     v.add_argument("--cased", action="store_true", help="do not lower-case words")
     v.add_argument("--output", required=True, help="the page to write (e.g. graphs.html)")
-    v.set_defaults(func=_view)
 
 
-def _view_inputs(args: argparse.Namespace) -> None:
-    """The view command's door: its strings valid text, its input paths regular files
-    (a FIFO would hang the read) and its output path writable as a file, all before the
-    predictor loads (errors name the option)."""
-    from glomo_pyg.analysis.viewer.inputs import check_input_file, check_output_path, valid_text
+def _view(args: argparse.Namespace) -> int:
+    from glomo_pyg.analysis.treebank import read_treebank
 
+    # before the predictor loads: valid text, input paths that are regular files (a FIFO
+    # would hang the read), an output path writable as a file
     check_output_path(args.output, "--output")
     if "\0" in args.predictor:
         raise ValueError("--predictor holds a NUL character: it is not a folder or a name")
@@ -550,35 +518,15 @@ def _view_inputs(args: argparse.Namespace) -> None:
     for option in ("text_file", "image", "treebank"):
         if getattr(args, option) is not None:
             check_input_file(getattr(args, option), "--" + option.replace("_", "-"))
-
-
-def _view(args: argparse.Namespace) -> int:
-    from glomo_pyg.analysis.viewer import view
-    from glomo_pyg.analysis.viewer.inputs import open_input_file
-    from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
-
-    _view_inputs(args)
     predictor = PretrainedGraphPredictor.from_pretrained(args.predictor)
     text, gold = args.text, None
     if args.text_file is not None:
-        from glomo_pyg.data.text import binary_lines, decode_utf8
-
-        with open_input_file(args.text_file, "--text-file") as fh:
-            for number, offset, data in binary_lines(fh, args.text_file, 1 << 20):
-                if number == args.line:
-                    text = decode_utf8(data, args.text_file, number, offset)
-                    break
-        if text is None:
-            raise ValueError(f"{args.text_file} has fewer than {args.line} lines")
+        text = _nth((line for _, line in _lines(args.text_file, "--text-file", 1 << 20)),
+                    args.line, "--line", args.text_file, "line")
     if args.treebank is not None:
-        from glomo_pyg.analysis.treebank import read_treebank
-
-        trees = read_treebank(args.treebank, max_sentences=args.sentence)
-        if len(trees) < args.sentence:
-            raise ValueError(f"--sentence {args.sentence} is out of range: {args.treebank} "
-                             f"holds {len(trees)} sentence(s) (count from 1)")
-        gold = trees[args.sentence - 1]
-        text = [w.lower() for w in gold.words] if not args.cased else list(gold.words)
+        gold = _nth(read_treebank(args.treebank, max_sentences=args.sentence), args.sentence,
+                    "--sentence", args.treebank, "sentence")
+        text = list(gold.words) if args.cased else [w.lower() for w in gold.words]
     page = view(predictor, text, image=args.image, gold=gold, min_weight=args.min_weight,
                 top_k=args.top_k, lower=not args.cased)
     page.save(args.output)
@@ -587,27 +535,21 @@ def _view(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- glomo reseal -------------------------------------------------------------------------
 def _add_reseal(sub) -> None:
-    s = sub.add_parser("reseal", help="seal a saved predictor again after a deliberate edit",
-                       description="A saved predictor's config.json is sealed: an edit makes "
-                                   "it refuse to load. After an edit made on purpose (or for a "
-                                   "format-2 predictor) this records the bundle as it is now, "
-                                   "then loads it with every check (the old config comes back "
-                                   "if that fails).")
+    s = _command(sub, "reseal", _reseal,
+                 help="seal a saved predictor again after a deliberate edit",
+                 description="Record a saved predictor's bundle as it is now (after an edit "
+                             "made on purpose, or for a format-2 predictor), then load it with "
+                             "every check; the old config comes back if that fails.")
     s.add_argument("predictor", help="the folder save_pretrained wrote")
-    s.set_defaults(func=_reseal)
 
 
 def _reseal(args: argparse.Namespace) -> int:
-    from glomo_pyg.io.pretrained import reseal_pretrained
-
     reseal_pretrained(args.predictor)
     print(f"sealed {args.predictor} as it is now (it loads)")
     return 0
 
 
-# --- the executable -----------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     """The ``glomo`` parser, a subparser per command."""
     parser = argparse.ArgumentParser(prog="glomo", description="GLoMo latent graphs for PyG")
@@ -622,23 +564,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     args.argv = argv
+    # bad input (files, settings) or a missing optional package: one line naming it
+    expected = () if os.environ.get("GLOMO_TRACEBACK") else \
+        (ValueError, OSError, MissingExtraError)
     try:
         return args.func(args)
     except KeyboardInterrupt:
         print(f"\nglomo {args.command}: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, OSError, MissingExtraError) as err:
-        # bad input (files, settings) or a missing optional package: one line naming it,
-        # not a traceback (GLOMO_TRACEBACK=1 shows the traceback)
-        if os.environ.get("GLOMO_TRACEBACK"):
-            raise
+    except expected as err:
         raise SystemExit(f"glomo {args.command}: {err}") from None
 
 
 def console_main() -> int:
-    """The ``glomo`` executable: :func:`main` in a process whose ``malloc`` keeps freed
-    memory for reuse (:func:`glomo_pyg.allocator.keep_freed_memory`; ``GLOMO_MALLOC=system``
-    leaves it alone). :func:`main` itself changes no process-wide setting."""
+    """The ``glomo`` executable: :func:`main` with :func:`keep_freed_memory` set."""
     try:
         keep_freed_memory()
     except ValueError as err:

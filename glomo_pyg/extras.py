@@ -1,21 +1,6 @@
-"""Optional dependencies, installed as extras of ``glomo-pyg``.
-
-``pip install glomo-pyg`` brings what the graph machinery needs (torch, PyTorch
-Geometric, numpy, safetensors, networkx). The rest comes with the feature that needs it:
-
-=============  ===========================  ==============================================
-extra          packages                     for
-=============  ===========================  ==============================================
-``train``      lightning, pyyaml            pretraining, downstream training, ``glomo
-                                            pretrain`` / ``quickstart`` / YAML configs
-``text``       gensim, conllu               word2vec vectors, CoNLL-U / CoNLL-X treebanks
-``analysis``   matplotlib, scikit-learn     figures, the syntax scores' average precision
-``all``        all of the above
-=============  ===========================  ==============================================
-
-:func:`require` imports an optional module and, when it is missing, raises
-:class:`MissingExtraError` naming the package and the extra to install.
-"""
+"""Optional dependencies, installed as extras of ``glomo-pyg`` (``train``, ``text``,
+``analysis``, ``all``; see the README). :func:`require` imports an optional module or
+raises :class:`MissingExtraError` naming the package and the extra to install."""
 from __future__ import annotations
 
 import importlib
@@ -35,9 +20,8 @@ class MissingExtraError(ImportError):
 
 
 def require(module: str, feature: str) -> ModuleType:
-    """``module`` imported, or :class:`MissingExtraError` saying that ``feature`` needs
-    its package and which extra installs it. Only the optional package's own absence is
-    translated: any other import error (a broken installation) propagates as it is."""
+    """``module`` imported, or :class:`MissingExtraError` naming the extra that ``feature``
+    needs; other import errors (a broken installation) propagate as they are."""
     top = module.split(".")[0]
     try:
         return importlib.import_module(module)

@@ -11,42 +11,29 @@ otherwise computes
     = \sum_i G_{ij} v_i
 
 over the allowed sources of the block mask; a target without a positive allowed score
-gets exactly 0 (never NaN), as in the other layouts. ``normalization='softmax'`` is
-plain FlexAttention. The block mask is built at block granularity from the sequence
-lengths and the order (O(B (T/128)^2) memory), so nothing of size ``T x T`` exists.
-
-FlexAttention is compiled with dynamic shapes, so batches of other sizes and lengths
-reuse the compiled kernel (static shapes would exhaust torch's recompilation limit and
-then run eagerly with ``T x T`` memory: benchmarks/results/speed.md). It has no backward
-on CPU: :meth:`glomo_pyg.LatentGraphs.propagate` falls back to the sparse layout there.
-
-Precision (:func:`resolve_kernel_dtype`): inside a bfloat16 autocast region keys,
-queries and values enter FlexAttention in bfloat16 (tensor cores); scores, normaliser
-and sums stay float32. A column whose largest score is within bfloat16 rounding of 0 is
-not determined then (docs/design.md). Elsewhere the kernel runs in the keys' dtype.
+gets exactly 0. ``normalization='softmax'`` is plain FlexAttention. See docs/design.md,
+"The fused layout" (dynamic shapes, CPU fallback, bfloat16 precision).
 """
 from __future__ import annotations
 
+import importlib
 import types
 from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from glomo_pyg.kernels import autocast_half_dtype
+from glomo_pyg.kernels import NORMALIZATIONS, autocast_half_dtype
 from glomo_pyg.ordering import DIRECTIONS
 
 BLOCK = 128  # FlexAttention's default block size, and the padding granularity
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# Smallest head dim per device: the CUDA kernel needs 16 (``tl.dot``). Narrower keys,
-# queries and values are zero-padded up to it, which leaves every score unchanged.
+# Smallest head dim per device (CUDA's ``tl.dot`` needs 16): narrower ones are zero-padded.
 MIN_HEAD_DIM: Dict[str, int] = {"cuda": 16}
-# Widest value block one kernel call takes per device: wider values are propagated in
-# column blocks with the same keys and queries (exact; the Triton kernel's shared memory
-# runs out at about 300 value columns on an H100).
+# Widest value block per kernel call (Triton's shared memory runs out at about 300 columns
+# on an H100): wider values are propagated in column blocks.
 MAX_VALUE_DIM: Dict[str, int] = {"cuda": 64}
-# The block mask holds B * (T / BLOCK)^2 int32 block indices (twice: by key and by query
-# block); past this many per table (1 GiB) the sparse layout, O(edges), is the one to use.
+# Most int32 block indices per block-mask table (1 GiB); past it, use the sparse layout.
 MAX_MASK_BLOCKS = 2 ** 28
 
 _COMPILED: Dict[str, object] = {}
@@ -55,23 +42,20 @@ _COMPILED: Dict[str, object] = {}
 def available() -> bool:
     """Whether this torch has FlexAttention."""
     try:
-        import torch.nn.attention.flex_attention  # noqa: F401
+        importlib.import_module("torch.nn.attention.flex_attention")
     except ImportError:
         return False
     return True
 
 
 def _flex(dtype: torch.dtype = torch.float32):
-    """Compiled FlexAttention for inputs of ``dtype``. Each dtype has its own entry point
-    (a code object of its own): torch caps the compiled variants per code object at 8,
-    after which FlexAttention silently runs eagerly, and every dtype compiles the mask
-    variants (direction, self-loops, window) again, so a bfloat16 training run that
-    evaluates in float32 would otherwise spend the cap twice as fast."""
+    """Compiled FlexAttention for ``dtype``."""
+    # one code object per dtype: torch caps compiled variants per code object at 8
     name = "flex" if dtype == torch.float32 else f"flex_{str(dtype).split('.')[-1]}"
     if name not in _COMPILED:
         from torch.nn.attention.flex_attention import flex_attention
         entry = flex_attention
-        if name != "flex":  # float32 compiles flex_attention itself, as it always did
+        if name != "flex":  # float32 compiles flex_attention itself
 
             def call(*args, **kwargs):
                 return flex_attention(*args, **kwargs)
@@ -93,12 +77,7 @@ def _relu2_score(score, b, h, q_idx, kv_idx):
 def _block_structure(lengths: Tensor, t: int, direction: str, include_self: bool,
                      window: Optional[int] = None, grid_width: Optional[int] = None
                      ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(kv_num_blocks, kv_indices, full_num_blocks, full_indices)`` of the order's mask
-    at block granularity: a (query block, key block) pair is *partial* when some of its
-    pairs are allowed and *full* when all are (then no mask is evaluated in it). With a
-    ``window``, blocks farther apart are skipped; over an image grid the test is by rows
-    (conservative: a block kept as partial may still hold no pair, which the element
-    mask then drops)."""
+    """``(kv_num_blocks, kv_indices, full_num_blocks, full_indices)`` of the order's mask."""
     nb = -(-t // BLOCK)
     start = torch.arange(nb, device=lengths.device) * BLOCK
     end = start + BLOCK  # exclusive
@@ -139,16 +118,12 @@ def block_mask(lengths: Tensor, t: int, direction: str, include_self: bool,
                order_only: bool = False, window: Optional[int] = None,
                grid_width: Optional[int] = None):
     """FlexAttention ``BlockMask`` of the allowed (target, source) pairs of sequences of
-    ``lengths`` padded to ``t`` units (``t`` a multiple of :data:`BLOCK`).
+    ``lengths`` padded to ``t`` units (a multiple of :data:`BLOCK`).
 
-    ``order_only``: the element mask tests only the order, not the lengths (blocks past
-    the lengths are still skipped). Exact for squared-ReLU graphs whose padded keys are
-    zero: their scores are 0, which the squared ReLU drops; rows of padded targets are
-    discarded by the caller. Saves two loads and compares per score.
-
-    ``window``: keep only pairs at most this far apart (``LatentGraphs.within``): ``|i -
-    j|`` units, or with ``grid_width`` (raster order over images of that width) the
-    larger of the row and column offsets."""
+    ``order_only``: the element mask tests the order, not the lengths (two loads less per
+    score); exact for squared-ReLU graphs with zeroed padded keys (score 0 is dropped).
+    ``window``: only pairs at most this far apart, ``|i - j|``, or with ``grid_width``
+    (raster order) the larger of the row and column offsets."""
     from torch.nn.attention.flex_attention import BlockMask
 
     def allowed(q_idx, kv_idx):
@@ -156,8 +131,7 @@ def block_mask(lengths: Tensor, t: int, direction: str, include_self: bool,
             return (kv_idx <= q_idx) if include_self else (kv_idx < q_idx)
         return (kv_idx >= q_idx) if include_self else (kv_idx > q_idx)
 
-    # the window as a captured tensor, like the lengths: a Python int here made Inductor's
-    # CPU code fail to compile once the kernel had been compiled for another mask
+    # a captured tensor: a Python int made Inductor's CPU code fail for a second mask
     reach = None if window is None else torch.tensor(window, device=lengths.device)
 
     def near(q_idx, kv_idx):
@@ -186,10 +160,8 @@ def block_mask(lengths: Tensor, t: int, direction: str, include_self: bool,
 
 
 def check_fusable(key: Tensor, query: Tensor) -> None:
-    """``ValueError`` naming the alternative layouts for inputs FlexAttention cannot take:
-    no FlexAttention, an unsupported dtype, mismatched shapes, or sequences so long that
-    the block mask itself would not fit (:data:`MAX_MASK_BLOCKS`). Shapes and dtypes
-    only: values are not read (no device sync)."""
+    """``ValueError`` naming the other layouts for inputs FlexAttention cannot take (no
+    FlexAttention, dtype, shapes, a block mask over :data:`MAX_MASK_BLOCKS`). No sync."""
     shaped = key.dtype in DTYPES and query.dtype == key.dtype and key.dim() == 4 and \
         key.shape == query.shape
     b, t = (key.size(0), key.size(2)) if shaped else (0, 0)
@@ -210,9 +182,8 @@ def check_fusable(key: Tensor, query: Tensor) -> None:
 def resolve_kernel_dtype(key: Tensor, kernel_dtype: Optional[torch.dtype] = None
                          ) -> torch.dtype:
     """The dtype keys, queries and values enter FlexAttention in: ``kernel_dtype`` when
-    given; ``None`` follows autocast: bfloat16 inside an enabled bfloat16 autocast region
-    on the keys' device (:func:`glomo_pyg.kernels.autocast_half_dtype`), else the keys'
-    own dtype (float32 stays exact; float16 autocast keeps it too, for range)."""
+    given, else bfloat16 in a bfloat16 autocast region
+    (:func:`glomo_pyg.kernels.autocast_half_dtype`), else the keys' dtype."""
     if kernel_dtype is not None:
         if kernel_dtype not in DTYPES:
             raise ValueError(f"kernel_dtype must be one of {[str(d) for d in DTYPES]} or "
@@ -230,45 +201,36 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
     Eq. 1 given by their augmented keys and queries.
 
     Args:
-        key, query: ``[B, H, T, D]`` padded per-head keys and queries (the scores are
-            their plain inner products: bias and position terms folded in).
-        values: ``[B, H, T, C]`` per-head or ``[B, 1, T, C]`` shared values (any ``C``).
+        key, query: ``[B, H, T, D]`` padded per-head keys and queries (scores are their
+            inner products).
+        values: ``[B, H, T, C]`` per-head or ``[B, 1, T, C]`` shared values.
         lengths: ``[B]`` valid lengths.
-        mask: a :func:`block_mask` of these lengths, padded length and order, to reuse
-            across calls (built here when ``None``).
-        full_length: every sequence has length ``T`` (no padding to mask; computed from
-            ``lengths`` when ``None``, which synchronises with the device).
-        check: validate ``key`` and ``query`` (:func:`check_fusable`); ``False`` for keys
-            and queries validated when the graphs were emitted.
-        kernel_dtype: the dtype the kernel reads keys, queries and values in
-            (:func:`resolve_kernel_dtype`); ``None`` (default) follows autocast, bfloat16
-            in a bfloat16 region; ``key.dtype`` runs as given, as before.
+        mask: a :func:`block_mask` of these lengths, padded length and order (built when
+            ``None``).
+        full_length: every sequence has length ``T`` (``None``: computed, a device sync).
+        check: validate ``key`` and ``query`` (:func:`check_fusable`).
+        kernel_dtype: see :func:`resolve_kernel_dtype`.
 
     Returns ``[B, H, T, C]`` in the dtype of ``values``, zero at padding and at targets
     without edges; differentiable where FlexAttention has a backward (not on CPU).
-
-    Shapes:
-        key, query: ``[B, H, T, D]``; values: ``[B, H or 1, T, C]``; lengths: ``[B]``;
-        returns ``[B, H, T, C]``.
     """
-    for name, value, allowed in (("direction", direction, DIRECTIONS),
-                                 ("normalization", normalization, ("relu2", "softmax"))):
-        if value not in allowed:
-            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
     if check:
         check_fusable(key, query)
     b, h, t, _ = key.shape
     dtype = resolve_kernel_dtype(key, kernel_dtype)
-    if values.dim() != 4 or values.shape[0] != b or values.shape[2] != t or \
+    if direction not in DIRECTIONS or normalization not in NORMALIZATIONS or \
+            values.dim() != 4 or values.shape[0] != b or values.shape[2] != t or \
             values.shape[1] not in (1, h):
-        raise ValueError(f"values must be [B, H or 1, T, C] = [{b}, {h} or 1, {t}, C], "
-                         f"got {tuple(values.shape)}")
+        raise ValueError(f"direction must be one of {DIRECTIONS}, normalization one of "
+                         f"{NORMALIZATIONS} and values must be [B, H or 1, T, C] = [{b}, {h} "
+                         f"or 1, {t}, C]; got {direction!r}, {normalization!r}, "
+                         f"{tuple(values.shape)}")
     padded = -(-t // BLOCK) * BLOCK
     pad = padded - t
     if values.size(1) == 1 and h > 1:  # shared input: every head reads the same values
         values = values.expand(b, h, t, values.size(-1))
     out_dtype = values.dtype
-    # autocast is off inside (it would recast each operand): the casts happen here, once
+    # autocast is off inside (it would recast each operand): cast here, once
     key, query, values = key.to(dtype), query.to(dtype), values.to(dtype)
     width = values.size(-1)
     min_dim = MIN_HEAD_DIM.get(key.device.type, 1)
@@ -296,9 +258,7 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
 
 def _flex_parts(query: Tensor, key: Tensor, values: Tensor, mask, dtype: torch.dtype,
                 relu2: bool, min_dim: int, block: int) -> Tensor:
-    """FlexAttention over ``values`` in parts of at most ``block`` channels (each padded
-    to ``min_dim``); a shape the kernel refuses is a ``ValueError`` naming the other
-    layouts."""
+    """FlexAttention over ``values`` in parts of at most ``block`` channels."""
     try:
         with torch.autocast(key.device.type, enabled=False):
             outs = []

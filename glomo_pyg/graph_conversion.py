@@ -1,36 +1,25 @@
-r"""One sequence's latent graphs in other forms: a networkx graph, a sparse adjacency
-matrix, the explicit hierarchical product :math:`G^1 \cdots G^l`.
-
-These sit below :mod:`glomo_pyg.graphs` (they use only the public interface of a
-:class:`~glomo_pyg.LatentGraphs`, which exposes each as a thin method of the same name),
-so the graph object needs nothing from :mod:`glomo_pyg.analysis`.
-"""
+r"""One sequence's latent graphs as a networkx graph, a sparse adjacency matrix or the
+hierarchical product :math:`G^1 \cdots G^l` (also methods of :class:`~glomo_pyg.LatentGraphs`)."""
 from __future__ import annotations
 
-import operator
 from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 from torch import Tensor
+
+from glomo_pyg.ordering import check_int
 
 if TYPE_CHECKING:  # annotations only: glomo_pyg.graphs imports this module
     from glomo_pyg.graphs import LatentGraphs
 
 
 def check_index(name: str, value, size: int) -> None:
-    """``value`` must be an integer in ``[0, size)`` (a float such as 0.5 would match no
-    edge, and a negative one no layer, silently)."""
-    try:
-        index = None if isinstance(value, bool) else operator.index(value)
-    except TypeError:
-        index = None
-    if index is None or not 0 <= index < size:
-        raise ValueError(f"{name} must be an integer in [0, {size}), got {value!r}")
+    """``value`` must be an integer in ``[0, size)``."""
+    check_int(name, value, 0, below=size)
 
 
 def check_sample(graphs: "LatentGraphs", sample, labels: Optional[Sequence] = None) -> int:
-    """The length of sequence ``sample`` (checked), and ``labels``, when given, must hold
-    one entry per unit of it."""
+    """The length of sequence ``sample`` (checked); ``labels`` must hold one per unit."""
     check_index("sample", sample, graphs.num_sequences)
     length = int(graphs.lengths[sample])
     if labels is not None and len(labels) != length:
@@ -55,14 +44,9 @@ def sample_edges(graphs: "LatentGraphs", sample: int, layer: int, head: Optional
 
 def to_networkx(graphs: "LatentGraphs", sample: int, layer: Optional[int] = None,
                 head: Optional[int] = None, labels: Optional[Sequence] = None):
-    """One sequence's graphs as a networkx graph.
-
-    Nodes are the positions ``0..T-1`` of sequence ``sample``, with attributes
-    ``position`` and, if ``labels`` (one per unit, e.g. token strings) is given,
-    ``label``. Edges run source -> target with attribute ``weight``. With both
-    ``layer`` and ``head`` given the result is a ``networkx.DiGraph``; otherwise a
-    ``networkx.MultiDiGraph`` whose edge keys are ``(layer, head)`` over the
-    unspecified layers and/or heads.
+    """One sequence's graphs as a networkx graph: nodes ``0..T-1`` (attributes ``position``
+    and ``label`` from ``labels``), edges source -> target with ``weight``; a ``DiGraph``
+    with ``layer`` and ``head`` given, else a ``MultiDiGraph`` keyed by ``(layer, head)``.
     """
     import networkx as nx
 
@@ -91,8 +75,7 @@ def adjacency(graphs: "LatentGraphs", sample: int, layer: int, head: int) -> Ten
 
 def hierarchical(graphs: "LatentGraphs", sample: int, layer: int, head: int) -> Tensor:
     r"""Explicit :math:`\Lambda^l = G^1 G^2 \cdots G^l` of one sequence and head, as a
-    sparse ``[T, T]`` (sparse-sparse products; paper Sec. 2.2). For analysis only:
-    transfer computes :math:`H\Lambda^l` by chained propagation and never forms it."""
+    sparse ``[T, T]`` (paper Sec. 2.2); for analysis only (transfer never forms it)."""
     check_index("layer", layer, graphs.num_layers)
     out = adjacency(graphs, sample, 0, head)
     for l in range(1, layer + 1):

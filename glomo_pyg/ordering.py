@@ -1,14 +1,9 @@
-"""Which sources a unit's graph column may draw from: the one allowed-sources rule.
-
-Every place that needs the rule (the emission kernels' masks, uniform graphs, graph
-density, the uniform baselines of recovery, syntax and health statistics) asks a
-:class:`UnitOrder` instead of writing it out. :class:`SequenceOrder` is the 1-D order
-of text (paper Sec. 2.1: forward graphs link each unit to earlier ones, backward graphs
-to later ones). A 2-D order over an image grid (e.g. raster order over ``H x W`` pixels
-with Euclidean distances) is one more subclass.
-"""
+"""Which sources a unit's graph column may draw from: the one allowed-sources rule
+(:class:`UnitOrder`), asked by every place that needs it. :class:`SequenceOrder` is the
+1-D order of text (paper Sec. 2.1), :class:`RasterOrder` that of an image grid."""
 from __future__ import annotations
 
+import operator
 from abc import ABC, abstractmethod
 from typing import Optional, Tuple
 
@@ -18,13 +13,24 @@ from torch import Tensor
 DIRECTIONS = ("forward", "backward")
 
 
-def check_count(name: str, value, high: Optional[int] = None) -> None:
-    """A positive integer (not a bool), at most ``high`` when given."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1 or \
-            (high is not None and value > high):
-        raise ValueError(f"{name} must be " + ("a positive integer" if high is None else
-                                               f"an integer in [1, {high}]")
-                         + f", got {value!r}")
+def check_int(name: str, value, low: int = 1, high: Optional[int] = None,
+              below: Optional[int] = None, *, optional: bool = False,
+              unit: str = "") -> Optional[int]:
+    """``value`` as an ``int`` (not a bool) in ``[low, high]`` or ``[low, below)``, or
+    ``None`` where ``optional``; ``ValueError`` otherwise."""
+    if value is None and optional:
+        return None
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    end = below if high is None else high + 1
+    if number is None or number < low or (end is not None and number >= end):
+        bounds = (f">= {low}" if end is None else f"in [{low}, {high}]" if below is None
+                  else f"in [{low}, {below})")
+        raise ValueError(f"{name} must be {'None or ' if optional else ''}an integer "
+                         f"{bounds}{unit}, got {value!r}")
+    return number
 
 
 def check_direction(direction) -> None:
@@ -34,14 +40,8 @@ def check_direction(direction) -> None:
 
 
 class UnitOrder(ABC):
-    """The allowed (source, target) pairs of one direction's graphs over a batch of
-    variable-length unit sequences, and distances between units.
-
-    Units are addressed by their position ``0..T-1`` in their sequence (for a grid, the
-    position in the order's linearisation). Subclasses implement :meth:`allowed` and
-    :meth:`distance`; the counting helpers follow from them but may be overridden with
-    closed forms.
-    """
+    """The allowed (source, target) pairs of one direction's graphs, and distances between
+    units, by position ``0..T-1``; subclasses implement :meth:`allowed` and :meth:`distance`."""
 
     def __init__(self, direction: str, include_self: bool = False):
         check_direction(direction)
@@ -57,9 +57,8 @@ class UnitOrder(ABC):
         """Non-negative distance between units, broadcast like :meth:`allowed`."""
 
     def window_distance(self, target: Tensor, source: Tensor) -> Tensor:
-        """The integer distance a window cuts by (:meth:`LatentGraphs.within`), broadcast
-        like :meth:`allowed`: a window of ``d`` keeps the pairs that a stretch of
-        ``d + 1`` consecutive units can hold."""
+        """The integer distance a window cuts by (:meth:`LatentGraphs.within`): a window
+        of ``d`` keeps the pairs ``d + 1`` consecutive units hold."""
         return (target - source).abs()
 
     def longest_window_distance(self, max_len: int) -> int:
@@ -67,8 +66,8 @@ class UnitOrder(ABC):
         return max_len - 1
 
     def block_mask(self, j0: int, j1: int, i0: int, i1: int, lengths: Tensor) -> Tensor:
-        """``[B, j1 - j0, i1 - i0]`` allowed (target ``j``, source ``i``) pairs of a block
-        of targets ``j0..j1-1`` and sources ``i0..i1-1``, false at padding."""
+        """``[B, j1 - j0, i1 - i0]`` allowed (target ``j``, source ``i``) pairs of targets
+        ``j0..j1-1`` and sources ``i0..i1-1``, false at padding."""
         device = lengths.device
         j = torch.arange(j0, j1, device=device).view(1, -1, 1)
         i = torch.arange(i0, i1, device=device).view(1, 1, -1)
@@ -76,8 +75,7 @@ class UnitOrder(ABC):
         return self.allowed(j, i) & (j < length) & (i < length)
 
     def num_sources(self, position: Tensor, length: Tensor) -> Tensor:
-        """Allowed sources of each unit, from its ``position`` and its sequence's
-        ``length`` (elementwise)."""
+        """Allowed sources of each unit from its ``position`` and sequence ``length``."""
         t = int(length.max()) if length.numel() else 0
         i = torch.arange(t, device=position.device).view(1, -1)
         ok = self.allowed(position.view(-1, 1), i) & (i < length.view(-1, 1))
@@ -104,16 +102,18 @@ class UnitOrder(ABC):
         empty = ptr.new_empty(0)
         return (torch.cat(src) if src else empty), (torch.cat(tgt) if tgt else empty)
 
+    def _fields(self) -> dict:
+        return dict(direction=self.direction, include_self=self.include_self)
+
     def __eq__(self, other) -> bool:
-        return type(self) is type(other) and \
-            (self.direction, self.include_self) == (other.direction, other.include_self)
+        return type(self) is type(other) and self._fields() == other._fields()
 
     def __hash__(self) -> int:
-        return hash((type(self).__name__, self.direction, self.include_self))
+        return hash((type(self).__name__, *self._fields().values()))
 
     def __repr__(self) -> str:
-        return (f"{self.__class__.__name__}(direction='{self.direction}', "
-                f"include_self={self.include_self})")
+        args = ", ".join(f"{k}={v!r}" for k, v in self._fields().items())
+        return f"{type(self).__name__}({args})"
 
 
 class SequenceOrder(UnitOrder):
@@ -148,25 +148,20 @@ class SequenceOrder(UnitOrder):
         # first allowed source of each target; its sources are consecutive from there
         first = node - pos if self.direction == "forward" else node + 1 - int(self.include_self)
         tgt = torch.repeat_interleave(node, count)
-        offset = torch.arange(tgt.numel(), device=ptr.device) - (torch.cumsum(count, 0) - count)[tgt]
+        starts = torch.cumsum(count, 0) - count
+        offset = torch.arange(tgt.numel(), device=ptr.device) - starts[tgt]
         return first[tgt] + offset, tgt
 
 
 class RasterOrder(SequenceOrder):
     r"""The raster order of an ``height x width`` image grid (paper Sec. 3.5): unit
-    :math:`p = r \cdot W + c` is the pixel in row :math:`r`, column :math:`c`. Forward
-    graphs allow sources earlier in raster order (every row above, and the pixels to
-    the left in the same row), backward graphs later ones: the forward order of the
-    image rotated by 180 degrees, mapped back. The allowed pairs are those of the 1-D
-    :class:`SequenceOrder` over raster positions (so every kernel and layout applies
-    unchanged); the distance is Euclidean on the grid, so the 4-neighbourhood is the set
-    of units at distance 1."""
+    :math:`p = r \cdot W + c` is the pixel in row :math:`r`, column :math:`c`. The
+    allowed pairs are those of :class:`SequenceOrder` over raster positions (forward:
+    every row above and the pixels to the left); the distance is Euclidean on the grid."""
 
     def __init__(self, direction: str, height: int, width: int, include_self: bool = False):
         super().__init__(direction, include_self)
-        check_count("height", height)
-        check_count("width", width)
-        self.height, self.width = height, width
+        self.height, self.width = check_int("height", height), check_int("width", width)
 
     @property
     def num_units(self) -> int:
@@ -183,9 +178,8 @@ class RasterOrder(SequenceOrder):
         return (dx * dx + dy * dy).double().sqrt()
 
     def window_distance(self, target: Tensor, source: Tensor) -> Tensor:
-        """The larger of the row and column offsets: a window of ``d`` keeps exactly
-        the pairs that a ``(d + 1) x (d + 1)`` crop can hold (e.g. ``d = 15`` for a
-        predictor pretrained on 16 x 16 crops)."""
+        """The larger of the row and column offsets: a window of ``d`` keeps the pairs
+        a ``(d + 1) x (d + 1)`` crop holds."""
         dy, dx = self.offsets(target, source)
         return torch.maximum(dy.abs(), dx.abs())
 
@@ -193,13 +187,6 @@ class RasterOrder(SequenceOrder):
         """The largest :meth:`window_distance` between two pixels of the grid."""
         return max(self.height, self.width) - 1
 
-    def __eq__(self, other) -> bool:
-        return super().__eq__(other) and (self.height, self.width) == (other.height, other.width)
-
-    def __hash__(self) -> int:
-        return hash((type(self).__name__, self.direction, self.include_self, self.height,
-                     self.width))
-
-    def __repr__(self) -> str:
-        return (f"{self.__class__.__name__}(direction='{self.direction}', height={self.height}, "
-                f"width={self.width}, include_self={self.include_self})")
+    def _fields(self) -> dict:
+        return dict(direction=self.direction, height=self.height, width=self.width,
+                    include_self=self.include_self)

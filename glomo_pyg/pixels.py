@@ -1,10 +1,5 @@
-"""Images as units (paper Sec. 3.5): the pixels of ``[B, C, H, W]`` uint8 images in
-raster order, one unit per position, node id = image index x (H W) + raster position.
-
-Every image model of the library reads units this way: ``x`` is ``[N, C]`` uint8 raw
-pixel values and ``batch`` the image of each unit, so the graph machinery (batches of
-variable-length sequences) applies unchanged, with every sequence an image.
-"""
+"""Images as units (paper Sec. 3.5): the pixels of uint8 ``[B, C, H, W]`` images in
+raster order, ``x`` ``[N, C]`` raw values and ``batch`` the image of each unit."""
 from __future__ import annotations
 
 from typing import Optional, Sequence, Tuple
@@ -12,8 +7,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-# Per-channel mean and standard deviation of ImageNet RGB pixels on a [0, 1] scale (the
-# usual constants; the 32x32 downsampled set has nearly the same statistics).
+# Per-channel mean and standard deviation of ImageNet RGB pixels on a [0, 1] scale.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -49,7 +43,7 @@ def check_pixels(x: Tensor, channels: int, name: str = "x") -> None:
 
 def image_units(images: Tensor) -> Tuple[Tensor, Tensor]:
     """``(x, batch)``: the ``[B H W, C]`` pixels of uint8 ``[B, C, H, W]`` images in raster
-    order and the image of each unit."""
+    order, and the image of each."""
     check_images(images)
     b, c, h, w = images.shape
     x = images.permute(0, 2, 3, 1).reshape(b * h * w, c)
@@ -58,16 +52,15 @@ def image_units(images: Tensor) -> Tuple[Tensor, Tensor]:
 
 
 def unit_images(x: Tensor, height: int, width: int) -> Tensor:
-    """Inverse of :func:`image_units`: ``[N, C]`` units of whole images back to
-    ``[B, C, H, W]``."""
+    """Inverse of :func:`image_units`: ``[N, C]`` units back to ``[B, C, H, W]``."""
     if x.dim() != 2 or x.size(0) % (height * width):
         raise ValueError(f"{tuple(x.shape)} units are not whole {height}x{width} images")
     return x.view(-1, height, width, x.size(1)).permute(0, 3, 1, 2)
 
 
 def normalize(x: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
-    """Float pixels ``(x / 255 - mean) / std`` per channel (last dim of ``x``, or dim 1 of
-    ``[B, C, H, W]`` images with ``channels_first``)."""
+    """Float pixels ``(x / 255 - mean) / std`` per channel (the last dim, or dim 1 of
+    ``[B, C, H, W]`` images)."""
     m = torch.tensor(mean, dtype=torch.float32, device=x.device)
     s = torch.tensor(std, dtype=torch.float32, device=x.device)
     if x.dim() == 4:

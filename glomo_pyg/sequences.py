@@ -1,8 +1,5 @@
-"""Validation of PyG-style sequence batches and padded <-> flat conversion.
-
-Every public entry point funnels its ``(x, batch)`` through here, so bad input
-fails early with a message naming the problem instead of deep inside a kernel.
-"""
+"""Validation of PyG-style sequence batches (every public entry point's ``(x, batch)``)
+and padded <-> flat conversion."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,10 +13,8 @@ from torch import Tensor
 class SequenceBatch:
     """Layout of ``B`` variable-length sequences stored flat as ``N`` nodes.
 
-    ``ptr[b]:ptr[b + 1]`` are the flat ids of sequence ``b``; ``position[n]`` is
-    node ``n``'s index inside its sequence. ``sizes`` holds ``lengths`` as host integers,
-    read once where the batch enters (the emission plans its blocks from them without a
-    device sync).
+    ``ptr[b]:ptr[b + 1]`` are the flat ids of sequence ``b``; ``position[n]`` is node
+    ``n``'s index in its sequence; ``sizes`` is ``lengths`` as host integers (read once).
     """
 
     batch: Tensor
@@ -63,15 +58,11 @@ class SequenceBatch:
         return cls(batch, ptr, lengths, position, tuple(lengths.tolist()))
 
 
-# A sorted PyG batch vector may skip ids (empty graphs, which PyG allows), but every
-# sequence id costs memory (lengths, offsets, padded [B, T, ...] tensors) while it holds no
-# unit: a batch [0, 10**8] of two units would allocate gigabytes. So a batch may hold at
-# most this many sequences beyond its number of units: B <= N + MAX_EMPTY_SEQUENCES
+# A batch vector may skip ids (empty sequences), but every id costs memory (a batch
+# [0, 10**8] of two units would allocate gigabytes): B <= N + MAX_EMPTY_SEQUENCES
 # (docs/design.md, "Limits").
 MAX_EMPTY_SEQUENCES = 1024
-# Units a batch may claim through ``ptr`` alone (LatentGraphs(ptr=...), uniform graphs):
-# per-unit vectors cost 8 bytes each, so 2**28 units are 2 GiB per vector. Raise it
-# (glomo_pyg.sequences.MAX_UNITS) for larger batches.
+# Units a batch may claim through ``ptr`` alone: per-unit vectors of 2 GiB at 2**28.
 MAX_UNITS = 1 << 28
 
 # Token ids the embedding takes as they are.
@@ -81,38 +72,36 @@ TOKEN_DTYPES = (torch.int64, torch.int32)
 def sequence_batch(num_nodes: int, batch: Optional[Tensor], device: torch.device) -> SequenceBatch:
     """Validate a PyG ``batch`` vector (``None``: one sequence) and describe it.
 
-    The ids must be sorted (non-decreasing) and non-negative; ids may be skipped (empty
-    sequences), but the number of sequences ``batch[-1] + 1`` may exceed the number of
-    units ``N`` by at most :data:`MAX_EMPTY_SEQUENCES`, since every sequence costs
-    memory. Two device syncs (the checks, and ``sizes``), here at the door only."""
+    The ids must be sorted and non-negative; skipped ids (empty sequences) are allowed, up
+    to ``N + MAX_EMPTY_SEQUENCES`` sequences. Two device syncs, here at the door only."""
     if batch is None:
         batch = torch.zeros(num_nodes, dtype=torch.long, device=device)
     if not isinstance(batch, Tensor) or batch.dtype != torch.long:
         raise TypeError(f"batch must be an int64 (torch.long) torch.Tensor or None, got "
                         f"{getattr(batch, 'dtype', type(batch).__name__)}")
     if num_nodes == 0 or batch.shape != (num_nodes,) or batch.device != device:
-        raise ValueError(f"batch must have shape [N] = [{num_nodes}] on x's device {device}, "
-                         f"got {tuple(batch.shape)} on {batch.device}" + (
-                             "; empty input: x has no units (N = 0), every batch needs at "
-                             "least one unit" if num_nodes == 0 else ""))
-    unsorted, first, last = torch.stack([(batch[1:] < batch[:-1]).any().long(), batch[0],
-                                         batch[-1]]).tolist()  # sorted: the extremes
-    num_seqs = last + 1
-    problem = (
-        "batch must be sorted (non-decreasing), as PyG's DataLoader produces; sort the units "
-        "by sequence id first" if unsorted else
-        "batch contains negative sequence ids" if first < 0 else
-        f"batch numbers {num_seqs} sequences (its last id is {last}) for {num_nodes} units: "
-        f"at most N + MAX_EMPTY_SEQUENCES = {num_nodes + MAX_EMPTY_SEQUENCES} are accepted, "
-        f"since every sequence id costs memory whether or not it holds a unit "
-        f"(glomo_pyg.sequences.MAX_EMPTY_SEQUENCES); renumber the sequences 0, 1, 2, ... "
-        f"(e.g. torch.unique_consecutive(batch, return_inverse=True)[1])"
-        if num_seqs > num_nodes + MAX_EMPTY_SEQUENCES else None)
+        problem = (f"batch must have shape [N] = [{num_nodes}] on x's device {device}, got "
+                   f"{tuple(batch.shape)} on {batch.device}" + (
+                       "; empty input: x has no units (N = 0), every batch needs at least "
+                       "one unit" if num_nodes == 0 else ""))
+    else:
+        unsorted, first, last = torch.stack([(batch[1:] < batch[:-1]).any().long(), batch[0],
+                                             batch[-1]]).tolist()  # sorted: the extremes
+        num_seqs = last + 1
+        problem = (
+            "batch must be sorted (non-decreasing), as PyG's DataLoader produces; sort the "
+            "units by sequence id first" if unsorted else
+            "batch contains negative sequence ids" if first < 0 else
+            f"batch numbers {num_seqs} sequences (its last id is {last}) for {num_nodes} "
+            f"units: at most N + MAX_EMPTY_SEQUENCES = {num_nodes + MAX_EMPTY_SEQUENCES} are "
+            f"accepted, since every sequence id costs memory "
+            f"(glomo_pyg.sequences.MAX_EMPTY_SEQUENCES); renumber the sequences 0, 1, 2, ... "
+            f"(e.g. torch.unique_consecutive(batch, return_inverse=True)[1])"
+            if num_seqs > num_nodes + MAX_EMPTY_SEQUENCES else None)
     if problem:
         raise ValueError(problem)
     lengths = torch.bincount(batch, minlength=num_seqs)
-    ptr = torch.zeros(num_seqs + 1, dtype=torch.long, device=device)
-    torch.cumsum(lengths, 0, out=ptr[1:])
+    ptr = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
     position = torch.arange(num_nodes, device=device) - ptr[batch]
     return SequenceBatch(batch, ptr, lengths, position, tuple(lengths.tolist()))
 
@@ -132,21 +121,16 @@ def check_tokens(x: Tensor, num_tokens: int) -> None:
 def check_dtype(x: Tensor, dtype: torch.dtype, name: str = "x",
                 owner: str = "this module's parameters") -> None:
     """``TypeError`` if floating ``x`` does not have ``dtype`` (the parameters it meets),
-    unless autocast is on for its device and ``x`` is a type autocast converts (fp32, fp16,
-    bf16): otherwise the first matrix product fails with an anonymous dtype mismatch."""
-    if x.dtype == dtype:
-        return
-    if x.dtype in (torch.float32, torch.float16, torch.bfloat16) and \
-            torch.is_autocast_enabled(x.device.type):
-        return
-    raise TypeError(f"{name} is {x.dtype} but {owner} are {dtype}: convert one of them "
-                    f"({name}.to({dtype}) or module.to({x.dtype})), or run under torch.autocast "
-                    f"(fp32/fp16/bf16 input)")
+    unless autocast is on for its device and converts ``x`` (fp32, fp16, bf16)."""
+    if x.dtype != dtype and not (x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+                                 and torch.is_autocast_enabled(x.device.type)):
+        raise TypeError(f"{name} is {x.dtype} but {owner} are {dtype}: convert one of them "
+                        f"({name}.to({dtype}) or module.to({x.dtype})), or run under "
+                        f"torch.autocast (fp32/fp16/bf16 input)")
 
 
 def check_features(x: Tensor, in_channels: int, name: str = "x") -> None:
-    """Features: a floating ``[N, in_channels]`` tensor (shape and dtype only: values are
-    not read, as in PyG's layers, so nothing syncs with the device)."""
+    """Features: a floating ``[N, in_channels]`` tensor (values are not read: no sync)."""
     if not isinstance(x, Tensor) or not x.dtype.is_floating_point:
         raise TypeError(f"{name} must be a floating-point torch.Tensor of features, got "
                         f"{getattr(x, 'dtype', type(x).__name__)}")
@@ -155,8 +139,8 @@ def check_features(x: Tensor, in_channels: int, name: str = "x") -> None:
 
 
 def first_failure(checks: List[Tuple[Tensor, str]], prefix: str = "") -> None:
-    """``ValueError`` with the message of the first check whose flag (a 0-d tensor, true
-    when the check fails) is set: one device sync for all the value checks of a door."""
+    """``ValueError`` with the message of the first check whose 0-d flag is set (true
+    when it fails): one device sync for all the value checks of a door."""
     if not checks:
         return
     flags = torch.stack([flag.reshape(()).to(torch.bool) for flag, _ in checks]).tolist()

@@ -1,18 +1,9 @@
 """Typed settings, declared once: a :func:`setting` is a dataclass field whose metadata
-holds its :class:`Rule` (type, range or choices, whether ``None`` is allowed) and its
-documentation. The configuration classes of the library (:class:`~glomo_pyg.nn.settings.ModelSettings`,
-the pretraining sections, the quickstart's, the image classifier's) are dataclasses of
-such fields, and everything that reads a setting, whether a YAML file, a ``--set``
-override, a saved predictor's ``config.json`` or a module constructor, checks it with the
-same rule, so an error names the same dotted key and range wherever the value came from.
-
-Plain stdlib: the library's core must check settings without Lightning or jsonargparse
-(a saved predictor is loaded with neither installed). :mod:`glomo_pyg.training.reference`
-writes ``docs/settings.md`` from the declarations.
-"""
+holds its :class:`Rule` and documentation (docs/design.md, "Settings"). Plain stdlib."""
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import dataclasses
 import math
 import os
@@ -28,17 +19,8 @@ T = TypeVar("T")
 
 
 def short_repr(value: Any) -> str:
-    """A bounded repr for error messages: a hostile value (a YAML alias bomb, say)
-    must not make the message itself huge."""
+    """A bounded repr for error messages (a hostile value must not make them huge)."""
     return _SHORT.repr(value)
-
-
-def _number_from_text(value: str) -> Any:
-    """``'1e-3'`` as 1e-3 (YAML 1.1 reads exponents without a dot as strings)."""
-    try:
-        return float(value)
-    except ValueError:
-        return value
 
 
 def _finite(value: Any) -> bool:
@@ -54,12 +36,10 @@ class Rule:
     """What one setting may hold.
 
     Args:
-        kind: ``int``, ``float``, ``bool``, ``str``, ``list`` (a list of finite
-            numbers) or ``dict`` (a mapping, whose entries the consumer checks). An int,
-            or a number written as text such as ``'1e-3'``, is accepted where a float is
-            expected; floats must be finite.
-        low, high: the range of a number (inclusive unless ``low_open`` /
-            ``high_open``).
+        kind: ``int``, ``float`` (finite; an int or a number written as text such as
+            ``'1e-3'`` is accepted), ``bool``, ``str``, ``list`` (of finite numbers) or
+            ``dict`` (a mapping, whose entries the consumer checks).
+        low, high: the range of a number (inclusive unless ``low_open`` / ``high_open``).
         optional: ``None`` is allowed.
         choices: the allowed strings (a tuple, or a callable returning one, for choices
             known only at run time such as Lightning's accelerators).
@@ -82,48 +62,31 @@ class Rule:
 
     def describe(self) -> str:
         """The rule in words, as errors and the docs say it."""
-        if self.choices is not None:
-            text = "one of " + ", ".join(repr(c) for c in self.allowed_choices())
-        elif self.kind is bool:
-            text = "true or false"
-        elif self.kind is str:
-            text = "a string" + (f" of at most {self.max_length} characters"
-                                 if self.max_length is not None else "")
-        elif self.kind is dict:
-            text = "a mapping"
-        elif self.kind is list:
-            text = "a list of " + (f"at most {self.max_length} " if self.max_length else "") + \
-                "finite numbers"
-        else:
-            text = self._describe_number()
-        if self.optional:
-            text += " or null"
-        return text + (f" ({self.note})" if self.note else "")
+        most = f"at most {self.max_length} " if self.max_length is not None else ""
+        text = "one of " + ", ".join(map(repr, self.allowed_choices())) \
+            if self.choices is not None else {
+                bool: "true or false", dict: "a mapping", list: f"a list of {most}finite numbers",
+                str: f"a string of {most}characters" if most else "a string",
+            }.get(self.kind) or self._describe_number()
+        return text + (" or null" if self.optional else "") + \
+            (f" ({self.note})" if self.note else "")
 
     def _describe_number(self) -> str:
-        noun = "integer" if self.kind is int else "number"
+        article, noun = ("an", "integer") if self.kind is int else ("a", "number")
         low, high = self.low, self.high
-        if high is None and low == 0 and self.low_open:
-            return f"a positive {noun}"
-        if high is None and low == 1 and self.kind is int:
-            return "a positive integer"
-        if high is None and low == 0:
-            return f"a non-negative {noun}"
-        if high is None and low is not None:
-            return f"an {noun} >= {low}" if noun == "integer" else f"a number >= {low}"
-        if low is not None:
-            return (f"a{'n' if noun == 'integer' else ''} {noun} in "
-                    f"{'(' if self.low_open else '['}{low}, {high}"
+        if low is None:
+            return "an integer" if self.kind is int else "a finite number"
+        if high is not None:
+            return (f"{article} {noun} in {'(' if self.low_open else '['}{low}, {high}"
                     f"{')' if self.high_open else ']'}")
-        return "an integer" if noun == "integer" else "a finite number"
+        if (low == 0 and self.low_open) or (low == 1 and self.kind is int):
+            return f"a positive {noun}"
+        return f"a non-negative {noun}" if low == 0 else f"{article} {noun} >= {low}"
 
     def check(self, key: str, value, error: Type[Exception] = ValueError,
               show: Callable[[Any], str] = short_repr, typed: bool = False):
-        """``value`` if it obeys the rule (numbers normalised: a float setting given as
-        an int, or as text such as ``'1e-3'``, becomes a float), else ``error`` saying
-        ``"{key} must be ..., got {show(value)}"``. ``typed``: the value comes from a
-        typed source (JSON), so text is never read as a number or a number as a
-        choice."""
+        """``value`` normalised if it obeys the rule, else ``error`` naming ``key``;
+        ``typed``: a JSON value, so text is never read as a number or a number as a choice."""
         if value is None and self.optional:
             return None
         ok, normalised = self._normalise(value, typed)
@@ -153,7 +116,8 @@ class Rule:
                 all(map(_finite, value))
             return ok, list(value) if ok else value
         if self.kind is float and isinstance(value, str) and not typed:
-            value = _number_from_text(value)
+            with contextlib.suppress(ValueError):  # YAML 1.1 reads '1e-3' as a string
+                value = float(value)
         ok = _finite(value) and (self.kind is float or isinstance(value, int)) and \
             (self.low is None or value > self.low or (value == self.low and not self.low_open)) \
             and (self.high is None or value < self.high or
@@ -164,8 +128,8 @@ class Rule:
         return f"Rule({self.describe()!r})"
 
 
-# Far above the cores of any real machine. torch accepts any count, then crashes
-# (a segmentation fault at 100,000 threads) or overflows deep inside an operator.
+# Far above the cores of any real machine: torch accepts any count, then crashes
+# (a segmentation fault at 100,000 threads).
 MAX_THREADS = 1024
 #: torch's CPU thread count (``--threads``, ``train.threads``).
 THREADS = Rule(int, low=0, high=MAX_THREADS, note="0: torch's default")
@@ -195,10 +159,8 @@ _MISSING = dataclasses.MISSING
 
 def setting(default: Any = _MISSING, *, factory: Optional[Callable[[], Any]] = None,
             rule: Optional[Rule] = None, doc: str = "", **rule_args) -> Any:
-    """A dataclass field that declares a setting: its default (or ``factory``), its
-    :class:`Rule` (given, or built from ``rule_args`` and the field's type hint) and a
-    one-line ``doc``. ``setting(3, low=1)`` on an ``int`` field is a positive integer
-    defaulting to 3."""
+    """A dataclass field declaring a setting: default (or ``factory``), :class:`Rule`
+    (given, or from ``rule_args`` and the type hint) and a one-line ``doc``."""
     metadata = dict(doc=doc, rule=rule, rule_args=rule_args)
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
@@ -221,23 +183,14 @@ def _rule_from_hint(hint) -> Rule:
 
 
 def rules(cls: type) -> Dict[str, Rule]:
-    """Every field of the settings dataclass ``cls`` with its :class:`Rule` (built once
-    per class)."""
-    cached = cls.__dict__.get("_settings_rules")
-    if cached is not None:
-        return cached
-    hints = typing.get_type_hints(cls)
-    out = {}
-    for f in dataclasses.fields(cls):
-        declared = f.metadata.get("rule")
-        if declared is None:
-            declared = _rule_from_hint(hints[f.name])
-            args = f.metadata.get("rule_args") or {}
-            if args:
-                declared = declared.replace(**args)
-        out[f.name] = declared
-    setattr(cls, "_settings_rules", out)
-    return out
+    """Every field of the settings dataclass ``cls`` with its :class:`Rule` (cached)."""
+    if "_settings_rules" not in cls.__dict__:
+        hints = typing.get_type_hints(cls)
+        cls._settings_rules = {
+            f.name: f.metadata.get("rule") or
+            _rule_from_hint(hints[f.name]).replace(**(f.metadata.get("rule_args") or {}))
+            for f in dataclasses.fields(cls)}
+    return cls._settings_rules
 
 
 def documentation(cls: type) -> Dict[str, Tuple[Any, str, str]]:
@@ -250,26 +203,23 @@ def documentation(cls: type) -> Dict[str, Tuple[Any, str, str]]:
         rule = rules(cls)[f.name]
         # choices known only at run time (the installed Lightning's) are described by
         # their function's docstring, so the reference does not depend on the machine
-        dynamic = callable(rule.choices) and getattr(rule.choices, "__doc__", None)
-        allowed = ("one of " + rule.choices.__doc__.strip() + (" or null" if rule.optional
-                                                                else "")) if dynamic \
-            else rule.describe()
+        allowed = rule.describe() if not (callable(rule.choices) and rule.choices.__doc__) \
+            else f"one of {rule.choices.__doc__.strip()}{' or null' if rule.optional else ''}"
         out[f.name] = (default, allowed, f.metadata.get("doc", ""))
     return out
 
 
 def check_settings(obj: Any, section: str = "", error: Type[Exception] = ValueError) -> None:
-    """Check every field of the settings dataclass instance ``obj`` with its rule,
-    normalising in place; an error names ``section.field``."""
+    """Check and normalise every field of the settings dataclass instance ``obj`` in place."""
     for name, rule in rules(type(obj)).items():
-        setattr(obj, name, rule.check(_dotted(section, name), getattr(obj, name), error))
+        key = f"{section}.{name}" if section else name
+        setattr(obj, name, rule.check(key, getattr(obj, name), error))
 
 
 def from_mapping(cls: Type[T], data: Optional[Mapping[str, Any]], section: str = "",
                  base: Optional[T] = None, error: Type[Exception] = ValueError) -> T:
-    """An instance of the settings dataclass ``cls`` from a mapping (a YAML section),
-    starting from ``base`` (default: ``cls()``): unknown keys and values that break a
-    rule raise ``error`` naming the dotted key."""
+    """An instance of the settings dataclass ``cls`` from a mapping, starting from ``base``
+    (default: ``cls()``); unknown keys and bad values raise ``error`` naming the key."""
     data = {} if data is None else data
     allowed = rules(cls)
     unknown = sorted(str(k) for k in data if k not in allowed) \
@@ -284,14 +234,10 @@ def from_mapping(cls: Type[T], data: Optional[Mapping[str, Any]], section: str =
     return out
 
 
-def _dotted(section: str, name: str) -> str:
-    return f"{section}.{name}" if section else name
-
-
 def set_by_path(data: Dict[str, Any], dotted: str, value: Any) -> None:
     """``set_by_path(cfg, 'train.lr', 0.01)``: a command-line override of a nested key."""
     keys = dotted.split(".")
-    if not dotted or any(not k for k in keys):
+    if not all(keys):
         raise ValueError(f"{dotted!r} is not a setting name (e.g. train.max_steps)")
     node = data
     for depth, key in enumerate(keys[:-1]):

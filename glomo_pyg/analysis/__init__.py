@@ -1,10 +1,6 @@
 """Analysis of learned graphs: statistics and health, recovery of planted dependencies,
-comparison with gold syntax, figures, and export (networkx, adjacencies, edge lists).
-
-Submodules load on first use (PEP 562), so importing the package needs none of the
-optional packages some of them use (matplotlib, scikit-learn, conllu:
-:mod:`glomo_pyg.extras`).
-"""
+comparison with gold syntax, figures, export and the viewer. Submodules load on first use
+(PEP 562), so importing the package needs none of their optional packages."""
 from importlib import import_module
 
 _EXPORTS = {
@@ -18,8 +14,7 @@ _EXPORTS = {
                    "NEAR_UNIFORM_KL", "dataset_statistics", "distance_bin_names",
                    "graph_health", "graph_statistics"),
     "syntax": ("Alignment", "GraphScores", "NothingToScore", "SyntaxComparison", "SyntaxScores",
-               "align",
-               "compare_with_syntax", "syntax_scores", "untrained_copy"),
+               "align", "compare_with_syntax", "syntax_scores", "untrained_copy"),
     "treebank": ("GoldTree", "TreebankFormatError", "read_treebank"),
     "viewer": ("GraphView", "view", "view_data"),
 }

@@ -1,28 +1,25 @@
 """Files written by ``glomo export``: every graph of each input sequence or image as
-GraphML and JSON edge lists, plus the statistics table, all inside one directory.
-
-Nothing is pickled. Every file is written to a fresh temporary file in the output
-directory and renamed into place, so a name in that directory that is a symbolic link
-(to anywhere) is replaced, never followed, and file names are generated here, never
-taken from the input.
-"""
+GraphML and JSON edge lists, plus the statistics table, all inside one directory. Nothing
+is pickled, and file names are generated here, never taken from the input."""
 from __future__ import annotations
 
 import json
 import os
 import re
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Dict, List, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from glomo_pyg.analysis.export import edge_list, to_graphml_graph
+from glomo_pyg.analysis.export import concat_sequences, edge_list, to_graphml_graph
 from glomo_pyg.analysis.statistics import GraphStatisticsAccumulator
 from glomo_pyg.atomic_files import atomic_write
+from glomo_pyg.ordering import check_int
 
 FORMATS = ("graphml", "json")
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 class ExportDirectory:
@@ -39,15 +36,13 @@ class ExportDirectory:
         self.root = os.path.realpath(path)
 
     def path(self, name: str) -> str:
-        full = os.path.join(self.root, name)
-        if not _NAME.match(name) or name in (".", "..") or os.path.dirname(full) != self.root:
+        if not _NAME.fullmatch(name):
             raise ValueError(f"refusing file name {name!r}: a single plain path component "
                              f"inside {self.root} is required")
-        return full
+        return os.path.join(self.root, name)
 
     def write(self, name: str, write) -> str:
-        """Call ``write(file_object)`` on a temporary text file, then move it to ``name``
-        (:func:`~glomo_pyg.atomic_files.atomic_write`)."""
+        """``write(file_object)`` to file ``name``, atomically; returns its path."""
         target = self.path(name)
         with atomic_write(target) as fh:
             write(fh)
@@ -64,47 +59,21 @@ class ExportItem:
     labels: Optional[List[str]] = None
 
 
-def _image_size(predictor):
-    """``(height, width)`` of a pixel predictor, ``None`` for text."""
-    emitter = predictor.predictor(predictor.directions[0])
-    height = getattr(emitter, "height", None)
-    return None if height is None else (height, emitter.width)
-
-
-def _write_graphml(graph, fh) -> None:
-    import networkx as nx
-
-    for line in nx.generate_graphml(graph):
-        fh.write(line + "\n")
-
-
 def _batches(items: Sequence[ExportItem], batch_size: int):
-    """Groups of consecutive items of the same kind (and image size), with the
-    predictor's ``(x, batch)`` input."""
+    """Runs of items of one kind (and image size) as ``(indices, x, batch)``."""
     from glomo_pyg.pixels import image_units
 
-    group: List[int] = []
+    def kind(k: int):
+        x = items[k].x
+        return tuple(x.shape) if x.dim() == 3 else ("seq", x.dim())
 
-    def key(item):
-        return tuple(item.x.shape) if item.x.dim() == 3 else ("seq", item.x.dim())
-
-    def flush():
-        chunk = [items[k] for k in group]
-        if chunk[0].x.dim() == 3:
-            x, batch = image_units(torch.stack([c.x for c in chunk]))
-        else:
-            x = torch.cat([c.x for c in chunk])
-            batch = torch.cat([torch.full((c.x.size(0),), b, dtype=torch.long)
-                               for b, c in enumerate(chunk)])
-        return list(group), x, batch
-
-    for k, item in enumerate(items):
-        if group and (len(group) == batch_size or key(items[group[0]]) != key(item)):
-            yield flush()
-            group = []
-        group.append(k)
-    if group:
-        yield flush()
+    for _, run in groupby(range(len(items)), key=kind):
+        run = list(run)
+        for start in range(0, len(run), batch_size):
+            group = run[start:start + batch_size]
+            chunk = [items[k].x for k in group]
+            yield (group, *(image_units(torch.stack(chunk)) if chunk[0].dim() == 3 else
+                            concat_sequences(chunk)))
 
 
 @torch.no_grad()
@@ -113,42 +82,33 @@ def export_graphs(predictor, items: Sequence[ExportItem], output_dir: str,
                   min_weight: float = 0.0, top_k: Optional[int] = None,
                   max_edges: int = 2_000_000, log=None) -> Dict:
     """Emit the graphs of every item with ``predictor`` (a
-    :class:`~glomo_pyg.nn.PretrainedGraphPredictor`) and write, in ``output_dir``:
-
-    * ``sample_<k>.graphml`` / ``sample_<k>.json``: every (direction, layer, head) of
-      item ``k`` (see :func:`~glomo_pyg.analysis.to_graphml_graph` and
-      :func:`~glomo_pyg.analysis.edge_list`);
-    * ``statistics.md``, ``statistics.csv``, ``statistics.json``: the
-      :class:`~glomo_pyg.analysis.GraphStatisticsTable` over all items (unthinned);
-    * ``index.json``: each sample's source, unit count, edge count and files.
-
-    An item whose export would exceed ``max_edges`` edges is refused before anything is
-    written for it: thin it with ``min_weight`` or ``top_k``. Images of a size other than
-    the predictor's use :meth:`~glomo_pyg.nn.PretrainedGraphPredictor.resized`.
-    Returns the index.
-    """
+    :class:`~glomo_pyg.nn.PretrainedGraphPredictor`; images of another size through
+    :meth:`~glomo_pyg.nn.PretrainedGraphPredictor.resized`) and write in ``output_dir``
+    ``sample_<k>.graphml`` / ``.json`` (:func:`~glomo_pyg.analysis.to_graphml_graph`,
+    :func:`~glomo_pyg.analysis.edge_list`), ``statistics.md`` / ``.csv`` / ``.json`` (the
+    unthinned :class:`~glomo_pyg.analysis.GraphStatisticsTable`) and ``index.json`` (each
+    sample's source, units, edges and files; returned). An item of more than
+    ``max_edges`` edges is refused before anything is written for it."""
     formats = list(formats)
     if not formats or any(f not in FORMATS for f in formats):
         raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats}")
-    for name, value in (("batch_size", batch_size), ("max_edges", max_edges)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    check_int("batch_size", batch_size)
+    check_int("max_edges", max_edges)
     if not items:
         raise ValueError("nothing to export: no items")
     out = ExportDirectory(output_dir)
     stats = GraphStatisticsAccumulator()
     index: List[Dict] = []
     width = max(5, len(str(len(items) - 1)))
-    resized: Dict = {}
+    emitter = predictor.predictor(predictor.directions[0])
+    resized: Dict = {None: predictor, (getattr(emitter, "height", -1),
+                                       getattr(emitter, "width", -1)): predictor}
     for group, x, batch in _batches(items, batch_size):
-        model = predictor
         first = items[group[0]].x
-        if first.dim() == 3 and tuple(first.shape[1:]) != _image_size(predictor):
-            size = tuple(first.shape[1:])
-            if size not in resized:
-                resized[size] = predictor.resized(*size)
-            model = resized[size]
-        graphs = model(x, batch)
+        size = tuple(first.shape[1:]) if first.dim() == 3 else None  # images: (H, W)
+        if size not in resized:
+            resized[size] = predictor.resized(*size)
+        graphs = resized[size](x, batch)
         stats.update(graphs)
         for b, k in enumerate(group):
             item = items[k]
@@ -165,9 +125,11 @@ def export_graphs(predictor, items: Sequence[ExportItem], output_dir: str,
                                                                fh))
                 files.append(stem + ".json")
             if "graphml" in formats:
+                import networkx as nx  # (optional: only for GraphML)
                 graph = to_graphml_graph(graphs, b, item.labels, min_weight, top_k)
                 graph.graph["source"] = item.source
-                out.write(stem + ".graphml", lambda fh: _write_graphml(graph, fh))
+                out.write(stem + ".graphml", lambda fh: fh.writelines(
+                    line + "\n" for line in nx.generate_graphml(graph)))
                 files.append(stem + ".graphml")
             index.append(dict(sample=k, source=item.source, num_units=data["num_units"],
                               num_edges=edges, files=files))

@@ -1,13 +1,7 @@
 """Figures of learned graphs (matplotlib): heat maps of a sentence's graphs (paper
-Fig. 3), one pixel's incoming weights over an image for every graph (paper Fig. 4),
-dataset statistics per head, and syntax scores beside their baselines.
-
-Every function returns a :class:`matplotlib.figure.Figure` built without pyplot (no
-global state, no display needed); :func:`save_figure` writes it as PNG and SVG. In a
-notebook, a returned figure displays as the cell's value (or with ``display(fig)``) once
-the inline backend is active: run ``%matplotlib inline`` first. A figure built without
-pyplot does not activate it, and without it a cell shows only ``<Figure size ...>``.
-"""
+Fig. 3), one pixel's incoming weights for every graph (paper Fig. 4), dataset statistics
+per head, syntax scores beside their baselines. Each is a :class:`matplotlib.figure.Figure`
+built without pyplot (in a notebook, run ``%matplotlib inline`` first to see it)."""
 from __future__ import annotations
 
 import os
@@ -17,70 +11,57 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from glomo_pyg.analysis.statistics import GraphStatisticsTable
+from glomo_pyg.analysis.statistics import DEAD_HEAD_SHARE, GraphStatisticsTable
 from glomo_pyg.extras import require
-from glomo_pyg.graph_conversion import check_index, check_sample
+from glomo_pyg.graph_conversion import check_index, check_sample, sample_edges
 from glomo_pyg.kernels import check_graph_size
+from glomo_pyg.ordering import check_int
+from glomo_pyg.settings import Rule
 
 _SHORT = {"forward": "fw", "backward": "bw"}
 _DEAD, _NEAR_UNIFORM, _OK = "#c0392b", "#e67e22", "#2e86c1"
 
 
 def _figure(width: float, height: float):
-    Figure = require("matplotlib.figure", "Drawing figures").Figure
-
-    return Figure(figsize=(width, height), layout="constrained")
+    figure = require("matplotlib.figure", "Drawing figures")
+    return figure.Figure(figsize=(width, height), layout="constrained")
 
 
 def save_figure(fig, path: str, formats: Sequence[str] = ("png", "svg"), dpi: int = 130
                 ) -> List[str]:
-    """Write ``fig`` as ``<path>.png`` and ``<path>.svg`` (a ``.png``/``.svg`` suffix on
-    ``path`` is dropped first); returns the paths written."""
+    """Write ``fig`` as ``<path>.<format>`` for each of ``formats`` (png, svg, pdf; a
+    suffix of one of them on ``path`` is dropped first); returns the paths written."""
     for f in formats:
-        if f not in ("png", "svg", "pdf"):
-            raise ValueError(f"unsupported figure format {f!r} (png, svg, pdf)")
+        Rule(str, choices=("png", "svg", "pdf")).check("figure format", f)
     stem, ext = os.path.splitext(path)
-    if ext.lower() not in (".png", ".svg", ".pdf"):
-        stem = path
-    folder = os.path.dirname(os.path.abspath(stem))
-    os.makedirs(folder, exist_ok=True)
-    out = []
+    stem = stem if ext.lower() in (".png", ".svg", ".pdf") else path
+    os.makedirs(os.path.dirname(os.path.abspath(stem)), exist_ok=True)
     for f in formats:
-        target = f"{stem}.{f}"
-        fig.savefig(target, dpi=dpi)
-        out.append(target)
-    return out
+        fig.savefig(f"{stem}.{f}", dpi=dpi)
+    return [f"{stem}.{f}" for f in formats]
 
 
 def _sample_dense(graphs, sample: int, layer: int) -> Tensor:
     """``[H, T, T]`` weights of one sequence and layer (``[h, i, j] = G_ij``)."""
-    check_index("sample", sample, graphs.num_sequences)
-    check_index("layer", layer, graphs.num_layers)
-    t = int(graphs.lengths[sample])
+    t = check_sample(graphs, sample)
     check_graph_size("dense", 1, t, t, graphs.num_heads,
                      hint="A heatmap holds one sequence's dense weights. ")
+    src, tgt, heads, weight = sample_edges(graphs, sample, layer)
     dense = torch.zeros(graphs.num_heads, t, t, dtype=torch.float64)
-    (src, tgt), weight, heads = graphs.layer(layer)
-    lo = int(graphs.ptr[sample])
-    keep = (tgt >= lo) & (tgt < lo + t)
-    dense[heads[keep].cpu(), (src[keep] - lo).cpu(), (tgt[keep] - lo).cpu()] = \
-        weight[keep].detach().cpu().double()
+    dense[heads.cpu(), src.cpu(), tgt.cpu()] = weight.cpu().double()
     return dense
 
 
 def _informative_targets(dense: List[Tensor], graphs, sample: int, keep: int) -> List[int]:
-    """The ``keep`` targets whose incoming weights depart most from uniform (mean KL
-    over the panels shown), in sentence order."""
+    """The ``keep`` targets furthest from uniform (mean KL over the panels), in order."""
     t = dense[0].size(-1)
     pos = torch.arange(t)
     count = graphs.order.num_sources(pos, torch.full((t,), t)).double()
     score = torch.zeros(t, dtype=torch.float64)
     for d in dense:  # [H, T, T]
         w = d.clamp_min(0)
-        ent = -(torch.where(w > 0, w * w.clamp_min(1e-300).log(), torch.zeros_like(w))).sum(1)
-        has = w.sum(1) > 0
-        kl = torch.where(has, count.clamp_min(1).log() - ent, torch.zeros_like(ent))
-        score += kl.sum(0)
+        kl = count.clamp_min(1).log() - torch.special.entr(w).sum(1)
+        score += torch.where(w.sum(1) > 0, kl, 0.0).sum(0)
     score[count < 2] = -1.0  # one allowed source: nothing to show
     top = torch.argsort(score, descending=True, stable=True)[:keep]
     return sorted(top.tolist())
@@ -91,17 +72,15 @@ def plot_graph_heatmaps(graphs, sample: int = 0, labels: Optional[Sequence[str]]
                         heads: Optional[Sequence[int]] = None,
                         informative_rows: Optional[int] = None, title: Optional[str] = None,
                         panel_size: float = 2.4):
-    """Heat maps of one sequence's graphs, one panel per (layer, head) (paper Fig. 3).
-
-    Row ``j`` of a panel is target ``j``'s incoming distribution over sources ``i``
-    (columns): ``G_ij``, each non-empty row sums to 1. ``labels`` (e.g. the tokens) name
-    both axes. With ``informative_rows=k`` only the ``k`` targets whose weights depart
-    most from uniform (mean KL divergence over the panels shown) are kept, as in the
-    paper's figure.
+    """Heat maps of one sequence's graphs, one panel per (layer, head) (paper Fig. 3): row
+    ``j`` is target ``j``'s incoming distribution ``G_ij`` over sources ``i``.
 
     Args:
         graphs (LatentGraphs): one direction's graphs.
         sample (int): which sequence of the batch.
+        labels: names of both axes (e.g. the tokens).
+        informative_rows (int): keep only the ``k`` targets whose weights depart most
+            from uniform, as in the paper.
     """
     cm = require("matplotlib.cm", "Drawing figures")
     Normalize = require("matplotlib.colors", "Drawing figures").Normalize
@@ -117,11 +96,8 @@ def plot_graph_heatmaps(graphs, sample: int = 0, labels: Optional[Sequence[str]]
     names = [str(x) for x in labels] if labels is not None else [str(i) for i in range(t)]
     rows = list(range(t))
     if informative_rows is not None:
-        if not isinstance(informative_rows, int) or informative_rows < 1:
-            raise ValueError(f"informative_rows must be a positive integer, got "
-                             f"{informative_rows!r}")
         rows = _informative_targets([d[heads] for d in dense], graphs, sample,
-                                    informative_rows)
+                                    check_int("informative_rows", informative_rows))
     scale = max(1.0, t / 16)
     fig = _figure(panel_size * scale * len(heads) + 1.0,
                   panel_size * scale * len(layers) * max(0.35, len(rows) / max(1, t)) + 0.8)
@@ -134,10 +110,8 @@ def plot_graph_heatmaps(graphs, sample: int = 0, labels: Optional[Sequence[str]]
             ax.imshow(dense[a][h].T[rows].numpy(), cmap="viridis", norm=norm, aspect="auto",
                       interpolation="nearest")
             ax.set_title(f"{_SHORT[graphs.direction]} layer {l}, head {h}", fontsize=8)
-            ax.set_xticks(range(t))
-            ax.set_xticklabels(names, rotation=90, fontsize=fontsize)
-            ax.set_yticks(range(len(rows)))
-            ax.set_yticklabels([names[r] for r in rows], fontsize=fontsize)
+            ax.set_xticks(range(t), names, rotation=90, fontsize=fontsize)
+            ax.set_yticks(range(len(rows)), [names[r] for r in rows], fontsize=fontsize)
             if a == len(layers) - 1:
                 ax.set_xlabel("source i", fontsize=8)
             if b == 0:
@@ -152,10 +126,9 @@ def plot_graph_heatmaps(graphs, sample: int = 0, labels: Optional[Sequence[str]]
 
 def plot_pixel_weights(graphs, image: Tensor, pixels: Sequence[Tuple[int, int]],
                        sample: int = 0, title: Optional[str] = None, panel_size: float = 1.6):
-    """For each pixel ``(row, column)`` in ``pixels``: the image with the pixel marked,
-    then its incoming weights over the image for every (direction, layer, head), one
-    panel each (paper Fig. 4): a row per (direction, layer), a column per head, one
-    colour scale per row (its colour bar on the right).
+    """For each pixel ``(row, column)`` in ``pixels``: the image with the pixel marked, then
+    its incoming weights for every (direction, layer, head) (paper Fig. 4), a row of
+    panels per (direction, layer), a column per head.
 
     Args:
         graphs (DirectionalGraphs or LatentGraphs): graphs of image ``sample``.
@@ -176,44 +149,34 @@ def plot_pixel_weights(graphs, image: Tensor, pixels: Sequence[Tuple[int, int]],
     if not pixels or not all(0 <= r < height and 0 <= c < width for r, c in pixels):
         raise ValueError(f"give at least one pixel (row, column), none outside the "
                          f"{height}x{width} image, got {pixels}")
-    rgb = image.detach().cpu().float()
-    rgb = (rgb / 255.0 if image.dtype == torch.uint8 else rgb).clamp(0, 1)
-    rgb = rgb.permute(1, 2, 0).numpy()
-    if rgb.shape[2] == 1:
-        rgb = rgb[:, :, 0]
+    rgb = image.detach().cpu().float() / (255.0 if image.dtype == torch.uint8 else 1.0)
+    rgb = rgb.clamp(0, 1).permute(1, 2, 0).numpy()
+    rgb = rgb[:, :, 0] if rgb.shape[2] == 1 else rgb
     # one block of rows per pixel: a row per (direction, layer), a column per head
-    blocks = [(d, g, l) for d, g in parts for l in range(g.num_layers)]
+    dense = {(d, l): _sample_dense(g, sample, l) for d, g in parts for l in range(g.num_layers)}
     heads = parts[0][1].num_heads
-    dense = {(d, l): _sample_dense(g, sample, l) for d, g, l in blocks}
-    n_rows = len(pixels) * len(blocks)
-    fig = _figure(panel_size * (heads + 1) + 0.8, panel_size * n_rows + 0.5)
-    axes = fig.subplots(n_rows, heads + 1, squeeze=False)
-    for p, (r, c) in enumerate(pixels):
-        target = r * width + c
-        for b, (d, g, l) in enumerate(blocks):
-            row = axes[p * len(blocks) + b]
-            ax = row[0]
-            if b == 0:
-                ax.imshow(rgb, cmap="gray" if rgb.ndim == 2 else None, interpolation="nearest")
-                ax.scatter([c], [r], marker="x", c="red", s=25)
-                ax.set_title(f"pixel ({r}, {c})", fontsize=7)
-            ax.set_xticks([])
-            ax.set_yticks([])
+    fig = _figure(panel_size * (heads + 1) + 0.8, panel_size * len(pixels) * len(dense) + 0.5)
+    axes = iter(fig.subplots(len(pixels) * len(dense), heads + 1, squeeze=False))
+    for r, c in pixels:
+        for b, ((d, l), weights) in enumerate(dense.items()):
+            row = next(axes)
+            row[0].set(xticks=[], yticks=[])
             if b:
-                ax.axis("off")
-            column = dense[(d, l)][:, :, target]  # [H, T]: incoming weights, every head
+                row[0].axis("off")
+            else:
+                row[0].imshow(rgb, cmap="gray" if rgb.ndim == 2 else None,
+                              interpolation="nearest")
+                row[0].scatter([c], [r], marker="x", c="red", s=25)
+                row[0].set_title(f"pixel ({r}, {c})", fontsize=7)
+            column = weights[:, :, r * width + c]  # [H, T]: incoming weights, every head
             top = max(1e-12, float(column.max()))  # one colour scale per row
-            for h in range(heads):
-                weights = column[h].view(height, width).numpy()
-                ax = row[h + 1]
-                peak = float(weights.max())
-                im = ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=top,
-                               interpolation="nearest")
+            for h, ax in enumerate(row[1:]):
+                im = ax.imshow(column[h].view(height, width).numpy(), cmap="viridis", vmin=0.0,
+                               vmax=top, interpolation="nearest")
                 ax.scatter([c], [r], marker="x", c="red", s=12)
-                ax.set_xticks([])
-                ax.set_yticks([])
-                ax.set_title(f"{_SHORT[d]} L{l} h{h}" + ("" if peak > 0 else " (no edges)"),
-                             fontsize=7)
+                ax.set(xticks=[], yticks=[])
+                ax.set_title(f"{_SHORT[d]} L{l} h{h}" + (" (no edges)" if column[h].max() <= 0
+                                                         else ""), fontsize=7)
             if top > 1e-12:  # a row without edges (no allowed source) has no scale
                 fig.colorbar(im, ax=row[heads], shrink=0.8).ax.tick_params(labelsize=6)
     fig.suptitle(title or "incoming weights of the marked pixel (red x), every graph",
@@ -221,66 +184,54 @@ def plot_pixel_weights(graphs, image: Tensor, pixels: Sequence[Tuple[int, int]],
     return fig
 
 
-def _flag_colours(rows) -> List[str]:
-    return [_DEAD if r.dead else (_NEAR_UNIFORM if r.near_uniform else _OK) for r in rows]
-
-
 def plot_statistics(table: GraphStatisticsTable, title: Optional[str] = None):
-    """Per-graph statistics of a :class:`~glomo_pyg.analysis.GraphStatisticsTable`:
-    bars per (direction, layer, head) for density, share of empty targets, KL divergence
-    from uniform, mean in-degree, weight on adjacent units and mean distance (uniform's
-    value as a dashed line), and the distance histograms as a heat map (text) or offset
-    maps (images). Dead heads are red, near-uniform heads orange."""
+    """Per-graph statistics of a :class:`~glomo_pyg.analysis.GraphStatisticsTable`: bars
+    per (direction, layer, head) for density, empty targets, KL from uniform, in-degree,
+    weight on adjacent units and distance (uniform's as a dashed line), and the distance
+    histograms (text) or offset maps (images). Dead heads red, near-uniform orange."""
     Patch = require("matplotlib.patches", "Drawing figures").Patch
 
     rows = table.rows
     names = [f"{_SHORT[r.direction]} L{r.layer} h{r.head}" for r in rows]
-    colours = _flag_colours(rows)
+    colours = [_DEAD if r.dead else _NEAR_UNIFORM if r.near_uniform else _OK for r in rows]
     x = np.arange(len(rows))
     grid = table.grid_radius is not None
-    n_maps = len(rows) + len(table.directions)
-    map_rows = (n_maps + 8) // 9 if n_maps <= 18 else (n_maps + 11) // 12
-    fig = _figure(min(16.0, max(9.0, 0.6 * len(rows))),
-                  5.5 + (2.5 if not grid else 1.4 * map_rows))
-    top, bottom = fig.subfigures(2, 1, height_ratios=[5.0, 2.5 if not grid else 1.4 * map_rows])
-    axes = top.subplots(2, 3)
+    n_maps = len(rows) + len(table.directions)  # offset maps: each graph's and uniform's
+    cols = min(n_maps, 9 if n_maps <= 18 else 12)
+    low = 1.4 * -(-n_maps // cols) if grid else 2.5
+    fig = _figure(min(16.0, max(9.0, 0.6 * len(rows))), 5.5 + low)
+    top, bottom = fig.subfigures(2, 1, height_ratios=[5.0, low])
     metrics = [("density", "density", None), ("empty", "targets without edges", None),
                ("kl_uniform", "KL from uniform (nats)", None),
                ("in_degree", "mean in-degree", None),
                ("adjacent", "weight on adjacent units", "uniform_adjacent"),
                ("distance", "mean edge distance", "uniform_distance")]
-    for ax, (key, label, ref) in zip(axes.flat, metrics):
-        values = [getattr(r, key) for r in rows]
-        ax.bar(x, values, color=colours)
+    for ax, (key, label, ref) in zip(top.subplots(2, 3).flat, metrics):
+        ax.bar(x, [getattr(r, key) for r in rows], color=colours)
         if ref is not None:
             ax.axhline(getattr(rows[0], ref), color="k", ls="--", lw=1, label="uniform")
             ax.legend(fontsize=7, loc="upper right")
         if key == "empty":
-            ax.axhline(0.5, color=_DEAD, ls=":", lw=1)
+            ax.axhline(DEAD_HEAD_SHARE, color=_DEAD, ls=":", lw=1)
         ax.set_ylabel(label, fontsize=8)
-        ax.set_xticks(x)
-        ax.set_xticklabels(names, rotation=90, fontsize=6)
+        ax.set_xticks(x, names, rotation=90, fontsize=6)
         ax.tick_params(axis="y", labelsize=7)
-    top.legend(handles=[Patch(color=_OK, label="alive"), Patch(color=_NEAR_UNIFORM,
-                                                               label="near-uniform"),
+    top.legend(handles=[Patch(color=_OK, label="alive"),
+                        Patch(color=_NEAR_UNIFORM, label="near-uniform"),
                         Patch(color=_DEAD, label="dead (over half the targets empty)")],
                loc="outside lower center", fontsize=7, ncols=3)
     if grid:
         side = 2 * table.grid_radius + 1
         maps = []
         for d in table.directions:
-            mine = [(k, r) for k, r in enumerate(rows) if r.direction == d]
-            maps.append((f"uniform {_SHORT[d]}", mine[0][1].uniform_histogram, "k"))
-            maps.extend((names[k], r.histogram, colours[k]) for k, r in mine)
-        cols = min(len(maps), 9 if len(maps) <= 18 else 12)
-        axes2 = bottom.subplots((len(maps) + cols - 1) // cols, cols, squeeze=False)
-        for k, ax in enumerate(axes2.flat):
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if k >= len(maps):
-                ax.axis("off")
-                continue
-            name, hist, colour = maps[k]
+            mine = [k for k, r in enumerate(rows) if r.direction == d]
+            maps.append((f"uniform {_SHORT[d]}", rows[mine[0]].uniform_histogram, "k"))
+            maps += [(names[k], rows[k].histogram, colours[k]) for k in mine]
+        panels = bottom.subplots(-(-n_maps // cols), cols, squeeze=False).ravel()
+        for ax in panels[n_maps:]:
+            ax.axis("off")
+        for ax, (name, hist, colour) in zip(panels, maps):
+            ax.set(xticks=[], yticks=[])
             ax.imshow(np.asarray(hist), cmap="magma", vmin=0.0, interpolation="nearest",
                       extent=(-side / 2, side / 2, side / 2, -side / 2))
             ax.set_title(name, fontsize=7, color=colour)
@@ -290,10 +241,8 @@ def plot_statistics(table: GraphStatisticsTable, title: Optional[str] = None):
         ax = bottom.subplots()
         hist = np.asarray([rows[0].uniform_histogram] + [r.histogram for r in rows])
         im = ax.imshow(hist.T, cmap="magma", aspect="auto", vmin=0.0, interpolation="nearest")
-        ax.set_xticks(np.arange(len(rows) + 1))
-        ax.set_xticklabels(["uniform"] + names, rotation=90, fontsize=6)
-        ax.set_yticks(np.arange(len(table.bins)))
-        ax.set_yticklabels(table.bins, fontsize=7)
+        ax.set_xticks(np.arange(len(rows) + 1), ["uniform"] + names, rotation=90, fontsize=6)
+        ax.set_yticks(np.arange(len(table.bins)), table.bins, fontsize=7)
         ax.set_ylabel("edge distance |i - j|", fontsize=8)
         ax.set_title("share of incoming weight per distance bin", fontsize=8)
         bottom.colorbar(im, ax=ax, label="share of weight")
@@ -305,13 +254,11 @@ def plot_statistics(table: GraphStatisticsTable, title: Optional[str] = None):
 def plot_syntax_scores(comparison, metric: str = "undirected", title: Optional[str] = None):
     """Scores of every graph against gold syntax (a
     :class:`~glomo_pyg.analysis.SyntaxComparison`), one panel per direction: a bar per
-    (layer, head) and per head-averaged layer, the untrained predictor's scores as
-    hollow bars, the chosen graph outlined, and the baselines (adjacent word, uniform)
-    as horizontal lines."""
-    from glomo_pyg.analysis.syntax import METRICS
+    (layer, head) and head-averaged layer, the untrained predictor's as hollow bars, the
+    chosen graph outlined, the baselines as horizontal lines."""
+    from glomo_pyg.analysis.syntax import METRIC
 
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    METRIC.check("metric", metric)
     ev, un = comparison.evaluation, comparison.untrained
     directions = list(ev.directions)
     fig = _figure(5.6 * len(directions) + 0.5, 3.6)
@@ -336,15 +283,10 @@ def plot_syntax_scores(comparison, metric: str = "undirected", title: Optional[s
                    fill=False, edgecolor="#888888", linewidth=0.8, label="untrained")
         for (name, base), style in zip(s.baselines.items(), styles):
             ax.axhline(base[metric], color="k", ls=style, lw=1, label=name)
-        ax.set_xticks(x)
-        ax.set_xticklabels(names, rotation=90, fontsize=7)
+        ax.set_xticks(x, names, rotation=90, fontsize=7)
         ax.set_ylabel(f"{metric} score", fontsize=8)
         ax.set_title(f"{d} graphs ({s.targets} targets)", fontsize=9)
         ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars
     fig.suptitle(title or f"graphs against gold syntax ({metric}; outlined: the graph "
                           "chosen on the selection trees)", fontsize=9)
     return fig
-
-
-__all__ = ["plot_graph_heatmaps", "plot_pixel_weights", "plot_statistics",
-           "plot_syntax_scores", "save_figure"]

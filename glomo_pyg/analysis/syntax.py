@@ -1,44 +1,32 @@
-"""How much syntax learned graphs carry: scores against gold dependency trees.
-
-For every target word with at least one allowed source word, a graph's weights on the
-target are summed per source word (over the source's sub-tokens) and scored against the
-gold tree:
-
-* **undirected attachment**: the heaviest source word shares a gold arc with the
-  target, in either direction (it is the target's head or one of its dependents); a
-  target without weight on any other word (an empty column, or all weight on its own
-  later sub-tokens) attaches nowhere and counts as a miss;
-* **directed attachment**: the heaviest source word is the target's gold head;
-* **average precision** of the weights of all (target, allowed source word) pairs
-  against the gold arcs (undirected), one ranking over the whole treebank.
-
-Words are aligned to the predictor's tokens by tokenising each treebank word on its own
-(:func:`~glomo_pyg.data.tokenize`); a word split into sub-tokens is represented by its
-first sub-token, so a graph's column at that token is the word's incoming distribution.
-Words that tokenise to nothing cannot be aligned; their sentences are skipped and
-counted. Baselines: the previous word (forward graphs) or next word (backward graphs),
-uniform weights over the allowed source words (exact expected attachment), and, in
-:func:`compare_with_syntax`, the untrained predictor of the same architecture.
-
-This is a quantitative form of the paper's qualitative reading of learned graphs
-(Yang et al., 2018, Sec. 4 and Fig. 3); the metrics follow the attention-vs-syntax
-literature (e.g. Clark et al., 2019).
+"""How much syntax learned graphs carry (docs/syntax.md): per target word, a graph's
+weights summed per allowed source word are scored against the gold tree by **undirected
+attachment** (the heaviest source word shares a gold arc with the target), **directed
+attachment** (it is the target's gold head) and **average precision** of all (target,
+source word) weights against the gold arcs. A quantitative form of the paper's reading of
+learned graphs (Yang et al., 2018, Sec. 4 and Fig. 3), with the metrics of the
+attention-vs-syntax literature (e.g. Clark et al., 2019).
 """
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from glomo_pyg.analysis.export import concat_sequences
 from glomo_pyg.analysis.treebank import GoldTree
 from glomo_pyg.data.text import tokenize
-from glomo_pyg.ordering import SequenceOrder
+from glomo_pyg.extras import require
+from glomo_pyg.ordering import SequenceOrder, check_int
+from glomo_pyg.settings import Rule
 
 METRICS = ("undirected", "directed", "ap")
+METRIC = Rule(str, choices=METRICS)
 
 
 class NothingToScore(ValueError):
@@ -46,12 +34,9 @@ class NothingToScore(ValueError):
     gold arc among the scored pairs): a fault of the data, not of the graphs."""
 
 
-_ADJACENT = {"forward": "previous word", "backward": "next word"}
-# the positional baseline beyond adjacency: the nearest source word but one
-_SECOND = {"forward": "word two back", "backward": "word two ahead"}
-# the baseline that no graph can beat: per metric, the share of targets with a gold
-# neighbour (for directed attachment: the gold head) among their allowed sources
-UPPER_BOUND = "upper bound"
+_POSITIONAL = {"forward": ("previous word", "word two back"),
+               "backward": ("next word", "word two ahead")}
+UPPER_BOUND = "upper bound"  # targets with a gold neighbour (head) among their sources
 
 
 @dataclass
@@ -76,25 +61,24 @@ class Alignment:
     long_sentences: int = 0  # more than max_tokens tokens: skipped (memory is O(T^2))
     max_tokens: int = 512
 
-    def why_empty(self) -> str:
-        """Why no sentence is left to score (for error messages)."""
-        total = (self.skipped_sentences + self.short_sentences + self.long_sentences
-                 + len(self.sentences))
-        if total == 0:
-            return "no gold trees were given (an empty treebank?)"
-        return (f"all {total} trees were skipped: {self.skipped_sentences} with words that "
+    def check(self) -> "Alignment":
+        """``self``, or :class:`NothingToScore` saying why no sentence is left to score."""
+        if not self.sentences:
+            total = self.skipped_sentences + self.short_sentences + self.long_sentences
+            why = "no gold trees were given (an empty treebank?)" if total == 0 else (
+                f"all {total} trees were skipped: {self.skipped_sentences} with words that "
                 f"tokenise to nothing, {self.short_sentences} shorter than 2 words, "
                 f"{self.long_sentences} longer than max_tokens={self.max_tokens} tokens")
+            raise NothingToScore(f"no sentence to score: {why}")
+        return self
 
 
 def align(trees: Sequence[GoldTree], vocabulary: Sequence[str], lower: bool = True,
           unknown: str = "<unk>", max_tokens: int = 512) -> Alignment:
-    """Tokenise every word of ``trees`` the way the predictor's corpus was tokenised and
-    map the tokens to ids of ``vocabulary`` (unknown tokens to ``unknown``). Sentences of
-    more than ``max_tokens`` tokens are skipped and counted: scoring holds dense
-    ``[layers, heads, T, T]`` graphs per sentence."""
-    if max_tokens < 2:
-        raise ValueError(f"max_tokens must be >= 2, got {max_tokens}")
+    """Tokenise every word of ``trees`` as the predictor's corpus was and map the tokens
+    to ids of ``vocabulary`` (unknown ones to ``unknown``); sentences of more than
+    ``max_tokens`` tokens (scoring holds dense ``[T, T]`` graphs) are skipped."""
+    check_int("max_tokens", max_tokens, 2)
     index = {t: i for i, t in enumerate(vocabulary)}
     if unknown not in index:
         raise ValueError(f"the vocabulary has no {unknown!r} token")
@@ -102,40 +86,32 @@ def align(trees: Sequence[GoldTree], vocabulary: Sequence[str], lower: bool = Tr
     if trees and all(w == "_" for tree in trees for w in tree.words):
         raise ValueError("every word form is '_': the treebank withholds its words, and "
                          "graphs cannot be computed without them")
-    out, skipped, unaligned, short, long, n_tok, n_unk = [], 0, 0, 0, 0, 0, 0
+    out = Alignment([], 0, 0, 0, 0, 0, 0, max_tokens)
     for tree in trees:
         pieces = [tokenize(w, lower) for w in tree.words]
-        missing = sum(1 for p in pieces if not p)
+        missing = sum(not p for p in pieces)
         if missing:
-            skipped += 1
-            unaligned += missing
-            continue
-        if len(tree) < 2:
-            short += 1
-            continue
-        if sum(map(len, pieces)) > max_tokens:
-            long += 1
-            continue
-        ids, first, word_of = [], [], []
-        for k, p in enumerate(pieces):
-            first.append(len(ids))
-            for tok in p:
-                ids.append(index.get(tok, unk))
-                word_of.append(k)
-        n_tok += len(ids)
-        n_unk += sum(1 for i in ids if i == unk)
-        out.append(AlignedSentence(tree, torch.tensor(ids), torch.tensor(first),
-                                   torch.tensor(word_of)))
-    return Alignment(out, skipped, unaligned, short, n_tok, n_unk, long, max_tokens)
+            out.skipped_sentences += 1
+            out.unaligned_words += missing
+        elif len(tree) < 2:
+            out.short_sentences += 1
+        elif sum(map(len, pieces)) > max_tokens:
+            out.long_sentences += 1
+        else:
+            ids = [index.get(tok, unk) for p in pieces for tok in p]
+            first = [0, *accumulate(map(len, pieces[:-1]))]
+            word_of = [k for k, p in enumerate(pieces) for _ in p]
+            out.tokens += len(ids)
+            out.unknown_tokens += ids.count(unk)
+            out.sentences.append(AlignedSentence(tree, torch.tensor(ids), torch.tensor(first),
+                                                 torch.tensor(word_of)))
+    return out
 
 
 @dataclass
 class GraphScores:
-    """Scores of every graph of one direction.
-
-    ``per_graph[metric]``: ``[L, H]``; ``per_layer[metric]``: ``[L]`` (head-averaged
-    graph of each layer); ``baselines[name][metric]``; ``targets``: scored targets.
-    """
+    """Scores of one direction's graphs: ``per_graph[metric]`` ``[L, H]``, ``per_layer``
+    ``[L]`` (head-averaged graphs), ``baselines[name][metric]``, scored ``targets``."""
 
     direction: str
     per_graph: Dict[str, np.ndarray]
@@ -164,37 +140,18 @@ class SyntaxScores:
     beyond_adjacent: bool = False  # only targets with a gold neighbour, but not the adjacent word
 
     def to_dict(self) -> Dict:
-        return dict(
-            sentences=self.sentences, skipped_sentences=self.skipped_sentences,
-            unaligned_words=self.unaligned_words, short_sentences=self.short_sentences,
-            long_sentences=self.long_sentences, unknown_fraction=self.unknown_fraction,
-            exclude_punct=self.exclude_punct, beyond_adjacent=self.beyond_adjacent,
-            directions={d: dict(targets=s.targets,
-                                per_graph={m: v.tolist() for m, v in s.per_graph.items()},
-                                per_layer={m: v.tolist() for m, v in s.per_layer.items()},
-                                baselines=s.baselines)
-                        for d, s in self.directions.items()})
-
-
-def _average_precision(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Average precision of one ranking; tied scores count as one step (as scikit-learn)."""
-    from glomo_pyg.extras import require
-
-    average_precision_score = require(
-        "sklearn.metrics", "The syntax scores' average precision").average_precision_score
-
-    if labels.size == 0 or not labels.any():
-        return float("nan")
-    return float(average_precision_score(labels, scores))
+        return dict(vars(self), directions={
+            d: dict(targets=s.targets, per_graph={m: v.tolist() for m, v in s.per_graph.items()},
+                    per_layer={m: v.tolist() for m, v in s.per_layer.items()},
+                    baselines=s.baselines)
+            for d, s in self.directions.items()})
 
 
 class _Accumulator:
-    """One direction's running sums: per (layer, head) (head ``H`` = the head-averaged
-    graph) correct counts and AP pairs, and the baselines' counts and AP pairs."""
+    """One direction's running sums (head ``H``: the head-averaged graph) and baselines'."""
 
     def __init__(self, layers: int, heads: int, names: Sequence[str]):
-        self.undirected = np.zeros((layers, heads + 1))
-        self.directed = np.zeros((layers, heads + 1))
+        self.undirected, self.directed = np.zeros((2, layers, heads + 1))
         self.scores: List[np.ndarray] = []  # [L, H + 1, pairs] per sentence
         self.labels: List[np.ndarray] = []
         self.targets = 0
@@ -217,13 +174,12 @@ class _Accumulator:
         pair = allowed[:, tgt]  # [W, n]
         self.scores.append(ww[..., tgt][..., pair].numpy())
         self.labels.append(link[:, tgt][pair].numpy())
-        # baselines: the adjacent word (and the one after it), uniform
         step = -1 if direction == "forward" else 1
-        for distance, name in enumerate(self.names, 1):
+        for distance, name in enumerate(self.names, 1):  # the adjacent word (and the next)
             src = tgt + step * distance
-            ok = pair[src.clamp(0, pair.size(0) - 1), cols] & \
-                (src >= 0) & (src < pair.size(0))  # an allowed word at that distance
+            inside = (src >= 0) & (src < pair.size(0))
             src = src.clamp(0, pair.size(0) - 1)
+            ok = pair[src, cols] & inside  # an allowed word at that distance
             self.base[name] += [(link[src, tgt] & ok).sum().item(),
                                 ((heads_gold[tgt] == src) & ok).sum().item()]
             weights = torch.zeros(pair.shape)
@@ -231,27 +187,28 @@ class _Accumulator:
             self.base_pairs[name].append(weights[pair].numpy())
         n_allowed = pair.sum(0).double()
         head_allowed = (heads_gold[tgt] >= 0) & pair[heads_gold[tgt].clamp_min(0), cols]
-        # the best any graph can do: a gold neighbour (the gold head) among the sources
         self.base[UPPER_BOUND] += [(link[:, tgt] & pair).any(0).sum().item(),
                                    head_allowed.sum().item()]
         self.base["uniform"] += [((link[:, tgt] & pair).sum(0) / n_allowed).sum().item(),
                                  head_allowed.double().div(n_allowed).sum().item()]
 
     def scores_of(self, direction: str, beyond_adjacent: bool) -> "GraphScores":
-        if self.targets == 0:
-            raise NothingToScore(f"no target to score in the {direction} direction (every "
-                                 "target is punctuation, has no allowed source word"
-                                 + (", has a gold arc to its adjacent word, or has no other "
-                                    "gold neighbour among its sources" if beyond_adjacent
-                                    else "") + ")")
-        labels = np.concatenate(self.labels)
-        if not labels.any():  # e.g. only roots: average precision has no positive
-            raise NothingToScore(f"no gold arc joins any scored {direction} (source, "
-                                 "target) pair, so the scores are undefined (do the trees "
-                                 "have arcs?)")
+        labels = np.concatenate(self.labels) if self.labels else np.zeros(0, dtype=bool)
+        if not labels.any():  # average precision has no positive: undefined scores
+            raise NothingToScore(
+                f"no gold arc joins any scored {direction} (source, target) pair, so the "
+                "scores are undefined (do the trees have arcs?)" if self.targets else
+                f"no target to score in the {direction} direction (every target is "
+                "punctuation, has no allowed source word" + (
+                    ", has a gold arc to its adjacent word, or has no other gold neighbour "
+                    "among its sources" if beyond_adjacent else "") + ")")
+        ranked = require("sklearn.metrics", "The syntax scores' average precision")
+
+        def average_precision(scores: np.ndarray) -> float:  # ties: one step, as scikit-learn
+            return float(ranked.average_precision_score(labels, scores))
+
         scores = np.concatenate(self.scores, axis=-1)
-        ap = np.array([[_average_precision(scores[l, h], labels) for h in range(scores.shape[1])]
-                       for l in range(scores.shape[0])])
+        ap = np.array([[average_precision(head) for head in layer] for layer in scores])
         n = self.targets
         per = {"undirected": self.undirected / n, "directed": self.directed / n, "ap": ap}
 
@@ -259,8 +216,8 @@ class _Accumulator:
             return dict(undirected=self.base[name][0] / n, directed=self.base[name][1] / n,
                         ap=ap)
 
-        baselines = {name: rates(name, _average_precision(np.concatenate(self.base_pairs[name]),
-                                                          labels)) for name in self.names}
+        baselines = {name: rates(name, average_precision(np.concatenate(self.base_pairs[name])))
+                     for name in self.names}
         baselines["uniform"] = rates("uniform", float(labels.mean()))  # constant: positive rate
         baselines[UPPER_BOUND] = rates(UPPER_BOUND, 1.0)  # weight on gold pairs only
         return GraphScores(direction, {m: v[:, :-1] for m, v in per.items()},
@@ -268,48 +225,35 @@ class _Accumulator:
 
 
 def _word_weights(dense: Tensor, sent: AlignedSentence) -> Tensor:
-    """``[L, H, W, W]`` weight of source word ``v`` on target word ``w`` (its first
-    sub-token's column, summed over the source's sub-tokens) from ``[L, H, T, T]``."""
+    """``[L, H, W, W]`` of ``[L, H, T, T]``: targets' first sub-token, sources' summed."""
     cols = dense[..., sent.first]  # [L, H, T, W]
-    words = len(sent.tree)
-    onehot = torch.zeros(words, sent.word_of.numel(), dtype=dense.dtype)
+    onehot = torch.zeros(len(sent.tree), sent.word_of.numel(), dtype=dense.dtype)
     onehot[sent.word_of, torch.arange(sent.word_of.numel())] = 1.0
     return onehot @ cols  # [L, H, W, W]
 
 
-def _targets_and_sources(sent: AlignedSentence, direction: str, exclude_punct: bool):
-    """Boolean ``[W]`` scored targets and ``[W_src, W_tgt]`` allowed source words."""
+def _gold(sent: AlignedSentence, direction: str, exclude_punct: bool, beyond_adjacent: bool):
+    """Targets ``[W]``, allowed sources ``[W, W]``, gold arcs (undirected), heads (-1: root)."""
     w = len(sent.tree)
     idx = torch.arange(w)
     # a word's own sub-tokens are never a source of it (include_self is off at word level)
     allowed = SequenceOrder(direction).allowed(target=idx.view(1, -1), source=idx.view(-1, 1))
+    heads = torch.tensor(sent.tree.heads) - 1
+    link = torch.zeros(w, w, dtype=torch.bool)
+    link[heads[heads >= 0], idx[heads >= 0]] = True
+    link = link | link.T
     targets = allowed.any(0)
     if exclude_punct:
         targets &= ~torch.tensor(sent.tree.punct)
-    return targets, allowed
-
-
-def _adjacent_is_gold(link: Tensor, direction: str) -> Tensor:
-    """``[W]``: the target's adjacent source word (previous for forward graphs, next for
-    backward ones) shares a gold arc with it."""
-    near = link.diagonal(1)  # [w] = link[w, w + 1]
-    no = torch.zeros(1, dtype=torch.bool)
-    return torch.cat([no, near]) if direction == "forward" else torch.cat([near, no])
-
-
-def _gold(sent: AlignedSentence) -> Tuple[Tensor, Tensor]:
-    """``[W, W]`` undirected arc indicator and ``[W]`` 0-based heads (-1 = root)."""
-    w = len(sent.tree)
-    heads = torch.tensor(sent.tree.heads) - 1
-    link = torch.zeros(w, w, dtype=torch.bool)
-    dep = torch.arange(w)[heads >= 0]
-    link[heads[heads >= 0], dep] = True
-    return link | link.T, heads
+    if beyond_adjacent:  # a gold neighbour to find, but not the adjacent word
+        near, no = link.diagonal(1), torch.zeros(1, dtype=torch.bool)  # link[w, w + 1]
+        adjacent = torch.cat([no, near] if direction == "forward" else [near, no])
+        targets &= ~adjacent & (link & allowed).any(0)
+    return targets, allowed, link, heads
 
 
 def _batches(sents: List[AlignedSentence], batch_size: int, scores: int = 1 << 22):
-    """Consecutive (length-sorted) sentences, at most ``batch_size`` of them and at most
-    ``scores`` dense ``T x T`` entries per batch."""
+    """Consecutive sentences, at most ``batch_size`` and ``scores`` dense entries per batch."""
     start = 0
     while start < len(sents):
         end = start + 1
@@ -321,33 +265,15 @@ def _batches(sents: List[AlignedSentence], batch_size: int, scores: int = 1 << 2
 
 
 @torch.no_grad()
-def _emit_dense(predictor, batch: List[AlignedSentence], direction: str) -> Tensor:
-    x = torch.cat([s.ids for s in batch])
-    b = torch.cat([torch.full((s.ids.numel(),), k) for k, s in enumerate(batch)])
-    graphs = getattr(predictor(x, b), direction)
-    return graphs.to_dense().float()  # [L, B, H, T, T]
-
-
-@torch.no_grad()
 def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
                   batch_size: int = 64, directions: Optional[Sequence[str]] = None,
                   beyond_adjacent: bool = False) -> SyntaxScores:
-    """Scores of every graph of ``predictor`` (a
-    :class:`~glomo_pyg.PretrainedGraphPredictor`, or any module returning
+    """Scores of every graph of ``predictor`` (any module returning
     :class:`~glomo_pyg.DirectionalGraphs` for ``(x, batch)``) on aligned gold trees.
-
-    Punctuation targets are left out with ``exclude_punct`` (punctuation stays a
-    candidate source). With ``beyond_adjacent``, only targets with a gold neighbour among
-    their allowed source words, but not their adjacent source word (previous for forward
-    graphs, next for backward ones), are scored: there the adjacent word never attaches,
-    and the word at distance 2 is added as the positional baseline (gold arcs are short,
-    so nearness alone beats uniform there). Returns per-graph and head-averaged scores and the
-    baselines, among them the ``'upper bound'`` that no graph can exceed: the share of
-    targets with a gold neighbour among their allowed sources (directed: with their gold
-    head among them; average precision 1).
-    """
-    if not alignment.sentences:
-        raise NothingToScore(f"no sentence to score: {alignment.why_empty()}")
+    ``exclude_punct`` leaves punctuation targets out (not sources). ``beyond_adjacent``
+    scores only targets with a gold neighbour among their allowed source words other than
+    the adjacent one, with the word at distance 2 as a second positional baseline."""
+    alignment.check()
     was_training = getattr(predictor, "training", False)
     if hasattr(predictor, "eval"):
         predictor.eval()
@@ -368,40 +294,41 @@ def syntax_scores(predictor, alignment: Alignment, exclude_punct: bool = True,
 def _direction_scores(predictor, sents: List[AlignedSentence], direction: str,
                       exclude_punct: bool, batch_size: int, beyond_adjacent: bool
                       ) -> GraphScores:
-    names = (_ADJACENT[direction], _SECOND[direction]) if beyond_adjacent else \
-        (_ADJACENT[direction],)
+    names = _POSITIONAL[direction][:2 if beyond_adjacent else 1]
     acc: Optional[_Accumulator] = None
     for batch in _batches(sents, batch_size):
-        dense = _emit_dense(predictor, batch, direction)
+        graphs = predictor(*concat_sequences([s.ids for s in batch]))
+        dense = getattr(graphs, direction).to_dense().float()  # [L, B, H, T, T]
         if acc is None:
             acc = _Accumulator(dense.size(0), dense.size(2), names)
         for k, sent in enumerate(batch):
             t = sent.ids.numel()
             ww = _word_weights(dense[:, k, :, :t, :t], sent)  # [L, H, W, W]
             ww = torch.cat([ww, ww.mean(1, keepdim=True)], 1)  # + head-averaged
-            targets, allowed = _targets_and_sources(sent, direction, exclude_punct)
-            link, heads_gold = _gold(sent)
-            if beyond_adjacent:  # a gold neighbour to find, but not the adjacent word
-                targets &= ~_adjacent_is_gold(link, direction) & (link & allowed).any(0)
+            targets, allowed, link, heads_gold = _gold(sent, direction, exclude_punct,
+                                                       beyond_adjacent)
             if targets.any():
                 acc.add(ww, link, heads_gold, targets, allowed, direction)
     return acc.scores_of(direction, beyond_adjacent)
 
 
 def untrained_copy(predictor, seed: int = 0):
-    """A predictor of the same architecture with freshly initialised weights (the
-    "untrained" baseline): every submodule with ``reset_parameters`` is reset under
-    ``seed``."""
+    """A predictor of the same architecture with fresh weights (the "untrained"
+    baseline): every submodule with ``reset_parameters`` is reset under ``seed``."""
     fresh = copy.deepcopy(predictor)
-    gen_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
+    with torch.random.fork_rng(devices=[]):  # the caller's CPU generator is left as it was
+        torch.manual_seed(seed)
         for module in fresh.modules():
             if module is not fresh and hasattr(module, "reset_parameters"):
                 module.reset_parameters()
-    finally:
-        torch.random.set_rng_state(gen_state)
     return fresh
+
+
+def _row(name: str, values: Dict[str, float], untrained: Optional[Dict[str, float]]) -> str:
+    text = f"  {name:<44s}" + " / ".join(f"{values[m]:.3f}" for m in METRICS)
+    if untrained is not None:
+        text += "   untrained: " + " / ".join(f"{untrained[m]:.3f}" for m in METRICS)
+    return text
 
 
 @dataclass
@@ -420,38 +347,31 @@ class SyntaxComparison:
         ev = self.evaluation
         lines = [f"sentences scored: {ev.sentences} (skipped: {ev.skipped_sentences} with "
                  f"{ev.unaligned_words} unaligned words, {ev.short_sentences} shorter than 2 "
-                 f"words, {ev.long_sentences} longer than the token limit); unknown tokens {ev.unknown_fraction:.1%}; punctuation targets "
+                 f"words, {ev.long_sentences} longer than the token limit); unknown tokens "
+                 f"{ev.unknown_fraction:.1%}; punctuation targets "
                  f"{'excluded' if ev.exclude_punct else 'included'}"]
         if ev.beyond_adjacent:
             lines.append("targets: only those with a gold neighbour among their source words "
-                         "but not their adjacent word (previous for forward graphs, next for "
-                         "backward ones), where that baseline never attaches; the word at "
-                         "distance 2 is the positional baseline")
+                         "but not their adjacent word; the word at distance 2 is the "
+                         "positional baseline")
         for d, s in ev.directions.items():
             l, h = self.chosen[d]
             un = self.untrained.directions[d] if self.untrained else None
             lines.append(f"\n{d} graphs, {s.targets} targets "
                          f"(undirected / directed attachment / average precision):")
-
-            def row(name, values, untrained=None):
-                text = f"  {name:<44s}" + " / ".join(f"{values[m]:.3f}" for m in METRICS)
-                if untrained is not None:
-                    text += "   untrained: " + " / ".join(f"{untrained[m]:.3f}" for m in METRICS)
-                return text
-
-            pick = {m: s.per_graph[m][l, h] for m in METRICS}
-            lines.append(row(f"chosen graph (layer {l}, head {h})", pick,
-                             {m: un.per_graph[m][l, h] for m in METRICS} if un else None))
-            for layer in range(len(s.per_layer["undirected"])):
-                lines.append(row(f"layer {layer}, head-averaged", {m: s.per_layer[m][layer] for m in METRICS},
-                                 {m: un.per_layer[m][layer] for m in METRICS} if un else None))
-            for name, values in s.baselines.items():
-                lines.append(row(f"baseline: {name}", values))
+            rows = [(f"chosen graph (layer {l}, head {h})", lambda g, m: g.per_graph[m][l, h])]
+            rows += [(f"layer {k}, head-averaged", lambda g, m, k=k: g.per_layer[m][k])
+                     for k in range(len(s.per_layer["undirected"]))]
+            for name, value in rows:
+                lines.append(_row(name, {m: value(s, m) for m in METRICS},
+                                  un and {m: value(un, m) for m in METRICS}))
+            lines += [_row(f"baseline: {name}", values, None)
+                      for name, values in s.baselines.items()]
             bl, bh, bv = s.best(self.metric)
+            table = s.per_graph[self.metric]
             lines.append(f"  (best graph on these trees, for reference: layer {bl}, head {bh}, "
-                         f"{bv:.3f}; per head, layer by layer: " +
-                         "; ".join(" ".join(f"{v:.2f}" for v in s.per_graph[self.metric][layer])
-                                   for layer in range(s.per_graph[self.metric].shape[0])) + ")")
+                         f"{bv:.3f}; per head, layer by layer: "
+                         + "; ".join(" ".join(f"{v:.2f}" for v in row) for row in table) + ")")
         lines.extend(self.notes)
         return "\n".join(lines)
 
@@ -462,16 +382,13 @@ class SyntaxComparison:
                     selection=self.selection.to_dict() if self.selection else None)
 
 
-def _aligned(name: str, trees: Sequence[GoldTree], vocabulary: Sequence[str], lower: bool,
-             max_tokens: int) -> Alignment:
-    """:func:`align`, refusing trees with no sentence to score; errors name the trees."""
+@contextmanager
+def _about(trees: str, errors=ValueError):
+    """``errors`` raised inside reworded to name the ``trees`` they are about."""
     try:
-        alignment = align(trees, vocabulary, lower, max_tokens=max_tokens)
-        if not alignment.sentences:
-            raise NothingToScore(f"no sentence to score: {alignment.why_empty()}")
-    except ValueError as err:  # (NothingToScore included)
-        raise type(err)(f"{name} trees: {err}") from None
-    return alignment
+        yield
+    except errors as err:
+        raise type(err)(f"{trees} trees: {err}") from None
 
 
 def compare_with_syntax(predictor, trees: Sequence[GoldTree],
@@ -482,35 +399,31 @@ def compare_with_syntax(predictor, trees: Sequence[GoldTree],
                         max_tokens: int = 512, beyond_adjacent: bool = False
                         ) -> SyntaxComparison:
     """Score ``predictor`` on ``trees``, choosing the single graph per direction on
-    ``select_trees`` (by ``metric``; on ``trees`` themselves if not given, which the
+    ``select_trees`` by ``metric`` (on ``trees`` themselves if not given, which the
     report notes), beside the baselines and, with ``untrained``, the same architecture
-    freshly initialised (seeded). ``beyond_adjacent`` scores (and chooses on) only the
-    targets with a gold neighbour other than their adjacent word (:func:`syntax_scores`)."""
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
-    if not -(1 << 63) <= seed < (1 << 64):  # what torch.manual_seed accepts
-        raise ValueError(f"seed must lie in [-2**63, 2**64), got {seed}")
+    freshly initialised under ``seed``. ``beyond_adjacent`` as in :func:`syntax_scores`."""
+    METRIC.check("metric", metric)
+    check_int("seed", seed, -(1 << 63), below=1 << 64)  # what torch.manual_seed accepts
     vocabulary = vocabulary if vocabulary is not None else getattr(predictor, "vocabulary", None)
     if vocabulary is None:
         raise ValueError("the predictor carries no vocabulary: pass vocabulary=")
-    # both sets of trees are aligned (and checked) before any scoring, which takes a while
-    ev_align, sel_align = (None if t is None else _aligned(name, t, vocabulary, lower, max_tokens)
-                           for name, t in (("evaluation", trees), ("selection", select_trees)))
+    aligned = {}  # both sets of trees are checked before any scoring, which takes a while
+    for name, given in (("evaluation", trees), ("selection", select_trees)):
+        if given is not None:
+            with _about(name):
+                aligned[name] = align(given, vocabulary, lower, max_tokens=max_tokens).check()
     options = dict(exclude_punct=exclude_punct, batch_size=batch_size,
                    beyond_adjacent=beyond_adjacent)
-    evaluation = syntax_scores(predictor, ev_align, **options)
-    notes = []
-    selection = None
-    if sel_align is not None:
-        try:
-            selection = syntax_scores(predictor, sel_align, **options)
-        except NothingToScore as err:  # (a fault of the model passes through as it is)
-            raise NothingToScore(f"selection trees: {err}") from None
+    evaluation = syntax_scores(predictor, aligned["evaluation"], **options)
+    notes, selection = [], None
+    if "selection" in aligned:
+        with _about("selection", NothingToScore):  # a fault of the model passes as it is
+            selection = syntax_scores(predictor, aligned["selection"], **options)
         chosen = {d: selection.directions[d].best(metric)[:2] for d in evaluation.directions}
     else:
         chosen = {d: s.best(metric)[:2] for d, s in evaluation.directions.items()}
         notes.append("note: the graph was chosen on the evaluation trees themselves "
                      "(pass selection trees for an unbiased choice)")
-    fresh = syntax_scores(untrained_copy(predictor, seed), ev_align, **options) \
+    fresh = syntax_scores(untrained_copy(predictor, seed), aligned["evaluation"], **options) \
         if untrained else None
     return SyntaxComparison(evaluation, fresh, selection, chosen, metric, notes)

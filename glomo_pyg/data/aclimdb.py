@@ -1,8 +1,5 @@
-"""Reader for the official Large Movie Review Dataset layout (``aclImdb/``, Maas et al.
-2011): ``{train,test}/{pos,neg}`` labelled reviews and ``train/unsup`` unlabelled ones,
-one review per file named ``<id>_<rating>.txt``: ratings 7-10 in ``pos``, 1-4 in ``neg``,
-0 in ``unsup``. A file name or rating that breaks these rules, or a review that is not
-UTF-8, raises a :class:`~glomo_pyg.data.TextDataError` naming the file."""
+"""Reader for the Large Movie Review Dataset layout (``aclImdb/``, Maas et al. 2011;
+docs/text.md); a file that breaks it raises a :class:`~glomo_pyg.data.TextDataError`."""
 from __future__ import annotations
 
 import os
@@ -39,20 +36,19 @@ def _parse_name(name: str, folder: str, kind: str):
             "not an aclImdb review file name (<id>_<rating>.txt)"
         raise TextDataError(f"{os.path.join(folder, name)}: {problem} (pos: 7-10, neg: 1-4, "
                             "unsup: 0); move, rename or remove the file")
-    return review_id, rating
+    return review_id, rating, name
 
 
 def read_aclimdb(root: str, split: str = "train", kinds: Sequence[str] = ("pos", "neg")
                  ) -> List[Review]:
     """Reviews of ``split`` (``'train'`` or ``'test'``) of the kinds asked for, in a fixed
-    order (kind as given, then file id). ``root`` is the ``aclImdb`` folder (or its parent).
-    ``'unsup'`` exists only in ``train`` (50,000 unlabelled reviews). Reviews are read as
-    UTF-8 (as the official files are)."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if any(k not in KINDS for k in kinds) or (split == "test" and "unsup" in kinds):
-        raise ValueError(f"kinds must be among {KINDS} (aclImdb has unlabelled reviews only "
-                         f"in train/unsup), got {list(kinds)} for {split!r}")
+    order (kind as given, then file id). ``root`` is the ``aclImdb`` folder (or its parent);
+    ``'unsup'`` exists only in ``train``."""
+    if split not in SPLITS or any(k not in KINDS for k in kinds) or \
+            (split == "test" and "unsup" in kinds):
+        raise ValueError(f"need a split in {SPLITS} and kinds among {KINDS} (aclImdb has "
+                         f"unlabelled reviews only in train/unsup), got split={split!r}, "
+                         f"kinds={list(kinds)}")
     if not os.path.isdir(os.path.join(root, split)) and \
             os.path.isdir(os.path.join(root, "aclImdb", split)):
         root = os.path.join(root, "aclImdb")
@@ -62,14 +58,8 @@ def read_aclimdb(root: str, split: str = "train", kinds: Sequence[str] = ("pos",
         if not os.path.isdir(folder):
             raise FileNotFoundError(f"{folder}: missing; expected the official aclImdb layout "
                                     f"({root}/{{train,test}}/{{pos,neg}}, train/unsup)")
-        entries = []
-        for name in os.listdir(folder):
-            if name.endswith(".txt"):
-                review_id, rating = _parse_name(name, folder, kind)
-                entries.append((review_id, rating, name))
-        for review_id, rating, name in sorted(entries):
+        for review_id, rating, name in sorted(_parse_name(name, folder, kind) for name in
+                                              os.listdir(folder) if name.endswith(".txt")):
             path = os.path.join(folder, name)
-            if not os.path.isfile(path):
-                raise TextDataError(f"{path}: not a regular file; remove it")
             reviews.append(Review(read_document(path), LABELS[kind], rating, review_id, path))
     return reviews

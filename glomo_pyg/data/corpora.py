@@ -1,10 +1,6 @@
-"""A pretraining corpus read by its format: the documents of a text corpus (a text file or
-folder, or the aclImdb layout) and the images of an image corpus (CIFAR-10 or ImageNet
-32x32 batches), each optionally thinned to an even spread over the whole corpus.
-
-``glomo pretrain``'s ``corpus`` settings name the format (``corpus.format``);
-:mod:`glomo_pyg.training.pretrain.corpus` reads through these functions.
-"""
+"""A pretraining corpus read by its format (``glomo pretrain``'s ``corpus.format``): the
+documents of a text corpus or the images of an image corpus, each optionally thinned to
+an even spread over the whole corpus."""
 from __future__ import annotations
 
 import os
@@ -20,11 +16,13 @@ IMAGE_FORMATS = ("cifar10", "imagenet32")
 
 
 def _corpus_path(path: Optional[str], format: str, formats: Tuple[str, ...], kind: str,
-                 where: str) -> str:
-    """``corpus.path`` (user-expanded) and ``corpus.format``, checked."""
-    if path is None or format not in formats:
+                 where: str, limit_name: str, limit: Optional[int]) -> str:
+    """``corpus.path`` (user-expanded), checked with ``corpus.format`` and the size limit."""
+    if path is None or format not in formats or (limit is not None and limit < 1):
         raise ValueError(f"corpus.path is not set: {where}" if path is None else
-                         f"{kind} corpus's format must be one of {formats}, got {format!r}")
+                         f"{kind} corpus's format must be one of {formats}, got {format!r}"
+                         if format not in formats else
+                         f"corpus.{limit_name} must be >= 1, got {limit}")
     return os.path.expanduser(path)
 
 
@@ -37,41 +35,30 @@ def _all_documents(path: str, format: str, one_per_line: bool) -> Iterator[str]:
 
 def read_corpus_documents(path: Optional[str], format: str = "text", one_per_line: bool = False,
                           max_documents: Optional[int] = None) -> Iterator[str]:
-    """The documents of the text corpus at ``path`` (``format`` ``'text'``: a file, one
-    document per file or per line, or a folder of them; ``'aclimdb'``: the training
-    reviews, unlabelled and labelled). With ``max_documents`` (= M of N), the documents
-    at positions ``floor(k * N / M)``, spread evenly over the whole corpus (so a reduced
-    aclImdb run sees unlabelled, positive and negative reviews in their proportions, not
-    just the first folder)."""
+    """The documents of the text corpus at ``path`` in ``format``; with ``max_documents``
+    (M of N), those at positions ``floor(k * N / M)``, spread evenly over the corpus."""
     path = _corpus_path(path, format, TEXT_FORMATS, "a text",
-                        "a text file or folder, or the aclImdb folder")
+                        "a text file or folder, or the aclImdb folder", "max_documents",
+                        max_documents)
     if max_documents is None:
         yield from _all_documents(path, format, one_per_line)
         return
-    if max_documents < 1:
-        raise ValueError(f"corpus.max_documents must be >= 1, got {max_documents}")
     total = sum(1 for _ in _all_documents(path, format, one_per_line))
     take = min(total, max_documents)
-    wanted = iter([k * total // take for k in range(take)])
-    nxt = next(wanted, None)
+    wanted = {k * total // take for k in range(take)}
     for k, doc in enumerate(_all_documents(path, format, one_per_line)):
-        if k == nxt:
+        if k in wanted:
             yield doc
-            nxt = next(wanted, None)
-            if nxt is None:
-                return
 
 
 def read_image_corpus(path: Optional[str], format: str,
                       max_images: Optional[int] = None) -> torch.Tensor:
     """The uint8 ``[n, C, H, W]`` training images of the image corpus at ``path``
-    (``format`` ``'cifar10'``: the ``cifar-10-batches-py`` folder; ``'imagenet32'``: the
-    Downsampled-ImageNet batches), labels unused; an even spread of ``max_images`` of
-    them when set."""
+    (``format`` ``'cifar10'`` or ``'imagenet32'``); an even spread of ``max_images``."""
     from glomo_pyg.data.images import load_cifar10, load_imagenet32
 
     path = _corpus_path(path, format, IMAGE_FORMATS, "an image",
-                        "the cifar-10-batches-py or imagenet32 folder")
+                        "the cifar-10-batches-py or imagenet32 folder", "max_images", max_images)
     images = load_cifar10(path, "train")[0] if format == "cifar10" else load_imagenet32(path)[0]
     if max_images is not None and max_images < len(images):
         images = images[torch.arange(max_images) * len(images) // max_images]

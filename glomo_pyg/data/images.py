@@ -1,19 +1,8 @@
-"""Image data sets in their standard pickle formats, read without trusting the pickle.
-
-* **CIFAR-10** (the official "python version": ``data_batch_1..5``, ``test_batch``): a
-  dict with ``data`` uint8 ``[10000, 3072]`` (R, G, B planes of 32 x 32, row-major) and
-  ``labels`` in ``0..9``.
-* **Downsampled ImageNet** (Chrabaszcz et al., 2017; ``train_data_batch_*``,
-  ``val_data``): ``data`` uint8 ``[n, 3 s^2]`` planes, ``labels`` 1-based, ``mean``.
-
-Pickles can execute arbitrary code when loaded. :func:`safe_load` reads them with an
-unpickler that rebuilds only plain containers (dict, list, tuple, str, bytes, numbers)
-and numpy arrays of non-object dtypes; anything else (a function to call, a class to
-instantiate) is refused with :class:`UnsafePickleError` before it can run.
-"""
+"""Image data sets in their standard pickle formats (CIFAR-10's python batches and
+Downsampled ImageNet, Chrabaszcz et al., 2017), read without trusting the pickle: see
+docs/images.md for the formats and :func:`safe_load`."""
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import zipfile
@@ -40,8 +29,7 @@ class ImageDataError(ValueError):
 
 
 class _ArrayClass:
-    """Stands in for ``numpy.ndarray`` inside the pickle: it can only be handed to the
-    guarded array reconstructor, never called to allocate."""
+    """Stands in for ``numpy.ndarray`` inside the pickle: never called to allocate."""
 
 
 def _reconstruct(cls, shape, dtype_code):
@@ -60,19 +48,13 @@ def _dtype(spec, align=False, copy=False):
 
 
 def _scalar(dtype, data):
-    if not isinstance(dtype, np.dtype) or dtype.hasobject or not isinstance(data, bytes):
-        raise UnsafePickleError("refusing an unusual numpy scalar")
+    # (numpy refuses to build an object dtype from raw bytes, so nothing can run here)
     return np.frombuffer(data, dtype=dtype, count=1)[0]
 
 
-_ALLOWED = {
-    ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
-    ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
-    ("numpy.core.multiarray", "scalar"): _scalar,
-    ("numpy._core.multiarray", "scalar"): _scalar,
-    ("numpy", "ndarray"): _ArrayClass,
-    ("numpy", "dtype"): _dtype,
-}
+_ALLOWED = {("numpy", "ndarray"): _ArrayClass, ("numpy", "dtype"): _dtype}
+for _module in ("numpy.core.multiarray", "numpy._core.multiarray"):  # numpy 1 and 2
+    _ALLOWED.update({(_module, "_reconstruct"): _reconstruct, (_module, "scalar"): _scalar})
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
@@ -85,80 +67,82 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
 
 MAX_PICKLE_NODES = 1 << 22  # an ImageNet-32 batch holds about 130k labels
+_PLAIN = (str, bytes, int, float, bool, type(None), np.generic, np.ndarray)
 
 
 def _check_plain(obj: Any, max_depth: int = 8, max_nodes: int = MAX_PICKLE_NODES) -> None:
-    """Plain containers, numbers, strings and non-object numpy arrays only. Each object is
-    visited once and at most ``max_nodes`` in all: containers that share references
-    (``x = [x] * 60``, nested) would otherwise take hours to walk from a few KB."""
+    """Plain data and non-object arrays only; each container walked once, ``max_nodes`` in all."""
     seen, stack, nodes = set(), [(obj, 0)], 0
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, (dict, list, tuple)):
+        container = isinstance(item, (dict, list, tuple))
+        if container:
             if id(item) in seen:
                 continue
             seen.add(id(item))
             children = [c for kv in item.items() for c in kv] if isinstance(item, dict) \
                 else list(item)
             nodes += len(children)
-            if nodes > max_nodes or (children and depth >= max_depth):
-                raise UnsafePickleError(f"more than {max_nodes} objects or {max_depth} levels "
-                                        "of nesting: not an image batch file")
             stack.extend((c, depth + 1) for c in children)
-        elif not isinstance(item, (str, bytes, int, float, bool, type(None), np.generic,
-                                   np.ndarray)) or (isinstance(item, np.ndarray) and item.dtype.hasobject):
-            raise UnsafePickleError(f"refusing an object of type {type(item).__name__} "
-                                    "(numpy object arrays included)")
+            ok = nodes <= max_nodes and not (children and depth >= max_depth)
+        else:
+            ok = isinstance(item, _PLAIN) and not getattr(item, "dtype", np.dtype(int)).hasobject
+        if not ok:
+            raise UnsafePickleError(
+                f"more than {max_nodes} objects or {max_depth} levels of nesting: not an "
+                "image batch file" if container else f"refusing an object of type "
+                f"{type(item).__name__} (numpy object arrays included)")
 
 
 def safe_load(path: str) -> Any:
-    """Unpickle ``path`` allowing only plain containers, numbers, strings and numpy
-    arrays (:class:`UnsafePickleError` otherwise, before anything runs); truncated or
-    corrupt files raise :class:`ImageDataError` naming the file."""
-    with open(path, "rb") as fh:
-        raw = fh.read()
-    try:
-        obj = _RestrictedUnpickler(io.BytesIO(raw), encoding="latin1").load()
-        _check_plain(obj)
-    except UnsafePickleError as e:
-        raise UnsafePickleError(f"{path}: {e}") from None
-    except Exception as e:  # truncated, corrupt, not a pickle, bad array state
-        raise ImageDataError(f"{path}: truncated or corrupt pickle ({type(e).__name__}: "
-                             f"{e})") from None
-    return obj
+    """Unpickle ``path`` allowing only plain data and numpy arrays.
+
+    Raises:
+        UnsafePickleError: anything else, before it can run.
+        ImageDataError: a truncated or corrupt file."""
+    with open(path, "rb") as fh:  # (a missing file stays FileNotFoundError)
+        try:
+            obj = _RestrictedUnpickler(fh, encoding="latin1").load()
+            _check_plain(obj)
+            return obj
+        except Exception as e:  # unsafe, or truncated, corrupt, not a pickle, bad array state
+            unsafe = isinstance(e, UnsafePickleError)
+            what = "" if unsafe else f"truncated or corrupt pickle ({type(e).__name__}): "
+            raise (UnsafePickleError if unsafe else ImageDataError)(
+                f"{path}: {what}{e}") from None
 
 
 def load_npz(path: str) -> Dict[str, np.ndarray]:
-    """The arrays of an ``.npz`` file (e.g. Downsampled-ImageNet's numpy release), read
-    without pickle. Each array's header is read first: object arrays (which would need
-    pickle) are refused, and so are arrays larger than their zip member or, together,
-    than this machine's memory, before anything is allocated."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            members = [i for i in archive.infolist() if i.filename.endswith(".npy")]
-            if not members:
-                raise ImageDataError(f"{path}: no arrays (.npy members) in this .npz")
-            total = sum(_npy_bytes(archive, info, path) for info in members)
-            memory = physical_memory()
-            if memory is not None and total > memory:
-                raise ImageDataError(f"{path}: its arrays would take {total / 2**30:.1f} GiB, "
-                                     f"more than this machine's memory "
-                                     f"({memory / 2**30:.1f} GiB)")
-            arrays = {}
-            for info in members:
-                with archive.open(info) as fh:
-                    arrays[info.filename[:-len(".npy")]] = np.lib.format.read_array(
-                        fh, allow_pickle=False)
-            return arrays
-    except (ImageDataError, FileNotFoundError):  # (a missing file stays FileNotFoundError)
-        raise
-    except Exception as e:  # truncated, corrupt, encrypted, an unknown compression...
-        raise ImageDataError(f"{path}: truncated or corrupt .npz ({type(e).__name__}: "
-                             f"{e})") from None
+    """The arrays of an ``.npz`` file, read without pickle; from their headers, before
+    anything is allocated, object arrays and arrays larger than their zip member or
+    (together) than this machine's memory are refused."""
+    with open(path, "rb") as fh:  # (a missing file stays FileNotFoundError)
+        try:
+            with zipfile.ZipFile(fh) as archive:
+                members = [i for i in archive.infolist() if i.filename.endswith(".npy")]
+                headers = [_npy_header(archive, info) for info in members]
+                problems = [p for _, p in headers if p]
+                total, memory = sum(n for n, _ in headers), physical_memory()
+                if not members:
+                    problems.append("no arrays (.npy members) in this .npz")
+                elif memory is not None and total > memory:
+                    problems.append(f"its arrays would take {total / 2**30:.1f} GiB, more "
+                                    f"than this machine's memory ({memory / 2**30:.1f} GiB)")
+                if not problems:
+                    return {info.filename[:-len(".npy")]: _read_npy(archive, info)
+                            for info in members}
+        except Exception as e:  # truncated, corrupt, encrypted, an unknown compression...
+            problems = [f"truncated or corrupt .npz ({type(e).__name__}: {e})"]
+    raise ImageDataError(f"{path}: {problems[0]}")
 
 
-def _npy_bytes(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: str) -> int:
-    """The data size of one ``.npy`` member, from its header alone (checked)."""
+def _read_npy(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
+    with archive.open(info) as fh:
+        return np.lib.format.read_array(fh, allow_pickle=False)
+
+
+def _npy_header(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> Tuple[int, Optional[str]]:
+    """The data size of one ``.npy`` member from its header alone, and what is wrong."""
     with archive.open(info) as fh:
         version = np.lib.format.read_magic(fh)
         header = {(1, 0): np.lib.format.read_array_header_1_0,
@@ -170,9 +154,7 @@ def _npy_bytes(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: str) -> in
                else "holds Python objects, which would need pickle to read: refused"
                if dtype.hasobject else f"declares {nbytes} bytes of data in a member of "
                f"{info.file_size}: corrupt" if nbytes > info.file_size else None)
-    if problem:
-        raise ImageDataError(f"{path}: {info.filename} {problem}")
-    return nbytes
+    return nbytes, problem and f"{info.filename} {problem}"
 
 
 def _field(batch: Any, name: str, path: str) -> Any:
@@ -187,48 +169,47 @@ def _field(batch: Any, name: str, path: str) -> Any:
 
 def read_image_batch(path: str, num_classes: Optional[int] = None, label_offset: int = 0,
                      labels: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
-    """One batch file: ``(images, labels)``, uint8 ``[n, 3, s, s]`` and int64 ``[n]``
-    (``labels - label_offset``, checked to lie in ``[0, num_classes)``). A pickled dict
-    (CIFAR's and Downsampled-ImageNet's python batches) or an ``.npz`` file with the same
-    entries."""
+    """One batch file (a pickled dict or an ``.npz`` with its entries): uint8 images
+    ``[n, 3, s, s]`` and int64 ``labels - label_offset`` ``[n]`` in ``[0, num_classes)``."""
     batch = load_npz(path) if path.endswith(".npz") else safe_load(path)
     data = _field(batch, "data", path)
     ok = isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2
     side = int(round((data.shape[1] / 3) ** 0.5)) if ok else 0
     if not ok or data.shape[0] < 1 or side < 1 or 3 * side * side != data.shape[1]:
+        got = f"{getattr(data, 'dtype', type(data).__name__)} {getattr(data, 'shape', '')}"
         raise ImageDataError(f"{path}: 'data' must be a uint8 [n >= 1, 3 * side^2] array (rows "
-                             f"of 3 square colour planes), got "
-                             f"{getattr(data, 'dtype', type(data).__name__)} "
-                             f"{getattr(data, 'shape', '')}")
+                             f"of 3 square colour planes), got {got}")
     images = torch.from_numpy(np.ascontiguousarray(data)).view(-1, 3, side, side)
     if not labels:
         return images, None
-    raw = _field(batch, "labels", path)
+    n, raw = data.shape[0], _field(batch, "labels", path)
     # a list is checked before np.asarray: nested lists that share references would expand
     flat = not isinstance(raw, (list, tuple)) or all(
         isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in raw)
     y = np.asarray(raw) if flat else np.zeros(0)
-    if y.ndim != 1 or y.shape[0] != data.shape[0] or not np.issubdtype(y.dtype, np.integer):
-        raise ImageDataError(f"{path}: 'labels' must be a flat list of integers "
-                             f"({data.shape[0]} integers, one per image), got "
-                             f"{y.dtype if flat else 'nested lists'} {y.shape}")
-    y = torch.from_numpy(y.astype(np.int64)) - label_offset
-    if num_classes is not None and y.numel() and (int(y.min()) < 0 or
-                                                   int(y.max()) >= num_classes):
-        raise ImageDataError(f"{path}: labels out of range: {int(y.min()) + label_offset}.."
-                             f"{int(y.max()) + label_offset} (expected {label_offset}.."
-                             f"{num_classes - 1 + label_offset})")
-    return images, y
+    ok = y.ndim == 1 and y.shape[0] == n and np.issubdtype(y.dtype, np.integer)
+    y = y.astype(np.int64) - label_offset if ok else y
+    if not ok or (num_classes is not None and (y.min() < 0 or y.max() >= num_classes)):
+        expected = "" if num_classes is None else \
+            f", in {label_offset}..{num_classes - 1 + label_offset}"
+        got = f"labels out of range: {y.min() + label_offset}..{y.max() + label_offset}" \
+            if ok else f"{y.dtype if flat else 'nested lists'} {y.shape}"
+        raise ImageDataError(f"{path}: 'labels' must be a flat list of integers ({n} integers, "
+                             f"one per image{expected}), got {got}")
+    return images, torch.from_numpy(y)
 
 
-def _read_batches(root: str, names: Sequence[str], **kwargs) -> Tuple[Tensor, Optional[Tensor]]:
+def _read_batches(root: str, names: Sequence[str], shape: Optional[Tuple[int, ...]] = None,
+                  **kwargs) -> Tuple[Tensor, Optional[Tensor]]:
+    """The batch files ``names``, their images all of ``shape`` (default: the first's)."""
     images, labels = [], []
     for name in names:
         path = os.path.join(root, name)
         x, y = read_image_batch(path, **kwargs)
-        if images and x.shape[1:] != images[0].shape[1:]:
-            raise ImageDataError(f"{path}: images of {tuple(x.shape[1:])}, earlier files "
-                                 f"{tuple(images[0].shape[1:])}")
+        want = shape or (tuple(images[0].shape[1:]) if images else tuple(x.shape[1:]))
+        if tuple(x.shape[1:]) != want:
+            raise ImageDataError(f"{path}: images of {'x'.join(map(str, x.shape[1:]))}, "
+                                 f"expected {'x'.join(map(str, want))}")
         images.append(x)
         labels.append(y)
     y = torch.cat(labels) if labels and labels[0] is not None else None
@@ -236,24 +217,19 @@ def _read_batches(root: str, names: Sequence[str], **kwargs) -> Tuple[Tensor, Op
 
 
 def load_cifar10(root: str, split: str = "train") -> Tuple[Tensor, Tensor]:
-    """CIFAR-10 from the official python batches in ``root``
-    (``cifar-10-batches-py``): ``split='train'`` (50,000) or ``'test'`` (10,000) as uint8
-    ``[n, 3, 32, 32]`` images and int64 labels."""
+    """CIFAR-10's ``split`` (``'train'`` or ``'test'``) from the python batches in ``root``
+    (``cifar-10-batches-py``): uint8 ``[n, 3, 32, 32]`` images and int64 labels."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    images, labels = _read_batches(root, CIFAR10_TRAIN if split == "train" else CIFAR10_TEST,
-                                   num_classes=10)
-    if images.shape[1:] != (3, 32, 32):
-        raise ImageDataError(f"{root}: CIFAR-10 images are 3x32x32, got {tuple(images.shape[1:])}")
-    return images, labels
+    return _read_batches(root, CIFAR10_TRAIN if split == "train" else CIFAR10_TEST,
+                         shape=(3, 32, 32), num_classes=10)
 
 
 def imagenet32_files(root: str) -> List[str]:
     """The ``train_data_batch_*`` files of a Downsampled-ImageNet folder in numeric order:
     the python batches, or (when there are none) the ``.npz`` release."""
     names = [n for n in os.listdir(root) if n.startswith("train_data_batch_")]
-    plain = [n for n in names if not n.endswith(".npz")]
-    names = plain or names
+    names = [n for n in names if not n.endswith(".npz")] or names
     if not names:
         raise FileNotFoundError(f"{root}: no train_data_batch_* files (Downsampled-ImageNet "
                                 "format: python batches or .npz)")
@@ -271,15 +247,11 @@ def load_imagenet32(root: str, max_images: Optional[int] = None,
     (the first ``max_images`` when given) and, with ``labels``, 0-based int64 labels."""
     images, y = _read_batches(root, imagenet32_files(root), labels=labels, label_offset=1,
                               num_classes=1000)
-    if max_images is not None:
-        images = images[:max_images]
-        y = y[:max_images] if y is not None else None
-    return images, y
+    return images[:max_images], (None if y is None else y[:max_images])
 
 
 def train_validation_split(n: int, validation: int, seed: int = 0) -> Tuple[Tensor, Tensor]:
-    """Seeded disjoint ``(train, validation)`` index tensors over ``range(n)``, each sorted
-    (e.g. CIFAR-10's 50,000 training images as 42,000 / 8,000)."""
+    """Seeded disjoint ``(train, validation)`` index tensors over ``range(n)``, each sorted."""
     if not 0 < validation < n:
         raise ValueError(f"validation must lie in (0, {n}), got {validation}")
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
@@ -289,18 +261,15 @@ def train_validation_split(n: int, validation: int, seed: int = 0) -> Tuple[Tens
 def augment(images: Tensor, generator: Optional[torch.Generator] = None, flip: bool = True,
             crop_padding: int = 0) -> Tensor:
     """Random horizontal flips (half of the images) and, with ``crop_padding`` p, random
-    crops of the image padded by p (reflection), on uint8 ``[B, C, H, W]`` images:
-    applied to the pixels, before any graph is computed from them."""
+    crops of the image padded by p (reflection), on uint8 ``[B, C, H, W]`` images."""
     b, _, h, w = images.shape
-    out = images
+    out, p = images, crop_padding
     if flip:
         mask = torch.rand(b, generator=generator) < 0.5
         out = torch.where(mask.view(-1, 1, 1, 1).to(images.device), images.flip(3), images)
-    if crop_padding:
-        p = crop_padding
+    if p:
         padded = torch.nn.functional.pad(out.float(), (p, p, p, p), mode="reflect").to(out.dtype)
-        dy = torch.randint(0, 2 * p + 1, (b,), generator=generator).tolist()
-        dx = torch.randint(0, 2 * p + 1, (b,), generator=generator).tolist()
+        dy, dx = torch.randint(0, 2 * p + 1, (2, b), generator=generator).tolist()
         out = torch.stack([padded[i, :, y:y + h, x:x + w] for i, (y, x) in
                            enumerate(zip(dy, dx))])
     return out

@@ -1,16 +1,6 @@
 """Token corpora for pretraining: documents of token ids, in memory or as memory-mapped
-shards on disk, cut into training sequences the same way either way.
-
-:func:`write_token_shards` writes a folder of ``tokens-XXXXX.bin`` (int32 ids,
-little-endian, documents back to back) and ``docs-XXXXX.bin`` (int64 end offset of each
-document) shards described by ``index.json``; :class:`TokenWindows` memory-maps them
-(only its window index, 12 bytes per sequence, lives in RAM). Every document is cut into
-windows of ``max_length`` tokens, a shorter last one kept if it has ``min_length``;
-:class:`ResumableSampler` orders them and can start part-way through an epoch (how an
-interrupted run continues where it stopped). A shard folder is checked when opened
-(:func:`read_shard_index`; token ids as windows are read): anything malformed raises a
-:class:`~glomo_pyg.data.TextDataError` naming the file.
-"""
+shards on disk (format: docs/text.md), cut into training sequences the same way either
+way. A malformed shard folder raises a :class:`~glomo_pyg.data.TextDataError`."""
 from __future__ import annotations
 
 import json
@@ -24,7 +14,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
-from glomo_pyg.data.text import TextDataError
+from glomo_pyg.data.text import TextDataError, open_text
 
 FORMAT, VERSION = "glomo-token-shards", 1
 TOKEN_DTYPE = np.dtype("<i4")
@@ -48,15 +38,12 @@ def _as_array(doc, vocab_size: int) -> np.ndarray:
 
 def write_token_shards(documents: Iterable, out_dir: str, vocab_size: int,
                        shard_tokens: int = 1 << 26) -> dict:
-    """Write documents (sequences of token ids) as memory-mappable shards of about
-    ``shard_tokens`` tokens each. The folder is built beside ``out_dir`` and renamed into
-    place at the end, so an interrupted run never leaves a half-written corpus. Returns
-    the index (also written to ``out_dir/index.json``). Documents with no tokens at all
-    (an empty corpus) raise a :class:`ValueError`."""
-    if vocab_size < 1 or vocab_size > np.iinfo(TOKEN_DTYPE).max:
-        raise ValueError(f"vocab_size must lie in [1, 2^31), got {vocab_size}")
-    if shard_tokens < 1:
-        raise ValueError(f"shard_tokens must be positive, got {shard_tokens}")
+    """Write documents (sequences of token ids) as shards of about ``shard_tokens`` tokens,
+    built beside ``out_dir`` and renamed into place at the end; returns the index (also
+    ``out_dir/index.json``). An empty corpus raises a :class:`ValueError`."""
+    if not 1 <= vocab_size <= np.iinfo(TOKEN_DTYPE).max or shard_tokens < 1:
+        raise ValueError(f"need vocab_size in [1, 2^31) and shard_tokens >= 1, got "
+                         f"vocab_size={vocab_size}, shard_tokens={shard_tokens}")
     if os.path.exists(out_dir):
         raise FileExistsError(f"{out_dir} exists; remove it or choose another folder")
     tmp = f"{out_dir.rstrip(os.sep)}.partial{os.getpid()}"
@@ -68,15 +55,14 @@ def write_token_shards(documents: Iterable, out_dir: str, vocab_size: int,
 
     def flush():
         nonlocal buffer, filled
-        if not buffer:
-            return
-        k = len(shards)
-        tokens = np.concatenate(buffer).astype(TOKEN_DTYPE, copy=False)
-        ends = np.cumsum([len(b) for b in buffer]).astype(OFFSET_DTYPE)
-        tokens.tofile(os.path.join(tmp, f"tokens-{k:05d}.bin"))
-        ends.tofile(os.path.join(tmp, f"docs-{k:05d}.bin"))
-        shards.append(dict(tokens=f"tokens-{k:05d}.bin", docs=f"docs-{k:05d}.bin",
-                           num_tokens=int(tokens.size), num_documents=int(ends.size)))
+        if buffer:
+            k = len(shards)
+            shards.append(dict(tokens=f"tokens-{k:05d}.bin", docs=f"docs-{k:05d}.bin",
+                               num_tokens=int(filled), num_documents=len(buffer)))
+            np.concatenate(buffer).astype(TOKEN_DTYPE, copy=False).tofile(
+                os.path.join(tmp, shards[-1]["tokens"]))
+            np.cumsum([b.size for b in buffer]).astype(OFFSET_DTYPE).tofile(
+                os.path.join(tmp, shards[-1]["docs"]))
         buffer, filled = [], 0
 
     try:
@@ -88,18 +74,16 @@ def write_token_shards(documents: Iterable, out_dir: str, vocab_size: int,
                 flush()
         flush()
         index = dict(format=FORMAT, version=VERSION, vocab_size=int(vocab_size),
-                     token_dtype=TOKEN_DTYPE.str,
-                     num_tokens=sum(s["num_tokens"] for s in shards),
+                     token_dtype=TOKEN_DTYPE.str, num_tokens=sum(s["num_tokens"] for s in shards),
                      num_documents=sum(s["num_documents"] for s in shards), shards=shards)
         if not index["num_tokens"]:
             raise ValueError(f"the corpus is empty: {index['num_documents']} documents, no "
                              f"tokens; nothing written to {out_dir}")
         with open(os.path.join(tmp, "index.json"), "w") as fh:
             json.dump(index, fh, indent=1)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    os.replace(tmp, out_dir)
+        os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # (nothing left once renamed into place)
     return index
 
 
@@ -108,26 +92,27 @@ def _count(value) -> bool:
 
 
 def read_shard_index(path: str) -> dict:
-    """The ``index.json`` of a shard folder, checked for its fields and types and against
-    the files beside it (plain file names inside the folder, of the sizes it states)."""
+    """The ``index.json`` of a shard folder, checked for its fields and against the files
+    beside it (plain file names inside the folder, of the sizes it states)."""
     name = os.path.join(path, "index.json")
-    try:
-        with open(name, "rb") as fh:
-            raw = fh.read(MAX_INDEX_BYTES + 1)
-        if len(raw) > MAX_INDEX_BYTES:
-            raise ValueError(f"larger than {MAX_INDEX_BYTES} bytes")
-        index = json.loads(raw)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{name}: missing; not a token-shard folder "
-                                "(write one with glomo_pyg.data.write_token_shards)") from None
-    except (OSError, ValueError, RecursionError) as err:
-        raise TextDataError(f"{name}: unreadable, not a JSON index ({err}); {_REBUILD}") from None
 
     def need(ok: bool, what: str):
         if not ok:
             raise TextDataError(f"{name}: {what}; {_REBUILD}")
 
-    need(isinstance(index, dict) and index.get("format") == FORMAT, f"not a {FORMAT} index")
+    try:
+        with open_text(name) as fh:  # (a FIFO is refused: it would block)
+            raw = fh.read(MAX_INDEX_BYTES + 1)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{name}: missing; not a token-shard folder "
+                                "(write one with glomo_pyg.data.write_token_shards)") from None
+    problem = f"larger than {MAX_INDEX_BYTES} bytes" if len(raw) > MAX_INDEX_BYTES else None
+    try:
+        index = None if problem else json.loads(raw)
+    except (ValueError, RecursionError) as err:
+        index, problem = None, err
+    need(problem is None and isinstance(index, dict) and index.get("format") == FORMAT,
+         f"unreadable, not a JSON index ({problem})" if problem else f"not a {FORMAT} index")
     version = index.get("version")
     need(_count(version) and version >= 1, f"'version' must be a positive integer, got "
          f"{version!r}")
@@ -173,55 +158,47 @@ def _windows(ends: np.ndarray, max_length: int, min_length: int):
     starts_doc = np.concatenate([[0], ends[:-1]]).astype(np.int64)
     lengths_doc = ends - starts_doc
     per_doc = lengths_doc // max_length + ((lengths_doc % max_length) >= min_length)
-    total = int(per_doc.sum())
     doc = np.repeat(np.arange(len(ends)), per_doc)
     first = np.cumsum(per_doc) - per_doc  # index of each document's first window
-    k = np.arange(total) - np.repeat(first, per_doc)
+    k = np.arange(len(doc)) - first[doc]
     start = starts_doc[doc] + k * max_length
     length = np.minimum(max_length, ends[doc] - start)
     return start.astype(np.int64), length.astype(np.int32)
 
 
 class TokenWindows(torch.utils.data.Dataset):
-    """Training sequences over documents of token ids: item ``k`` is a
-    :class:`~torch_geometric.data.Data` with ``x`` the ``[n]`` int64 ids of window
-    ``k`` (``min_length <= n <= max_length``), batched PyG-style by
-    :class:`torch_geometric.loader.DataLoader`.
-
-    Build from memory with :meth:`from_documents` or from a shard folder with
-    :meth:`from_shards` (memory-mapped); both cut documents identically. Document ends
-    must be sorted and end at each array's length; a window holding ids outside
-    ``[0, vocab_size)`` raises a :class:`~glomo_pyg.data.TextDataError` naming its
-    source (``sources``: a name per array, e.g. its shard file) when read.
-    """
+    """Training sequences over documents of token ids (built :meth:`from_documents` or
+    :meth:`from_shards`): item ``k`` is a :class:`~torch_geometric.data.Data` with ``x``
+    the ``[n]`` int64 ids of window ``k``, each document cut into windows of
+    ``max_length``, a shorter last one kept if it has ``min_length``. A window holding ids
+    outside ``[0, vocab_size)`` raises a :class:`~glomo_pyg.data.TextDataError` naming
+    its source (``sources``: a name per array, e.g. its shard file) when read."""
 
     def __init__(self, arrays: Sequence[np.ndarray], ends: Sequence[np.ndarray], vocab_size: int,
                  max_length: int = 128, min_length: int = 8,
                  sources: Optional[Sequence[str]] = None):
-        if max_length < 2 or not 2 <= min_length <= max_length:
-            raise ValueError(f"need 2 <= min_length <= max_length, got min_length={min_length}, "
-                             f"max_length={max_length} (context prediction needs >= 2 units)")
         self.arrays, self.vocab_size = list(arrays), int(vocab_size)
         self.sources = list(sources) if sources is not None else \
             [f"token array {k}" for k in range(len(self.arrays))]
-        if not len(self.arrays) == len(ends) == len(self.sources):
-            raise ValueError("need one ends array (and source) per token array")
+        if not 2 <= min_length <= max_length or \
+                not len(self.arrays) == len(ends) == len(self.sources):
+            raise ValueError(f"need 2 <= min_length <= max_length (context prediction needs "
+                             f">= 2 units) and one ends array and source per token array, got "
+                             f"min_length={min_length}, max_length={max_length}, "
+                             f"{len(self.arrays)} arrays, {len(ends)} ends, "
+                             f"{len(self.sources)} sources")
         self.max_length, self.min_length = max_length, min_length
-        starts, lengths, shard = [], [], []
+        windows = [(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32))]
         for k, e in enumerate(ends):
             e = np.asarray(e, dtype=np.int64)
-            if (e.size and (e[0] < 0 or (e[1:] < e[:-1]).any() or e[-1] != len(self.arrays[k]))
-                    or (not e.size and len(self.arrays[k]))):
+            if (np.diff(e, prepend=0) < 0).any() or (e[-1] if e.size else 0) != len(self.arrays[k]):
                 raise TextDataError(f"{self.sources[k]}: its document end offsets (docs file) "
                                     f"are not sorted offsets ending at its "
                                     f"{len(self.arrays[k])} tokens; {_REBUILD}")
             s, n = _windows(e, max_length, min_length)
-            starts.append(s)
-            lengths.append(n)
-            shard.append(np.full(s.size, k, dtype=np.int32))
-        self.starts = np.concatenate(starts) if starts else np.zeros(0, np.int64)
-        self.lengths = np.concatenate(lengths) if lengths else np.zeros(0, np.int32)
-        self.shard = np.concatenate(shard) if shard else np.zeros(0, np.int32)
+            windows.append((s, n, np.full(s.size, k, dtype=np.int32)))
+        # window k: self.lengths[k] tokens from self.starts[k] of array self.shard[k]
+        self.starts, self.lengths, self.shard = (np.concatenate(c) for c in zip(*windows))
 
     @classmethod
     def from_documents(cls, documents: Iterable, vocab_size: int, max_length: int = 128,
@@ -233,8 +210,7 @@ class TokenWindows(torch.utils.data.Dataset):
 
     @classmethod
     def from_shards(cls, path: str, max_length: int = 128, min_length: int = 8) -> "TokenWindows":
-        """Memory-map the shard folder ``path`` (checked by :func:`read_shard_index`; an
-        empty corpus raises)."""
+        """Memory-map the shard folder ``path`` (checked; an empty corpus raises)."""
         index = read_shard_index(path)
         if not index["num_tokens"]:
             raise TextDataError(f"{path}: the corpus is empty ({index['num_documents']} "
@@ -270,19 +246,16 @@ class TokenWindows(torch.utils.data.Dataset):
 
 
 class ResumableSampler(torch.utils.data.Sampler):
-    """Indices ``0..n-1``: a permutation seeded by ``(seed, epoch)`` (or in order), split
-    across ``num_replicas`` distributed ranks like
-    :class:`~torch.utils.data.DistributedSampler` (padded to equal length by wrapping),
-    starting after the first ``skip`` indices of this rank's epoch. Uses its own
-    generator, never the global random state."""
+    """Indices ``0..n-1`` in a permutation seeded by ``(seed, epoch)`` (or in order), split
+    across ranks like :class:`~torch.utils.data.DistributedSampler`, after the first
+    ``skip`` of this rank's epoch (never drawing from the global random state)."""
 
     def __init__(self, size: int, shuffle: bool = True, seed: int = 0, num_replicas: int = 1,
                  rank: int = 0):
-        if size < 1:
+        if size < 1 or not 0 <= rank < num_replicas:
             raise ValueError("the dataset holds no sequences (documents shorter than "
-                             "min_length?)")
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank {rank} outside [0, {num_replicas})")
+                             "min_length?)" if size < 1 else
+                             f"rank {rank} outside [0, {num_replicas})")
         self.size, self.shuffle, self.seed = size, shuffle, seed
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch, self.skip = 0, 0
@@ -294,14 +267,12 @@ class ResumableSampler(torch.utils.data.Sampler):
         return math.ceil(self.size / self.num_replicas)
 
     def __iter__(self) -> Iterator[int]:
-        if self.shuffle:
-            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            order = torch.randperm(self.size, generator=gen)
-        else:
-            order = torch.arange(self.size)
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = torch.randperm(self.size, generator=gen) if self.shuffle else \
+            torch.arange(self.size)
         total = len(self) * self.num_replicas
-        if total > self.size:  # pad by wrapping so every rank gets the same count
-            order = torch.cat([order, order[:total - self.size]])
+        # (padded by wrapping, so that every rank gets the same count)
+        order = torch.cat([order, order[:total - self.size]])
         mine = order[self.rank:total:self.num_replicas]
         skip, self.skip = self.skip, 0
         return iter(mine[skip:].tolist())
@@ -309,15 +280,14 @@ class ResumableSampler(torch.utils.data.Sampler):
 
 class ResumableLoader(torch.utils.data.DataLoader):
     """A PyG-collating :class:`~torch.utils.data.DataLoader` over a :class:`ResumableSampler`
-    that Lightning checkpoints: ``state_dict()`` holds the epoch and the batches handed to
-    training so far, ``load_state_dict()`` makes the next epoch's iteration skip them, so
-    a run resumed from a mid-epoch checkpoint sees exactly the batches it had left."""
+    whose ``state_dict()`` (epoch, batches delivered) Lightning checkpoints: a run resumed
+    mid-epoch sees exactly the batches it had left."""
 
     def __init__(self, dataset, batch_size: int, sampler: ResumableSampler, **kwargs):
         from torch_geometric.loader.dataloader import Collater
 
-        # A private generator: iterating a DataLoader otherwise draws a worker seed from
-        # the global random state, which would shift the model's random draws on resume.
+        # (a DataLoader otherwise draws a worker seed from the global random state, which
+        # would shift the model's random draws on resume)
         kwargs.setdefault("generator", torch.Generator().manual_seed(sampler.seed))
         super().__init__(dataset, batch_size=batch_size, sampler=sampler,
                          collate_fn=Collater(dataset), **kwargs)

@@ -1,14 +1,6 @@
-"""Word vectors in the GloVe / word2vec text format, and training them with gensim.
-
-The text format is one word per line followed by its numbers, separated by single
-spaces (``the 0.418 0.24968 -0.41242 ...``); words cannot contain spaces. word2vec's
-variant starts with a header line ``<count> <dim>``; :func:`read_word_vectors` accepts
-both (GloVe's 840B file once its few lines with spaces in the word are deleted). These
-vectors are the "transfer feature only" features of the paper's downstream baselines; no
-pretrained GloVe can be fetched on the machines this project is built on, so
-:func:`train_word_vectors` trains word2vec on an unlabelled corpus instead (the same
-role).
-"""
+"""Word vectors in the GloVe / word2vec text format (``the 0.418 0.24968 ...``, word2vec's
+with a ``<count> <dim>`` header), and training them with gensim: the "transfer feature
+only" features of the paper's downstream baselines (docs/text.md)."""
 from __future__ import annotations
 
 import numbers
@@ -20,47 +12,40 @@ import numpy as np
 import torch
 
 from glomo_pyg.atomic_files import atomic_write
-from glomo_pyg.data.text import TextDataError, binary_lines, decode_utf8
+from glomo_pyg.data.text import TextDataError, binary_lines, decode_utf8, open_text
 
 MAX_LINE_BYTES = 1 << 20  # a 300-d vector line is about 4 KB
 MAX_DIM = MAX_LINE_BYTES // 2  # no line of the text format could hold more numbers
-# the widest vectors that train_word_vectors makes: write_word_vectors spends up to 13
-# bytes per number ("-1.23457e-05 "), and its lines must stay readable (MAX_LINE_BYTES)
+# written at up to 13 bytes per number ("-1.23457e-05 "), lines must stay readable
 MAX_TRAIN_DIM = MAX_LINE_BYTES // 16
-# word2vec threads (gensim starts one Python thread each)
-MAX_WORKERS = 1024
+MAX_WORKERS = 1024  # gensim starts a Python thread per worker
 # word2vec's C settings are 32-bit ints (a larger window made a gensim worker die while
 # training waited for it forever)
 MAX_WINDOW = (1 << 31) - 1
 MAX_SEED = (1 << 32) - 1
-# word2vec passes (5 by default; tens for small corpora): more is a typo that would keep
-# training for hours to days (every epoch reads the whole corpus) instead of failing
-MAX_EPOCHS = 10_000
+MAX_EPOCHS = 10_000  # more is a typo that would train for days instead of failing
 _COUNT = re.compile(r"[0-9]{1,18}")
+
+
+def _integer(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def read_word_vectors(path: str, vocabulary: Optional[Sequence[str]] = None,
                       max_words: Optional[int] = None) -> Tuple[List[str], np.ndarray]:
-    """Words and an ``[n, dim]`` float32 array from a GloVe or word2vec text file: UTF-8
-    (a leading byte-order mark dropped), ``word x1 ... xdim`` per line (blank lines
-    skipped), one ``dim`` set by the first line or by word2vec's header ``<count> <dim>``,
-    whose count must match. A line that breaks these rules, a number that does not parse
-    or is not finite in float32 (``nan``, ``inf``, ``1e39``), or text that is not UTF-8
-    raises a :class:`~glomo_pyg.data.TextDataError` naming the file and line.
-
-    With ``vocabulary``, only those words are kept (in the file's order; other lines'
-    numbers are not parsed); ``max_words`` stops after that many, leaving the rest unread.
-    A word that occurs twice keeps its first vector."""
-    if max_words is not None and (isinstance(max_words, bool) or
-                                  not isinstance(max_words, numbers.Integral) or max_words < 1):
+    """Words and an ``[n, dim]`` float32 array from a GloVe or word2vec text file (one
+    ``dim`` set by the first line or by word2vec's header, whose count must match): only
+    the words of ``vocabulary`` when given, at most ``max_words``, the first vector of a
+    repeated word. A malformed line, a number not finite in float32 or text that is not
+    UTF-8 raises a :class:`~glomo_pyg.data.TextDataError` naming the file and line."""
+    if max_words is not None and not (_integer(max_words) and max_words >= 1):
         raise ValueError(f"max_words must be a positive integer or None, got {max_words!r}")
     wanted = set(vocabulary) if vocabulary is not None else None
-    words: List[str] = []
+    index: Dict[str, int] = {}  # the words kept, in order
     rows: List[np.ndarray] = []
-    seen = set()
     dim = declared = dim_line = None
-    count = 0  # vector lines, kept or not
-    with open(path, "rb") as fh:
+    count, complete = 0, True  # vector lines, kept or not
+    with open_text(path) as fh:
         for number, offset, data in binary_lines(fh, path, MAX_LINE_BYTES):
             line = decode_utf8(data, path, number, offset).rstrip("\n\r").rstrip(" ")
             if not line:
@@ -84,29 +69,27 @@ def read_word_vectors(path: str, vocabulary: Optional[Sequence[str]] = None,
                     "have one dimension: fix or delete the line")
             count += 1
             word = parts[0]
-            if word in seen or (wanted is not None and word not in wanted):
+            if word in index or (wanted is not None and word not in wanted):
                 continue
             try:
                 with np.errstate(over="ignore", invalid="ignore"):
                     row = np.asarray(parts[1:], dtype=np.float32)
             except ValueError:
-                row = None
-            if row is None or not np.isfinite(row).all():
+                row = np.full(1, np.nan)
+            if not np.isfinite(row).all():
                 raise TextDataError(f"{path}:{number}: non-finite or non-numeric vector "
                                     "entries (nan, inf, or beyond float32's range of 3.4e38); "
                                     "fix or delete the line")
+            index[word] = len(rows)
             rows.append(row)
-            words.append(word)
-            seen.add(word)
-            if max_words is not None and len(words) >= max_words:
+            if len(rows) == max_words:
+                complete = False
                 break
-        else:
-            if declared is not None and count != declared:
-                raise TextDataError(f"{path}: the word2vec header (line 1) declares {declared} "
-                                    f"vectors, the file has {count}; fix the header")
-    if dim is None:
-        raise TextDataError(f"{path}: no word vectors in the file (empty?)")
-    return words, (np.stack(rows) if rows else np.zeros((0, dim), np.float32))
+    if dim is None or (complete and declared is not None and count != declared):
+        raise TextDataError(f"{path}: no word vectors in the file (empty?)" if dim is None else
+                            f"{path}: the word2vec header (line 1) declares {declared} "
+                            f"vectors, the file has {count}; fix the header")
+    return list(index), (np.stack(rows) if rows else np.zeros((0, dim), np.float32))
 
 
 def write_word_vectors(path: str, words: Sequence[str], vectors, header: bool = False) -> None:
@@ -116,13 +99,12 @@ def write_word_vectors(path: str, words: Sequence[str], vectors, header: bool = 
     (at most :data:`MAX_LINE_BYTES`)."""
     vectors = vectors.detach().cpu().numpy() if isinstance(vectors, torch.Tensor) else \
         np.asarray(vectors)
-    if vectors.ndim != 2 or vectors.shape[0] != len(words) or vectors.shape[1] < 1 or \
+    bad = [w for w in words if not isinstance(w, str) or not w or any(c in w for c in " \n\r")]
+    if bad or vectors.ndim != 2 or vectors.shape[0] != len(words) or vectors.shape[1] < 1 or \
             not np.isfinite(vectors).all():
-        raise ValueError(f"need one vector per word, with no nan or inf values (they could "
+        raise ValueError(f"word {bad[0]!r} cannot be written in the text format" if bad else
+                         f"need one vector per word, with no nan or inf values (they could "
                          f"not be read back): {len(words)} words, vectors {vectors.shape}")
-    for word in words:
-        if not isinstance(word, str) or not word or any(c in word for c in " \n\r"):
-            raise ValueError(f"word {word!r} cannot be written in the text format")
     with atomic_write(path) as fh:  # a failed write leaves nothing behind
         if header:
             fh.write(f"{len(words)} {vectors.shape[1]}\n")
@@ -138,11 +120,9 @@ def write_word_vectors(path: str, words: Sequence[str], vectors, header: bool = 
 
 def embedding_matrix(vocabulary: Sequence[str], words: Sequence[str], vectors: np.ndarray,
                      seed: int = 0, scale: Optional[float] = None) -> Tuple[torch.Tensor, float]:
-    """``[len(vocabulary), dim]`` embedding weights: the file's vector for words it has,
-    small random vectors (normal, std ``scale`` = the vectors' own std by default) for
-    the others and zeros for ``<pad>``. Returns the matrix and the fraction of the
-    vocabulary found in the file. ``vectors`` is ``[len(words), dim]`` (e.g. from
-    :func:`read_word_vectors`); values or a scale that float32 cannot hold are refused."""
+    """``[len(vocabulary), dim]`` embedding weights (the vector of ``words`` for words it
+    has, random normal rows of std ``scale``, default the vectors' own, for the others,
+    zeros for ``<pad>``) and the fraction of the vocabulary found among ``words``."""
     for name, value in (("vocabulary", vocabulary), ("words", words)):
         if isinstance(value, str) or not isinstance(value, Sequence) or \
                 not all(isinstance(w, str) for w in value):
@@ -159,53 +139,52 @@ def embedding_matrix(vocabulary: Sequence[str], words: Sequence[str], vectors: n
                          f"[{len(words)}, dim], got {got}, of finite values (no NaN or inf) "
                          "within float32's range (beyond float32's range: too large to be "
                          "features)")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
-                              or not 0 < scale < np.inf):
-        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
-    index: Dict[str, int] = {w: i for i, w in enumerate(words)}
-    dim = vectors.shape[1]
     # (the std in float64: float32 overflows to inf on huge but finite vectors)
-    std = float(scale) if scale is not None else \
+    std = scale if scale is not None else \
         (float(vectors.std(dtype=np.float64)) if vectors.size else 0.0)
     # the random rows are drawn as std * N(0, 1); |N(0, 1)| stays far below 16
-    if std * 16 > limit:
-        raise ValueError(f"the word vectors' scale ({std:g}) is too large for float32 "
-                         "features (random rows for the other words would overflow)")
-    std = std if std > 0 else 0.1  # (all-zero or no vectors: a small default)
+    if isinstance(std, bool) or not isinstance(std, numbers.Real) or \
+            not (std > 0 or scale is None) or not std * 16 <= limit:
+        raise ValueError(f"scale must be a positive finite number, not too large for float32 "
+                         f"features (random rows would overflow), got {std!r}"
+                         + (" (the word vectors' own std)" if scale is None else ""))
+    index = {w: i for i, w in enumerate(words)}
+    std = float(std) if std > 0 else 0.1  # (all-zero or no vectors: a small default)
     gen = torch.Generator().manual_seed(seed)
-    out = torch.randn(len(vocabulary), dim, generator=gen) * std
-    found = 0
+    out = torch.randn(len(vocabulary), vectors.shape[1], generator=gen) * std
     for i, word in enumerate(vocabulary):
         if word in index:
             out[i] = torch.from_numpy(vectors[index[word]])
-            found += 1
         elif word == "<pad>":
             out[i] = 0.0
-    return out, found / max(1, len(vocabulary))
+    return out, sum(w in index for w in vocabulary) / max(1, len(vocabulary))
 
 
 def train_word_vectors(documents: Iterable[Sequence[str]], dim: int = 300, window: int = 5,
                        min_count: int = 5, epochs: int = 5, workers: int = 2, seed: int = 0,
                        sg: bool = False) -> Tuple[List[str], np.ndarray]:
-    """word2vec (gensim) on tokenised documents; returns words (most frequent first) and
-    ``[n, dim]`` vectors. ``documents`` (lists of str tokens) is iterated ``epochs + 2``
-    times (a list, or a re-iterable corpus object). Settings that are not positive
-    integers (``dim`` at most :data:`MAX_TRAIN_DIM`, ``window`` at most :data:`MAX_WINDOW`,
-    ``epochs`` at most :data:`MAX_EPOCHS`, ``workers`` at most :data:`MAX_WORKERS`), a
-    seed outside ``[0, 2**32 - 1]``, documents that are not token lists, or a corpus with no word that occurs
-    ``min_count`` times raise a :class:`ValueError` before gensim runs."""
+    """word2vec (gensim) on tokenised documents (a list or re-iterable corpus of lists of
+    str tokens, iterated ``epochs + 2`` times); returns words (most frequent first) and
+    ``[n, dim]`` vectors.
+
+    Raises:
+        ValueError: before gensim runs, settings that are not positive integers up to
+            their ``MAX_*`` (``seed`` in ``[0, 2**32 - 1]``), documents that are not token
+            lists, or no word that occurs ``min_count`` times.
+        TypeError: a one-shot iterator of documents."""
     for name, value, low, high in (
             ("dim", dim, 1, MAX_TRAIN_DIM), ("window", window, 1, MAX_WINDOW),
             ("min_count", min_count, 1, None), ("epochs", epochs, 1, MAX_EPOCHS),
             ("workers", workers, 1, MAX_WORKERS), ("seed", seed, 0, MAX_SEED)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or \
-                value < low or (high is not None and value > high):
+        if not _integer(value) or value < low or (high is not None and value > high):
             kind = f"an integer in [0, {high}]" if low == 0 else \
                 "a positive integer" + (f" <= {high}" if high is not None else "")
             raise ValueError(f"{name} must be {kind}, got {value!r}")
-    docs = documents if isinstance(documents, list) else _Reiterable(documents)
+    if iter(documents) is documents:
+        raise TypeError("train_word_vectors needs a list or a re-iterable corpus, not a "
+                        "one-shot iterator (word2vec passes over it several times)")
     counts: Counter = Counter()
-    for doc in docs:
+    for doc in documents:
         if isinstance(doc, (str, bytes)) or not all(isinstance(t, str) for t in doc):
             raise ValueError("documents must be lists of str tokens (tokenize the text "
                              f"first), got {type(doc).__name__} {str(doc)[:40]!r}")
@@ -217,20 +196,7 @@ def train_word_vectors(documents: Iterable[Sequence[str]], dim: int = 300, windo
                          "a larger corpus")
     from glomo_pyg.extras import require
 
-    Word2Vec = require("gensim.models", "Training word2vec vectors").Word2Vec
-
-    model = Word2Vec(sentences=docs, vector_size=dim, window=window, min_count=min_count,
-                     workers=workers, seed=seed, epochs=epochs, sg=int(sg))
-    words = list(model.wv.index_to_key)
-    return words, np.asarray(model.wv.vectors, dtype=np.float32)
-
-
-class _Reiterable:
-    def __init__(self, documents):
-        if iter(documents) is documents:
-            raise TypeError("train_word_vectors needs a list or a re-iterable corpus, not a "
-                            "one-shot iterator (word2vec passes over it several times)")
-        self.documents = documents
-
-    def __iter__(self):
-        return iter(self.documents)
+    model = require("gensim.models", "Training word2vec vectors").Word2Vec(
+        sentences=documents, vector_size=dim, window=window, min_count=min_count,
+        workers=workers, seed=seed, epochs=epochs, sg=int(sg))
+    return list(model.wv.index_to_key), np.asarray(model.wv.vectors, dtype=np.float32)

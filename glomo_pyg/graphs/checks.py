@@ -1,48 +1,35 @@
-"""Checks at the door of the graph constructors: batch offsets, user-given edges, the
-fixed baselines' arguments and the window of :meth:`LatentGraphs.within
-<glomo_pyg.graphs.LatentGraphs.within>`."""
+"""Checks at the door of the graph constructors: offsets, user-given edges and blocks,
+the fixed baselines' arguments and the window of ``LatentGraphs.within``."""
 from __future__ import annotations
 
-import operator
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from glomo_pyg import sequences
-from glomo_pyg.ordering import SequenceOrder, check_count, check_direction  # noqa: F401
+from glomo_pyg.ordering import SequenceOrder, check_direction, check_int
 from glomo_pyg.sequences import SequenceBatch, first_failure
 
-# far beyond any model (the paper: 3 layers of 8 heads); per-head statistics allocate
-# [layers, heads, units] tensors, so absurd counts are refused before they are used
+# far beyond any model (the paper: 3 layers of 8 heads); statistics allocate
+# [layers, heads, units] tensors
 MAX_HEADS = 4096
 MAX_LAYERS = 4096
 
 
-def check_num_heads(num_heads) -> None:
-    check_count("num_heads", num_heads, MAX_HEADS)
-
-
-def check_fixed_graphs(direction: str, num_layers: int, num_heads: int) -> None:
+def check_fixed_graphs(ptr: Tensor, direction: str, num_layers: int,
+                       num_heads: int) -> SequenceBatch:
     """The arguments of the graphs built without a predictor (uniform, adjacent)."""
     check_direction(direction)
-    check_count("num_layers", num_layers, MAX_LAYERS)
-    check_num_heads(num_heads)
+    check_int("num_layers", num_layers, high=MAX_LAYERS)
+    check_int("num_heads", num_heads, high=MAX_HEADS)
+    return check_ptr(ptr)
 
 
 def check_max_distance(value, optional: bool = False) -> Optional[int]:
-    """``value`` as the window of :meth:`LatentGraphs.within`: an integer >= 1 (Python,
-    numpy or 0-d tensor; not a bool), or ``None`` where ``optional``."""
-    if value is None and optional:
-        return None
-    try:
-        number = None if isinstance(value, bool) else operator.index(value)
-    except TypeError:
-        number = None
-    if number is None or number < 1:
-        raise ValueError(f"max_distance must be {'None or ' if optional else ''}an integer >= 1 "
-                         f"(units), got {value!r}")
-    return number
+    """``value`` as the window of :meth:`LatentGraphs.within`: an integer >= 1, or
+    ``None`` where ``optional``."""
+    return check_int("max_distance", value, optional=optional, unit=" (units)")
 
 
 def check_ptr(ptr: Tensor) -> SequenceBatch:
@@ -50,7 +37,7 @@ def check_ptr(ptr: Tensor) -> SequenceBatch:
     if not isinstance(ptr, Tensor) or ptr.dtype != torch.long or ptr.dim() != 1 or \
             ptr.numel() < 2:
         raise ValueError("ptr must be an int64 [B + 1] tensor of sequence offsets (B >= 1)")
-    # read the limits from the module at call time, so users can raise them
+    # the limits read at call time, so users can raise them
     first_failure([
         ((ptr[0] != 0) | (ptr[1:] < ptr[:-1]).any(), "ptr must start at 0 and never decrease"),
         (ptr[-1] > sequences.MAX_UNITS,
@@ -65,8 +52,7 @@ def check_ptr(ptr: Tensor) -> SequenceBatch:
 def check_edge_layer(l: int, ei, ew, eh, seqs: SequenceBatch, num_heads: int,
                      rule: Optional[SequenceOrder] = None) -> None:
     """One layer of user-given edges: dtypes, shapes, device, ids and heads in range,
-    edges inside one sequence and along ``rule``, finite non-negative weights; so no
-    graph that reaches a sparse kernel can make it read out of bounds. One device sync."""
+    edges inside one sequence and along ``rule``, finite non-negative weights. One sync."""
     device = seqs.ptr.device
     if not all(isinstance(t, Tensor) and t.device == device for t in (ei, ew, eh)) or \
             ei.dim() != 2 or ei.size(0) != 2 or ew.shape != (ei.size(1),) or \
@@ -86,7 +72,7 @@ def check_edge_layer(l: int, ei, ew, eh, seqs: SequenceBatch, num_heads: int,
                               f"units)"),
               (((eh < 0) | (eh >= num_heads)).any(),
                f"edge_head holds heads outside [0, {num_heads})")]
-    ei = torch.where(inside, ei, 0)  # (the flag above refuses these; no read out of bounds)
+    ei = torch.where(inside, ei, 0)  # refused above; no read out of bounds meanwhile
     batch = seqs.batch[ei]
     checks.append(((batch[0] != batch[1]).any(), "an edge connects two different sequences"))
     if rule is not None:
@@ -116,8 +102,7 @@ def check_dense_blocks(blocks, seqs: SequenceBatch, direction: str, include_self
                              f"layer, on ptr's device {seqs.ptr.device}; got "
                              f"{tuple(getattr(block, 'shape', ()))} on "
                              f"{getattr(block, 'device', None)}")
-    # weight outside the allowed (source, target) pairs of each sequence, e.g. at
-    # padding, would become edges between sequences or past the last unit
+    # weight outside the allowed pairs, e.g. at padding, would become edges across sequences
     allowed = SequenceOrder(direction, include_self).block_mask(
         0, seqs.max_len, 0, seqs.max_len, seqs.lengths).transpose(1, 2).unsqueeze(1)
     first_failure(

@@ -1,5 +1,5 @@
-"""The one graph object of the library: a stack of latent graphs over a batch, and
-the pair of them (forward, backward) a bidirectional predictor emits."""
+"""The one graph object of the library (:class:`LatentGraphs`) and the forward/backward
+pair a bidirectional predictor emits."""
 from __future__ import annotations
 
 from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -8,43 +8,31 @@ import torch
 from torch import Tensor
 
 from glomo_pyg import graph_conversion
-from glomo_pyg.graphs.checks import (check_dense_blocks, check_direction, check_edge_layer,
-                                     check_fixed_graphs, check_max_distance, check_num_heads,
-                                     check_ptr)
+from glomo_pyg.graphs.checks import (MAX_HEADS, check_dense_blocks, check_direction,
+                                     check_edge_layer, check_fixed_graphs, check_int,
+                                     check_max_distance, check_ptr)
 from glomo_pyg.graphs.storage import (DenseStorage, EdgeStorage, FusedStorage, GraphFrame,
                                       GraphStorage, LayerEdges, UniformStorage)
 from glomo_pyg.ordering import RasterOrder, SequenceOrder, UnitOrder
 from glomo_pyg.sequences import SequenceBatch
 
-# Short keys of the two directions, for ModuleDicts ('forward' is a Module method) and
-# the saved weights' names.
+# Short keys of the two directions, for ModuleDicts ('forward' is a Module method).
 DIRECTION_KEYS = {"forward": "fw", "backward": "bw"}
 
 
 class LatentGraphs:
     r"""Sparse weighted graphs emitted by a graph predictor (paper Sec. 2.1, Eq. 1).
 
-    For every graph layer ``l`` the edges of all heads and all sequences of the
-    batch are stored together:
+    For every graph layer ``l`` the edges of all heads and sequences are stored together:
 
     * ``edge_index[l]``: ``[2, E_l]`` int64, row 0 the source ``i``, row 1 the
       target ``j``, as flat node ids ``0..N-1`` (PyG's ``source_to_target``);
     * ``edge_weight[l]``: ``[E_l]``, :math:`G^{l,h}_{ij} > 0`;
     * ``edge_head[l]``: ``[E_l]`` head id of each edge.
 
-    Emitted edges are sorted by ``(head, target, source)`` (hand-built edges are sorted
-    once, when first propagated). Per (layer, head, target) the incoming weights sum to
-    1, or the target has no incoming edge. The constructor validates what it is given,
-    so no graph that reaches a sparse kernel can make it read out of bounds; graphs the
-    library builds (:meth:`from_storage`) are trusted.
-
-    A graphs object is a :class:`~glomo_pyg.graphs.GraphFrame` (sequences, heads,
-    direction, order) plus one storage per layer, all in one :attr:`layout`:
-    ``'sparse'`` (the edge lists above), ``'dense'`` (:meth:`from_dense`, one padded
-    ``[B, H, T, T]`` block per layer, ``[b, h, i, j] = G_ij``) or ``'fused'`` (the keys
-    and queries, propagated by FlexAttention without forming ``T x T``; see
-    :mod:`glomo_pyg.graphs.storage`). :meth:`propagate` is the one place that multiplies
-    features by a graph layer; export and analysis always see sparse edges.
+    Emitted edges are sorted by ``(head, target, source)``; each target's incoming
+    weights sum to 1, or it has no incoming edge. The constructor validates its input. One
+    storage per layer, all in one :attr:`layout`: ``'sparse'``, ``'dense'`` or ``'fused'``.
 
     Args:
         edge_index, edge_weight, edge_head: one tensor per layer.
@@ -59,7 +47,7 @@ class LatentGraphs:
                  *, num_heads: int, direction: str, ptr: Tensor, include_self: bool = False,
                  order: Optional[UnitOrder] = None):
         check_direction(direction)
-        check_num_heads(num_heads)
+        check_int("num_heads", num_heads, high=MAX_HEADS)
         edge_index, edge_weight, edge_head = list(edge_index), list(edge_weight), list(edge_head)
         if not edge_index or not len(edge_index) == len(edge_weight) == len(edge_head):
             raise ValueError("edge_index, edge_weight and edge_head need one entry per layer "
@@ -68,35 +56,27 @@ class LatentGraphs:
         for l, (ei, ew, eh) in enumerate(zip(edge_index, edge_weight, edge_head)):
             check_edge_layer(l, ei, ew, eh, sequences, num_heads,
                              SequenceOrder(direction, include_self))
-        self._set(GraphFrame(sequences, num_heads, direction, include_self),
-                  [EdgeStorage(ei, ew, eh, sorted_edges=False)
-                   for ei, ew, eh in zip(edge_index, edge_weight, edge_head)])
+        self._frame = GraphFrame(sequences, num_heads, direction, include_self)
+        self._storages = tuple(EdgeStorage(ei, ew, eh, sorted_edges=False)
+                               for ei, ew, eh in zip(edge_index, edge_weight, edge_head))
         self.with_order(order)
-
-    def _set(self, frame: GraphFrame, storages: List[GraphStorage]) -> "LatentGraphs":
-        self._frame = frame
-        self._storages = tuple(storages)
-        return self
 
     @classmethod
     def _framed(cls, frame: GraphFrame, storages: List[GraphStorage]) -> "LatentGraphs":
-        return cls.__new__(cls)._set(frame, storages)
+        graphs = cls.__new__(cls)
+        graphs._frame, graphs._storages = frame, tuple(storages)
+        return graphs
 
     def _like(self, storages: List[GraphStorage]) -> "LatentGraphs":
         """Other storages in this batch and order (a new frame: caches start empty)."""
         return LatentGraphs._framed(self._frame.replace(), storages)
 
-    # --- construction without validation (library code) ---------------------------
     @classmethod
     def from_storage(cls, storages: Sequence[GraphStorage], *, num_heads: int, direction: str,
                      sequences: SequenceBatch, include_self: bool = False,
                      order: Optional[UnitOrder] = None) -> "LatentGraphs":
-        """Graphs from one storage per layer (:mod:`glomo_pyg.graphs.storage`, all of
-        one layout) that code built itself: their tensors are valid for ``sequences``
-        and ``num_heads`` by construction (at least one, all of one layout), so **they are
-        not checked** and nothing syncs with the device. For library code and emitters;
-        anything else builds graphs with the constructor or :meth:`from_dense`, which
-        validate."""
+        """Graphs from one storage per layer (at least one, all of one layout) that code
+        built itself: **not checked**. Others use the constructor or :meth:`from_dense`."""
         graphs = cls._framed(GraphFrame(sequences, num_heads, direction, include_self),
                              list(storages))
         return graphs.with_order(order)
@@ -106,10 +86,7 @@ class LatentGraphs:
                            edge_head: List[Tensor], *, num_heads: int, direction: str,
                            sequences: SequenceBatch, include_self: bool = False
                            ) -> "LatentGraphs":
-        """Graphs in the sparse layout from edges that code built itself (emitted,
-        converted, moved): valid and sorted by (head, target) by construction, so
-        **nothing is checked** and nothing syncs with the device
-        (:meth:`from_storage` with :class:`~glomo_pyg.graphs.EdgeStorage`)."""
+        """Sparse graphs from valid edges sorted by (head, target): unchecked."""
         return cls.from_storage([EdgeStorage(*e) for e in zip(edge_index, edge_weight, edge_head)],
                                 num_heads=num_heads, direction=direction, sequences=sequences,
                                 include_self=include_self)
@@ -118,8 +95,7 @@ class LatentGraphs:
     def from_trusted_dense(cls, blocks: List[Tensor], *, direction: str,
                            sequences: SequenceBatch, include_self: bool = False
                            ) -> "LatentGraphs":
-        """Graphs in the dense layout from ``[B, H, T, T]`` blocks that code built itself,
-        unchecked (:meth:`from_storage`); :meth:`from_dense` validates."""
+        """Dense graphs from ``[B, H, T, T]`` blocks, unchecked (:meth:`from_dense` checks)."""
         return cls.from_storage([DenseStorage(b) for b in blocks], num_heads=blocks[0].shape[1],
                                 direction=direction, sequences=sequences,
                                 include_self=include_self)
@@ -128,22 +104,17 @@ class LatentGraphs:
     def from_trusted_fused(cls, layers: List[Tuple[Tensor, Tensor]], *, direction: str,
                            sequences: SequenceBatch, include_self: bool = False,
                            normalization: str = "relu2") -> "LatentGraphs":
-        """Graphs in the fused layout: per layer the augmented ``[B, H, T, D]`` keys and
-        queries whose inner products are the scores of paper Eq. 1 (``normalization``
-        ``'relu2'`` or ``'softmax'``), unchecked (:meth:`from_storage`): an emitter
-        checks them before (``flex.check_fusable``)."""
+        """Fused graphs from per-layer augmented ``[B, H, T, D]`` (keys, queries), unchecked."""
         return cls.from_storage([FusedStorage(k, q, normalization) for k, q in layers],
                                 num_heads=layers[0][0].shape[1], direction=direction,
                                 sequences=sequences, include_self=include_self)
 
-    # --- construction with validation ---------------------------------------------
     @classmethod
     def from_dense(cls, dense: Union[Tensor, Sequence[Tensor]], *, direction: str, ptr: Tensor,
                    include_self: bool = False) -> "LatentGraphs":
-        """Graphs in the dense layout: one ``[B, H, T, T]`` block per layer with
-        ``[b, h, i, j] = G_ij`` (``T`` the longest sequence), zero at padding and
-        at absent edges. ``dense`` is a list of blocks or an ``[L, B, H, T, T]``
-        tensor. Weights must be finite, non-negative, and zero outside the pairs the
+        """Graphs in the dense layout: one ``[B, H, T, T]`` block per layer (a list or an
+        ``[L, B, H, T, T]`` tensor), ``[b, h, i, j] = G_ij``, zero at padding and absent
+        edges. Weights must be finite, non-negative, and zero outside the pairs the
         direction allows (:class:`ValueError` otherwise)."""
         check_direction(direction)
         blocks = list(dense.unbind(0)) if isinstance(dense, Tensor) else list(dense)
@@ -156,14 +127,10 @@ class LatentGraphs:
     def uniform(cls, ptr: Tensor, *, num_layers: int, num_heads: int, direction: str,
                 include_self: bool = False, order: Optional[UnitOrder] = None
                 ) -> "LatentGraphs":
-        """The uniform baseline: every allowed source of a target gets the same weight
-        (``1 / number of allowed sources``), the same graph for every layer and head.
-        Same layout and conventions as emitted graphs (a target with no allowed
-        source, e.g. the first unit going forward, gets no edge). Propagation along
-        them is a per-sequence prefix (suffix) mean, O(N); the O(T^2) edges are built
-        only when asked for (export, analysis, conversion)."""
-        check_fixed_graphs(direction, num_layers, num_heads)
-        seqs = check_ptr(ptr)
+        """The uniform baseline: every allowed source of a target gets ``1 / number of
+        allowed sources``, for every layer and head; propagated in O(N), the O(T^2) edges
+        built only when asked for."""
+        seqs = check_fixed_graphs(ptr, direction, num_layers, num_heads)
         return cls.from_storage([UniformStorage()] * num_layers, num_heads=num_heads,
                                 direction=direction, sequences=seqs, include_self=include_self,
                                 order=order)
@@ -172,17 +139,10 @@ class LatentGraphs:
     def adjacent(cls, ptr: Tensor, *, num_layers: int, num_heads: int, direction: str,
                  include_self: bool = False, order: Optional[UnitOrder] = None
                  ) -> "LatentGraphs":
-        """The adjacent-unit baseline: each target's one source is its neighbour in the
-        sequence (``t - 1`` going forward, ``t + 1`` backward; for pixels in raster order
-        the left neighbour, or the last pixel of the row above at a row's start) with
-        weight 1, the same graph for every layer and head; the first (last) unit gets no
-        edge. Chained over layers (the hierarchical products), layer ``l`` reaches the
-        unit ``l + 1`` positions away. Not a graph of the paper: the control that tells
-        whether learned graphs transfer more than locality (pretrained text graphs often
-        put most weight on the neighbour). ``include_self`` and ``order`` only record
-        the allowed-sources rule the graphs stand in for."""
-        check_fixed_graphs(direction, num_layers, num_heads)
-        seqs = check_ptr(ptr)
+        """The adjacent-unit baseline (a control, not in the paper): each target's one
+        source is its neighbour (``t - 1`` forward, ``t + 1`` backward) with weight 1, for
+        every layer and head; ``include_self`` and ``order`` are only recorded."""
+        seqs = check_fixed_graphs(ptr, direction, num_layers, num_heads)
         node = torch.arange(seqs.num_nodes, device=seqs.ptr.device)
         if direction == "forward":
             tgt = node[seqs.position >= 1]
@@ -200,25 +160,22 @@ class LatentGraphs:
 
     def with_order(self, order: Optional[UnitOrder]) -> "LatentGraphs":
         """Attach the allowed-sources rule these graphs were emitted under (e.g. a
-        :class:`~glomo_pyg.ordering.RasterOrder` with its grid); returns ``self``. For
-        emitters: the order must match the graphs' direction and ``include_self``."""
+        :class:`~glomo_pyg.ordering.RasterOrder`); returns ``self``. It must match the
+        graphs' direction and ``include_self``."""
         if order is None:
             return self
-        if not isinstance(order, UnitOrder):
-            raise TypeError(f"order must be a UnitOrder, got {type(order).__name__}")
         units = getattr(order, "num_units", None)
-        if (order.direction, order.include_self) != (self.direction, self.include_self) or \
-                not isinstance(order, SequenceOrder) or \
+        if not isinstance(order, SequenceOrder) or \
+                (order.direction, order.include_self) != (self.direction, self.include_self) or \
                 (units is not None and any(n != units for n in self.sequences.sizes)):
-            raise ValueError(f"order {order!r} must match the graphs' direction "
-                             f"{self.direction!r} and include_self={self.include_self}, be a "
-                             f"SequenceOrder (the kernels mask sources by position in the "
-                             f"sequence; e.g. RasterOrder) and cover each sequence's units "
-                             f"(lengths {sorted(set(self.sequences.sizes))[:5]})")
-        self._frame = self._frame.replace(order=order)  # (what was cached depends on it)
+            raise ValueError(f"order {order!r} must be a SequenceOrder (e.g. RasterOrder: the "
+                             f"kernels mask sources by position), match the graphs' direction "
+                             f"{self.direction!r} and include_self={self.include_self} and "
+                             f"cover each sequence's units (lengths "
+                             f"{sorted(set(self.sequences.sizes))[:5]})")
+        self._frame = self._frame.replace(order=order)  # what was cached depends on it
         return self
 
-    # --- metadata -----------------------------------------------------------------
     @property
     def storages(self) -> Tuple[GraphStorage, ...]:
         """One :mod:`storage <glomo_pyg.graphs.storage>` per layer."""
@@ -247,36 +204,29 @@ class LatentGraphs:
 
     @property
     def layout(self) -> str:
-        """``'sparse'`` (pruned edge lists, or the lazy uniform baseline), ``'dense'``
-        (per-sequence blocks) or ``'fused'`` (keys and queries, propagated by
-        FlexAttention)."""
+        """``'sparse'``, ``'dense'`` or ``'fused'``."""
         return self._storages[0].layout
 
     @property
     def fused_layers(self) -> Optional[List[Tuple[Tensor, Tensor]]]:
         """Fused layout: per layer the augmented ``[B, H, T, D]`` (keys, queries) whose
         inner products are the graph scores; ``None`` in the other layouts."""
-        if self.layout != "fused":
-            return None
-        return [(s.keys, s.queries) for s in self._storages]
+        return [(s.keys, s.queries) for s in self._storages] if self.layout == "fused" else None
 
     @property
     def normalization(self) -> str:
-        """How scores become weights: ``'relu2'`` (paper Eq. 1, squared ReLU) or
-        ``'softmax'`` (the "-sparse" ablation); known only in the fused layout, where
-        propagation scores the pairs itself (``'relu2'`` in the others)."""
+        """``'relu2'`` (paper Eq. 1) or ``'softmax'`` (the "-sparse" ablation); known only
+        in the fused layout (``'relu2'`` in the others)."""
         return getattr(self._storages[0], "normalization", "relu2")
 
     @property
     def window(self) -> Optional[int]:
-        """The longest edge kept (:meth:`within`) where it is applied lazily (uniform and
-        fused graphs); ``None`` otherwise (other layouts drop the longer edges)."""
+        """The longest edge kept (:meth:`within`) where applied lazily (uniform, fused)."""
         return getattr(self._storages[0], "window", None)
 
     @property
     def order(self) -> UnitOrder:
-        """The allowed-sources rule of these graphs (:mod:`glomo_pyg.ordering`): a
-        :class:`~glomo_pyg.ordering.RasterOrder` for pixel graphs, else the 1-D order."""
+        """The allowed-sources rule of these graphs (:mod:`glomo_pyg.ordering`)."""
         return self._frame.order
 
     @property
@@ -312,8 +262,7 @@ class LatentGraphs:
         return self.ptr.device
 
     def _layer_index(self, l: int) -> int:
-        """``l`` as an index in ``0..num_layers - 1`` (negative counts from the end);
-        ``IndexError`` naming the valid range otherwise."""
+        """``l`` as an index in ``0..num_layers - 1`` (negative counts from the end)."""
         if isinstance(l, bool) or not isinstance(l, int):
             try:
                 l = l.__index__()  # numpy integers, 0-d integer tensors
@@ -326,7 +275,6 @@ class LatentGraphs:
                              f"layer{'s' if n != 1 else ''} (0..{n - 1})")
         return l % n
 
-    # --- edges and blocks ---------------------------------------------------------
     @property
     def edge_index(self) -> List[Tensor]:
         return [e[0] for e in self]
@@ -340,24 +288,19 @@ class LatentGraphs:
         return [e[2] for e in self]
 
     def layer(self, l: int) -> LayerEdges:
-        """``(edge_index, edge_weight, edge_head)`` of graph layer ``l`` (converted from
-        the dense blocks in the dense layout); ``IndexError`` outside ``0..L-1``."""
+        """``(edge_index, edge_weight, edge_head)`` of graph layer ``l``."""
         return self._storages[self._layer_index(l)].edges(self._frame)
 
     def __iter__(self) -> Iterator[LayerEdges]:
         return (self.layer(l) for l in range(self.num_layers))
 
     def dense_layer(self, l: int) -> Tensor:
-        """``[B, H, T, T]`` block of layer ``l`` (``[b, h, i, j] = G_ij``), converted
-        from the edges in the sparse layout (differentiable either way)."""
+        """``[B, H, T, T]`` block of layer ``l`` (``[b, h, i, j] = G_ij``), differentiable."""
         return self._storages[self._layer_index(l)].dense(self._frame)
 
     def to_dense(self, layer: Optional[int] = None) -> Tensor:
-        """Dense affinities ``[L, B, H, T_max, T_max]`` with ``[l, b, h, i, j] = G_ij``.
-
-        Zero at padding and at pruned pairs. Differentiable w.r.t. the edge
-        weights. With ``layer`` given, returns that layer's ``[B, H, T, T]``.
-        """
+        """Dense affinities ``[L, B, H, T_max, T_max]``, ``[l, b, h, i, j] = G_ij`` (zero
+        at padding and pruned pairs; differentiable), or ``layer``'s ``[B, H, T, T]``."""
         if layer is not None:
             return self.dense_layer(layer)
         if self.layout != "dense":
@@ -376,16 +319,13 @@ class LatentGraphs:
             return self
         return self._like([DenseStorage(self.dense_layer(l)) for l in range(self.num_layers)])
 
-    # --- propagation --------------------------------------------------------------
     def propagate(self, x: Tensor, layer: int) -> Tensor:
         r"""Per-head propagation along graph layer ``layer``:
         :math:`P^{(h)}_j = \sum_i G^{l,h}_{ij}\, x^{(h)}_i`.
 
-        ``x`` is ``[N, C]`` (every head propagates the same features) or ``[H, N, C]``
-        (head ``h`` propagates ``x[h]``, as in a chain :math:`G^1 G^2 \cdots`); the
-        result is ``[H, N, C]``, differentiable with respect to ``x`` and the weights.
-        The sparse product's index arrays are built once per layer and reused. Only the
-        shape of ``x`` is checked (host-side): its values are trusted."""
+        ``x`` is ``[N, C]`` (shared by the heads) or ``[H, N, C]`` (head ``h`` propagates
+        ``x[h]``); the result is ``[H, N, C]``, differentiable w.r.t. ``x`` and the weights.
+        Only the shape of ``x`` is checked (no sync)."""
         if not isinstance(x, Tensor) or not x.is_floating_point() or x.dim() not in (2, 3) or \
                 x.size(-2) != self.num_nodes or (x.dim() == 3 and x.size(0) != self.num_heads):
             raise ValueError(f"x must be floating-point [N, C] or [H, N, C] with N = "
@@ -394,7 +334,6 @@ class LatentGraphs:
                              f"{tuple(getattr(x, 'shape', ()))}")
         return self._storages[self._layer_index(layer)].propagate(self._frame, x)
 
-    # --- statistics ---------------------------------------------------------------
     def density(self) -> List[float]:
         """Fraction of allowed (source, target) pairs that carry an edge, per layer."""
         total = float(self.order.num_pairs(self.lengths).sum()) * self.num_heads
@@ -403,13 +342,10 @@ class LatentGraphs:
     def column_entropy(self, normalized: bool = True) -> Tensor:
         r"""Entropy of every target's incoming weights, ``[L, H, N]``.
 
-        :math:`H^{l,h}_j = -\sum_i G^{l,h}_{ij} \log G^{l,h}_{ij}` over the target's
-        edges (its weights sum to 1); with ``normalized`` divided by
-        :math:`\log n_j`, :math:`n_j` its allowed sources, so 1 is uniform over
-        what may be attended and 0 a single source. ``NaN`` where it is undefined:
-        targets with no incoming edge or fewer than two allowed sources.
-        Differentiable w.r.t. the edge weights (graphs in the fused layout are
-        asked for their edges).
+        :math:`H^{l,h}_j = -\sum_i G^{l,h}_{ij} \log G^{l,h}_{ij}`; with ``normalized``
+        divided by :math:`\log n_j`, :math:`n_j` its allowed sources (1 is uniform, 0 a
+        single source). ``NaN`` for targets with no incoming edge or fewer than two
+        allowed sources. Differentiable w.r.t. the edge weights.
         """
         s, h_ = self.sequences, self.num_heads
         allowed = self.order.num_sources(s.position, s.lengths[s.batch])  # [N]
@@ -428,22 +364,12 @@ class LatentGraphs:
 
     def within(self, max_distance: int) -> "LatentGraphs":
         r"""The graphs with every edge longer than ``max_distance`` removed and each
-        target's remaining weights rescaled to the total its weights had before: to
-        sum 1 again in emitted graphs (a target whose edges were all longer keeps none;
-        graphs with no longer edge come back unchanged).
+        target's remaining weights rescaled to their former total; differentiable.
 
         Length is :meth:`UnitOrder.window_distance <glomo_pyg.ordering.UnitOrder.window_distance>`:
-        ``|i - j|`` units along a sequence; for pixel graphs in raster order the larger
-        of the row and column offsets, so that ``max_distance = d`` keeps exactly the
-        pairs a ``(d + 1) x (d + 1)`` crop holds.
-
-        For emitted graphs this equals scoring with the farther pairs masked out before
-        normalising (paper Eq. 1), up to rounding. Use it when a predictor with a learned
-        distance term is applied beyond its pretraining window (give the window minus 1,
-        e.g. 63 for 64-token sequences, 15 for 16 x 16 crops). Every layout keeps its
-        own: uniform and fused graphs apply the window lazily, dense graphs become masked
-        blocks, sparse graphs keep their filtered edges. Differentiable w.r.t. the edge
-        weights; :meth:`density` still counts every pair the direction allows."""
+        ``|i - j|``, or for raster-ordered pixels the larger of the row and column
+        offsets. For emitted graphs this equals masking the farther pairs before
+        normalising (paper Eq. 1)."""
         max_distance = check_max_distance(max_distance)
         order = self.order
         if type(order) not in (SequenceOrder, RasterOrder):  # the lazy layouts know only these
@@ -451,26 +377,24 @@ class LatentGraphs:
                              f"follow {order!r}")
         if max_distance >= order.longest_window_distance(self.sequences.max_len):
             return self  # nothing farther apart
-        cut = {}  # a storage shared by several layers (uniform, adjacent) stays shared
-        for s in self._storages:
-            if id(s) not in cut:
-                cut[id(s)] = s.within(self._frame, max_distance)
-        return self._like([cut[id(s)] for s in self._storages])
+        return self._like(self._each_storage(lambda s: s.within(self._frame, max_distance)))
 
-    # --- conversion ---------------------------------------------------------------
+    def _each_storage(self, fn) -> List[GraphStorage]:
+        """``fn`` of each storage; one shared by several layers (uniform, adjacent) stays so."""
+        done = {}
+        for s in self._storages:
+            if id(s) not in done:
+                done[id(s)] = fn(s)
+        return [done[id(s)] for s in self._storages]
+
     def _map(self, fn) -> "LatentGraphs":
         s = self.sequences
         seqs = SequenceBatch(fn(s.batch), fn(s.ptr), fn(s.lengths), fn(s.position), s.sizes)
-        moved = {}
-        for storage in self._storages:
-            if id(storage) not in moved:
-                moved[id(storage)] = storage.apply(fn)
         return LatentGraphs._framed(self._frame.replace(sequences=seqs),
-                                    [moved[id(st)] for st in self._storages])
+                                    self._each_storage(lambda st: st.apply(fn)))
 
     def to(self, device: Union[str, torch.device]) -> "LatentGraphs":
-        """The graphs on ``device`` (a device only: a dtype would also convert the node
-        ids and heads, which must stay int64)."""
+        """The graphs on ``device`` (not a dtype: node ids and heads stay int64)."""
         if isinstance(device, torch.dtype):
             raise TypeError("LatentGraphs.to takes a device, not a dtype: node ids and heads "
                             "must stay int64 (weights follow the features' dtype when used)")
@@ -480,21 +404,17 @@ class LatentGraphs:
     def detach(self) -> "LatentGraphs":
         return self._map(lambda t: t.detach())
 
-    # --- conversions (implemented in glomo_pyg.graph_conversion) ---------------------
     def to_networkx(self, sample: int, layer: Optional[int] = None, head: Optional[int] = None,
                     labels: Optional[Sequence] = None):
-        """One sequence's graphs as a networkx graph; see
-        :func:`glomo_pyg.graph_conversion.to_networkx`."""
+        """See :func:`glomo_pyg.graph_conversion.to_networkx`."""
         return graph_conversion.to_networkx(self, sample, layer, head, labels)
 
     def adjacency(self, sample: int, layer: int, head: int) -> Tensor:
-        """``G`` of one sequence, layer and head as a sparse COO ``[T, T]``; see
-        :func:`glomo_pyg.graph_conversion.adjacency`."""
+        """See :func:`glomo_pyg.graph_conversion.adjacency`."""
         return graph_conversion.adjacency(self, sample, layer, head)
 
     def hierarchical(self, sample: int, layer: int, head: int) -> Tensor:
-        r"""Explicit :math:`\Lambda^l = G^1 \cdots G^l` of one sequence and head; see
-        :func:`glomo_pyg.graph_conversion.hierarchical`."""
+        """See :func:`glomo_pyg.graph_conversion.hierarchical`."""
         return graph_conversion.hierarchical(self, sample, layer, head)
 
     def __repr__(self) -> str:

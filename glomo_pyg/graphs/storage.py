@@ -1,19 +1,6 @@
-r"""How one graph layer is stored, and what every layer of a batch shares.
-
-A :class:`~glomo_pyg.graphs.LatentGraphs` is a :class:`GraphFrame` (the batch's
-sequences, heads, direction, allowed-sources rule) plus one storage per layer. Four
-storages hold the same kind of graph layer :math:`G^l` (paper Eq. 1):
-
-* :class:`EdgeStorage`: pruned edge lists ``(edge_index, edge_weight, edge_head)``;
-* :class:`DenseStorage`: one padded ``[B, H, T, T]`` block, ``[b, h, i, j] = G_ij``;
-* :class:`FusedStorage`: the augmented ``[B, H, T, D]`` keys and queries the layer is
-  scored from, propagated by FlexAttention without forming ``T x T``;
-* :class:`UniformStorage`: the uniform baseline, propagated in O(N) by prefix sums.
-
-Each answers the same questions given its frame (:meth:`~GraphStorage.propagate`,
-:meth:`~GraphStorage.edges`, :meth:`~GraphStorage.dense`, :meth:`~GraphStorage.within`,
-...); what a storage derives (edges, index arrays, block masks) is cached in the frame.
-"""
+"""How one graph layer is stored (:class:`EdgeStorage`, :class:`DenseStorage`,
+:class:`FusedStorage`, :class:`UniformStorage`), and what every layer of a batch shares
+(:class:`GraphFrame`); docs/design.md, "Graph layouts and storages"."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -29,16 +16,12 @@ from glomo_pyg.ordering import RasterOrder, SequenceOrder, UnitOrder
 from glomo_pyg.sequences import SequenceBatch
 
 LayerEdges = Tuple[Tensor, Tensor, Tensor]
-NORMALIZATIONS = ("relu2", "softmax")
 
 
 class GraphFrame:
-    """What every layer of one :class:`~glomo_pyg.graphs.LatentGraphs` shares: the
-    batch's sequences, the number of heads, the direction, whether ``i = j`` edges are
-    allowed and the allowed-sources rule (``order``; ``None`` is the 1-D
-    :class:`~glomo_pyg.ordering.SequenceOrder`), plus a cache of what the storages derive
-    for this batch. Each graphs object owns its frame (a new one for every conversion),
-    so a cache entry never outlives the graphs it was built for."""
+    """What every layer of one :class:`~glomo_pyg.graphs.LatentGraphs` shares: sequences,
+    heads, direction, ``include_self``, the allowed-sources rule (``None``:
+    :class:`~glomo_pyg.ordering.SequenceOrder`) and a cache of what the storages derive."""
 
     __slots__ = ("sequences", "num_heads", "direction", "include_self", "explicit_order",
                  "cache")
@@ -75,13 +58,11 @@ class GraphFrame:
         return self.cache[key]
 
     def check_size(self, layout: str, hint: str = "") -> None:
-        """Refuse before converting to ``layout`` what one layer could not hold
-        (:data:`~glomo_pyg.kernels.MAX_GRAPH_PAIRS`; host arithmetic, no sync)."""
+        """Refuse what one layer in ``layout`` could not hold (no sync)."""
         s = self.sequences
         check_graph_size(layout, s.num_sequences, s.num_nodes, s.max_len, self.num_heads,
                          self.include_self, hint)
 
-    # --- the window of within() -----------------------------------------------------
     def near(self, target: Tensor, source: Tensor, max_distance: int) -> Tensor:
         """Which (flat) target, source pairs lie within the window."""
         position = self.sequences.position
@@ -96,8 +77,7 @@ class GraphFrame:
         before = w.new_zeros(self.num_heads * n).index_add(0, column, w)
         src, tgt, w, h, column = src[keep], tgt[keep], w[keep], h[keep], column[keep]
         total = w.new_zeros(self.num_heads * n).index_add(0, column, w)
-        # w / total <= 1 first, then the old total: no overflow for tiny totals (a
-        # column of zero weights, possible only in user-given graphs, stays zero)
+        # w / total <= 1 first: no overflow for tiny totals (a zero column stays zero)
         w = w / total.masked_fill(total == 0, 1)[column] * before[column]
         return torch.stack([src, tgt]), w, h
 
@@ -110,9 +90,8 @@ class GraphFrame:
         # kept / total <= 1 first: a tiny total cannot overflow the rescaling
         return kept / total.masked_fill(total == 0, 1) * block.sum(-2, keepdim=True)
 
-    # --- conversions shared by the storages -------------------------------------------
     def edges_to_block(self, edges: LayerEdges) -> Tensor:
-        """``[B, H, T, T]`` block of one layer's edges (differentiable in the weights)."""
+        """``[B, H, T, T]`` block of one layer's edges (differentiable)."""
         (src, tgt), w, h = edges
         s = self.sequences
         seq = s.batch[tgt]
@@ -120,15 +99,14 @@ class GraphFrame:
         return dense.index_put((seq, h, src - s.ptr[seq], tgt - s.ptr[seq]), w)
 
     def block_to_edges(self, block: Tensor) -> LayerEdges:
-        # (h, b, j, i) order = (head, flat target, source) order, as emitted graphs are sorted
+        # (h, b, j, i) order: sorted by (head, target, source), as emitted graphs
         h, b, j, i = (block.transpose(-1, -2).transpose(0, 1) != 0).nonzero(as_tuple=True)
         offset = self.sequences.ptr[b]
         return torch.stack([offset + i, offset + j]), block[b, h, i, j], h
 
     def propagate_edges(self, owner: "GraphStorage", edges: LayerEdges, x: Tensor,
                         sorted_edges: bool) -> Tensor:
-        """The sparse product along ``edges``: one CSR product over all heads, whose
-        head-blocked index arrays are built once per storage and input kind."""
+        """One CSR product over all heads, index arrays built once per storage and kind."""
         shared = x.dim() == 2
 
         def blocked():
@@ -141,8 +119,7 @@ class GraphFrame:
 
 
 class GraphStorage(ABC):
-    """One graph layer in one layout; see the module docstring. Immutable: every method
-    that changes the graph returns a new storage."""
+    """One graph layer in one layout; immutable (changes return a new storage)."""
 
     layout: str = ""
 
@@ -156,9 +133,10 @@ class GraphStorage(ABC):
         """``(edge_index, edge_weight, edge_head)``, sorted by (head, target, source)
         unless the edges were given by hand."""
 
-    @abstractmethod
     def dense(self, frame: GraphFrame) -> Tensor:
         """``[B, H, T, T]`` block, ``[b, h, i, j] = G_ij``."""
+        frame.check_size("dense")
+        return frame.edges_to_block(self.edges(frame))
 
     def num_edges(self, frame: GraphFrame) -> int:
         return int(self.edges(frame)[0].size(1))
@@ -175,15 +153,11 @@ class GraphStorage(ABC):
     def to(self, device) -> "GraphStorage":
         return self.apply(lambda t: t.to(device))
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
-
 
 class EdgeStorage(GraphStorage):
     """Pruned edges: ``edge_index [2, E]`` (row 0 source, row 1 target, flat ids),
-    ``edge_weight [E]``, ``edge_head [E]``; ``sorted_edges`` says they are in (head,
-    target, source) order (emitted edges are; hand-built ones are sorted once, when
-    first propagated)."""
+    ``edge_weight [E]``, ``edge_head [E]``; ``sorted_edges``: in (head, target, source)
+    order (else sorted once, when first propagated)."""
 
     layout = "sparse"
 
@@ -195,15 +169,8 @@ class EdgeStorage(GraphStorage):
     def edges(self, frame: GraphFrame) -> LayerEdges:
         return self.edge_index, self.edge_weight, self.edge_head
 
-    def num_edges(self, frame: GraphFrame) -> int:
-        return int(self.edge_index.size(1))
-
     def propagate(self, frame: GraphFrame, x: Tensor) -> Tensor:
         return frame.propagate_edges(self, self.edges(frame), x, self.sorted_edges)
-
-    def dense(self, frame: GraphFrame) -> Tensor:
-        frame.check_size("dense")
-        return frame.edges_to_block(self.edges(frame))
 
     def within(self, frame: GraphFrame, max_distance: int) -> "EdgeStorage":
         # filtering keeps the (head, target, source) order
@@ -219,9 +186,8 @@ class EdgeStorage(GraphStorage):
 
 
 class DenseStorage(GraphStorage):
-    """One padded ``[B, H, T, T]`` block (``T`` the longest sequence), zero at padding
-    and at absent edges: batched matmuls beat the sparse product over short sequences
-    and dense graphs."""
+    """One padded ``[B, H, T, T]`` block, zero at padding and absent edges (batched matmuls
+    beat the sparse product over short sequences and dense graphs)."""
 
     layout = "dense"
 
@@ -255,11 +221,8 @@ class DenseStorage(GraphStorage):
 
 class FusedStorage(GraphStorage):
     """The augmented ``[B, H, T, D]`` keys and queries whose inner products are the
-    layer's scores (``normalization`` ``'relu2'``, paper Eq. 1, or ``'softmax'``);
-    propagation scores, normalises and aggregates in one FlexAttention call
-    (:mod:`glomo_pyg.flex`). Where FlexAttention has no backward (on CPU with gradients)
-    it falls back to the edges, emitted once. ``window``: the longest edge kept
-    (:meth:`within`), applied in FlexAttention's block mask."""
+    layer's scores, propagated by FlexAttention (:mod:`glomo_pyg.flex`), or along the
+    edges where it has no backward. ``window``: the longest edge kept."""
 
     layout = "fused"
 
@@ -273,8 +236,7 @@ class FusedStorage(GraphStorage):
         def emit():
             s = frame.sequences
             frame.check_size("sparse", "These fused graphs were asked for their edges (export, "
-                                       "analysis, or propagation where FlexAttention has no "
-                                       "backward, e.g. on CPU with gradients). ")
+                                       "analysis, or propagation on CPU with gradients). ")
             edges = latent_graph_edges(self.keys, self.queries, s.lengths, s.ptr,
                                        direction=frame.direction,
                                        include_self=frame.include_self,
@@ -318,12 +280,8 @@ class FusedStorage(GraphStorage):
                     grid_width=frame.explicit_order.width if grid else None)
 
     def _propagate_full(self, frame: GraphFrame, xs: Tensor, padded_len: int) -> Tensor:
-        """Every sequence fills ``T`` (e.g. whole images): allowed pairs then depend on
-        positions only, so one order mask of batch 1 serves every sequence and head, and
-        no scatter or gather to padded blocks is needed. Sequences stay in FlexAttention's
-        batch dimension, which its compiled kernel keeps dynamic; its head dimension is
-        specialised, so putting images there recompiled the kernel for every new batch
-        size, and after torch's recompilation limit FlexAttention silently ran eagerly."""
+        """Every sequence fills ``T`` (e.g. whole images): one order mask of batch 1."""
+        # sequences stay in FlexAttention's dynamic batch dimension (design.md)
         s = frame.sequences
         b, t, h = s.num_sequences, s.max_len, frame.num_heads
         full = torch.full((1,), t, dtype=torch.long, device=xs.device)
@@ -351,11 +309,8 @@ class FusedStorage(GraphStorage):
 
 
 class UniformStorage(GraphStorage):
-    """The uniform baseline: every allowed source of a target (within ``window``, if
-    any) gets ``1 / number of such sources``, the same for every head. Propagation is a
-    per-sequence prefix (suffix) mean, or a box mean over raster-ordered images, O(N);
-    the O(T^2) edges are built only when asked for (export, analysis, conversion) and
-    shared by all uniform layers of the same window."""
+    """The uniform baseline: every allowed source of a target (within ``window``) gets
+    ``1 / number of such sources``; O(N) prefix (or box) means, edges built on demand."""
 
     layout = "sparse"  # as seen by users: edges (built on demand) are what export sees
 
@@ -401,10 +356,6 @@ class UniformStorage(GraphStorage):
             return int(self.edges(frame)[0].size(1))
         return int(self.counts(frame).sum()) * frame.num_heads
 
-    def dense(self, frame: GraphFrame) -> Tensor:
-        frame.check_size("dense")
-        return frame.edges_to_block(self.edges(frame))
-
     def propagate(self, frame: GraphFrame, x: Tensor) -> Tensor:
         """The mean over each target's allowed sources, from per-sequence prefix sums
         (float64, so long sequences stay exact)."""
@@ -433,11 +384,7 @@ class UniformStorage(GraphStorage):
         return out.expand(frame.num_heads, -1, -1) if out.size(0) == 1 else out
 
     def _propagate_grid(self, frame: GraphFrame, xs: Tensor) -> Tensor:
-        """Uniform propagation over a square window of whole images in raster order, in
-        O(N): box sums of a per-image integral image (float64). A forward target's
-        windowed sources are the window's rows above it and its own row's pixels to the
-        left; backward graphs are the forward graphs of the image rotated by 180 degrees,
-        i.e. of the reversed raster sequence."""
+        """Box means over whole raster-ordered images (backward: rotated by 180 degrees)."""
         o, d, extra = frame.explicit_order, self.window, int(frame.include_self)
         b, hh, ww = frame.sequences.num_sequences, o.height, o.width
         grid = xs.double().reshape(xs.size(0), b, hh, ww, xs.size(-1))

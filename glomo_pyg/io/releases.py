@@ -1,21 +1,12 @@
-"""Released predictors: pretrained graph predictors shipped with the repository, one
-folder ``pretrained/NAME/`` each, loaded by name.
-
-A release folder holds exactly ``config.json`` and ``model.safetensors`` (written by
-:func:`~glomo_pyg.io.save_pretrained`, every floating-point tensor in float16) and a
-``README.md`` model card. :func:`write_release` writes one;
-``PretrainedGraphPredictor.from_pretrained(NAME)`` and ``load_pretrained(NAME)`` load
-one; ``glomo pretrained`` lists them. Releases live in :func:`releases_root`: the folder
-named by the ``GLOMO_PRETRAINED_DIR`` environment variable, else the repository's
-``pretrained/`` folder.
-"""
+"""Released predictors: pretrained graph predictors shipped in ``pretrained/NAME/`` and
+loaded by name (docs/pretrained.md)."""
 from __future__ import annotations
 
 import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Union
 
 import torch
 
@@ -29,8 +20,7 @@ RELEASE_FILES = ("README.md", "config.json", "model.safetensors")
 MAX_WEIGHTS_BYTES = 6 << 20
 MAX_RELEASES_BYTES = 16 << 20
 
-# The model card: the README opens with ``# name`` and the one-line summary, then has
-# one section per field, in this order.
+# the model card's sections, in order (after ``# name`` and the one-line summary)
 CARD_SECTIONS: Dict[str, str] = {
     "release": "Release", "modality": "Modality", "quality": "Quality", "data": "Data",
     "recipe": "Recipe", "command": "Command", "hardware": "Hardware",
@@ -43,12 +33,7 @@ PathLike = Union[str, os.PathLike]
 
 
 def releases_root() -> Path:
-    """The folder that holds the released predictors.
-
-    Returns:
-        ``$GLOMO_PRETRAINED_DIR`` if set, else ``pretrained/`` beside the ``glomo_pyg``
-        package (the repository root of a clone installed with ``pip install -e .``).
-    """
+    """``$GLOMO_PRETRAINED_DIR`` if set, else ``pretrained/`` beside ``glomo_pyg``."""
     env = os.environ.get(ENV_VAR)
     if not env:
         return Path(__file__).resolve().parents[2] / "pretrained"
@@ -60,18 +45,13 @@ def releases_root() -> Path:
 
 
 def in_releases_root(path: PathLike) -> bool:
-    """Whether ``path`` is a folder inside :func:`releases_root`, however it is named
-    (absolute, relative, through a symlink): resolved paths are compared, so a release
-    cannot be loaded around the checks that releases pass."""
-    root = os.path.realpath(releases_root())
-    resolved = os.path.realpath(path)
+    """Whether ``path`` is a folder inside :func:`releases_root`, however it is named:
+    resolved paths are compared, so a release cannot dodge the checks releases pass."""
+    root, resolved = os.path.realpath(releases_root()), os.path.realpath(path)
     return resolved != root and os.path.commonpath([root, resolved]) == root
 
 
-def released_names() -> List[str]:
-    """Names of the released predictors in :func:`releases_root`, sorted (empty where the
-    folder does not exist)."""
-    root = releases_root()
+def _releases(root: Path) -> List[str]:
     try:
         entries = os.listdir(root)
     except (FileNotFoundError, NotADirectoryError):
@@ -80,20 +60,21 @@ def released_names() -> List[str]:
                   if RELEASE_NAME.fullmatch(n) and (root / n / "config.json").is_file())
 
 
+def released_names() -> List[str]:
+    """Names of the released predictors, sorted (none where the folder does not exist)."""
+    return _releases(releases_root())
+
+
 def available_releases(names: List[str]) -> str:
-    """A sentence saying which released predictors there are (``names``) and where they
-    were looked for, for messages."""
+    """A sentence naming the released predictors ``names`` and where they were looked for."""
     where = f"in {releases_root()} (set {ENV_VAR} to look elsewhere)"
     return f"released predictors {where}: {', '.join(names)}" if names else \
         f"no released predictors are installed {where}"
 
 
 def release_path(name: str) -> Path:
-    """The folder of the released predictor ``name``.
-
-    Raises:
-        ValueError: there is no such release; the message lists those there are.
-    """
+    """The folder of the released predictor ``name``; :class:`ValueError` listing those
+    there are if there is none."""
     names = released_names()
     if name not in names:
         raise ValueError(f"{name!r} is not a released predictor; {available_releases(names)}")
@@ -148,48 +129,18 @@ def _readme(card: Dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def _release_bytes(root: Path, but: str) -> int:
-    """Bytes of the releases in ``root`` other than ``but``."""
-    names = os.listdir(root) if root.is_dir() else []
-    return sum(f.stat().st_size for n in names if n != but and RELEASE_NAME.fullmatch(n) and
-               (root / n / "config.json").is_file() for f in (root / n).iterdir() if f.is_file())
-
-
-def _check_predictor(predictor: Union[PretrainedGraphPredictor, PathLike],
-                     card: Dict[str, str]) -> PretrainedGraphPredictor:
-    if isinstance(predictor, (str, os.PathLike)):
-        predictor = PretrainedGraphPredictor.from_pretrained(predictor)
-    if not isinstance(predictor, PretrainedGraphPredictor):
-        raise TypeError(f"predictor must be a PretrainedGraphPredictor or the folder of a saved "
-                        f"one, got {type(predictor).__name__}")
-    modality = _modality(predictor)
-    if modality != card["modality"] or modality == "text" and predictor.vocabulary is None:
-        raise ValueError(f"the card says modality {card['modality']!r}, the predictor reads "
-                         f"{modality}" if modality != card["modality"] else
-                         "a text release must carry its vocabulary (users encode their text "
-                         "with it): pass one to Glomo.to_pretrained")
-    return predictor
-
-
 def write_release(predictor: Union[PretrainedGraphPredictor, PathLike], folder: PathLike,
                   card: Mapping[str, str]) -> Path:
-    """Write a released predictor into ``folder``: ``config.json`` and
-    ``model.safetensors`` (floating-point tensors in float16: its finer mantissa keeps
-    the graphs within about 0.1% of the float32 ones, where bfloat16's rounding can move
-    a score across the pruning threshold) and the ``README.md`` model card. The sizes are
-    checked before anything is written; the release then replaces ``folder`` as a whole
-    (:func:`~glomo_pyg.atomic_files.replace_folder`), which may hold only an earlier one.
+    """Write a released predictor (float16 weights, config and ``README.md`` model card)
+    into ``folder``, replacing it as a whole, and return ``folder``.
 
     Args:
         predictor: the predictor, or the folder (or released name) of a saved one.
-        folder: the release folder, named after the release (``pretrained/NAME``).
+        folder: the release folder, named after the release (``pretrained/NAME``); it may
+            hold only an earlier release.
         card: text for each of :data:`CARD_FIELDS`: ``name`` (``[a-z0-9][a-z0-9.-]*``),
             ``summary`` (one line), ``modality`` (``'text'`` or ``'pixels'``, as the
-            predictor reads), ``hardware``, ``data``, ``recipe``, ``command``, ``commit``,
-            ``training_time``, ``quality`` and ``release`` (markdown).
-
-    Returns:
-        ``folder``.
+            predictor reads) and the markdown sections of :data:`CARD_SECTIONS`.
 
     Raises:
         TypeError: ``predictor`` or ``card`` has the wrong type.
@@ -198,73 +149,59 @@ def write_release(predictor: Union[PretrainedGraphPredictor, PathLike], folder: 
             match the card; or the release would exceed :data:`MAX_WEIGHTS_BYTES` or the
             releases together :data:`MAX_RELEASES_BYTES`.
     """
-    card = _check_card(card)
-    folder = Path(folder)
-    foreign = os.path.lexists(folder) and (not folder.is_dir() or folder.is_symlink() or
-                                           not set(os.listdir(folder)) <= set(RELEASE_FILES))
-    if folder.name != card["name"] or foreign:
-        raise ValueError(f"the release folder {folder} must be named after the release, "
-                         f"{card['name']!r}: it is loaded by its folder's name"
-                         if folder.name != card["name"] else f"{folder} exists and is not a "
-                         "release folder; write_release only replaces an earlier release")
-    predictor = _check_predictor(predictor, card)
+    card, folder = _check_card(card), Path(folder)
+    if isinstance(predictor, (str, os.PathLike)):
+        predictor = PretrainedGraphPredictor.from_pretrained(predictor)
+    if not isinstance(predictor, PretrainedGraphPredictor):
+        raise TypeError(f"predictor must be a PretrainedGraphPredictor or the folder of a saved "
+                        f"one, got {type(predictor).__name__}")
+    modality = _modality(predictor)
     with tempfile.TemporaryDirectory() as scratch:  # (read back: a release is small)
         predictor.save_pretrained(scratch, dtype=torch.float16)
         files = {n: (Path(scratch) / n).read_bytes()
                  for n in ("model.safetensors", "config.json")}  # (the config last)
     files["README.md"] = _readme(card).encode("utf-8")
     size = len(files["model.safetensors"])
-    total = _release_bytes(folder.parent, folder.name) + sum(map(len, files.values()))
-    if size > MAX_WEIGHTS_BYTES or total > MAX_RELEASES_BYTES:
-        raise ValueError(
-            f"the release's weights file has {size / 2**20:.2f} MiB, more than the "
-            f"{MAX_WEIGHTS_BYTES / 2**20:g} MiB a release may hold" if size > MAX_WEIGHTS_BYTES
-            else f"the releases in {folder.parent} would take {total / 2**20:.1f} MiB with "
-            f"this one, more than the {MAX_RELEASES_BYTES / 2**20:g} MiB they may take together")
+    total = sum(map(len, files.values())) + sum(  # (and the other releases beside it)
+        f.stat().st_size for n in _releases(folder.parent) if n != folder.name
+        for f in (folder.parent / n).iterdir() if f.is_file())
+    problems = [text for bad, text in (
+        (modality != card["modality"], f"the card says modality {card['modality']!r}, the "
+         f"predictor reads {modality}"),
+        (modality == "text" and predictor.vocabulary is None, "a text release must carry its "
+         "vocabulary (users encode their text with it): pass one to Glomo.to_pretrained"),
+        (folder.name != card["name"], f"the release folder {folder} must be named after the "
+         f"release, {card['name']!r}: it is loaded by its folder's name"),
+        (os.path.lexists(folder) and (not folder.is_dir() or folder.is_symlink() or
+                                      not set(os.listdir(folder)) <= set(RELEASE_FILES)),
+         f"{folder} exists and is not a release folder; write_release only replaces an "
+         "earlier release"),
+        (size > MAX_WEIGHTS_BYTES, f"the release's weights file has {size / 2**20:.2f} MiB, "
+         f"more than the {MAX_WEIGHTS_BYTES / 2**20:g} MiB a release may hold"),
+        (total > MAX_RELEASES_BYTES, f"the releases in {folder.parent} would take "
+         f"{total / 2**20:.1f} MiB with this one, more than the "
+         f"{MAX_RELEASES_BYTES / 2**20:g} MiB they may take together")) if bad]
+    if problems:
+        raise ValueError("; ".join(problems))
     replace_folder(Path(os.path.abspath(folder)), files)
     return folder
 
 
-def _summary(readme: Path) -> str:
-    """The card's one-line summary: the first non-empty line after the title."""
-    try:
-        lines = readme.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return ""
-    return next((line.strip() for line in lines[1:] if line.strip()), "")
-
-
-def release_problem(name: str) -> Optional[str]:
-    """``None`` when the released predictor ``name`` loads (its seal and every other check
-    pass), else why it does not, for ``glomo pretrained`` to name it."""
-    try:
-        PretrainedGraphPredictor.from_pretrained(release_path(name))
-    except ValueError as err:  # (PretrainedFormatError is one)
-        return str(err)
-    return None
-
-
 def describe_release(name: str) -> Dict[str, Any]:
-    """What ``glomo pretrained`` lists about the released predictor ``name`` (loaded,
-    so a broken release is reported).
-
-    Returns:
-        A dict: ``name``, ``modality`` (``'text'`` or ``'pixels'``), ``directions``,
-        ``layers``, ``heads``, ``units`` (the vocabulary size, or ``[height, width]`` of
-        the images), ``weights_bytes`` (of ``model.safetensors``), ``summary`` (the
-        card's) and ``path``.
-
-    Raises:
-        ValueError: there is no such release, or it cannot be loaded
-            (:exc:`~glomo_pyg.PretrainedFormatError`).
-    """
+    """What ``glomo pretrained`` lists about the released predictor ``name``, loaded (a
+    :class:`ValueError` if there is none, or a ``PretrainedFormatError`` if it is broken)."""
     path = release_path(name)
     predictor = PretrainedGraphPredictor.from_pretrained(path)
     emitter = predictor.predictor(predictor.directions[0])
     modality = _modality(predictor)
+    try:
+        card = (path / "README.md").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        card = []
     return dict(name=name, modality=modality, directions=len(predictor.directions),
                 layers=predictor.num_layers, heads=predictor.heads,
                 units=[emitter.height, emitter.width] if modality == "pixels"
                 else predictor.num_tokens,
                 weights_bytes=(path / "model.safetensors").stat().st_size,
-                summary=_summary(path / "README.md"), path=str(path))
+                summary=next((line.strip() for line in card[1:] if line.strip()), ""),
+                path=str(path))  # (summary: the card's first line after its title)

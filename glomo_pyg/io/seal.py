@@ -1,17 +1,13 @@
-"""The seal of a saved predictor: one digest over everything ``config.json`` holds (the
-emitters' settings, the vocabulary, the pixel statistics, the weights file's size and
-SHA-256, so the weights too), checked on load. A seal is not a signature (anyone can
-compute one): it makes every edit to a saved predictor deliberate. An edit breaks it, and
-:func:`~glomo_pyg.io.pretrained.load_pretrained` then names the keys that differ, from
-per-key digests kept beside the total; a bundle edited on purpose is sealed again with
-:func:`~glomo_pyg.io.pretrained.reseal_pretrained` (``glomo reseal DIR``)."""
+"""The seal of a saved predictor: a SHA-256 digest of its whole ``config.json`` (the
+weights' digest included), and per-key digests that name what an edit changed."""
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 SEAL_KEY = "seal"
+_NESTED = ("directions", "*", "config")  # the keys digested entry by entry, level by level
 
 
 def _digest(value: Any) -> str:
@@ -20,26 +16,16 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _parts(config: Dict[str, Any]) -> Dict[str, str]:
-    """A digest per dotted key: each top-level entry, and each setting of each direction's
-    emitter (so an error can say ``directions.forward.config.sparse``)."""
+def _parts(config: Dict[str, Any], prefix: str = "", depth: int = 0) -> Dict[str, str]:
+    """A digest per dotted key, down to each emitter setting, so an error can name it."""
     out = {}
     for key, value in config.items():
-        if key == SEAL_KEY:
+        if depth == 0 and key == SEAL_KEY:
             continue
-        if key == "directions" and isinstance(value, dict):
-            for direction, entry in value.items():
-                if not isinstance(entry, dict):
-                    out[f"directions.{direction}"] = _digest(entry)
-                    continue
-                for name, item in entry.items():
-                    if name == "config" and isinstance(item, dict):
-                        for setting, v in item.items():
-                            out[f"directions.{direction}.config.{setting}"] = _digest(v)[:16]
-                    else:
-                        out[f"directions.{direction}.{name}"] = _digest(item)[:16]
+        if isinstance(value, dict) and depth < len(_NESTED) and _NESTED[depth] in (key, "*"):
+            out.update(_parts(value, f"{prefix}{key}.", depth + 1))
         else:
-            out[key] = _digest(value)[:16]
+            out[prefix + key] = _digest(value)[:16]
     return out
 
 
@@ -51,7 +37,7 @@ def seal_of(config: Dict[str, Any]) -> Dict[str, Any]:
 
 def seal_problem(config: Dict[str, Any]) -> Optional[str]:
     """``None`` when ``config``'s seal matches it, else what is wrong, naming the keys
-    that differ from what was sealed (or saying the seal itself is damaged)."""
+    that differ from what was sealed."""
     seal = config.get(SEAL_KEY)
     if not isinstance(seal, dict) or not isinstance(seal.get("sha256"), str) or \
             not isinstance(seal.get("keys"), dict):
@@ -59,13 +45,11 @@ def seal_problem(config: Dict[str, Any]) -> Optional[str]:
     if seal_of(config)["sha256"] == seal["sha256"]:
         return None
     now, then = _parts(config), seal["keys"]
-    changed: List[str] = sorted(k for k in now if k in then and then[k] != now[k])
-    added = sorted(k for k in now if k not in then)
-    removed = sorted(k for k in then if k not in now)
-    said = []
-    for words, keys in (("changed", changed), ("added", added), ("removed", removed)):
-        if keys:
-            said.append(f"{words}: {', '.join(keys[:8])}{' ...' if len(keys) > 8 else ''}")
+    said = [f"{words}: {', '.join(keys[:8])}{' ...' if len(keys) > 8 else ''}"
+            for words, keys in (
+                ("changed", sorted(k for k in now if k in then and then[k] != now[k])),
+                ("added", sorted(k for k in now if k not in then)),
+                ("removed", sorted(k for k in then if k not in now))) if keys]
     if not said:
         return "its seal was edited (the keys match their digests, the total does not)"
     return "it was edited after it was sealed (" + "; ".join(said) + ")"

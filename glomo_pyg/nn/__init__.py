@@ -20,10 +20,10 @@ from glomo_pyg.nn.text_classifier import GlomoTextClassifier
 from glomo_pyg.nn.transfer import GlomoTransfer
 
 __all__ = [
-    "CausalCNN", "CifarResNet", "ConfigurableModule", "ContextDecoder", "DirectionalGraphs", "EMITTERS",
-    "FeatureGraphEmitter", "FeaturePredictor", "GatedFusion", "Glomo", "GlomoConv",
-    "GlomoOutput", "GlomoResNet", "GlomoTextClassifier", "GlomoTransfer", "GraphEmitter", "GraphMixer",
-    "GraphPredictor", "GraphScorer", "MaskedConv2d", "MaskedNorm", "PixelCNN",
+    "CausalCNN", "CifarResNet", "ConfigurableModule", "ContextDecoder", "DirectionalGraphs",
+    "EMITTERS", "FeatureGraphEmitter", "FeaturePredictor", "GatedFusion", "Glomo", "GlomoConv",
+    "GlomoOutput", "GlomoResNet", "GlomoTextClassifier", "GlomoTransfer", "GraphEmitter",
+    "GraphMixer", "GraphPredictor", "GraphScorer", "MaskedConv2d", "MaskedNorm", "PixelCNN",
     "PixelContextHead", "PixelGraphPredictor", "PretrainedGraphPredictor", "UnitEncoder",
     "head_propagate", "latent_graph_edges", "weighted_spmm",
 ]

@@ -8,41 +8,29 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from glomo_pyg.ordering import check_direction
+from glomo_pyg.ordering import check_direction, check_int
 
 NORMS = (None, "layer", "batch")
 
 
 class MaskedNorm(torch.nn.Module):
-    """LayerNorm or BatchNorm over the real positions of ``[B, T, C]`` input.
-
-    BatchNorm statistics come from real positions only (padding would bias
-    them). Note that BatchNorm in training mode mixes statistics over the whole
-    batch, hence across positions: it is the reference implementation's choice,
-    but only LayerNorm keeps the network strictly causal while training.
-    """
+    """LayerNorm or BatchNorm over the real positions of ``[B, T, C]`` input (BatchNorm
+    mixes positions while training: only LayerNorm keeps the network strictly causal)."""
 
     def __init__(self, channels: int, norm: Optional[str]):
         super().__init__()
         if norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
         self.norm = norm
-        if norm == "layer":
-            self.module = torch.nn.LayerNorm(channels)
-        elif norm == "batch":
-            self.module = torch.nn.BatchNorm1d(channels)
-        else:
-            self.module = None
+        self.module = None if norm is None else \
+            (torch.nn.LayerNorm if norm == "layer" else torch.nn.BatchNorm1d)(channels)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        if self.norm is None:
-            return x
-        if self.norm == "layer":
-            return self.module(x)
+        if self.norm != "batch":
+            return x if self.module is None else self.module(x)
         units = x[mask]
         if self.training and units.size(0) < 2:
-            # BatchNorm's batch statistics need two values per channel; say which setting
-            # and which input instead of torch's "more than 1 value per channel"
+            # say which setting and input, instead of torch's "more than 1 value per channel"
             raise ValueError(f"norm='batch' needs at least 2 units in a batch while training "
                              f"(its statistics are over the batch's units), got "
                              f"{units.size(0)}: train on larger batches, use norm='layer', or "
@@ -55,10 +43,9 @@ class MaskedNorm(torch.nn.Module):
 class CausalCNN(torch.nn.Module):
     r"""Stack of ``Conv1d -> norm -> ReLU`` layers that only look one way.
 
-    ``direction='forward'``: position :math:`t` sees positions :math:`\le t`
-    (left zero padding of ``kernel_size - 1``, as in WaveNet/PixelCNN);
-    ``'backward'``: positions :math:`\ge t`. Padding positions are zeroed
-    before every convolution so they never leak into real ones.
+    ``direction='forward'``: position :math:`t` sees positions :math:`\le t` (left zero
+    padding, as in WaveNet); ``'backward'``: positions :math:`\ge t`. Padding positions
+    are zeroed before every convolution.
 
     Shapes:
         - **input:** :math:`(B, T, C)` and mask :math:`(B, T)`
@@ -69,8 +56,8 @@ class CausalCNN(torch.nn.Module):
                  direction: str = "forward", norm: Optional[str] = "layer", dropout: float = 0.0):
         super().__init__()
         check_direction(direction)
-        if num_layers < 0 or kernel_size < 1:
-            raise ValueError("num_layers must be >= 0 and kernel_size >= 1")
+        num_layers = check_int("num_layers", num_layers, 0)
+        kernel_size = check_int("kernel_size", kernel_size)
         self.channels, self.kernel_size, self.direction = channels, kernel_size, direction
         self.convs = torch.nn.ModuleList(
             torch.nn.Conv1d(channels, channels, kernel_size) for _ in range(num_layers))
@@ -78,15 +65,13 @@ class CausalCNN(torch.nn.Module):
         self.dropout = dropout
 
     def reset_parameters(self):
-        for conv in self.convs:
-            conv.reset_parameters()
-        for norm in self.norms:
-            if norm.module is not None:
-                norm.module.reset_parameters()
+        for module in (*self.convs, *(n.module for n in self.norms if n.module is not None)):
+            module.reset_parameters()
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         keep = mask.unsqueeze(-1).to(x.dtype)
-        pad = (self.kernel_size - 1, 0) if self.direction == "forward" else (0, self.kernel_size - 1)
+        k = self.kernel_size - 1
+        pad = (k, 0) if self.direction == "forward" else (0, k)
         for conv, norm in zip(self.convs, self.norms):
             h = F.pad((x * keep).transpose(1, 2), pad)
             x = F.relu(norm(conv(h).transpose(1, 2), mask))

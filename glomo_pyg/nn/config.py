@@ -13,8 +13,7 @@ _JSON_SCALARS = (type(None), bool, int, float, str)
 
 
 def _plain(value: Any, where: str) -> Any:
-    """``value`` as plain JSON data (tuples become lists, numpy scalars such as
-    ``np.int64(8)`` Python numbers), or ``TypeError``."""
+    """``value`` as plain JSON data (tuples become lists, numpy scalars Python numbers)."""
     if isinstance(value, np.generic) and isinstance(value.item(), _JSON_SCALARS):
         value = value.item()  # (e.g. a size read from an array; np.float64 is a float)
     if isinstance(value, _JSON_SCALARS):
@@ -28,15 +27,9 @@ def _plain(value: Any, where: str) -> Any:
 
 
 class ConfigurableModule(torch.nn.Module):
-    """A module whose constructor arguments are recorded automatically, so that
-    :meth:`config` returns exactly what rebuilds it with :meth:`from_config`.
-
-    The arguments of the outermost constructor called are recorded, with defaults
-    filled in and ``**kwargs`` flattened. Nothing is copied by hand, so a new
-    constructor argument can never be silently left out of a saved model. Only plain
-    JSON values (numbers, strings, booleans, ``None``, lists and string-keyed dicts)
-    can be recorded; :meth:`config` raises for anything else.
-    """
+    """A module whose outermost constructor's arguments are recorded (defaults filled in,
+    ``**kwargs`` flattened), so that :meth:`config` returns exactly what rebuilds it with
+    :meth:`from_config`. Only plain JSON values can be saved."""
 
     _config: Dict[str, Any]
 
@@ -70,8 +63,7 @@ class ConfigurableModule(torch.nn.Module):
 
     @classmethod
     def from_config(cls, config: Dict[str, Any]) -> "ConfigurableModule":
-        """A new module (freshly initialised) built from :meth:`config`'s output.
-        Unknown or ill-typed entries raise ``TypeError`` / ``ValueError``."""
+        """A new module (freshly initialised) built from :meth:`config`'s output."""
         params = inspect.signature(cls.__init__).parameters
         open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         keyed = isinstance(config, dict) and all(isinstance(k, str) for k in config)

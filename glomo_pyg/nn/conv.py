@@ -1,7 +1,7 @@
 """GlomoConv: per-head weighted aggregation along latent graphs (paper Eq. 2)."""
 from __future__ import annotations
 
-import operator
+import numbers
 import weakref
 from typing import Any, Dict, NamedTuple, Optional, Tuple
 
@@ -24,11 +24,9 @@ FUSED_AGGRS = ("add", "sum")  # what the one-spmm product computes
 
 
 class HeadGraph(NamedTuple):
-    """A multi-head graph as one graph over ``N H`` nodes: head ``h``'s copy of node
-    ``v`` at ``v H + h`` (``x`` ``[N, C]`` viewed as ``[N H, C / H]``, no copy) or, when
-    ``blocked``, at ``h N + v`` (the order emitted edges come in, so no sort, at the
-    price of copying ``x`` in and the result out). ``perm`` puts the user's edges (and
-    weights) in ``edge_index``'s order (``None``: already are)."""
+    """A multi-head graph as one graph over ``N H`` nodes: head ``h``'s copy of node ``v``
+    at ``v H + h`` (a view of ``x``) or, when ``blocked``, at ``h N + v`` (no sort, but
+    ``x`` is copied). ``perm`` puts the user's edges in ``edge_index``'s order."""
 
     edge_index: Tensor
     perm: Optional[Tensor]
@@ -49,10 +47,8 @@ class HeadGraph(NamedTuple):
 
 
 def _ref(t: Optional[Tensor]):
-    """``(weakref, version)`` of ``t``: it matches while ``t`` is the same object, not
-    written in place since (torch bumps the version on every in-place write). ``None``
-    for no tensor; ``False`` when ``t`` cannot be tracked (inference-mode tensors keep no
-    version), so it is checked at every call."""
+    """``(weakref, version)`` of ``t``, ``None`` for no tensor, ``False`` when ``t`` cannot
+    be tracked (inference-mode tensors keep no version)."""
     if t is None:
         return None
     if t.is_inference():
@@ -75,14 +71,14 @@ class _Seen(NamedTuple):
         return self.refs[n:] == facts and all(_same(r, t) for r, t in zip(self.refs, tensors))
 
 
-# What each layer last saw, dropped with the layer (weak references do not deep-copy or
-# pickle, so they are not attributes): {"edges": _Seen, "weights": _Seen, "batch": _Seen}
+# What each layer last saw: {"edges", "weights", "batch"} -> _Seen (not attributes: weak
+# references do not deep-copy or pickle)
 _SEEN: "weakref.WeakKeyDictionary[GlomoConv, Dict[str, _Seen]]" = weakref.WeakKeyDictionary()
 
 
 class GlomoConv(MessagePassing):
-    r"""The GLoMo propagation layer: mixes node features along weighted graphs,
-    one graph per head (paper Eq. 2).
+    r"""The GLoMo propagation layer: mixes node features along weighted graphs, one per
+    head (paper Eq. 2).
 
     The ``channels`` of :math:`\mathbf{x}` are split into ``heads`` equal chunks
     :math:`\mathbf{x}^{(h)}`; head :math:`h` aggregates its chunk along the edges of
@@ -101,32 +97,20 @@ class GlomoConv(MessagePassing):
       \mathbf{x}_j \,\Vert\, \mathbf{c}_j], \mathbf{x}_j)` (the reference
       implementation's cell input).
 
-    The heads become one graph over ``N H`` nodes that PyG's :meth:`propagate` runs,
-    so ``aggr`` (``'sum'``, ``'mean'``, ``'max'``, ... or an
-    :class:`~torch_geometric.nn.aggr.Aggregation`), hooks and
-    :class:`~torch_geometric.explain.Explainer` behave as for PyG's own layers. With
-    ``aggr='sum'`` and ``fused=True`` it takes :meth:`message_and_aggregate`: one CSR
-    spmm over all heads that never forms the ``[E, C]`` messages, with gradients to
-    ``x`` and ``edge_weight``; otherwise :meth:`message` and ``aggr``.
-
-    User-given graphs are checked at the door: node ids in range, heads in range,
-    weights finite (``ValueError``; one device sync). A graph given again (the same
-    ``edge_index`` / ``edge_head`` / ``edge_weight`` tensors, not written in place since,
-    PyG's fixed-graph loop) is neither checked nor indexed again, so a steady-state call
-    launches kernels and returns. Under ``torch.compile`` the check runs inside the
-    compiled code (:func:`~glomo_pyg.kernels.checked_edge_index`). Feature values are not
-    checked. With an update, ``x`` must have the parameters' dtype unless autocast is on.
+    The heads run as one graph over ``N H`` nodes through PyG's :meth:`propagate`, so
+    ``aggr``, hooks and :class:`~torch_geometric.explain.Explainer` behave as for PyG's
+    layers; ``aggr='sum'`` with ``fused=True`` takes :meth:`message_and_aggregate` (one
+    CSR spmm, no ``[E, C]`` messages). User-given graphs are checked once (``ValueError``,
+    one device sync); the same unchanged tensors given again are reused unchecked.
 
     Args:
         channels (int): node feature size, divisible by ``heads``.
         heads (int, optional): number of graphs per call. (default: :obj:`1`)
-        update (str, optional): ``None``, ``'residual'`` or ``'gru'``.
-            (default: :obj:`None`)
+        update (str, optional): ``None``, ``'residual'`` or ``'gru'``. (default: :obj:`None`)
         fused (bool, optional): with ``aggr='sum'``, the one-spmm product; ``False``
             routes through PyG's gather/scatter (same numbers). (default: :obj:`True`)
-        aggr (str or Aggregation, optional): the aggregation of each head's messages;
-            one that changes the width (a list, :class:`MultiAggregation`) is refused.
-            (default: :obj:`"sum"`)
+        aggr (str or Aggregation, optional): the aggregation of each head's messages,
+            not one that changes the width. (default: :obj:`"sum"`)
         **kwargs (optional): additional arguments of
             :class:`torch_geometric.nn.conv.MessagePassing`.
 
@@ -148,22 +132,22 @@ class GlomoConv(MessagePassing):
 
     def __init__(self, channels: int, heads: int = 1, update: Optional[str] = None,
                  fused: bool = True, aggr: Any = "sum", **kwargs):
-        if isinstance(aggr, (list, tuple, MultiAggregation)):
-            raise ValueError(f"GlomoConv aggregates each head's messages into the head's "
-                             f"own channels; aggr={aggr!r} changes the width (use one "
-                             f"aggregation)")
-        super().__init__(aggr=aggr, node_dim=0, **kwargs)
-        try:
-            if isinstance(channels, bool) or isinstance(heads, bool):
-                raise TypeError
-            channels, heads = operator.index(channels), operator.index(heads)
-        except TypeError:
+        if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                   for v in (channels, heads)):
             raise TypeError(f"channels and heads must be integers, got {channels!r} and "
-                            f"{heads!r}") from None
+                            f"{heads!r}")
+        channels, heads = int(channels), int(heads)
+        wrong = []
         if channels <= 0 or heads <= 0 or channels % heads:
-            raise ValueError(f"channels ({channels}) must be a positive multiple of heads ({heads})")
+            wrong.append(f"channels ({channels}) must be a positive multiple of heads ({heads})")
         if update not in UPDATES:
-            raise ValueError(f"update must be one of {UPDATES}, got {update!r}")
+            wrong.append(f"update must be one of {UPDATES}, got {update!r}")
+        if isinstance(aggr, (list, tuple, MultiAggregation)):
+            wrong.append(f"aggr={aggr!r} changes the width (each head aggregates into its "
+                         f"own channels: use one aggregation)")
+        if wrong:
+            raise ValueError("; ".join(wrong))
+        super().__init__(aggr=aggr, node_dim=0, **kwargs)
         self.channels, self.heads, self.update_kind = channels, heads, update
         self.fused = fused
         self.fuse = bool(fused) and self.aggr in FUSED_AGGRS
@@ -173,10 +157,9 @@ class GlomoConv(MessagePassing):
 
     def reset_parameters(self):
         super().reset_parameters()
-        if self.gru is not None:
-            self.gru.reset_parameters()
-        if self.lin is not None:
-            self.lin.reset_parameters()
+        for update in (self.gru, self.lin):
+            if update is not None:
+                update.reset_parameters()
 
     def forward(self, x: Tensor, edge_index: Adj, edge_weight: OptTensor = None,
                 edge_head: OptTensor = None) -> Tensor:
@@ -194,9 +177,8 @@ class GlomoConv(MessagePassing):
         return spmm_unchecked(rows, cols, edge_weight, x, x.size(0))
 
     def forward_dense(self, x: Tensor, adj: Tensor, batch: OptTensor = None) -> Tensor:
-        """The dense layout: per-sequence blocks ``adj`` ``[B, H, T, T]`` (or
-        ``[B, T, T]``, one graph for all channels) with ``[b, h, i, j] = G_ij``, for
-        the sequences of the sorted PyG ``batch`` vector; batched matmuls (sum)."""
+        """The dense layout: blocks ``adj`` ``[B, H, T, T]`` (or ``[B, T, T]``, one graph
+        for all channels) with ``[b, h, i, j] = G_ij``, for the sequences of ``batch``."""
         self._check_x(x)
         seqs = self._sequences(x, batch)
         block = adj.unsqueeze(1) if isinstance(adj, Tensor) and adj.dim() == 3 else adj
@@ -219,9 +201,8 @@ class GlomoConv(MessagePassing):
         return self._update(x, out.reshape(n, -1))
 
     def propagate_graphs(self, x: Tensor, graphs: LatentGraphs, layer: int) -> Tensor:
-        """Aggregate (sum) along graph layer ``layer`` of ``graphs`` (head ``h`` uses the
-        ``h``-th chunk of the channels), then update. ``graphs`` were validated when
-        built: no check and no host synchronisation here."""
+        """Aggregate (sum) along layer ``layer`` of ``graphs`` (validated when built: no
+        host synchronisation here), then update."""
         if not isinstance(graphs, LatentGraphs):
             raise TypeError(f"graphs must be LatentGraphs (e.g. a predictor's forward graphs), "
                             f"got {type(graphs).__name__}")
@@ -243,8 +224,7 @@ class GlomoConv(MessagePassing):
 
     def _head_graph(self, x: Tensor, edge_index: Adj, edge_weight: OptTensor,
                     edge_head: OptTensor) -> Tuple[HeadGraph, Tensor]:
-        """The user's graph checked (once) and as one graph over ``N H`` nodes, with the
-        edge weights in its order."""
+        """The user's graph, checked once, over ``N H`` nodes; weights in its order."""
         given = (edge_index, edge_weight, edge_head)
         sparse = is_sparse(edge_index)
         self._check_x(x)
@@ -268,10 +248,9 @@ class GlomoConv(MessagePassing):
     def _seen_graph(self, given: tuple, sparse: bool, edge_index: Tensor,
                     edge_weight: Tensor, edge_head: OptTensor, n: int,
                     fused: bool) -> Tuple[HeadGraph, Tensor]:
-        """The checked, indexed graph and the weights in its order, reused while
-        ``given`` are the same, unchanged tensors. A graph seen once is indexed
-        head-blocked (no sort for edges in (head, target) order); seen again, it is worth
-        the one sort of the copy-free interleaved index."""
+        """The checked, indexed graph and weights, reused while ``given`` are unchanged. A
+        graph seen once is indexed head-blocked (no sort); seen again, it is worth the
+        one sort of the copy-free interleaved index."""
         seen = _SEEN.setdefault(self, {})
         graph_key, facts = (given[0], given[2]), (n, fused)
         edges = seen.get("edges")
@@ -318,15 +297,15 @@ class GlomoConv(MessagePassing):
 
     def _sparse_edges(self, adj_t, edge_weight: OptTensor, edge_head: OptTensor, n: int
                       ) -> Tuple[Tensor, Tensor, OptTensor]:
-        if edge_weight is not None or edge_head is not None:
-            raise ValueError("with a sparse adjacency, weights and heads come from the "
-                             "tensor itself; do not pass edge_weight or edge_head")
         if isinstance(adj_t, SparseTensor):
             adj_t = adj_t.to_torch_sparse_coo_tensor()
-        if adj_t.dim() not in (2, 3) or adj_t.shape[-2:] != (n, n) or \
+        extra = edge_weight is not None or edge_head is not None
+        if extra or adj_t.dim() not in (2, 3) or adj_t.shape[-2:] != (n, n) or \
                 (adj_t.dim() == 3 and adj_t.size(0) != self.heads):
             raise ValueError(f"a sparse adjacency must be [N, N] or [H, N, N] with N = {n} "
-                             f"and H = heads = {self.heads}, got {tuple(adj_t.shape)}")
+                             f"and H = heads = {self.heads} and holds its own weights and "
+                             f"heads (do not pass edge_weight or edge_head), got "
+                             f"{tuple(adj_t.shape)}" + (" with them" if extra else ""))
         coo = adj_t.to_sparse_coo().coalesce()  # sorted by (head, target, source)
         idx, val = coo.indices(), coo.values()
         head = idx[0] if adj_t.dim() == 3 else None
@@ -364,24 +343,21 @@ class GlomoConv(MessagePassing):
             raise TypeError(f"edge_index must be an int64 tensor [2, E] or a sparse adjacency "
                             f"(dense graph blocks: forward_dense), got "
                             f"{getattr(edge_index, 'dtype', type(edge_index).__name__)}")
-        if edge_index.dim() != 2 or edge_index.size(0) != 2:
-            raise ValueError(f"edge_index must have shape [2, E], got {tuple(edge_index.shape)}")
+        if edge_index.dim() != 2 or edge_index.size(0) != 2 or edge_index.device != x.device:
+            raise ValueError(f"edge_index must have shape [2, E] and be on x's device "
+                             f"({x.device}), got {tuple(edge_index.shape)} on {edge_index.device}")
         e = edge_index.size(1)
-        if edge_weight is not None and not (isinstance(edge_weight, Tensor) and
-                                            edge_weight.is_floating_point()):
-            raise TypeError(f"edge_weight must be a floating-point tensor, got "
-                            f"{getattr(edge_weight, 'dtype', type(edge_weight).__name__)}")
-        if edge_weight is not None and edge_weight.shape != (e,):
-            raise ValueError(f"edge_weight must have shape [E] = [{e}], got "
-                             f"{tuple(edge_weight.shape)}")
-        if edge_head is not None and not (isinstance(edge_head, Tensor) and
-                                          edge_head.dtype == torch.long and
-                                          edge_head.shape == (e,)):
-            raise ValueError(f"edge_head must be an int64 tensor of shape [E] = [{e}]")
-        for name, t in (("edge_index", edge_index), ("edge_weight", edge_weight),
-                        ("edge_head", edge_head)):
-            if t is not None and t.device != x.device:
-                raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+        for name, t, kind in (("edge_weight", edge_weight, "a floating-point"),
+                              ("edge_head", edge_head, "an int64")):
+            if t is None:
+                continue
+            typed = isinstance(t, Tensor) and (t.dtype == torch.long if name == "edge_head"
+                                               else t.is_floating_point())
+            if not typed or t.shape != (e,) or t.device != x.device:
+                got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, Tensor) \
+                    else type(t).__name__
+                raise ValueError(f"{name} must be {kind} tensor of shape [E] = [{e}] on x's "
+                                 f"device ({x.device}), got {got}")
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.channels}, heads={self.heads}, "

@@ -11,14 +11,11 @@ IGNORE = -100  # target id of positions past the end of a sequence
 class ContextDecoder(torch.nn.Module):
     r"""Predicts the next :math:`D` units after a position from its feature.
 
-    An RNN decoder whose layers are all initialised with the position's
-    top-layer feature :math:`f^L_t` reads
-    :math:`[0, \mathrm{emb}(x_{t+1}), \dots, \mathrm{emb}(x_{t+D-1})]` and
-    predicts :math:`x_{t+1}, \dots, x_{t+D}` autoregressively, maximising
-    :math:`\log P(x_{t+1..t+D} \mid f^L_t)`. The output layer is tied to the
-    input embedding (weight shared; a projection is added when the feature and
-    embedding widths differ). For the backward direction the caller passes
-    :math:`x_{t-1}, \dots, x_{t-D}` as the targets.
+    A GRU whose layers all start from the position's top-layer feature :math:`f^L_t`
+    reads :math:`[0, \mathrm{emb}(x_{t+1}), \dots, \mathrm{emb}(x_{t+D-1})]` and
+    predicts :math:`x_{t+1}, \dots, x_{t+D}`, maximising
+    :math:`\log P(x_{t+1..t+D} \mid f^L_t)`, with its output layer tied to the input
+    embedding (backward: the targets are :math:`x_{t-1}, \dots, x_{t-D}`).
 
     Args:
         embedding (torch.nn.Embedding): the feature predictor's input embedding.
@@ -41,8 +38,7 @@ class ContextDecoder(torch.nn.Module):
             raise ValueError(f"context_length must be >= 1 and the decoder needs at least one "
                              f"GRU layer: num_layers (Glomo's decoder_layers) must be a positive "
                              f"integer, got {context_length!r} and {num_layers!r}")
-        self.embedding = embedding
-        self.context_length = context_length
+        self.embedding, self.context_length = embedding, context_length
         dim = embedding.embedding_dim
         self.rnn = torch.nn.GRU(dim, hidden_channels, num_layers, batch_first=True,
                                 dropout=dropout if num_layers > 1 else 0.0)
@@ -56,7 +52,8 @@ class ContextDecoder(torch.nn.Module):
         torch.nn.init.zeros_(self.out_bias)
 
     def forward(self, state: Tensor, targets: Tensor) -> Tensor:
-        inputs = self.embedding(targets[:, :-1].clamp_min(0))  # padded targets only feed ignored steps
+        # padded targets only feed ignored steps
+        inputs = self.embedding(targets[:, :-1].clamp_min(0))
         inputs = torch.cat([inputs.new_zeros(inputs.size(0), 1, inputs.size(2)), inputs], 1)
         h0 = state.unsqueeze(0).expand(self.rnn.num_layers, -1, -1).contiguous()
         out, _ = self.rnn(inputs, h0)

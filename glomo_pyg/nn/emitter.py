@@ -2,18 +2,18 @@
 from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
+from operator import attrgetter
 from typing import Dict, List, Optional, Tuple, Type, Union
 
 from torch import Tensor
 
 from glomo_pyg.graphs import LatentGraphs
 from glomo_pyg.nn.config import ConfigurableModule
-from glomo_pyg.nn.scorer import check_layout
+from glomo_pyg.nn.settings import check_model_setting
 from glomo_pyg.ordering import SequenceOrder, UnitOrder
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
-# Every emitter class by name: the only classes a saved predictor's config may name
-# (glomo_pyg.io rebuilds them from plain keyword arguments, never by unpickling).
+# Every emitter class by name: the only classes a saved predictor's config may name.
 EMITTERS: Dict[str, Type["GraphEmitter"]] = {}
 
 EmitResult = Union[LatentGraphs, Tuple[LatentGraphs, List[Tensor]]]
@@ -23,12 +23,9 @@ class GraphEmitter(ConfigurableModule, metaclass=ABCMeta):
     r"""Base of every module that turns a batch of units into
     :class:`~glomo_pyg.LatentGraphs` (paper Sec. 2.1, the graph predictor :math:`g`).
 
-    An emitter has ``direction``, ``num_layers``, ``heads``, ``include_self``, an
-    ``encoder`` (:class:`~glomo_pyg.nn.UnitEncoder`: what it reads, checked at the door),
-    :attr:`order`, :meth:`emit` on an already validated batch, ``forward(x, batch)``
-    (validates, then emits) and :meth:`config` / :meth:`from_config`. The graph layout
-    is a run-time choice (:meth:`set_layout`, or ``layout=`` per call): every layout
-    gives the same graphs. Subclasses register themselves in :data:`EMITTERS`.
+    ``forward(x, batch)`` validates the input with ``encoder``
+    (:class:`~glomo_pyg.nn.UnitEncoder`) and calls :meth:`emit`; subclasses register
+    themselves in :data:`EMITTERS`.
     """
 
     layout: str = "sparse"
@@ -46,17 +43,12 @@ class GraphEmitter(ConfigurableModule, metaclass=ABCMeta):
     def order(self) -> UnitOrder:
         return SequenceOrder(self.direction, self.include_self)
 
-    @property
-    def num_tokens(self) -> Optional[int]:
-        return self.encoder.num_tokens
-
-    @property
-    def in_channels(self) -> Optional[int]:
-        return self.encoder.in_channels
+    num_tokens = property(attrgetter("encoder.num_tokens"), doc="Vocabulary size, or None.")
+    in_channels = property(attrgetter("encoder.in_channels"), doc="Feature width, or None.")
 
     def set_layout(self, layout: str) -> "GraphEmitter":
         """Emit graphs in ``layout`` from now on (not saved with the model)."""
-        check_layout(layout)
+        check_model_setting("layout", layout)
         self.layout = layout
         return self
 
@@ -67,8 +59,8 @@ class GraphEmitter(ConfigurableModule, metaclass=ABCMeta):
     @abstractmethod
     def emit(self, x: Tensor, sequences: SequenceBatch, layout: Optional[str] = None,
              return_column_max: bool = False) -> EmitResult:
-        """Graphs of an already validated batch; with ``return_column_max`` also each
-        layer's ``[B, H, T]`` largest score per target (for a keep-alive penalty)."""
+        """Graphs of a validated batch; with ``return_column_max`` also each layer's
+        ``[B, H, T]`` largest score per target (for a keep-alive penalty)."""
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None,
                 layout: Optional[str] = None) -> LatentGraphs:
@@ -77,22 +69,12 @@ class GraphEmitter(ConfigurableModule, metaclass=ABCMeta):
 
 
 class ScoredEmitter(GraphEmitter, register=False):
-    """Base of emitters that compute key and query states and score them with a
-    :class:`~glomo_pyg.nn.GraphScorer` held as ``self.scorer`` (paper Eq. 1): subclasses
-    implement :meth:`states`; layers, heads, ``include_self``, emission in every layout,
-    the column maxima of the keep-alive penalty and the graphs' :attr:`order` follow."""
+    """Base of emitters that score key and query states (:meth:`states`) with a
+    :class:`~glomo_pyg.nn.GraphScorer` held as ``self.scorer`` (paper Eq. 1)."""
 
-    @property
-    def num_layers(self) -> int:
-        return self.scorer.num_layers
-
-    @property
-    def heads(self) -> int:
-        return self.scorer.heads
-
-    @property
-    def include_self(self) -> bool:
-        return self.scorer.include_self
+    num_layers = property(attrgetter("scorer.num_layers"), doc="Graph layers.")
+    heads = property(attrgetter("scorer.heads"), doc="Graphs per layer.")
+    include_self = property(attrgetter("scorer.include_self"), doc="Whether i = j edges exist.")
 
     def reset_parameters(self):
         for child in self.children():

@@ -11,15 +11,12 @@ from glomo_pyg.sequences import check_features, check_tokens
 
 
 class UnitEncoder(torch.nn.Module):
-    r"""Maps units to vectors: an embedding for token ids (``num_tokens``) or a
-    linear map for ``[N, in_channels]`` features (``in_channels``); exactly one
-    of the two is given. With ``pixel_mean`` and ``pixel_std`` (per channel, [0, 1]
-    scale) the features are uint8 pixel values, normalised as
-    :math:`(x / 255 - \mu) / \sigma` before the linear map. Validates the input
-    before touching it: token ids must be int64 or int32 in ``[0, num_tokens)``;
-    floating features must be finite and are converted to the parameters' dtype (so
-    fp16, bf16 or fp64 features feed an fp32 predictor, inside autocast or not).
-    ``padding_idx`` (token input only) is a token id in ``[-num_tokens, num_tokens)``.
+    r"""Maps units to vectors: an embedding for token ids (``num_tokens``) or a linear
+    map for ``[N, in_channels]`` features (``in_channels``); exactly one is given. With
+    ``pixel_mean`` and ``pixel_std`` (per channel, [0, 1] scale) the features are uint8
+    pixels, normalised as :math:`(x / 255 - \mu) / \sigma`. Floating features are
+    converted to the parameters' dtype. ``padding_idx`` (token input only) is a token id
+    in ``[-num_tokens, num_tokens)``.
 
     Shapes:
         - **input:** :math:`(N)` int64 ids, :math:`(N, F_{in})` floats or uint8 pixels
@@ -32,32 +29,27 @@ class UnitEncoder(torch.nn.Module):
                  pixel_std: Optional[Sequence[float]] = None):
         super().__init__()
         size = num_tokens if in_channels is None else in_channels
-        if (num_tokens is None) == (in_channels is None) or min(size, out_channels) <= 0:
+        one_input = (num_tokens is None) != (in_channels is None) and min(size, out_channels) > 0
+        if not one_input or padding_idx is not None and (
+                num_tokens is None or isinstance(padding_idx, bool) or
+                not isinstance(padding_idx, int) or not -num_tokens <= padding_idx < num_tokens):
             raise ValueError(f"give exactly one of num_tokens (token-id input) or in_channels "
-                             f"(feature input), and positive sizes; got num_tokens="
-                             f"{num_tokens}, in_channels={in_channels}, out_channels="
-                             f"{out_channels}")
-        if padding_idx is not None and (num_tokens is None or isinstance(padding_idx, bool) or
-                                        not isinstance(padding_idx, int) or
-                                        not -num_tokens <= padding_idx < num_tokens):
-            raise ValueError(f"padding_idx must be a token id in [0, {num_tokens}) (or negative "
-                             f"from the end); padding_idx applies to token-id input only "
-                             f"(feature input has no padding token), got {padding_idx!r}")
+                             f"(feature input), and positive sizes; padding_idx applies to "
+                             f"token-id input only: padding_idx must be a token id in "
+                             f"[0, {num_tokens}) (or negative from the end), got {padding_idx!r} "
+                             f"(num_tokens={num_tokens}, in_channels={in_channels}, "
+                             f"out_channels={out_channels})")
         self.num_tokens, self.in_channels, self.out_channels = \
             num_tokens, in_channels, out_channels
-        if num_tokens is not None:
-            self.embedding = torch.nn.Embedding(num_tokens, out_channels, padding_idx=padding_idx)
-            self.linear = None
-        else:
-            self.embedding = None
-            self.linear = torch.nn.Linear(in_channels, out_channels)
+        self.embedding = None if num_tokens is None else \
+            torch.nn.Embedding(num_tokens, out_channels, padding_idx=padding_idx)
+        self.linear = None if in_channels is None else torch.nn.Linear(in_channels, out_channels)
         self.pixels = pixel_mean is not None or pixel_std is not None
         if self.pixels:
             check_statistics(list(pixel_mean or ()), list(pixel_std or ()), in_channels)
-            self.register_buffer("pixel_mean", torch.tensor([float(v) for v in pixel_mean]),
-                                 persistent=False)
-            self.register_buffer("pixel_std", torch.tensor([float(v) for v in pixel_std]),
-                                 persistent=False)
+            for name, values in (("pixel_mean", pixel_mean), ("pixel_std", pixel_std)):
+                self.register_buffer(name, torch.tensor([float(v) for v in values]),
+                                     persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -78,15 +70,13 @@ class UnitEncoder(torch.nn.Module):
             check_features(x, self.in_channels)
 
     def encode(self, x: Tensor) -> Tensor:
-        """:meth:`forward` without the checks, for input validated at the door."""
+        """:meth:`forward` without the checks."""
         if self.embedding is not None:
             return self.embedding(x)
         dtype = self.linear.weight.dtype
         if self.pixels:
             x = ((x.to(dtype) / 255.0 - self.pixel_mean.to(dtype)) / self.pixel_std.to(dtype))
-        elif x.dtype != dtype:  # fp16/bf16/fp64 features into (say) an fp32 predictor
-            x = x.to(dtype)
-        return self.linear(x)
+        return self.linear(x.to(dtype))  # (fp16/bf16/fp64 features into an fp32 predictor)
 
     def forward(self, x: Tensor) -> Tensor:
         self.check(x)

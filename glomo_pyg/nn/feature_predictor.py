@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import operator
+from operator import attrgetter
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -12,18 +13,16 @@ from glomo_pyg.nn.config import ConfigurableModule
 from glomo_pyg.nn.conv import GlomoConv
 from glomo_pyg.nn.emitter import EmitResult, GraphEmitter
 from glomo_pyg.nn.encoder import UnitEncoder
-from glomo_pyg.nn.scorer import GraphScorer, check_layout, resolve_head_channels
+from glomo_pyg.nn.scorer import GraphScorer, resolve_head_channels
 from glomo_pyg.nn.settings import check_model_setting
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
 
 def context_mean(x: Tensor, sequences: SequenceBatch, direction: str,
                  include_self: bool = False) -> Tensor:
-    """Mean of ``x`` ``[N, C]`` over each unit's allowed sources (the earlier units of
-    its sequence going forward, the later ones going backward; itself too with
-    ``include_self``), zero where there are none. A running sum along each padded
-    sequence, so no unit's result depends on a unit it may not see, not even through
-    rounding (the gradient of a difference of global prefix sums would be)."""
+    """Mean of ``x`` ``[N, C]`` over each unit's allowed sources, zero where there are none:
+    a running sum along each padded sequence, so no unit's result depends on a unit it may
+    not see, not even through rounding."""
     padded = sequences.to_padded(x)  # [B, T, C], zero at padding
     if direction == "backward":
         padded = padded.flip(1)  # padding first: it adds zeros
@@ -32,31 +31,20 @@ def context_mean(x: Tensor, sequences: SequenceBatch, direction: str,
         total = torch.nn.functional.pad(total[:, :-1], (0, 0, 1, 0))
     if direction == "backward":
         total = total.flip(1)
-    extra = int(include_self)
-    length = sequences.lengths[sequences.batch]
-    count = sequences.position + extra if direction == "forward" else \
-        length - sequences.position - 1 + extra
+    before = sequences.position if direction == "forward" else \
+        sequences.lengths[sequences.batch] - sequences.position - 1
+    count = before + int(include_self)
     return sequences.to_flat(total) / count.clamp_min(1).unsqueeze(1).to(x.dtype)
 
 
 def nearest_sources(x: Tensor, sequences: SequenceBatch, direction: str, k: int) -> Tensor:
-    """Features ``[N, k * C]`` of each unit's ``k`` nearest other units on its allowed side
-    (units ``j-1 .. j-k`` going forward, ``j+1 .. j+k`` going backward), nearest first,
-    zero where the sequence has none."""
-    padded = sequences.to_padded(x)  # [B, T, C], zero at padding
-    steps = padded.size(1)
-    parts = []
-    for d in range(1, k + 1):
-        shifted = torch.zeros_like(padded)
-        if d < steps:  # padding sits after each sequence, so shifts pull in zeros
-            if direction == "forward":
-                shifted[:, d:] = padded[:, :steps - d]
-            else:
-                shifted[:, :steps - d] = padded[:, d:]
-        parts.append(shifted)
-    return sequences.to_flat(torch.cat(parts, -1))
-
-
+    """Features ``[N, k * C]`` of each unit's ``k`` nearest other units on its allowed side,
+    nearest first, zero where the sequence has none."""
+    padded = sequences.to_padded(x)  # [B, T, C], zero at padding (after each sequence)
+    steps, forward = padded.size(1), direction == "forward"
+    zeros = torch.nn.functional.pad(padded, (0, 0, k, 0) if forward else (0, 0, 0, k))
+    starts = [k - d if forward else d for d in range(1, k + 1)]
+    return sequences.to_flat(torch.cat([zeros[:, s:s + steps] for s in starts], -1))
 
 
 class FeaturePredictor(ConfigurableModule):
@@ -66,33 +54,21 @@ class FeaturePredictor(ConfigurableModule):
         F^0 = \mathrm{emb}(x), \qquad
         f^l_j = v\Big(\sum_i G^l_{ij} f^{l-1}_i,\; f^{l-1}_j\Big), \quad l = 1..L
 
-    one :class:`GlomoConv` per layer (multi-head: head :math:`h` aggregates
-    the :math:`h`-th chunk of the channels with :math:`G^{l,h}`).
-
-    With ``decouple=False`` (the "-decouple" ablation of paper Table 2) the
-    graphs are not given but computed from the network's own states, layer by
-    layer, self-attention style: :math:`G^l` is scored from :math:`F^{l-1}`.
+    one :class:`GlomoConv` per layer. With ``decouple=False`` (the "-decouple" ablation
+    of paper Table 2) :math:`G^l` is scored from the network's own :math:`F^{l-1}`.
 
     Args:
-        num_tokens / in_channels: input kind, as for :class:`GraphPredictor`.
+        num_tokens, in_channels, padding_idx, dropout: as for :class:`GraphPredictor`.
         hidden_channels (int): feature width, divisible by ``heads``.
-        num_layers (int): number of graph layers :math:`L`.
-        heads (int): graphs per layer.
+        num_layers (int): graph layers :math:`L`. heads (int): graphs per layer.
         update (str): ``'gru'`` or ``'residual'`` (see :class:`GlomoConv`).
         decouple (bool): graphs come from a separate predictor (the paper).
-            ``False`` makes this module score its own graphs.
-        pixel_mean, pixel_std: per-channel statistics for uint8 pixel input
-            (see :class:`UnitEncoder`).
-        pooled_context (bool): an extension of the paper: every layer also adds
-            :math:`W_l \bar f^{l-1}_j`, the mean of :math:`f^{l-1}` over the target's
-            allowed sources, through a zero-initialised linear map (docs/training.md).
-            (default: :obj:`False`)
-        local_context (int): an extension of the paper: every layer also adds
-            :math:`W_l [f^{l-1}_{j-1}; \dots; f^{l-1}_{j-k}]`, the target's :math:`k`
-            nearest units on its allowed side, through a zero-initialised linear map
-            (docs/training.md). (default: :obj:`0`)
-        scorer_kwargs: options of the internal :class:`GraphScorer` when
-            ``decouple=False`` (``direction``, ``sparse``, ``bias``, ...).
+        pixel_mean, pixel_std: statistics for uint8 pixel input (:class:`UnitEncoder`).
+        pooled_context (bool): every layer also adds :math:`W_l \bar f^{l-1}_j`, the mean
+            of :math:`f^{l-1}` over the allowed sources (docs/training.md).
+        local_context (int): every layer also adds :math:`W_l [f^{l-1}_{j-1}; \dots;
+            f^{l-1}_{j-k}]`, the :math:`k` nearest allowed units.
+        scorer_kwargs: options of the :class:`GraphScorer` when ``decouple=False``.
 
     Shapes:
         - **input:** units :math:`(N)` or :math:`(N, F_{in})`, batch :math:`(N)`,
@@ -118,9 +94,6 @@ class FeaturePredictor(ConfigurableModule):
         pooled_context = bool(pooled_context)
         # a plain int: config() is JSON
         local_context = check_model_setting("local_context", operator.index(local_context))
-        if "layout" in scorer_kwargs:
-            raise TypeError("layout is a run-time choice: use set_layout() or "
-                            "from_sequences(..., layout=...)")
         self.hidden_channels, self.num_layers, self.heads = hidden_channels, num_layers, heads
         self.encoder = UnitEncoder(hidden_channels, num_tokens, in_channels, padding_idx,
                                    pixel_mean, pixel_std)
@@ -135,32 +108,26 @@ class FeaturePredictor(ConfigurableModule):
             for _ in range(num_layers)) if local_context else None
         for lin in [*(self.pooled or ()), *(self.local or ())]:
             torch.nn.init.zeros_(lin.weight)  # untrained: the paper's network
-        self.dropout = dropout
-        self.decouple = decouple
-        self.scorer = None
+        self.dropout, self.decouple, self.scorer = dropout, decouple, None
         if not decouple:
             scorer_kwargs["head_channels"] = resolve_head_channels(
                 hidden_channels, heads, scorer_kwargs.get("head_channels"))
             self.scorer = GraphScorer(hidden_channels, num_layers, heads, **scorer_kwargs)
 
-    @property
-    def embedding(self) -> Optional[torch.nn.Embedding]:
-        return self.encoder.embedding
+    embedding = property(attrgetter("encoder.embedding"), doc="The token embedding, or None.")
 
     def reset_parameters(self):
-        self.encoder.reset_parameters()
-        for conv in self.convs:
-            conv.reset_parameters()
+        for module in (self.encoder, *self.convs, self.scorer):
+            if module is not None:
+                module.reset_parameters()
         for lin in [*(self.pooled or ()), *(self.local or ())]:
             torch.nn.init.zeros_(lin.weight)  # untrained: the paper's network
-        if self.scorer is not None:
-            self.scorer.reset_parameters()
 
     layout: str = "sparse"  # of the graphs a decouple=False scorer emits (run time)
 
     def set_layout(self, layout: str) -> "FeaturePredictor":
         """Layout of the graphs the ``decouple=False`` scorer emits (not saved)."""
-        check_layout(layout)
+        check_model_setting("layout", layout)
         self.layout = layout
         return self
 
@@ -168,25 +135,23 @@ class FeaturePredictor(ConfigurableModule):
                 batch: Optional[Tensor] = None) -> Tuple[Tensor, LatentGraphs]:
         self.encoder.check(x)
         sequences = sequence_batch(x.size(0), batch, x.device)
-        if graphs is not None:
-            if not isinstance(graphs, LatentGraphs):
-                raise TypeError(f"graphs must be LatentGraphs, got {type(graphs).__name__}")
-            if graphs.device != x.device or not torch.equal(graphs.ptr, sequences.ptr):
-                raise ValueError(f"graphs were emitted for another batch layout (ptr differs) "
-                                 f"or device (graphs on {graphs.device}, x on {x.device})")
+        given = isinstance(graphs, LatentGraphs)
+        got = (graphs.num_layers, graphs.num_heads, graphs.num_nodes) if given else \
+            None if graphs is None else type(graphs).__name__
+        if got != ((self.num_layers, self.heads, x.size(0)) if self.decouple else None) or \
+                given and (graphs.device != x.device or not torch.equal(graphs.ptr, sequences.ptr)):
+            raise ValueError(f"this FeaturePredictor propagates along LatentGraphs of "
+                             f"{self.num_layers} layers x {self.heads} heads emitted for this "
+                             f"batch of x on {x.device} (pass graphs=GraphPredictor(...)(x, "
+                             f"batch); decouple=False computes its own graphs: do not pass "
+                             f"graphs); got (layers, heads, units) = {got}")
         return self.from_sequences(x, sequences, graphs)
 
     def from_sequences(self, x: Tensor, sequences: SequenceBatch,
                        graphs: Optional[LatentGraphs] = None,
                        layout: Optional[str] = None) -> Tuple[Tensor, LatentGraphs]:
-        """Top-layer features and the graphs used, for an already validated batch."""
-        shape = None if graphs is None else (graphs.num_layers, graphs.num_heads, graphs.num_nodes)
-        if shape != ((self.num_layers, self.heads, x.size(0)) if self.decouple else None):
-            raise ValueError(f"this FeaturePredictor propagates along given graphs of "
-                             f"{self.num_layers} layers x {self.heads} heads over the "
-                             f"{x.size(0)} units of x (pass graphs=GraphPredictor(...)(x, "
-                             f"batch); decouple=False computes its own graphs: do not pass "
-                             f"graphs); got (layers, heads, units) = {shape}")
+        """Top-layer features and the graphs used, for an already validated batch and
+        graphs (or none, with ``decouple=False``)."""
         f = torch.nn.functional.dropout(self.encoder.encode(x), self.dropout, self.training)
         emitted = []
         for l, conv in enumerate(self.convs):
@@ -206,12 +171,12 @@ class FeaturePredictor(ConfigurableModule):
                                                           self.local_context))
             f = torch.nn.functional.dropout(out, self.dropout, self.training)
         if self.scorer is not None:
-            meta = dict(direction=self.scorer.direction, sequences=sequences,
-                        include_self=self.scorer.include_self)
             storages = [g.storages[0] for g in emitted]
             if len({type(s) for s in storages}) > 1:  # 'auto' chose per layer: edges for all
                 storages = [EdgeStorage(*g.layer(0)) for g in emitted]
-            graphs = LatentGraphs.from_storage(storages, num_heads=self.heads, **meta)
+            graphs = LatentGraphs.from_storage(storages, num_heads=self.heads, sequences=sequences,
+                                               direction=self.scorer.direction,
+                                               include_self=self.scorer.include_self)
         return f, graphs
 
     def __repr__(self) -> str:
@@ -222,13 +187,9 @@ class FeaturePredictor(ConfigurableModule):
 
 class FeatureGraphEmitter(FeaturePredictor, GraphEmitter):
     r"""The graphs of the "-decouple" ablation (paper Table 2) as a graph emitter: a
-    :class:`FeaturePredictor` with ``decouple=False``, whose graph layer :math:`l` is
-    scored from its own features :math:`F^{l-1}`. It is both the feature predictor
-    that :class:`~glomo_pyg.Glomo` trains in that ablation and the emitter that
-    transfer uses afterwards (:meth:`emit` runs the network and keeps the graphs).
-
-    Args: as :class:`FeaturePredictor`, without ``decouple``; ``scorer_kwargs``
-    (``direction``, ``sparse``, ``bias``, ``include_self``, ...) go to the scorer.
+    :class:`FeaturePredictor` with ``decouple=False``, both the feature predictor
+    :class:`~glomo_pyg.Glomo` trains and the emitter transfer uses. Args: as
+    :class:`FeaturePredictor`, without ``decouple``.
 
     Shapes:
         - **input:** units :math:`(N)` or :math:`(N, F_{in})`, batch :math:`(N)`
@@ -246,13 +207,8 @@ class FeatureGraphEmitter(FeaturePredictor, GraphEmitter):
                          pooled_context=pooled_context, local_context=local_context,
                          **scorer_kwargs)
 
-    @property
-    def direction(self) -> str:
-        return self.scorer.direction
-
-    @property
-    def include_self(self) -> bool:
-        return self.scorer.include_self
+    direction = property(attrgetter("scorer.direction"), doc="Direction of the graphs.")
+    include_self = property(attrgetter("scorer.include_self"), doc="Whether i = j edges exist.")
 
     def emit(self, x: Tensor, sequences: SequenceBatch, layout: Optional[str] = None,
              return_column_max: bool = False) -> EmitResult:

@@ -19,19 +19,16 @@ class GatedFusion(torch.nn.Module):
         \mathbf{h}'_j = \big[\mathbf{h}_j ;\;
         \mathbf{W}_1 \mathbf{z}_j \odot \sigma(\mathbf{W}_2 \mathbf{z}_j)\big]
 
-    (the reference implementation's fusion, with both directions stacked in
-    the gate input). :math:`\mathbf{W}_1, \mathbf{W}_2` are affine maps to
-    ``fusion_channels``.
+    (the reference implementation's fusion) with affine maps
+    :math:`\mathbf{W}_1, \mathbf{W}_2` to ``fusion_channels``.
 
     Args:
         in_channels (int): width :math:`d` of :math:`H` and of each mixture.
         num_mixtures (int): number :math:`K` of mixtures. (default: :obj:`2`)
-        fusion_channels (int, optional): width of the gated part
-            (default: ``in_channels``).
+        fusion_channels (int, optional): width of the gated part. (default: ``d``)
 
     Shapes:
-        - **input:** features :math:`(N, d)`, a sequence of :math:`K`
-          mixtures :math:`(N, d)`
+        - **input:** features :math:`(N, d)`, :math:`K` mixtures :math:`(N, d)`
         - **output:** :math:`(N, d + \text{fusion\_channels})`
     """
 
@@ -57,9 +54,8 @@ class GatedFusion(torch.nn.Module):
         self.gate.reset_parameters()
 
     def forward(self, x: Tensor, mixed: Sequence[Tensor]) -> Tensor:
-        """``x`` and every mixture must be of ``x``'s shape, on its device and of the
-        parameters' dtype (unless autocast converts them): ``TypeError`` / ``ValueError``
-        otherwise. Values are not checked (no device sync)."""
+        """``x`` and every mixture must have ``x``'s shape and device and the parameters'
+        dtype (unless autocast converts them)."""
         check_features(x, self.in_channels)
         check_dtype(x, self.transform.weight.dtype, owner="GatedFusion's parameters")
         mixed = [mixed] if isinstance(mixed, Tensor) else list(mixed)

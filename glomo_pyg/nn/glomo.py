@@ -1,5 +1,5 @@
-"""The GLoMo pretraining model: graph predictor + feature predictor + context
-decoder, for both directions (paper Sec. 2.1)."""
+"""The GLoMo pretraining model: graph and feature predictors and context decoders for
+both directions (paper Sec. 2.1)."""
 from __future__ import annotations
 
 import copy
@@ -8,8 +8,7 @@ from typing import Dict, Mapping, NamedTuple, Optional, Sequence
 import torch
 from torch import Tensor
 
-from glomo_pyg.graphs import DIRECTION_KEYS as _KEY
-from glomo_pyg.graphs import DirectionalGraphs
+from glomo_pyg.graphs import DIRECTION_KEYS as _KEY, DirectionalGraphs
 from glomo_pyg.nn.decoder import IGNORE, ContextDecoder
 from glomo_pyg.nn.emitter import GraphEmitter
 from glomo_pyg.nn.encoder import UnitEncoder
@@ -17,9 +16,7 @@ from glomo_pyg.nn.feature_predictor import FeatureGraphEmitter, FeaturePredictor
 from glomo_pyg.nn.graph_predictor import GraphPredictor
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 from glomo_pyg.nn.scorer import resolve_head_channels
-from glomo_pyg.nn.settings import IMAGE_DEFAULTS as _I
-from glomo_pyg.nn.settings import TEXT_DEFAULTS as _T
-from glomo_pyg.nn.settings import check_model_setting
+from glomo_pyg.nn.settings import IMAGE_DEFAULTS as _I, TEXT_DEFAULTS as _T, check_model_setting
 from glomo_pyg.ordering import DIRECTIONS
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
@@ -36,53 +33,34 @@ class GlomoOutput(NamedTuple):
 class Glomo(torch.nn.Module):
     r"""Unsupervised GLoMo pretraining by context prediction (paper Sec. 2.1, Eq. 3).
 
-    Assembled from parts, per direction: a graph emitter :math:`g` (e.g.
-    :class:`GraphPredictor`) emits graphs, a :class:`FeaturePredictor` :math:`f`
-    propagates embeddings along them (paper Eq. 2), and a context head
-    (:class:`ContextDecoder`) initialised with :math:`f^L_t` predicts the next
-    :math:`D` units (forward) or the previous :math:`D` units (backward) at
-    ``num_positions`` sampled positions per sequence (all positions in eval
-    mode). The loss is the mean of the directions' cross-entropies. Everything
-    that feeds position :math:`t` of the forward network depends only on units
-    :math:`\le t` (mirror for backward). :meth:`text` builds the parts of the
-    paper's text model from one set of options; another modality supplies its
-    own emitter, feature predictor and head.
-
-    Ablations of paper Table 2 are switches of :meth:`text`:
-    ``decouple=False`` (graphs from :math:`f`'s own states: no separate emitter,
-    the feature predictors are :class:`FeatureGraphEmitter`), ``sparse=False``
-    (softmax), ``num_layers=1`` (not hierarchical), ``objective='sequence'``
-    (decode from the mean-pooled prefix, resp. suffix, instead of the unit's
-    own feature: a sequence-level objective) and ``context_length=1``.
+    Per direction, a graph emitter :math:`g` emits graphs, a :class:`FeaturePredictor`
+    :math:`f` propagates embeddings along them (paper Eq. 2), and a context head
+    initialised with :math:`f^L_t` predicts the next (forward) or previous (backward)
+    :math:`D` units at ``num_positions`` sampled positions per sequence (all in eval
+    mode). The loss is the mean of the directions' cross-entropies. :meth:`text` and
+    :meth:`image` build the paper's models; the ablations of paper Table 2 are switches
+    of :meth:`text` (docs/design.md).
 
     Args:
         feature_predictors (mapping): direction (``'forward'``, ``'backward'``) ->
             :class:`FeaturePredictor`.
-        context_heads (mapping): direction -> context head: a module with
-            ``targets(x, sequences, positions, direction)``, ``loss(states, targets)``
-            and ``context_length`` (:class:`ContextDecoder` for text,
-            :class:`PixelContextHead` for images).
-        emitters (mapping, optional): direction -> graph emitter; ``None`` when
-            the feature predictors score their own graphs (``decouple=False``).
-        num_positions (int): positions sampled per sequence and step while
-            training. (default: :obj:`20`)
+        context_heads (mapping): direction -> context head (:class:`ContextDecoder`,
+            :class:`PixelContextHead`, or a module with their ``targets``, ``loss`` and
+            ``context_length``).
+        emitters (mapping, optional): direction -> graph emitter; ``None`` when the
+            feature predictors score their own graphs (``decouple=False``).
+        num_positions (int): positions sampled per sequence while training.
+            (default: :obj:`20`)
         objective (str): ``'unit'`` or ``'sequence'``. (default: :obj:`'unit'`)
-        keep_alive (float): weight :math:`\lambda` of a keep-alive penalty
-            (an extension of the paper): while training, the loss gains
-            :math:`\lambda` times the mean over layers, heads and targets of
-            :math:`\max(0, \delta - \max_i s_{ij})`, which pulls a target whose
-            scores are all below :math:`\delta` = ``keep_alive_margin`` back
-            until its best source has an edge. Squared-ReLU columns that die
-            get no gradient from the objective, so without it a head can die
-            for good (docs/training.md). (default: :obj:`0.`)
+        keep_alive (float): weight :math:`\lambda` of a keep-alive penalty (an
+            extension, docs/training.md): while training, the loss gains :math:`\lambda`
+            times the mean over layers, heads and targets of
+            :math:`\max(0, \delta - \max_i s_{ij})`. (default: :obj:`0.`)
         keep_alive_margin (float): :math:`\delta`. (default: :obj:`0.1`)
         entropy_penalty (float): weight :math:`\mu` of a sharpness penalty (an
-            extension of the paper): while training, the loss gains :math:`\mu`
-            times the mean over layers, heads and targets of the normalised
-            entropy of the target's incoming weights
-            (:meth:`LatentGraphs.column_entropy`: 1 uniform, 0 one source). It
-            pushes near-uniform "pooling" heads to commit to a few sources (how
-            heads respond: docs/training.md). (default: :obj:`0.`)
+            extension, docs/training.md): while training, the loss gains :math:`\mu`
+            times the mean normalised entropy of the targets' incoming weights
+            (:meth:`LatentGraphs.column_entropy`). (default: :obj:`0.`)
 
     Shapes:
         - **input:** token ids :math:`(N)`, sorted batch vector :math:`(N)`
@@ -119,13 +97,16 @@ class Glomo(torch.nn.Module):
                 raise TypeError(f"the {d} feature predictor must be a FeaturePredictor and its "
                                 f"emitter a GraphEmitter, got {type(fp).__name__} and "
                                 f"{type(g).__name__}")
-            if not isinstance(g, GraphEmitter):
-                raise ValueError("without emitters the feature predictors must score their "
-                                 "own graphs (FeatureGraphEmitter, decouple=False)")
-            if (g.num_layers, g.heads, g.direction) != (fp.num_layers, fp.heads, d):
-                raise ValueError(f"the {d} emitter has {g.num_layers} layers x {g.heads} heads "
-                                 f"and was built for direction {g.direction!r}; its feature "
-                                 f"predictor has {fp.num_layers} x {fp.heads}")
+            if not isinstance(g, GraphEmitter) or \
+                    (g.num_layers, g.heads, g.direction) != (fp.num_layers, fp.heads, d):
+                got = f"{g.num_layers} layers x {g.heads} heads built for direction " \
+                    f"{g.direction!r}" if isinstance(g, GraphEmitter) else type(g).__name__
+                raise ValueError(f"the {d} emitter must be a GraphEmitter for direction {d!r} "
+                                 f"with its feature predictor's {fp.num_layers} layers x "
+                                 f"{fp.heads} heads, got {got}" + (
+                                     "; without emitters the feature predictors must score "
+                                     "their own graphs (FeatureGraphEmitter, decouple=False)"
+                                     if emitters is None else ""))
         if keep_alive and (emitters is None or
                            not all(emitters[d].scorer.sparse for d in directions)):
             raise ValueError("keep_alive applies to the squared-ReLU graphs (sparse=True) of a "
@@ -136,8 +117,7 @@ class Glomo(torch.nn.Module):
         self.num_positions, self.objective = num_positions, objective
         self.directions = directions
         self.decouple = emitters is not None
-        first = feature_predictors[directions[0]]
-        self.num_tokens = first.encoder.num_tokens
+        self.num_tokens = feature_predictors[directions[0]].encoder.num_tokens
         self.context_length = context_heads[directions[0]].context_length
         self.graph_predictors = torch.nn.ModuleDict(
             {_KEY[d]: emitters[d] for d in directions} if emitters is not None else {})
@@ -165,33 +145,20 @@ class Glomo(torch.nn.Module):
              local_context: int = _T.local_context) -> "Glomo":
         r"""The paper's text model over a vocabulary of ``num_tokens`` token ids.
 
-        Per direction: a :class:`GraphPredictor` (causal key/query CNNs, paper
-        Eq. 1), a :class:`FeaturePredictor` with ``update`` cells, and a
-        :class:`ContextDecoder` tied to the feature predictor's embedding.
+        Per direction: a :class:`GraphPredictor` (paper Eq. 1), a
+        :class:`FeaturePredictor` and a :class:`ContextDecoder` tied to its embedding.
 
         Args:
             hidden_channels (int): width of embeddings, CNNs and features.
-            num_layers (int): graph layers :math:`L`.
-            heads (int): graphs per layer.
             context_length (int): :math:`D`.
             update (str): ``'gru'`` or ``'residual'``.
             bidirectional (bool): train the backward network too.
-            position (str, optional): ``'relative'``: a learned distance term in
-                the graph scores (an extension of the paper, see
-                :class:`GraphScorer`). position_frequencies, position_period: its
-                Fourier terms.
             decouple (bool): ``False`` is the "-decouple" ablation.
-            pooled_context (bool): :math:`f` also receives the mean over each
-                target's allowed sources at every layer (an extension, see
-                :class:`FeaturePredictor`).
-            local_context (int): :math:`f` also reads the features of each target's
-                ``local_context`` nearest units on its allowed side directly, at every
-                layer (an extension, see :class:`FeaturePredictor`; 0 to 64).
-                (default: :obj:`0`)
+            pooled_context (bool), local_context (int): extensions of :math:`f`, see
+                :class:`FeaturePredictor`.
 
         Others as in :class:`GraphPredictor`, :class:`ContextDecoder` and
-        :class:`Glomo`. Defaults: :data:`~glomo_pyg.nn.settings.TEXT_DEFAULTS`
-        (``hidden_channels=512``, 3 layers x 8 heads, ``context_length=3``, ...).
+        :class:`Glomo`; defaults: :data:`~glomo_pyg.nn.settings.TEXT_DEFAULTS`.
         """
         check_model_setting("decoder_layers", decoder_layers)
         head_channels = resolve_head_channels(hidden_channels, heads, head_channels)
@@ -234,25 +201,18 @@ class Glomo(torch.nn.Module):
               keep_alive_margin: float = _I.keep_alive_margin,
               entropy_penalty: float = _I.entropy_penalty) -> "Glomo":
         r"""The pixel model of paper Sec. 3.5 over ``height x width`` images with
-        ``in_channels`` uint8 channels (units from
-        :func:`glomo_pyg.pixels.image_units`).
+        ``in_channels`` uint8 channels (units from :func:`glomo_pyg.pixels.image_units`).
 
-        Per direction: a :class:`PixelGraphPredictor` (masked 2-D convolutions, raster
-        order; the backward one reads the image rotated by 180 degrees), a
-        :class:`FeaturePredictor` over the normalised pixels, and a
-        :class:`PixelContextHead` that predicts the future part of the 3 x 3 window
-        around each of ``num_positions`` sampled pixels per image (256-way per
-        channel).
+        Per direction: a :class:`PixelGraphPredictor`, a :class:`FeaturePredictor` over
+        the normalised pixels, and a :class:`PixelContextHead`.
 
         Args:
             position (str, optional): ``'grid'``: a learned (row, column) offset term
-                in the graph scores (an extension of the paper, see
-                :class:`GraphScorer`).
+                in the graph scores (an extension, see :class:`GraphScorer`).
             pixel_mean, pixel_std: per-channel statistics on a [0, 1] scale.
 
-        Others as in :meth:`text`, :class:`PixelGraphPredictor` and
-        :class:`Glomo`. Defaults: :data:`~glomo_pyg.nn.settings.IMAGE_DEFAULTS` (32 x 32 x 3
-        images, ``hidden_channels=128``, 3 layers x 8 heads, ``num_positions=64``, ...).
+        Others as in :meth:`text`, :class:`PixelGraphPredictor` and :class:`Glomo`;
+        defaults: :data:`~glomo_pyg.nn.settings.IMAGE_DEFAULTS`.
         """
         from glomo_pyg.nn.pixel import PixelContextHead, PixelGraphPredictor
 
@@ -275,17 +235,14 @@ class Glomo(torch.nn.Module):
                    keep_alive=keep_alive, keep_alive_margin=keep_alive_margin,
                    entropy_penalty=entropy_penalty)
 
-    # --- parts --------------------------------------------------------------------
     def emitter(self, direction: str) -> GraphEmitter:
-        """The module that emits ``direction``'s graphs (g, or the self-scoring feature
-        predictor with ``decouple=False``)."""
+        """The module that emits ``direction``'s graphs."""
         self._check_direction(direction)
         parts = self.graph_predictors if self.decouple else self.feature_predictors
         return parts[_KEY[direction]]
 
     def set_layout(self, layout: str) -> "Glomo":
-        """Emit graphs in ``layout`` (``'sparse'``, ``'dense'`` or ``'auto'``) from now on:
-        same graphs and results, different speed; not part of the model."""
+        """Emit graphs in ``layout`` from now on (same graphs; not part of the model)."""
         for d in self.directions:
             self.emitter(d).set_layout(layout)
         return self
@@ -293,12 +250,9 @@ class Glomo(torch.nn.Module):
     @torch.no_grad()
     def set_token_embeddings(self, weight: Tensor,
                              parts: Sequence[str] = EMBEDDING_PARTS) -> "Glomo":
-        """Copy ``weight`` (``[num_tokens, hidden_channels]``, e.g. word vectors) into
-        the token embeddings of ``parts``, in every direction: ``'graph'``, the graph
-        predictors' (g), and ``'features'``, the feature predictors' (f, which the context
-        decoders share). Each copy stays its own parameter; rows of a padding index are
-        kept at zero. An initialisation, not part of the paper (which starts from random
-        embeddings); one part alone is an ablation of it."""
+        """Copy ``weight`` (``[num_tokens, hidden_channels]``, e.g. word vectors) into the
+        token embeddings of ``parts`` in every direction: ``'graph'`` (g's) and
+        ``'features'`` (f's, shared with the decoders). Padding rows stay zero."""
         if isinstance(parts, str) or not isinstance(parts, Sequence) or not parts or \
                 any(p not in EMBEDDING_PARTS for p in parts) or len(set(parts)) != len(parts) \
                 or (not self.decouple and len(parts) != len(EMBEDDING_PARTS)):
@@ -333,23 +287,20 @@ class Glomo(torch.nn.Module):
     def to_pretrained(self, vocabulary: Optional[Sequence[str]] = None,
                       trained_length: Optional[int] = None,
                       trained_size: Optional[Sequence[int]] = None) -> PretrainedGraphPredictor:
-        """The graph-emitting parts (copied; the feature predictor and heads are left
-        behind, as the paper discards :math:`f`), as the frozen-for-transfer
-        :class:`PretrainedGraphPredictor`, in eval mode. ``trained_length``: the
-        longest training sequence; ``trained_size``: the (height, width) of the training
-        images or crops; both recorded with it."""
+        """A copy of the graph-emitting parts as a :class:`PretrainedGraphPredictor` in
+        eval mode (the paper discards :math:`f`); ``trained_length`` / ``trained_size``:
+        the longest training sequence / the training images' (height, width)."""
         parts = {d: copy.deepcopy(self.emitter(d)) for d in self.directions}
         return PretrainedGraphPredictor(parts.get("forward"), parts.get("backward"),
                                         vocabulary, trained_length, trained_size).eval()
 
     def graph_parameters(self):
         """Parameters that only shape the graphs (g's, or the scorers with
-        ``decouple=False``): training recipes give them their own learning rate."""
+        ``decouple=False``)."""
         for d in self.directions:
             emitter = self.emitter(d)
             yield from (emitter.parameters() if self.decouple else emitter.scorer.parameters())
 
-    # --- graphs -------------------------------------------------------------------
     def graphs(self, x: Tensor, batch: Optional[Tensor] = None) -> DirectionalGraphs:
         """Forward and backward :class:`LatentGraphs` for the units ``x``."""
         sequences = self._sequences(x, batch)
@@ -362,7 +313,6 @@ class Glomo(torch.nn.Module):
         sequences = self._sequences(x, batch)
         return self._features(x, sequences, direction)[:2]
 
-    # --- objective ----------------------------------------------------------------
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> GlomoOutput:
         sequences = self._sequences(x, batch)
         losses, metrics = [], {}
@@ -389,9 +339,8 @@ class Glomo(torch.nn.Module):
                 penalty = (self.keep_alive_margin - m[real]).clamp_min(0).mean()
                 metrics[f"{d}/keep_alive"] = penalty.detach()
                 metrics[f"{d}/empty_columns"] = (m[real] <= 0).float().mean()
-                losses.append(total + self.keep_alive * penalty)
-            else:
-                losses.append(total)
+                total = total + self.keep_alive * penalty
+            losses.append(total)
             metrics[f"{d}/loss"] = loss.detach()
             metrics[f"{d}/accuracy"] = correct / (targets != IGNORE).sum()
             if graphs.layout != "fused":  # fused graphs hold no edges to count
@@ -421,8 +370,7 @@ class Glomo(torch.nn.Module):
         return f, graphs, maxima
 
     def _positions(self, sequences: SequenceBatch, direction: str) -> Tensor:
-        """Flat ids of the positions to predict from: ones with at least one unit of
-        context ahead; ``num_positions`` random ones per sequence while training."""
+        """Flat ids of positions with context ahead (training: ``num_positions`` per sequence)."""
         pos, length = sequences.position, sequences.lengths[sequences.batch]
         eligible = pos < length - 1 if direction == "forward" else pos > 0
         if not self.training:
@@ -445,8 +393,8 @@ class Glomo(torch.nn.Module):
         if direction == "forward":
             total, count = csum[n + 1] - csum[start], sequences.position + 1
         else:
-            end = start + sequences.lengths[sequences.batch]
-            total, count = csum[end] - csum[n], sequences.lengths[sequences.batch] - sequences.position
+            length = sequences.lengths[sequences.batch]
+            total, count = csum[start + length] - csum[n], length - sequences.position
         return total / count.view(-1, 1).to(f.dtype)
 
     def __repr__(self) -> str:

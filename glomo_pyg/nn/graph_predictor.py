@@ -13,15 +13,13 @@ from glomo_pyg.sequences import SequenceBatch
 
 
 class GraphPredictor(ScoredEmitter):
-    r"""The GLoMo graph predictor :math:`g`: reads a batch of sequences and
-    emits a stack of sparse weighted graphs over their units.
+    r"""The GLoMo graph predictor :math:`g`: emits a stack of weighted graphs over the
+    units of a batch of sequences.
 
-    Units are embedded (token ids) or linearly projected (features), read by
-    two separate causal CNNs (key and query), and turned into graphs per
-    layer and head by :class:`GraphScorer` (paper Eq. 1). Forward graphs
-    connect each source to later targets (:math:`i < j`), backward graphs to
-    earlier ones (:math:`i > j`); the CNNs look the same way, so nothing in a
-    forward graph's column :math:`j` depends on units after :math:`j`.
+    Units are embedded (token ids) or linearly projected (features), read by two
+    causal CNNs (key and query), and scored into graphs by :class:`GraphScorer` (paper
+    Eq. 1). Forward graphs connect each source to later targets (:math:`i < j`),
+    backward graphs to earlier ones (:math:`i > j`), and the CNNs look the same way.
 
     Args:
         num_tokens (int, optional): vocabulary size, for token-id input.
@@ -29,30 +27,20 @@ class GraphPredictor(ScoredEmitter):
         hidden_channels (int): CNN width :math:`d`. (default: :obj:`512`)
         num_layers (int): graph layers :math:`L`. (default: :obj:`3`)
         heads (int): graphs per layer. (default: :obj:`8`)
-        head_channels (int, optional): key/query size per head (default:
-            ``hidden_channels // heads``; the reference used 256).
+        head_channels (int, optional): key/query size per head. (default: ``C / H``)
         direction (str): ``'forward'`` or ``'backward'``.
         include_self (bool): admit :math:`i = j` edges. (default: :obj:`False`)
-        sparse (bool): squared-ReLU normalisation; ``False`` is the softmax
-            ablation (dense graphs). (default: :obj:`True`)
+        sparse (bool): squared ReLU; ``False``: the softmax ablation. (default: :obj:`True`)
         cnn_layers (int): convolutions per CNN. (default: :obj:`4`)
         kernel_size (int): convolution width. (default: :obj:`3`)
-        norm (str, optional): ``'layer'``, ``'batch'`` (the reference; its
-            training-mode statistics mix positions) or ``None``.
-            (default: :obj:`'layer'`)
+        norm (str, optional): ``'layer'``, ``'batch'`` or ``None``. (default: :obj:`'layer'`)
         bias (str): ``'scalar'`` (paper) or ``'threshold'`` (reference code).
         padding_idx (int, optional): embedding padding index.
         dropout (float): dropout after each convolution. (default: :obj:`0.`)
         block_size (int): maximum dense scores held per head while emitting.
-        position (str, optional): ``'relative'`` adds a learned function of
-            the distance to every head's scores (see :class:`GraphScorer`; an
-            extension of the paper). (default: :obj:`None`)
-        position_frequencies (int), position_period (float): its Fourier
-            terms. (default: :obj:`16`, :obj:`512.`)
-
-    The graph layout (``'sparse'``, ``'dense'``, ``'fused'`` or ``'auto'``, see
-    :mod:`glomo_pyg.nn.layout`) is chosen at run time with :meth:`set_layout` or
-    ``forward(..., layout=...)``: same graphs, different speed.
+        position (str, optional): ``'relative'``: a learned distance term (an extension,
+            see :class:`GraphScorer`). (default: :obj:`None`)
+        position_frequencies (int), position_period (float): its Fourier terms.
 
     Shapes:
         - **input:** token ids :math:`(N)` or features :math:`(N, F_{in})`,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numbers
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -35,17 +35,12 @@ class GraphMixer(torch.nn.Module):
     * ``mixing='free'``: :math:`(m, m') = \mathrm{softmax}(\mathbf{w})` of free
       logits initialised at 0 (ELMo's ScalarMix), one set per direction;
     * ``mixing='conditioned'``: per target unit,
-      :math:`(m, m')_j = \mathrm{softmax}(\mathbf{W} \mathbf{h}_j + \mathbf{b})`
-      (the reference implementation), zero-initialised so training starts
-      from the uniform mixture.
+      :math:`(m, m')_j = \mathrm{softmax}(\mathbf{W} \mathbf{h}_j + \mathbf{b})`,
+      zero-initialised.
 
-    :math:`\gamma` is a learned scale per direction (initialised at 1).
-
-    Free logits learn slowly under Adam (``benchmarks/results/imdb.md``, run 11);
-    :meth:`mixture_weights` shows what was learned.
-
-    :math:`H` may have any width. :math:`H\Lambda^l` is chained,
-    :math:`P^l = P^{l-1} G^l` (:meth:`LatentGraphs.propagate`), never densified.
+    :math:`\gamma` is a learned scale per direction (initialised at 1). :math:`H` may
+    have any width; :math:`H\Lambda^l` is chained, :math:`P^l = P^{l-1} G^l`, never
+    densified.
 
     Args:
         in_channels (int): width :math:`d` of the features :math:`H`.
@@ -54,19 +49,15 @@ class GraphMixer(torch.nn.Module):
         directions (sequence of str): directions mixed, in output order.
             (default: ``('forward', 'backward')``)
         mixing (str): ``'free'`` or ``'conditioned'``. (default: :obj:`'free'`)
-        propagation (str): ``'both'`` (:math:`G` and :math:`\Lambda` components,
-            the paper), ``'graph'`` (:math:`G` only, the "-hierarchical"
-            ablation) or ``'hierarchical'`` (:math:`\Lambda` only).
+        propagation (str): ``'both'`` (:math:`G` and :math:`\Lambda`, the paper),
+            ``'graph'`` (the "-hierarchical" ablation) or ``'hierarchical'``.
             (default: :obj:`'both'`)
-        layers (sequence of int, optional): graph layers whose components are
-            mixed (default: all). :math:`\Lambda^l` still chains through every
-            layer up to :math:`l`.
+        layers (sequence of int, optional): graph layers whose components are mixed.
+            (default: all)
 
     Shapes:
-        - **input:** features :math:`(N, d)`; graphs: one
-          :class:`~glomo_pyg.LatentGraphs` per direction over the same
-          :math:`N` units (a :class:`~glomo_pyg.DirectionalGraphs` or a
-          sequence; a single :class:`~glomo_pyg.LatentGraphs` for one direction)
+        - **input:** features :math:`(N, d)`; graphs: one :class:`~glomo_pyg.LatentGraphs`
+          per direction over the same :math:`N` units
         - **output:** a list with one :math:`(N, d)` tensor per direction
     """
 
@@ -80,41 +71,38 @@ class GraphMixer(torch.nn.Module):
                 raise ValueError(f"in_channels, num_layers and heads must be positive "
                                  f"integers, got {name}={value!r}")
         directions = tuple(directions)
+        layers = tuple(range(num_layers)) if layers is None else tuple(layers)
+        wrong = [f"{name} must be one of {allowed}, got {value!r}" for name, value, allowed in
+                 (("mixing", mixing, MIXINGS), ("propagation", propagation, PROPAGATIONS))
+                 if value not in allowed]
         if not directions or len(set(directions)) != len(directions) or \
                 any(d not in DIRECTIONS for d in directions):
-            raise ValueError(f"directions must be distinct values of {DIRECTIONS}, got {directions}")
-        for name, value, allowed in (("mixing", mixing, MIXINGS),
-                                     ("propagation", propagation, PROPAGATIONS)):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-        layers = tuple(range(num_layers)) if layers is None else tuple(layers)
+            wrong.append(f"directions must be distinct values of {DIRECTIONS}, got {directions}")
         # (not int(l): int(0.7) would pick layer 0)
         if not layers or any(isinstance(l, bool) or not isinstance(l, numbers.Integral) or
                              not 0 <= l < num_layers for l in layers):
-            raise ValueError(f"layers must be a non-empty subset of the integer layer indices "
-                             f"0..{num_layers - 1}, got {list(layers)!r}")
+            wrong.append(f"layers must be a non-empty subset of the integer layer indices "
+                         f"0..{num_layers - 1}, got {list(layers)!r}")
+        if wrong:
+            raise ValueError("; ".join(wrong))
         layers = tuple(sorted(set(int(l) for l in layers)))
         self.in_channels, self.num_layers, self.heads = in_channels, num_layers, heads
-        self.directions, self.mixing, self.propagation, self.layers = directions, mixing, propagation, layers
+        self.directions, self.mixing, self.propagation = directions, mixing, propagation
+        self.layers = layers
         self.kinds = ("graph", "hierarchical") if propagation == "both" else (propagation,)
         self.num_components = len(self.kinds) * len(layers) * heads
-        if mixing == "free":
-            self.logits = torch.nn.Parameter(torch.empty(len(directions), self.num_components))
-            self.weight_lins = None
-        else:
-            self.logits = None
-            self.weight_lins = torch.nn.ModuleList(
-                torch.nn.Linear(in_channels, self.num_components) for _ in directions)
+        free = mixing == "free"
+        self.logits = torch.nn.Parameter(torch.empty(len(directions), self.num_components)) \
+            if free else None
+        self.weight_lins = None if free else torch.nn.ModuleList(
+            torch.nn.Linear(in_channels, self.num_components) for _ in directions)
         self.gamma = torch.nn.Parameter(torch.empty(len(directions)))
         self.reset_parameters()
 
     def reset_parameters(self):
-        if self.logits is not None:
-            torch.nn.init.zeros_(self.logits)
-        else:
-            for lin in self.weight_lins:
-                torch.nn.init.zeros_(lin.weight)
-                torch.nn.init.zeros_(lin.bias)
+        free = [self.logits] if self.logits is not None else self.weight_lins.parameters()
+        for weight in free:  # zero: training starts from the uniform mixture
+            torch.nn.init.zeros_(weight)
         torch.nn.init.ones_(self.gamma)
 
     def components(self) -> List[Tuple[str, int, int]]:
@@ -131,14 +119,12 @@ class GraphMixer(torch.nn.Module):
         return torch.stack([torch.softmax(lin(x), dim=-1) for lin in self.weight_lins])
 
     def forward(self, x: Tensor, graphs: GraphsArg) -> List[Tensor]:
-        """``x`` must have the parameters' dtype (unless autocast converts it):
-        ``ValueError`` / ``TypeError`` otherwise."""
+        """``x`` must have the parameters' dtype unless autocast converts it."""
         check_features(x, self.in_channels)
         return self.mix(x, graphs)
 
     def mix(self, x: Tensor, graphs: GraphsArg) -> List[Tensor]:
-        """:meth:`forward` for features ``x`` whose shape the caller checked; the graphs
-        and the dtype are still checked (host-side, no sync)."""
+        """:meth:`forward` for features ``x`` whose shape the caller checked."""
         check_dtype(x, self.gamma.dtype, owner="GraphMixer's parameters")
         graphs = self._check_graphs(x, graphs)
         weights = self.mixture_weights(x)
@@ -146,27 +132,16 @@ class GraphMixer(torch.nn.Module):
 
     @torch.no_grad()
     def propagations(self, x: Tensor, graphs: GraphsArg) -> Tensor:
-        """Every component's propagation of ``x``, without weights: ``[D, K, N, C]`` in
-        the order of :meth:`components`. When ``x`` does not depend on trained
-        parameters (e.g. normalised input pixels) these can be computed once per input
-        and reused every epoch with :meth:`combine` (exact: the mixture is linear in
-        them). Computed without gradients."""
+        """Every component's propagation of ``x``, unweighted, ``[D, K, N, C]`` in the
+        order of :meth:`components`: for fixed inputs, compute once and reuse with
+        :meth:`combine` (the mixture is linear in them)."""
         check_features(x, self.in_channels)
         graphs = self._check_graphs(x, graphs)
         out = []
         for g in graphs:
-            direct: Dict[int, Tensor] = {}
-            chained: Dict[int, Tensor] = {}
-            chain = None
-            for l in range(self.layers[-1] + 1):
-                if "graph" in self.kinds and l in self.layers or l == 0:
-                    direct[l] = g.propagate(x, l)
-                if "hierarchical" in self.kinds:
-                    chain = direct[0] if l == 0 else g.propagate(chain, l)
-                    chained[l] = chain
-            parts = [(direct if kind == "graph" else chained)[l] for kind in self.kinds
-                     for l in self.layers]  # each [H, N, C]
-            out.append(torch.cat(parts, 0))
+            selected = list(self._propagate(x, g))
+            out.append(torch.cat([pair[kind == "hierarchical"] for kind in self.kinds
+                                  for pair in selected], 0))
         return torch.stack(out)
 
     def combine(self, propagations: Tensor, x: Optional[Tensor] = None) -> List[Tensor]:
@@ -189,34 +164,34 @@ class GraphMixer(torch.nn.Module):
         # weights [K] or [N, K] -> [..., kinds, selected layers, heads]
         w = weights.view(*weights.shape[:-1], len(self.kinds), len(self.layers), self.heads)
         spec = "nh,hnc->nc" if w.dim() == 4 else "h,hnc->nc"
-        use_graph, use_chain = "graph" in self.kinds, "hierarchical" in self.kinds
-        last = self.layers[-1]
         out = x.new_zeros(x.shape)
-        chain: Optional[Tensor] = None
-        for l in range(last + 1):
+        for i, (direct, chain) in enumerate(self._propagate(x, graphs)):
+            if direct is not None:
+                out = out + torch.einsum(spec, w[..., 0, i, :], direct)
+            if chain is not None:
+                out = out + torch.einsum(spec, w[..., len(self.kinds) - 1, i, :], chain)
+        return out
+
+    def _propagate(self, x: Tensor, graphs: LatentGraphs) -> Iterator[tuple]:
+        """``[H, N, C]`` ``(H G^l, H Lambda^l)`` per selected layer ``l`` (``None``: unmixed)."""
+        use_graph, use_chain = "graph" in self.kinds, "hierarchical" in self.kinds
+        chain = None
+        for l in range(self.layers[-1] + 1):
             selected = l in self.layers
             if not selected and not use_chain:
                 continue
-            def propagate(features: Tensor, layer: int = l) -> Tensor:
-                return graphs.propagate(features, layer)
-            direct = None  # [H, N, C]: H G^{l,h} for every head
+            direct = None
             if use_graph and selected or use_chain and l == 0:
-                direct = propagate(x)
+                direct = graphs.propagate(x, l)
             if use_chain:  # P^l = P^{l-1} G^l, per head
-                chain = direct if l == 0 else propagate(chain)
+                chain = direct if l == 0 else graphs.propagate(chain, l)
             if selected:
-                i = self.layers.index(l)
-                if use_graph:
-                    out = out + torch.einsum(spec, w[..., 0, i, :], direct)
-                if use_chain:
-                    out = out + torch.einsum(spec, w[..., len(self.kinds) - 1, i, :], chain)
-        return out
+                yield direct if use_graph else None, chain
 
     def _check_graphs(self, x: Tensor, graphs: GraphsArg) -> List[LatentGraphs]:
-        if isinstance(graphs, LatentGraphs):
-            graphs = [graphs]
-        graphs = list(graphs)
-        bad = [type(g).__name__ for g in graphs if g is not None and not isinstance(g, LatentGraphs)]
+        graphs = [graphs] if isinstance(graphs, LatentGraphs) else list(graphs)
+        bad = [type(g).__name__ for g in graphs
+               if g is not None and not isinstance(g, LatentGraphs)]
         if bad:
             raise TypeError(f"graphs must be LatentGraphs (or None), got {bad}")
         by_direction = {g.direction: g for g in graphs if g is not None}

@@ -2,6 +2,7 @@
 raster order, and the pixel context-prediction head of its pretraining objective."""
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -12,7 +13,7 @@ from glomo_pyg.nn.decoder import IGNORE
 from glomo_pyg.nn.emitter import ScoredEmitter
 from glomo_pyg.nn.encoder import UnitEncoder
 from glomo_pyg.nn.scorer import GraphScorer, resolve_head_channels
-from glomo_pyg.ordering import RasterOrder, check_direction
+from glomo_pyg.ordering import RasterOrder, check_direction, check_int
 from glomo_pyg.pixels import IMAGENET_MEAN, IMAGENET_STD
 from glomo_pyg.sequences import SequenceBatch
 
@@ -21,9 +22,8 @@ MASK_TYPES = ("A", "B")
 
 class MaskedConv2d(torch.nn.Conv2d):
     r"""A PixelCNN masked convolution (van den Oord et al., 2016): output position
-    :math:`(r, c)` reads only inputs earlier in raster order, i.e. rows above and, in
-    row :math:`r`, columns left of :math:`c`, plus :math:`(r, c)` itself for mask
-    ``'B'`` (mask ``'A'`` excludes it). Odd square kernel, 'same' padding.
+    :math:`(r, c)` reads only inputs earlier in raster order, plus :math:`(r, c)` itself
+    for mask ``'B'``. Odd square kernel, 'same' padding.
 
     Shapes:
         - **input:** :math:`(B, C_{in}, H, W)`
@@ -37,12 +37,9 @@ class MaskedConv2d(torch.nn.Conv2d):
                              f"positive, got {mask_type!r} and {kernel_size}")
         super().__init__(in_channels, out_channels, kernel_size, padding=kernel_size // 2)
         self.mask_type = mask_type
-        mask = torch.zeros(kernel_size, kernel_size)
-        centre = kernel_size // 2
-        mask[:centre] = 1
-        mask[centre, :centre] = 1
-        if mask_type == "B":
-            mask[centre, centre] = 1
+        # the positions before the centre in raster order (and the centre itself for 'B')
+        area = kernel_size * kernel_size
+        mask = (torch.arange(area) < area // 2 + (mask_type == "B")).float()
         self.register_buffer("mask", mask.view(1, 1, kernel_size, kernel_size),
                              persistent=False)
 
@@ -55,11 +52,8 @@ class MaskedConv2d(torch.nn.Conv2d):
 
 class PixelCNN(torch.nn.Module):
     r"""The key or query network of :class:`PixelGraphPredictor`: a masked convolution
-    of type ``'A'`` then ``num_layers - 1`` residual ``'B'`` blocks
-    (``x + ReLU(LayerNorm(conv(x)))``), so position :math:`p` depends only on pixels
-    strictly before :math:`p` in raster order. LayerNorm is over channels at each
-    position (BatchNorm would mix positions while training). Like any stack of
-    PixelCNN masks its field of view has a blind spot up and to the right.
+    ``'A'`` then ``num_layers - 1`` residual ``'B'`` blocks ``x + ReLU(LayerNorm(conv(x)))``:
+    position :math:`p` depends only on pixels strictly before :math:`p` in raster order.
 
     Shapes:
         - **input:** :math:`(B, C, H, W)`
@@ -69,9 +63,8 @@ class PixelCNN(torch.nn.Module):
     def __init__(self, channels: int, num_layers: int = 3, kernel_size: int = 3,
                  dropout: float = 0.0):
         super().__init__()
-        if num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1 (the first, mask 'A', hides each "
-                             f"pixel from itself), got {num_layers}")
+        # at least the first layer, mask 'A', which hides each pixel from itself
+        num_layers = check_int("num_layers", num_layers)
         self.channels, self.kernel_size, self.dropout = channels, kernel_size, dropout
         self.convs = torch.nn.ModuleList(
             MaskedConv2d(channels, channels, kernel_size, "A" if l == 0 else "B")
@@ -79,9 +72,8 @@ class PixelCNN(torch.nn.Module):
         self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(channels) for _ in range(num_layers))
 
     def reset_parameters(self):
-        for conv, norm in zip(self.convs, self.norms):
-            conv.reset_parameters()
-            norm.reset_parameters()
+        for module in (*self.convs, *self.norms):
+            module.reset_parameters()
 
     def forward(self, x: Tensor) -> Tensor:
         for l, (conv, norm) in enumerate(zip(self.convs, self.norms)):
@@ -99,34 +91,19 @@ class PixelGraphPredictor(ScoredEmitter):
     r"""The GLoMo graph predictor :math:`g` for images (paper Sec. 3.5): emits stacks
     of sparse weighted graphs over the :math:`H \times W` positions of each image.
 
-    Units are the pixels in raster order (:func:`glomo_pyg.pixels.image_units`), read as
-    uint8 channels and normalised inside the model. Two :class:`PixelCNN` s (masked
-    convolutions) give keys and queries, and :class:`GraphScorer` turns them into graphs
-    (paper Eq. 1): forward graphs link each target to sources earlier in raster order
-    (:class:`~glomo_pyg.ordering.RasterOrder`); the backward predictor runs on the image
-    rotated by 180 degrees and maps the graphs back. The result is an ordinary
-    :class:`~glomo_pyg.LatentGraphs` whose ``order`` is the raster grid.
+    Units are the uint8 pixels in raster order (:func:`glomo_pyg.pixels.image_units`);
+    two :class:`PixelCNN` s give the keys and queries of :class:`GraphScorer` (paper
+    Eq. 1). The backward predictor runs on the image rotated by 180 degrees.
 
     Args:
-        height, width (int): image size (default 32 x 32 = 1024 units).
-        in_channels (int): colour channels. (default: :obj:`3`)
-        hidden_channels (int): CNN width. (default: :obj:`128`)
-        num_layers (int): graph layers :math:`L`. heads (int): graphs per layer.
-        head_channels (int, optional): key/query size per head.
-        direction (str): ``'forward'`` or ``'backward'``.
-        include_self (bool): admit :math:`i = j` edges (``False``: a pixel never
-            reads itself).
-        sparse (bool): squared ReLU (paper) or softmax (ablation).
-        cnn_layers (int): masked convolutions per network. (default: :obj:`3`)
-        kernel_size (int): odd convolution size. (default: :obj:`3`)
-        bias (str): ``'scalar'`` or ``'threshold'`` (see :class:`GraphScorer`).
-        position (str, optional): ``'grid'`` adds a learned function of the (row,
-            column) offset to every head's scores (an extension of the paper, see
-            :class:`GraphScorer`). position_frequencies, position_period: its terms.
+        height, width (int): image size. in_channels (int): colour channels.
+        hidden_channels (int): CNN width. cnn_layers (int): masked convolutions per
+            network. kernel_size (int): odd convolution size.
+        position (str, optional): ``'grid'``: a learned term of the (row, column)
+            offset (see :class:`GraphScorer`).
         pixel_mean, pixel_std (sequence of float): per-channel statistics on a
             [0, 1] scale (default: ImageNet's).
-        dropout (float): dropout in the CNNs. block_size (int): as in
-            :class:`GraphPredictor`.
+        others: as in :class:`GraphPredictor` (``dropout``: in the CNNs).
 
     Shapes:
         - **input:** uint8 pixels :math:`(N, C)` of whole images, batch vector
@@ -160,46 +137,32 @@ class PixelGraphPredictor(ScoredEmitter):
                                   position_frequencies, position_period,
                                   grid_width=width if position == "grid" else None)
 
-    @property
-    def order(self) -> RasterOrder:
-        return self.raster
-
-    @property
-    def num_units(self) -> int:
-        return self.height * self.width
+    order = property(attrgetter("raster"), doc="The raster order of the units.")
 
     def resized(self, height: int, width: int) -> "PixelGraphPredictor":
-        """The same predictor (same weights) for ``height x width`` images: its
-        convolutions and offset-only position term do not depend on the image size, so
-        a predictor trained on crops applies to whole images."""
+        """The same predictor (same weights, which do not depend on the image size) for
+        ``height x width`` images."""
         out = type(self).from_config(dict(self.config(), height=height, width=width))
         out.load_state_dict(self.state_dict())
         return out.train(self.training).set_layout(self.layout)
 
-    def check_sequences(self, sequences: SequenceBatch) -> None:
-        """Every sequence must be one whole image (no device sync: sizes only)."""
-        t = self.num_units
+    def states(self, x: Tensor, sequences: SequenceBatch) -> Tuple[Tensor, Tensor]:
+        """Padded ``[B, HW, C]`` key and query states in raster order."""
+        t = self.raster.num_units  # every sequence one whole image (sizes only: no device sync)
         if sequences.max_len != t or sequences.num_nodes != sequences.num_sequences * t:
             raise ValueError(f"pixel graphs need whole {self.height}x{self.width} images: every "
                              f"image must have exactly {t} units in the batch (got "
                              f"{sequences.num_nodes} units in {sequences.num_sequences} images, "
                              f"longest {sequences.max_len})")
-
-    def states(self, x: Tensor, sequences: SequenceBatch) -> Tuple[Tensor, Tensor]:
-        """Padded ``[B, HW, C]`` key and query states in raster order."""
-        self.check_sequences(sequences)
         b, h, w = sequences.num_sequences, self.height, self.width
         img = self.encoder.encode(x).view(b, h, w, -1).permute(0, 3, 1, 2)
         backward = self.direction == "backward"
         if backward:  # the backward graphs are the forward graphs of the rotated image
             img = img.flip(2, 3)
-        out = []
-        for cnn in (self.key_cnn, self.query_cnn):
-            s = cnn(img)
-            if backward:
-                s = s.flip(2, 3)
-            out.append(s.permute(0, 2, 3, 1).reshape(b, h * w, -1))
-        return out[0], out[1]
+        out = [cnn(img) for cnn in (self.key_cnn, self.query_cnn)]
+        if backward:
+            out = [s.flip(2, 3) for s in out]
+        return tuple(s.permute(0, 2, 3, 1).reshape(b, h * w, -1) for s in out)
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.height}x{self.width}, in_channels="
@@ -209,9 +172,8 @@ class PixelGraphPredictor(ScoredEmitter):
 
 
 def window_offsets(direction: str, radius: int = 1) -> List[Tuple[int, int]]:
-    """``(row, column)`` offsets of the future part of the ``(2 r + 1)^2`` window around a
-    pixel: the positions after it in raster order (forward; the 180-degree mirror for
-    backward). For ``r = 1``: right, below-left, below, below-right."""
+    """``(row, column)`` offsets of the positions after a pixel in raster order in the
+    ``(2 r + 1)^2`` window around it (the 180-degree mirror for backward)."""
     out = [(dr, dc) for dr in range(0, radius + 1) for dc in range(-radius, radius + 1)
            if (dr, dc) > (0, 0)]
     return out if direction == "forward" else [(-dr, -dc) for dr, dc in out]
@@ -219,14 +181,9 @@ def window_offsets(direction: str, radius: int = 1) -> List[Tuple[int, int]]:
 
 class PixelContextHead(torch.nn.Module):
     r"""The context head of the pixel objective (paper Sec. 3.5): from a pixel's top
-    feature :math:`f^L_t`, predict the pixels of the future part of the 3 x 3 window
-    around it (right, below-left, below and below-right for the forward network; the
-    mirror image for the backward one), each channel a 256-way categorical over its
-    8-bit value. The loss is the mean cross-entropy over the window pixels that lie
-    inside the image (nats per sub-pixel).
-
-    A categorical assumes no shape of the pixel distribution (as in PixelRNN, van den
-    Oord et al., 2016).
+    feature :math:`f^L_t`, predict the pixels of :func:`window_offsets`, each channel a
+    256-way categorical (as in PixelRNN, van den Oord et al., 2016); the loss is the mean
+    cross-entropy over the window pixels inside the image.
 
     Shapes:
         - **input:** states :math:`(P, C_{hid})`, targets :math:`(P, K, C)` (``-100``
@@ -240,8 +197,7 @@ class PixelContextHead(torch.nn.Module):
                  direction: str = "forward", radius: int = 1):
         super().__init__()
         check_direction(direction)
-        if radius < 1:
-            raise ValueError(f"radius must be >= 1, got {radius}")
+        radius = check_int("radius", radius)
         self.height, self.width, self.in_channels = height, width, in_channels
         self.direction, self.radius = direction, radius
         self.offsets = window_offsets(direction, radius)
@@ -256,13 +212,11 @@ class PixelContextHead(torch.nn.Module):
 
     def targets(self, x: Tensor, sequences: SequenceBatch, positions: Tensor,
                 direction: str) -> Tensor:
-        """``[P, K, C]`` uint8 values of the window pixels of each flat unit id in
-        ``positions`` (``-100`` outside the image)."""
+        """``[P, K, C]`` values of the window pixels of ``positions`` (-100 outside)."""
         w = self.width
         pos = sequences.position[positions]
         row, col = torch.div(pos, w, rounding_mode="floor"), pos % w
-        dr = torch.tensor([o[0] for o in self.offsets], device=x.device)
-        dc = torch.tensor([o[1] for o in self.offsets], device=x.device)
+        dr, dc = torch.tensor(self.offsets, device=x.device).unbind(1)
         r, c = row.view(-1, 1) + dr, col.view(-1, 1) + dc  # [P, K]
         valid = (r >= 0) & (r < self.height) & (c >= 0) & (c < w)
         flat = (positions.view(-1, 1) + dr * w + dc).clamp(0, x.size(0) - 1)

@@ -10,9 +10,8 @@ from torch import Tensor
 from glomo_pyg.nn.transfer import GlomoTransfer
 from glomo_pyg.pixels import check_images, check_statistics, image_units, normalize
 
-# Per-channel statistics of the CIFAR-10 training images ([0, 1] scale).
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)  # of the CIFAR-10 training images, [0, 1] scale
 DEPTHS = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}
 
 
@@ -25,26 +24,22 @@ class BasicBlock(torch.nn.Module):
         self.bn1 = torch.nn.BatchNorm2d(out_channels)
         self.conv2 = torch.nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False)
         self.bn2 = torch.nn.BatchNorm2d(out_channels)
-        self.shortcut = None
-        if stride != 1 or in_channels != out_channels:
-            self.shortcut = torch.nn.Sequential(
-                torch.nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
-                torch.nn.BatchNorm2d(out_channels))
+        self.shortcut = torch.nn.Sequential(
+            torch.nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
+            torch.nn.BatchNorm2d(out_channels)) \
+            if stride != 1 or in_channels != out_channels else None
 
     def forward(self, x: Tensor) -> Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
+        out = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
         return F.relu(out + (x if self.shortcut is None else self.shortcut(x)))
 
 
 class CifarResNet(torch.nn.Module):
     r"""ResNet-18/34 for 32x32 images: a 3x3 stem without max-pooling, four stages of
-    :class:`BasicBlock` s (``width``, 2, 4, 8 x ``width`` channels; strides 1, 2, 2,
-    2), global average pooling and a linear classifier.
+    :class:`BasicBlock` s (1, 2, 4, 8 x ``width`` channels), average pooling, a linear map.
 
     Args:
-        depth (int): 18 or 34. width (int): channels of the first stage (64 is the
-            standard network; smaller for reduced runs).
+        depth (int): 18 or 34. width (int): channels of the first stage (64: standard).
         in_channels (int): input channels. num_classes (int): outputs.
 
     Shapes:
@@ -73,10 +68,7 @@ class CifarResNet(torch.nn.Module):
         self.fc = torch.nn.Linear(channels, num_classes)
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.dim() != 4 or x.size(1) != self.in_channels:
-            raise ValueError(f"expected [B, {self.in_channels}, H, W] input, got "
-                             f"{tuple(x.shape)}")
-        out = self.blocks(self.stem(x))
+        out = self.blocks(self.stem(x))  # torch names a wrong channel count or rank
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(out, 1), 1))
 
     def __repr__(self) -> str:
@@ -90,16 +82,13 @@ class GlomoResNet(torch.nn.Module):
     .. math::
         H' = [H ;\; \mathrm{gate}(H, M_{fw} H, M_{bw} H)]
 
-    with :math:`H` the per-channel normalised pixels (one unit per position) and
-    :class:`GlomoTransfer` mixing them along a frozen pixel-graph predictor's graphs;
-    ``transfer.graph`` switches between ``'learned'``, ``'uniform'`` and ``'none'``
-    (the same gate and widths, no graphs: the baseline of the same size). Without a
-    ``transfer`` the ResNet reads :math:`H` alone.
+    with :math:`H` the normalised pixels mixed by :class:`GlomoTransfer` along a frozen
+    pixel-graph predictor's graphs; without a ``transfer`` the ResNet reads :math:`H`.
 
     Args:
-        transfer (GlomoTransfer, optional): the input stage (``in_channels`` 3).
-        depth, width, num_classes: of the :class:`CifarResNet`.
-        pixel_mean, pixel_std: per-channel statistics for :math:`H`.
+        transfer (GlomoTransfer, optional): the input stage, reading the pixel channels.
+        depth, width, num_classes: of the :class:`CifarResNet`. pixel_mean, pixel_std:
+            per-channel statistics for :math:`H`.
 
     Shapes:
         - **input:** uint8 images :math:`(B, 3, H, W)`; optionally ``propagated``, the
@@ -128,8 +117,7 @@ class GlomoResNet(torch.nn.Module):
         if self.transfer is None:
             return None
         emitter = self.transfer.predictor.predictor(self.transfer.predictor.directions[0])
-        size = (getattr(emitter, "height", None), getattr(emitter, "width", None))
-        return None if None in size else size
+        return (emitter.height, emitter.width) if hasattr(emitter, "height") else None
 
     def stage_input(self, images: Tensor) -> Tensor:
         """:math:`H` as ``[B H W, C]`` float units (raster order)."""
@@ -137,9 +125,8 @@ class GlomoResNet(torch.nn.Module):
         return h.permute(0, 2, 3, 1).reshape(-1, h.size(1))
 
     def stage(self, images: Tensor, propagated: Optional[Tensor] = None) -> Tensor:
-        """The input stage's output :math:`H'` as a ``[B, C', H, W]`` float map (the
-        normalised pixels without a ``transfer``): what the ResNet reads. Training
-        recipes may transform it (e.g. random translations) before :attr:`resnet`."""
+        """The input stage's output :math:`H'` as a ``[B, C', H, W]`` float map: what the
+        ResNet reads (training recipes may transform it before :attr:`resnet`)."""
         check_images(images, channels=len(self.pixel_mean), size=self.image_size)
         b, _, height, width = images.shape
         if self.transfer is None:

@@ -1,6 +1,5 @@
 """The scorer of paper Eq. 1: per-layer, per-head keys and queries, the bias forms and
-the normalisation that turns scores into sparse graphs. Shared by every graph emitter
-(text predictors, the ``decouple=False`` ablation, future pixel predictors)."""
+the normalisation that turns scores into sparse graphs, shared by every graph emitter."""
 from __future__ import annotations
 
 import math
@@ -15,7 +14,7 @@ from glomo_pyg import kernels
 from glomo_pyg.kernels import (bounded_keys_queries, check_graph_size,
                                column_max_scores, latent_graph_dense,
                                latent_graph_edges)
-from glomo_pyg.nn.layout import LAYOUTS, auto_layout, settle_auto, unfused_layout
+from glomo_pyg.nn.layout import auto_layout, settle_auto, unfused_layout
 from glomo_pyg.nn.settings import check_model_setting
 from glomo_pyg.ordering import DIRECTIONS
 from glomo_pyg.sequences import SequenceBatch
@@ -43,20 +42,6 @@ def resolve_head_channels(hidden_channels: int, heads: int, head_channels: Optio
     return hidden_channels // heads
 
 
-def check_layout(layout: str) -> None:
-    """The one check of a graph layout name (:data:`~glomo_pyg.nn.layout.LAYOUTS`)."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-
-
-def _may_overflow(layers_kq) -> bool:
-    """Whether some key or query is large enough for :func:`bounded_keys_queries` to
-    rescale it (one device sync)."""
-    flags = [torch.stack([(c < 1).any() for c in kernels._safe_scales(k, q)]).any()
-             for k, q in layers_kq]
-    return bool(torch.stack(flags).any())
-
-
 class GraphScorer(torch.nn.Module):
     r"""Per-layer, per-head projections and the normalisation of paper Eq. 1.
 
@@ -67,28 +52,20 @@ class GraphScorer(torch.nn.Module):
         s_{ij} = k^{l,h}_i \cdot q^{l,h}_j + b, \qquad
         G^{l,h}_{ij} = \frac{\mathrm{ReLU}(s_{ij})^2}{\sum_{i'} \mathrm{ReLU}(s_{i'j})^2}
 
-    over the allowed sources (a softmax instead with ``sparse=False``). The
-    bias is a learned scalar per layer (``bias='scalar'``, the paper) or a
-    learned per-target threshold :math:`b_j = -(w_l \cdot q^{l,h}_j + c_l)`
-    (``bias='threshold'``, the reference code). Both are folded into an
-    augmented dot product, so a single kernel serves every variant.
+    over the allowed sources (a softmax with ``sparse=False``). The bias is a learned
+    scalar per layer (``bias='scalar'``, the paper) or a per-target threshold
+    :math:`b_j = -(w_l \cdot q^{l,h}_j + c_l)` (``bias='threshold'``, the reference code).
 
-    With ``position='relative'`` (an extension of the paper, which gives the
-    scores no position information beyond the CNNs' windows) every layer and
-    head adds a learned function of the signed distance :math:`j - i`,
+    With ``position='relative'`` (an extension of the paper) every layer and head adds a
+    learned function of the signed distance :math:`j - i`,
 
     .. math::
         s_{ij} \mathrel{+}= \sum_{m=1}^{M} a^{l,h}_m \cos(\omega_m (j - i))
         + c^{l,h}_m \sin(\omega_m (j - i)),
 
-    a Fourier series over ``position_frequencies`` = :math:`M` frequencies from
-    :math:`\pi` down to :math:`2\pi / \text{position\_period}`
-    (:func:`relative_frequencies`): exactly an inner product, folded into the augmented
-    keys and queries, zero at initialisation (an untrained model is the paper's). Choose
-    ``position_period`` of at least twice the longest sequence; beyond the training
-    lengths it extrapolates (cut such graphs with :meth:`~glomo_pyg.LatentGraphs.within`).
-
-    ``position='grid'`` is a separable sum of two such series over the row and column
+    over ``position_frequencies`` = :math:`M` frequencies (:func:`relative_frequencies`),
+    zero at initialisation; choose ``position_period`` of at least twice the longest
+    sequence. ``position='grid'``: the sum of two such series over the row and column
     offsets of an image in raster order (``grid_width`` columns).
     """
 
@@ -98,62 +75,52 @@ class GraphScorer(torch.nn.Module):
                  position: Optional[str] = None, position_frequencies: int = 16,
                  position_period: float = 512.0, grid_width: Optional[int] = None):
         super().__init__()
-        for name, value, allowed in (("bias", bias, BIASES), ("position", position, POSITIONS),
-                                     ("direction", direction, DIRECTIONS)):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-        # checked even without a distance term: what is saved must load
-        check_model_setting("position_frequencies", position_frequencies)
-        check_model_setting("position_period", position_period)
+        wrong = [f"{name} must be one of {allowed}, got {value!r}" for name, value, allowed in
+                 (("bias", bias, BIASES), ("position", position, POSITIONS),
+                  ("direction", direction, DIRECTIONS)) if value not in allowed]
         if (position == "grid") != (grid_width is not None) or (
                 grid_width is not None and (not isinstance(grid_width, int) or grid_width < 1)) \
                 or min(in_channels, num_layers, heads, head_channels) <= 0:
-            raise ValueError(f"in_channels, num_layers, heads and head_channels must be "
-                             f"positive, and position='grid' needs grid_width, a positive "
-                             f"integer (the image width), and only it takes one; got "
-                             f"{(in_channels, num_layers, heads, head_channels)}, position="
-                             f"{position!r}, grid_width={grid_width!r}")
+            wrong.append(f"in_channels, num_layers, heads and head_channels must be positive, "
+                         f"and position='grid' needs grid_width, a positive integer (the "
+                         f"image width), and only it takes one; got "
+                         f"{(in_channels, num_layers, heads, head_channels)}, position="
+                         f"{position!r}, grid_width={grid_width!r}")
+        if wrong:
+            raise ValueError("; ".join(wrong))
+        # checked even without a distance term: what is saved must load
+        check_model_setting("position_frequencies", position_frequencies)
+        check_model_setting("position_period", position_period)
         self.num_layers, self.heads, self.head_channels = num_layers, heads, head_channels
         self.bias_kind, self.sparse, self.direction = bias, sparse, direction
         self.include_self, self.block_size = include_self, block_size
         self.position, self.grid_width = position, grid_width
         axes = 2 if position == "grid" else 1
         width = heads * head_channels
-        self.key = torch.nn.ModuleList(torch.nn.Linear(in_channels, width) for _ in range(num_layers))
-        self.query = torch.nn.ModuleList(torch.nn.Linear(in_channels, width) for _ in range(num_layers))
-        if bias == "scalar":
-            self.bias = torch.nn.Parameter(torch.zeros(num_layers))
-            self.threshold = None
-        else:
-            self.bias = None
-            self.threshold = torch.nn.ModuleList(torch.nn.Linear(head_channels, 1)
-                                                 for _ in range(num_layers))
-        if position is not None:
-            self.register_buffer("frequencies", relative_frequencies(int(position_frequencies),
-                                                                     float(position_period)),
-                                 persistent=False)
-            self.position_coef = torch.nn.Parameter(
-                torch.zeros(num_layers, heads, 2, axes * int(position_frequencies)))
-        else:
-            self.frequencies, self.position_coef = None, None
+        self.key, self.query = (
+            torch.nn.ModuleList(torch.nn.Linear(in_channels, width) for _ in range(num_layers))
+            for _ in range(2))
+        scalar = bias == "scalar"
+        self.bias = torch.nn.Parameter(torch.zeros(num_layers)) if scalar else None
+        self.threshold = None if scalar else torch.nn.ModuleList(
+            torch.nn.Linear(head_channels, 1) for _ in range(num_layers))
+        self.register_buffer("frequencies", None if position is None else relative_frequencies(
+            int(position_frequencies), float(position_period)), persistent=False)
+        self.position_coef = None if position is None else torch.nn.Parameter(
+            torch.zeros(num_layers, heads, 2, axes * int(position_frequencies)))
         self.reset_parameters()
 
     def reset_parameters(self):
-        for lin in (*self.key, *self.query):
+        for lin in (*self.key, *self.query, *(self.threshold or ())):
             lin.reset_parameters()
-        if self.bias is not None:
-            torch.nn.init.zeros_(self.bias)
-        else:
-            for lin in self.threshold:
-                lin.reset_parameters()
-        if self.position_coef is not None:
-            torch.nn.init.zeros_(self.position_coef)
+        for param in (self.bias, self.position_coef):
+            if param is not None:
+                torch.nn.init.zeros_(param)
 
     def relative_bias(self, layer: int, distance: Tensor) -> Tensor:
         """The learned position term of layer ``layer`` at signed distances ``j - i``:
-        ``[H, *distance.shape]`` (zeros without a position term). With
-        ``position='grid'`` ``distance`` is ``[..., 2]`` signed (row, column) offsets
-        and the result ``[H, ...]``."""
+        ``[H, *distance.shape]`` (zeros without a position term); with ``position='grid'``,
+        ``[H, ...]`` at ``[..., 2]`` signed (row, column) offsets."""
         grid = self.position == "grid"
         if grid and distance.size(-1) != 2:
             raise ValueError("position='grid' takes [..., 2] (row, column) offsets")
@@ -170,8 +137,7 @@ class GraphScorer(torch.nn.Module):
         return (a.view(view) * cos + c.view(view) * sin).sum(-1)
 
     def _position_features(self, layer: int, t: int, like: Tensor) -> Tuple[Tensor, Tensor]:
-        """``[1, 1, T, 2M]`` key features and ``[1, H, T, 2M]`` query features whose inner
-        product is :meth:`relative_bias` at ``j - i``."""
+        """Key ``[1, 1, T, 2M]`` and query ``[1, H, T, 2M]`` features: :meth:`relative_bias`."""
         pos = torch.arange(t, device=like.device, dtype=torch.float64)
         if self.position == "grid":  # (row, column) of each raster position
             w = self.grid_width
@@ -188,24 +154,21 @@ class GraphScorer(torch.nn.Module):
 
     def augmented(self, layer: int, key_states: Tensor, query_states: Tensor,
                   detach_bias: bool = False) -> Tuple[Tensor, Tensor]:
-        """Per-head ``[B, H, T, D + 1]`` keys and queries with the bias folded in,
-        so that ``key_aug[i] . query_aug[j] = s_ij`` (``detach_bias``: no gradient
-        to the scalar bias, which all heads of the layer share)."""
+        """Per-head ``[B, H, T, D + 1]`` keys and queries with the bias folded in:
+        ``key_aug[i] . query_aug[j] = s_ij`` (``detach_bias``: no gradient to the bias)."""
         b, t, _ = key_states.shape
         k = self.key[layer](key_states).view(b, t, self.heads, -1).transpose(1, 2)
         q = self.query[layer](query_states).view(b, t, self.heads, -1).transpose(1, 2)
         ones = k.new_ones(b, self.heads, t, 1)
         if self.bias is not None:
             bias = self.bias[layer].detach() if detach_bias else self.bias[layer]
-            k, q = torch.cat([k, ones], -1), torch.cat([q, bias.expand_as(ones)], -1)
         else:
             thr = self.threshold[layer]  # s = (k - w) . q - c
-            k, q = (torch.cat([k - thr.weight.view(-1), ones], -1),
-                    torch.cat([q, (-thr.bias).expand_as(ones)], -1))
-        # Under autocast the projections are half precision while the folded bias and
-        # threshold are float32 parameters, so k and q can differ in dtype: score both in
-        # the wider one (the fused kernel needs one dtype, and it keeps thresholds exact),
-        # before the position features are appended in that dtype.
+            k, bias = k - thr.weight.view(-1), -thr.bias
+        k, q = torch.cat([k, ones], -1), torch.cat([q, bias.expand_as(ones)], -1)
+        # under autocast the projections are half precision but the folded bias and
+        # threshold float32: score both in the wider dtype (the fused kernel needs one,
+        # and it keeps thresholds exact)
         dtype = torch.promote_types(k.dtype, q.dtype)
         k, q = k.to(dtype), q.to(dtype)
         if self.position_coef is None:
@@ -214,35 +177,27 @@ class GraphScorer(torch.nn.Module):
         return (torch.cat([k, pk.expand(b, self.heads, -1, -1)], -1),
                 torch.cat([q, pq.expand(b, -1, -1, -1)], -1))
 
-    def dense(self, layer: int, key_states: Tensor, query_states: Tensor,
-              sequences: SequenceBatch) -> Tensor:
-        """Graph layer ``layer`` as dense ``[B, H, T, T]`` blocks (the dense layout)."""
-        k, q = self.augmented(layer, key_states, query_states)
-        return latent_graph_dense(k, q, sequences.lengths, direction=self.direction,
-                                  include_self=self.include_self,
-                                  normalization="relu2" if self.sparse else "softmax")
+    def _edges(self, k: Tensor, q: Tensor, sequences: SequenceBatch):
+        return latent_graph_edges(k, q, sequences.lengths, sequences.ptr,
+                                  direction=self.direction, include_self=self.include_self,
+                                  normalization="relu2" if self.sparse else "softmax",
+                                  block_size=self.block_size, check=False, sizes=sequences.sizes)
 
     def column_max(self, layer: int, key_states: Tensor, query_states: Tensor,
                    sequences: SequenceBatch) -> Tensor:
-        """``[B, H, T]`` largest score of each target of graph layer ``layer`` over its
-        allowed sources (``-inf`` where it has none): a column has an edge iff it is
-        positive (:func:`~glomo_pyg.kernels.column_max_scores`). No gradient
-        reaches the shared scalar bias: raising it would revive a dying head by
-        flattening every head of the layer."""
+        """``[B, H, T]`` largest score of each target over its allowed sources
+        (:func:`~glomo_pyg.kernels.column_max_scores`); no gradient reaches the shared scalar
+        bias (raising it would flatten every head of the layer)."""
         k, q = self.augmented(layer, key_states, query_states, detach_bias=True)
         return column_max_scores(k, q, sequences.lengths, direction=self.direction,
                                  include_self=self.include_self, block_size=self.block_size)
 
     def emit(self, key_states: Tensor, query_states: Tensor, sequences: SequenceBatch,
              layout: str = "sparse", layers=None) -> LatentGraphs:
-        """All (or the given) graph layers as :class:`LatentGraphs` in ``layout``
-        (``'auto'``: dense blocks when they fit and are dense enough, see
-        :mod:`glomo_pyg.nn.layout`).
-
-        Too large a batch for :data:`~glomo_pyg.kernels.MAX_GRAPH_PAIRS` raises
-        ``ValueError`` before anything is allocated (``'auto'`` then takes the fused
-        layout). Keys and queries are trusted (no device sync)."""
-        check_layout(layout)
+        """All (or the given) graph layers as :class:`LatentGraphs` in ``layout``, from trusted
+        keys and queries (no device sync); ``ValueError`` before allocating anything for too
+        large a batch (:data:`~glomo_pyg.kernels.MAX_GRAPH_PAIRS`; ``'auto'``: fused)."""
+        check_model_setting("layout", layout)
         layers = range(self.num_layers) if layers is None else layers
         b, t, n = sequences.num_sequences, sequences.max_len, sequences.num_nodes
         meta = dict(direction=self.direction, sequences=sequences, include_self=self.include_self)
@@ -259,9 +214,9 @@ class GraphScorer(torch.nn.Module):
                 flex.check_fusable(*kq)
             if self.sparse:  # exact rescaling: FlexAttention's 2 log(s) never sees s = inf
                 layers_kq = [bounded_keys_queries(k, q) for k, q in layers_kq]
-                return LatentGraphs.from_trusted_fused(layers_kq, normalization=normalization,
-                                                       **meta)
-            if not _may_overflow(layers_kq):
+            # softmax: would bounded_keys_queries rescale some key or query? (one sync)
+            if self.sparse or not bool(torch.stack([(c < 1).any() for kq in layers_kq
+                                                    for c in kernels._safe_scales(*kq)]).any()):
                 return LatentGraphs.from_trusted_fused(layers_kq, normalization=normalization,
                                                        **meta)
             if requested != "auto":
@@ -271,11 +226,7 @@ class GraphScorer(torch.nn.Module):
             layout = unfused_layout(b, self.heads, t)
             check_graph_size("sparse", b, n, t, self.heads, self.include_self)
         if layout == "sparse":
-            edges = [latent_graph_edges(k, q, sequences.lengths, sequences.ptr,
-                                        direction=self.direction, include_self=self.include_self,
-                                        normalization=normalization, block_size=self.block_size,
-                                        check=False, sizes=sequences.sizes)
-                     for k, q in layers_kq]
+            edges = [self._edges(k, q, sequences) for k, q in layers_kq]
             return LatentGraphs.from_trusted_edges(*map(list, zip(*edges)), num_heads=self.heads,
                                                    **meta)
         graphs = LatentGraphs.from_trusted_dense(
@@ -288,12 +239,7 @@ class GraphScorer(torch.nn.Module):
                 sequences: SequenceBatch) -> Tuple[Tensor, Tensor, Tensor]:
         """Edges ``(edge_index, edge_weight, edge_head)`` of graph layer ``layer``
         from padded ``[B, T, C]`` states."""
-        k, q = self.augmented(layer, key_states, query_states)
-        return latent_graph_edges(k, q, sequences.lengths, sequences.ptr,
-                                  direction=self.direction, include_self=self.include_self,
-                                  normalization="relu2" if self.sparse else "softmax",
-                                  block_size=self.block_size, check=False,
-                                  sizes=sequences.sizes)
+        return self._edges(*self.augmented(layer, key_states, query_states), sequences)
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}(layers={self.num_layers}, heads={self.heads}, "

@@ -1,16 +1,13 @@
 """Every architecture setting of the graph predictors and the pretraining model, declared
-once (:class:`ModelSettings`) with its rule and default. The constructors check their
-arguments with these rules (:func:`check_model_setting`) and take their defaults from
-:data:`TEXT_DEFAULTS` / :data:`IMAGE_DEFAULTS`, ``glomo pretrain`` checks its ``model``
-section with them, and :func:`~glomo_pyg.load_pretrained` checks a saved predictor's
-``config.json`` (the :data:`SAVED_SETTINGS`) with them, so a value is refused with the
-same words wherever it comes from (tests/test_defaults_once.py keeps it so)."""
+once (:class:`ModelSettings`) with its rule and default: constructors, ``glomo pretrain``
+and :func:`~glomo_pyg.load_pretrained` check values with the same rules and words."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple, Type
 
+from glomo_pyg.nn.layout import LAYOUTS
 from glomo_pyg.pixels import IMAGENET_MEAN, IMAGENET_STD
 from glomo_pyg.settings import Rule, rules, setting
 
@@ -21,19 +18,10 @@ MAX_SIDE = 1 << 16  # channels, pixels per side
 MAX_DEPTH = 1024  # layers, heads
 
 
-def _layouts():
-    from glomo_pyg.nn.layout import LAYOUTS
-
-    return LAYOUTS
-
-
 @dataclass
 class ModelSettings:
     """The architecture settings, with the text model's defaults (:meth:`Glomo.text
-    <glomo_pyg.Glomo.text>`; the image model's are :data:`IMAGE_DEFAULTS`). A saved
-    predictor's ``config.json`` holds the settings of its emitter class; ``glomo
-    pretrain``'s ``model`` section those of ``Glomo.text`` or ``Glomo.image`` and
-    ``layout``."""
+    <glomo_pyg.Glomo.text>`; the image model's are :data:`IMAGE_DEFAULTS`)."""
 
     # what the data fix
     num_tokens: Optional[int] = setting(None, low=1, high=MAX_VOCABULARY,
@@ -94,8 +82,7 @@ class ModelSettings:
     keep_alive: float = setting(0.0, low=0, doc="weight of the dead-head penalty")
     keep_alive_margin: float = setting(0.1, low=0, low_open=True, doc="its margin")
     entropy_penalty: float = setting(0.0, low=0, doc="weight of the column-entropy penalty")
-    layout: str = setting("sparse", choices=_layouts,
-                          doc="graph layout at run time (not saved)")
+    layout: str = setting("sparse", choices=LAYOUTS, doc="graph layout at run time (not saved)")
 
 
 MODEL_RULES: Dict[str, Rule] = rules(ModelSettings)
@@ -118,7 +105,6 @@ SAVED_SETTINGS: Tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Model
 
 def check_model_setting(name: str, value: Any, error: Type[Exception] = ValueError,
                         key: Optional[str] = None, **how) -> Any:
-    """``value`` checked (and normalised) by the declared rule of setting ``name``;
-    ``error`` names ``key`` (default: ``name``); ``how``: :meth:`Rule.check
-    <glomo_pyg.settings.Rule.check>`'s ``show`` and ``typed``."""
+    """``value`` checked (and normalised) by the rule of setting ``name``; ``error`` names
+    ``key`` (default: ``name``); ``how``: :meth:`~glomo_pyg.settings.Rule.check`'s options."""
     return MODEL_RULES[name].check(name if key is None else key, value, error, **how)

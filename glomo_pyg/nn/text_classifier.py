@@ -1,6 +1,5 @@
-"""The paper's text-classification setting (Sec. 4.1, IMDB): word vectors -> BiGRU/BiLSTM
--> self-attention -> pooling -> classifier, with GLoMo graphs added at the embeddings
-and/or after the first recurrent layer."""
+"""The paper's text-classification setting (Sec. 4.1, IMDB), with GLoMo graphs added at
+the embeddings and/or after the first recurrent layer."""
 from __future__ import annotations
 
 import numbers
@@ -13,6 +12,7 @@ from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
 from glomo_pyg.graphs.storage import EdgeStorage
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 from glomo_pyg.nn.transfer import GRAPHS, GlomoTransfer
+from glomo_pyg.ordering import DIRECTIONS
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
 PLACES = ("embedding", "rnn")
@@ -21,7 +21,7 @@ RNNS = ("gru", "lstm")
 
 class GlomoTextClassifier(torch.nn.Module):
     r"""Sequence classifier of the paper's IMDB experiments, one code path for every
-    variant.
+    variant (docs/text.md).
 
     .. math::
         E = \mathrm{emb}(x) \;\to\; [E ; \mathrm{gate}(E, M E)]^{\text{(embedding)}}
@@ -29,42 +29,19 @@ class GlomoTextClassifier(torch.nn.Module):
         \;\to\; \mathrm{BiRNN}_{2..} \;\to\; \mathrm{SelfAttn} \;\to\;
         [\max ; \mathrm{mean}] \;\to\; \mathrm{MLP}
 
-    ``rnn_layers=0`` (not in the paper) maps the features straight to the self-attention,
-    so word order is seen only through the graphs. Variants:
-
-    * ``predictor=None`` (or ``places=()``): the feature-only baseline, no graphs;
-    * ``places=('embedding',)``: GLoMo on the word vectors (paper Table 1);
-    * ``places=('rnn',)`` or both: GLoMo on the first RNN layer's states;
-    * ``graph='uniform'``: the same model with uniform graphs (Table 2);
-    * ``graph='adjacent'``: graphs of the neighbouring word only, which the mixture
-      chains to the nearest ``L`` words per direction (a control, not in the paper:
-      does a learned graph transfer more than locality?);
-    * a predictor pretrained under an ablation gives that ablation's row.
-
-    Graphs are computed once per batch from the token ids and reused at every place; for
-    a fixed set of documents :class:`TextGraphCache` computes them once, to pass to
-    :meth:`forward` as ``graphs`` (same logits and gradients).
+    ``predictor=None`` or ``places=()`` is the feature-only baseline. Both places share
+    the batch's graphs; :class:`TextGraphCache` computes them once for fixed documents.
 
     Args:
-        embedding (Tensor): ``[V, d]`` initial word vectors (e.g. from
-            :func:`~glomo_pyg.data.embedding_matrix`); row ``padding_idx`` is padding.
-        num_classes (int): output classes.
-        predictor (PretrainedGraphPredictor, optional): frozen graph predictor over the
-            same vocabulary.
+        embedding (Tensor): ``[V, d]`` initial word vectors; row ``padding_idx`` is padding.
+        num_classes (int): output classes. predictor (PretrainedGraphPredictor, optional):
+            frozen graph predictor over the same vocabulary.
         places (sequence of str): where graphs are added: ``'embedding'``, ``'rnn'``.
-        graph (str): ``'learned'``, ``'uniform'``, ``'adjacent'`` or ``'none'`` (see
-            :class:`GlomoTransfer`).
-        hidden_channels (int): RNN width per direction (the attention's width is twice
-            it). rnn (str): ``'gru'`` or ``'lstm'`` (unused when ``rnn_layers=0``).
-        rnn_layers (int): recurrent layers (>= 2 when graphs go after the first; 0: none,
-            see above).
+        graph, mixing, max_distance: of :class:`GlomoTransfer`.
+        hidden_channels (int): RNN width per direction. rnn (str): ``'gru'`` or ``'lstm'``.
+        rnn_layers (int): recurrent layers (>= 2 with ``'rnn'`` in places; 0: none).
         attention_heads (int): heads of the self-attention layer.
-        freeze_embedding (bool): keep the word vectors fixed (the "transfer feature" is
-            used as is). dropout (float): on embeddings, RNN outputs (or the linear map
-            that replaces them) and the classifier.
-        mixing (str): mixture weights of :class:`GlomoTransfer`.
-        max_distance (int, optional): the longest edge kept in the graphs (see
-            :class:`GlomoTransfer`); default: no limit.
+        freeze_embedding (bool): keep the word vectors fixed. dropout (float): dropout.
 
     Shapes:
         - **input:** token ids :math:`(N)` (flat, int64 or int32), sorted ``batch`` :math:`(N)`,
@@ -82,34 +59,32 @@ class GlomoTextClassifier(torch.nn.Module):
                  max_distance: Optional[int] = None):
         super().__init__()
         places = tuple(places) if predictor is not None else ()
-        if embedding.dim() != 2 or not embedding.dtype.is_floating_point or \
-                embedding.size(0) < 1 or embedding.size(1) < 1 or \
-                not bool(torch.isfinite(embedding).all()):  # NaN logits otherwise, silently
-            raise ValueError(f"embedding must be a float [V, d] matrix without NaN or Inf, got "
-                             f"{tuple(embedding.shape)} {embedding.dtype}")
-        vocab = embedding.size(0)
+        # NaN or Inf in the word vectors would give NaN logits, silently
+        matrix = isinstance(embedding, Tensor) and embedding.dim() == 2 and \
+            embedding.dtype.is_floating_point and embedding.numel() > 0 and \
+            bool(torch.isfinite(embedding).all())
+        vocab = embedding.size(0) if matrix else 0
 
         def integer(value, low: int) -> bool:
             return not isinstance(value, bool) and isinstance(value, int) and value >= low
 
-        # (argument, value, whether it is sound, what it must be)
         for name, value, ok, must in (
+                ("embedding", (tuple(embedding.shape), embedding.dtype)
+                 if isinstance(embedding, Tensor) else type(embedding).__name__, matrix,
+                 "be a float [V, d] matrix without NaN or Inf"),
                 ("places", places, set(places) <= set(PLACES), f"be among {PLACES}"),
                 ("rnn", rnn, rnn in RNNS, f"be one of {RNNS}"),
                 ("graph", graph, graph in GRAPHS, f"be one of {GRAPHS}"),
                 ("num_classes", num_classes, integer(num_classes, 2), "be an integer >= 2"),
-                ("rnn_layers", rnn_layers, integer(rnn_layers, 0), "be an integer >= 0"),
-                ("rnn_layers", rnn_layers, "rnn" not in places or integer(rnn_layers, 2),
-                 "be >= 2: graphs after the first RNN layer need rnn_layers >= 2"),
+                ("rnn_layers", rnn_layers, integer(rnn_layers, 2 if "rnn" in places else 0),
+                 "be an integer >= 0, and >= 2 for graphs after the first RNN layer "
+                 "(places 'rnn' needs rnn_layers >= 2)"),
                 ("hidden_channels", hidden_channels, integer(hidden_channels, 1),
                  "be an integer >= 1"),
-                ("attention_heads", attention_heads, integer(attention_heads, 1),
-                 "be an integer >= 1"),
-                ("attention_heads", attention_heads,
-                 not (integer(hidden_channels, 1) and integer(attention_heads, 1)) or
-                 not (2 * hidden_channels) % attention_heads,
-                 f"divide the BiRNN's width: 2 x hidden_channels must be divisible by "
-                 f"attention_heads"),
+                ("attention_heads", attention_heads, integer(attention_heads, 1) and
+                 not (integer(hidden_channels, 1) and (2 * hidden_channels) % attention_heads),
+                 "be an integer >= 1 that divides the BiRNN's width (2 x hidden_channels "
+                 "must be divisible by attention_heads)"),
                 ("dropout", dropout, 0.0 <= dropout < 1.0, "lie in [0, 1)"),
                 ("predictor", predictor, predictor is None or predictor.num_tokens == vocab,
                  f"read the classifier's vocabulary ({vocab} rows of embedding), not features "
@@ -123,15 +98,13 @@ class GlomoTextClassifier(torch.nn.Module):
         self.rnn_kind, self.padding_idx = rnn, padding_idx
         self.embedding = torch.nn.Embedding.from_pretrained(
             embedding.float(), freeze=freeze_embedding, padding_idx=padding_idx)
-        d = embedding.size(1)
-        self.glomo_embedding = GlomoTransfer(predictor, d, graph=graph, mixing=mixing,
-                                             max_distance=max_distance) \
-            if "embedding" in places else None
+        d, mix = embedding.size(1), dict(graph=graph, mixing=mixing, max_distance=max_distance)
+        self.glomo_embedding = GlomoTransfer(predictor, d, **mix) if "embedding" in places \
+            else None
         width = self.glomo_embedding.out_channels if self.glomo_embedding is not None else d
         cell = torch.nn.GRU if rnn == "gru" else torch.nn.LSTM
         self.rnns = torch.nn.ModuleList()
-        self.glomo_rnn = GlomoTransfer(predictor, 2 * hidden_channels, graph=graph,
-                                       mixing=mixing, max_distance=max_distance) \
+        self.glomo_rnn = GlomoTransfer(predictor, 2 * hidden_channels, **mix) \
             if "rnn" in places else None
         for layer in range(rnn_layers):
             self.rnns.append(cell(width, hidden_channels, batch_first=True, bidirectional=True))
@@ -151,15 +124,11 @@ class GlomoTextClassifier(torch.nn.Module):
 
     @property
     def predictor(self) -> Optional[PretrainedGraphPredictor]:
-        for module in (self.glomo_embedding, self.glomo_rnn):
-            if module is not None:
-                return module.predictor
-        return None
+        return None if self.transfer is None else self.transfer.predictor
 
     def _rnn(self, rnn, flat: Tensor, seqs) -> Tensor:
-        padded = seqs.to_padded(flat)
         packed = torch.nn.utils.rnn.pack_padded_sequence(
-            padded, seqs.lengths.cpu(), batch_first=True, enforce_sorted=False)
+            seqs.to_padded(flat), seqs.lengths.cpu(), batch_first=True, enforce_sorted=False)
         out, _ = rnn(packed)
         out, _ = torch.nn.utils.rnn.pad_packed_sequence(out, batch_first=True,
                                                         total_length=seqs.max_len)
@@ -167,60 +136,50 @@ class GlomoTextClassifier(torch.nn.Module):
 
     @property
     def transfer(self) -> Optional[GlomoTransfer]:
-        """The first :class:`GlomoTransfer` (the one whose graphs every place shares),
-        ``None`` for the feature-only baseline."""
+        """The :class:`GlomoTransfer` whose graphs every place shares (``None``: no graphs)."""
         return self.glomo_embedding or self.glomo_rnn
 
     def _given_graphs(self, graphs: DirectionalGraphs, seqs: SequenceBatch) -> DirectionalGraphs:
-        """Graphs passed to :meth:`forward`, checked against the batch they must cover
-        (graphs of other reviews with the same number of tokens would mix features
-        across the wrong reviews without any error)."""
-        transfer = self.transfer
+        """Graphs passed to :meth:`forward`, checked against the batch they must cover."""
         if not isinstance(graphs, tuple) or len(graphs) != 2 or \
                 any(g is not None and not isinstance(g, LatentGraphs) for g in graphs):
             raise TypeError(f"graphs must be DirectionalGraphs (forward, backward), got "
                             f"{type(graphs).__name__}")
-        present = tuple(d for d, g in zip(("forward", "backward"), graphs) if g is not None)
-        wanted = () if transfer is None or transfer.graph == "none" else \
-            tuple(transfer.predictor.directions)
+        present = tuple(d for d, g in zip(DIRECTIONS, graphs) if g is not None)
+        wanted = () if self.transfer is None or self.transfer.graph == "none" else \
+            tuple(self.transfer.predictor.directions)
         other = next((g for g in graphs if g is not None and (
             g.num_nodes != seqs.num_nodes or g.device != seqs.ptr.device or
             not torch.equal(g.ptr, seqs.ptr))), None)
         if present != wanted or other is not None:
             raise ValueError(
                 f"graphs hold the directions {present}, the classifier mixes {wanted} (none: "
-                f"predictor=None, places=() or graph='none' mixes no graphs: do not pass "
-                f"graphs)" if present != wanted else
-                f"graphs cover {other.num_nodes} units on {other.device}, x has "
-                f"{seqs.num_nodes} on {seqs.ptr.device}: they were computed for other reviews "
-                f"than this batch's")
+                f"predictor=None, places=() or graph='none' mixes no graphs: do not pass)"
+                if present != wanted else f"graphs cover {other.num_nodes} units on "
+                f"{other.device}, x has {seqs.num_nodes} on {seqs.ptr.device}: they were "
+                f"computed for other reviews than this batch's")
         return DirectionalGraphs(*graphs)
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None,
                 graphs: Optional[DirectionalGraphs] = None) -> Tensor:
         """``graphs``: this batch's graphs computed beforehand (:class:`TextGraphCache`),
-        used instead of running the predictor; they must cover the same reviews in the
-        same order (checked: one device sync)."""
+        for the same reviews in the same order (checked: one device sync)."""
         vocab = self.embedding.num_embeddings
-        # (the integer types an embedding indexes with, as in Glomo)
         ids = isinstance(x, Tensor) and x.dtype in (torch.int64, torch.int32) and x.dim() == 1
         low, high = torch.stack(torch.aminmax(x)).tolist() if ids and x.numel() else (0, 0)
-        if not ids or low < 0 or high >= vocab:
-            raise ValueError(f"x must be flat int64 or int32 token ids [N]: token ids must lie "
-                             f"in [0, {vocab}), got " + (f"{x.dtype} of shape {tuple(x.shape)}, "
-                                                         f"values in [{low}, {high}]"
-                                                         if isinstance(x, Tensor)
-                                                         else type(x).__name__))
-        seqs = sequence_batch(x.size(0), batch, x.device)
-        if seqs.num_sequences == 0 or min(seqs.sizes) < 1:
-            raise ValueError("every sequence needs at least one token")
-        # one set of graphs per batch, shared by both places (None for graph='none',
-        # which needs none)
-        transfer = self.transfer
+        # (an empty x is refused by sequence_batch; empty sequences would pool to NaN)
+        seqs = sequence_batch(x.size(0), batch, x.device) if ids else None
+        if not ids or low < 0 or high >= vocab or min(seqs.sizes) < 1:
+            got = f"{x.dtype} of shape {tuple(x.shape)}" if isinstance(x, Tensor) else \
+                type(x).__name__
+            if ids:
+                got += f", values in [{low}, {high}], shortest sequence {min(seqs.sizes)}"
+            raise ValueError(f"x must be flat int64 or int32 token ids [N], at least one per "
+                             f"sequence: token ids must lie in [0, {vocab}), got {got}")
         if graphs is not None:
             graphs = self._given_graphs(graphs, seqs)
-        elif transfer is not None:
-            graphs = transfer.graphs(x, seqs.batch, num_nodes=x.size(0))
+        elif self.transfer is not None:
+            graphs = self.transfer.graphs(x, seqs.batch, num_nodes=x.size(0))
         h = self.dropout(self.embedding(x))
         if self.glomo_embedding is not None:
             h = self.glomo_embedding(h, graphs=graphs)
@@ -234,43 +193,27 @@ class GlomoTextClassifier(torch.nn.Module):
         attended, _ = self.attention(padded, padded, padded, key_padding_mask=~mask,
                                      need_weights=False)
         padded = self.attention_norm(padded + attended)
-        neg = torch.finfo(padded.dtype).min
-        pooled_max = padded.masked_fill(~mask.unsqueeze(-1), neg).amax(1)
+        pooled_max = padded.masked_fill(~mask.unsqueeze(-1), torch.finfo(padded.dtype).min).amax(1)
         pooled_mean = (padded * mask.unsqueeze(-1)).sum(1) / seqs.lengths.unsqueeze(-1)
         return self.classifier(self.dropout(torch.cat([pooled_max, pooled_mean], -1)))
 
     def __repr__(self) -> str:
+        t = self.transfer
         return (f"{self.__class__.__name__}(vocab={self.embedding.num_embeddings}, "
                 f"classes={self.num_classes}, "
                 f"rnn={f'{self.rnn_kind}x{len(self.rnns)}' if self.rnns else 'none'}, "
                 f"places={self.places}, graph='{self.graph_kind}'"
-                + (f", max_distance={transfer.max_distance}"
-                   if (transfer := self.transfer) is not None and
-                   transfer.max_distance is not None else "") + ")")
+                + ("" if t is None or t.max_distance is None else
+                   f", max_distance={t.max_distance}") + ")")
 
 
-# weight dtypes a cache may store: float32 is exact; the half types halve the memory
 CACHE_WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_DIRECTIONS = ("forward", "backward")
-
-
-def _small_int_dtype(bound: int) -> torch.dtype:
-    """The narrowest integer dtype that holds ``0 .. bound``."""
-    for dtype, top in ((torch.uint8, 255), (torch.int16, 32767), (torch.int32, 2**31 - 1)):
-        if bound <= top:
-            return dtype
-    return torch.int64
 
 
 def _fingerprint(module: torch.nn.Module) -> Tuple:
-    """What tells two predictors' weights apart (names, shapes and two sums per tensor),
-    without keeping a copy of them."""
+    """What tells two predictors' weights apart, without keeping a copy of them."""
     return tuple((k, tuple(v.shape), float(v.double().sum()), float(v.double().abs().sum()))
                  for k, v in module.state_dict().items() if v.is_floating_point())
-
-
-def _exclusive_cumsum(t: Tensor, dim: int = -1) -> Tensor:
-    return t.cumsum(dim) - t
 
 
 def _check_documents(documents, num_tokens: int) -> List[Tensor]:
@@ -296,23 +239,10 @@ def _check_documents(documents, num_tokens: int) -> List[Tensor]:
 
 class TextGraphCache:
     r"""The graphs a :class:`GlomoTextClassifier` mixes its features along, computed
-    once for a fixed list of documents (:meth:`compute`) and assembled for any batch of
-    them (:meth:`graphs`), to be passed to the classifier's ``forward`` instead of
-    running the frozen predictor every epoch.
-
-    A document's graphs depend only on the frozen predictor, its token ids and
-    ``max_distance`` (never on trained parameters, dropout or the other documents), so
-    with ``float32`` weights cached graphs give the same logits and gradients. The
-    propagations are not cached (dropout changes them every step). The predictor scores
-    cached graphs in float32 even inside an autocast region.
-
-    Each layer's edges are stored by (head, document, target, source) as per-edge
-    distances :math:`|i - j|` (the smallest integer type that holds them) and weights
-    (``weight_dtype``), plus per (head, token) edge counts; a batch's edge lists are
-    rebuilt with gathers (:attr:`nbytes`). ``'uniform'`` and ``'adjacent'`` graphs are
-    built per batch from the documents' lengths.
-
-    Build it with :meth:`compute`, not with the constructor.
+    once for fixed documents (:meth:`compute`, not the constructor) and assembled for any
+    batch of them (:meth:`graphs`), to pass to the classifier's ``forward``; with
+    ``float32`` weights they give the same logits and gradients. Edges are stored as
+    distances :math:`|i - j|` and weights, plus per (head, token) edge counts.
 
     Shapes:
         - **documents:** :math:`R` tensors of :math:`(T_r)` token ids
@@ -325,12 +255,11 @@ class TextGraphCache:
                  num_layers: int, heads: int, include_self: bool, orders: Dict,
                  max_distance: Optional[int], fingerprint: Optional[Tuple],
                  layers: Optional[Dict[str, List[Dict[str, Tensor]]]] = None):
-        # (built by compute(); the fields are the cache's state)
         self.kind, self.directions = kind, tuple(directions)
         self.num_layers, self.heads, self.include_self = num_layers, heads, include_self
         self.orders, self.max_distance, self.fingerprint = orders, max_distance, fingerprint
-        self.lengths = lengths.cpu()  # [R] (host: the checks of check_documents)
-        self.tokens = tokens.cpu()  # [G] int32, the documents' tokens (ditto)
+        self.lengths = lengths.cpu()  # [R], on the host for check_documents
+        self.tokens = tokens.cpu()  # [G] int32, the documents' tokens
         self.layers = layers or {}
         device = next((l["weight"].device for d in self.layers.values() for l in d),
                       torch.device("cpu"))
@@ -351,35 +280,28 @@ class TextGraphCache:
         return sum(t.numel() * t.element_size() for d in self.layers.values() for l in d
                    for t in l.values())
 
-    # --- construction ---------------------------------------------------------------
     @classmethod
     @torch.no_grad()
     def compute(cls, model: Union["GlomoTextClassifier", GlomoTransfer],
                 documents: Sequence[Tensor], batch_size: int = 64,
                 device: Optional[Union[str, torch.device]] = None,
                 weight_dtype: torch.dtype = torch.float32) -> "TextGraphCache":
-        r"""The graphs of every document of ``documents`` (see the class docstring).
+        r"""The graphs of every document of ``documents``.
 
         Args:
-            model (GlomoTextClassifier or GlomoTransfer): whose graphs to compute (its
-                predictor, ``graph`` and ``max_distance``).
+            model (GlomoTextClassifier or GlomoTransfer): whose graphs to compute.
             documents (sequence of Tensor): one 1-D tensor of token ids per document.
-            batch_size (int): documents per predictor call (sorted by length).
-            device (torch.device, optional): where the cache is kept and batches are
-                assembled (default: the predictor's device).
+            batch_size (int): documents per predictor call.
+            device (torch.device, optional): where the cache is kept (default: predictor's).
             weight_dtype (torch.dtype): ``torch.float32`` (exact), ``torch.float16``
-                (relative error at most :math:`2^{-11}`; weights below about
-                :math:`6 \cdot 10^{-8}` become 0) or ``torch.bfloat16``.
+                (relative error at most :math:`2^{-11}`) or ``torch.bfloat16``.
         """
         transfer = cls._transfer(model)
-        for name, value, ok, must in (
-                ("batch_size", batch_size, not isinstance(batch_size, bool) and
-                 isinstance(batch_size, numbers.Integral) and batch_size >= 1,
-                 "be a positive integer"),
-                ("weight_dtype", weight_dtype, weight_dtype in CACHE_WEIGHT_DTYPES,
-                 f"be one of {CACHE_WEIGHT_DTYPES}")):
-            if not ok:
-                raise ValueError(f"{name} must {must}, got {value!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or \
+                batch_size < 1 or weight_dtype not in CACHE_WEIGHT_DTYPES:
+            raise ValueError(f"batch_size must be a positive integer and weight_dtype must be "
+                             f"one of {CACHE_WEIGHT_DTYPES}, got {batch_size!r} and "
+                             f"{weight_dtype!r}")
         p = transfer.predictor
         docs = _check_documents(documents, p.num_tokens)
         source = next(p.parameters()).device
@@ -396,16 +318,16 @@ class TextGraphCache:
         longest = int(lengths.max())
         window = longest if transfer.max_distance is None else \
             min(longest, transfer.max_distance + 1)
-        small = _small_int_dtype(window)  # distances < window, counts <= window
+        # the narrowest integer dtype for distances < window and counts <= window
+        small = next(t for t in (torch.uint8, torch.int16, torch.int32, torch.int64)
+                     if window <= torch.iinfo(t).max)
         ptr = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
-        # each chunk's edges wait in host memory and are copied once into the final
-        # tensors: the device never holds the cache twice (as a cat of the parts would)
-        parts: Dict[str, List[List[Dict[str, Tensor]]]] = {d: [] for d in p.directions}
-        starts = {d: [torch.empty(p.heads, len(docs), dtype=torch.long, device=device)
-                      for _ in range(p.num_layers)] for d in p.directions}
-        counts = {d: [torch.empty(p.heads, int(ptr[-1]), dtype=small, device=device)
-                      for _ in range(p.num_layers)] for d in p.directions}
-        stored = {d: [0] * p.num_layers for d in p.directions}  # edges so far per layer
+        # per layer: counts and run starts on the device, the edges on the host until the end
+        # (then the device holds the cache once)
+        store = {d: [dict(count=torch.empty(p.heads, int(ptr[-1]), dtype=small, device=device),
+                          start=torch.empty(p.heads, len(docs), dtype=torch.long, device=device),
+                          distance=[], weight=[]) for _ in range(p.num_layers)]
+                 for d in p.directions}
         order = sorted(range(len(docs)), key=lambda k: -docs[k].numel())  # less padding
         for first in range(0, len(order), batch_size):
             chunk = torch.tensor(order[first:first + batch_size])
@@ -416,52 +338,33 @@ class TextGraphCache:
             # where the chunk's tokens sit among all documents' tokens
             seqs = sequence_batch(x.numel(), batch.to(device), device)
             token = (ptr[chunk].to(device))[seqs.batch] + seqs.position
-            for d, g in zip(_DIRECTIONS, graphs):
-                if g is None:
-                    continue
-                g = g.to_sparse()
-                parts[d].append([])
-                for l in range(p.num_layers):
-                    edges = [t.to(device) for t in g.layer(l)]
-                    parts[d][-1].append(cls._store_layer(edges, token, seqs, chunk, counts[d][l],
-                                                         starts[d][l], stored[d][l], small,
-                                                         weight_dtype))
-                    stored[d][l] += edges[1].numel()
-        layers = {d: [dict(count=counts[d][l], start=starts[d][l],
-                           **{k: cls._joined([c[l][k] for c in parts[d]], device)
-                              for k in ("distance", "weight")})
-                      for l in range(p.num_layers)] for d in p.directions}
-        meta["fingerprint"] = _fingerprint(p)
-        return cls(**meta, layers=layers)
+            for d, g in zip(DIRECTIONS, graphs):
+                if g is not None:
+                    g = g.to_sparse()
+                    for l, layer in enumerate(store[d]):
+                        cls._store_layer([t.to(device) for t in g.layer(l)], token, seqs, chunk,
+                                         layer, small, weight_dtype)
+        layers = {d: [dict(layer, distance=torch.cat(layer["distance"]).to(device),
+                           weight=torch.cat(layer["weight"]).to(device)) for layer in store[d]]
+                  for d in p.directions}
+        return cls(**dict(meta, fingerprint=_fingerprint(p)), layers=layers)
 
     @staticmethod
     def _store_layer(edges: List[Tensor], token: Tensor, seqs: SequenceBatch, chunk: Tensor,
-                     count_out: Tensor, start_out: Tensor, stored: int, small: torch.dtype,
-                     weight_dtype: torch.dtype) -> Dict[str, Tensor]:
-        """Records one layer's edges of a chunk of documents: the incoming edges per
-        (head, token) in ``count_out`` and where each (head, document) run starts in
-        ``start_out``; returns the compact edges (host memory)."""
+                     layer: Dict, small: torch.dtype, weight_dtype: torch.dtype) -> None:
+        """Adds a chunk's edges of one layer to its ``store`` entry."""
         (src, tgt), w, h = edges
-        heads, n = count_out.size(0), seqs.num_nodes
+        heads, n = layer["count"].size(0), seqs.num_nodes
         count = torch.bincount(h * n + tgt, minlength=heads * n).view(heads, n)
-        count_out[:, token] = count.to(small)
-        # edges are in (head, document, target, source) order: each (head, document) run
-        # starts after the runs before it
+        layer["count"][:, token] = count.to(small)
+        # edges are in (head, document, target, source) order, after the earlier chunks'
         runs = torch.zeros(heads, chunk.numel(), dtype=torch.long, device=count.device)
         runs.index_add_(1, seqs.batch, count)
-        start_out[:, chunk.to(count.device)] = \
-            _exclusive_cumsum(runs.flatten()).view_as(runs) + stored
-        return dict(distance=(tgt - src).abs().to("cpu", small), weight=w.to("cpu", weight_dtype))
-
-    @staticmethod
-    def _joined(parts: List[Tensor], device: torch.device) -> Tensor:
-        """``torch.cat(parts).to(device)`` without a second copy on ``device``."""
-        out = torch.empty(sum(t.numel() for t in parts), dtype=parts[0].dtype, device=device)
-        at = 0
-        for t in parts:
-            out[at:at + t.numel()] = t
-            at += t.numel()
-        return out
+        stored = sum(t.numel() for t in layer["distance"])
+        runs = runs.flatten()
+        layer["start"][:, chunk.to(count.device)] = (runs.cumsum(0) - runs).view(heads, -1) + stored
+        layer["distance"].append((tgt - src).abs().to("cpu", small))
+        layer["weight"].append(w.to("cpu", weight_dtype))
 
     @staticmethod
     def _transfer(model) -> GlomoTransfer:
@@ -475,11 +378,9 @@ class TextGraphCache:
                              "there is nothing to precompute")
         return transfer
 
-    # --- checks against a model and documents ---------------------------------------
     def check_model(self, model: Union["GlomoTextClassifier", GlomoTransfer]) -> None:
         """Raise :class:`ValueError` unless ``model`` would compute these graphs (same
-        ``graph`` kind, ``max_distance``, graph shape and, for learned graphs, the same
-        predictor weights)."""
+        settings and, for learned graphs, the same predictor weights)."""
         transfer = self._transfer(model)
         p = transfer.predictor
         mine = (self.kind, self.max_distance, self.directions, self.num_layers, self.heads,
@@ -503,18 +404,16 @@ class TextGraphCache:
                              f"{len(documents)}: it was computed for other documents (their "
                              f"number, lengths or token ids differ)")
 
-    # --- assembly -------------------------------------------------------------------
     def graphs(self, index: Union[Tensor, Sequence[int]],
                device: Optional[Union[str, torch.device]] = None) -> DirectionalGraphs:
-        """The graphs of documents ``index``, in that order, over their concatenated
-        tokens (what :meth:`GlomoTextClassifier.forward` computes for the PyG batch of
-        those documents), on ``device`` (default: the cache's)."""
+        """The graphs of documents ``index`` over their concatenated tokens (a PyG batch
+        of them), on ``device`` (default: the cache's)."""
         index = self._check_index(index)
         lengths = self._lengths[index]
         ptr = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
         seqs = SequenceBatch.from_ptr(ptr)
         out = []
-        for d in _DIRECTIONS:
+        for d in DIRECTIONS:
             if d not in self.directions:
                 out.append(None)
             elif self.kind == "learned":
@@ -524,10 +423,9 @@ class TextGraphCache:
                 g = build(ptr, num_layers=self.num_layers, num_heads=self.heads, direction=d,
                           include_self=self.include_self, order=self.orders[d])
                 out.append(g if self.max_distance is None else g.within(self.max_distance))
-        graphs = DirectionalGraphs(*out)
         if device is not None and torch.device(device) != self.device:
-            graphs = DirectionalGraphs(*(None if g is None else g.to(device) for g in graphs))
-        return graphs
+            out = [None if g is None else g.to(device) for g in out]
+        return DirectionalGraphs(*out)
 
     def _check_index(self, index) -> Tensor:
         if not isinstance(index, Tensor):
@@ -555,14 +453,14 @@ class TextGraphCache:
         storages = []
         for layer in self.layers[direction]:
             count = layer["count"][:, token].long()  # [H, N] edges into each unit
-            before = _exclusive_cumsum(count)  # within the batch, per head
+            before = count.cumsum(-1) - count  # within the batch, per head
             # start of each (head, unit)'s edges in the store: its (head, document) run's
             # start, plus the edges of the document's earlier units
             start = layer["start"][:, index][:, seqs.batch] + before - \
                 before[:, first][:, seqs.batch]
             count, start = count.flatten(), start.flatten()
             total = int(count.sum())
-            gather = torch.repeat_interleave(start - _exclusive_cumsum(count), count,
+            gather = torch.repeat_interleave(start - count.cumsum(0) + count, count,
                                              output_size=total) + \
                 torch.arange(total, device=self.device)
             unit = torch.arange(n, device=self.device).repeat(heads)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from operator import attrgetter
 from typing import List, Optional, Sequence
 
 import torch
@@ -27,8 +28,7 @@ def _check_graph(graph: str) -> None:
 
 
 def _caller_stacklevel() -> int:
-    """``stacklevel`` for a warning raised here that points at the first frame outside
-    glomo_pyg and torch (modules, ``no_grad`` wrappers and calls in between vary)."""
+    """``stacklevel`` of the first frame outside glomo_pyg and torch (the depth varies)."""
     level, frame = 2, sys._getframe(2)
     while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
         level, frame = level + 1, frame.f_back
@@ -43,41 +43,29 @@ class GlomoTransfer(torch.nn.Module):
         H' = \big[H ;\; \mathbf{W}_1 \mathbf{z} \odot \sigma(\mathbf{W}_2 \mathbf{z})\big],
         \qquad \mathbf{z} = [H ; M_{fw} H ; M_{bw} H]
 
-    where :math:`M_{dir} H` is a :class:`GraphMixer` mixture of the
-    direction's graphs :math:`G` and hierarchical products :math:`\Lambda`, and
-    the fusion is :class:`GatedFusion`.
-
-    The predictor is frozen (no gradients, always in eval mode); only the mixture
-    weights, :math:`\gamma` and the gate are trained. ``graph`` switches the graphs
-    without changing the parameters, for the baselines:
+    where :math:`M_{dir} H` is a :class:`GraphMixer` mixture of the direction's graphs
+    :math:`G` and hierarchical products :math:`\Lambda`, and the fusion is
+    :class:`GatedFusion`. The predictor is frozen (no gradients, always in eval mode).
+    ``graph`` switches the graphs for the baselines, without changing the parameters:
 
     * ``'learned'``: the predictor's graphs for the raw units ``x``;
-    * ``'uniform'``: equal weights over the same allowed sources
-      (:meth:`LatentGraphs.uniform`); the predictor is not run;
-    * ``'adjacent'``: weight 1 on each unit's neighbour (:meth:`LatentGraphs.adjacent`;
-      not in the paper): the control for graphs that learned little beyond locality;
-    * ``'none'``: :math:`M = I` (each :math:`M_{dir} H = H`), the feature-only
-      baseline with the same gate; no graph is computed.
+    * ``'uniform'``: equal weights over the allowed sources (:meth:`LatentGraphs.uniform`);
+    * ``'adjacent'``: weight 1 on each unit's neighbour (:meth:`LatentGraphs.adjacent`);
+    * ``'none'``: :math:`M = I`, the feature-only baseline with the same gate.
 
     Args:
         predictor (PretrainedGraphPredictor): frozen graph predictor.
-        in_channels (int): width :math:`d` of :math:`H` (any width; unrelated to
-            the predictor's).
-        fusion_channels (int, optional): width of the gated part
-            (default: ``in_channels``); the output has
-            ``in_channels + fusion_channels`` channels.
+        in_channels (int): width :math:`d` of :math:`H` (any width).
+        fusion_channels (int, optional): width of the gated part. (default: ``d``)
         graph (str): ``'learned'``, ``'uniform'``, ``'adjacent'`` or ``'none'``.
         mixing, propagation, layers: options of :class:`GraphMixer`.
         max_distance (int, optional): drop the edges of the graphs this module computes
-            that span more than this many units (:meth:`LatentGraphs.within`); graphs
-            passed to :meth:`forward` are used as given. For a predictor with a learned
-            distance term applied beyond its pretraining window, give the window minus 1
-            (a ``RuntimeWarning`` says so once). Default: no limit, as in the paper.
+            that span more than this many units (:meth:`LatentGraphs.within`).
+            (default: no limit, as in the paper)
 
     Shapes:
-        - **input:** features :math:`H` :math:`(N, d)`; the predictor's input
-          for the same units ``x`` (:math:`(N)` token ids or :math:`(N, F)`) and
-          sorted ``batch`` :math:`(N)`; or precomputed ``graphs``
+        - **input:** features :math:`H` :math:`(N, d)`; the predictor's input ``x``
+          for the same units and sorted ``batch`` :math:`(N)`, or precomputed ``graphs``
         - **output:** :math:`(N, d + \text{fusion\_channels})`
     """
 
@@ -91,9 +79,9 @@ class GlomoTransfer(torch.nn.Module):
                  layers: Optional[Sequence[int]] = None, max_distance: Optional[int] = None):
         super().__init__()
         if not isinstance(predictor, PretrainedGraphPredictor):
-            raise TypeError("predictor must be a PretrainedGraphPredictor (from "
-                            "PretrainedGraphPredictor.from_pretrained(...) or Glomo.to_pretrained(...)), "
-                            f"got {type(predictor).__name__}")
+            raise TypeError(f"predictor must be a PretrainedGraphPredictor (from "
+                            f"PretrainedGraphPredictor.from_pretrained(...) or "
+                            f"Glomo.to_pretrained(...)), got {type(predictor).__name__}")
         _check_graph(graph)
         max_distance = check_max_distance(max_distance, optional=True)
         self.graph, self.max_distance = graph, max_distance
@@ -103,13 +91,8 @@ class GlomoTransfer(torch.nn.Module):
                                 predictor.directions, mixing, propagation, layers)
         self.fusion = GatedFusion(in_channels, len(predictor.directions), fusion_channels)
 
-    @property
-    def in_channels(self) -> int:
-        return self.fusion.in_channels
-
-    @property
-    def out_channels(self) -> int:
-        return self.fusion.out_channels
+    in_channels = property(attrgetter("fusion.in_channels"), doc="Width of :math:`H`.")
+    out_channels = property(attrgetter("fusion.out_channels"), doc="Width of the output.")
 
     def reset_parameters(self):
         self.mixer.reset_parameters()
@@ -123,12 +106,9 @@ class GlomoTransfer(torch.nn.Module):
     @torch.no_grad()
     def graphs(self, x: Optional[Tensor] = None, batch: Optional[Tensor] = None,
                num_nodes: Optional[int] = None) -> Optional[DirectionalGraphs]:
-        """The graphs :meth:`forward` uses under the current ``graph`` setting, for
-        computing them once and passing them to several transfer modules (e.g.
-        at the embeddings and after the first RNN layer). ``None`` for
-        ``graph='none'``. ``'uniform'`` and ``'adjacent'`` need only ``batch`` and
-        ``num_nodes`` (or ``x``). With ``max_distance`` set, longer edges are already
-        removed."""
+        """The graphs :meth:`forward` uses (``None`` for ``graph='none'``), to compute
+        once for several transfer modules. ``'uniform'`` and ``'adjacent'`` need only
+        ``batch`` and ``num_nodes`` (or ``x``)."""
         _check_graph(self.graph)  # (graph can be switched after init)
         if self.graph == "none":
             return None
@@ -148,34 +128,27 @@ class GlomoTransfer(torch.nn.Module):
         ptr = sequence_batch(num_nodes, batch, device).ptr
         p = self.predictor
         build = LatentGraphs.uniform if self.graph == "uniform" else LatentGraphs.adjacent
-        graphs = DirectionalGraphs(*(
+        return self._windowed(DirectionalGraphs(*(  # (adjacent pixels: long row-start edges)
             build(ptr, num_layers=p.num_layers, num_heads=p.heads, direction=d,
                   include_self=p.include_self, order=p.predictor(d).order)
-            if d in p.directions else None for d in ("forward", "backward")))
-        return self._windowed(graphs)  # (adjacent pixel graphs: the row-start edge is long)
+            if d in p.directions else None for d in ("forward", "backward"))))
 
     def _check_length(self, graphs: DirectionalGraphs) -> None:
-        """Warn once when graphs scored with a learned distance term cover sequences
-        longer (images larger) than the predictor was pretrained on and nothing cuts
-        them."""
-        if self._warned_length:
-            return
+        """Warn once when a learned distance term reads beyond its pretraining lengths."""
         p = self.predictor
         order = next(g.order for g in graphs if g is not None)
-        docs = "docs/training.md, 'Position information in the scores'"
-        if isinstance(order, RasterOrder):
+        raster = isinstance(order, RasterOrder)
+        if self._warned_length or (p.trained_size if raster else p.trained_length) is None:
+            return
+        if raster:
             docs = "docs/images.md, 'Crops and the window'"
-            if p.trained_size is None:
-                return
-            window = min(p.trained_size) - 1  # the offsets the term saw along both axes
-            seen = f"{p.trained_size[0]}x{p.trained_size[1]} images"
-            size = (order.height, order.width)
-            larger = size[0] > p.trained_size[0] or size[1] > p.trained_size[1]
+            (h, w), size = p.trained_size, (order.height, order.width)
+            window = min(h, w) - 1  # the offsets the term saw along both axes
+            larger, seen = size[0] > h or size[1] > w, f"{h}x{w} images"
             now = f"{size[0]}x{size[1]} images"
             far = f"row or column offsets of {window + 1} or more"
         else:
-            if p.trained_length is None:
-                return
+            docs = "docs/training.md, 'Position information in the scores'"
             window = p.trained_length - 1
             seen = f"sequences of at most {p.trained_length}"
             longest = max(g.sequences.max_len for g in graphs if g is not None)  # (host ints)
@@ -187,8 +160,7 @@ class GlomoTransfer(torch.nn.Module):
         self._warned_length = True
         warnings.warn(f"GlomoTransfer: {now}, but the predictor's learned distance term was "
                       f"pretrained on {seen}: its scores for {far} are extrapolations. Pass "
-                      f"max_distance={window} to keep only the distances it learned "
-                      f"({docs}).",
+                      f"max_distance={window} to keep only the distances it learned ({docs}).",
                       RuntimeWarning, stacklevel=_caller_stacklevel())
 
     def _windowed(self, graphs: DirectionalGraphs) -> DirectionalGraphs:
@@ -202,48 +174,37 @@ class GlomoTransfer(torch.nn.Module):
                      batch: Optional[Tensor] = None,
                      graphs: Optional[DirectionalGraphs] = None) -> Optional[Tensor]:
         """Every mixture component's propagation of ``h``, ``[D, K, N, d]``
-        (:meth:`GraphMixer.propagations`; ``None`` for ``graph='none'``). For inputs
-        ``h`` that are fixed data (e.g. normalised pixels), compute them once per
-        input and pass them to :meth:`forward` as ``propagated``: the same output,
-        without recomputing graphs and propagation every epoch."""
+        (:meth:`GraphMixer.propagations`; ``None`` for ``graph='none'``): for fixed
+        inputs ``h``, compute once and pass to :meth:`forward` as ``propagated``."""
         check_features(h, self.in_channels, name="h")
         if self.graph == "none":
             return None
-        if graphs is None:
-            graphs = self.graphs(x, batch, num_nodes=h.size(0))
-        else:
-            self._check_given_graphs(graphs, x, batch)
-        return self.mixer.propagations(h, graphs)
+        return self.mixer.propagations(h, self._graphs_for(h, x, batch, graphs))
 
-    @staticmethod
-    def _check_given_graphs(graphs: DirectionalGraphs, x: Optional[Tensor],
-                            batch: Optional[Tensor]) -> None:
-        """Graphs passed in are used as they are: ``x`` would be ignored, and a ``batch``
-        given beside them must be theirs (graphs of another batch with the same number
-        of units would mix features across the wrong sequences without any error)."""
+    def _graphs_for(self, h: Tensor, x: Optional[Tensor], batch: Optional[Tensor],
+                    graphs: Optional[DirectionalGraphs]) -> DirectionalGraphs:
+        """``graphs`` computed from ``x``, or given: then no ``x`` and only their own ``batch``."""
+        if graphs is None:
+            return self.graphs(x, batch, num_nodes=h.size(0))
         if not isinstance(graphs, tuple) or len(graphs) != 2:  # DirectionalGraphs or a pair
             raise TypeError(f"graphs must be DirectionalGraphs (forward, backward), got "
                             f"{type(graphs).__name__}")
-        if x is not None:
+        own = next((g.batch for g in graphs if isinstance(g, LatentGraphs)), None)
+        differs = batch is not None and own is not None and batch is not own and (
+            not isinstance(batch, Tensor) or batch.shape != own.shape or
+            not torch.equal(batch.to(own.device), own))
+        if x is not None or differs:
             raise ValueError("pass either x (graphs are computed from it) or graphs (used as "
-                             "given), not both")
-        present = [g for g in graphs if isinstance(g, LatentGraphs)]  # (others: the mixer)
-        if batch is not None and present:
-            own = present[0].batch
-            if batch is not own and (not isinstance(batch, Tensor) or
-                                     batch.shape != own.shape or
-                                     not torch.equal(batch.to(own.device), own)):
-                raise ValueError("batch differs from the batch the given graphs were computed "
-                                 "for")
+                             "given), not both, and with graphs only their own batch"
+                             + ("; this batch differs from theirs" if differs else ""))
+        return graphs
 
     def forward(self, h: Tensor, x: Optional[Tensor] = None, batch: Optional[Tensor] = None,
                 graphs: Optional[DirectionalGraphs] = None,
                 propagated: Optional[Tensor] = None) -> Tensor:
-        """``graphs``, when given, are used as they are (e.g. from :meth:`graphs`);
-        otherwise they are computed from ``x`` and ``batch``. ``propagated``: the
-        precomputed :meth:`propagations` of this ``h`` (then no graph is used). ``h`` must
-        be of the parameters' dtype unless autocast converts it; its values are not read
-        (no device sync)."""
+        """``graphs``, when given, are used as they are; otherwise they are computed from
+        ``x`` and ``batch``. ``propagated``: the precomputed :meth:`propagations` of
+        ``h``. ``h`` must have the parameters' dtype unless autocast converts it."""
         check_features(h, self.in_channels, name="h")
         check_dtype(h, self.fusion.transform.weight.dtype, name="h",
                     owner="GlomoTransfer's parameters")
@@ -257,11 +218,7 @@ class GlomoTransfer(torch.nn.Module):
                                  f"{tuple(getattr(propagated, 'shape', ())) or type(propagated)}")
             mixed = self.mixer.combine(propagated, h)
         else:
-            if graphs is None:
-                graphs = self.graphs(x, batch, num_nodes=h.size(0))
-            else:
-                self._check_given_graphs(graphs, x, batch)
-            mixed = self.mixer.mix(h, graphs)
+            mixed = self.mixer.mix(h, self._graphs_for(h, x, batch, graphs))
         return self.fusion.fuse(h, mixed)
 
     def __repr__(self) -> str:

@@ -1,16 +1,4 @@
-"""Checkpoints of ``glomo pretrain``: atomic writes, safe reading, where to resume from.
-
-* :class:`AtomicCheckpointIO` writes every checkpoint through
-  :func:`~glomo_pyg.atomic_files.atomic_write` (same folder, fsync, rename: Lightning's
-  own writer stages it in the system's temporary folder, and a rename across file
-  systems is a copy that a kill can cut short).
-* :func:`read_checkpoint` unpickles nothing but tensors and plain data (``weights_only``,
-  memory-mapped) and names what is wrong with a file it cannot use: corrupt
-  (:class:`CorruptCheckpointError`), holding other objects (:class:`UnsafeCheckpointError`)
-  or not a Lightning checkpoint.
-* :func:`find_resume_checkpoint` picks the newest usable checkpoint of a run folder.
-* :func:`check_checkpoint_matches` compares a checkpoint with the model a run builds.
-"""
+"""Checkpoints of ``glomo pretrain``: atomic writes, safe reading, where to resume from."""
 from __future__ import annotations
 
 import os
@@ -37,7 +25,7 @@ class CheckpointError(ValueError):
 
 
 class CorruptCheckpointError(CheckpointError):
-    """Empty, truncated or otherwise damaged checkpoint file."""
+    """Empty, truncated, damaged, or not a checkpoint of ``glomo pretrain``."""
 
 
 class UnsafeCheckpointError(CheckpointError):
@@ -49,24 +37,26 @@ class CheckpointMismatchError(CheckpointError):
 
 
 def atomic_save(obj: Any, path: str) -> None:
-    """``torch.save(obj, path)`` through :func:`~glomo_pyg.atomic_files.atomic_write`
-    (a temporary file beside ``path``, synced and renamed into place)."""
+    """``torch.save(obj, path)`` through :func:`~glomo_pyg.atomic_files.atomic_write`."""
     with atomic_write(path, "wb") as fh:
         torch.save(obj, fh)
 
 
 def stale_temporary_files(folder: str) -> List[str]:
-    """Temporary files :func:`atomic_save` left in ``folder`` when its process was killed
-    mid-write (never complete checkpoints)."""
-    if not os.path.isdir(folder):
-        return []
-    return sorted(os.path.join(folder, n) for n in os.listdir(folder)
-                  if n.startswith(".") and n.endswith(".tmp") and ".ckpt." in n)
+    """Temporary files :func:`atomic_save` left in ``folder`` when killed mid-write."""
+    return [f for f in _listed(folder) if os.path.basename(f).startswith(".")
+            and f.endswith(".tmp") and ".ckpt." in os.path.basename(f)]
+
+
+def _listed(folder: str) -> List[str]:
+    return sorted(os.path.join(folder, n) for n in os.listdir(folder)) \
+        if os.path.isdir(folder) else []
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint writer, with :func:`atomic_save` (same folder, fsync,
-    rename) for local paths."""
+    """Lightning's checkpoint writer, with :func:`atomic_save` for local paths (Lightning
+    stages files in the system's temporary folder: a rename across file systems is a
+    copy that a kill can cut short)."""
 
     def save_checkpoint(self, checkpoint: Dict[str, Any], path, storage_options=None) -> None:
         if storage_options is not None or "://" in str(path):  # remote storage: Lightning's
@@ -74,26 +64,26 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_save(checkpoint, os.fspath(path))
 
 
-def _first_sentence(text: str) -> str:
-    text = " ".join(str(text).split())
-    return text.split(". ")[0].rstrip(".") if text else "no details"
-
-
 def read_checkpoint(path: str) -> Dict[str, Any]:
     """The contents of the Lightning checkpoint ``path``, tensors memory-mapped, loaded
-    with ``weights_only=True``. Raises :class:`CorruptCheckpointError` (empty, truncated,
-    damaged), :class:`UnsafeCheckpointError` (objects other than tensors and plain data)
-    or :class:`CheckpointError` (not a Lightning checkpoint), each naming ``path``."""
+    with ``weights_only=True``.
+
+    Raises:
+        CorruptCheckpointError: empty, truncated, damaged, or not a checkpoint of
+            ``glomo pretrain``.
+        UnsafeCheckpointError: objects other than tensors and plain data.
+        CheckpointError: not a regular file.
+        OSError: the file cannot be opened.
+    """
     path = os.fspath(path)
-    try:  # (a FIFO or device would block the reads below: refused at the door)
+    try:  # (a FIFO or device would block the reads below; OSErrors name the file)
         os.close(open_regular(path, "checkpoint"))
-        size = os.path.getsize(path)
-        data = torch.load(path, map_location="cpu", weights_only=True, mmap=True) \
-            if zipfile.is_zipfile(path) else None
     except NotRegularFileError as err:
         raise CheckpointError(str(err)) from None
-    except OSError as err:
-        raise OSError(f"{path}: cannot read the checkpoint ({err.strerror or err})") from None
+    size = os.path.getsize(path)
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True, mmap=True) \
+            if zipfile.is_zipfile(path) else None
     except Exception as err:  # noqa: BLE001 (damaged archive members raise all sorts)
         found = re.search(r"\bGLOBAL ([\w.]+)", str(err))  # torch words it several ways
         if isinstance(err, pickle.UnpicklingError) and (found or "Unsupported class" in str(err)):
@@ -103,71 +93,41 @@ def read_checkpoint(path: str) -> Dict[str, Any]:
                 f"data{what}. glomo pretrain never writes such checkpoints, so this file did "
                 "not come from this run; remove it or replace it with one of the run's own "
                 "checkpoints") from None
-        raise CorruptCheckpointError(f"{path} is corrupt or truncated "
-                                     f"({_first_sentence(err)})") from None
-    if data is None:  # (an empty file too: a write cut off)
-        raise CorruptCheckpointError(f"{path} is corrupt or truncated ({size} bytes that are "
-                                     "not a complete checkpoint archive)")
+        first = " ".join(str(err).split()).split(". ")[0].rstrip(".") or "no details"
+        raise CorruptCheckpointError(f"{path} is corrupt or truncated ({first})") from None
     lightning = isinstance(data, dict) and isinstance(data.get("state_dict"), Mapping) and \
         isinstance(data.get("global_step"), int)
     record = (data.get(CHECKPOINT_KEY) or {}) if lightning else {}
     if not lightning or not isinstance(record, Mapping) or any(
             record.get(k) is not None and not isinstance(record[k], Mapping)
             for k in ("corpus", "settings")):
-        raise CheckpointError(f"{path}: its '{CHECKPOINT_KEY}' record (corpus fingerprint and "
-                              "settings) is damaged" if lightning else f"{path} is not a "
-                              "Lightning checkpoint of glomo pretrain (no state_dict and "
-                              "global_step)")
+        raise CorruptCheckpointError(
+            f"{path} is corrupt or truncated ({size} bytes that are not a complete "
+            "checkpoint archive)" if data is None else  # (an empty file too: a write cut off)
+            f"{path}: its '{CHECKPOINT_KEY}' record (corpus fingerprint and settings) is "
+            "damaged" if lightning else
+            f"{path} is not a Lightning checkpoint of glomo pretrain (no state_dict and "
+            "global_step)")
     return data
 
 
 def checkpoint_files(folder: str) -> List[str]:
-    """The ``*.ckpt`` files in ``folder``."""
-    if not os.path.isdir(folder):
-        return []
-    return sorted(os.path.join(folder, n) for n in os.listdir(folder)
-                  if n.endswith(".ckpt") and os.path.isfile(os.path.join(folder, n)))
+    return [f for f in _listed(folder) if f.endswith(".ckpt") and os.path.isfile(f)]
 
 
 def newest_checkpoint_file(folder: str) -> Optional[str]:
-    """``last.ckpt`` if present, else the ``step<N>.ckpt`` of the largest N, else any
-    ``*.ckpt`` (by file name only: nothing is read)."""
-    files = checkpoint_files(folder)
-    if not files:
-        return None
-    last = os.path.join(folder, "last.ckpt")
+    """``last.ckpt``, else the largest ``step<N>.ckpt``, else any ``*.ckpt`` (by name)."""
+    files, last = checkpoint_files(folder), os.path.join(folder, "last.ckpt")
     if last in files:
         return last
-    steps = [(int(m.group(1)), f) for f in files
-             for m in [_STEP_NAME.match(os.path.basename(f))] if m]
-    return max(steps)[1] if steps else files[-1]
+    steps = [(_claimed_step(f), f) for f in files if _claimed_step(f) >= 0]
+    return max(steps)[1] if steps else files[-1] if files else None
 
 
-def _newest_usable(files: List[str]) -> Tuple[Optional[Tuple[int, str, Dict[str, Any]]],
-                                              List[Tuple[str, CheckpointError]]]:
-    """``(step, path, contents)`` of the newest usable checkpoint, and the unusable ones."""
-    named, others = [], []
-    for f in files:
-        m = _STEP_NAME.match(os.path.basename(f))
-        (named if m else others).append((int(m.group(1)) if m else -1, f))
-    # last.ckpt first (it wins ties), then other names, then step files newest first
-    others.sort(key=lambda sf: os.path.basename(sf[1]) != "last.ckpt")
-    named.sort(key=lambda sf: -sf[0])
-    best: Optional[Tuple[int, str, Dict[str, Any]]] = None
-    bad: List[Tuple[str, CheckpointError]] = []
-    for claimed, f in others + named:
-        if best is not None and 0 <= claimed <= best[0]:
-            continue  # (a step file older than the best found is not read)
-        try:
-            data = read_checkpoint(f)
-        except UnsafeCheckpointError:
-            raise
-        except CheckpointError as err:
-            bad.append((f, err))
-            continue
-        if best is None or data["global_step"] > best[0]:
-            best = (data["global_step"], f, data)
-    return best, bad
+def _claimed_step(path: str) -> int:
+    """The N of a ``step<N>.ckpt`` file name, else -1."""
+    m = _STEP_NAME.match(os.path.basename(path))
+    return int(m.group(1)) if m else -1
 
 
 def find_resume_checkpoint(folder: str, log: Callable = print,
@@ -175,18 +135,32 @@ def find_resume_checkpoint(folder: str, log: Callable = print,
                            ) -> Optional[Tuple[str, Dict[str, Any]]]:
     """``(path, contents)`` of the newest usable checkpoint in ``folder`` (the largest
     ``global_step``; ``last.ckpt`` on ties), or None when there is no ``*.ckpt`` at all.
+    Unusable files are logged and appended to ``damaged`` when an older usable one is
+    taken instead.
 
-    Files named ``step<N>.ckpt`` whose N is below the best step found are not read.
-    Unusable files are reported through ``log`` when an older usable one is taken
-    instead; with none usable, :class:`CorruptCheckpointError` names them all. A file
-    holding unsafe objects stops the search (:class:`UnsafeCheckpointError`): someone
-    put it there, and the run folder needs a look before anything resumes from it.
-    The unusable files are appended to ``damaged`` when given (the caller sets them aside,
-    as the message says, with :func:`set_aside_damaged`)."""
+    Raises:
+        CorruptCheckpointError: no file is usable (names them all).
+        UnsafeCheckpointError: a file holds unsafe objects (the folder needs a look).
+    """
     files = checkpoint_files(folder)
     if not files:
         return None
-    best, bad = _newest_usable(files)
+    claims = {f: _claimed_step(f) for f in files}
+    # last.ckpt first (it wins ties), then other names, then step files newest first
+    order = sorted(files, key=lambda f: (1, -claims[f]) if claims[f] >= 0 else
+                   (0, os.path.basename(f) != "last.ckpt"))
+    best: Optional[Tuple[int, str, Dict[str, Any]]] = None
+    bad: List[Tuple[str, CheckpointError]] = []
+    for f in order:
+        if best is not None and 0 <= claims[f] <= best[0]:
+            continue  # (a step file older than the best found is not read)
+        try:
+            data = read_checkpoint(f)
+        except CorruptCheckpointError as err:  # (an unsafe file stops the search)
+            bad.append((f, err))
+            continue
+        if best is None or data["global_step"] > best[0]:
+            best = (data["global_step"], f, data)
     if best is None:
         reasons = "; ".join(str(err) for _, err in bad)
         raise CorruptCheckpointError(
@@ -212,8 +186,7 @@ def find_resume_checkpoint(folder: str, log: Callable = print,
 
 
 def set_aside_damaged(paths: Sequence[str]) -> None:
-    """Rename each damaged checkpoint to ``NAME.damaged`` (no longer a ``*.ckpt``): kept
-    for a look, and out of the way of the checkpoints a resumed run writes."""
+    """Rename each damaged checkpoint to ``NAME.damaged``: kept for a look, out of the way."""
     for path in paths:
         if os.path.lexists(path):
             os.replace(path, path + DAMAGED_SUFFIX)
@@ -228,9 +201,8 @@ def check_checkpoint_matches(contents: Mapping[str, Any], path: str,
                              model_settings: Optional[Mapping[str, Any]] = None,
                              limit: int = 5, ignore: Sequence[str] = ()) -> None:
     """Raise :class:`CheckpointMismatchError` naming the differences when the checkpoint's
-    weights (names and shapes) or recorded model settings (``hyper_parameters``'
-    ``model_kwargs``, except the keys in ``ignore``) differ from ``module``'s and
-    ``model_settings``."""
+    weights (names and shapes) or recorded model settings (except ``ignore``) differ from
+    ``module``'s and ``model_settings``."""
     problems: List[str] = []
     saved_settings = (contents.get("hyper_parameters") or {}).get("model_kwargs")
     if model_settings is not None and isinstance(saved_settings, Mapping):
@@ -241,8 +213,7 @@ def check_checkpoint_matches(contents: Mapping[str, Any], path: str,
         if diff:
             problems.append("settings " + "; ".join(diff[:limit])
                             + (f"; and {len(diff) - limit} more" if len(diff) > limit else ""))
-    saved = contents["state_dict"]
-    mine = module.state_dict()
+    saved, mine = contents["state_dict"], module.state_dict()
     missing = [k for k in mine if k not in saved]
     extra = [k for k in saved if k not in mine]
     shapes = [f"{k}: checkpoint {_shape(saved[k])}, this run {_shape(mine[k])}" for k in mine

@@ -9,6 +9,7 @@ import torch
 
 from glomo_pyg.analysis.statistics import (DEAD_HEAD_SHARE, GraphHealth, graph_health,
                                            graph_statistics)
+from glomo_pyg.settings import Rule
 
 HEALTH_FIELDS = ("density", "empty", "adjacent", "distance", "entropy")
 
@@ -16,36 +17,21 @@ __all__ = ["GraphStatisticsCallback"]
 
 
 class GraphStatisticsCallback(pl.Callback):
-    """Every ``every_n_steps`` training steps, emit the graphs of the current batch (no
-    gradient; its leading whole sequences up to ``max_units`` units, e.g. 8 images of
-    1024 pixels) and log, per direction:
-
-    * :func:`graph_statistics` as ``graphs/<direction>/layer<l>/...``;
-    * :func:`graph_health` per head as ``health/<direction>/layer<l>/head<h>/<name>``
-      (``density``, ``empty``, ``adjacent``, ``distance``, ``entropy``) and the uniform
-      references;
-    * in the progress bar, ``dead`` (number of dead heads over both directions) and
-      ``adj`` (mean weight on the adjacent unit over all heads; uniform graphs give
-      about ``1 / mean sequence length``).
-
-    A head that dies (more than :data:`DEAD_HEAD_SHARE` of its targets without an
-    incoming edge) raises a warning naming it, once until it recovers. With
-    TensorBoard, the edge-distance histogram is logged too.
+    """Every ``every_n_steps`` training steps, log :func:`graph_statistics` and per-head
+    :func:`graph_health` of the current batch's graphs (its leading whole sequences up to
+    ``max_units`` units), with ``dead`` and ``adj`` in the progress bar; a head that dies
+    (more than ``dead_share`` of its targets without an incoming edge) is warned about
+    once until it recovers (docs/training.md, dead heads).
     """
 
     def __init__(self, every_n_steps: int = 100, dead_share: float = DEAD_HEAD_SHARE,
                  max_units: int = 8192):
         super().__init__()
-        for name, value, ok, want in (
-                ("every_n_steps", every_n_steps, every_n_steps >= 1, ">= 1"),
-                ("dead_share", dead_share, 0 < dead_share < 1, "in (0, 1)"),
-                ("max_units", max_units, max_units >= 2, ">= 2")):
-            if not ok:
-                raise ValueError(f"{name} must be {want}, got {value}")
-        self.every_n_steps, self.dead_share = every_n_steps, dead_share
-        # the leading sequences of the batch up to this many units (at least one): the
-        # sparse edges of e.g. 64 images of 1024 pixels would not fit in memory
-        self.max_units = max_units
+        self.every_n_steps = Rule(int, low=1).check("every_n_steps", every_n_steps)
+        self.dead_share = Rule(float, low=0, high=1, low_open=True, high_open=True).check(
+            "dead_share", dead_share)
+        # (the sparse edges of e.g. 64 images of 1024 pixels would not fit in memory)
+        self.max_units = Rule(int, low=2).check("max_units", max_units)
         self._dead: Set[Tuple[str, int, int]] = set()
         self.last: Dict[str, GraphHealth] = {}
         self.history: List[Dict[str, object]] = []  # per check: step, direction, per-head health
@@ -53,11 +39,10 @@ class GraphStatisticsCallback(pl.Callback):
     def check_health(self, direction: str, health: GraphHealth, step: int) -> List[str]:
         """Warn about heads that died since the last check; returns the warnings."""
         dead = {(direction, l, h) for l, h in health.dead_heads(self.dead_share)}
-        messages = []
-        for d, l, h in sorted(dead - {x for x in self._dead if x[0] == direction}):
-            messages.append(f"step {step}: graph head {h} of layer {l} ({d}) is dead: "
-                            f"{float(health.empty[l, h]):.0%} of its targets have no incoming "
-                            "edge (see docs/training.md, dead heads)")
+        messages = [f"step {step}: graph head {h} of layer {l} ({d}) is dead: "
+                    f"{float(health.empty[l, h]):.0%} of its targets have no incoming edge "
+                    "(see docs/training.md, dead heads)"
+                    for d, l, h in sorted(dead - {x for x in self._dead if x[0] == direction})]
         self._dead = {x for x in self._dead if x[0] != direction} | dead
         for message in messages:
             warnings.warn(message, RuntimeWarning, stacklevel=2)
@@ -67,15 +52,13 @@ class GraphStatisticsCallback(pl.Callback):
         step = trainer.global_step
         if step % self.every_n_steps or not trainer.is_global_zero:
             return
-        model = pl_module.model
         x, index = pl_module.model_input(batch) if hasattr(pl_module, "model_input") else \
             (batch.x, batch.batch)
         if x.size(0) > self.max_units:  # whole leading sequences (index is sorted)
-            last = max(int(index[self.max_units - 1]), 0)
-            keep = index <= last
+            keep = index <= max(int(index[self.max_units - 1]), 0)
             x, index = x[keep], index[keep]
         with torch.no_grad():
-            graphs = model.graphs(x, index)
+            graphs = pl_module.model.graphs(x, index)
         dead, adjacent = 0, []
         for direction in ("forward", "backward"):
             g = getattr(graphs, direction)
@@ -108,6 +91,6 @@ class GraphStatisticsCallback(pl.Callback):
                         experiment.add_histogram(f"graphs/{direction}/layer{l}/edge_distance",
                                                  (ei[1] - ei[0]).abs().cpu(), step)
         if adjacent and trainer.progress_bar_callback is not None:
-            bar = trainer.progress_bar_metrics  # shown next to the loss until the next check
-            bar["dead"] = dead
-            bar["adj"] = round(float(torch.stack(adjacent).mean()), 3)
+            # shown next to the loss until the next check
+            trainer.progress_bar_metrics.update(
+                dead=dead, adj=round(float(torch.stack(adjacent).mean()), 3))

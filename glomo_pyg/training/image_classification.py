@@ -1,15 +1,6 @@
-"""Training loop for :class:`~glomo_pyg.GlomoResNet` image classifiers (paper Sec. 3.5).
-
-One recipe for every variant (baseline, GLoMo, uniform graph): SGD with Nesterov momentum,
-a one-cycle schedule, weight decay, random crops (reflection padding) and horizontal flips
-of the uint8 pixels before any graph is computed, bf16 autocast and channels-last memory
-on a GPU; the epoch with the best validation accuracy is kept. Each epoch ends with an
-atomic checkpoint, from which an interrupted run resumes with the same result.
-
-When the transfer stage's input is fixed (the normalised pixels), its propagations can be
-precomputed once per image and orientation (:func:`precompute_propagations`): the same
-output, at about the baseline's cost per epoch; not with random crops (flips are fine).
-"""
+"""Training loop for :class:`~glomo_pyg.GlomoResNet` image classifiers (paper Sec. 3.5):
+one recipe for every variant, the best validation epoch kept, an atomic checkpoint per
+epoch (docs/images.md)."""
 from __future__ import annotations
 
 import math
@@ -22,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.data.images import augment
 from glomo_pyg.nn.resnet import GlomoResNet
 from glomo_pyg.pixels import image_units
 from glomo_pyg.settings import check_settings, setting
+from glomo_pyg.training.checkpoints import atomic_save
 
 
 @dataclass
@@ -47,7 +38,7 @@ class ImageTrainConfig:
     eval_batch_size: int = setting(512, low=1)
 
     def validate(self) -> None:
-        """Every setting by its declared rule; :class:`ValueError` naming it."""
+        """Every setting by its rule; :class:`ValueError` naming it."""
         check_settings(self)
 
 
@@ -56,7 +47,8 @@ def precompute_propagations(model: GlomoResNet, images: Tensor, batch_size: int 
                             dtype: torch.dtype = torch.float16,
                             device: Optional[torch.device] = None) -> Tensor:
     """The transfer stage's :meth:`~glomo_pyg.GlomoTransfer.propagations` of each image,
-    ``[n, D, K, H W, C]`` in ``dtype`` on the CPU (graphs from the frozen predictor)."""
+    ``[n, D, K, H W, C]`` in ``dtype`` on the CPU; the same output as computing them in
+    every step when the predictor is frozen and there are no random crops."""
     if model.transfer is None or model.transfer.graph == "none":
         raise ValueError("precomputed propagations need a transfer stage with graphs")
     device = device or next(model.parameters()).device
@@ -108,29 +100,20 @@ def _check_inputs(model: GlomoResNet, train: Tuple[Tensor, Tensor], val: Tuple[T
                              f"labels [n] in [0, {classes}): the model has {classes} classes), "
                              f"got {x.dtype} {tuple(x.shape)} and labels {tuple(y.shape)}"
                              + (f" in [{low}, {high}]" if shaped else ""))
-    side = min(train[0].shape[2:])
+    side, steps = min(train[0].shape[2:]), math.ceil(len(train[0]) / config.batch_size)
     if config.crop_padding >= side or (precomputed and config.crop_padding):
-        raise ValueError(f"crop_padding {config.crop_padding} must be below the image side "
-                         f"{side}, and 0 with precomputed propagations (they cannot follow "
-                         "random crops; flips are fine)")
-
-
-def _optimizer(model: GlomoResNet, config: ImageTrainConfig, steps_per_epoch: int):
-    """SGD with Nesterov momentum and its one-cycle schedule."""
-    if math.isclose(config.warmup_fraction * config.epochs * steps_per_epoch, 1.0):
+        problem = (f"crop_padding {config.crop_padding} must be below the image side {side}, "
+                   "and 0 with precomputed propagations (they cannot follow random crops; "
+                   "flips are fine)")
+    elif math.isclose(config.warmup_fraction * config.epochs * steps, 1.0):
         # torch's one-cycle schedule divides by (warm-up steps - 1): zero here
-        raise ValueError(f"{config.epochs} epochs x {steps_per_epoch} steps with "
-                         f"warmup_fraction {config.warmup_fraction} give a warm-up of exactly "
-                         "one step, which the one-cycle schedule cannot take; change epochs, "
-                         "batch_size or warmup_fraction")
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, nesterov=True,
-                                weight_decay=config.weight_decay)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(
-        optimizer, max_lr=config.lr, total_steps=config.epochs * steps_per_epoch,
-        pct_start=config.warmup_fraction, anneal_strategy="linear", div_factor=25.0,
-        final_div_factor=1e3)
-    return optimizer, schedule
+        problem = (f"{config.epochs} epochs x {steps} steps with warmup_fraction "
+                   f"{config.warmup_fraction} give a warm-up of exactly one step, which the "
+                   "one-cycle schedule cannot take; change epochs, batch_size or "
+                   "warmup_fraction")
+    else:
+        return
+    raise ValueError(problem)
 
 
 _PROGRESS = ("epoch", "best_val", "best_epoch", "val_curve", "epoch_seconds", "best_state")
@@ -169,8 +152,7 @@ def _train_epoch(model: GlomoResNet, train: Tuple[Tensor, Tensor], config: Image
     model.train()
     order = torch.randperm(len(images), generator=gen)
     total = 0.0
-    for step in range(math.ceil(len(images) / config.batch_size)):
-        index = order[step * config.batch_size:(step + 1) * config.batch_size]
+    for index in order.split(config.batch_size):
         x = images[index]
         prop = None
         if train_propagations is not None:
@@ -205,16 +187,23 @@ def train_image_classifier(model: GlomoResNet, train: Tuple[Tensor, Tensor],
     after every epoch, and return ``dict(best_val, best_epoch, val_curve, epoch_seconds,
     state)`` with ``state`` the best epoch's weights (loaded into ``model`` too).
 
-    ``train_propagations``: precomputed propagations of the training images as they are
-    and mirrored (:func:`precompute_propagations` of ``images`` and of
-    ``images.flip(3)``), which needs ``crop_padding=0``. ``checkpoint``: a file for an
-    atomic per-epoch checkpoint; an existing one is resumed."""
+    Args:
+        train_propagations: :func:`precompute_propagations` of the training images and of
+            ``images.flip(3)`` (needs ``crop_padding=0``).
+        checkpoint: a file for an atomic per-epoch checkpoint; an existing one is resumed.
+    """
     _check_inputs(model, train, val, config, train_propagations is not None)
     device = torch.device(device) if device is not None else next(model.parameters()).device
     model.to(device)
     if device.type == "cuda":
         model.resnet.to(memory_format=torch.channels_last)
-    optimizer, schedule = _optimizer(model, config, math.ceil(len(train[0]) / config.batch_size))
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=config.lr,
+                                momentum=config.momentum, nesterov=True,
+                                weight_decay=config.weight_decay)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(  # one-cycle: warm-up, then linear decay
+        optimizer, max_lr=config.lr, pct_start=config.warmup_fraction, anneal_strategy="linear",
+        total_steps=config.epochs * math.ceil(len(train[0]) / config.batch_size),
+        div_factor=25.0, final_div_factor=1e3)
     gen = torch.Generator().manual_seed(seed)
     state = dict(epoch=0, best_val=-1.0, best_epoch=-1, val_curve=[], epoch_seconds=[],
                  best_state=None)
@@ -238,14 +227,11 @@ def train_image_classifier(model: GlomoResNet, train: Tuple[Tensor, Tensor],
                                    model.state_dict().items()}
         state["epoch"] = epoch + 1
         if checkpoint:
-            with atomic_write(checkpoint, "wb") as fh:
-                torch.save(dict(recipe=recipe, model=model.state_dict(),
-                                optimizer=optimizer.state_dict(), schedule=schedule.state_dict(),
-                                generator=gen.get_state(), **{k: state[k] for k in _PROGRESS}),
-                           fh)
+            atomic_save(dict(recipe=recipe, model=model.state_dict(),
+                             optimizer=optimizer.state_dict(), schedule=schedule.state_dict(),
+                             generator=gen.get_state(), **{k: state[k] for k in _PROGRESS}),
+                        checkpoint)
         log(f"epoch {epoch + 1}/{config.epochs}: train loss {loss:.4f}, validation "
             f"{acc:.4f}, {seconds:.1f} s")
     model.load_state_dict(state["best_state"])
-    return dict(best_val=state["best_val"], best_epoch=state["best_epoch"],
-                val_curve=state["val_curve"], epoch_seconds=state["epoch_seconds"],
-                state=state["best_state"])
+    return dict(state=state["best_state"], **{k: state[k] for k in _PROGRESS[1:5]})

@@ -1,17 +1,7 @@
-"""Stopping a training run on SIGTERM or SIGINT without losing what it learned.
-
-:class:`GracefulInterrupt` (a Lightning callback) takes over both signals while a run
-trains. The first one lets the current step finish; then the run writes a checkpoint
-(atomically, at the same point of the step as the periodic checkpoints, so a resumed run
-continues exactly) and stops with :class:`TrainingInterrupted`, whose ``exit_code`` is
-the shell's ``128 + signal`` (143 for SIGTERM, 130 for SIGINT): ``glomo pretrain && next``
-does not carry on. A second signal stops at once, without a new checkpoint.
-
-Why not Lightning's own SIGTERM handling: Lightning 2.x raises a ``SystemExit`` with
-status 0 after the step's checkpoint hook and writes no checkpoint. The callback replaces
-Lightning's handler once training starts, forwards SIGTERM to the DDP launcher's
-processes, and the ranks agree on stopping before the same step's checkpoint.
-"""
+"""Stopping a training run on SIGTERM or SIGINT without losing what it learned: the
+current step finishes, a checkpoint is written and :class:`TrainingInterrupted` raised; a
+second signal stops at once. (Lightning 2.x's own SIGTERM handling exits with status 0
+and writes no checkpoint.)"""
 from __future__ import annotations
 
 import os
@@ -25,18 +15,15 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class TrainingInterrupted(Exception):
-    """Training stopped by a signal. ``checkpoint``: the checkpoint written at ``step``
-    (None when a second signal stopped the run at once)."""
+    """Training stopped by a signal; ``checkpoint``: the one written at ``step``, or None."""
 
     def __init__(self, signum: int, step: int, checkpoint: Optional[str], detail: str = ""):
         self.signum, self.step, self.checkpoint = int(signum), int(step), checkpoint
         name = signal.Signals(self.signum).name
-        if checkpoint:
-            text = f"stopped by {name} after step {step}; checkpoint written to {checkpoint}"
-        else:
-            text = (f"stopped by {name}{detail} before step {step + 1} was done; no new "
-                    "checkpoint (--resume continues from the last one)")
-        super().__init__(text)
+        super().__init__(
+            f"stopped by {name} after step {step}; checkpoint written to {checkpoint}"
+            if checkpoint else f"stopped by {name}{detail} before step {step + 1} was done; "
+            "no new checkpoint (--resume continues from the last one)")
 
     @property
     def exit_code(self) -> int:
@@ -45,10 +32,10 @@ class TrainingInterrupted(Exception):
 
 
 class GracefulInterrupt(pl.Callback):
-    """See the module's description. ``install()`` before ``trainer.fit`` and
-    ``restore()`` after it (both no-ops outside the main thread, where Python cannot
-    handle signals). ``quiet``: do not announce the signal on stderr (the other DDP
-    processes)."""
+    """Takes over SIGTERM and SIGINT while a run trains: ``install()`` before
+    ``trainer.fit`` and ``restore()`` after it (no-ops outside the main thread). SIGTERM
+    is forwarded to the DDP launcher's processes, and the ranks agree on the step to stop
+    at. ``quiet``: do not announce the signal on stderr."""
 
     def __init__(self, checkpoint_path: str, quiet: bool = False):
         self.checkpoint_path, self.quiet = checkpoint_path, quiet
@@ -62,16 +49,12 @@ class GracefulInterrupt(pl.Callback):
         return threading.current_thread() is threading.main_thread()
 
     def install(self) -> None:
-        if not self._main_thread():
-            return
-        for signum in SIGNALS:
+        for signum in SIGNALS if self._main_thread() else ():
             self._previous.setdefault(signum, signal.getsignal(signum))
             signal.signal(signum, self._handle)
 
     def restore(self) -> None:
-        if not self._main_thread():
-            return
-        for signum, handler in self._previous.items():
+        for signum, handler in self._previous.items() if self._main_thread() else ():
             if handler is not None:
                 signal.signal(signum, handler)
         self._previous = {}

@@ -1,5 +1,4 @@
-"""The built-in main job: pretrain on the planted-dependency corpus and score
-how well the learned graphs recover the planted sources."""
+"""``glomo quickstart``: pretrain on planted dependencies and score their recovery."""
 from __future__ import annotations
 
 import os
@@ -20,9 +19,9 @@ from glomo_pyg.nn.glomo import Glomo
 from glomo_pyg.settings import Rule, check_settings, rules, setting
 from glomo_pyg.training.pretrain.config import TrainConfig, check_model_section
 from glomo_pyg.training.pretrain.module import GlomoPretraining
-from glomo_pyg.training.utils import quiet_lightning
+from glomo_pyg.training.utils import checked_lightning, quiet_lightning
 
-# Validation and test items: disjoint index ranges of the training corpus's language.
+# validation and test items: disjoint index ranges of the training corpus's language
 VALID_START, TEST_START = 10**7, 2 * 10**7
 MAX_SEQUENCES = 1 << 24  # steps x batch size: 16.8M sequences, a 134 MB shuffled index
 
@@ -37,10 +36,9 @@ _TRAIN = rules(TrainConfig)  # the settings shared with glomo pretrain, declared
 
 @dataclass
 class QuickstartConfig:
-    """Settings of ``glomo quickstart`` (defaults: a few minutes on 2 CPU cores). The
-    optimisation settings it shares with ``glomo pretrain`` (:class:`TrainConfig
-    <glomo_pyg.training.pretrain.TrainConfig>`) follow the rules declared there; the
-    ``model`` settings those of :class:`~glomo_pyg.nn.settings.ModelSettings`."""
+    """Settings of ``glomo quickstart`` (defaults: a few minutes on 2 CPU cores); those it
+    shares with ``glomo pretrain`` follow the rules of :class:`TrainConfig
+    <glomo_pyg.training.pretrain.TrainConfig>`."""
 
     steps: int = setting(1000, low=1, doc="optimiser steps")
     batch_size: int = setting(32, rule=_TRAIN["batch_size"])
@@ -63,7 +61,7 @@ class QuickstartConfig:
     progress_bar: bool = setting(True)
 
     def validate(self) -> None:
-        """Every setting by its declared rule; :class:`ValueError` naming it."""
+        """Every setting by its rule; :class:`ValueError` naming it."""
         check_settings(self)
         check_model_section(self.model, images=False)
 
@@ -105,9 +103,7 @@ class QuickstartResult:
 
     def to_dict(self) -> Dict[str, Any]:
         def rep(r: RecoveryReport):
-            return dict(per_layer=r.per_layer.tolist(), per_graph=r.per_graph.tolist(),
-                        uniform=r.uniform, previous_token=r.previous_token,
-                        num_dependencies=r.num_dependencies)
+            return {k: v.tolist() if torch.is_tensor(v) else v for k, v in vars(r).items()}
         return dict(initial_test_loss=self.initial_test_loss, final_test_loss=self.final_test_loss,
                     chosen_layer=self.chosen[0], chosen_head=self.chosen[1],
                     chosen_precision=self.chosen_precision, recovery=rep(self.recovery),
@@ -147,24 +143,15 @@ def run_quickstart(config: QuickstartConfig = QuickstartConfig()) -> QuickstartR
                               graph_warmup_steps=config.graph_warmup_steps)
     initial_loss, untrained, _ = _evaluate(module.model, test_batch)
     module.model.train()  # Lightning keeps the modes it finds
-    logger = False
-    if config.output_dir:
-        logger = pl.loggers.CSVLogger(config.output_dir, name="quickstart")
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
-
-    try:
-        with quiet_lightning():
-            trainer = pl.Trainer(max_steps=config.steps, accelerator=config.accelerator,
-                                 devices=1, gradient_clip_val=config.grad_clip, logger=logger,
-                                 enable_checkpointing=False, enable_model_summary=False,
-                                 enable_progress_bar=config.progress_bar, log_every_n_steps=10,
-                                 num_sanity_val_steps=0)
-    except (MisconfigurationException, TypeError, ImportError) as err:
-        raise ValueError(f"accelerator {config.accelerator!r}: {err}") from None
+    logger = pl.loggers.CSVLogger(config.output_dir, name="quickstart") if config.output_dir \
+        else False
+    trainer = checked_lightning(f"accelerator {config.accelerator!r}", lambda: pl.Trainer(
+        max_steps=config.steps, accelerator=config.accelerator, devices=1,
+        gradient_clip_val=config.grad_clip, logger=logger, enable_checkpointing=False,
+        enable_model_summary=False, enable_progress_bar=config.progress_bar,
+        log_every_n_steps=10, num_sanity_val_steps=0))
     start = time.perf_counter()
-    with warnings.catch_warnings(), quiet_lightning():
-        warnings.filterwarnings("ignore", ".*does not have many workers.*")
-        warnings.filterwarnings("ignore", ".*isinstance.treespec, LeafSpec.*")
+    with quiet_lightning():
         trainer.fit(module, DataLoader(train, batch_size=config.batch_size, shuffle=True))
     seconds = time.perf_counter() - start
     final_loss, recovery, density = _evaluate(module.model, test_batch)

@@ -1,7 +1,5 @@
-"""The settings reference, ``docs/settings.md``: every setting with its default, rule and
-meaning, written from the declarations (a test checks that the committed file is current:
-:data:`REFERENCE_COMMAND` rewrites it). It reads every layer's settings, so it sits at the
-top (training) layer."""
+"""The settings reference, ``docs/settings.md``, written from the declarations of every
+layer's settings (:data:`REFERENCE_COMMAND` rewrites it)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +7,6 @@ import json
 from typing import Any, List, Tuple
 
 from glomo_pyg.settings import documentation
-
 
 REFERENCE_COMMAND = ("python -c 'import glomo_pyg.training.reference as r; print(r.reference(), "
                      "end=\"\")' > docs/settings.md")
@@ -56,7 +53,8 @@ def reference() -> str:
     lines: List[str] = [
         "# Settings", "",
         "Every setting of glomo_pyg, with its default, what it may hold and what it does.",
-        "Written by `glomo_pyg.training.reference.reference()` from the declarations in the code (each",
+        "Written by `glomo_pyg.training.reference.reference()` from the declarations in the "
+        "code (each",
         "setting is declared once, as a dataclass field with its rule; see",
         "[design.md](design.md#settings)). A value that breaks its rule is refused with an",
         "error naming the dotted key, whether it comes from a YAML file, `--set`, a saved",

@@ -11,14 +11,11 @@ from glomo_pyg.settings import Rule
 
 
 class SyntaxMonitor(pl.Callback):
-    """Every ``every_n_steps`` training steps (and at the end of training), score the
-    model's graphs on a small sample of gold trees with
-    :func:`~glomo_pyg.analysis.syntax_scores` and log, per direction, the undirected
-    attachment of the best single graph, of each layer's head-averaged graph and of the
-    baselines as ``syntax/<direction>/...``. ``history`` keeps every result.
-
-    Use a split that is not the one you report on (e.g. a sample of UD English-EWT
-    train while reporting on dev).
+    """Every ``every_n_steps`` training steps (and at the end), score the model's graphs
+    on a sample of gold trees with :func:`~glomo_pyg.analysis.syntax_scores` and log the
+    undirected attachment of the best graph, each layer and the baselines as
+    ``syntax/<direction>/...``; ``history`` keeps every result. Use a split that is not
+    the one you report on.
     """
 
     def __init__(self, trees: Sequence[GoldTree], vocabulary: Sequence[str],
@@ -31,15 +28,13 @@ class SyntaxMonitor(pl.Callback):
         self.every_n_steps, self.exclude_punct = every_n_steps, exclude_punct
         self.history: List[Dict[str, Any]] = []
 
-    def check(self, model) -> None:
-        """Score ``model``'s graphs once, so that a sample with nothing to score (every
-        target punctuation, no gold arc, ...) is refused before training, not after it.
-        Raises :class:`ValueError` naming what is missing; errors of the model itself
-        pass through as they are."""
+    def check(self, model) -> "SyntaxMonitor":
+        """Score once: :class:`ValueError` if the sample has nothing to score; ``self``."""
         try:
             self._scores(model)
         except NothingToScore as err:
             raise ValueError(f"the gold trees cannot be scored: {err}") from None
+        return self
 
     def _scores(self, model):
         was_training = model.training
@@ -53,12 +48,11 @@ class SyntaxMonitor(pl.Callback):
         scores = self._scores(pl_module.model)
         out: Dict[str, float] = {}
         for d, s in scores.directions.items():
-            l, h, best = s.best("undirected")
-            out[f"syntax/{d}/best"] = best
-            for layer, value in enumerate(s.per_layer["undirected"].tolist()):
-                out[f"syntax/{d}/layer{layer}"] = value
-            for name, values in s.baselines.items():
-                out[f"syntax/{d}/{name.replace(' ', '_')}"] = values["undirected"]
+            out[f"syntax/{d}/best"] = s.best("undirected")[2]
+            out.update({f"syntax/{d}/layer{layer}": value
+                        for layer, value in enumerate(s.per_layer["undirected"].tolist())})
+            out.update({f"syntax/{d}/{name.replace(' ', '_')}": values["undirected"]
+                        for name, values in s.baselines.items()})
         return out
 
     def _log(self, trainer, pl_module) -> None:

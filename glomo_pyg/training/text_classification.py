@@ -1,5 +1,4 @@
-"""Downstream text classification with Lightning: model selection on a held-out
-validation split, one evaluation on the test set."""
+"""Downstream text classification with Lightning, selected on a validation split."""
 from __future__ import annotations
 
 import copy
@@ -19,9 +18,8 @@ from glomo_pyg.nn.text_classifier import GlomoTextClassifier, TextGraphCache
 from glomo_pyg.settings import Rule
 from glomo_pyg.training.utils import quiet_lightning
 
-# the attribute train_and_test gives each training and validation document: its row in
-# the graph cache (a name PyG's collation neither offsets, as it would '*index*', nor
-# reads as a batch vector, '*batch*')
+# each training and validation document's row in the graph cache (a name PyG's collation
+# neither offsets, as '*index*', nor reads as a batch vector, '*batch*')
 CACHE_ROW = "graph_cache_row"
 
 
@@ -31,40 +29,31 @@ def encode_documents(texts: Sequence[str], labels: Sequence[int], vocabulary: Wo
     ``max_length`` tokens; an empty document becomes one ``<unk>``) and ``y`` its label."""
     if len(texts) != len(labels):
         raise ValueError(f"{len(texts)} texts but {len(labels)} labels")
-    out = []
-    for text, label in zip(texts, labels):
-        tokens = tokenize(text, lower)[:max_length] or ["<unk>"]
-        out.append(Data(x=vocabulary.encode(tokens), y=torch.tensor([int(label)])))
-    return out
+    return [Data(x=vocabulary.encode(tokenize(text, lower)[:max_length] or ["<unk>"]),
+                 y=torch.tensor([int(label)])) for text, label in zip(texts, labels)]
 
 
 class TextClassification(pl.LightningModule):
-    """Cross-entropy training of a classifier ``model(x, batch) -> logits``; logs
-    ``train_loss``, ``val_acc``, ``test_acc``. Adam on the trainable parameters (a frozen
-    predictor and frozen word vectors have none). With ``graph_cache`` (a
-    :class:`~glomo_pyg.nn.text_classifier.TextGraphCache`), batches whose documents carry
-    their cache row (attribute ``graph_cache_row``) get their graphs from it
-    (``model(x, batch, graphs=...)``); others run the predictor, in float32 like the
-    cache."""
+    """Cross-entropy training of a classifier ``model(x, batch) -> logits`` with Adam on
+    its trainable parameters; logs ``train_loss``, ``val_acc``, ``test_acc``. With
+    ``graph_cache``, batches whose documents carry their cache row (``graph_cache_row``)
+    get their graphs from it; others run the predictor, in float32 like the cache."""
 
     def __init__(self, model: torch.nn.Module, lr: float = 1e-3, weight_decay: float = 0.0,
                  graph_cache: Optional[TextGraphCache] = None):
         super().__init__()
-        self.model, self.lr, self.weight_decay = model, lr, weight_decay
-        self.graph_cache = graph_cache
+        self.model, self.lr, self.weight_decay, self.graph_cache = model, lr, weight_decay, \
+            graph_cache
 
     def forward(self, x, batch, graphs=None):
-        if graphs is None:
-            return self.model(x, batch)
-        return self.model(x, batch, graphs=graphs)
+        return self.model(x, batch) if graphs is None else self.model(x, batch, graphs=graphs)
 
     def _logits(self, data):
         graphs, rows = None, getattr(data, CACHE_ROW, None)
         if self.graph_cache is not None and rows is not None:
             graphs = self.graph_cache.graphs(rows, device=data.x.device)
         elif self.graph_cache is not None:
-            # documents outside the cache (the test set, read once): the predictor runs,
-            # in float32 as for the cached graphs, whatever the autocast region
+            # documents outside the cache (the test set): float32, as the cached graphs
             with torch.autocast(data.x.device.type, enabled=False):
                 graphs = self.model.transfer.graphs(data.x, data.batch,
                                                     num_nodes=data.x.size(0))
@@ -121,21 +110,9 @@ class _History(pl.Callback):
 def cache_documents(model: GlomoTextClassifier, train: List[Data], val: List[Data],
                     batch_size: int = 64, device=None,
                     weight_dtype: torch.dtype = torch.float32) -> TextGraphCache:
-    """:func:`train_and_test`'s ``graph_cache``: the graphs of ``train + val`` (in this
-    order) under ``model``'s predictor, ``graph`` and ``max_distance``, which it serves
-    (e.g. every seed of a variant; :meth:`TextGraphCache.compute`)."""
+    """:func:`train_and_test`'s ``graph_cache``: the graphs of ``train + val``."""
     return TextGraphCache.compute(model, [d.x for d in list(train) + list(val)], batch_size,
                                   device, weight_dtype)
-
-
-def _with_cache_rows(items: List[Data], first: int) -> List[Data]:
-    """Shallow copies of ``items`` (the caller's stay as they are) with their cache row."""
-    out = []
-    for k, d in enumerate(items):
-        d = copy.copy(d)
-        setattr(d, CACHE_ROW, torch.tensor([first + k]))
-        out.append(d)
-    return out
 
 
 _POSITIVE_INT, _POSITIVE = Rule(int, low=1), Rule(float, low=0, low_open=True)
@@ -168,12 +145,11 @@ def train_and_test(model: torch.nn.Module, train: List[Data], val: List[Data], t
     evaluate that one once on ``test``; a non-finite training loss raises
     :class:`FloatingPointError`.
 
-    ``graph_cache`` (a :class:`~glomo_pyg.GlomoTextClassifier` that mixes graphs only):
-    the graphs of ``train`` and ``val`` computed once instead of at every step, with the
-    same results (:class:`~glomo_pyg.nn.text_classifier.TextGraphCache`): ``True``
-    computes them here (counted in ``seconds``), or pass :func:`cache_documents`'s cache,
-    which serves every run with the same predictor and graph settings. The test set,
-    read once, runs the predictor."""
+    Args:
+        graph_cache: for a :class:`~glomo_pyg.GlomoTextClassifier`, the graphs of
+            ``train`` and ``val`` computed once instead of at every step, with the same
+            results: ``True`` computes them here, or pass :func:`cache_documents`'s cache.
+    """
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     for name, value, rule in (("epochs", epochs, _POSITIVE_INT),
@@ -184,9 +160,11 @@ def train_and_test(model: torch.nn.Module, train: List[Data], val: List[Data], t
             raise ValueError(f"the {name} split is empty")
     start = time.time()
     graph_cache = _graph_cache(model, graph_cache, train, val)
-    if graph_cache is not None:
-        train, val = _with_cache_rows(train, 0), _with_cache_rows(val, len(train))
-
+    if graph_cache is not None:  # shallow copies of the documents, with their cache row
+        rows = [copy.copy(d) for d in [*train, *val]]
+        for k, d in enumerate(rows):
+            d[CACHE_ROW] = torch.tensor([k])
+        train, val = rows[:len(train)], rows[len(train):]
     pl.seed_everything(seed, workers=True, verbose=False)
     module = TextClassification(model, lr, graph_cache=graph_cache)
     gen = torch.Generator().manual_seed(seed)
@@ -198,12 +176,10 @@ def train_and_test(model: torch.nn.Module, train: List[Data], val: List[Data], t
         history = _History()
         trainer = pl.Trainer(max_epochs=epochs, accelerator=accelerator, precision=precision,
                              logger=False, callbacks=[best, history],
-                             enable_progress_bar=progress_bar,
-                             enable_model_summary=False, num_sanity_val_steps=0,
-                             deterministic=False)
+                             enable_progress_bar=progress_bar, enable_model_summary=False,
+                             num_sanity_val_steps=0, deterministic=False)
         trainer.fit(module, loaders["train"], loaders["val"])
-        state = torch.load(best.best_model_path, weights_only=True)["state_dict"]
-        module.load_state_dict(state)
+        module.load_state_dict(torch.load(best.best_model_path, weights_only=True)["state_dict"])
         test_metrics = trainer.test(module, loaders["test"], verbose=False)[0]
         best_epoch = int(os.path.basename(best.best_model_path).split("=")[1].split(".")[0])
     return ClassificationResult(val_acc=float(best.best_model_score),
@@ -214,7 +190,7 @@ def train_and_test(model: torch.nn.Module, train: List[Data], val: List[Data], t
 
 def split_train_validation(items: Sequence, validation: int, seed: int = 0):
     """A seeded random hold-out of ``validation`` items (model selection only)."""
-    if not 0 < validation < len(items):
-        raise ValueError(f"validation must lie in (0, {len(items)}), got {validation}")
+    validation = Rule(int, low=1, high=len(items) - 1).check("validation", validation,
+                                                             typed=True)
     order = torch.randperm(len(items), generator=torch.Generator().manual_seed(seed)).tolist()
     return [items[k] for k in order[validation:]], [items[k] for k in order[:validation]]

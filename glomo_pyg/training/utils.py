@@ -4,6 +4,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 # Lightning's warnings that do not apply to these jobs (in-memory data needs no loader
 # workers; a resumed run writes into its own checkpoint folder; a frozen predictor is
@@ -16,8 +19,7 @@ _NOT_APPLICABLE = ("does not have many workers", "isinstance.treespec, LeafSpec"
 
 @contextlib.contextmanager
 def quiet_lightning():
-    """Hide Lightning's informational banners (device summary, tips) and its warnings
-    that do not apply here in this job's output."""
+    """Hide Lightning's banners and its warnings that do not apply here."""
     loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
@@ -30,3 +32,16 @@ def quiet_lightning():
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+
+
+def checked_lightning(settings: str, build: Callable[[], T]) -> T:
+    """``build()``; settings Lightning refuses raise :class:`ValueError` naming them."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    try:
+        with quiet_lightning():
+            return build()
+    except (MisconfigurationException, TypeError, ImportError) as err:
+        # (ImportError: a logger, accelerator or precision plugin whose package is missing;
+        # TypeError: devices Lightning cannot parse for the accelerator)
+        raise ValueError(f"{settings}: {err}") from None

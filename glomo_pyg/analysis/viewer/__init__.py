@@ -1,6 +1,5 @@
-"""An interactive viewer of every graph of one sentence or one image
-(:func:`view`): a self-contained HTML page (data as embedded JSON, script and styles
-inline; no network) that renders inline in notebooks and saves to a file."""
+"""An interactive viewer of every graph of one sentence or one image (:func:`view`): a
+self-contained HTML page, inline in notebooks or saved to a file."""
 from glomo_pyg.analysis.viewer.page import GraphView, view, view_data
 
 __all__ = ["GraphView", "view", "view_data"]

@@ -1,7 +1,6 @@
-"""Checks made at the viewer's door: strings that are valid text, input files that are
-regular files (opened without blocking), output paths that can take the page, and
-images of more than 8 bits (or float) scaled to the 8 bits the page shows. Each error
-names the argument it is about."""
+"""Checks made at the viewer's door, each error naming the argument it is about: strings
+that are valid text, input files that are regular files (opened without blocking), output
+paths that can take the page, and images of more than 8 bits scaled to 8."""
 from __future__ import annotations
 
 import os
@@ -9,15 +8,14 @@ from typing import BinaryIO, Union
 
 import numpy as np
 
-from glomo_pyg.io.paths import NotRegularFileError, open_regular
+from glomo_pyg.io.paths import open_regular
 
 PathLike = Union[str, os.PathLike]
 
 
 def valid_text(value: str, name: str) -> str:
-    """``value`` if it encodes as UTF-8; else a :class:`ValueError` naming ``name``. A
-    lone surrogate cannot be written to the page: Python makes one of each byte of
-    ``argv`` that is not UTF-8 (``surrogateescape``), so that case names the byte."""
+    """``value`` if it encodes as UTF-8; else a :class:`ValueError` naming ``name`` (and,
+    for a byte of ``argv`` that is not UTF-8, which Python makes a lone surrogate, the byte)."""
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a string, got {type(value).__name__}")
     try:
@@ -31,29 +29,21 @@ def valid_text(value: str, name: str) -> str:
     return value
 
 
-def _no_nul(path: str, name: str) -> str:
-    # the OS would refuse it anyway, but in words ("embedded null byte") naming nothing
-    if "\0" in path:
-        raise ValueError(f"{name} holds a NUL character: {path!r} is not a file name")
-    return path
-
-
 def open_input_file(path: PathLike, name: str) -> BinaryIO:
-    """``path`` opened for binary reading if it is a regular file
-    (:func:`glomo_pyg.io.paths.open_regular`: non-blocking, checked on the descriptor);
-    a FIFO, device, socket or folder is refused at once, naming the argument."""
-    path = _no_nul(os.fspath(path), name)
+    """``path`` opened for binary reading if it is a regular file (not a FIFO, device,
+    socket or folder, refused at once without blocking, nor a name with a NUL)."""
+    path = os.fspath(path)
     try:
         return os.fdopen(open_regular(path, name), "rb")
-    except NotRegularFileError:
-        kind = "a directory, not a file" if os.path.isdir(path) else \
-            "not a regular file (a FIFO, device or socket)"
-        raise ValueError(f"{name} {path} is {kind}") from None
+    except ValueError:  # NotRegularFileError, or os.open refusing a NUL
+        problem = f"holds a NUL character: {path!r} is not a file name" if "\0" in path else \
+            f"{path} is a directory, not a file" if os.path.isdir(path) else \
+            f"{path} is not a regular file (a FIFO, device or socket)"
+        raise ValueError(f"{name} {problem}") from None
 
 
 def check_input_file(path: PathLike, name: str) -> str:
-    """Refuse ``path`` unless it is a regular file (see :func:`open_input_file`), for
-    readers that take a path."""
+    """Refuse ``path`` unless it is a regular file (see :func:`open_input_file`)."""
     path = os.fspath(path)
     open_input_file(path, name).close()
     return path
@@ -63,28 +53,29 @@ def check_output_path(path: PathLike, name: str) -> str:
     """Refuse, before any work, a page path that cannot be written as a file: empty, with
     a NUL, ending in a separator, an existing folder or non-regular file (the page would
     replace it), or under a file. Missing folders are fine (they are created)."""
-    path = _no_nul(os.fspath(path), name)
-    problem = "is empty" if not path else "is a directory" if os.path.isdir(path) else \
-        "ends with a separator" if path.endswith((os.sep, os.altsep or os.sep)) else \
-        "is not a regular file (a FIFO, device or socket): the page would replace it" \
-        if os.path.lexists(path) and not os.path.isfile(path) else None
-    if problem:
-        raise ValueError(f"{name}{' ' + path if path else ''} {problem}: give the page's file "
-                         "name (e.g. graphs.html)")
-    parent = os.path.dirname(os.path.abspath(path))
+    path = os.fspath(path)
+    hint = ": give the page's file name (e.g. graphs.html)"
+    parent = os.path.dirname(os.path.abspath(path)) if path and "\0" not in path else os.sep
     while not os.path.lexists(parent):  # the folders that will be created
         parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise ValueError(f"{name} {path}: {parent} is a file, not a folder")
+    problem = (
+        "is empty" + hint if not path else
+        f"holds a NUL character: {path!r} is not a file name" if "\0" in path else
+        f"{path} is a directory" + hint if os.path.isdir(path) else
+        f"{path} ends with a separator" + hint if path.endswith((os.sep, os.altsep or "/")) else
+        f"{path} is not a regular file (a FIFO, device or socket): the page would replace it"
+        + hint if os.path.lexists(path) and not os.path.isfile(path) else
+        f"{path}: {parent} is a file, not a folder" if not os.path.isdir(parent) else None)
+    if problem:
+        raise ValueError(f"{name} {problem}")
     return path
 
 
 def to_uint8(pixels: np.ndarray, where: str) -> np.ndarray:
-    """``pixels`` (a PIL image's array of more than 8 bits, or float) as the 8 bits the
-    page shows, instead of Pillow's clipping (16-bit: all white) or truncation (float in
-    [0, 1]: all black). Unsigned integers are scaled by their type's maximum (16-bit: /257);
-    32-bit integers (Pillow's mode ``I``) as 16-bit when within [0, 65535], else min-max;
-    floats by 255 when within [0, 1], else min-max to [0, 255]; NaN or inf is refused."""
+    """``pixels`` (a PIL image's array of more than 8 bits, or float) scaled to the 8 bits
+    the page shows, where Pillow would clip or truncate them (docs/analysis.md): unsigned
+    by their maximum, signed (mode ``I``) as 16-bit within [0, 65535], floats by 255 within
+    [0, 1], else min-max; NaN or inf is refused."""
     if pixels.dtype == np.uint8:
         return pixels
     floating = np.issubdtype(pixels.dtype, np.floating)
@@ -92,21 +83,12 @@ def to_uint8(pixels: np.ndarray, where: str) -> np.ndarray:
             (floating and not np.isfinite(pixels).all()):
         raise ValueError(f"{where} holds NaN or infinite pixel values, or pixels that are not "
                          f"numbers ({pixels.dtype})")
-    if floating:
-        values = pixels.astype(np.float64)
-        if values.size and (values.min() < 0 or values.max() > 1):
-            values = _min_max(values)
-        return np.rint(values * 255).astype(np.uint8)
     values = pixels.astype(np.float64)
-    top = float(np.iinfo(np.uint16).max)
     if np.issubdtype(pixels.dtype, np.unsignedinteger):
         top = float(np.iinfo(pixels.dtype).max)
-    elif values.size and (values.min() < 0 or values.max() > top):
-        return np.rint(_min_max(values) * 255).astype(np.uint8)
+    else:
+        top = 1.0 if floating else float(np.iinfo(np.uint16).max)
+        if values.size and (values.min() < 0 or values.max() > top):
+            low, high = values.min(), values.max()  # min-max; a constant image is 0
+            values, top = (values - low) / (high - low) if high > low else values * 0, 1.0
     return np.rint(values * (255 / top)).astype(np.uint8)
-
-
-def _min_max(values: np.ndarray) -> np.ndarray:
-    """``values`` stretched to [0, 1]; a constant image is 0 (no range to show)."""
-    low, high = values.min(), values.max()
-    return (values - low) / (high - low) if high > low else np.zeros_like(values)

@@ -1,5 +1,4 @@
-"""The Lightning callbacks of a pretraining run: the run record, the final checkpoint,
-and the random state that makes a resumed run continue exactly."""
+"""The Lightning callbacks of a pretraining run that make a resume checked and exact."""
 from __future__ import annotations
 
 import random
@@ -12,11 +11,8 @@ import torch
 from glomo_pyg.training.checkpoints import CHECKPOINT_KEY
 
 
-
 class RunRecord(pl.Callback):
-    """Writes the corpus fingerprint and the run's settings into every checkpoint
-    (``checkpoint['glomo']``), so that a resume is checked against the checkpoint itself,
-    whatever became of ``config.json``."""
+    """Writes the corpus fingerprint and the run's settings into every checkpoint."""
 
     def __init__(self, fingerprint: Dict[str, Any], settings: Dict[str, Any]):
         self.fingerprint, self.settings = fingerprint, settings
@@ -27,9 +23,8 @@ class RunRecord(pl.Callback):
 
 
 class FinalCheckpoint(pl.Callback):
-    """Writes ``last.ckpt`` at the last step when it falls between the periodic
-    checkpoints, from inside the training loop (as the periodic ones are written), so
-    that it holds the data position and a resumed run continues exactly."""
+    """Writes ``last.ckpt`` at a last step between the periodic checkpoints, inside the
+    training loop so that it holds the data position."""
 
     def __init__(self, path: str, every: int):
         self.path, self.every = path, every
@@ -41,8 +36,7 @@ class FinalCheckpoint(pl.Callback):
 
 
 class RandomStateCheckpoint(pl.Callback):
-    """Saves and restores every random generator training uses (Python, NumPy, torch CPU
-    and CUDA) in the checkpoint, so a resumed run draws the same positions."""
+    """Saves and restores the Python, NumPy, torch and CUDA random states in checkpoints."""
 
     def state_dict(self) -> Dict[str, Any]:
         state = dict(python=list(random.getstate()[1]), python_version=random.getstate()[0],

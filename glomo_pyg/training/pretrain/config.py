@@ -1,6 +1,4 @@
-"""The settings of ``glomo pretrain``: :class:`PretrainConfig` (``corpus``, ``model``,
-``train`` sections from YAML and ``--set`` overrides), each value checked at the door with
-an error naming its dotted key."""
+"""The settings of ``glomo pretrain``, each checked with an error naming its dotted key."""
 from __future__ import annotations
 
 import dataclasses
@@ -42,9 +40,8 @@ def _strategies():
     return ("auto", *StrategyRegistry.available_strategies())
 
 
-# Lightning's precision settings that pretraining supports (Lightning keeps its own list
-# private; transformer-engine needs NVIDIA's extra package). Whether the chosen device can
-# run one is checked when the trainer is built.
+# Lightning's precision settings that pretraining supports (Lightning's list is private;
+# transformer-engine needs NVIDIA's extra package)
 PRECISIONS = ("64-true", "32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed",
               "64", "32", "16", "bf16")
 
@@ -108,7 +105,8 @@ class TrainConfig:
     precision: Optional[str] = setting(None, choices=lambda: PRECISIONS,
                                        doc="default: 'bf16-mixed' on GPU, '32-true' on CPU")
     num_workers: int = setting(0, low=0, doc="data loader processes")
-    threads: int = setting(0, rule=THREADS, doc="torch CPU threads; set to the cores you really have")
+    threads: int = setting(0, rule=THREADS,
+                           doc="torch CPU threads; set to the cores you really have")
     checkpoint_every: int = setting(1000, low=1)
     validate_every: int = setting(1000, low=1)
     log_every: int = setting(50, low=1)
@@ -140,24 +138,19 @@ def _model_parameters(images: bool) -> Tuple[str, ...]:
 # what the data set: the images' size, or the vocabulary
 _FIXED = {True: ("height", "width", "in_channels", "num_tokens", "modality"),
           False: ("num_tokens", "padding_idx")}
-# the model settings a new configuration shows (--print-config); the rest take their
-# defaults too, unshown
+# the model settings --print-config shows; the rest take their defaults unshown
 _SHOWN = ("hidden_channels", "num_layers", "heads", "cnn_layers", "context_length",
           "num_positions")
 
 
 def model_defaults(images: bool = False) -> Dict[str, Any]:
-    """The main ``model`` settings of a new configuration, with the defaults of
-    ``Glomo.image`` (:data:`~glomo_pyg.nn.settings.IMAGE_DEFAULTS`) or ``Glomo.text``
-    (:data:`~glomo_pyg.nn.settings.TEXT_DEFAULTS`)."""
+    """The main ``model`` settings of a new configuration, with their defaults."""
     defaults, parameters = IMAGE_DEFAULTS if images else TEXT_DEFAULTS, _model_parameters(images)
     return {k: getattr(defaults, k) for k in _SHOWN if k in parameters}
 
 
 def check_model_section(model: Dict[str, Any], images: bool) -> None:
-    """The ``model`` section: arguments of ``Glomo.text`` / ``Glomo.image`` (and
-    ``layout``), each checked by its declared rule (:class:`~glomo_pyg.nn.settings.ModelSettings`,
-    the rules a saved predictor is loaded with)."""
+    """Check the ``model`` section: arguments of ``Glomo.text`` / ``Glomo.image``."""
     allowed = set(_model_parameters(images)) | {"layout"}
     bad = [k for k in model if k not in allowed]
     if bad:
@@ -170,17 +163,17 @@ def check_model_section(model: Dict[str, Any], images: bool) -> None:
         model[key] = check_model_setting(key, value, key=f"model.{key}")
 
 
-def _section(data: Mapping[str, Any], name: str) -> Dict[str, Any]:
-    section = data.get(name)
+_EXAMPLE = dict(corpus="path", train="max_steps", model="hidden_channels")
+
+
+def _section(section: Any, name: str) -> Dict[str, Any]:
+    """A section's settings as a dict (None: empty); anything but a mapping is refused."""
     if section is None:
         return {}
     if not isinstance(section, Mapping):
         raise ValueError(f"{name} must be a mapping of {name} settings (e.g. "
                          f"{name}.{_EXAMPLE[name]}), got {short_repr(section)}")
     return dict(section)
-
-
-_EXAMPLE = dict(corpus="path", train="max_steps", model="hidden_channels")
 
 
 @dataclass
@@ -192,8 +185,7 @@ class PretrainConfig:
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "PretrainConfig":
-        """Settings from a mapping (a YAML file's), checked: unknown keys, values of the
-        wrong type or out of range raise :class:`ValueError` naming the dotted key."""
+        """Settings from a mapping (a YAML file's), checked as :meth:`validate` does."""
         data = {} if data is None else data
         unknown = sorted(str(k) for k in data if k not in {f.name for f in
                                                            dataclasses.fields(cls)}) \
@@ -203,53 +195,48 @@ class PretrainConfig:
                              "corpus, model, train" if unknown else "the configuration must "
                              f"be a mapping with the sections corpus, model and train, got "
                              f"{short_repr(data)}")
-        data = dict(data)
         out = cls()
-        if "output_dir" in data:
-            out.output_dir = data["output_dir"]
-            if isinstance(out.output_dir, os.PathLike):
-                out.output_dir = os.fspath(out.output_dir)
+        out.output_dir = data.get("output_dir", out.output_dir)
+        if isinstance(out.output_dir, os.PathLike):
+            out.output_dir = os.fspath(out.output_dir)
         for name, kind in (("corpus", CorpusConfig), ("train", TrainConfig)):
-            setattr(out, name, from_mapping(kind, _section(data, name), name))
+            setattr(out, name, from_mapping(kind, _section(data.get(name), name), name))
         if isinstance(out.corpus.format, str) and out.corpus.format in IMAGE_FORMATS:
-            out.model = model_defaults(images=True)  # Glomo.image's, not the text ones
-        if "model" in data:
-            out.model = dict(out.model, **_section(data, "model"))
+            out.model = model_defaults(images=True)
+        out.model = {**out.model, **_section(data.get("model"), "model")}
         out.validate()
         return out
 
     def validate(self) -> None:
-        """Check every setting (types, ranges, choices); raises :class:`ValueError`
-        naming the dotted key. Numbers given as integers where a float is expected are
-        converted."""
+        """Check every setting; :class:`ValueError` names the dotted key."""
         if not isinstance(self.output_dir, str) or not self.output_dir.strip():
             raise ValueError(f"output_dir must be a folder path, got {short_repr(self.output_dir)}")
         for name in ("corpus", "train"):
             check_settings(getattr(self, name), name)
-        c = self.corpus
-        if c.min_length > c.max_length:
-            raise ValueError(f"corpus.min_length ({c.min_length}) must not exceed "
-                             f"corpus.max_length ({c.max_length})")
-        if not isinstance(self.model, dict):
-            raise ValueError(f"model must be a mapping of model settings (e.g. "
-                             f"model.hidden_channels), got {short_repr(self.model)}")
+        c, t = self.corpus, self.train
         images = c.format in IMAGE_FORMATS
-        if images and self.train.init_vectors is not None:
-            raise ValueError("train.init_vectors initialises token embeddings; pixel models "
-                             "have none (remove it)")
-        if self.train.init_vectors_parts != "both" and (
-                self.train.init_vectors is None or self.model.get("decouple") is False):
-            raise ValueError("train.init_vectors_parts chooses the embeddings that start from "
-                             "train.init_vectors, which is not set"
-                             if self.train.init_vectors is None else
-                             "train.init_vectors_parts: with model.decouple=false the graphs "
-                             "come from f itself, so only 'both' applies")
+        self.model = _section(self.model, "model")
         check_model_section(self.model, images)
-        context = self.model.get("context_length", TEXT_DEFAULTS.context_length)
-        if not images and isinstance(context, int) and context >= c.max_length:
-            raise ValueError(f"model.context_length ({context}) must be below "
-                             f"corpus.max_length ({c.max_length}): each position predicts "
-                             "the next context_length tokens of its sequence")
+        vectors = ("train.init_vectors initialises token embeddings; pixel models have none "
+                   "(remove it)" if images and t.init_vectors is not None else
+                   "train.init_vectors_parts chooses the embeddings that start from "
+                   "train.init_vectors, which is not set"
+                   if t.init_vectors_parts != "both" and t.init_vectors is None else
+                   "train.init_vectors_parts: with model.decouple=false the graphs come from "
+                   "f itself, so only 'both' applies"
+                   if t.init_vectors_parts != "both" and self.model.get("decouple") is False
+                   else None)
+        if vectors:
+            raise ValueError(vectors)
+        context = None if images else self.model.get("context_length",
+                                                     TEXT_DEFAULTS.context_length)
+        if c.min_length > c.max_length or (context is not None and context >= c.max_length):
+            raise ValueError(f"corpus.min_length ({c.min_length}) must not exceed "
+                             f"corpus.max_length ({c.max_length})" + (
+                                 "" if context is None else
+                                 f", and model.context_length ({context}) must be below "
+                                 "corpus.max_length: each position predicts the next "
+                                 "context_length tokens of its sequence"))
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)

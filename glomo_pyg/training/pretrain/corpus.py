@@ -1,7 +1,6 @@
-"""The pretraining corpus, once per output folder: documents read (a text file or folder,
-or the aclImdb layout), tokenised, a vocabulary built and the corpus written as
-memory-mapped token shards (``<output>/tokens``); fingerprints of a corpus or an image
-set, which a resumed run must match."""
+"""The pretraining corpus, prepared once per output folder as a vocabulary and
+memory-mapped token shards; fingerprints of a corpus or an image set, which a resumed run
+must match."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +10,7 @@ import os
 import shutil
 import time
 from collections import Counter
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator
 
 import torch
 
@@ -34,10 +33,8 @@ def read_json(path: str, advice: str) -> Any:
         raise ValueError(f"{path} is damaged (not valid JSON: {err}); {advice}") from None
 
 
-# --- corpus ------------------------------------------------------------------------------
 def iter_documents(corpus: CorpusConfig) -> Iterator[str]:
-    """The corpus's documents (:func:`~glomo_pyg.data.corpora.read_corpus_documents`
-    with its settings: ``max_documents`` of them spread evenly over the corpus)."""
+    """The corpus's documents (:func:`~glomo_pyg.data.corpora.read_corpus_documents`)."""
     return read_corpus_documents(corpus.path, corpus.format, corpus.one_per_line,
                                  corpus.max_documents)
 
@@ -47,9 +44,7 @@ _ADDED_CORPUS_SETTINGS = dict(max_images=None, flip=True, crop=None)
 
 
 def with_corpus_defaults(saved: Dict[str, Any], keys) -> Dict[str, Any]:
-    """Saved corpus settings completed with the settings added since, among ``keys``: a
-    run saved before e.g. ``crop`` existed was prepared without a crop. Any other missing
-    key still counts as a difference."""
+    """Saved corpus settings completed with the settings added since, among ``keys``."""
     return {**{k: v for k, v in _ADDED_CORPUS_SETTINGS.items() if k in keys}, **saved}
 
 
@@ -57,16 +52,13 @@ CORPUS_FILES = ("tokens", "vocabulary.json", "corpus.json")  # (corpus.json mark
 
 
 def corpus_is_prepared(folder: str) -> bool:
-    """Whether ``folder`` holds a complete prepared corpus (possibly of other settings:
-    :func:`prepare_corpus` checks that)."""
+    """Whether ``folder`` holds a complete prepared corpus (of any settings)."""
     tokens, vocab, meta = (os.path.join(folder, name) for name in CORPUS_FILES)
     return os.path.exists(meta) and os.path.exists(vocab) and os.path.isdir(tokens)
 
 
 def install_prepared_corpus(staging: str, folder: str) -> None:
-    """Move a corpus prepared in ``staging`` into ``folder``, replacing what is there;
-    ``corpus.json`` last, so a kill in between leaves an incomplete corpus that the next
-    run rebuilds, never a mixture taken for complete."""
+    """Move a corpus prepared in ``staging`` into ``folder``; ``corpus.json`` last."""
     meta = os.path.join(folder, "corpus.json")
     if os.path.exists(meta):
         os.unlink(meta)
@@ -78,9 +70,7 @@ def install_prepared_corpus(staging: str, folder: str) -> None:
 
 
 def prepare_corpus(corpus: CorpusConfig, folder: str, log=print):
-    """Vocabulary and token shards in ``folder`` (built once: two passes over the
-    documents, counting then encoding; reused when present and built from the same
-    corpus settings)."""
+    """Vocabulary and token shards in ``folder``, reused if built with the same settings."""
     os.makedirs(folder, exist_ok=True)
     shards, vocab_path, meta_path = (os.path.join(folder, name) for name in CORPUS_FILES)
     settings = {k: v for k, v in dataclasses.asdict(corpus).items()
@@ -129,32 +119,22 @@ def prepare_corpus(corpus: CorpusConfig, folder: str, log=print):
     return vocab, shards
 
 
-def _sha256_files(paths: List[str]) -> str:
-    digest = hashlib.sha256()
-    for path in paths:
-        with open_regular_file(path, "rb", "token shard") as fh:
-            for chunk in iter(lambda: fh.read(1 << 24), b""):
-                digest.update(chunk)
-    return digest.hexdigest()
-
-
 def corpus_fingerprint(vocab: WordVocabulary, shards: str) -> Dict[str, Any]:
-    """What identifies a prepared text corpus: the vocabulary (its size and a hash of its
-    words in id order), the document and token counts, and a hash of the token shards.
-    Recorded in every checkpoint; a resumed run refuses a corpus that differs (its ids
-    would mean other words, or its sequences would be others)."""
-    index = read_shard_index(shards)
-    files = [os.path.join(shards, shard[key]) for shard in index["shards"]
-             for key in ("tokens", "docs")]
+    """What identifies a prepared text corpus: sizes and hashes of vocabulary and shards."""
+    index, digest = read_shard_index(shards), hashlib.sha256()
+    for shard in index["shards"]:
+        for key in ("tokens", "docs"):
+            with open_regular_file(os.path.join(shards, shard[key]), "rb", "token shard") as fh:
+                for chunk in iter(lambda: fh.read(1 << 24), b""):
+                    digest.update(chunk)
     words = json.dumps(vocab.tokens(), ensure_ascii=False).encode("utf-8")
     return dict(vocabulary=len(vocab), vocabulary_sha256=hashlib.sha256(words).hexdigest(),
                 documents=int(index["num_documents"]), tokens=int(index["num_tokens"]),
-                tokens_sha256=_sha256_files(files))
+                tokens_sha256=digest.hexdigest())
 
 
 def image_fingerprint(images: torch.Tensor, sample: int = 4096) -> Dict[str, Any]:
-    """What identifies an image corpus: count, shape, and a hash of an even spread of up
-    to ``sample`` images."""
+    """What identifies an image corpus: count, shape, and a hash of up to ``sample``."""
     step = max(1, len(images) // sample)
     data = images[::step].contiguous().numpy().tobytes()
     return dict(images=len(images), shape=list(images.shape[1:]),
@@ -170,12 +150,9 @@ def check_fingerprint(contents: Dict[str, Any], path: str, current: Dict[str, An
         return
     if stored == current:
         return
-    diff = []
-    for key in sorted(set(stored) | set(current)):
-        old, new = stored.get(key), current.get(key)
-        if old != new:
-            diff.append(f"{key} changed" if key.endswith("sha256") else
-                        f"{key} {old!r} -> {new!r}")
+    diff = [f"{k} changed" if k.endswith("sha256") else
+            f"{k} {stored.get(k)!r} -> {current.get(k)!r}"
+            for k in sorted(set(stored) | set(current)) if stored.get(k) != current.get(k)]
     ids = ", so its token ids would mean other words" if any(
         k.startswith("vocabulary") and stored.get(k) != current.get(k) for k in current) else ""
     raise CheckpointMismatchError(

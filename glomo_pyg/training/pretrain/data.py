@@ -1,9 +1,7 @@
-"""Lightning data modules of pretraining: windows of token shards (text) and images as
-sequences of pixel units, with seeded training/validation splits."""
+"""Lightning data modules of pretraining (token shards or images), with seeded splits."""
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict
 
 import lightning.pytorch as pl
 import torch
@@ -21,43 +19,43 @@ def _ignore_interrupts(worker_id: int) -> None:
 
 
 def _split(count: int, validation_fraction: float, seed: int, unit: str):
-    """A seeded (validation, sorted training) split of ``range(count)``; warns when the
-    validation share leaves training the smaller part."""
+    """A seeded (validation, sorted training) split of ``range(count)``."""
     order = torch.randperm(count, generator=torch.Generator().manual_seed(seed)).tolist()
     n_val = int(count * validation_fraction)
     if n_val > count - n_val:
         warnings.warn(f"corpus.validation_fraction {validation_fraction} keeps only "
                       f"{count - n_val} of {count} {unit} for training", RuntimeWarning,
-                      stacklevel=3)
+                      stacklevel=4)
     return order[:n_val], sorted(order[n_val:])
 
 
 class TextPretrainingData(pl.LightningDataModule):
-    """Training and validation sequences from token shards; the training loader is a
-    :class:`~glomo_pyg.data.ResumableLoader` split across the trainer's ranks."""
+    """Training and validation sequences from token shards, resumable and split by rank."""
 
     def __init__(self, shards: str, max_length: int, min_length: int, batch_size: int,
                  validation_fraction: float, seed: int, num_workers: int = 0):
-        super().__init__()
-        self.windows = TokenWindows.from_shards(shards, max_length, min_length)
-        if len(self.windows) < 2:
+        windows = TokenWindows.from_shards(shards, max_length, min_length)
+        if len(windows) < 2:
             raise ValueError(f"{shards}: fewer than 2 training sequences of >= {min_length} "
                              "tokens; use a larger corpus or a smaller corpus.min_length")
-        self.val_ids, self.train_ids = _split(len(self.windows), validation_fraction, seed,
-                                              "sequences")
-        self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
+        self._setup(windows, "sequences", batch_size, validation_fraction, seed, num_workers)
+
+    def _setup(self, windows, unit: str, batch_size: int, validation_fraction: float,
+               seed: int, num_workers: int) -> None:
+        pl.LightningDataModule.__init__(self)
+        self.windows, self.batch_size, self.seed, self.num_workers = windows, batch_size, seed, \
+            num_workers
+        self.val_ids, self.train_ids = _split(len(windows), validation_fraction, seed, unit)
+        self._workers = dict(worker_init_fn=_ignore_interrupts) if num_workers else {}
 
     def train_dataloader(self):
-        world = self.trainer.world_size if self.trainer is not None else 1
-        rank = self.trainer.global_rank if self.trainer is not None else 0
+        world, rank = (self.trainer.world_size, self.trainer.global_rank) \
+            if self.trainer is not None else (1, 0)
         data = torch.utils.data.Subset(self.windows, self.train_ids)
         sampler = ResumableSampler(len(data), shuffle=True, seed=self.seed,
                                    num_replicas=world, rank=rank)
         return ResumableLoader(data, self.batch_size, sampler, num_workers=self.num_workers,
-                               **self._worker_options())
-
-    def _worker_options(self) -> Dict[str, Any]:
-        return dict(worker_init_fn=_ignore_interrupts) if self.num_workers else {}
+                               **self._workers)
 
     def val_dataloader(self):
         from torch_geometric.loader import DataLoader
@@ -66,13 +64,11 @@ class TextPretrainingData(pl.LightningDataModule):
             return []
         return DataLoader(torch.utils.data.Subset(self.windows, self.val_ids),
                           batch_size=self.batch_size, num_workers=self.num_workers,
-                          generator=torch.Generator().manual_seed(self.seed),
-                          **self._worker_options())
+                          generator=torch.Generator().manual_seed(self.seed), **self._workers)
 
 
 def load_pretraining_images(corpus: CorpusConfig) -> torch.Tensor:
-    """The uint8 ``[n, C, H, W]`` training images of an image corpus
-    (:func:`~glomo_pyg.data.corpora.read_image_corpus` with its settings)."""
+    """The uint8 ``[n, C, H, W]`` training images of an image corpus."""
     return read_image_corpus(corpus.path, corpus.format, corpus.max_images)
 
 
@@ -97,7 +93,5 @@ class ImagePretrainingData(TextPretrainingData):
 
     def __init__(self, images: torch.Tensor, batch_size: int, validation_fraction: float,
                  seed: int, num_workers: int = 0):
-        pl.LightningDataModule.__init__(self)
-        self.windows = ImageUnits(images)
-        self.val_ids, self.train_ids = _split(len(images), validation_fraction, seed, "images")
-        self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
+        self._setup(ImageUnits(images), "images", batch_size, validation_fraction, seed,
+                    num_workers)

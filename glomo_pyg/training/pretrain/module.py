@@ -11,41 +11,26 @@ from glomo_pyg.settings import Rule, rules
 from glomo_pyg.training.pretrain.config import TrainConfig
 
 
-
 class GlomoPretraining(pl.LightningModule):
-    """Trains a :class:`~glomo_pyg.Glomo` model on PyG-style token batches.
-
-    Batches are :class:`torch_geometric.data.Batch` objects (or anything with
-    ``x`` token ids and a sorted ``batch`` vector), as produced by
-    :class:`torch_geometric.loader.DataLoader` over per-sequence ``Data``.
-
-    Optimiser: Adam. The graph predictor's parameters are frozen for the first
-    ``graph_warmup_steps`` steps and then get ``graph_lr_scale`` times the learning rate:
-    under Adam, squared-ReLU graphs trained from step 0 can collapse (docs/training.md,
-    "Why: squared-ReLU graphs can collapse under Adam").
+    """Trains a :class:`~glomo_pyg.Glomo` model on PyG token batches (``x`` token ids and
+    a sorted ``batch`` vector). The graph predictor is frozen for the first
+    ``graph_warmup_steps`` steps, then learns at ``graph_lr_scale`` times the learning
+    rate (docs/training.md, "Why: squared-ReLU graphs can collapse under Adam").
 
     Args:
         model_kwargs: arguments of :meth:`Glomo.text <glomo_pyg.Glomo.text>` (or, with
             ``modality='image'``, of :meth:`Glomo.image <glomo_pyg.Glomo.image>`: batches
-            then hold the uint8 pixels of whole images as units), plus
-            optionally ``layout`` (``'sparse'``, ``'dense'``, ``'auto'``: a run-time
-            choice of graph layout, applied with :meth:`Glomo.set_layout`).
-        lr (float): Adam learning rate. (default: :obj:`3e-3`)
-        graph_lr_scale (float): learning-rate factor for the graph
-            predictor after warm-up. (default: :obj:`1.0`)
-        graph_warmup_steps (int): steps during which the graph predictor
-            is frozen. (default: :obj:`200`)
+            of whole images' uint8 pixels), plus optionally ``layout``.
+        lr (float): learning rate. (default: :obj:`3e-3`)
+        graph_lr_scale (float): the graph predictor's lr factor. (default: :obj:`1.0`)
+        graph_warmup_steps (int): steps the graph predictor is frozen. (default: :obj:`200`)
         weight_decay (float): weight decay. (default: :obj:`0.`)
-        optimizer (str): ``'adam'`` or ``'sgd'`` (the reference code's plain SGD,
-            there with lr 8, momentum 0.2 and global-norm clipping at 0.25, the
-            trainer's ``gradient_clip_val``). (default: :obj:`'adam'`)
+        optimizer (str): ``'adam'`` or ``'sgd'``. (default: :obj:`'adam'`)
         momentum (float): SGD momentum. (default: :obj:`0.`)
-        flip (bool): images only: flip a random half of each training batch
-            horizontally before anything is computed from it. (default: :obj:`True`)
-        image_size (tuple, optional): images only: ``(H, W)`` of the images in the
-            batches when the model is built for smaller crops (``model_kwargs``'
-            ``height`` and ``width``): training batches are cut to random crops,
-            validation batches to centre crops. (default: the model's size)
+        flip (bool): images only: random horizontal flips. (default: :obj:`True`)
+        image_size (tuple, optional): images only: ``(H, W)`` of the batches' images when
+            the model is built for smaller crops: random crops while training, centre crops
+            otherwise. (default: the model's size)
     """
 
     def __init__(self, model_kwargs: Dict[str, Any], lr: float = 3e-3, graph_lr_scale: float = 1.0,
@@ -53,7 +38,7 @@ class GlomoPretraining(pl.LightningModule):
                  optimizer: str = "adam", momentum: float = 0.0, flip: bool = True,
                  image_size: Optional[Tuple[int, int]] = None):
         super().__init__()
-        train = rules(TrainConfig)  # the rules glomo pretrain reads these settings with
+        train = rules(TrainConfig)  # the rules glomo pretrain reads these with
         for name, value in (("lr", lr), ("graph_lr_scale", graph_lr_scale),
                             ("graph_warmup_steps", graph_warmup_steps),
                             ("weight_decay", weight_decay), ("optimizer", optimizer),
@@ -62,29 +47,25 @@ class GlomoPretraining(pl.LightningModule):
         modality = Rule(str, choices=("text", "image")).check(
             "modality", model_kwargs.get("modality", "text"))
         self.save_hyperparameters()
-        kwargs = dict(model_kwargs)
-        layout = kwargs.pop("layout", None)
+        kwargs = {k: v for k, v in model_kwargs.items() if k not in ("layout", "modality")}
         self.modality = modality
-        kwargs.pop("modality", None)
         self.model = Glomo.text(**kwargs) if self.modality == "text" else Glomo.image(**kwargs)
         self.flip = bool(flip) and self.modality == "image"
         self.crop_size = (kwargs.get("height", 32), kwargs.get("width", 32))
         self.image_size = tuple(image_size) if image_size is not None else self.crop_size
         if self.modality == "image" and (self.crop_size[0] > self.image_size[0] or
                                          self.crop_size[1] > self.image_size[1]):
-            raise ValueError(f"the model's {self.crop_size} crops do not fit in images of "
-                             f"{self.image_size}")
-        if layout is not None:
-            self.model.set_layout(layout)
+            raise ValueError(f"the crop size {self.crop_size} (the model's height and width, "
+                             f"corpus.crop) is larger than the {self.image_size} images")
+        if model_kwargs.get("layout") is not None:
+            self.model.set_layout(model_kwargs["layout"])
 
     def forward(self, x: torch.Tensor, batch: Optional[torch.Tensor] = None):
         return self.model(x, batch)
 
     def _augmented(self, x: torch.Tensor, batch: torch.Tensor, train: bool):
-        """Pixel units of whole images, cut to the model's crop size (random crops while
-        training, centre crops otherwise) and, while training, with a random half of
-        the images mirrored left-right. Draws from the global random stream, which
-        checkpoints restore: resumes stay exact."""
+        """Whole images cut to the crop size (random while training, else centred), half of
+        them mirrored while training; drawn from the global random stream checkpoints keep."""
         (h, w), (ch, cw) = self.image_size, self.crop_size
         if x.size(0) % (h * w) or (not self.flip and (h, w) == (ch, cw)):
             return x, batch  # not whole images: the model refuses them with a clear error
@@ -105,11 +86,9 @@ class GlomoPretraining(pl.LightningModule):
         return img.reshape(-1, x.size(-1)), batch
 
     def model_input(self, data, train: bool = False):
-        """``(x, batch)`` the model reads for a loader batch: the batch itself for text;
-        for images cut to the model's crop size (and, with ``train``, augmented)."""
-        if self.modality == "image":
-            return self._augmented(data.x, data.batch, train)
-        return data.x, data.batch
+        """``(x, batch)`` the model reads for a loader batch (images cropped, augmented)."""
+        return self._augmented(data.x, data.batch, train) if self.modality == "image" else \
+            (data.x, data.batch)
 
     def _step(self, data, stage: str) -> torch.Tensor:
         x, batch = self.model_input(data, stage == "train")

@@ -1,5 +1,4 @@
-"""``glomo pretrain``'s run: corpus, checks, training, resume policy and the saved
-predictor (the package docstring tells the whole story)."""
+"""``glomo pretrain``'s run: corpus, checks, training, resume policy, saved predictor."""
 from __future__ import annotations
 
 import math
@@ -16,7 +15,8 @@ import torch
 
 from glomo_pyg.atomic_files import atomic_write, write_json
 from glomo_pyg.data.tokens import read_shard_index
-from glomo_pyg.io.paths import check_input_path, locked_folder, open_regular_file
+from glomo_pyg.io.paths import (check_input_path, check_output_folder, locked_folder,
+                                open_regular_file)
 from glomo_pyg.training.checkpoints import (CHECKPOINT_KEY, check_checkpoint_matches,
                                             find_resume_checkpoint, newest_checkpoint_file,
                                             set_aside_damaged, stale_temporary_files)
@@ -24,7 +24,7 @@ from glomo_pyg.training.interrupts import GracefulInterrupt, TrainingInterrupted
 from glomo_pyg.training.pretrain.module import GlomoPretraining
 from glomo_pyg.training.utils import quiet_lightning
 from glomo_pyg.training.pretrain.config import (IMAGE_FORMATS, INIT_VECTORS_PARTS, PretrainConfig,
-                                                TrainConfig, short_repr)
+                                                short_repr)
 from glomo_pyg.training.pretrain.corpus import (check_fingerprint, corpus_fingerprint,
                                                 corpus_is_prepared, image_fingerprint,
                                                 install_prepared_corpus, prepare_corpus,
@@ -39,51 +39,22 @@ from glomo_pyg.training.pretrain.vectors import (TRAIN_VECTORS, check_init_vecto
                                                  train_init_vectors)
 
 
-def _read_syntax_treebank(t: TrainConfig):
-    """The trees of ``train.syntax_treebank`` (read before the corpus is prepared)."""
-    from glomo_pyg.analysis.treebank import TreebankFormatError, read_treebank
-
-    path = os.path.expanduser(t.syntax_treebank)
-    try:
-        trees, problem = read_treebank(path, max_sentences=t.syntax_sentences), None
-    except (OSError, TreebankFormatError) as err:
-        trees, problem = [], err
-    if not trees:
-        raise ValueError(f"train.syntax_treebank: {problem or f'{path} holds no sentences'}")
-    return trees
-
-
-def _syntax_monitor(trees, vocab, t: TrainConfig, lower: bool, model):
-    """The :class:`SyntaxMonitor`, refused now rather than when its first score is due."""
-    from glomo_pyg.training.syntax_monitor import SyntaxMonitor
-
-    try:
-        monitor = SyntaxMonitor(trees, vocab.tokens(), t.syntax_every, lower=lower)
-        monitor.check(model)
-    except ValueError as err:
-        raise ValueError(f"train.syntax_treebank: {err}") from None
-    return monitor
-
-
-# train settings a resumed run must keep: the optimiser state and the data position
-# in the checkpoint were made with them (Lightning restores the optimiser's own lr)
+# train settings a resumed run must keep: the checkpoint's optimiser state and data
+# position were made with them (Lightning restores the optimiser's own lr)
 RESUME_FIXED_TRAIN = ("optimizer", "lr", "graph_lr_scale", "weight_decay", "momentum",
                       "batch_size", "seed")  # (the seed draws the validation split)
-# model settings that change only the speed (the same graphs), so a resume may change them
+# model settings that change only the speed (the same graphs)
 RESUME_FREE_MODEL = ("layout",)
 
 
 def _resume_refusal(config: PretrainConfig, before: Any, source: str,
                     remedy: str = "") -> Optional[str]:
-    """Why the run may not resume from a checkpoint made with the settings ``before``
-    (recorded in ``source``): other model or corpus settings, or other train settings
-    that its optimiser state and data position depend on. None if it may."""
+    """Why the run may not resume from a checkpoint of the settings ``before``, or None."""
     if not isinstance(before, dict):
         return f"{source} is damaged (its settings are not a mapping){remedy}"
     now = config.to_dict()
     if isinstance(before.get("corpus"), dict):
-        # where the corpus lies may change (another machine): its fingerprint checks the
-        # content; a text corpus's prepared tokens are tied to their path (corpus.json)
+        # the corpus may move (another machine): its fingerprint checks the content
         before = dict(before, corpus=dict(with_corpus_defaults(before["corpus"], now["corpus"]),
                                           path=now["corpus"]["path"]))
     if isinstance(before.get("model"), dict):
@@ -108,10 +79,7 @@ def _resume_refusal(config: PretrainConfig, before: Any, source: str,
 
 
 def _make_last_the_newest(folder: str, ckpt: str, log, damaged: List[str]) -> None:
-    """After a resume's checks passed: the ``damaged`` checkpoints are set aside (as
-    find_resume_checkpoint's warning said), and ``last.ckpt`` becomes an atomic copy of
-    ``ckpt``, the newest complete checkpoint, if it is older or missing (a kill while it
-    was rewritten)."""
+    """Set the ``damaged`` checkpoints aside and make ``last.ckpt`` a copy of ``ckpt``."""
     set_aside_damaged(damaged)
     last = os.path.join(folder, "last.ckpt")
     if os.path.abspath(ckpt) == os.path.abspath(last):
@@ -122,40 +90,32 @@ def _make_last_the_newest(folder: str, ckpt: str, log, damaged: List[str]) -> No
         log(f"{last} is now a copy of {ckpt}, the newest complete checkpoint")
 
 
-def _metric(trainer: pl.Trainer, name: str) -> Optional[float]:
-    """A logged metric, or None (not NaN: the summary is strict JSON) if none was logged."""
-    value = trainer.callback_metrics.get(name)
-    return float(value) if value is not None and math.isfinite(float(value)) else None
-
-
 def run_pretraining(config: PretrainConfig, resume: bool = False,
                     extra_callbacks: Optional[List[pl.Callback]] = None, log=print,
                     prepare_only: bool = False) -> Dict[str, Any]:
     """Prepare the corpus, train, and save the predictor; returns a summary (also written
-    to ``<output>/pretrain.json``). ``prepare_only`` stops after the corpus: do that once
-    before a multi-node run whose nodes share the folder. ``resume`` continues from the
-    newest usable checkpoint once it passed its checks (the settings it records, the
-    corpus fingerprint). SIGTERM or SIGINT while training writes a checkpoint and raises
-    :class:`~glomo_pyg.training.interrupts.TrainingInterrupted`. The output folder is
-    locked while the run writes: a second run into it raises
-    :class:`~glomo_pyg.io.paths.FolderLockedError`."""
+    to ``<output>/pretrain.json``). ``prepare_only`` stops after the corpus (do that once
+    before a multi-node run whose nodes share the folder). ``resume`` continues from the
+    newest usable checkpoint once it passed its checks.
+
+    Raises:
+        TrainingInterrupted: SIGTERM or SIGINT while training (a checkpoint is written).
+        FolderLockedError: another run is writing into the output folder.
+    """
     config.validate()
     if is_launcher_child():  # the launching process checked and holds the lock for all
         return _run_pretraining(config, resume, extra_callbacks, log, prepare_only)
-    out = config.output_dir
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"output_dir {out} is a file, not a folder")
+    check_output_folder(config.output_dir)
     if config.corpus.path is not None:
         check_input_path(config.corpus.path, "corpus.path")
-    with locked_folder(out, "glomo pretrain run"):  # (freed at exit, also on a crash)
+    with locked_folder(config.output_dir, "glomo pretrain run"):  # (freed at exit, also on a crash)
         return _run_pretraining(config, resume, extra_callbacks, log, prepare_only)
 
 
-def _find_resume_checkpoint(config: PretrainConfig, resume: bool, child: bool, log):
-    """``(checkpoint, its contents, damaged checkpoints, its step)`` to resume from (None,
-    None, [], 0 for a fresh run); refuses to start over an existing run."""
-    out = config.output_dir
-    folder = os.path.join(out, "checkpoints")
+def _resume_point(config: PretrainConfig, resume: bool, child: bool, log):
+    """``(checkpoint, contents, damaged checkpoints, step)`` to resume from, checked."""
+    out, max_steps = config.output_dir, config.train.max_steps
+    folder, saved_config = os.path.join(out, "checkpoints"), os.path.join(out, "config.json")
     os.makedirs(out, exist_ok=True)
     existing = newest_checkpoint_file(folder)
     if not resume and existing is not None and not child:
@@ -163,29 +123,20 @@ def _find_resume_checkpoint(config: PretrainConfig, resume: bool, child: bool, l
                               "continue it or choose another output_dir")
     found, damaged = None, []  # (checkpoints found damaged, set aside once checks pass)
     if resume:
-        if not child:
-            for tmp in stale_temporary_files(folder):
-                log(f"removing {tmp}: an unfinished checkpoint write of a killed run")
-                os.unlink(tmp)
+        for tmp in stale_temporary_files(folder) if not child else []:
+            log(f"removing {tmp}: an unfinished checkpoint write of a killed run")
+            os.unlink(tmp)
         found = find_resume_checkpoint(folder, log, damaged)
         if found is None:
             log(f"--resume: no checkpoint in {folder} yet; starting from scratch")
     ckpt, contents = found if found is not None else (None, None)
     step = int(contents.get("global_step", 0)) if contents is not None else 0
-    if step > config.train.max_steps:
-        raise ValueError(f"{ckpt} is at step {step}, past train.max_steps "
-                         f"({config.train.max_steps}); raise max_steps to continue the run")
-    return ckpt, contents, damaged, step
-
-
-def _check_recorded_settings(config: PretrainConfig, ckpt: Optional[str],
-                             contents: Optional[Dict[str, Any]]) -> None:
-    """A resumed checkpoint against the settings it records (older ones: config.json)."""
-    out = config.output_dir
-    saved_config = os.path.join(out, "config.json")
     recorded = (contents.get(CHECKPOINT_KEY) or {}).get("settings") if contents else None
     refusal = None
-    if recorded is not None:  # the checkpoint's own record: config.json is only a copy
+    if step > max_steps:
+        refusal = (f"{ckpt} is at step {step}, past train.max_steps ({max_steps}); raise "
+                   "max_steps to continue the run")
+    elif recorded is not None:  # the checkpoint's own record: config.json is only a copy
         refusal = _resume_refusal(config, recorded, ckpt)
     elif ckpt is not None and os.path.exists(saved_config):  # older checkpoints
         skip = ("delete it to skip this check (it is rewritten from the current settings; "
@@ -194,13 +145,13 @@ def _check_recorded_settings(config: PretrainConfig, ckpt: Optional[str],
                                   remedy=f"; {skip}")
     if refusal:
         raise ValueError(f"{out}: {refusal}")
+    return ckpt, contents, damaged, step
 
 
 def _check_before_corpus(config: PretrainConfig, fresh: bool, prepare_only: bool, log):
-    """Fail before the corpus is prepared (which can take long) if the model, trainer or
-    initial vectors would; returns the syntax monitor's trees or None."""
+    """Fail before the corpus is prepared if the model, trainer or vectors would."""
     check_model_builds(config)
-    if not prepare_only:  # (a corpus may be prepared on a machine without the cluster/GPU)
+    if not prepare_only:  # (a corpus may be prepared without the cluster/GPU)
         check_trainer_builds(config)
     c, t = config.corpus, config.train
     if t.graph_warmup_steps and t.graph_warmup_steps >= t.max_steps:
@@ -209,9 +160,17 @@ def _check_before_corpus(config: PretrainConfig, fresh: bool, prepare_only: bool
                    "the saved graphs will be those of its random initialisation")
         warnings.warn(message, RuntimeWarning, stacklevel=4)  # (the caller of run_pretraining)
         log(f"warning: {message}")
-    images = c.format in IMAGE_FORMATS
-    trees = _read_syntax_treebank(t) if t.syntax_treebank and not images and \
-        not prepare_only else None
+    trees = None  # train.syntax_treebank's, read before the corpus is prepared
+    if t.syntax_treebank and not prepare_only and c.format not in IMAGE_FORMATS:
+        from glomo_pyg.analysis.treebank import TreebankFormatError, read_treebank
+
+        path = os.path.expanduser(t.syntax_treebank)
+        try:
+            trees, problem = read_treebank(path, max_sentences=t.syntax_sentences), None
+        except (OSError, TreebankFormatError) as err:
+            trees, problem = [], err
+        if not trees:
+            raise ValueError(f"train.syntax_treebank: {problem or f'{path} holds no sentences'}")
     if t.init_vectors not in (None, TRAIN_VECTORS) and fresh and not prepare_only:
         check_init_vectors(config)
     return trees
@@ -219,8 +178,7 @@ def _check_before_corpus(config: PretrainConfig, fresh: bool, prepare_only: bool
 
 def _prepare_text(config: PretrainConfig, contents, ckpt, prepare_only: bool, child: bool,
                   log) -> SimpleNamespace:
-    """The token shards and vocabulary. A resumed run whose prepared corpus is gone
-    prepares it aside and checks it first: a refused resume leaves the folder as it was."""
+    """The token shards and vocabulary (prepared aside and checked first on a resume)."""
     out, c = config.output_dir, config.corpus
     staging = tempfile.mkdtemp(prefix=".corpus-", dir=out) if contents is not None and \
         not prepare_only and not child and not corpus_is_prepared(out) else None
@@ -246,9 +204,7 @@ def _prepare_images(config: PretrainConfig, prepare_only: bool, log) -> SimpleNa
     c = config.corpus
     pixels = load_pretraining_images(c)
     log(f"images: {len(pixels)} of {tuple(pixels.shape[1:])} from {c.path}")
-    full = (pixels.size(2), pixels.size(3))
-    if c.crop is not None and c.crop > min(full) and not prepare_only:
-        raise ValueError(f"corpus.crop {c.crop} is larger than the {full} images")
+    full = tuple(pixels.shape[2:])  # (a crop too large: GlomoPretraining says so)
     return SimpleNamespace(images=True, vocab=None, pixels=pixels, full=full,
                            crop=(c.crop, c.crop) if c.crop is not None else full,
                            fingerprint=image_fingerprint(pixels) if not prepare_only else None,
@@ -260,10 +216,9 @@ def _data_and_module(config: PretrainConfig, corpus: SimpleNamespace
                      ) -> Tuple[pl.LightningDataModule, GlomoPretraining, Dict[str, Any]]:
     c, t = config.corpus, config.train
     if corpus.images:
-        pixels = corpus.pixels
-        data = ImagePretrainingData(pixels, t.batch_size, c.validation_fraction, t.seed,
-                                    t.num_workers)
-        model_kwargs = dict(config.model, modality="image", in_channels=pixels.size(1),
+        data = ImagePretrainingData(corpus.pixels, t.batch_size, c.validation_fraction,
+                                    t.seed, t.num_workers)
+        model_kwargs = dict(config.model, modality="image", in_channels=corpus.pixels.size(1),
                             height=corpus.crop[0], width=corpus.crop[1])
     else:
         data = TextPretrainingData(corpus.shards, c.max_length, c.min_length, t.batch_size,
@@ -280,9 +235,7 @@ def _data_and_module(config: PretrainConfig, corpus: SimpleNamespace
 
 def _start_token_embeddings(config: PretrainConfig, vocab, module: GlomoPretraining,
                             model_kwargs: Dict[str, Any], log) -> float:
-    """``train.init_vectors`` set into a fresh run's embeddings; the share of the
-    vocabulary found. (With DDP every process trains its own vectors, written atomically,
-    and all start from the first process's weights.)"""
+    """Set ``train.init_vectors`` into the embeddings; returns the share found."""
     c, t = config.corpus, config.train
     width = embedding_width(model_kwargs)
     source = t.init_vectors if t.init_vectors != TRAIN_VECTORS else train_init_vectors(
@@ -297,17 +250,20 @@ def _start_token_embeddings(config: PretrainConfig, vocab, module: GlomoPretrain
 def _trainer(config: PretrainConfig, corpus: SimpleNamespace, data, module: GlomoPretraining,
              trees, extra_callbacks: Optional[List[pl.Callback]], ckpt: Optional[str],
              child: bool, log) -> Tuple[pl.Trainer, GracefulInterrupt]:
-    """The run's trainer with the caller's callbacks and the run's own, announced."""
-    t = config.train
-    callbacks = list(extra_callbacks or [])
-    if trees is not None:
-        callbacks.append(_syntax_monitor(trees, corpus.vocab, t, config.corpus.lower,
-                                         module.model))
+    """The run's trainer with the caller's callbacks and the run's own."""
+    t, monitor = config.train, []
+    if trees:  # checked now rather than when its first score is due
+        from glomo_pyg.training.syntax_monitor import SyntaxMonitor
+
+        try:
+            monitor = [SyntaxMonitor(trees, corpus.vocab.tokens(), t.syntax_every,
+                                     lower=config.corpus.lower).check(module.model)]
+        except ValueError as err:
+            raise ValueError(f"train.syntax_treebank: {err}") from None
     interrupt = GracefulInterrupt(os.path.join(config.output_dir, "checkpoints", "last.ckpt"),
                                   quiet=child)
-    with quiet_lightning():
-        trainer = build_trainer(config, [*callbacks, RunRecord(corpus.fingerprint,
-                                                               config.to_dict()), interrupt])
+    trainer = build_trainer(config, [*(extra_callbacks or []), *monitor,
+                                     RunRecord(corpus.fingerprint, config.to_dict()), interrupt])
     log(f"trainer: {type(trainer.accelerator).__name__}, {trainer.num_devices} device(s) x "
         f"{trainer.num_nodes} node(s), {type(trainer.strategy).__name__}, precision "
         f"{trainer.precision}")
@@ -316,25 +272,6 @@ def _trainer(config: PretrainConfig, corpus: SimpleNamespace, data, module: Glom
         f"{unit}, {t.max_steps} steps of {t.batch_size}"
         + (f", resuming from {ckpt}" if ckpt else ""))
     return trainer, interrupt
-
-
-def _fit(trainer: pl.Trainer, module: GlomoPretraining, data, ckpt: Optional[str],
-         interrupt: GracefulInterrupt) -> None:
-    interrupt.install()
-    try:
-        with quiet_lightning():
-            trainer.fit(module, datamodule=data, ckpt_path=ckpt, weights_only=True)
-    except SystemExit:
-        # Lightning ends with sys.exit(1) after a KeyboardInterrupt (here: a second
-        # signal, which stops at once), and with its SIGTERMException (a signal during
-        # its sanity-check validation, before training)
-        if interrupt.signum is None:
-            raise
-        detail = " (sent twice: stop at once)" if interrupt.count > 1 else ""
-        raise TrainingInterrupted(interrupt.signum, trainer.global_step, None,
-                                  detail) from None
-    finally:
-        interrupt.restore()
 
 
 def _save_result(config: PretrainConfig, corpus: SimpleNamespace, trainer: pl.Trainer,
@@ -346,9 +283,10 @@ def _save_result(config: PretrainConfig, corpus: SimpleNamespace, trainer: pl.Tr
     out, images = config.output_dir, corpus.images
     size = dict(images=len(corpus.pixels)) if images else dict(
         tokens=data.windows.num_tokens, vocabulary=len(corpus.vocab))
-    summary = dict(steps=trainer.global_step, seconds=round(seconds, 1), **size,
-                   train_loss=_metric(trainer, "train_loss"),
-                   val_loss=_metric(trainer, "val_loss"))
+    summary = dict(steps=trainer.global_step, seconds=round(seconds, 1), **size)
+    for k in ("train_loss", "val_loss"):  # None if not logged (not NaN: strict JSON)
+        value = float(trainer.callback_metrics.get(k, math.nan))
+        summary[k] = value if math.isfinite(value) else None
     if found_vectors is not None:
         summary["init_vectors_found"] = round(found_vectors, 4)
     if trainer.is_global_zero:
@@ -365,20 +303,6 @@ def _save_result(config: PretrainConfig, corpus: SimpleNamespace, trainer: pl.Tr
     return summary
 
 
-def _already_done(config: PretrainConfig, trainer: pl.Trainer, start_step: int,
-                  ckpt: Optional[str]) -> Optional[Dict[str, Any]]:
-    """The saved summary if a resumed run had nothing left to train and its summary and
-    predictor are those of this end (else both are saved again)."""
-    out = config.output_dir
-    summary_path = os.path.join(out, "pretrain.json")
-    if trainer.global_step == start_step and ckpt is not None and \
-            os.path.exists(summary_path) and os.path.isdir(os.path.join(out, "predictor")):
-        saved = read_json(summary_path, "delete it; it is rewritten by a run that trains")
-        if isinstance(saved, dict) and saved.get("steps") == trainer.global_step:
-            return saved
-    return None
-
-
 def _run_pretraining(config: PretrainConfig, resume: bool,
                      extra_callbacks: Optional[List[pl.Callback]], log,
                      prepare_only: bool) -> Dict[str, Any]:
@@ -387,8 +311,7 @@ def _run_pretraining(config: PretrainConfig, resume: bool,
         log = lambda *args, **kwargs: None  # noqa: E731 (the first process reports)
     out, t = config.output_dir, config.train
     folder = os.path.join(out, "checkpoints")
-    ckpt, contents, damaged, start_step = _find_resume_checkpoint(config, resume, child, log)
-    _check_recorded_settings(config, ckpt, contents)
+    ckpt, contents, damaged, start_step = _resume_point(config, resume, child, log)
     if not child and ckpt is None:  # (resumed runs: once the checkpoint passed its checks)
         write_json(os.path.join(out, "config.json"), config.to_dict())
     trees = _check_before_corpus(config, ckpt is None, prepare_only, log)
@@ -418,11 +341,28 @@ def _run_pretraining(config: PretrainConfig, resume: bool,
         trainer, interrupt = _trainer(config, corpus, data, module, trees, extra_callbacks,
                                       ckpt, child, log)
         start = time.time()
-        _fit(trainer, module, data, ckpt, interrupt)
-        done = _already_done(config, trainer, start_step, ckpt)
-        if done is not None:
-            log(f"{ckpt} is already at train.max_steps ({t.max_steps}): nothing to train")
-            return done
+        interrupt.install()
+        try:
+            with quiet_lightning():
+                trainer.fit(module, datamodule=data, ckpt_path=ckpt, weights_only=True)
+        except SystemExit:
+            # Lightning exits after a KeyboardInterrupt (a second signal) and after its
+            # SIGTERMException (a signal during the sanity check)
+            if interrupt.signum is None:
+                raise
+            detail = " (sent twice: stop at once)" if interrupt.count > 1 else ""
+            raise TrainingInterrupted(interrupt.signum, trainer.global_step, None,
+                                      detail) from None
+        finally:
+            interrupt.restore()
+        summary = os.path.join(out, "pretrain.json")
+        if trainer.global_step == start_step and ckpt is not None and \
+                os.path.exists(summary) and os.path.isdir(os.path.join(out, "predictor")):
+            # nothing left to train: the saved summary and predictor, if of this end
+            saved = read_json(summary, "delete it; it is rewritten by a run that trains")
+            if isinstance(saved, dict) and saved.get("steps") == trainer.global_step:
+                log(f"{ckpt} is already at train.max_steps ({t.max_steps}): nothing to train")
+                return saved
         return _save_result(config, corpus, trainer, module, data, time.time() - start,
                             found_vectors, log)
     finally:

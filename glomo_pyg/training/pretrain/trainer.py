@@ -1,5 +1,4 @@
-"""The Lightning ``Trainer`` of a pretraining run, and the checks that the model and
-trainer can be built from the settings before any corpus work starts."""
+"""The Lightning ``Trainer`` of a pretraining run, and checks before any corpus work."""
 from __future__ import annotations
 
 import os
@@ -12,7 +11,7 @@ from glomo_pyg.io.memory import physical_memory
 from glomo_pyg.training.checkpoints import AtomicCheckpointIO, newest_checkpoint_file
 from glomo_pyg.training.graph_statistics import GraphStatisticsCallback
 from glomo_pyg.training.pretrain.module import GlomoPretraining
-from glomo_pyg.training.utils import quiet_lightning
+from glomo_pyg.training.utils import checked_lightning
 from glomo_pyg.training.pretrain.config import (IMAGE_FORMATS, PretrainConfig, TrainConfig,
                                                 short_repr)
 from glomo_pyg.training.pretrain.callbacks import FinalCheckpoint, RandomStateCheckpoint
@@ -35,20 +34,17 @@ def build_trainer(config: PretrainConfig, extra_callbacks: Optional[List[pl.Call
                                   filename="step{step}", auto_insert_metric_name=False,
                                   every_n_train_steps=t.checkpoint_every, save_top_k=-1,
                                   save_last=True, enable_version_counter=False)
-    # (no version counter: a resumed run rewrites last.ckpt and step<N>.ckpt of the same
-    # state, never 'last-v1.ckpt' beside a damaged 'last.ckpt')
+    # (no version counter: a resumed run rewrites last.ckpt and step<N>.ckpt, never
+    # writing 'last-v1.ckpt' beside a damaged 'last.ckpt')
     callbacks = [checkpoints, GraphStatisticsCallback(t.graph_stats_every), RandomStateCheckpoint(),
                  FinalCheckpoint(os.path.join(config.output_dir, "checkpoints", "last.ckpt"),
                                   t.checkpoint_every), *(extra_callbacks or [])]
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    try:
-        if t.logger == "tensorboard":
-            from lightning.pytorch.loggers import TensorBoardLogger
-            logger = TensorBoardLogger(config.output_dir, name="logs")
-        else:
-            from lightning.pytorch.loggers import CSVLogger
-            logger = CSVLogger(config.output_dir, name="logs")
+    def build() -> pl.Trainer:
+        from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+        logger = (TensorBoardLogger if t.logger == "tensorboard" else CSVLogger)(
+            config.output_dir, name="logs")
         return pl.Trainer(max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices,
                           num_nodes=t.num_nodes, strategy=t.strategy, precision=_precision(t),
                           gradient_clip_val=t.grad_clip or None, logger=logger,
@@ -57,42 +53,36 @@ def build_trainer(config: PretrainConfig, extra_callbacks: Optional[List[pl.Call
                           enable_progress_bar=t.progress_bar, enable_model_summary=False,
                           use_distributed_sampler=False, default_root_dir=config.output_dir,
                           plugins=[AtomicCheckpointIO()])
-    except (MisconfigurationException, TypeError, ImportError) as err:
-        # (ImportError: e.g. a logger, accelerator or precision plugin whose package is
-        # missing; TypeError: devices Lightning cannot parse for the accelerator)
-        raise ValueError(f"train settings (logger {t.logger!r}, accelerator {t.accelerator!r}, devices "
-                         f"{t.devices!r}, strategy {t.strategy!r}, precision "
-                         f"{_precision(t)!r}): {err}") from None
+
+    return checked_lightning(f"train settings (logger {t.logger!r}, accelerator "
+                             f"{t.accelerator!r}, devices {t.devices!r}, strategy "
+                             f"{t.strategy!r}, precision {_precision(t)!r})", build)
 
 
 def last_checkpoint(output_dir: str) -> Optional[str]:
-    """The run's newest checkpoint file by name (``last.ckpt``, else the largest
-    ``step<N>.ckpt``), or None: whether there is anything to resume (nothing is read;
-    :func:`run_pretraining` picks the newest *usable* one)."""
+    """The run's newest checkpoint file by name, or None."""
     return newest_checkpoint_file(os.path.join(output_dir, "checkpoints"))
 
 
 def is_launcher_child() -> bool:
-    """True in the processes Lightning's DDP launcher starts besides the first (they run
-    this same command again)."""
+    """True in the processes Lightning's DDP launcher starts besides the first."""
     return int(os.environ.get("LOCAL_RANK", 0)) > 0 or int(os.environ.get("NODE_RANK", 0)) > 0
 
 
 def check_model_builds(config: PretrainConfig) -> None:
-    """Build the model once, on the meta device, so that bad model settings (including
-    widths whose weights would not fit in memory) fail before the corpus is prepared
-    (which can take long)."""
+    """Build the model on the meta device: bad settings fail before the corpus is read."""
     c = config.corpus
     if c.format in IMAGE_FORMATS:
-        side = c.crop or 32
-        kwargs = dict(config.model, modality="image", in_channels=3, height=side, width=side)
+        kwargs = dict(config.model, modality="image", in_channels=3, height=c.crop or 32,
+                      width=c.crop or 32)
     else:  # (the vocabulary is not read yet; max_size is only its cap)
         kwargs = dict(config.model, num_tokens=8, padding_idx=0)
     try:
         with torch.device("meta"):  # shapes only: no memory, however wide the settings
             module = GlomoPretraining(kwargs)
     except (TypeError, ValueError, RuntimeError) as err:  # (RuntimeError: an overflow)
-        problem = f"cannot be built: {_first_line(err)}"
+        first = (str(err).strip() or type(err).__name__).splitlines()[0]  # (not C++ frames)
+        problem = f"cannot be built: {first[:300]}"
     else:
         size = sum(p.numel() * p.element_size() for p in module.parameters())
         memory = physical_memory()
@@ -104,12 +94,6 @@ def check_model_builds(config: PretrainConfig) -> None:
         raise ValueError(f"model settings {short_repr(config.model)} {problem}")
 
 
-def _first_line(err: BaseException, limit: int = 300) -> str:
-    """An exception's first line, bounded (torch's can carry C++ stack frames)."""
-    text = str(err).strip().splitlines()
-    return (text[0] if text else type(err).__name__)[:limit]
-
-
 # (Lightning's own environment reads the node rank from NODE_RANK, GROUP_RANK or RANK)
 _CLUSTER_ENVIRONMENTS = (("MASTER_ADDR", "NODE_RANK"), ("MASTER_ADDR", "GROUP_RANK"),
                          ("MASTER_ADDR", "RANK"), ("SLURM_NTASKS",), ("TORCHELASTIC_RUN_ID",),
@@ -117,19 +101,17 @@ _CLUSTER_ENVIRONMENTS = (("MASTER_ADDR", "NODE_RANK"), ("MASTER_ADDR", "GROUP_RA
 
 
 def check_trainer_builds(config: PretrainConfig) -> None:
-    """Build the trainer once before the corpus is prepared (which can take long), so that
-    bad train settings fail first; refuse what would hang or fail at the first step."""
+    """Build the trainer once; refuse what would hang or fail at the first step."""
     t = config.train
     if t.num_nodes > 1 and not any(all(k in os.environ for k in keys)
                                    for keys in _CLUSTER_ENVIRONMENTS):
         raise ValueError(f"train.num_nodes is {t.num_nodes}, but no cluster environment is set "
                          "(MASTER_ADDR with NODE_RANK, GROUP_RANK or RANK; SLURM, torchrun, MPI "
-                         "or LSF): started on "
-                         "one machine, the run would wait for the other nodes indefinitely")
+                         "or LSF): started on one machine, the run would wait for the other "
+                         "nodes indefinitely")
     from lightning.pytorch.accelerators import CPUAccelerator
 
-    with quiet_lightning():
-        trainer = build_trainer(config)
+    trainer = build_trainer(config)
     if isinstance(trainer.accelerator, CPUAccelerator) and trainer.precision == "16-true":
         raise ValueError("train.precision '16-true' is not supported on the CPU (float16 "
                          "training diverges there); use '32-true' or 'bf16-mixed'")
