@@ -421,7 +421,7 @@ def _csr(row_ptr: Tensor, col: Tensor, value: Tensor, size: Tuple[int, int]) -> 
     return out
 
 
-def _row_ptr(row: Tensor, num_rows: int) -> Tensor:
+def row_pointers(row: Tensor, num_rows: int) -> Tensor:
     """CSR row pointers of sorted rows, in the rows' index dtype (as CSR needs)."""
     return torch._convert_indices_from_coo_to_csr(row, num_rows,
                                                   out_int32=row.dtype == torch.int32)
@@ -429,14 +429,15 @@ def _row_ptr(row: Tensor, num_rows: int) -> Tensor:
 
 # A custom operator: torch.compile cannot trace sparse-tensor construction.
 @torch.library.custom_op("glomo_pyg::weighted_spmm", mutates_args=())
-def _spmm_op(row: Tensor, col: Tensor, weight: Tensor, x: Tensor, num_rows: int) -> Tensor:
-    row_ptr = _row_ptr(row, num_rows)
+def _spmm_op(row: Tensor, col: Tensor, weight: Tensor, x: Tensor, num_rows: int,
+             row_ptr: Optional[Tensor] = None) -> Tensor:
+    row_ptr = row_pointers(row, num_rows) if row_ptr is None else row_ptr
     with torch.autocast(x.device.type, enabled=False):  # the dtype of x, as given
         return _csr(row_ptr, col, weight.to(x.dtype), (num_rows, x.size(0))) @ x
 
 
 @_spmm_op.register_fake
-def _(row, col, weight, x, num_rows):
+def _(row, col, weight, x, num_rows, row_ptr=None):
     return x.new_empty(num_rows, x.size(1))
 
 
@@ -470,7 +471,7 @@ def _spmm_backward_impl(grad_out, row, col, weight, x, num_rows, need_weight, ne
     grad_out = grad_out.to(x.dtype).contiguous()
     grad_weight = torch.empty_like(weight) if need_weight else torch.zeros_like(weight)
     grad_x = torch.zeros_like(x)
-    row_ptr = _row_ptr(row, num_rows)
+    row_ptr = row_pointers(row, num_rows)
     for r0, r1, e0, e1 in _row_chunks(row_ptr, row.numel()):
         r, c, w = row[e0:e1] - r0, col[e0:e1], weight[e0:e1]
         c0, c1 = int(c.min()), int(c.max()) + 1  # the columns this chunk touches
@@ -479,14 +480,14 @@ def _spmm_backward_impl(grad_out, row, col, weight, x, num_rows, need_weight, ne
         if need_x:
             # A^T @ grad_out; spmm wants CSR: transpose by a stable sort of the columns
             sorted_c, perm = torch.sort(c, stable=True)
-            transposed = _csr(_row_ptr(sorted_c, c1 - c0), r[perm], w[perm].to(x.dtype),
+            transposed = _csr(row_pointers(sorted_c, c1 - c0), r[perm], w[perm].to(x.dtype),
                               (c1 - c0, r1 - r0))
             del sorted_c, perm
             grad_x[c0:c1] += transposed @ g_out
             del transposed
         if need_weight:
             # d out[r] / d w_e = grad_out[r] . x[col_e]: a sampled dense-dense product
-            pattern = _csr(_row_ptr(r, r1 - r0), c, torch.zeros_like(w, dtype=x.dtype),
+            pattern = _csr(row_pointers(r, r1 - r0), c, torch.zeros_like(w, dtype=x.dtype),
                            (r1 - r0, c1 - c0))
             grad_weight[e0:e1] = torch.sparse.sampled_addmm(
                 pattern, g_out, x_part.t().contiguous(), beta=0.0).values().to(weight.dtype)
@@ -499,7 +500,7 @@ def _(grad_out, row, col, weight, x, num_rows, need_weight, need_x):
 
 
 def _spmm_setup_context(ctx, inputs, output):
-    row, col, weight, x, num_rows = inputs
+    row, col, weight, x, num_rows, _ = inputs
     ctx.save_for_backward(row, col, weight, x)
     ctx.num_rows = num_rows
 
@@ -509,14 +510,17 @@ def _spmm_backward(ctx, grad_out):
     need_weight, need_x = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
     grad_weight, grad_x = _spmm_backward_op(grad_out, row, col, weight, x, ctx.num_rows,
                                             need_weight, need_x)
-    return (None, None, grad_weight if need_weight else None, grad_x if need_x else None, None)
+    return (None, None, grad_weight if need_weight else None, grad_x if need_x else None, None,
+            None)
 
 
 _spmm_op.register_autograd(_spmm_backward, setup_context=_spmm_setup_context)
 
 
-def spmm_unchecked(row: Tensor, col: Tensor, weight: Tensor, x: Tensor, num_rows: int) -> Tensor:
-    """:func:`weighted_spmm` without the index checks, for validated indices."""
+def spmm_unchecked(row: Tensor, col: Tensor, weight: Tensor, x: Tensor, num_rows: int,
+                   row_ptr: Optional[Tensor] = None) -> Tensor:
+    """:func:`weighted_spmm` without the index checks, for validated indices (``row_ptr``:
+    the rows' CSR pointers when already known)."""
     out_dtype = x.dtype
     if x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16):
         x = x.float()
@@ -524,7 +528,7 @@ def spmm_unchecked(row: Tensor, col: Tensor, weight: Tensor, x: Tensor, num_rows
         return x.new_zeros(num_rows, x.size(1), dtype=out_dtype)
     # autocast would recast the operands (to bf16 on CPU, which has no sparse kernel for it)
     with torch.autocast(x.device.type, enabled=False):
-        return _spmm_op(row, col, weight, x, num_rows).to(out_dtype)
+        return _spmm_op(row, col, weight, x, num_rows, row_ptr).to(out_dtype)
 
 
 def weighted_spmm(row: Tensor, col: Tensor, weight: Tensor, x: Tensor, num_rows: int) -> Tensor:
@@ -686,9 +690,9 @@ def head_propagate(x: Tensor, edge_index: Tensor, edge_weight: Tensor, edge_head
 
 
 def blocked_propagate(x: Tensor, rows: Tensor, cols: Tensor, weight: Tensor,
-                      num_heads: int) -> Tensor:
+                      num_heads: int, row_ptr: Optional[Tensor] = None) -> Tensor:
     """``[H, N, C]`` propagation over rows/columns from :func:`head_blocked_edges`
     (``x`` ``[N, C]`` if built with ``shared_input``, else ``[H, N, C]``)."""
     n, c = x.shape[-2], x.shape[-1]
     flat = x if x.dim() == 2 else x.reshape(num_heads * n, c)
-    return spmm_unchecked(rows, cols, weight, flat, num_heads * n).view(num_heads, n, c)
+    return spmm_unchecked(rows, cols, weight, flat, num_heads * n, row_ptr).view(num_heads, n, c)

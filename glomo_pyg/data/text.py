@@ -166,15 +166,14 @@ class WordVocabulary:
     def load(cls, path: str) -> "WordVocabulary":
         """A vocabulary saved by :meth:`save`; anything else raises a
         :class:`TextDataError` naming the file."""
-        text = read_document(path)
         try:
-            data = json.loads(text)
+            data = json.loads(read_document(path))
             if not isinstance(data, dict) or data.get("format") != "glomo-vocabulary" or \
                     not isinstance(data.get("tokens"), list):
                 raise ValueError("not a glomo vocabulary (format 'glomo-vocabulary', a tokens "
                                  "list); save the vocabulary with WordVocabulary.save")
             return cls(data["tokens"], data.get("specials", SPECIALS))
-        except (ValueError, TypeError, RecursionError) as err:
+        except (OSError, ValueError, TypeError, RecursionError) as err:
             raise TextDataError(f"{path}: not a readable vocabulary file: {err}") from None
 
     def __eq__(self, other) -> bool:

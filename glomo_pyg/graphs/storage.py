@@ -11,7 +11,8 @@ from torch import Tensor
 
 from glomo_pyg import flex
 from glomo_pyg.kernels import (blocked_propagate, check_graph_size, dense_head_propagate,
-                               head_blocked_edges, latent_graph_dense, latent_graph_edges)
+                               head_blocked_edges, is_compiling, latent_graph_dense,
+                               latent_graph_edges, row_pointers)
 from glomo_pyg.ordering import RasterOrder, SequenceOrder, UnitOrder
 from glomo_pyg.sequences import SequenceBatch
 
@@ -106,16 +107,19 @@ class GraphFrame:
 
     def propagate_edges(self, owner: "GraphStorage", edges: LayerEdges, x: Tensor,
                         sorted_edges: bool) -> Tensor:
-        """One CSR product over all heads, index arrays built once per storage and kind."""
+        """One CSR product over all heads, index arrays and row pointers built once per
+        storage and kind."""
         shared = x.dim() == 2
 
         def blocked():
             ei, ew, eh = edges
-            return head_blocked_edges(ei, ew, eh, self.num_nodes, shared, self.num_heads,
-                                      sorted_edges)
+            rows, cols, weight = head_blocked_edges(ei, ew, eh, self.num_nodes, shared,
+                                                    self.num_heads, sorted_edges)
+            size = self.num_heads * self.num_nodes
+            return rows, cols, weight, None if is_compiling() else row_pointers(rows, size)
 
-        rows, cols, weight = self.cached(("blocked", id(owner), shared), blocked)
-        return blocked_propagate(x, rows, cols, weight.to(x.dtype), self.num_heads)
+        rows, cols, weight, row_ptr = self.cached(("blocked", id(owner), shared), blocked)
+        return blocked_propagate(x, rows, cols, weight.to(x.dtype), self.num_heads, row_ptr)
 
 
 class GraphStorage(ABC):

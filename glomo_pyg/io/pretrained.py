@@ -487,7 +487,7 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
     """Load a predictor written by :func:`save_pretrained`, in eval mode.
 
     Both files are untrusted and checked before any module is built at its real size
-    (the checks, in order: docs/pretrained.md).
+    (the checks, in order: docs/design.md).
 
     Args:
         path: the directory given to :func:`save_pretrained`, or the name of a released

@@ -172,9 +172,11 @@ class GlomoConv(MessagePassing):
 
     def message_and_aggregate(self, edge_index: EdgeIndex, x: Tensor,
                               edge_weight: Tensor) -> Tensor:
-        # edge_index is sorted by target (the CSR rows of A = G^T)
+        # edge_index is sorted by target (the CSR rows of A = G^T); the EdgeIndex keeps
+        # its pointers, so a graph given again does not rebuild them
         cols, rows = edge_index.as_tensor()
-        return spmm_unchecked(rows, cols, edge_weight, x, x.size(0))
+        row_ptr = None if is_compiling() else edge_index.get_indptr()
+        return spmm_unchecked(rows, cols, edge_weight, x, x.size(0), row_ptr)
 
     def forward_dense(self, x: Tensor, adj: Tensor, batch: OptTensor = None) -> Tensor:
         """The dense layout: blocks ``adj`` ``[B, H, T, T]`` (or ``[B, T, T]``, one graph
@@ -356,7 +358,8 @@ class GlomoConv(MessagePassing):
             if not typed or t.shape != (e,) or t.device != x.device:
                 got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, Tensor) \
                     else type(t).__name__
-                raise ValueError(f"{name} must be {kind} tensor of shape [E] = [{e}] on x's "
+                error = TypeError if not typed else ValueError
+                raise error(f"{name} must be {kind} tensor of shape [E] = [{e}] on x's "
                                  f"device ({x.device}), got {got}")
 
     def __repr__(self) -> str:

@@ -94,6 +94,9 @@ class FeaturePredictor(ConfigurableModule):
         pooled_context = bool(pooled_context)
         # a plain int: config() is JSON
         local_context = check_model_setting("local_context", operator.index(local_context))
+        if "layout" in scorer_kwargs:
+            raise TypeError("layout is a run-time choice: use set_layout() or "
+                            "from_sequences(..., layout=...)")
         self.hidden_channels, self.num_layers, self.heads = hidden_channels, num_layers, heads
         self.encoder = UnitEncoder(hidden_channels, num_tokens, in_channels, padding_idx,
                                    pixel_mean, pixel_std)
@@ -140,7 +143,8 @@ class FeaturePredictor(ConfigurableModule):
             None if graphs is None else type(graphs).__name__
         if got != ((self.num_layers, self.heads, x.size(0)) if self.decouple else None) or \
                 given and (graphs.device != x.device or not torch.equal(graphs.ptr, sequences.ptr)):
-            raise ValueError(f"this FeaturePredictor propagates along LatentGraphs of "
+            error = TypeError if graphs is not None and not given else ValueError
+            raise error(f"this FeaturePredictor propagates along LatentGraphs of "
                              f"{self.num_layers} layers x {self.heads} heads emitted for this "
                              f"batch of x on {x.device} (pass graphs=GraphPredictor(...)(x, "
                              f"batch); decouple=False computes its own graphs: do not pass "

@@ -183,6 +183,14 @@ class GraphScorer(torch.nn.Module):
                                   normalization="relu2" if self.sparse else "softmax",
                                   block_size=self.block_size, check=False, sizes=sequences.sizes)
 
+    def dense(self, layer: int, key_states: Tensor, query_states: Tensor,
+              sequences: SequenceBatch) -> Tensor:
+        """Graph layer ``layer`` as dense ``[B, H, T, T]`` blocks (the dense layout)."""
+        k, q = self.augmented(layer, key_states, query_states)
+        return latent_graph_dense(k, q, sequences.lengths, direction=self.direction,
+                                  include_self=self.include_self,
+                                  normalization="relu2" if self.sparse else "softmax")
+
     def column_max(self, layer: int, key_states: Tensor, query_states: Tensor,
                    sequences: SequenceBatch) -> Tensor:
         """``[B, H, T]`` largest score of each target over its allowed sources

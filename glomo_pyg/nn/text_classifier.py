@@ -34,14 +34,18 @@ class GlomoTextClassifier(torch.nn.Module):
 
     Args:
         embedding (Tensor): ``[V, d]`` initial word vectors; row ``padding_idx`` is padding.
-        num_classes (int): output classes. predictor (PretrainedGraphPredictor, optional):
-            frozen graph predictor over the same vocabulary.
+        num_classes (int): output classes.
+        predictor (PretrainedGraphPredictor, optional): frozen graph predictor over the
+            same vocabulary.
         places (sequence of str): where graphs are added: ``'embedding'``, ``'rnn'``.
         graph, mixing, max_distance: of :class:`GlomoTransfer`.
-        hidden_channels (int): RNN width per direction. rnn (str): ``'gru'`` or ``'lstm'``.
+        hidden_channels (int): RNN width per direction.
+        rnn (str): ``'gru'`` or ``'lstm'``.
         rnn_layers (int): recurrent layers (>= 2 with ``'rnn'`` in places; 0: none).
         attention_heads (int): heads of the self-attention layer.
-        freeze_embedding (bool): keep the word vectors fixed. dropout (float): dropout.
+        freeze_embedding (bool): keep the word vectors fixed.
+        dropout (float): dropout probability of every layer (embedding, RNN, attention,
+            classifier).
 
     Shapes:
         - **input:** token ids :math:`(N)` (flat, int64 or int32), sorted ``batch`` :math:`(N)`,
