@@ -26,9 +26,11 @@ from glomo_pyg.data.word_vectors import (MAX_EPOCHS, MAX_SEED, MAX_TRAIN_DIM, MA
 from glomo_pyg.extras import MissingExtraError, require
 from glomo_pyg.io.paths import check_output_file
 from glomo_pyg.io.pretrained import reseal_pretrained
-from glomo_pyg.io.releases import available_releases, describe_release, released_names
+from glomo_pyg.io.releases import (available_releases, describe_release, released_names,
+                                   releases_origin, releases_root)
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 from glomo_pyg.settings import THREADS, set_by_path
+from glomo_pyg.version import __version__
 
 
 def _command(sub, name: str, func, help: str, description: Optional[str] = None,
@@ -389,7 +391,8 @@ def _export_text_items(path: str, predictor, max_samples: int, max_tokens: int, 
 
 
 def _export_image_items(folder: str, max_samples: int, max_units: int):
-    from PIL import Image, UnidentifiedImageError
+    Image = require("PIL.Image", "glomo export --images")
+    UnidentifiedImageError = Image.UnidentifiedImageError
 
     if not os.path.isdir(folder):
         raise ValueError(f"{folder} is not a directory")
@@ -441,8 +444,10 @@ def _export(args: argparse.Namespace) -> int:
 
 def _add_pretrained(sub) -> None:
     r = _command(sub, "pretrained", _pretrained, help="list the released pretrained predictors",
-                 description="List the released predictors (the repository's pretrained/ "
-                             "folder, or $GLOMO_PRETRAINED_DIR; docs/pretrained.md).")
+                 description="List the released predictors and where they come from: "
+                             "$GLOMO_PRETRAINED_DIR if set, else those installed with the "
+                             "package, else a source checkout's pretrained/ folder "
+                             "(docs/pretrained.md).")
     r.add_argument("--json", action="store_true", help="print the list as JSON")
 
 
@@ -474,9 +479,8 @@ def _pretrained(args: argparse.Namespace) -> int:
         widths = [max(map(len, column)) for column in zip(*rows)]
         for row in rows:
             print("  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths)) + "  " + row[-1])
-        if good:
-            print(f"\nload one with PretrainedGraphPredictor.from_pretrained(NAME) (in "
-                  f"{os.path.dirname(good[0]['path'])})")
+        print(f"\nfrom {releases_root()} ({releases_origin()}); load one with "
+              "PretrainedGraphPredictor.from_pretrained(NAME)")
         for i in infos:
             if "error" in i:
                 print(f"glomo pretrained: release {i['name']} FAILS its checks and will not "
@@ -505,8 +509,6 @@ def _add_view(sub) -> None:
 
 
 def _view(args: argparse.Namespace) -> int:
-    from glomo_pyg.analysis.treebank import read_treebank
-
     # before the predictor loads: valid text, input paths that are regular files (a FIFO
     # would hang the read), an output path writable as a file
     check_output_path(args.output, "--output")
@@ -524,6 +526,8 @@ def _view(args: argparse.Namespace) -> int:
         text = _nth((line for _, line in _lines(args.text_file, "--text-file", 1 << 20)),
                     args.line, "--line", args.text_file, "line")
     if args.treebank is not None:
+        from glomo_pyg.analysis.treebank import read_treebank  # (conllu: the [text] extra)
+
         gold = _nth(read_treebank(args.treebank, max_sentences=args.sentence), args.sentence,
                     "--sentence", args.treebank, "sentence")
         text = list(gold.words) if args.cased else [w.lower() for w in gold.words]
@@ -553,6 +557,7 @@ def _reseal(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The ``glomo`` parser, a subparser per command."""
     parser = argparse.ArgumentParser(prog="glomo", description="GLoMo latent graphs for PyG")
+    parser.add_argument("--version", action="version", version=f"glomo_pyg {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_quickstart, _add_pretrain, _add_word_vectors, _add_syntax, _add_export,
                 _add_pretrained, _add_view, _add_reseal):

@@ -9,9 +9,10 @@ from typing import Dict
 
 #: The extra that provides each optional top-level module.
 EXTRAS: Dict[str, str] = {"lightning": "train", "yaml": "train", "gensim": "text",
-                          "conllu": "text", "matplotlib": "analysis", "sklearn": "analysis"}
+                          "conllu": "text", "matplotlib": "analysis", "sklearn": "analysis",
+                          "PIL": "analysis"}
 #: Distribution names where they differ from the module's.
-PACKAGES: Dict[str, str] = {"yaml": "pyyaml", "sklearn": "scikit-learn"}
+PACKAGES: Dict[str, str] = {"yaml": "pyyaml", "sklearn": "scikit-learn", "PIL": "pillow"}
 
 
 class MissingExtraError(ImportError):

@@ -62,6 +62,8 @@ out["train"] = error(lambda: __import__("glomo_pyg.training"))
 out["treebank"] = error(lambda: __import__("glomo_pyg.analysis.treebank"))
 out["figure"] = error(figure)
 out["word2vec"] = error(word2vec)
+out["image"] = error(lambda: __import__("glomo_pyg.analysis", fromlist=["view"]).view(
+    predictor, image="picture.png"))
 print(json.dumps(out))
 '''
 
@@ -80,7 +82,8 @@ def test_the_core_works_without_extras_and_each_feature_names_its_extra():
     assert out["conv"] == [5, 4] and out["graphs"] == 2
     for key, extra, package in [("train", "train", "lightning"), ("treebank", "text", "conllu"),
                                 ("figure", "analysis", "matplotlib"),
-                                ("word2vec", "text", "gensim")]:
+                                ("word2vec", "text", "gensim"),
+                                ("image", "analysis", "pillow")]:
         assert out[key] is not None, f"{key}: no MissingExtraError"
         assert f"glomo-pyg[{extra}]" in out[key] and f"needs {package}" in out[key], out[key]
 

@@ -1,5 +1,6 @@
-"""Released predictors: pretrained graph predictors shipped in ``pretrained/NAME/`` and
-loaded by name (docs/pretrained.md)."""
+"""Released predictors: pretrained graph predictors shipped in ``pretrained/NAME/`` (the
+wheel carries them as ``glomo_pyg/pretrained/NAME/``) and loaded by name
+(docs/pretrained.md)."""
 from __future__ import annotations
 
 import os
@@ -32,16 +33,31 @@ _TOP_HEADING = re.compile(r"^#{1,2}(\s|$)", re.MULTILINE)  # would split the car
 PathLike = Union[str, os.PathLike]
 
 
+_PACKAGE = Path(__file__).resolve().parents[1]
+INSTALLED_ROOT = _PACKAGE / "pretrained"  # an installed wheel's copy of the releases
+CHECKOUT_ROOT = _PACKAGE.parent / "pretrained"  # a source checkout's (or editable install's)
+
+
 def releases_root() -> Path:
-    """``$GLOMO_PRETRAINED_DIR`` if set, else ``pretrained/`` beside ``glomo_pyg``."""
+    """Where releases are looked up: ``$GLOMO_PRETRAINED_DIR`` if set, else the releases
+    installed with the package (``glomo_pyg/pretrained/``), else a source checkout's
+    ``pretrained/`` beside ``glomo_pyg/``."""
     env = os.environ.get(ENV_VAR)
     if not env:
-        return Path(__file__).resolve().parents[2] / "pretrained"
+        return INSTALLED_ROOT if INSTALLED_ROOT.is_dir() else CHECKOUT_ROOT
     try:
         return Path(env).expanduser()
     except RuntimeError:  # '~user/...' for a user this system does not know
         raise ValueError(f"{ENV_VAR}={env!r}: its '~' names no home folder on this system; "
                          "give the releases folder as an absolute path") from None
+
+
+def releases_origin() -> str:
+    """Where :func:`releases_root` comes from, in words (``glomo pretrained`` says it)."""
+    if os.environ.get(ENV_VAR):
+        return f"${ENV_VAR}"
+    return "installed with the glomo_pyg package" if INSTALLED_ROOT.is_dir() else \
+        "the source checkout's pretrained/ folder"
 
 
 def in_releases_root(path: PathLike) -> bool:
@@ -203,5 +219,6 @@ def describe_release(name: str) -> Dict[str, Any]:
                 units=[emitter.height, emitter.width] if modality == "pixels"
                 else predictor.num_tokens,
                 weights_bytes=(path / "model.safetensors").stat().st_size,
+                # (summary: the card's first line after its title)
                 summary=next((line.strip() for line in card[1:] if line.strip()), ""),
-                path=str(path))  # (summary: the card's first line after its title)
+                path=str(path), origin=releases_origin())

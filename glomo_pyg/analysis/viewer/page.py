@@ -16,6 +16,7 @@ from torch import Tensor
 from glomo_pyg.analysis.export import check_thinning, directions
 from glomo_pyg.analysis.viewer.inputs import (check_output_path, open_input_file, to_uint8,
                                               valid_text)
+from glomo_pyg.extras import require
 from glomo_pyg.graph_conversion import check_sample
 
 # pages stay small: edges of at least MIN_WEIGHT, and on images each target's
@@ -66,7 +67,8 @@ def _pil_pixels(img, where: str) -> np.ndarray:
 
 def _read_image(path) -> np.ndarray:
     """The regular image file ``path`` of at most :data:`MAX_IMAGE_PIXELS` (by its header)."""
-    from PIL import Image, UnidentifiedImageError
+    Image = require("PIL.Image", "reading an image file")
+    UnidentifiedImageError = Image.UnidentifiedImageError
 
     name = os.fspath(path)
     try:
