@@ -14,7 +14,6 @@ on the first failure.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import re
 import shutil
@@ -27,7 +26,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import List
 
-RELEASE_FILES = ("README.md", "config.json", "model.safetensors")
 # a wheel carries the package (its releases included) and its metadata, and nothing else:
 # no tests, data, checkpoints, caches or hidden files
 STRAY = re.compile(r"__pycache__|\.py[cod]$|\.ckpt$|\.npy$|\.npz$|\.pkl$|(^|/)\.")
@@ -81,6 +79,8 @@ def same_wheels(wheel: Path, other: Path) -> None:
 
 
 def check_wheel(wheel: Path, checkout: Path) -> None:
+    from glomo_pyg.io.releases import RELEASE_FILES
+
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
         top = ("glomo_pyg/", f"glomo_pyg-{metadata.version('glomo-pyg')}.dist-info/")
@@ -125,7 +125,7 @@ def check_releases(checkout: Path) -> None:
     import torch
 
     from glomo_pyg import PretrainedGraphPredictor
-    from glomo_pyg.io.releases import describe_release
+    from glomo_pyg.io.releases import RELEASE_FILES, describe_release
 
     listing = glomo("pretrained")
     if "installed with the glomo_pyg package" not in listing:
@@ -136,7 +136,7 @@ def check_releases(checkout: Path) -> None:
             sys.exit(f"release {name}: not listed, or found in the checkout ({info['path']})")
         for file in RELEASE_FILES:
             a, b = Path(info["path"]) / file, checkout / "pretrained" / name / file
-            if hashlib.sha256(a.read_bytes()).digest() != hashlib.sha256(b.read_bytes()).digest():
+            if a.read_bytes() != b.read_bytes():
                 sys.exit(f"release {name}: {file} differs from the checkout's")
         installed = PretrainedGraphPredictor.from_pretrained(name)
         source = PretrainedGraphPredictor.from_pretrained(checkout / "pretrained" / name)
