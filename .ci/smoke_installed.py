@@ -31,7 +31,7 @@ from typing import List
 STRAY = re.compile(r"__pycache__|\.py[cod]$|\.ckpt$|\.npy$|\.npz$|\.pkl$|(^|/)\.")
 # README sections whose python blocks a user copies (in the order they run)
 USAGE_SECTIONS = ("Usage", "Add pretrained graphs to your model", "Pretrained predictors",
-                  "See what was learned", "Graphs over pixels")
+                  "Graphs for any PyG layer", "See what was learned", "Graphs over pixels")
 
 
 def step(text: str) -> None:

@@ -28,6 +28,10 @@ A slice is a module of :mod:`benchmarks.gpu.slices` with:
   ``estimate_seconds(keys, recipe, recorded)``: the time ``keys`` take together, from
   the ledger's ``recorded`` runs of the recipe where it can (default: the sum
   of their ``min_seconds``), which the schedule packs calls with.
+
+A module may hold several slices (``any_gnn``: one per task, each carrying its own
+archive): its ``slice_for(name)`` returns each one's module object, with the attributes
+above.
 """
 from __future__ import annotations
 
@@ -40,9 +44,11 @@ from types import ModuleType
 from typing import Callable, Dict, List
 
 # The campaign's slices (the order in which they run is the schedule's STAGES)
-ORDER = ("profile", "pixel-pretrain", "cifar10", "text-pretrain", "imdb", "speed")
+ORDER = ("profile", "pixel-pretrain", "cifar10", "text-pretrain", "imdb", "any-gnn-imdb",
+         "any-gnn-cifar10", "speed")
 MODULES = {"profile": "profile", "pixel-pretrain": "pixel_pretrain", "cifar10": "cifar10",
-           "text-pretrain": "text_pretrain", "imdb": "imdb", "speed": "speed"}
+           "text-pretrain": "text_pretrain", "imdb": "imdb", "any-gnn-imdb": "any_gnn",
+           "any-gnn-cifar10": "any_gnn", "speed": "speed"}
 # slices of the campaign whose module is not written yet, each with why (plan lists them)
 NOT_BUILT: Dict[str, str] = {}
 
@@ -54,7 +60,9 @@ def slice_module(name: str) -> ModuleType:
     if name not in MODULES:
         raise ValueError(f"unknown slice {name!r}; the campaign's slices are "
                          f"{', '.join(ORDER)}")
-    return importlib.import_module(f"benchmarks.gpu.slices.{MODULES[name]}")
+    mod = importlib.import_module(f"benchmarks.gpu.slices.{MODULES[name]}")
+    # a module of several slices (any_gnn: one per task) gives each its own
+    return mod.slice_for(name) if hasattr(mod, "slice_for") else mod
 
 
 def digest(recipe: Dict) -> str:

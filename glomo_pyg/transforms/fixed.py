@@ -1,0 +1,128 @@
+"""Fixed-structure graphs under the interface of :class:`~glomo_pyg.transforms.GlomoGraphs`
+(merged: one relation per direction), so that a comparison changes only the graph:
+adjacent units (:class:`ChainGraphs`), every allowed source alike (:class:`UniformGraphs`)
+and the 8-neighbour pixel grid (:class:`GridGraphs`)."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+from glomo_pyg.ordering import check_int
+from glomo_pyg.transforms.base import (DIRECTIONS, SampleEdges, UnitGraphs, check_directions)
+
+
+class FixedGraphs(UnitGraphs):
+    r"""Base of the fixed graphs: relation ``r`` is direction ``directions[r]`` (forward:
+    sources before the target in the units' order; backward: after), each target's
+    incoming weights sum to 1 (as GLoMo's, paper Eq. 1). Edges depend only on the number
+    of units, so each length's are built once."""
+
+    def __init__(self, directions: Optional[Sequence[str]] = None):
+        self.directions = check_directions(directions, DIRECTIONS)
+        self._built: Dict[int, SampleEdges] = {}
+
+    @property
+    def relations(self) -> List[str]:
+        return list(self.directions)
+
+    def key_parts(self) -> Dict[str, Any]:
+        return dict(transform=type(self).__name__, directions=list(self.directions))
+
+    def direction_edges(self, num_units: int, direction: str) -> Tuple[Tensor, Tensor, Tensor]:
+        """``(source, target, weight)`` of one direction, sorted by (target, source)."""
+        raise NotImplementedError
+
+    def _edges(self, num_units: int) -> SampleEdges:
+        if num_units not in self._built:
+            parts = [self.direction_edges(num_units, d) for d in self.directions]
+            relation = torch.cat([torch.full_like(p[0], r) for r, p in enumerate(parts)])
+            src, tgt, weight = (torch.cat(t) for t in zip(*parts))
+            self._built[num_units] = (torch.stack([src, tgt]), weight.float(), relation)
+        return self._built[num_units]
+
+    def sample_edges(self, samples: List[Data]) -> List[SampleEdges]:
+        out = []
+        for data in samples:
+            edge_index, weight, relation = self._edges(data.x.size(0))
+            device = data.x.device
+            # (copies: a caller editing one sample's edges must not edit the next one's)
+            out.append(tuple(t.to(device, copy=True) for t in (edge_index, weight, relation)))
+        return out
+
+
+class ChainGraphs(FixedGraphs):
+    """Each unit's neighbour in the sequence: source ``t - 1`` (forward) or ``t + 1``
+    (backward) of target ``t``, weight 1 (for raster-ordered pixels: the previous or
+    next pixel in raster order, across row ends)."""
+
+    def direction_edges(self, num_units: int, direction: str):
+        tgt = torch.arange(1, num_units) if direction == "forward" else \
+            torch.arange(num_units - 1)
+        src = tgt - 1 if direction == "forward" else tgt + 1
+        return src, tgt, torch.ones(tgt.numel())
+
+
+class UniformGraphs(FixedGraphs):
+    r"""Every allowed source alike: target ``j`` gets weight :math:`1 / j` from each of
+    the :math:`j` units before it (forward) or :math:`1 / (T - 1 - j)` from each after
+    it (backward), the paper's uniform baseline as edges (:math:`O(T^2)` of them)."""
+
+    def direction_edges(self, num_units: int, direction: str):
+        i, j = torch.triu_indices(num_units, num_units, offset=1)  # i < j
+        if direction == "forward":
+            src, tgt = i, j
+            count = tgt
+        else:
+            src, tgt = j, i
+            count = num_units - 1 - tgt
+        order = torch.argsort(tgt * num_units + src)
+        src, tgt, count = src[order], tgt[order], count[order]
+        return src, tgt, 1.0 / count.double()
+
+
+class GridGraphs(FixedGraphs):
+    """The 8-neighbour pixel grid of ``height x width`` images in raster order: forward
+    sources are the neighbours before the target (up-left, up, up-right, left), backward
+    the four after it; each target's weights ``1 / (neighbours it has there)``.
+
+    Args:
+        height, width: the image size; every sample must have ``height * width`` units.
+        directions: as :class:`ChainGraphs`.
+    """
+
+    def __init__(self, height: int, width: int, directions: Optional[Sequence[str]] = None):
+        check_int("height", height, 1)
+        check_int("width", width, 1)
+        super().__init__(directions)
+        self.height, self.width = height, width
+
+    def key_parts(self) -> Dict[str, Any]:
+        return dict(super().key_parts(), size=[self.height, self.width])
+
+    def check_sample(self, data: Data, index: int) -> None:
+        super().check_sample(data, index)
+        if data.x.size(0) != self.height * self.width:
+            raise ValueError(f"sample {index}: data.x must hold the {self.height * self.width} "
+                             f"pixels of one {self.height}x{self.width} image, got "
+                             f"{data.x.size(0)} units")
+
+    def direction_edges(self, num_units: int, direction: str):
+        h, w = self.height, self.width
+        sign = -1 if direction == "forward" else 1
+        offsets = [(sign * dr, sign * dc) for dr, dc in ((1, 1), (1, 0), (1, -1), (0, 1))]
+        rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        rows, cols = rows.reshape(-1), cols.reshape(-1)
+        src, tgt = [], []
+        for dr, dc in offsets:
+            r, c = rows + dr, cols + dc
+            inside = (r >= 0) & (r < h) & (c >= 0) & (c < w)
+            src.append((r * w + c)[inside])
+            tgt.append((rows * w + cols)[inside])
+        src, tgt = torch.cat(src), torch.cat(tgt)
+        order = torch.argsort(tgt * num_units + src)
+        src, tgt = src[order], tgt[order]
+        degree = torch.bincount(tgt, minlength=num_units)
+        return src, tgt, 1.0 / degree[tgt].double()

@@ -1,0 +1,308 @@
+r"""GLoMo's learned graphs as PyG edges: :class:`GlomoGraphs` runs a frozen graph
+predictor over each sample's units and writes its graphs into the sample's ``Data``, so
+that any PyG layer (``GATConv``, ``RGCNConv``, ``GCNConv``, ...) reads them."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+from glomo_pyg.graphs import LatentGraphs
+from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
+from glomo_pyg.ordering import check_int
+from glomo_pyg.sequences import TOKEN_DTYPES
+from glomo_pyg import kernels
+from glomo_pyg.transforms.base import (SampleEdges, UnitGraphs, check_directions,
+                                       check_pruning)
+from glomo_pyg.version import __version__
+
+MERGES = ("sum", "mean")
+
+
+def predictor_digest(predictor: PretrainedGraphPredictor) -> str:
+    """SHA-256 (hex) of a predictor's configuration, vocabulary and weights: two
+    predictors that can emit different graphs have different digests."""
+    h = hashlib.sha256()
+    parts = {d: [type(predictor.predictor(d)).__name__, predictor.predictor(d).config()]
+             for d in predictor.directions}
+    h.update(json.dumps([parts, predictor.vocabulary, predictor.trained_length,
+                         predictor.trained_size], sort_keys=True, default=str).encode())
+    for name, t in sorted(predictor.predictors.state_dict().items()):
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _index_list(name: str, values: Optional[Sequence[int]], size: int) -> Tuple[int, ...]:
+    """Distinct indices in ``[0, size)``, sorted (``None``: all)."""
+    if values is None:
+        return tuple(range(size))
+    if isinstance(values, int) and not isinstance(values, bool):
+        values = (values,)
+    chosen = list(values) if isinstance(values, (list, tuple, range)) else None
+    if not chosen or len(set(chosen)) != len(chosen) or any(
+            isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < size for v in chosen):
+        raise ValueError(f"{name} must be distinct integers in [0, {size}) (the predictor's "
+                         f"{name}), or None for all; got {values!r}")
+    return tuple(sorted(chosen))
+
+
+class GlomoGraphs(UnitGraphs):
+    r"""Turn each sample's tokens or pixels into a ``Data`` with GLoMo's graphs as edges.
+
+    A frozen graph predictor (paper Sec. 2.1) emits, per direction :math:`d`, layer
+    :math:`l` and head :math:`h`, a weighted graph :math:`G^{d,l,h}` over the sample's
+    units (:math:`G_{ij} > 0`: unit :math:`i` is a source of target :math:`j`; each
+    target's weights sum to 1). Each selected graph becomes one relation:
+    ``edge_index[:, e] = (i, j)``, ``edge_weight[e] = G_ij`` exactly as emitted,
+    ``edge_type[e]`` its index in :attr:`relations` (named ``"forward/layer0/head3"``).
+
+    With ``products=True`` relation :math:`l` is the hierarchical product
+    :math:`\Lambda^{l} = G^{1} G^{2} \cdots G^{l}` of layers up to :math:`l` (paper
+    Sec. 2.2; named ``"forward/layers0-2/head3"``). ``merge`` collapses every direction's
+    selected relations into one (``"forward"``, ``"backward"``): an edge's weights summed,
+    or averaged over the merged relations (an edge absent from one counts 0 there, so
+    each target's weights still sum to at most 1). Pruning comes last, per relation:
+    weights below ``min_weight`` are dropped, then each target keeps its ``top_k``
+    heaviest sources (ties: the lower source). Kept weights are not renormalised.
+
+    Samples: ``data.x`` holds one sequence's token ids (``[T]`` or ``[T, 1]``, int64 or
+    int32) for a text predictor, one image's pixels in raster order (uint8
+    ``[H W, C]``, :func:`glomo_pyg.pixels.image_units`; :func:`image_data` builds it) for
+    a pixel predictor, or float features ``[T, F]`` for a feature predictor. A list of
+    samples is emitted ``batch_size`` at a time, on ``device``; use the transform on the
+    whole list inside an ``InMemoryDataset``'s ``process`` (or :class:`GraphsDataset`,
+    which caches under :attr:`cache_key`: it holds the predictor's digest).
+
+    Args:
+        predictor: a :class:`~glomo_pyg.PretrainedGraphPredictor`, or a released
+            predictor's name or a saved predictor's folder. The transform keeps it in
+            eval mode on ``device`` (a module is moved there, not copied).
+        directions: ``'forward'`` and/or ``'backward'`` (default: all it has).
+        layers, heads: graph layers and heads to keep (default: all).
+        products: relations are the products :math:`G^1 \cdots G^l` (dense per sample:
+            :math:`O(T^2)` memory per head; ``batch_size`` bounds it).
+        merge: ``None``, ``'sum'`` or ``'mean'``: one relation per direction.
+        top_k: sources kept per target and relation (``>= 1``; ``None``: all).
+        min_weight: drop edges lighter than this (``None``: keep all).
+        max_distance: cut every graph to this window before anything else
+            (:meth:`LatentGraphs.within`: the far pairs masked before normalising).
+        image_size: ``(height, width)`` of the images (pixel predictors; default: the
+            predictor's own).
+        batch_size: samples per predictor call.
+        device: where the predictor runs (default: CUDA when available, else the CPU).
+            Edges come back on the samples' device.
+
+    Shapes:
+        - **input:** ``Data`` with ``x`` :math:`(T)` token ids or :math:`(HW, C)` pixels
+          (or a list of them, or a ``Batch``)
+        - **output:** the same, plus ``edge_index`` :math:`(2, E)`, ``edge_weight``
+          :math:`(E)`, ``edge_type`` :math:`(E)`
+
+    Example::
+
+        from glomo_pyg.transforms import GlomoGraphs
+        graphs = GlomoGraphs("imdb-text-cpu", merge="mean", top_k=8)
+        data = graphs(Data(x=token_ids))      # data.edge_index, edge_weight, edge_type
+    """
+
+    def __init__(self, predictor: Union[PretrainedGraphPredictor, str, os.PathLike], *,
+                 directions: Optional[Sequence[str]] = None,
+                 layers: Optional[Sequence[int]] = None, heads: Optional[Sequence[int]] = None,
+                 products: bool = False, merge: Optional[str] = None,
+                 top_k: Optional[int] = None, min_weight: Optional[float] = None,
+                 max_distance: Optional[int] = None,
+                 image_size: Optional[Tuple[int, int]] = None, batch_size: int = 64,
+                 device: Optional[Union[str, torch.device]] = None):
+        if isinstance(predictor, (str, os.PathLike)):
+            predictor = PretrainedGraphPredictor.from_pretrained(predictor)
+        if not isinstance(predictor, PretrainedGraphPredictor):
+            raise TypeError(f"predictor must be a PretrainedGraphPredictor or a released "
+                            f"predictor's name, got {type(predictor).__name__}")
+        check_pruning(top_k, min_weight)
+        check_int("batch_size", batch_size, 1)
+        if max_distance is not None:
+            check_int("max_distance", max_distance, 1)
+        if merge not in (None,) + MERGES or not isinstance(products, bool):
+            raise ValueError(f"merge must be None, 'sum' or 'mean' and products a bool, got "
+                             f"merge={merge!r}, products={products!r}")
+        self.directions = check_directions(directions, predictor.directions)
+        self.layers = _index_list("layers", layers, predictor.num_layers)
+        self.heads = _index_list("heads", heads, predictor.heads)
+        self.products, self.merge = products, merge
+        self.top_k, self.min_weight, self.max_distance = top_k, min_weight, max_distance
+        self.batch_size = batch_size
+        self.modality = self._modality(predictor)
+        if self.modality == "pixels":
+            predictor = self._sized(predictor, image_size)
+        elif image_size is not None:
+            raise ValueError(f"image_size is for pixel predictors; this one reads "
+                             f"{self.modality}")
+        self.device = torch.device(device if device is not None else
+                                   "cuda" if torch.cuda.is_available() else "cpu")
+        self.predictor = predictor.to(self.device).eval()
+
+    @staticmethod
+    def _modality(predictor: PretrainedGraphPredictor) -> str:
+        emitter = predictor.predictor(predictor.directions[0])
+        if getattr(emitter, "height", None) is not None:
+            return "pixels"
+        return "tokens" if predictor.num_tokens is not None else "features"
+
+    def _sized(self, predictor: PretrainedGraphPredictor, image_size) -> PretrainedGraphPredictor:
+        emitter = predictor.predictor(predictor.directions[0])
+        own = (emitter.height, emitter.width)
+        size = own if image_size is None else tuple(image_size) \
+            if isinstance(image_size, (tuple, list)) else ()
+        if len(size) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
+                                 for v in size) or size[0] * size[1] < 2:
+            raise ValueError(f"image_size must be (height, width), positive integers of at "
+                             f"least two pixels in all, got {image_size!r}")
+        self.image_size = size
+        return predictor if size == own else predictor.resized(*size)
+
+    @property
+    def relations(self) -> List[str]:
+        if self.merge is not None:
+            return list(self.directions)
+        kind = (lambda l: f"layers0-{l}") if self.products else (lambda l: f"layer{l}")
+        return [f"{d}/{kind(l)}/head{h}" for d in self.directions for l in self.layers
+                for h in self.heads]
+
+    def key_parts(self) -> Dict[str, Any]:
+        return dict(transform="GlomoGraphs", glomo_pyg=__version__,
+                    predictor=predictor_digest(self.predictor), modality=self.modality,
+                    image_size=list(getattr(self, "image_size", ())),
+                    directions=list(self.directions), layers=list(self.layers),
+                    heads=list(self.heads), products=self.products, merge=self.merge,
+                    top_k=self.top_k, min_weight=self.min_weight,
+                    max_distance=self.max_distance)
+
+    def check_sample(self, data: Data, index: int) -> None:
+        super().check_sample(data, index)
+        x = data.x
+        where = f"sample {index}: "
+        if self.modality == "tokens":
+            if x.dtype not in TOKEN_DTYPES or (x.dim() == 2 and x.size(1) != 1):
+                raise TypeError(where + f"this is a text predictor: data.x must hold token ids "
+                                f"(int64 or int32, [T] or [T, 1]), got {x.dtype} "
+                                f"{tuple(x.shape)}" + ("; pixels need a pixel predictor"
+                                                       if x.dtype == torch.uint8 else ""))
+            low, high = (int(v) for v in torch.aminmax(x))
+            if low < 0 or high >= self.predictor.num_tokens:
+                raise ValueError(where + f"token ids must lie in [0, "
+                                 f"{self.predictor.num_tokens}) (the predictor's vocabulary), "
+                                 f"got values in [{low}, {high}]")
+        elif self.modality == "pixels":
+            h, w = self.image_size
+            c = self.predictor.in_channels
+            if x.dtype != torch.uint8:
+                raise TypeError(where + f"this is a pixel predictor: data.x must hold uint8 "
+                                f"pixels [H W, C] in raster order, got {x.dtype}"
+                                + ("; token ids need a text predictor"
+                                   if x.dtype in TOKEN_DTYPES else ""))
+            if x.dim() != 2 or tuple(x.shape) != (h * w, c):
+                raise ValueError(where + f"data.x must be one {h}x{w} image of {c} channels: "
+                                 f"[{h * w}, {c}] pixels in raster order, got {tuple(x.shape)} "
+                                 f"(other sizes: image_size=...)")
+        elif not x.is_floating_point() or x.dim() != 2 or x.size(1) != self.predictor.in_channels:
+            raise ValueError(where + f"this predictor reads float features [T, "
+                             f"{self.predictor.in_channels}], got {x.dtype} {tuple(x.shape)}")
+
+    def sample_edges(self, samples: List[Data]) -> List[SampleEdges]:
+        longest = max(d.x.size(0) for d in samples)
+        # dense [B, relations, T, T] blocks: bounded as the predictor bounds one layer's
+        widest = max(len(self.relations), self.predictor.heads)
+        fits = max(1, kernels.MAX_GRAPH_PAIRS // (widest * longest * longest))
+        if len(samples) > fits:
+            return [e for start in range(0, len(samples), fits)
+                    for e in self.sample_edges(samples[start:start + fits])]
+        sizes = torch.tensor([d.x.size(0) for d in samples])
+        batch = torch.repeat_interleave(torch.arange(len(samples)), sizes).to(self.device)
+        x = torch.cat([d.x.reshape(d.x.size(0), -1) for d in samples])
+        x = (x.view(-1) if self.modality == "tokens" else x).to(self.device)
+        with torch.no_grad():
+            emitted = self.predictor(x, batch, layout="dense")
+            # [B, R, target, source]: contiguous, so that top-k and nonzero run along rows
+            dense = torch.cat([self._direction_blocks(getattr(emitted, d)).transpose(-1, -2)
+                               for d in self.directions], 1).contiguous()
+            b, relation, tgt, src, weight = self._kept_edges(dense)
+        home = samples[0].x.device
+        counts = torch.bincount(b, minlength=len(samples)).tolist()
+        pieces = zip(*(torch.split(t.to(home), counts)
+                       for t in (src, tgt, weight.float(), relation)))
+        return [(torch.stack([s, t]), w, r) for s, t, w, r in pieces]
+
+    def _direction_blocks(self, graphs: LatentGraphs) -> Tensor:
+        """``[B, R, T, T]`` (``[b, r, i, j] = G_ij``): one direction's selected relations,
+        in :attr:`relations` order, merged into one if asked."""
+        if self.max_distance is not None:
+            graphs = graphs.within(self.max_distance)
+        every_head = len(self.heads) == graphs.num_heads
+        blocks = (b if every_head else b[:, list(self.heads)] for b in self._layer_blocks(graphs))
+        if self.merge is None:
+            return torch.cat(list(blocks), 1)
+        total = None  # (summed block by block: no [B, L H, T, T] copy)
+        for block in blocks:
+            total = block.sum(1, keepdim=True) if total is None else \
+                total + block.sum(1, keepdim=True)
+        return total / (len(self.layers) * len(self.heads)) if self.merge == "mean" else total
+
+    def _layer_blocks(self, graphs: LatentGraphs) -> Iterator[Tensor]:
+        r"""``[B, H, T, T]`` of each selected layer :math:`l`: :math:`G^l`, or with
+        :attr:`products` :math:`G^1 \cdots G^l`."""
+        if not self.products:
+            yield from (graphs.dense_layer(l) for l in self.layers)
+            return
+        product = None
+        for l in range(max(self.layers) + 1):
+            product = graphs.dense_layer(l) if product is None else \
+                product @ graphs.dense_layer(l)
+            if l in self.layers:
+                yield product
+
+    def _kept_edges(self, dense: Tensor) -> Tuple[Tensor, ...]:
+        """``(sample, relation, target, source, weight)`` of the edges of ``dense``
+        (``[B, R, target, source]``) that pruning keeps, sorted in that order."""
+        if self.top_k is None or self.top_k >= dense.size(-1):
+            if self.min_weight is not None:
+                dense = dense.masked_fill(dense < self.min_weight, 0)
+            b, relation, tgt, src = dense.nonzero(as_tuple=True)
+            return b, relation, tgt, src, dense[b, relation, tgt, src]
+        # the top k of each row, put back in source order; the weights >= min_weight among
+        # them are the top k of those >= min_weight
+        weight, source = dense.topk(self.top_k, dim=-1)
+        # rows where the k-th weight ties with one left out: the lower sources win
+        tied = ((dense >= weight[..., -1:]).sum(-1) > self.top_k) & (weight[..., -1] > 0)
+        if bool(tied.any()):
+            weight[tied], source[tied] = (t[..., :self.top_k] for t in
+                                          dense[tied].sort(dim=-1, descending=True, stable=True))
+        source, order = source.sort(dim=-1)
+        weight = weight.gather(-1, order)
+        floor = 0.0 if self.min_weight is None else self.min_weight
+        keep = (weight > 0) & (weight >= floor)
+        b, relation, tgt, slot = keep.nonzero(as_tuple=True)
+        return b, relation, tgt, source[b, relation, tgt, slot], weight[b, relation, tgt, slot]
+
+
+def image_data(image: Tensor, **attributes: Any) -> Data:
+    """A ``Data`` of one uint8 ``[C, H, W]`` image: ``x`` its pixels in raster order
+    (``[H W, C]``), ``pos`` each pixel's ``(row, column)``, and ``attributes`` (e.g.
+    ``y``)."""
+    from glomo_pyg.pixels import check_images, image_units
+
+    check_images(image.unsqueeze(0) if isinstance(image, Tensor) and image.dim() == 3 else image,
+                 name="image")
+    if image.dim() != 3:
+        raise ValueError(f"image must be one [C, H, W] image, got {tuple(image.shape)}")
+    x, _ = image_units(image.unsqueeze(0))
+    h, w = image.shape[1:]
+    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    pos = torch.stack([rows.reshape(-1), cols.reshape(-1)], 1).to(image.device)
+    return Data(x=x, pos=pos, **attributes)
