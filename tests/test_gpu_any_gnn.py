@@ -181,7 +181,7 @@ def test_cifar_samples_are_benchmarks_any_gnns(monkeypatch):
     fake = {"train": (torch.randint(0, 256, (50, 3, 32, 32), dtype=torch.uint8, generator=gen),
                       torch.arange(50) % 10),
             "test": (torch.randint(0, 256, (20, 3, 32, 32), dtype=torch.uint8, generator=gen),
-                     torch.arange(20) % 10)}
+                     (torch.arange(20) * 3 + 1) % 10)}  # (not the training labels' pattern)
     monkeypatch.setattr(images_module, "load_cifar10", lambda root, split: fake[split])
     monkeypatch.setitem(bench.CIFAR_FULL, "validation", 7)
     monkeypatch.setitem(bench.CIFAR_FULL, "test", 11)
@@ -196,6 +196,13 @@ def test_cifar_samples_are_benchmarks_any_gnns(monkeypatch):
         assert len(mine[split]) == len(theirs[split])
         for a, b in zip(mine[split], theirs[split]):
             assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y) and torch.equal(a.pos, b.pos)
+    # every sample keeps the label of its own image (16x16: the 2x2 means of the image)
+    for split, source in (("train", "train"), ("validation", "train"), ("test", "test")):
+        pooled = torch.nn.functional.avg_pool2d(fake[source][0].float(), 2).round()
+        for data in mine[split]:
+            image = data.x.float().view(16, 16, 3).permute(2, 0, 1)
+            match = [j for j in range(len(pooled)) if torch.equal(pooled[j], image)]
+            assert len(match) == 1 and int(data.y) == int(fake[source][1][match[0]]), split
 
 
 # -- the dry run of the keys through run_key ----------------------------------------------

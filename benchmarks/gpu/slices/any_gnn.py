@@ -216,7 +216,7 @@ def cifar_samples(data_dir: str, recipe: Dict) -> Dict[str, list]:
 
     return {"train": samples(images[train], labels[train]),
             "validation": samples(images[val], labels[val]),
-            "test": samples(test_images[test], labels[test])}
+            "test": samples(test_images[test], test_labels[test])}
 
 
 def _args(ctx) -> argparse.Namespace:
