@@ -199,10 +199,10 @@ def test_cifar_samples_are_benchmarks_any_gnns(monkeypatch):
     # every sample keeps the label of its own image (16x16: the 2x2 means of the image)
     for split, source in (("train", "train"), ("validation", "train"), ("test", "test")):
         pooled = torch.nn.functional.avg_pool2d(fake[source][0].float(), 2).round()
-        for data in mine[split]:
-            image = data.x.float().view(16, 16, 3).permute(2, 0, 1)
+        for sample in mine[split]:
+            image = sample.x.float().view(16, 16, 3).permute(2, 0, 1)
             match = [j for j in range(len(pooled)) if torch.equal(pooled[j], image)]
-            assert len(match) == 1 and int(data.y) == int(fake[source][1][match[0]]), split
+            assert len(match) == 1 and int(sample.y) == int(fake[source][1][match[0]]), split
 
 
 # -- the dry run of the keys through run_key ----------------------------------------------

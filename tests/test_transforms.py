@@ -1101,3 +1101,44 @@ def test_released_pixel_predictor_at_16x16():
     assert_edges(out, mats, exact=True)
     assert t.relations == ["forward/layer1/head0", "forward/layer1/head3",
                            "backward/layer1/head0", "backward/layer1/head3"]
+
+
+# ----------------------------------------------------------------------------- 13. PyG's own cache
+
+def _user_dataset(root, samples, pre_transform):
+    """A user's own InMemoryDataset that runs the transform as its pre_transform on the
+    whole list, and names its processed file after the transform's cache_key (docs)."""
+    from torch_geometric.data import InMemoryDataset
+
+    class Reviews(InMemoryDataset):
+        def __init__(self):
+            super().__init__(root, pre_transform=pre_transform)
+            self.load(self.processed_paths[0])
+
+        @property
+        def processed_file_names(self):
+            return [f"reviews-{self.pre_transform.cache_key}.pt"]
+
+        def process(self):
+            self.save(self.pre_transform(list(samples)), self.processed_paths[0])
+
+    return Reviews()
+
+
+def test_a_users_in_memory_dataset_with_the_transform_as_pre_transform(tmp_path):
+    samples = token_samples([4, 6, 3])
+    calls = []
+    first = GlomoGraphs(make_text(0), batch_size=8)
+    first.predictor.register_forward_hook(lambda *a: calls.append(1))
+    dataset = _user_dataset(str(tmp_path), samples, first)
+    assert calls == [1]  # three samples, one predictor call
+    for data, expected in zip(dataset, first(samples)):
+        assert torch.equal(data.edge_index, expected.edge_index)
+        assert torch.equal(data.edge_weight, expected.edge_weight)
+    again = _user_dataset(str(tmp_path), samples, first)
+    assert calls == [1, 1] and len(again) == 3  # (the check above called it once more)
+    other = GlomoGraphs(make_text(1))
+    with pytest.warns(UserWarning, match="pre_transform"):  # PyG sees another repr
+        rebuilt = _user_dataset(str(tmp_path), samples, other)
+    for data, expected in zip(rebuilt, other(samples)):
+        assert torch.equal(data.edge_weight, expected.edge_weight)

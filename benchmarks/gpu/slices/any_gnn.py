@@ -100,8 +100,8 @@ def task_recipe(task: str, dry_run: bool) -> Dict:
              train=dict(epochs=FULL.epochs, batch=FULL.batch_size, lr=LR, optimizer="adam"),
              graphs=list(GRAPHS[task]), seeds=5)
     if dry_run:  # the toy archives (40 training samples, 20 or 40 test): seconds on a CPU
-        r.update(data=dict(r["data"], validation=8, **({"length": 16} if task == "imdb"
-                                                        else {"side": 8})),
+        toy = {"length": 16} if task == "imdb" else {"side": 8}
+        r.update(data=dict(r["data"], validation=8, **toy),
                  graph=dict(r["graph"], top_k=4), model=dict(r["model"], hidden=8),
                  train=dict(r["train"], epochs=1, batch=8), seeds=1)
     return r
