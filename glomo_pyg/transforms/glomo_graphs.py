@@ -229,30 +229,40 @@ class GlomoGraphs(UnitGraphs):
         x = (x.view(-1) if self.modality == "tokens" else x).to(self.device)
         with torch.no_grad():
             emitted = self.predictor(x, batch, layout="dense")
-            # [B, R, target, source]: contiguous, so that top-k and nonzero run along rows
-            dense = torch.cat([self._direction_blocks(getattr(emitted, d)).transpose(-1, -2)
-                               for d in self.directions], 1).contiguous()
-            b, relation, tgt, src, weight = self._kept_edges(dense)
+            parts, first = [], 0  # per block of relations: its kept edges
+            for d in self.directions:
+                for block in self._direction_blocks(getattr(emitted, d)):
+                    # [B, R, target, source], contiguous: top-k and nonzero run along rows
+                    b, relation, tgt, src, weight = self._kept_edges(
+                        block.transpose(-1, -2).contiguous())
+                    parts.append((torch.bincount(b, minlength=len(samples)).tolist(),
+                                  (src, tgt, weight.float(), relation + first)))
+                    first += block.size(1)
         home = samples[0].x.device
-        counts = torch.bincount(b, minlength=len(samples)).tolist()
-        pieces = zip(*(torch.split(t.to(home), counts)
-                       for t in (src, tgt, weight.float(), relation)))
-        return [(torch.stack([s, t]), w, r) for s, t, w, r in pieces]
+        # each sample's edges: its piece of every block, in relation order
+        pieces = [list(zip(*(torch.split(t.to(home), counts) for t in edges)))
+                  for counts, edges in parts]
+        out = []
+        for sample in zip(*pieces):
+            src, tgt, weight, relation = (torch.cat(t) for t in zip(*sample))
+            out.append((torch.stack([src, tgt]), weight, relation))
+        return out
 
-    def _direction_blocks(self, graphs: LatentGraphs) -> Tensor:
-        """``[B, R, T, T]`` (``[b, r, i, j] = G_ij``): one direction's selected relations,
-        in :attr:`relations` order, merged into one if asked."""
+    def _direction_blocks(self, graphs: LatentGraphs) -> Iterator[Tensor]:
+        """``[B, R, T, T]`` blocks (``[b, r, i, j] = G_ij``) of one direction's selected
+        relations, in :attr:`relations` order (one block per layer), or the merged one."""
         if self.max_distance is not None:
             graphs = graphs.within(self.max_distance)
         every_head = len(self.heads) == graphs.num_heads
         blocks = (b if every_head else b[:, list(self.heads)] for b in self._layer_blocks(graphs))
         if self.merge is None:
-            return torch.cat(list(blocks), 1)
+            yield from blocks
+            return
         total = None  # (summed block by block: no [B, L H, T, T] copy)
         for block in blocks:
             total = block.sum(1, keepdim=True) if total is None else \
                 total + block.sum(1, keepdim=True)
-        return total / (len(self.layers) * len(self.heads)) if self.merge == "mean" else total
+        yield total / (len(self.layers) * len(self.heads)) if self.merge == "mean" else total
 
     def _layer_blocks(self, graphs: LatentGraphs) -> Iterator[Tensor]:
         r"""``[B, H, T, T]`` of each selected layer :math:`l`: :math:`G^l`, or with
@@ -277,12 +287,14 @@ class GlomoGraphs(UnitGraphs):
             return b, relation, tgt, src, dense[b, relation, tgt, src]
         # the top k of each row, put back in source order; the weights >= min_weight among
         # them are the top k of those >= min_weight
-        weight, source = dense.topk(self.top_k, dim=-1)
-        # rows where the k-th weight ties with one left out: the lower sources win
-        tied = ((dense >= weight[..., -1:]).sum(-1) > self.top_k) & (weight[..., -1] > 0)
+        k = self.top_k
+        weight, source = dense.topk(k + 1, dim=-1)
+        # rows whose k-th weight ties with the (k+1)-th: the lower sources win
+        tied = (weight[..., k] == weight[..., k - 1]) & (weight[..., k - 1] > 0)
         if bool(tied.any()):
-            weight[tied], source[tied] = (t[..., :self.top_k] for t in
+            weight[tied], source[tied] = (t[..., :k + 1] for t in
                                           dense[tied].sort(dim=-1, descending=True, stable=True))
+        weight, source = weight[..., :k], source[..., :k]
         source, order = source.sort(dim=-1)
         weight = weight.gather(-1, order)
         floor = 0.0 if self.min_weight is None else self.min_weight
