@@ -95,6 +95,7 @@ LAYERS = [
     ("graphs", ["graphs"]),
     ("nn", ["nn"]),
     ("io", ["io"]),
+    ("transforms", ["transforms"]),
     ("data", ["data"]),
     ("analysis", ["analysis", "evaluation"]),
     ("training", ["training"]),
