@@ -47,16 +47,16 @@ def readme_blocks():
 @pytest.mark.slow
 def test_readme_code_blocks_run(tmp_path, monkeypatch):
     blocks = readme_blocks()
-    assert len(blocks) == 5
+    assert len(blocks) == 6
     exec(compile(blocks[0], "README usage", "exec"), {})
     # the released predictors, by name (the repository's pretrained/ folder)
     env = {}
     exec(compile(blocks[2], "README releases", "exec"), env)
     assert env["predictor"].vocabulary is not None and env["pixels"].vocabulary is None
     # the pixel example at a smaller width (same code path)
-    pixels = blocks[4].replace("hidden_channels=128, num_layers=3, heads=8",
+    pixels = blocks[5].replace("hidden_channels=128, num_layers=3, heads=8",
                                "hidden_channels=16, num_layers=2, heads=2")
-    assert pixels != blocks[4]
+    assert pixels != blocks[5]
     env = {}
     exec(compile(pixels, "README pixels", "exec"), env)
     assert env["logits"].shape == (8, 10)
@@ -75,9 +75,18 @@ def test_readme_code_blocks_run(tmp_path, monkeypatch):
     batch = torch.tensor([0] * 5 + [1] * 7)
     assert model(x, batch).shape == (2, 2)
 
+    # GLoMo graphs for a stock PyG layer: the transform on two sentences
+    env = {}
+    exec(compile(blocks[3], "README any GNN", "exec"), env)
+    batch, graphs = env["batch"], env["graphs"]
+    assert graphs.relations == ["forward", "backward"] and batch.num_graphs == 2
+    assert env["h"].shape == (batch.num_nodes, 32)
+    per_target = torch.bincount(batch.edge_index[1] * 2 + batch.edge_type)
+    assert per_target.max() <= 4  # top_k=4 per target and direction
+
     # the viewer example, on the released text predictor: one offline page
     monkeypatch.chdir(tmp_path)
     env = {}
-    exec(compile(blocks[3], "README viewer", "exec"), env)
+    exec(compile(blocks[4], "README viewer", "exec"), env)
     page = (tmp_path / "graphs.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and '"kind":"text"' in page
