@@ -8,8 +8,12 @@ over GLoMo's graphs (``glomo_pyg.transforms.GlomoGraphs``) and over fixed graphs
 The model (:class:`RelationalGNN`): units embedded (token embeddings; pixels normalised
 with their row and column), two residual layers each summing one ``GraphConv`` per
 relation (PyG's weighted-sum layer, so edge weights matter), mean + max pooling, a linear
-classifier. Every graph has two relations, ``forward`` and ``backward`` (GLoMo's layers
-and heads merged by their mean, then the ``top_k`` heaviest sources per target kept).
+classifier. The default graphs have two relations, ``forward`` and ``backward`` (GLoMo's
+layers and heads merged by their mean, then the ``top_k`` heaviest sources per target
+kept); on images ``--image-graphs`` adds GLoMo unmerged (``glomo-heads``: one relation per
+direction, layer and head), the grid with one relation per neighbour offset
+(``grid-offsets``) and the uniform graph. Fixed graphs are attached to each batch as it
+is drawn; learned ones are made once and cached (``GraphsDataset``).
 Per task the learning rate is chosen on the validation split: seed 0 at every rate of
 ``--lrs`` over every graph, the rate with the best mean validation accuracy kept; seeds
 0..N-1 then run at it and the epoch with the best validation accuracy is evaluated on
@@ -27,6 +31,7 @@ GPU; uniform graphs are left out there (``T (T - 1)`` edges per sample: 160k per
 from __future__ import annotations
 
 import argparse
+import collections.abc
 import dataclasses
 import datetime
 import json
@@ -49,6 +54,7 @@ from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.pixels import IMAGENET_MEAN, IMAGENET_STD, normalize
 from glomo_pyg.transforms import (ChainGraphs, GlomoGraphs, GraphsDataset, GridGraphs,
                                   UniformGraphs, UnitGraphs, image_data)
+from glomo_pyg.transforms.fixed import FixedGraphs
 
 warnings.filterwarnings("ignore", message=".*Sparse CSR tensor support is in beta.*")
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "any_gnn.md")
@@ -65,6 +71,7 @@ class Setup:
     hidden: int = 64
     batch_size: int = 32
     top_k: int = 8
+    heads_top_k: int = 4  # per relation, for the unmerged variant (16 relations)
 
 
 REDUCED = Setup(train=2000, validation=500, test=2000, review_length=128, image_side=16,
@@ -150,22 +157,29 @@ def imdb_samples(args, setup: Setup, vocabulary: Sequence[str]) -> Dict[str, Lis
 
 
 def cifar_samples(args, setup: Setup) -> Dict[str, List[Data]]:
+    sizes = CIFAR_FULL if args.full else CIFAR_REDUCED
+    return cifar_splits(args.data_dir, sizes, setup.image_side)
+
+
+def cifar_splits(data_dir: str, sizes: Dict[str, Optional[int]], side: int,
+                 validation_seed: int = 0, test_seed: int = 1) -> Dict[str, List[Data]]:
+    """CIFAR-10 as image samples: ``sizes['validation']`` training images (a seeded
+    permutation) for validation, then up to ``sizes['train']`` for training, a seeded part
+    of ``sizes['test']`` test images (``None``: all); average-pooled to ``side``."""
     from glomo_pyg.data.images import load_cifar10
 
-    root = os.path.join(args.data_dir, "cifar-10-batches-py")
+    root = os.path.join(data_dir, "cifar-10-batches-py")
     images, labels = load_cifar10(root, "train")
     test_images, test_labels = load_cifar10(root, "test")
-    sizes = CIFAR_FULL if args.full else CIFAR_REDUCED
-    order = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))
+    order = torch.randperm(len(images), generator=torch.Generator().manual_seed(validation_seed))
     val, train = order[:sizes["validation"]], order[sizes["validation"]:]
     train = train[:sizes["train"]] if sizes["train"] is not None else train
-    test = torch.randperm(len(test_images), generator=torch.Generator().manual_seed(1))
+    test = torch.randperm(len(test_images), generator=torch.Generator().manual_seed(test_seed))
     test = test[:sizes["test"]] if sizes["test"] is not None else test
 
     def data(imgs: Tensor, ys: Tensor) -> List[Data]:
-        if setup.image_side != imgs.shape[-1]:
-            factor = imgs.shape[-1] // setup.image_side
-            imgs = F.avg_pool2d(imgs.float(), factor).round().to(torch.uint8)
+        if side != imgs.shape[-1]:
+            imgs = F.avg_pool2d(imgs.float(), imgs.shape[-1] // side).round().to(torch.uint8)
         return [image_data(i, y=y.view(1)) for i, y in zip(imgs, ys)]
 
     return {"train": data(images[train], labels[train]),
@@ -173,8 +187,11 @@ def cifar_samples(args, setup: Setup) -> Dict[str, List[Data]]:
             "test": data(test_images[test], test_labels[test])}
 
 
+IMAGE_EXTRAS = ("uniform", "glomo-heads", "grid-offsets")
+
+
 def graph_variants(task: str, args, setup: Setup) -> Dict[str, UnitGraphs]:
-    """The graphs compared on ``task``; the learned one first."""
+    """The graphs compared on ``task``; the learned ones (names ``glomo...``) first."""
     device = args.device
     if task == "imdb":
         glomo = GlomoGraphs(args.text_predictor, merge="mean", top_k=setup.top_k,
@@ -186,10 +203,31 @@ def graph_variants(task: str, args, setup: Setup) -> Dict[str, UnitGraphs]:
     side = setup.image_side
     glomo = GlomoGraphs(args.pixel_predictor, merge="mean", top_k=setup.top_k,
                         image_size=(side, side), device=device)
-    variants = {"glomo": glomo, "grid": GridGraphs(side, side), "chain": ChainGraphs()}
+    variants = {"glomo": glomo}
+    if "glomo-heads" in args.image_graphs:  # one relation per direction, layer and head
+        variants["glomo-heads"] = GlomoGraphs(args.pixel_predictor, top_k=setup.heads_top_k,
+                                              image_size=(side, side), device=device)
+    variants.update(grid=GridGraphs(side, side), chain=ChainGraphs())
+    if "grid-offsets" in args.image_graphs:  # one relation per neighbour offset
+        variants["grid-offsets"] = GridGraphs(side, side, relations="offset")
     if "uniform" in args.image_graphs:
         variants["uniform"] = UniformGraphs()
     return variants
+
+
+class FixedGraphSamples(collections.abc.Sequence):
+    """Samples whose fixed graph (the same for every sample of a size) is attached on
+    access instead of stored: the uniform graph of 5,500 16x16 images would take 10 GB."""
+
+    def __init__(self, samples: Sequence[Data], graphs: FixedGraphs, task: str):
+        self.samples, self.graphs, self.task = samples, graphs, task
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index):
+        data = self.graphs(self.samples[index])
+        return pixel_features(data) if self.task == "cifar10" else data
 
 
 # ----------------------------------------------------------------------------- runs
@@ -254,12 +292,16 @@ def run_task(task: str, args, setup: Setup, runs: Dict, runs_path: str) -> Dict:
     datasets = {}
     for name, graphs in variants.items():
         start = time.perf_counter()
-        splits = {split: GraphsDataset(os.path.join(args.work, task, name, split), samples,
-                                       graphs) for split, samples in raw.items()}
-        if task == "cifar10":
-            splits = {k: [pixel_features(d) for d in v] for k, v in splits.items()}
+        if isinstance(graphs, FixedGraphs):
+            splits = {k: FixedGraphSamples(v, graphs, task) for k, v in raw.items()}
+        else:
+            splits = {split: GraphsDataset(os.path.join(args.work, task, name, split), samples,
+                                           graphs) for split, samples in raw.items()}
+            if task == "cifar10":
+                splits = {k: [pixel_features(d) for d in v] for k, v in splits.items()}
         datasets[name] = splits
-        edges = sum(int(d.edge_index.size(1)) for d in splits["train"]) / len(splits["train"])
+        edges = sum(int(splits["train"][i].edge_index.size(1))
+                    for i in range(len(splits["train"]))) / len(splits["train"])
         info["graphs"][name] = dict(relations=graphs.relations, edges_per_sample=round(edges, 1),
                                     key=graphs.cache_key,
                                     seconds=round(time.perf_counter() - start, 1))
@@ -297,9 +339,12 @@ def report(tasks: Dict[str, Dict], args, setup: Setup, command: str, minutes: fl
              f"`RelationalGNN` (benchmarks/any_gnn.py): 2 residual layers of one `GraphConv` "
              f"per relation, hidden {setup.hidden}, mean+max pooling; Adam, batch "
              f"{setup.batch_size}, {setup.epochs} epochs, the test accuracy of the epoch "
-             f"with the best validation accuracy. Every graph has the relations forward and "
-             f"backward; GLoMo's layers and heads merged by their mean, top {setup.top_k} "
-             f"sources per target and direction.", ""]
+             f"with the best validation accuracy. `glomo`, `chain`, `uniform`, `grid`: the "
+             f"relations forward and backward, GLoMo's layers and heads merged by their mean, "
+             f"top {setup.top_k} sources per target and direction; `glomo-heads`: one relation "
+             f"per direction, layer and head, top {setup.heads_top_k} each; `grid-offsets`: one "
+             f"relation per neighbour offset. Fixed graphs are attached on access, learned ones "
+             f"cached.", ""]
     for task, result in tasks.items():
         lines += [f"### {task}", "",
                   f"Samples (train / validation / test): "
@@ -307,26 +352,27 @@ def report(tasks: Dict[str, Dict], args, setup: Setup, command: str, minutes: fl
                   f" Learning rate {result['lr']:g}, chosen on validation (seed 0, mean over "
                   f"graphs: " + ", ".join(f"{lr:g}: {v:.4f}" for lr, v in result['search'].items())
                   + ").", "",
-                  "| graph | edges per sample | validation acc. | test acc. (mean ± sd) | seeds |",
-                  "|---|---|---|---|---|"]
+                  "| graph | relations | edges per sample | validation acc. | "
+                  "test acc. (mean ± sd) | seeds |", "|---|---|---|---|---|---|"]
         for name, rs in result["final"].items():
             tests = [r["test"] * 100 for r in rs]
             mean = sum(tests) / len(tests)
             sd = (sum((t - mean) ** 2 for t in tests) / max(len(tests) - 1, 1)) ** 0.5
             val = sum(r["validation"] for r in rs) / len(rs) * 100
-            lines.append(f"| {name} | {result['graphs'][name]['edges_per_sample']:.0f} | "
+            graph = result['graphs'][name]
+            lines.append(f"| {name} | {len(graph['relations'])} | "
+                         f"{graph['edges_per_sample']:.0f} | "
                          f"{val:.2f} | {mean:.2f} ± {sd:.2f} | {len(rs)} |")
         lines += ["", "| paired difference (test, points) | mean | 95% interval | excludes 0 |",
                   "|---|---|---|---|"]
-        glomo = [r["test"] * 100 for r in result["final"]["glomo"]]
-        for name, rs in result["final"].items():
-            if name == "glomo":
-                continue
-            mean, low, high, _ = paired_difference(glomo, [r["test"] * 100 for r in rs])
-            verdict = "yes, GLoMo better" if low > 0 else "yes, GLoMo worse" if high < 0 else \
-                "no (not significant)"
-            lines.append(f"| GLoMo − {name} | {mean:+.2f} | [{low:+.2f}, {high:+.2f}] | "
-                         f"{verdict} |")
+        tests = {name: [r["test"] * 100 for r in rs] for name, rs in result["final"].items()}
+        for learned in (n for n in tests if n.startswith("glomo")):
+            for name in (n for n in tests if not n.startswith("glomo")):
+                mean, low, high, _ = paired_difference(tests[learned], tests[name])
+                verdict = "yes, GLoMo better" if low > 0 else "yes, GLoMo worse" if high < 0 \
+                    else "no (not significant)"
+                lines.append(f"| {learned} − {name} | {mean:+.2f} | [{low:+.2f}, {high:+.2f}] "
+                             f"| {verdict} |")
         lines.append("")
     return lines
 
@@ -342,8 +388,10 @@ def parse(argv=None):
     parser.add_argument("--text-predictor", default="imdb-text-cpu")
     parser.add_argument("--pixel-predictor", default=None,
                         help="default: imagenet32-pixel-cpu (reduced), imagenet32-pixel (full)")
-    parser.add_argument("--image-graphs", nargs="*", default=[],
-                        help="'uniform' adds the O(T^2) uniform graph on images")
+    parser.add_argument("--image-graphs", nargs="*", default=[], choices=IMAGE_EXTRAS,
+                        help="more graphs on images: 'uniform' (O(T^2) edges), 'glomo-heads' "
+                             "(GLoMo unmerged: one relation per direction, layer and head), "
+                             "'grid-offsets' (the grid with one relation per neighbour)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--work", default=None, help="cache folder (default runs/any_gnn-...)")
     parser.add_argument("--results", default=RESULTS)

@@ -705,6 +705,35 @@ def test_grid_graphs_exact_edges_on_3x4():
     assert GridGraphs(3, 4, directions="backward").relations == ["backward"]
 
 
+def test_grid_graphs_one_relation_per_offset():
+    t = GridGraphs(3, 4, relations="offset")
+    assert t.relations == ["forward/up-left", "forward/up", "forward/up-right", "forward/left",
+                           "backward/down-right", "backward/down", "backward/down-left",
+                           "backward/right"]
+    out = t(image_samples(1, h=3, w=4)[0])
+    got = fixed_edges(out)
+    # every relation: each pixel reads its one neighbour at that (row, column) offset
+    steps = [(-1, -1), (-1, 0), (-1, 1), (0, -1), (1, 1), (1, 0), (1, -1), (0, 1)]
+    want = [(r, (row + dr) * 4 + col + dc, row * 4 + col, 1.0)
+            for r, (dr, dc) in enumerate(steps) for row in range(3) for col in range(4)
+            if 0 <= row + dr < 3 and 0 <= col + dc < 4]
+    assert got == want
+    assert [s for r, s, tg, _ in got if tg == 5] == [0, 1, 2, 4, 10, 9, 8, 6]
+    check_sorted_and_normalised(out, 12)
+    # the same pairs as the merged grid, direction by direction
+    merged = fixed_edges(GridGraphs(3, 4)(image_samples(1, h=3, w=4)[0]))
+    for d in (0, 1):
+        assert sorted(e[1:3] for e in got if (e[0] >= 4) == d) == \
+            sorted(e[1:3] for e in merged if e[0] == d)
+    assert GridGraphs(3, 4, "backward", relations="offset").relations[0] == "backward/down-right"
+    # the default's key is unchanged by the option; the split has its own
+    assert GridGraphs(3, 4).cache_key == GridGraphs(3, 4, relations="direction").cache_key
+    assert t.cache_key != GridGraphs(3, 4).cache_key
+    for bad in ("offsets", None, 8):
+        with pytest.raises(ValueError, match="relations must be one of"):
+            GridGraphs(3, 4, relations=bad)
+
+
 def test_fixed_graphs_on_lists_and_batches():
     samples = token_samples([3, 1, 5])
     for t in (ChainGraphs(), UniformGraphs()):
@@ -900,6 +929,39 @@ def test_stock_pyg_layers_on_transformed_batches():
         assert any(g.abs().sum() > 0 for g in grads)
 
 
+def test_csr_adjacency_from_sorted_edges_equals_the_edge_list():
+    """docs/any_gnn.md's recipe: one relation's CSR (rows: targets) built without a sort
+    gives stock layers the same output as its edge list, for every relation of a batch."""
+    import warnings
+
+    from torch_geometric.nn import GCNConv, GraphConv
+
+    from benchmarks.any_gnn import relation_adjacency
+
+    t = GlomoGraphs(text_predictor(), top_k=3)
+    batch = t(Batch.from_data_list(token_samples([5, 1, 7])))
+    torch.manual_seed(0)
+    x = torch.randn(batch.num_nodes, 4)
+    n = batch.num_nodes
+    for conv in (GraphConv(4, 3), GCNConv(4, 3, normalize=False)):
+        for r in range(t.num_relations):
+            keep = batch.edge_type == r
+            (src, tgt), w = batch.edge_index[:, keep], batch.edge_weight[keep]
+            rows = torch.zeros(n + 1, dtype=torch.long)
+            rows[1:] = torch.bincount(tgt, minlength=n).cumsum(0)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # (PyG: CSR support "in beta")
+                adjacency = torch.sparse_csr_tensor(rows, src, w, (n, n))
+                dense = adjacency.to_dense()
+                got = conv(x, adjacency)
+                bench = conv(x, relation_adjacency(batch, r))
+            want_dense = torch.zeros(n, n).index_put_((tgt, src), w, accumulate=True)
+            assert torch.equal(dense, want_dense)  # (the sorted edges made a valid CSR)
+            want = conv(x, batch.edge_index[:, keep], w)
+            torch.testing.assert_close(got, want)
+            torch.testing.assert_close(bench, want)
+
+
 # ----------------------------------------------------------------------------- 11. bad input
 
 def test_wrong_modality_is_refused():
@@ -1035,6 +1097,8 @@ def test_cache_key():
     assert a.cache_key == b.cache_key and len(a.cache_key) == 32
     assert predictor_digest(make_text(0)) == predictor_digest(make_text(0))
     assert isinstance(a, UnitGraphs)
+    with pytest.raises(TypeError, match="abstract"):
+        UnitGraphs()  # relations, key_parts and sample_edges are the subclass's
     changed = make_text(0)
     with torch.no_grad():
         changed.predictor("backward").scorer.bias[1] += 1e-3

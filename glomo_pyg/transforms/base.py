@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from abc import abstractmethod
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from torch import Tensor
@@ -63,9 +64,9 @@ class UnitGraphs(BaseTransform):
     batch_size: int = 1
 
     @property
+    @abstractmethod
     def relations(self) -> List[str]:
         """The name of each ``edge_type`` value."""
-        raise NotImplementedError
 
     @property
     def num_relations(self) -> int:
@@ -77,8 +78,9 @@ class UnitGraphs(BaseTransform):
         dataset's cache: a different predictor or option gives a different key)."""
         return digest(self.key_parts())[:32]
 
+    @abstractmethod
     def key_parts(self) -> Dict[str, Any]:
-        raise NotImplementedError
+        """What :attr:`cache_key` digests (JSON-serialisable)."""
 
     def check_sample(self, data: Data, index: int) -> None:
         """Raise a named error if ``data`` (sample ``index``) is not what this reads."""
@@ -91,9 +93,9 @@ class UnitGraphs(BaseTransform):
                              f"pixel), at least one, got "
                              f"{tuple(getattr(data.x, 'shape', ())) or type(data.x).__name__}")
 
+    @abstractmethod
     def sample_edges(self, samples: List[Data]) -> List[SampleEdges]:
-        """Each (checked) sample's local edges; subclasses define it."""
-        raise NotImplementedError
+        """Each (checked) sample's local edges."""
 
     def __call__(self, data: Samples) -> Samples:
         if isinstance(data, Batch):

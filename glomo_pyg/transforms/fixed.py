@@ -4,6 +4,7 @@ adjacent units (:class:`ChainGraphs`), every allowed source alike (:class:`Unifo
 and the 8-neighbour pixel grid (:class:`GridGraphs`)."""
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -31,13 +32,17 @@ class FixedGraphs(UnitGraphs):
     def key_parts(self) -> Dict[str, Any]:
         return dict(transform=type(self).__name__, directions=list(self.directions))
 
+    @abstractmethod
     def direction_edges(self, num_units: int, direction: str) -> Tuple[Tensor, Tensor, Tensor]:
         """``(source, target, weight)`` of one direction, sorted by (target, source)."""
-        raise NotImplementedError
+
+    def relation_edges(self, num_units: int) -> List[Tuple[Tensor, Tensor, Tensor]]:
+        """``(source, target, weight)`` of each relation, in :attr:`relations` order."""
+        return [self.direction_edges(num_units, d) for d in self.directions]
 
     def _edges(self, num_units: int) -> SampleEdges:
         if num_units not in self._built:
-            parts = [self.direction_edges(num_units, d) for d in self.directions]
+            parts = self.relation_edges(num_units)
             relation = torch.cat([torch.full_like(p[0], r) for r, p in enumerate(parts)])
             src, tgt, weight = (torch.cat(t) for t in zip(*parts))
             self._built[num_units] = (torch.stack([src, tgt]), weight.float(), relation)
@@ -83,24 +88,52 @@ class UniformGraphs(FixedGraphs):
         return src, tgt, 1.0 / count.double()
 
 
+#: The grid's neighbour offsets (row, column) per direction, in raster order's sense:
+#: forward sources come before the target, backward ones after it.
+GRID_OFFSETS = {"forward": (("up-left", (-1, -1)), ("up", (-1, 0)), ("up-right", (-1, 1)),
+                            ("left", (0, -1))),
+                "backward": (("down-right", (1, 1)), ("down", (1, 0)), ("down-left", (1, -1)),
+                             ("right", (0, 1)))}
+GRID_RELATIONS = ("direction", "offset")
+
+
 class GridGraphs(FixedGraphs):
-    """The 8-neighbour pixel grid of ``height x width`` images in raster order: forward
+    r"""The 8-neighbour pixel grid of ``height x width`` images in raster order: forward
     sources are the neighbours before the target (up-left, up, up-right, left), backward
-    the four after it; each target's weights ``1 / (neighbours it has there)``.
+    the four after it.
+
+    With ``relations='direction'`` (the default) there is one relation per direction and
+    each target's weights are ``1 / (neighbours it has there)``. With
+    ``relations='offset'`` each neighbour offset is its own relation (``forward/up``,
+    ``backward/down-left``, ...; 8 with both directions) of weight 1, so a relational
+    layer gives each offset its own weights, as a :math:`3 \times 3` convolution does.
 
     Args:
         height, width: the image size; every sample must have ``height * width`` units.
         directions: as :class:`ChainGraphs`.
+        relations: ``'direction'`` or ``'offset'``.
     """
 
-    def __init__(self, height: int, width: int, directions: Optional[Sequence[str]] = None):
+    def __init__(self, height: int, width: int, directions: Optional[Sequence[str]] = None,
+                 relations: str = "direction"):
         check_int("height", height, 1)
         check_int("width", width, 1)
+        if relations not in GRID_RELATIONS:
+            raise ValueError(f"relations must be one of {GRID_RELATIONS}, got {relations!r}")
         super().__init__(directions)
-        self.height, self.width = height, width
+        self.height, self.width, self.split = height, width, relations
+
+    @property
+    def relations(self) -> List[str]:
+        if self.split == "direction":
+            return list(self.directions)
+        return [f"{d}/{name}" for d in self.directions for name, _ in GRID_OFFSETS[d]]
 
     def key_parts(self) -> Dict[str, Any]:
-        return dict(super().key_parts(), size=[self.height, self.width])
+        parts = dict(super().key_parts(), size=[self.height, self.width])
+        if self.split != "direction":  # (the default's key predates the option)
+            parts["relations"] = self.split
+        return parts
 
     def check_sample(self, data: Data, index: int) -> None:
         super().check_sample(data, index)
@@ -109,20 +142,26 @@ class GridGraphs(FixedGraphs):
                              f"pixels of one {self.height}x{self.width} image, got "
                              f"{data.x.size(0)} units")
 
-    def direction_edges(self, num_units: int, direction: str):
+    def offset_edges(self, offset: Tuple[int, int]) -> Tuple[Tensor, Tensor]:
+        """``(source, target)`` of every pixel and its neighbour at ``offset``, by target."""
         h, w = self.height, self.width
-        sign = -1 if direction == "forward" else 1
-        offsets = [(sign * dr, sign * dc) for dr, dc in ((1, 1), (1, 0), (1, -1), (0, 1))]
         rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
         rows, cols = rows.reshape(-1), cols.reshape(-1)
-        src, tgt = [], []
-        for dr, dc in offsets:
-            r, c = rows + dr, cols + dc
-            inside = (r >= 0) & (r < h) & (c >= 0) & (c < w)
-            src.append((r * w + c)[inside])
-            tgt.append((rows * w + cols)[inside])
-        src, tgt = torch.cat(src), torch.cat(tgt)
+        r, c = rows + offset[0], cols + offset[1]
+        inside = (r >= 0) & (r < h) & (c >= 0) & (c < w)
+        return (r * w + c)[inside], (rows * w + cols)[inside]
+
+    def direction_edges(self, num_units: int, direction: str):
+        pairs = [self.offset_edges(offset) for _, offset in GRID_OFFSETS[direction]]
+        src, tgt = (torch.cat(t) for t in zip(*pairs))
         order = torch.argsort(tgt * num_units + src)
         src, tgt = src[order], tgt[order]
         degree = torch.bincount(tgt, minlength=num_units)
         return src, tgt, 1.0 / degree[tgt].double()
+
+    def relation_edges(self, num_units: int):
+        if self.split == "direction":
+            return super().relation_edges(num_units)
+        pairs = [self.offset_edges(offset) for d in self.directions
+                 for _, offset in GRID_OFFSETS[d]]
+        return [(src, tgt, torch.ones(src.numel())) for src, tgt in pairs]

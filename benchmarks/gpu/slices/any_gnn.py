@@ -189,34 +189,11 @@ def _release_folder(recipe: Dict) -> str:
 
 
 def cifar_samples(data_dir: str, recipe: Dict) -> Dict[str, list]:
-    """``benchmarks.any_gnn.cifar_samples`` with the recipe's sizes (the same seeded
-    split, test part and average pooling; its ``--full`` sizes are the real recipe's)."""
-    import torch
-    import torch.nn.functional as F
-
-    from glomo_pyg.data.images import load_cifar10
-    from glomo_pyg.transforms import image_data
+    """``benchmarks.any_gnn.cifar_splits`` at the recipe's sizes, seeds and side."""
+    from benchmarks.any_gnn import cifar_splits
 
     d = recipe["data"]
-    root = os.path.join(data_dir, "cifar-10-batches-py")
-    images, labels = load_cifar10(root, "train")
-    test_images, test_labels = load_cifar10(root, "test")
-    order = torch.randperm(len(images), generator=torch.Generator().manual_seed(
-        d["validation_seed"]))
-    val, train = order[:d["validation"]], order[d["validation"]:]
-    train = train[:d["train"]] if d["train"] is not None else train
-    test = torch.randperm(len(test_images),
-                          generator=torch.Generator().manual_seed(d["test_seed"]))
-    test = test[:d["test"]] if d["test"] is not None else test
-
-    def samples(imgs, ys):
-        if d["side"] != imgs.shape[-1]:
-            imgs = F.avg_pool2d(imgs.float(), imgs.shape[-1] // d["side"]).round().to(torch.uint8)
-        return [image_data(i, y=y.view(1)) for i, y in zip(imgs, ys)]
-
-    return {"train": samples(images[train], labels[train]),
-            "validation": samples(images[val], labels[val]),
-            "test": samples(test_images[test], test_labels[test])}
+    return cifar_splits(data_dir, d, d["side"], d["validation_seed"], d["test_seed"])
 
 
 def _args(ctx) -> argparse.Namespace:

@@ -1,0 +1,73 @@
+"""``python -m benchmarks.any_gnn`` on toy CIFAR-10 (random images, the released
+``imagenet32-pixel-cpu``): every graph variant trains, fixed graphs attached on access
+equal the stored transform's output, the report pairs every learned graph with every
+fixed one, and a second call finds every run cached."""
+import pytest
+import torch
+
+import benchmarks.any_gnn as bench
+import glomo_pyg.data.images as images_module
+from glomo_pyg.transforms import GridGraphs, UniformGraphs, image_data
+
+
+def fake_cifar(monkeypatch):
+    gen = torch.Generator().manual_seed(0)
+    fake = {"train": (torch.randint(0, 256, (40, 3, 32, 32), dtype=torch.uint8, generator=gen),
+                      torch.arange(40) % 10),
+            "test": (torch.randint(0, 256, (12, 3, 32, 32), dtype=torch.uint8, generator=gen),
+                     torch.arange(12) % 10)}
+    monkeypatch.setattr(images_module, "load_cifar10", lambda root, split: fake[split])
+
+
+def test_fixed_graph_samples_equal_the_transformed_ones():
+    gen = torch.Generator().manual_seed(1)
+    raw = [image_data(torch.randint(0, 256, (3, 4, 4), dtype=torch.uint8, generator=gen),
+                      y=torch.tensor([k])) for k in range(3)]
+    for graphs in (GridGraphs(4, 4, relations="offset"), UniformGraphs()):
+        lazy = bench.FixedGraphSamples(raw, graphs, "cifar10")
+        assert len(lazy) == 3
+        for k in range(3):
+            want = bench.pixel_features(graphs(raw[k]))
+            got = lazy[k]
+            for key in ("x", "y", "edge_index", "edge_weight", "edge_type"):
+                assert torch.equal(got[key], want[key])
+        assert "edge_index" not in raw[0]
+
+
+def test_main_trains_every_image_graph_and_caches_its_runs(monkeypatch, tmp_path, capsys):
+    fake_cifar(monkeypatch)
+    monkeypatch.setitem(bench.CIFAR_REDUCED, "train", 16)
+    monkeypatch.setitem(bench.CIFAR_REDUCED, "validation", 8)
+    monkeypatch.setitem(bench.CIFAR_REDUCED, "test", 8)
+    results = tmp_path / "any_gnn.md"
+    argv = ["--data-dir", str(tmp_path), "--task", "cifar10", "--seeds", "2", "--epochs", "1",
+            "--lrs", "0.001", "--image-graphs", "glomo-heads", "grid-offsets", "uniform",
+            "--work", str(tmp_path / "work"), "--results", str(results), "--device", "cpu"]
+    calls = []
+    train_run = bench.train_run
+    monkeypatch.setattr(bench, "train_run", lambda *a, **k: calls.append(a[2]) or
+                        train_run(*a, **k))
+    bench.main(argv)
+    # 6 graphs x 2 seeds, with their own numbers of relations
+    assert sorted(calls) == sorted([2, 16, 2, 2, 8, 2] * 2)
+    text = results.read_text()
+    for name, relations in (("glomo", 2), ("glomo-heads", 16), ("grid", 2), ("chain", 2),
+                            ("grid-offsets", 8), ("uniform", 2)):
+        assert f"| {name} | {relations} | " in text
+    for learned in ("glomo", "glomo-heads"):
+        for fixed in ("grid", "chain", "grid-offsets", "uniform"):
+            assert f"| {learned} − {fixed} | " in text
+    assert "| glomo − glomo-heads" not in text
+    assert text.count("uniform | 2 | 65280 |") == 1  # 16x16: 256 * 255 edges
+    # again: every run is found in the cache, the report is the same
+    calls.clear()
+    bench.main(argv)
+    assert calls == []
+    first, second = ("\n" + results.read_text()).split("\n## ")[1:]
+    assert first.split("\n", 3)[3].strip() == second.split("\n", 3)[3].strip()  # (after timing)
+
+
+def test_unknown_image_graph_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse(["--data-dir", str(tmp_path), "--image-graphs", "grid-diagonal"])
+    assert "invalid choice" in capsys.readouterr().err
