@@ -7,7 +7,11 @@ import torch
 
 import benchmarks.any_gnn as bench
 import glomo_pyg.data.images as images_module
-from glomo_pyg.transforms import GridGraphs, UniformGraphs, image_data
+from torch_geometric.data import Data
+from torch_geometric.loader import DataLoader
+
+from glomo_pyg.transforms import (ChainGraphs, GraphsDataset, GridGraphs, UniformGraphs,
+                                  image_data)
 
 
 def fake_cifar(monkeypatch):
@@ -19,22 +23,35 @@ def fake_cifar(monkeypatch):
     monkeypatch.setattr(images_module, "load_cifar10", lambda root, split: fake[split])
 
 
-def test_fixed_graph_samples_equal_the_transformed_ones():
+@pytest.mark.parametrize("task", ["cifar10", "imdb"])
+def test_fixed_graphs_on_access_batch_as_a_stored_dataset(task, tmp_path):
+    """The batches a shuffled loader draws from samples with their fixed graph attached on
+    access equal those drawn from the graphs stored in a ``GraphsDataset``."""
     gen = torch.Generator().manual_seed(1)
-    raw = [image_data(torch.randint(0, 256, (3, 4, 4), dtype=torch.uint8, generator=gen),
-                      y=torch.tensor([k])) for k in range(3)]
-    for graphs in (GridGraphs(4, 4, relations="offset"), UniformGraphs()):
-        lazy = bench.FixedGraphSamples(raw, graphs, "cifar10")
-        assert len(lazy) == 3
-        for k in range(3):
-            want = bench.pixel_features(graphs(raw[k]))
-            got = lazy[k]
-            for key in ("x", "y", "edge_index", "edge_weight", "edge_type"):
-                assert torch.equal(got[key], want[key])
-        assert "edge_index" not in raw[0]
+    if task == "cifar10":
+        raw = [image_data(torch.randint(0, 256, (3, 4, 4), dtype=torch.uint8, generator=gen),
+                          y=torch.tensor([k % 3])) for k in range(7)]
+        variants = (GridGraphs(4, 4), GridGraphs(4, 4, relations="offset"), UniformGraphs(),
+                    ChainGraphs())
+    else:
+        raw = [Data(x=torch.randint(0, 50, (n,), generator=gen), y=torch.tensor([n % 2]))
+               for n in (5, 1, 9, 3, 4, 2, 8)]
+        variants = (UniformGraphs(), ChainGraphs())
+    for i, graphs in enumerate(variants):
+        lazy = bench.FixedGraphSamples(raw, graphs, task)
+        stored = GraphsDataset(str(tmp_path / str(i)), raw, graphs)
+        stored = [bench.pixel_features(d) for d in stored] if task == "cifar10" else stored
+        assert len(lazy) == len(stored) == 7
+        draws = [list(DataLoader(data, batch_size=3, shuffle=True,
+                                 generator=torch.Generator().manual_seed(5)))
+                 for data in (lazy, stored)]
+        for a, b in zip(*draws):
+            for key in ("x", "y", "edge_index", "edge_weight", "edge_type", "batch"):
+                assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key])
+    assert "edge_index" not in raw[0]
 
 
-def test_main_trains_every_image_graph_and_caches_its_runs(monkeypatch, tmp_path, capsys):
+def test_main_trains_every_image_graph_and_caches_its_runs(monkeypatch, tmp_path):
     fake_cifar(monkeypatch)
     monkeypatch.setitem(bench.CIFAR_REDUCED, "train", 16)
     monkeypatch.setitem(bench.CIFAR_REDUCED, "validation", 8)

@@ -197,12 +197,19 @@ def test_cifar_samples_are_benchmarks_any_gnns(monkeypatch):
         for a, b in zip(mine[split], theirs[split]):
             assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y) and torch.equal(a.pos, b.pos)
     # every sample keeps the label of its own image (16x16: the 2x2 means of the image)
+    picked = {}
     for split, source in (("train", "train"), ("validation", "train"), ("test", "test")):
         pooled = torch.nn.functional.avg_pool2d(fake[source][0].float(), 2).round()
+        picked[split] = []
         for sample in mine[split]:
             image = sample.x.float().view(16, 16, 3).permute(2, 0, 1)
             match = [j for j in range(len(pooled)) if torch.equal(pooled[j], image)]
             assert len(match) == 1 and int(sample.y) == int(fake[source][1][match[0]]), split
+            picked[split].append(match[0])
+    # the seeded split, spelled out (seed 0 over 50 training images, seed 1 over 20 test)
+    assert picked["validation"] == [44, 39, 7, 6, 17, 29, 21]
+    assert picked["train"][:3] == [37, 33, 10] and len(set(picked["train"])) == 43
+    assert picked["test"] == [5, 13, 2, 11, 19, 18, 1, 9, 4, 7, 0]
 
 
 # -- the dry run of the keys through run_key ----------------------------------------------

@@ -726,7 +726,11 @@ def test_grid_graphs_one_relation_per_offset():
         assert sorted(e[1:3] for e in got if (e[0] >= 4) == d) == \
             sorted(e[1:3] for e in merged if e[0] == d)
     assert GridGraphs(3, 4, "backward", relations="offset").relations[0] == "backward/down-right"
-    # the default's key is unchanged by the option; the split has its own
+    # the default's key is the one it had before the option (cached runs keep their
+    # graphs' keys); the split has its own
+    assert GridGraphs(16, 16).cache_key == "cedfc655e4440551053acaef5751f056"
+    assert ChainGraphs().cache_key == "42ae2baeaf752ebfd3d0f158bfa498b2"
+    assert UniformGraphs().cache_key == "49573c0055062d204bb7288966477e96"
     assert GridGraphs(3, 4).cache_key == GridGraphs(3, 4, relations="direction").cache_key
     assert t.cache_key != GridGraphs(3, 4).cache_key
     for bad in ("offsets", None, 8):
@@ -932,8 +936,6 @@ def test_stock_pyg_layers_on_transformed_batches():
 def test_csr_adjacency_from_sorted_edges_equals_the_edge_list():
     """docs/any_gnn.md's recipe: one relation's CSR (rows: targets) built without a sort
     gives stock layers the same output as its edge list, for every relation of a batch."""
-    import warnings
-
     from torch_geometric.nn import GCNConv, GraphConv
 
     from benchmarks.any_gnn import relation_adjacency
@@ -949,12 +951,10 @@ def test_csr_adjacency_from_sorted_edges_equals_the_edge_list():
             (src, tgt), w = batch.edge_index[:, keep], batch.edge_weight[keep]
             rows = torch.zeros(n + 1, dtype=torch.long)
             rows[1:] = torch.bincount(tgt, minlength=n).cumsum(0)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # (PyG: CSR support "in beta")
-                adjacency = torch.sparse_csr_tensor(rows, src, w, (n, n))
-                dense = adjacency.to_dense()
-                got = conv(x, adjacency)
-                bench = conv(x, relation_adjacency(batch, r))
+            adjacency = torch.sparse_csr_tensor(rows, src, w, (n, n))
+            dense = adjacency.to_dense()
+            got = conv(x, adjacency)
+            bench = conv(x, relation_adjacency(batch, r))
             want_dense = torch.zeros(n, n).index_put_((tgt, src), w, accumulate=True)
             assert torch.equal(dense, want_dense)  # (the sorted edges made a valid CSR)
             want = conv(x, batch.edge_index[:, keep], w)

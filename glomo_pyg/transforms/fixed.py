@@ -1,5 +1,6 @@
 """Fixed-structure graphs under the interface of :class:`~glomo_pyg.transforms.GlomoGraphs`
-(merged: one relation per direction), so that a comparison changes only the graph:
+(by default one relation per direction, as when merged), so that a comparison changes
+only the graph:
 adjacent units (:class:`ChainGraphs`), every allowed source alike (:class:`UniformGraphs`)
 and the 8-neighbour pixel grid (:class:`GridGraphs`)."""
 from __future__ import annotations
@@ -16,9 +17,9 @@ from glomo_pyg.transforms.base import (DIRECTIONS, SampleEdges, UnitGraphs, chec
 
 
 class FixedGraphs(UnitGraphs):
-    r"""Base of the fixed graphs: relation ``r`` is direction ``directions[r]`` (forward:
-    sources before the target in the units' order; backward: after), each target's
-    incoming weights sum to 1 (as GLoMo's, paper Eq. 1). Edges depend only on the number
+    r"""Base of the fixed graphs: by default relation ``r`` is direction ``directions[r]``
+    (forward: sources before the target in the units' order; backward: after), each
+    target's incoming weights in a relation sum to 1 (as GLoMo's, paper Eq. 1). Edges depend only on the number
     of units, so each length's are built once."""
 
     def __init__(self, directions: Optional[Sequence[str]] = None):
@@ -37,7 +38,8 @@ class FixedGraphs(UnitGraphs):
         """``(source, target, weight)`` of one direction, sorted by (target, source)."""
 
     def relation_edges(self, num_units: int) -> List[Tuple[Tensor, Tensor, Tensor]]:
-        """``(source, target, weight)`` of each relation, in :attr:`relations` order."""
+        """``(source, target, weight)`` of each relation, in :attr:`relations` order, each
+        sorted by (target, source)."""
         return [self.direction_edges(num_units, d) for d in self.directions]
 
     def _edges(self, num_units: int) -> SampleEdges:
@@ -121,18 +123,18 @@ class GridGraphs(FixedGraphs):
         if relations not in GRID_RELATIONS:
             raise ValueError(f"relations must be one of {GRID_RELATIONS}, got {relations!r}")
         super().__init__(directions)
-        self.height, self.width, self.split = height, width, relations
+        self.height, self.width, self.relation_mode = height, width, relations
 
     @property
     def relations(self) -> List[str]:
-        if self.split == "direction":
+        if self.relation_mode == "direction":
             return list(self.directions)
         return [f"{d}/{name}" for d in self.directions for name, _ in GRID_OFFSETS[d]]
 
     def key_parts(self) -> Dict[str, Any]:
         parts = dict(super().key_parts(), size=[self.height, self.width])
-        if self.split != "direction":  # (the default's key predates the option)
-            parts["relations"] = self.split
+        if self.relation_mode != "direction":  # (the default's key predates the option)
+            parts["relations"] = self.relation_mode
         return parts
 
     def check_sample(self, data: Data, index: int) -> None:
@@ -151,7 +153,7 @@ class GridGraphs(FixedGraphs):
         inside = (r >= 0) & (r < h) & (c >= 0) & (c < w)
         return (r * w + c)[inside], (rows * w + cols)[inside]
 
-    def direction_edges(self, num_units: int, direction: str):
+    def direction_edges(self, num_units: int, direction: str) -> Tuple[Tensor, Tensor, Tensor]:
         pairs = [self.offset_edges(offset) for _, offset in GRID_OFFSETS[direction]]
         src, tgt = (torch.cat(t) for t in zip(*pairs))
         order = torch.argsort(tgt * num_units + src)
@@ -159,8 +161,8 @@ class GridGraphs(FixedGraphs):
         degree = torch.bincount(tgt, minlength=num_units)
         return src, tgt, 1.0 / degree[tgt].double()
 
-    def relation_edges(self, num_units: int):
-        if self.split == "direction":
+    def relation_edges(self, num_units: int) -> List[Tuple[Tensor, Tensor, Tensor]]:
+        if self.relation_mode == "direction":
             return super().relation_edges(num_units)
         pairs = [self.offset_edges(offset) for d in self.directions
                  for _, offset in GRID_OFFSETS[d]]

@@ -23,8 +23,8 @@ task has pending runs.
 
 One key per run, ``TASK/GRAPH/seedN``, seeds 0-4 (``KEY_FIELDS``: more seeds or graphs
 keep the recorded runs). Keys run graph by graph (all seeds of ``glomo``, then the next
-graph): a call makes one graph's datasets (``GraphsDataset`` in the call's work folder,
-as ``run_task`` does) and every key of that graph in the call reuses them; at most one
+graph): a call makes one graph's datasets (a ``GraphsDataset`` in the call's work folder,
+fixed graphs included) and every key of that graph in the call reuses them; at most one
 graph's datasets are held at a time (CIFAR-10's GLoMo graphs are ~28 GB in memory). The
 learning rate is fixed (1e-3, the smaller of ``benchmarks.any_gnn``'s ``--lrs``): a call
 has no time for the search. Each run's test accuracy is that of its best validation
@@ -237,9 +237,9 @@ def _drop_graph(ctx) -> None:
 
 
 def _datasets(ctx, graph: str) -> Tuple[Dict, Dict, float]:
-    """``graph``'s datasets, made on its first key in this process (as
-    ``benchmarks.any_gnn.run_task`` makes them), what they hold, and the seconds this key
-    spent making them."""
+    """``graph``'s datasets, made on its first key in this process (the samples and edges
+    of ``benchmarks.any_gnn.run_task``'s), what they hold, and the seconds this key spent
+    making them."""
     from benchmarks.any_gnn import pixel_features
     from glomo_pyg.transforms import GraphsDataset
 
