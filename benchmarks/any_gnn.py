@@ -26,8 +26,8 @@ random test part) of up to 128 tokens, released ``imdb-text-cpu``; CIFAR-10 3,00
 pretraining crops), 8 epochs. ``--full``: all reviews (22.5k / 2.5k / 25k, 400 tokens),
 all CIFAR-10 at 32x32 (45k / 5k / 10k) with ``--pixel-predictor imagenet32-pixel``, for a
 GPU; uniform graphs are left out there (``T (T - 1)`` edges per sample, 160k per review
-and 1M per image, each batch's sparse products too slow). Runs are cached in ``--work`` (one JSON entry per run), so an interrupted
-run resumes.
+and 1M per image, each batch's sparse products too slow). Runs are cached in ``--work``
+(one JSON entry per run), so an interrupted run resumes.
 """
 from __future__ import annotations
 

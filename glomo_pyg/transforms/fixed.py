@@ -19,8 +19,8 @@ from glomo_pyg.transforms.base import (DIRECTIONS, SampleEdges, UnitGraphs, chec
 class FixedGraphs(UnitGraphs):
     r"""Base of the fixed graphs: by default relation ``r`` is direction ``directions[r]``
     (forward: sources before the target in the units' order; backward: after), each
-    target's incoming weights in a relation sum to 1 (as GLoMo's, paper Eq. 1). Edges depend only on the number
-    of units, so each length's are built once."""
+    target's incoming weights in a relation sum to 1 (as GLoMo's, paper Eq. 1). Edges
+    depend only on the number of units, so each length's are built once."""
 
     def __init__(self, directions: Optional[Sequence[str]] = None):
         self.directions = check_directions(directions, DIRECTIONS)
