@@ -326,7 +326,10 @@ def test_a_hostile_ledger_line_is_a_ledger_error(text, tmp_path):
 
 
 def test_the_committed_ledger_still_reads():
-    assert len(ledger.read(default_ledger())) == 7
+    # Every committed line parses (the ledger only grows: 7 runs when this test was written).
+    with open(default_ledger()) as f:
+        lines = [line for line in f if line.strip()]
+    assert len(ledger.read(default_ledger())) == len(lines) >= 7
 
 
 def test_markdown_escapes_what_it_embeds():
