@@ -17,6 +17,7 @@ from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 from glomo_pyg.ordering import check_int
 from glomo_pyg.sequences import TOKEN_DTYPES
 from glomo_pyg import kernels
+from glomo_pyg.pruning import PrunedEdges, prune_rows, pruned_graph_edges
 from glomo_pyg.transforms.base import (SampleEdges, UnitGraphs, check_directions,
                                        check_pruning)
 from glomo_pyg.version import __version__
@@ -216,30 +217,32 @@ class GlomoGraphs(UnitGraphs):
                              f"{self.predictor.in_channels}], got {x.dtype} {tuple(x.shape)}")
 
     def sample_edges(self, samples: List[Data]) -> List[SampleEdges]:
-        longest = max(d.x.size(0) for d in samples)
-        # dense [B, relations, T, T] blocks: bounded as the predictor bounds one layer's
-        widest = max(len(self.relations), self.predictor.heads)
-        fits = max(1, kernels.MAX_GRAPH_PAIRS // (widest * longest * longest))
-        if len(samples) > fits:
-            return [e for start in range(0, len(samples), fits)
-                    for e in self.sample_edges(samples[start:start + fits])]
+        if self.products:  # products need each sample's dense graphs
+            longest = max(d.x.size(0) for d in samples)
+            # dense [B, relations, T, T] blocks: bounded as the predictor bounds one layer's
+            widest = max(len(self.relations), self.predictor.heads)
+            fits = max(1, kernels.MAX_GRAPH_PAIRS // (widest * longest * longest))
+            if len(samples) > fits:
+                return [e for start in range(0, len(samples), fits)
+                        for e in self.sample_edges(samples[start:start + fits])]
         sizes = torch.tensor([d.x.size(0) for d in samples])
         batch = torch.repeat_interleave(torch.arange(len(samples)), sizes).to(self.device)
         x = torch.cat([d.x.reshape(d.x.size(0), -1) for d in samples])
         x = (x.view(-1) if self.modality == "tokens" else x).to(self.device)
         with torch.no_grad():
-            emitted = self.predictor(x, batch, layout="dense")
-            parts, first = [], 0  # per block of relations: its kept edges
+            # fused: each layer's keys and queries, pruned block by block (no T x T graph)
+            emitted = self.predictor(x, batch, layout="dense" if self.products else "fused")
+            parts, first = [], 0  # per direction: its kept edges
             for d in self.directions:
-                for block in self._direction_blocks(getattr(emitted, d)):
-                    # [B, R, target, source], contiguous: top-k and nonzero run along rows
-                    b, relation, tgt, src, weight = self._kept_edges(
-                        block.transpose(-1, -2).contiguous())
-                    parts.append((torch.bincount(b, minlength=len(samples)).tolist(),
-                                  (src, tgt, weight.float(), relation + first)))
-                    first += block.size(1)
+                graphs = getattr(emitted, d)
+                b, relation, tgt, src, weight = (
+                    self._pruned_edges(graphs) if graphs.layout == "fused" else
+                    self._dense_edges(graphs))
+                parts.append((torch.bincount(b, minlength=len(samples)).tolist(),
+                              (src, tgt, weight.float(), relation + first)))
+                first += len(self.relations) // len(self.directions)
         home = samples[0].x.device
-        # each sample's edges: its piece of every block, in relation order
+        # each sample's edges: its piece of every direction, in relation order
         pieces = [list(zip(*(torch.split(t.to(home), counts) for t in edges)))
                   for counts, edges in parts]
         out = []
@@ -247,6 +250,37 @@ class GlomoGraphs(UnitGraphs):
             src, tgt, weight, relation = (torch.cat(t) for t in zip(*sample))
             out.append((torch.stack([src, tgt]), weight, relation))
         return out
+
+    def _pruned_edges(self, graphs: LatentGraphs) -> PrunedEdges:
+        """One direction's kept edges from its fused graphs' keys and queries."""
+        window = graphs.window
+        if self.max_distance is not None:
+            window = self.max_distance if window is None else min(window, self.max_distance)
+        if window is not None and window >= graphs.order.longest_window_distance(
+                graphs.sequences.max_len):
+            window = None  # (nothing farther apart)
+        every_head = len(self.heads) == graphs.num_heads
+        layers = graphs.fused_layers
+        return pruned_graph_edges([layers[l] for l in self.layers], graphs.lengths,
+                                  order=graphs.order, normalization=graphs.normalization,
+                                  heads=None if every_head else self.heads, merge=self.merge,
+                                  top_k=self.top_k, min_weight=self.min_weight, window=window)
+
+    def _dense_edges(self, graphs: LatentGraphs) -> PrunedEdges:
+        """One direction's kept edges from its dense blocks (products; the fallback of a
+        softmax predictor whose scores could overflow the fused layout)."""
+        parts, first = [], 0
+        for block in self._direction_blocks(graphs):
+            # [B, R, target, source], contiguous: top-k and nonzero run along rows
+            b, relation, tgt, src, weight = prune_rows(block.transpose(-1, -2).contiguous(),
+                                                       self.top_k, self.min_weight)
+            parts.append((b, relation + first, tgt, src, weight))
+            first += block.size(1)
+        b, relation, tgt, src, weight = (torch.cat(t) for t in zip(*parts))
+        if len(parts) > 1:  # blocks are layers: (sample, relation) order across them
+            _, perm = (b * first + relation).sort(stable=True)
+            b, relation, tgt, src, weight = (t[perm] for t in (b, relation, tgt, src, weight))
+        return b, relation, tgt, src, weight
 
     def _direction_blocks(self, graphs: LatentGraphs) -> Iterator[Tensor]:
         """``[B, R, T, T]`` blocks (``[b, r, i, j] = G_ij``) of one direction's selected
@@ -276,31 +310,6 @@ class GlomoGraphs(UnitGraphs):
                 product @ graphs.dense_layer(l)
             if l in self.layers:
                 yield product
-
-    def _kept_edges(self, dense: Tensor) -> Tuple[Tensor, ...]:
-        """``(sample, relation, target, source, weight)`` of the edges of ``dense``
-        (``[B, R, target, source]``) that pruning keeps, sorted in that order."""
-        if self.top_k is None or self.top_k >= dense.size(-1):
-            if self.min_weight is not None:
-                dense = dense.masked_fill(dense < self.min_weight, 0)
-            b, relation, tgt, src = dense.nonzero(as_tuple=True)
-            return b, relation, tgt, src, dense[b, relation, tgt, src]
-        # the top k of each row, put back in source order; the weights >= min_weight among
-        # them are the top k of those >= min_weight
-        k = self.top_k
-        weight, source = dense.topk(k + 1, dim=-1)
-        # rows whose k-th weight ties with the (k+1)-th: the lower sources win
-        tied = (weight[..., k] == weight[..., k - 1]) & (weight[..., k - 1] > 0)
-        if bool(tied.any()):
-            weight[tied], source[tied] = (t[..., :k + 1] for t in
-                                          dense[tied].sort(dim=-1, descending=True, stable=True))
-        weight, source = weight[..., :k], source[..., :k]
-        source, order = source.sort(dim=-1)
-        weight = weight.gather(-1, order)
-        floor = 0.0 if self.min_weight is None else self.min_weight
-        keep = (weight > 0) & (weight >= floor)
-        b, relation, tgt, slot = keep.nonzero(as_tuple=True)
-        return b, relation, tgt, source[b, relation, tgt, slot], weight[b, relation, tgt, slot]
 
 
 def image_data(image: Tensor, **attributes: Any) -> Data:
