@@ -350,7 +350,7 @@ def test_selection_of_directions_layers_heads():
     dense = emitted(p, samples)
     for b, (data, out) in enumerate(zip(samples, outs)):
         mats = relation_mats(dense, b, data.x.size(0), ["backward"], [1], [0, 2])
-        assert_edges(out, mats, exact=False)  # (a head subset's products: other rounding)
+        assert_edges(out, mats, exact=True)
         assert out.edge_type.max() == 1
         assert (out.edge_index[0] > out.edge_index[1]).all()  # backward: sources after
     # names map to the right graphs, whatever the selection order given

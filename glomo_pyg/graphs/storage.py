@@ -10,10 +10,11 @@ import torch
 from torch import Tensor
 
 from glomo_pyg import flex
-from glomo_pyg.kernels import (blocked_propagate, check_graph_size, dense_head_propagate,
-                               head_blocked_edges, is_compiling, latent_graph_dense,
-                               latent_graph_edges, row_pointers)
+from glomo_pyg.kernels import (autocast_half_dtype, blocked_propagate, check_graph_size,
+                               dense_head_propagate, head_blocked_edges, is_compiling,
+                               latent_graph_dense, latent_graph_edges, row_pointers)
 from glomo_pyg.ordering import RasterOrder, SequenceOrder, UnitOrder
+from glomo_pyg.score_blocks import propagate_scores
 from glomo_pyg.sequences import SequenceBatch
 
 LayerEdges = Tuple[Tensor, Tensor, Tensor]
@@ -223,6 +224,12 @@ class DenseStorage(GraphStorage):
         return f"DenseStorage(block={tuple(self.block.shape)})"
 
 
+# How the fused layout propagates on the CPU without gradients, outside bfloat16 autocast:
+# "blocks" (:func:`glomo_pyg.score_blocks.propagate_scores`: faster there than FlexAttention,
+# and no compiler; benchmarks/results/speed.md, "Transfer on the CPU") or "flex".
+CPU_PROPAGATION = "blocks"
+
+
 class FusedStorage(GraphStorage):
     """The augmented ``[B, H, T, D]`` keys and queries whose inner products are the
     layer's scores, propagated by FlexAttention (:mod:`glomo_pyg.flex`), or along the
@@ -263,6 +270,15 @@ class FusedStorage(GraphStorage):
         s = frame.sequences
         xs = x.unsqueeze(0) if x.dim() == 2 else x  # [H or 1, N, C]
         b, t = s.num_sequences, s.max_len
+        if x.device.type == "cpu" and CPU_PROPAGATION == "blocks" and \
+                autocast_half_dtype("cpu") is None:  # (bfloat16 autocast: FlexAttention's)
+            values = xs.reshape(xs.size(0), b, t, xs.size(-1)).transpose(0, 1) \
+                if s.num_nodes == b * t else s.to_padded(xs.transpose(0, 1)).permute(0, 2, 1, 3)
+            out = propagate_scores(self.keys, self.queries, values, s.lengths,
+                                   order=frame.order, normalization=self.normalization,
+                                   window=self.window)  # [B, H, T, C]
+            return s.to_flat(out.transpose(1, 2)).transpose(0, 1) if s.num_nodes != b * t \
+                else out.transpose(0, 1).reshape(frame.num_heads, b * t, out.size(-1))
         padded_len = -(-t // flex.BLOCK) * flex.BLOCK
         if s.num_nodes == b * t and (self.normalization == "relu2" or padded_len == t):
             return self._propagate_full(frame, xs, padded_len)

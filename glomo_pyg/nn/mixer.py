@@ -181,6 +181,14 @@ class GraphMixer(torch.nn.Module):
             if not selected and not use_chain:
                 continue
             direct = None
+            if use_graph and selected and use_chain and l > 0 and graphs.layout == "fused":
+                # one fused call for H G^l and P^{l-1} G^l: FlexAttention computes the
+                # layer's scores once per call, and wider values cost it almost nothing
+                c = x.size(-1)
+                both = graphs.propagate(torch.cat([x.expand(chain.shape), chain], -1), l)
+                yield both[..., :c], both[..., c:]
+                chain = both[..., c:]
+                continue
             if use_graph and selected or use_chain and l == 0:
                 direct = graphs.propagate(x, l)
             if use_chain:  # P^l = P^{l-1} G^l, per head

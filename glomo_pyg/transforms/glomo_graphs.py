@@ -17,7 +17,8 @@ from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 from glomo_pyg.ordering import check_int
 from glomo_pyg.sequences import TOKEN_DTYPES
 from glomo_pyg import kernels
-from glomo_pyg.pruning import PrunedEdges, prune_rows, pruned_graph_edges
+from glomo_pyg.pruning import PrunedEdges, prune_rows
+from glomo_pyg.score_blocks import pruned_graph_edges
 from glomo_pyg.transforms.base import (SampleEdges, UnitGraphs, check_directions,
                                        check_pruning)
 from glomo_pyg.version import __version__

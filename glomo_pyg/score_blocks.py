@@ -1,0 +1,214 @@
+r"""Kernels that walk a graph layer's scores block of targets by block, from its keys and
+queries, so that the ``T x T`` graph (paper Eq. 1) is never formed: memory is one block of
+scores plus what is kept.
+
+* :func:`pruned_graph_edges`: the edges pruning keeps (:mod:`glomo_pyg.pruning`), merged
+  over layers and heads if asked;
+* :func:`propagate_scores`: :math:`\sum_i G_{ij} v_i` per head and target (the fused
+  layout's propagation on the CPU, where it beats FlexAttention and needs no compiler).
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from glomo_pyg.kernels import _normalise
+from glomo_pyg.ordering import RasterOrder, SequenceOrder
+from glomo_pyg.pruning import PrunedEdges, prune_rows
+
+# Scores one block holds (float32: 8 MiB): blocks stay in the CPU's last-level cache, where
+# the in-place normalisation runs at memory speed (benchmarks/results/transform_speed.md).
+BLOCK_SCORES = 1 << 21
+# Fewest targets per block: narrower blocks make the score products inefficient.
+MIN_BLOCK_TARGETS = 64
+
+
+def _source_range(order: SequenceOrder, j0: int, j1: int, t: int,
+                  window: Optional[int]) -> Tuple[int, int]:
+    """The sources ``[i0, i1)`` any target in ``[j0, j1)`` may have (the window's rows)."""
+    forward = order.direction == "forward"
+    i0, i1 = (0, j1) if forward else (j0, t)  # (sources i <= j, or i >= j, cover both)
+    if window is None:
+        return i0, i1
+    if isinstance(order, RasterOrder):  # whole rows of the window
+        w = order.width
+        return (max(i0, (j0 // w - window) * w), i1) if forward else \
+            (i0, min(i1, ((j1 - 1) // w + window + 1) * w))
+    return (max(i0, j0 - window), i1) if forward else (i0, min(i1, j1 + window))
+
+
+def _allowed_block(order: SequenceOrder, j0: int, j1: int, i0: int, i1: int,
+                   lengths: Tensor, window: Optional[int]) -> Tensor:
+    """``[B or 1, 1, tj, ti]`` allowed (target, source) pairs of the block."""
+    allowed = order.block_mask(j0, j1, i0, i1, lengths)  # [B, tj, ti]
+    if window is not None:
+        j = torch.arange(j0, j1, device=lengths.device).view(-1, 1)
+        i = torch.arange(i0, i1, device=lengths.device).view(1, -1)
+        allowed = allowed & (order.window_distance(j, i) <= window)
+    return allowed.unsqueeze(1)
+
+
+def _relu2_block(scores: Tensor, allowed: Tensor) -> Tensor:
+    """:func:`glomo_pyg.kernels._normalise` (``'relu2'``) of a fresh block of finite
+    scores, in place (``allowed`` as 0 / 1 in their dtype)."""
+    scores.clamp_min_(0.0).mul_(allowed)  # (a product: much faster than a broadcast fill)
+    top = scores.amax(-1, keepdim=True)
+    scores.div_(top.masked_fill_(top <= 0, 1.0)).square_()
+    total = scores.sum(-1, keepdim=True)
+    return scores.div_(total.masked_fill_(total <= 0, 1.0))
+
+
+class _BlockScores:
+    """The scores ``q_j . k_i`` of blocks of a layer, from its augmented keys and queries."""
+
+    def __init__(self, key: Tensor, query: Tensor, dtype: torch.dtype, copy_keys: bool):
+        # copy_keys: keys transposed once into [B, H, D, T], on which the block products
+        # run about 10% faster; without, the products (and so the graphs) are bit for bit
+        # those of emission's, which multiplies by the transposed view
+        keys_t = key.to(dtype).transpose(-1, -2)
+        self.keys_t = keys_t.contiguous() if copy_keys else keys_t
+        self.queries = query.to(dtype)
+
+    def block(self, b0: int, b1: int, j0: int, j1: int, i0: int, i1: int) -> Tensor:
+        """``[b1 - b0, H, j1 - j0, i1 - i0]`` scores, a new tensor."""
+        return self.queries[b0:b1, :, j0:j1] @ self.keys_t[b0:b1, :, :, i0:i1]
+
+
+def _blocks(num_seqs: int, heads: int, t: int, block_scores: int):
+    """``(samples per block, targets per block)`` of blocks of at most ``block_scores``."""
+    targets = min(t, MIN_BLOCK_TARGETS)
+    group = max(1, min(num_seqs, block_scores // max(1, heads * t * targets)))
+    return group, max(1, min(t, block_scores // max(1, group * heads * t)))
+
+
+def pruned_graph_edges(layers: Sequence[Tuple[Tensor, Tensor]], lengths: Tensor, *,
+                       order: SequenceOrder, normalization: str = "relu2",
+                       heads: Optional[Sequence[int]] = None, merge: Optional[str] = None,
+                       top_k: Optional[int] = None, min_weight: Optional[float] = None,
+                       window: Optional[int] = None,
+                       block_scores: int = BLOCK_SCORES) -> PrunedEdges:
+    r"""The pruned edges of graph layers given by their keys and queries, computed block
+    by block of targets: each block's graphs (paper Eq. 1) are normalised, merged and
+    pruned (:func:`prune_rows`) before the next, so memory is the edges kept plus one
+    block of ``block_scores`` scores.
+
+    Args:
+        layers: per graph layer the augmented ``[B, H, T, D]`` (keys, queries) whose inner
+            products are the scores (:meth:`glomo_pyg.nn.GraphScorer.augmented`), bounded
+            as emission bounds them (:func:`glomo_pyg.kernels.bounded_keys_queries`;
+            softmax: not rescaled).
+        lengths: ``[B]`` valid lengths (padded keys and queries are ignored).
+        order: the allowed-sources rule (:class:`~glomo_pyg.ordering.SequenceOrder`, or a
+            :class:`~glomo_pyg.ordering.RasterOrder` for a window over image rows).
+        normalization: ``'relu2'`` (Eq. 1) or ``'softmax'``.
+        heads: the heads kept of each layer (default: all).
+        merge: ``None`` (relation ``l * len(heads) + h``), ``'sum'`` or ``'mean'`` (one
+            relation: the sum, or the mean, over the layers and heads).
+        top_k, min_weight: the pruning of :func:`prune_rows`.
+        window: only sources at most this far (``order.window_distance``), masked before
+            normalising.
+
+    Returns ``(sample, relation, target, source, weight)`` sorted in that order; targets
+    and sources are positions within their sample, weights float32 (float64 inputs:
+    float64).
+    """
+    b, h, t, _ = layers[0][0].shape
+    heads = list(range(h)) if heads is None else list(heads)
+    every_head = len(heads) == h
+    dtype = torch.promote_types(layers[0][0].dtype, torch.float32)
+    # every head scored, the selected ones kept: products bit for bit those of emission's
+    scorers = [_BlockScores(k, q, dtype, copy_keys=False) for k, q in layers]
+    per_layer = len(heads)
+    relations = 1 if merge is not None else len(layers) * per_layer
+    group, tile = _blocks(b, h, t, block_scores)  # (every head is scored)
+    parts: List[PrunedEdges] = []
+    with torch.autocast(lengths.device.type, enabled=False):
+        for b0 in range(0, b, group):
+            b1 = min(b, b0 + group)
+            for j0 in range(0, t, tile):
+                j1 = min(t, j0 + tile)
+                i0, i1 = _source_range(order, j0, j1, t, window)
+                allowed = _allowed_block(order, j0, j1, i0, i1, lengths[b0:b1], window)
+                ones = allowed.to(dtype)
+                total = None
+                for l, scorer in enumerate(scorers):
+                    scores = scorer.block(b0, b1, j0, j1, i0, i1)
+                    if not every_head:
+                        scores = scores[:, heads]
+                    g = _relu2_block(scores, ones) if normalization == "relu2" else \
+                        _normalise(scores, allowed, normalization)[0]
+                    if merge is None:
+                        s, r, tgt, src, w = prune_rows(g, top_k, min_weight)
+                        parts.append((s + b0, r + l * per_layer, tgt + j0, src + i0, w))
+                    else:
+                        total = g.sum(1, keepdim=True) if total is None else \
+                            total.add_(g.sum(1, keepdim=True))
+                if merge is not None:
+                    if merge == "mean":
+                        total.div_(len(layers) * per_layer)
+                    s, r, tgt, src, w = prune_rows(total, top_k, min_weight)
+                    parts.append((s + b0, r, tgt + j0, src + i0, w))
+    sample, relation, target, source, weight = (torch.cat(p) for p in zip(*parts))
+    # blocks come target range by target range: a stable sort by (sample, relation) keeps
+    # each relation's targets ascending
+    key = sample * relations + relation
+    if key.numel() > 1 and bool((key[1:] < key[:-1]).any()):
+        key, perm = key.sort(stable=True)
+        sample, relation, target, source, weight = (x[perm] for x in
+                                                    (sample, relation, target, source, weight))
+    return sample, relation, target, source, weight
+
+
+def _times_values(weights: Tensor, values: Tensor, shared: bool) -> Tensor:
+    """``[b, H, tj, ti] @ [b, H or 1, ti, C]``; shared values as one product per sample
+    (a broadcast product would copy them once per head)."""
+    if not shared:
+        return weights @ values
+    b, h, tj, ti = weights.shape
+    return (weights.reshape(b, h * tj, ti) @ values[:, 0]).view(b, h, tj, -1)
+
+
+def propagate_scores(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor, *,
+                     order: SequenceOrder, normalization: str = "relu2",
+                     window: Optional[int] = None,
+                     block_scores: int = BLOCK_SCORES) -> Tensor:
+    r""":math:`\sum_i G_{ij} v_i` for every head and target, the graphs (paper Eq. 1) given
+    by their augmented keys and queries (bounded, as for :func:`pruned_graph_edges`) and
+    computed block of targets by block (never the whole ``T x T`` graph); no autograd
+    (inference).
+
+    Shapes:
+        key, query: ``[B, H, T, D]``; values: ``[B, H, T, C]`` per head or
+        ``[B, 1, T, C]`` shared; lengths: ``[B]``; returns ``[B, H, T, C]`` in the dtype
+        of ``values``, zero at padding and at targets without an edge.
+    """
+    b, h, t, _ = key.shape
+    dtype = torch.promote_types(key.dtype, torch.float32)
+    scorer = _BlockScores(key, query, dtype, copy_keys=True)
+    # contiguous values: block slices are plain batched matrices (no copy per block)
+    v = values.to(dtype).contiguous()
+    shared = v.size(1) == 1 and h > 1
+    out = v.new_zeros(b, h, t, v.size(-1))
+    group, tile = _blocks(b, h, t, block_scores)
+    with torch.autocast(lengths.device.type, enabled=False):
+        for b0 in range(0, b, group):
+            b1 = min(b, b0 + group)
+            for j0 in range(0, t, tile):
+                j1 = min(t, j0 + tile)
+                i0, i1 = _source_range(order, j0, j1, t, window)
+                allowed = _allowed_block(order, j0, j1, i0, i1, lengths[b0:b1], window)
+                scores = scorer.block(b0, b1, j0, j1, i0, i1)
+                if normalization == "relu2":  # (sum_i r_ij v_i) / sum_i r_ij
+                    scores.clamp_min_(0.0).mul_(allowed.to(dtype))
+                    top = scores.amax(-1, keepdim=True)
+                    scores.div_(top.masked_fill_(top <= 0, 1.0)).square_()
+                    total = scores.sum(-1, keepdim=True)
+                    out[b0:b1, :, j0:j1] = _times_values(scores, v[b0:b1, :, i0:i1],
+                                                         shared).div_(
+                        total.masked_fill_(total <= 0, 1.0))
+                else:
+                    g, _ = _normalise(scores, allowed, normalization)
+                    out[b0:b1, :, j0:j1] = _times_values(g, v[b0:b1, :, i0:i1], shared)
+    return out.to(values.dtype)
