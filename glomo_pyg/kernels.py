@@ -89,8 +89,8 @@ def bounded_keys_queries(key: Tensor, query: Tensor) -> Tuple[Tensor, Tensor]:
     return key * ck.to(key.dtype), query * cq.to(query.dtype)
 
 
-def _normalise(scores: Tensor, allowed: Tensor, normalization: str,
-               unscale: Optional[Tuple[Tensor, Tensor]] = None):
+def normalise_scores(scores: Tensor, allowed: Tensor, normalization: str,
+                     unscale: Optional[Tuple[Tensor, Tensor]] = None):
     """Column-normalised weights of a block (last dim = sources), and what backward needs."""
     # relative to each target's largest score (the ratio cancels): no overflow, no 0/0
     if normalization == "relu2":
@@ -173,7 +173,7 @@ class _LatentGraphEdges(torch.autograd.Function):
             for n, (h0, h1, b0, b1, j0, j1, i0, i1) in enumerate(blocks):
                 scores = q[b0:b1, h0:h1, j0:j1] @ k[b0:b1, h0:h1, i0:i1].transpose(-1, -2)
                 allowed = _allowed(j0, j1, i0, i1, lengths[b0:b1], direction, include_self)
-                g, _ = _normalise(scores, allowed.unsqueeze(1), normalization,
+                g, _ = normalise_scores(scores, allowed.unsqueeze(1), normalization,
                                   _block_unscale(unscale, b0, b1, h0, h1, j0, j1))
                 for r in range(h1 - h0):
                     g_r = g[:, r]
@@ -220,7 +220,7 @@ class _LatentGraphEdges(torch.autograd.Function):
                 kb, qb = k[b0:b1, h0:h1, i0:i1], q[b0:b1, h0:h1, j0:j1]
                 allowed = _allowed(j0, j1, i0, i1, lengths[b0:b1], direction, include_self)
                 block_unscale = _block_unscale(unscale, b0, b1, h0, h1, j0, j1)
-                g, aux = _normalise(qb @ kb.transpose(-1, -2), allowed.unsqueeze(1),
+                g, aux = normalise_scores(qb @ kb.transpose(-1, -2), allowed.unsqueeze(1),
                                     normalization, block_unscale)
                 sel = slice(spans[0][0], spans[0][0] + spans[0][1]) if len(spans) == 1 else \
                     torch.cat([torch.arange(a, a + c, device=src.device) for a, c in spans])
@@ -310,7 +310,7 @@ def latent_graph_dense(key: Tensor, query: Tensor, lengths: Tensor, *,
         k, q, unscale = _scaled(key, query, dtype)  # constant factors: autograd passes them
         scores = q @ k.transpose(-1, -2)  # [B, H, T(j), T(i)]
         allowed = _allowed(0, t, 0, t, lengths, direction, include_self).unsqueeze(1)
-        g, _ = _normalise(scores, allowed, normalization, unscale)
+        g, _ = normalise_scores(scores, allowed, normalization, unscale)
     return g.transpose(-1, -2)
 
 

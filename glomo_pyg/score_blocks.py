@@ -14,7 +14,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from glomo_pyg.kernels import _normalise
+from glomo_pyg.kernels import normalise_scores
 from glomo_pyg.ordering import RasterOrder, SequenceOrder
 from glomo_pyg.pruning import PrunedEdges, prune_rows
 
@@ -51,7 +51,7 @@ def _allowed_block(order: SequenceOrder, j0: int, j1: int, i0: int, i1: int,
 
 
 def _relu2_block(scores: Tensor, allowed: Tensor) -> Tensor:
-    """:func:`glomo_pyg.kernels._normalise` (``'relu2'``) of a fresh block of finite
+    """:func:`glomo_pyg.kernels.normalise_scores` (``'relu2'``) of a fresh block of finite
     scores, in place (``allowed`` as 0 / 1 in their dtype)."""
     scores.clamp_min_(0.0).mul_(allowed)  # (a product: much faster than a broadcast fill)
     top = scores.amax(-1, keepdim=True)
@@ -138,7 +138,7 @@ def pruned_graph_edges(layers: Sequence[Tuple[Tensor, Tensor]], lengths: Tensor,
                     if not every_head:
                         scores = scores[:, heads]
                     g = _relu2_block(scores, ones) if normalization == "relu2" else \
-                        _normalise(scores, allowed, normalization)[0]
+                        normalise_scores(scores, allowed, normalization)[0]
                     if merge is None:
                         s, r, tgt, src, w = prune_rows(g, top_k, min_weight)
                         parts.append((s + b0, r + l * per_layer, tgt + j0, src + i0, w))
@@ -209,6 +209,6 @@ def propagate_scores(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor
                                                          shared).div_(
                         total.masked_fill_(total <= 0, 1.0))
                 else:
-                    g, _ = _normalise(scores, allowed, normalization)
+                    g, _ = normalise_scores(scores, allowed, normalization)
                     out[b0:b1, :, j0:j1] = _times_values(g, v[b0:b1, :, i0:i1], shared)
     return out.to(values.dtype)

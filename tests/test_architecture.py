@@ -91,7 +91,7 @@ def test_no_import_cycle_inside_glomo_pyg():
 LAYERS = [
     ("base", ["version", "extras", "threads", "allocator", "atomic_files", "settings"]),
     ("batches and orders", ["sequences", "ordering"]),
-    ("kernels", ["kernels", "flex", "pixels", "graph_conversion"]),
+    ("kernels", ["kernels", "flex", "pixels", "graph_conversion", "pruning", "score_blocks"]),
     ("graphs", ["graphs"]),
     ("nn", ["nn"]),
     ("io", ["io"]),

@@ -17,7 +17,9 @@ Sections (each module's docstring has the details):
 * ``repeated``: ``GlomoConv`` given the same PyG graph every call (validated once) against
   fresh tensors, the dense per-head matmul and gather/scatter;
 * ``transfer``: one ``GlomoTransfer`` forward for text (T=128..512) and 32x32 images
-  (T=1024) per layout.
+  (T=1024) per layout;
+* ``transforms``: ``GlomoGraphs`` top-k transforms of 32x32 images with the
+  ``imagenet32-pixel`` release (256 per call; 8 with ``--quick``).
 
 Quick mode: CPU sizes, 3 repeats, about 3 minutes on 2 cores. Full mode: the GPU sizes (B=16-128, T up
 to 2048, width 512). Appends a section to ``benchmarks/results/speed.md`` and the raw
@@ -40,11 +42,13 @@ import torch
 import torch_geometric
 
 from benchmarks.common import append_results, hardware
-from benchmarks.speed import aggregation, emission, fused, pretraining, repeated, transfer
+from benchmarks.speed import (aggregation, emission, fused, pretraining, repeated, transfer,
+                              transforms)
 from benchmarks.speed.measure import NoCases, set_timing_allocator
 
 SECTIONS = {"aggregation": aggregation, "emission": emission, "fused": fused,
-            "pretraining": pretraining, "repeated": repeated, "transfer": transfer}
+            "pretraining": pretraining, "repeated": repeated, "transfer": transfer,
+            "transforms": transforms}
 
 
 def read_runs(path: str) -> List[Dict]:

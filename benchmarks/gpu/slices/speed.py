@@ -1,7 +1,7 @@
 """``speed``: the GPU sections of ``python -m benchmarks.speed`` at their full sizes, one
 key per section (the fused layout first: T up to 8192 against a hand-written
 FlexAttention call, dense and sparse; then one pretraining step per layout, the transfer
-forward, aggregation and emission). Each section's markdown table and raw numbers go
+forward, aggregation, emission and the top-k transforms of images). Each section's markdown table and raw numbers go
 into the ledger; its results block in ``results/speed.md`` is generated from them.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from benchmarks.gpu.slices import profile
 ARCHIVES = ()
 RESULTS = "speed.md"
 KEY_FIELDS = ("sections",)  # more sections keep the recorded ones
-SECTIONS = ("fused", "pretraining", "transfer", "aggregation", "emission")
+SECTIONS = ("fused", "pretraining", "transfer", "aggregation", "emission", "transforms")
 
 
 def recipe(dry_run: bool) -> Dict:

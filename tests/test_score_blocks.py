@@ -1,0 +1,185 @@
+"""The block-by-block kernels (glomo_pyg.score_blocks) against the dense reference of paper
+Eq. 1 (glomo_pyg.kernels.latent_graph_dense): pruned edges (top-k, thresholds, merges,
+windows, ties, padding) and propagation; the memory bound on a large image."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from glomo_pyg.kernels import bounded_keys_queries, latent_graph_dense
+from glomo_pyg.ordering import RasterOrder, SequenceOrder
+from glomo_pyg.pruning import prune_rows
+from glomo_pyg.score_blocks import propagate_scores, pruned_graph_edges
+
+TINY = 40  # scores per block: many blocks of one target, sources cut to their range
+
+
+def keys_queries(b=3, h=3, t=11, d=5, seed=0, integer=False):
+    g = torch.Generator().manual_seed(seed)
+    if integer:  # exact scores: equal scores are exact ties
+        k, q = (torch.randint(-2, 3, (b, h, t, d), generator=g).float() for _ in range(2))
+    else:
+        k, q = (torch.randn(b, h, t, d, generator=g) for _ in range(2))
+    return k, q
+
+
+def dense_rows(layers, lengths, order, normalization, window):
+    """``[B, L, H, target, source]`` of the reference graphs; a window cuts each target's
+    weights to the near sources and renormalises them (for both normalisations the same as
+    masking the far pairs before normalising)."""
+    out = []
+    for k, q in layers:
+        rows = latent_graph_dense(k, q, lengths, direction=order.direction,
+                                  include_self=order.include_self,
+                                  normalization=normalization).transpose(-1, -2)
+        if window is not None:
+            pos = torch.arange(k.size(2))
+            near = order.window_distance(pos.view(-1, 1), pos.view(1, -1)) <= window
+            rows = rows * near
+            total = rows.sum(-1, keepdim=True)
+            rows = rows / torch.where(total > 0, total, torch.ones(()))
+        out.append(rows)
+    return torch.stack(out, 1)
+
+
+def reference(layers, lengths, order, normalization="relu2", heads=None, merge=None,
+              top_k=None, min_weight=None, window=None):
+    rows = dense_rows(layers, lengths, order, normalization, window)  # [B, L, H, j, i]
+    if heads is not None:
+        rows = rows[:, :, list(heads)]
+    if merge is None:
+        return prune_rows(rows.flatten(1, 2).contiguous(), top_k, min_weight)
+    total = None  # heads summed per layer, then layers in order (the documented sum)
+    for l in range(rows.size(1)):
+        part = rows[:, l].sum(1, keepdim=True)
+        total = part if total is None else total + part
+    if merge == "mean":
+        total = total / (rows.size(1) * rows.size(2))
+    return prune_rows(total.contiguous(), top_k, min_weight)
+
+
+def assert_same(got, want, rtol=2e-5):
+    for a, b in zip(got[:4], want[:4]):
+        assert torch.equal(a, b)
+    torch.testing.assert_close(got[4], want[4], rtol=rtol, atol=1e-7)
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("include_self", [False, True])
+@pytest.mark.parametrize("config", [
+    dict(), dict(top_k=3), dict(top_k=2, min_weight=0.2), dict(min_weight=0.1),
+    dict(merge="mean", top_k=4), dict(merge="sum", min_weight=0.05),
+    dict(heads=[0, 2], top_k=2), dict(heads=[1], merge="mean"), dict(top_k=50)])
+def test_pruned_edges_match_the_dense_reference(direction, include_self, config):
+    layers = [keys_queries(seed=s) for s in range(2)]
+    lengths = torch.tensor([11, 4, 7])  # padding
+    order = SequenceOrder(direction, include_self)
+    want = reference(layers, lengths, order, **config)
+    for block in (TINY, 1 << 21):
+        assert_same(pruned_graph_edges(layers, lengths, order=order, block_scores=block,
+                                       **config), want)
+
+
+@pytest.mark.parametrize("normalization", ["relu2", "softmax"])
+def test_windows_over_sequences_and_image_rows(normalization):
+    layers = [keys_queries(b=2, h=2, t=20, seed=3)]
+    lengths = torch.tensor([20, 13])
+    for order, window in ((SequenceOrder("forward"), 3), (SequenceOrder("backward"), 1),
+                          (RasterOrder("forward", 4, 5), 1), (RasterOrder("backward", 4, 5), 2)):
+        ls = torch.tensor([20, 20]) if isinstance(order, RasterOrder) else lengths
+        want = reference(layers, ls, order, normalization, top_k=3, window=window)
+        got = pruned_graph_edges(layers, ls, order=order, normalization=normalization,
+                                 top_k=3, window=window, block_scores=TINY)
+        assert_same(got, want, rtol=1e-5)
+
+
+def test_ties_go_to_the_lower_source_as_in_dense_pruning():
+    # integer keys and queries: many exactly equal weights in each row
+    layers = [keys_queries(b=2, h=2, t=16, d=2, seed=5, integer=True)]
+    lengths = torch.tensor([16, 9])
+    order = SequenceOrder("forward")
+    rows = dense_rows(layers, lengths, order, "relu2", None).flatten(1, 2)
+    top, _ = rows.topk(3, -1)
+    assert bool((top[..., 1] == top[..., 2]).any())  # the case is really there
+    for config in (dict(top_k=2), dict(top_k=1), dict(merge="sum", top_k=2)):
+        want = reference(layers, lengths, order, **config)
+        got = pruned_graph_edges(layers, lengths, order=order, block_scores=TINY, **config)
+        assert_same(got, want)  # (indices exactly: ties broken alike)
+
+
+def test_bit_for_bit_the_dense_pruning_when_a_block_holds_whole_rows():
+    layers = [bounded_keys_queries(*keys_queries(t=33, seed=s)) for s in range(3)]
+    lengths = torch.tensor([33, 20, 1])
+    order = SequenceOrder("backward")
+    for config in (dict(top_k=4), dict(merge="mean", top_k=4), dict(min_weight=0.05)):
+        got = pruned_graph_edges(layers, lengths, order=order, **config)
+        want = reference(layers, lengths, order, **config)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+
+
+def test_no_edges_for_one_unit_sequences_and_empty_rows():
+    k, q = keys_queries(b=2, h=1, t=3)
+    lengths = torch.tensor([1, 1])
+    got = pruned_graph_edges([(k, q)], lengths, order=SequenceOrder("forward"), top_k=2)
+    assert all(t.numel() == 0 for t in got)
+    # zero queries: every score 0, no squared-ReLU edge anywhere
+    got = pruned_graph_edges([(k, q * 0)], torch.tensor([3, 3]),
+                             order=SequenceOrder("forward"), top_k=2)
+    assert all(t.numel() == 0 for t in got)
+
+
+@pytest.mark.parametrize("normalization", ["relu2", "softmax"])
+@pytest.mark.parametrize("shared", [False, True])
+def test_propagation_matches_the_dense_graphs(normalization, shared):
+    k, q = keys_queries(b=3, h=2, t=21, seed=7)
+    lengths = torch.tensor([21, 5, 14])
+    v = torch.randn(3, 1 if shared else 2, 21, 6)
+    for order, window in ((SequenceOrder("forward"), None), (SequenceOrder("backward", True), None),
+                          (SequenceOrder("forward"), 4)):
+        rows = dense_rows([(k, q)], lengths, order, normalization, window)[:, 0]  # [B,H,j,i]
+        want = rows @ v.expand(3, 2, 21, 6)
+        for block in (TINY, 1 << 21):
+            got = propagate_scores(k, q, v, lengths, order=order, normalization=normalization,
+                                   window=window, block_scores=block)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        real = torch.arange(21).view(1, 1, -1) < lengths.view(-1, 1, 1)
+        assert (got.abs().sum(-1)[~real.expand(3, 2, 21)] == 0).all()  # zero at padding
+
+
+MEMORY_SCRIPT = r"""
+import json, resource, sys, torch
+from glomo_pyg import PixelGraphPredictor, PretrainedGraphPredictor
+from glomo_pyg.transforms import GlomoGraphs, image_data
+torch.manual_seed(0)
+side = int(sys.argv[1])
+parts = [PixelGraphPredictor(side, side, hidden_channels=8, num_layers=2, heads=2,
+                             cnn_layers=1, direction=d).eval() for d in ("forward", "backward")]
+t = GlomoGraphs(PretrainedGraphPredictor(*parts), merge="mean", top_k=8, device="cpu")
+image = image_data(torch.randint(0, 256, (3, side, side), dtype=torch.uint8))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+out = t(image)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps(dict(grew_mib=(peak - before) / 1024, edges=out.edge_index.size(1))))
+"""
+
+
+@pytest.mark.slow
+def test_memory_is_the_edges_kept_plus_blocks_on_a_large_image():
+    # 96x96 pixels: one dense graph layer of the 2 heads is 2 x 9216^2 x 4 B = 680 MiB
+    side = 96
+    out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(side)],
+                         capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, OMP_NUM_THREADS="2"))
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    n = side * side
+    assert 0 < result["edges"] <= 2 * n * 8  # (both directions, top 8 of each target)
+    # edges (28 B each, several copies while assembling), keys and queries (2 directions x
+    # 2 layers x 2 heads x (4 + 1) dims, a few copies), score blocks of 8 MiB (a few live)
+    bound = (40 * result["edges"] + 2 * 2 * 2 * 2 * n * 8 * 4 * 4) / 2**20 + 4 * 8 + 64
+    assert result["grew_mib"] < bound, (result, bound)
+    assert result["grew_mib"] < 680 / 4  # far below one dense layer
