@@ -22,7 +22,7 @@ from glomo_pyg.pruning import PrunedEdges, prune_rows
 # the in-place normalisation runs at memory speed (benchmarks/results/transform_speed.md).
 BLOCK_SCORES = 1 << 21
 # Fewest targets per block: narrower blocks make the score products inefficient.
-MIN_BLOCK_TARGETS = 64
+MIN_BLOCK_TARGETS = 128
 
 
 def _source_range(order: SequenceOrder, j0: int, j1: int, t: int,
@@ -50,10 +50,11 @@ def _allowed_block(order: SequenceOrder, j0: int, j1: int, i0: int, i1: int,
     return allowed.unsqueeze(1)
 
 
-def _relu2_block(scores: Tensor, allowed: Tensor) -> Tensor:
+def _relu2_block(scores: Tensor, mask) -> Tensor:
     """:func:`glomo_pyg.kernels.normalise_scores` (``'relu2'``) of a fresh block of finite
-    scores, in place (``allowed`` as 0 / 1 in their dtype)."""
-    scores.clamp_min_(0.0).mul_(allowed)  # (a product: much faster than a broadcast fill)
+    scores, in place (``mask``: :meth:`_BlockScores.mask`)."""
+    # (a product by 0 / 1: much faster than a broadcast fill)
+    _BlockScores.apply(scores.clamp_min_(0.0), mask)
     top = scores.amax(-1, keepdim=True)
     scores.div_(top.masked_fill_(top <= 0, 1.0)).square_()
     total = scores.sum(-1, keepdim=True)
@@ -61,19 +62,53 @@ def _relu2_block(scores: Tensor, allowed: Tensor) -> Tensor:
 
 
 class _BlockScores:
-    """The scores ``q_j . k_i`` of blocks of a layer, from its augmented keys and queries."""
+    """The scores ``q_j . k_i`` of blocks of a layer, from its augmented keys and queries,
+    and the allowed pairs of the blocks.
 
-    def __init__(self, key: Tensor, query: Tensor, dtype: torch.dtype, copy_keys: bool):
+    With ``cut`` (squared-ReLU graphs without a window) the keys of padded units are
+    zeroed once (score 0: never an edge) and only a block's diagonal part, where the order
+    cuts, is masked per block; padded targets are the caller's to drop. Otherwise every
+    block is masked whole."""
+
+    def __init__(self, key: Tensor, query: Tensor, dtype: torch.dtype, copy_keys: bool,
+                 lengths: Tensor, order: SequenceOrder, cut: bool,
+                 window: Optional[int] = None):
         # copy_keys: keys transposed once into [B, H, D, T], on which the block products
         # run about 10% faster; without, the products (and so the graphs) are bit for bit
         # those of emission's, which multiplies by the transposed view
         keys_t = key.to(dtype).transpose(-1, -2)
+        t = key.size(2)
+        self.padded = bool((lengths < t).any())
+        if cut and self.padded:
+            real = torch.arange(t, device=key.device) < lengths.view(-1, 1, 1, 1)
+            keys_t = keys_t * real.to(dtype)
         self.keys_t = keys_t.contiguous() if copy_keys else keys_t
         self.queries = query.to(dtype)
+        self.lengths, self.order, self.cut, self.window = lengths, order, cut, window
 
     def block(self, b0: int, b1: int, j0: int, j1: int, i0: int, i1: int) -> Tensor:
         """``[b1 - b0, H, j1 - j0, i1 - i0]`` scores, a new tensor."""
         return self.queries[b0:b1, :, j0:j1] @ self.keys_t[b0:b1, :, :, i0:i1]
+
+    def mask(self, b0: int, b1: int, j0: int, j1: int, i0: int, i1: int):
+        """What :meth:`apply` multiplies a block by: ``(first column, 0 / 1 mask)``."""
+        dtype = self.queries.dtype
+        if not self.cut:
+            return 0, _allowed_block(self.order, j0, j1, i0, i1, self.lengths[b0:b1],
+                                     self.window).to(dtype)
+        # forward: every source before j0 is allowed; backward: every source from j1 on
+        c0, c1 = (j0 - i0, i1 - i0) if self.order.direction == "forward" else \
+            (0, min(j1, i1) - i0)
+        j = torch.arange(j0, j1, device=self.lengths.device).view(-1, 1)
+        i = torch.arange(i0 + c0, i0 + c1, device=self.lengths.device).view(1, -1)
+        return c0, self.order.allowed(j, i).to(dtype)
+
+    @staticmethod
+    def apply(scores: Tensor, mask) -> Tensor:
+        """``scores`` (non-negative) times the mask, in place."""
+        c0, ones = mask
+        scores[..., c0:c0 + ones.size(-1)].mul_(ones)
+        return scores
 
 
 def _blocks(num_seqs: int, heads: int, t: int, block_scores: int):
@@ -119,7 +154,9 @@ def pruned_graph_edges(layers: Sequence[Tuple[Tensor, Tensor]], lengths: Tensor,
     every_head = len(heads) == h
     dtype = torch.promote_types(layers[0][0].dtype, torch.float32)
     # every head scored, the selected ones kept: products bit for bit those of emission's
-    scorers = [_BlockScores(k, q, dtype, copy_keys=False) for k, q in layers]
+    cut = normalization == "relu2" and window is None
+    scorers = [_BlockScores(k, q, dtype, False, lengths, order, cut, window)
+               for k, q in layers]
     per_layer = len(heads)
     relations = 1 if merge is not None else len(layers) * per_layer
     group, tile = _blocks(b, h, t, block_scores)  # (every head is scored)
@@ -130,15 +167,14 @@ def pruned_graph_edges(layers: Sequence[Tuple[Tensor, Tensor]], lengths: Tensor,
             for j0 in range(0, t, tile):
                 j1 = min(t, j0 + tile)
                 i0, i1 = _source_range(order, j0, j1, t, window)
-                allowed = _allowed_block(order, j0, j1, i0, i1, lengths[b0:b1], window)
-                ones = allowed.to(dtype)
+                mask = scorers[0].mask(b0, b1, j0, j1, i0, i1)
                 total = None
                 for l, scorer in enumerate(scorers):
                     scores = scorer.block(b0, b1, j0, j1, i0, i1)
                     if not every_head:
                         scores = scores[:, heads]
-                    g = _relu2_block(scores, ones) if normalization == "relu2" else \
-                        normalise_scores(scores, allowed, normalization)[0]
+                    g = _relu2_block(scores, mask) if normalization == "relu2" else \
+                        normalise_scores(scores, mask[1] > 0, normalization)[0]
                     if merge is None:
                         s, r, tgt, src, w = prune_rows(g, top_k, min_weight)
                         parts.append((s + b0, r + l * per_layer, tgt + j0, src + i0, w))
@@ -151,6 +187,10 @@ def pruned_graph_edges(layers: Sequence[Tuple[Tensor, Tensor]], lengths: Tensor,
                     s, r, tgt, src, w = prune_rows(total, top_k, min_weight)
                     parts.append((s + b0, r, tgt + j0, src + i0, w))
     sample, relation, target, source, weight = (torch.cat(p) for p in zip(*parts))
+    if cut and scorers[0].padded:  # padded targets' rows were scored too: drop them
+        real = target < lengths[sample]
+        sample, relation, target, source, weight = (x[real] for x in
+                                                    (sample, relation, target, source, weight))
     # blocks come target range by target range: a stable sort by (sample, relation) keeps
     # each relation's targets ascending
     key = sample * relations + relation
@@ -186,7 +226,8 @@ def propagate_scores(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor
     """
     b, h, t, _ = key.shape
     dtype = torch.promote_types(key.dtype, torch.float32)
-    scorer = _BlockScores(key, query, dtype, copy_keys=True)
+    cut = normalization == "relu2" and window is None
+    scorer = _BlockScores(key, query, dtype, True, lengths, order, cut, window)
     # contiguous values: block slices are plain batched matrices (no copy per block)
     v = values.to(dtype).contiguous()
     shared = v.size(1) == 1 and h > 1
@@ -198,10 +239,10 @@ def propagate_scores(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor
             for j0 in range(0, t, tile):
                 j1 = min(t, j0 + tile)
                 i0, i1 = _source_range(order, j0, j1, t, window)
-                allowed = _allowed_block(order, j0, j1, i0, i1, lengths[b0:b1], window)
+                mask = scorer.mask(b0, b1, j0, j1, i0, i1)
                 scores = scorer.block(b0, b1, j0, j1, i0, i1)
                 if normalization == "relu2":  # (sum_i r_ij v_i) / sum_i r_ij
-                    scores.clamp_min_(0.0).mul_(allowed.to(dtype))
+                    _BlockScores.apply(scores.clamp_min_(0.0), mask)
                     top = scores.amax(-1, keepdim=True)
                     scores.div_(top.masked_fill_(top <= 0, 1.0)).square_()
                     total = scores.sum(-1, keepdim=True)
@@ -209,6 +250,9 @@ def propagate_scores(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor
                                                          shared).div_(
                         total.masked_fill_(total <= 0, 1.0))
                 else:
-                    g, _ = normalise_scores(scores, allowed, normalization)
+                    g, _ = normalise_scores(scores, mask[1] > 0, normalization)
                     out[b0:b1, :, j0:j1] = _times_values(g, v[b0:b1, :, i0:i1], shared)
+    if cut and scorer.padded:  # padded targets' rows were scored too: zero them
+        real = torch.arange(t, device=out.device) < lengths.view(-1, 1)
+        out.mul_(real.view(b, 1, t, 1).to(dtype))
     return out.to(values.dtype)

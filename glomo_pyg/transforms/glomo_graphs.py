@@ -24,6 +24,11 @@ from glomo_pyg.transforms.base import (SampleEdges, UnitGraphs, check_directions
 from glomo_pyg.version import __version__
 
 MERGES = ("sum", "mean")
+# Padded units per predictor call of the pruned path: its keys and queries (e.g. 2 x 48
+# graphs x 49 values per unit for imagenet32-pixel, 19 MiB per 32x32 image) are what its
+# memory holds besides the edges; more per call only adds memory traffic
+# (benchmarks/results/image_graphs_cpu.md).
+EMISSION_UNITS = 1 << 13
 
 
 def predictor_digest(predictor: PretrainedGraphPredictor) -> str:
@@ -218,14 +223,16 @@ class GlomoGraphs(UnitGraphs):
                              f"{self.predictor.in_channels}], got {x.dtype} {tuple(x.shape)}")
 
     def sample_edges(self, samples: List[Data]) -> List[SampleEdges]:
+        longest = max(d.x.size(0) for d in samples)
         if self.products:  # products need each sample's dense graphs
-            longest = max(d.x.size(0) for d in samples)
             # dense [B, relations, T, T] blocks: bounded as the predictor bounds one layer's
             widest = max(len(self.relations), self.predictor.heads)
             fits = max(1, kernels.MAX_GRAPH_PAIRS // (widest * longest * longest))
-            if len(samples) > fits:
-                return [e for start in range(0, len(samples), fits)
-                        for e in self.sample_edges(samples[start:start + fits])]
+        else:  # the keys and queries of a call (dozens of values per head and unit) bound it
+            fits = max(1, EMISSION_UNITS // longest)
+        if len(samples) > fits:
+            return [e for start in range(0, len(samples), fits)
+                    for e in self.sample_edges(samples[start:start + fits])]
         sizes = torch.tensor([d.x.size(0) for d in samples])
         batch = torch.repeat_interleave(torch.arange(len(samples)), sizes).to(self.device)
         x = torch.cat([d.x.reshape(d.x.size(0), -1) for d in samples])
