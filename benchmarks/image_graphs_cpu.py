@@ -7,7 +7,8 @@ commit's code, side by side in one run.
 Every case runs in its own process per code version (this tree, and ``REV`` checked out
 with ``git worktree`` into a temporary folder), the versions alternating case by case: a
 warm-up call on a few samples, then ``--repeats`` timed calls (median). Random 32x32
-uint8 images (``image_data``), and for text 400-token reviews. Besides images/s and the
+uint8 images (``image_data``), and for text 400-token reviews; glibc keeps freed memory
+(``glomo_pyg.allocator.keep_freed_memory``, as the ``glomo`` command sets it). Besides images/s and the
 ratio to ``REV`` it prints the arithmetic per image (:func:`flop_estimate`: the
 predictor's convolutions and projections, the scores of every allowed pair, and for
 transfer the propagated values) and the GFLOP/s that makes, and the peak resident memory
@@ -38,7 +39,9 @@ WORKER = r"""
 import json, resource, statistics, sys, time, torch
 from torch_geometric.data import Data
 from glomo_pyg import GlomoTransfer, PretrainedGraphPredictor
+from glomo_pyg.allocator import keep_freed_memory
 from glomo_pyg.transforms import GlomoGraphs, image_data
+keep_freed_memory()  # (as `glomo` does: large blocks are not returned and faulted in again)
 release, case, n, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 p = PretrainedGraphPredictor.from_pretrained(release).eval()
 g = torch.Generator().manual_seed(0)
