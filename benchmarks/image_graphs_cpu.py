@@ -8,8 +8,8 @@ Every case runs in its own process per code version (this tree, and ``REV`` chec
 with ``git worktree`` into a temporary folder), the versions alternating case by case: a
 warm-up call on a few samples, then ``--repeats`` timed calls (median). Random 32x32
 uint8 images (``image_data``), and for text 400-token reviews; glibc keeps freed memory
-(``glomo_pyg.allocator.keep_freed_memory``, as the ``glomo`` command sets it). Besides images/s and the
-ratio to ``REV`` it prints the arithmetic per image (:func:`flop_estimate`: the
+(``glomo_pyg.allocator.keep_freed_memory``, as the ``glomo`` command sets it). Besides
+images/s and the ratio to ``REV`` it prints the arithmetic per image (:func:`flop_estimate`: the
 predictor's convolutions and projections, the scores of every allowed pair, and for
 transfer the propagated values) and the GFLOP/s that makes, and the peak resident memory
 of ``GlomoGraphs`` over one 256-image batch. Appends to

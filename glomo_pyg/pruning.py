@@ -1,4 +1,4 @@
-r"""The pruning rule of graphs made into edge lists (docs/transforms.md, "Pruning"):
+r"""The pruning rule of graphs made into edge lists (docs/any_gnn.md, "Pruning"):
 weights below ``min_weight`` are dropped, then each target keeps its ``top_k`` heaviest
 sources, ties going to the lower source; zero weights are never edges; kept weights are not
 renormalised."""

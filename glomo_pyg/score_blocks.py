@@ -19,7 +19,7 @@ from glomo_pyg.ordering import RasterOrder, SequenceOrder
 from glomo_pyg.pruning import PrunedEdges, prune_rows
 
 # Scores one block holds (float32: 8 MiB): blocks stay in the CPU's last-level cache, where
-# the in-place normalisation runs at memory speed (benchmarks/results/transform_speed.md).
+# the in-place normalisation runs at memory speed (benchmarks/results/image_graphs_cpu.md).
 BLOCK_SCORES = 1 << 21
 # Fewest targets per block: narrower blocks make the score products inefficient.
 MIN_BLOCK_TARGETS = 128
@@ -50,15 +50,16 @@ def _allowed_block(order: SequenceOrder, j0: int, j1: int, i0: int, i1: int,
     return allowed.unsqueeze(1)
 
 
-def _relu2_block(scores: Tensor, mask) -> Tensor:
-    """:func:`glomo_pyg.kernels.normalise_scores` (``'relu2'``) of a fresh block of finite
-    scores, in place (``mask``: :meth:`_BlockScores.mask`)."""
+def _relu2_terms(scores: Tensor, mask) -> Tuple[Tensor, Tensor]:
+    """``(r, total)`` of :func:`glomo_pyg.kernels.normalise_scores` (``'relu2'``: the
+    weights are ``r / total``) of a fresh block of finite scores, in place (``mask``:
+    :meth:`_BlockScores.mask`); ``total`` is 1 for a target without an edge."""
     # (a product by 0 / 1: much faster than a broadcast fill)
     _BlockScores.apply(scores.clamp_min_(0.0), mask)
     top = scores.amax(-1, keepdim=True)
     scores.div_(top.masked_fill_(top <= 0, 1.0)).square_()
     total = scores.sum(-1, keepdim=True)
-    return scores.div_(total.masked_fill_(total <= 0, 1.0))
+    return scores, total.masked_fill_(total <= 0, 1.0)
 
 
 class _BlockScores:
@@ -111,11 +112,18 @@ class _BlockScores:
         return scores
 
 
-def _blocks(num_seqs: int, heads: int, t: int, block_scores: int):
-    """``(samples per block, targets per block)`` of blocks of at most ``block_scores``."""
+def _walk(num_seqs: int, heads: int, t: int, order: SequenceOrder, window: Optional[int],
+          block_scores: int):
+    """``(b0, b1, j0, j1, i0, i1)`` of every block (samples, targets, their sources), each
+    of at most ``block_scores`` scores."""
     targets = min(t, MIN_BLOCK_TARGETS)
     group = max(1, min(num_seqs, block_scores // max(1, heads * t * targets)))
-    return group, max(1, min(t, block_scores // max(1, group * heads * t)))
+    tile = max(1, min(t, block_scores // max(1, group * heads * t)))
+    for b0 in range(0, num_seqs, group):
+        for j0 in range(0, t, tile):
+            j1 = min(t, j0 + tile)
+            yield (b0, min(num_seqs, b0 + group), j0, j1,
+                   *_source_range(order, j0, j1, t, window))
 
 
 def pruned_graph_edges(layers: Sequence[Tuple[Tensor, Tensor]], lengths: Tensor, *,
@@ -159,33 +167,31 @@ def pruned_graph_edges(layers: Sequence[Tuple[Tensor, Tensor]], lengths: Tensor,
                for k, q in layers]
     per_layer = len(heads)
     relations = 1 if merge is not None else len(layers) * per_layer
-    group, tile = _blocks(b, h, t, block_scores)  # (every head is scored)
     parts: List[PrunedEdges] = []
     with torch.autocast(lengths.device.type, enabled=False):
-        for b0 in range(0, b, group):
-            b1 = min(b, b0 + group)
-            for j0 in range(0, t, tile):
-                j1 = min(t, j0 + tile)
-                i0, i1 = _source_range(order, j0, j1, t, window)
-                mask = scorers[0].mask(b0, b1, j0, j1, i0, i1)
-                total = None
-                for l, scorer in enumerate(scorers):
-                    scores = scorer.block(b0, b1, j0, j1, i0, i1)
-                    if not every_head:
-                        scores = scores[:, heads]
-                    g = _relu2_block(scores, mask) if normalization == "relu2" else \
-                        normalise_scores(scores, mask[1] > 0, normalization)[0]
-                    if merge is None:
-                        s, r, tgt, src, w = prune_rows(g, top_k, min_weight)
-                        parts.append((s + b0, r + l * per_layer, tgt + j0, src + i0, w))
-                    else:
-                        total = g.sum(1, keepdim=True) if total is None else \
-                            total.add_(g.sum(1, keepdim=True))
-                if merge is not None:
-                    if merge == "mean":
-                        total.div_(len(layers) * per_layer)
-                    s, r, tgt, src, w = prune_rows(total, top_k, min_weight)
-                    parts.append((s + b0, r, tgt + j0, src + i0, w))
+        for b0, b1, j0, j1, i0, i1 in _walk(b, h, t, order, window, block_scores):
+            mask = scorers[0].mask(b0, b1, j0, j1, i0, i1)
+            total = None
+            for l, scorer in enumerate(scorers):  # (every head is scored)
+                scores = scorer.block(b0, b1, j0, j1, i0, i1)
+                if not every_head:
+                    scores = scores[:, heads]
+                if normalization == "relu2":
+                    r, total_r = _relu2_terms(scores, mask)
+                    g = r.div_(total_r)
+                else:
+                    g = normalise_scores(scores, mask[1] > 0, normalization)[0]
+                if merge is None:
+                    s, r, tgt, src, w = prune_rows(g, top_k, min_weight)
+                    parts.append((s + b0, r + l * per_layer, tgt + j0, src + i0, w))
+                else:
+                    total = g.sum(1, keepdim=True) if total is None else \
+                        total.add_(g.sum(1, keepdim=True))
+            if merge is not None:
+                if merge == "mean":
+                    total.div_(len(layers) * per_layer)
+                s, r, tgt, src, w = prune_rows(total, top_k, min_weight)
+                parts.append((s + b0, r, tgt + j0, src + i0, w))
     sample, relation, target, source, weight = (torch.cat(p) for p in zip(*parts))
     if cut and scorers[0].padded:  # padded targets' rows were scored too: drop them
         real = target < lengths[sample]
@@ -232,26 +238,16 @@ def propagate_scores(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor
     v = values.to(dtype).contiguous()
     shared = v.size(1) == 1 and h > 1
     out = v.new_zeros(b, h, t, v.size(-1))
-    group, tile = _blocks(b, h, t, block_scores)
     with torch.autocast(lengths.device.type, enabled=False):
-        for b0 in range(0, b, group):
-            b1 = min(b, b0 + group)
-            for j0 in range(0, t, tile):
-                j1 = min(t, j0 + tile)
-                i0, i1 = _source_range(order, j0, j1, t, window)
-                mask = scorer.mask(b0, b1, j0, j1, i0, i1)
-                scores = scorer.block(b0, b1, j0, j1, i0, i1)
-                if normalization == "relu2":  # (sum_i r_ij v_i) / sum_i r_ij
-                    _BlockScores.apply(scores.clamp_min_(0.0), mask)
-                    top = scores.amax(-1, keepdim=True)
-                    scores.div_(top.masked_fill_(top <= 0, 1.0)).square_()
-                    total = scores.sum(-1, keepdim=True)
-                    out[b0:b1, :, j0:j1] = _times_values(scores, v[b0:b1, :, i0:i1],
-                                                         shared).div_(
-                        total.masked_fill_(total <= 0, 1.0))
-                else:
-                    g, _ = normalise_scores(scores, mask[1] > 0, normalization)
-                    out[b0:b1, :, j0:j1] = _times_values(g, v[b0:b1, :, i0:i1], shared)
+        for b0, b1, j0, j1, i0, i1 in _walk(b, h, t, order, window, block_scores):
+            mask = scorer.mask(b0, b1, j0, j1, i0, i1)
+            scores = scorer.block(b0, b1, j0, j1, i0, i1)
+            if normalization == "relu2":  # (sum_i r_ij v_i) / sum_i r_ij
+                r, total = _relu2_terms(scores, mask)
+                out[b0:b1, :, j0:j1] = _times_values(r, v[b0:b1, :, i0:i1], shared).div_(total)
+            else:
+                g, _ = normalise_scores(scores, mask[1] > 0, normalization)
+                out[b0:b1, :, j0:j1] = _times_values(g, v[b0:b1, :, i0:i1], shared)
     if cut and scorer.padded:  # padded targets' rows were scored too: zero them
         real = torch.arange(t, device=out.device) < lengths.view(-1, 1)
         out.mul_(real.view(b, 1, t, 1).to(dtype))
