@@ -131,7 +131,7 @@ def pruned_graph_edges(layers: Sequence[Tuple[Tensor, Tensor]], lengths: Tensor,
                        heads: Optional[Sequence[int]] = None, merge: Optional[str] = None,
                        top_k: Optional[int] = None, min_weight: Optional[float] = None,
                        window: Optional[int] = None,
-                       block_scores: int = BLOCK_SCORES) -> PrunedEdges:
+                       block_scores: Optional[int] = None) -> PrunedEdges:
     r"""The pruned edges of graph layers given by their keys and queries, computed block
     by block of targets: each block's graphs (paper Eq. 1) are normalised, merged and
     pruned (:func:`prune_rows`) before the next, so memory is the edges kept plus one
@@ -152,6 +152,7 @@ def pruned_graph_edges(layers: Sequence[Tuple[Tensor, Tensor]], lengths: Tensor,
         top_k, min_weight: the pruning of :func:`prune_rows`.
         window: only sources at most this far (``order.window_distance``), masked before
             normalising.
+        block_scores: scores per block (default :data:`BLOCK_SCORES`).
 
     Returns ``(sample, relation, target, source, weight)`` sorted in that order; targets
     and sources are positions within their sample, weights float32 (float64 inputs:
@@ -169,7 +170,8 @@ def pruned_graph_edges(layers: Sequence[Tuple[Tensor, Tensor]], lengths: Tensor,
     relations = 1 if merge is not None else len(layers) * per_layer
     parts: List[PrunedEdges] = []
     with torch.autocast(lengths.device.type, enabled=False):
-        for b0, b1, j0, j1, i0, i1 in _walk(b, h, t, order, window, block_scores):
+        for b0, b1, j0, j1, i0, i1 in _walk(b, h, t, order, window,
+                                            block_scores or BLOCK_SCORES):
             mask = scorers[0].mask(b0, b1, j0, j1, i0, i1)
             total = None
             for l, scorer in enumerate(scorers):  # (every head is scored)
@@ -219,7 +221,7 @@ def _times_values(weights: Tensor, values: Tensor, shared: bool) -> Tensor:
 def propagate_scores(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor, *,
                      order: SequenceOrder, normalization: str = "relu2",
                      window: Optional[int] = None,
-                     block_scores: int = BLOCK_SCORES) -> Tensor:
+                     block_scores: Optional[int] = None) -> Tensor:
     r""":math:`\sum_i G_{ij} v_i` for every head and target, the graphs (paper Eq. 1) given
     by their augmented keys and queries (bounded, as for :func:`pruned_graph_edges`) and
     computed block of targets by block (never the whole ``T x T`` graph); no autograd
@@ -239,7 +241,8 @@ def propagate_scores(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor
     shared = v.size(1) == 1 and h > 1
     out = v.new_zeros(b, h, t, v.size(-1))
     with torch.autocast(lengths.device.type, enabled=False):
-        for b0, b1, j0, j1, i0, i1 in _walk(b, h, t, order, window, block_scores):
+        for b0, b1, j0, j1, i0, i1 in _walk(b, h, t, order, window,
+                                            block_scores or BLOCK_SCORES):
             mask = scorer.mask(b0, b1, j0, j1, i0, i1)
             scores = scorer.block(b0, b1, j0, j1, i0, i1)
             if normalization == "relu2":  # (sum_i r_ij v_i) / sum_i r_ij

@@ -183,3 +183,61 @@ def test_memory_is_the_edges_kept_plus_blocks_on_a_large_image():
     bound = (40 * result["edges"] + 2 * 2 * 2 * 2 * n * 8 * 4 * 4) / 2**20 + 4 * 8 + 64
     assert result["grew_mib"] < bound, (result, bound)
     assert result["grew_mib"] < 680 / 4  # far below one dense layer
+
+
+@pytest.mark.parametrize("size", [(5, 7), (12, 13)])
+@pytest.mark.parametrize("config", [dict(top_k=3), dict(top_k=500),
+                                    dict(merge="mean", top_k=4), dict(min_weight=0.05, heads=[1]),
+                                    dict(max_distance=2, top_k=2)])
+def test_glomo_graphs_on_resized_images_in_many_blocks(monkeypatch, size, config):
+    """``GlomoGraphs`` on images of other sizes (``PretrainedGraphPredictor.resized``), cut
+    into blocks of a few targets, against the dense graphs of the resized predictor pruned
+    row by row; ``top_k=500`` is more than any target's allowed sources."""
+    from glomo_pyg import PixelGraphPredictor, PretrainedGraphPredictor, score_blocks
+    from glomo_pyg.transforms import GlomoGraphs, image_data
+
+    torch.manual_seed(0)
+    p = PretrainedGraphPredictor(*[
+        PixelGraphPredictor(4, 4, hidden_channels=8, num_layers=2, heads=2, cnn_layers=1,
+                            direction=d, position="grid").eval()
+        for d in ("forward", "backward")]).eval()
+    h, w = size
+    g = torch.Generator().manual_seed(1)
+    samples = [image_data(i) for i in torch.randint(0, 256, (3, 3, h, w), dtype=torch.uint8,
+                                                    generator=g)]
+    whole = GlomoGraphs(p, image_size=size, **config)(samples)
+    monkeypatch.setattr(score_blocks, "BLOCK_SCORES", 12 * h * w)  # 6 targets (2 heads)
+    out = GlomoGraphs(p, image_size=size, **config)(samples)
+    resized = p.resized(h, w)
+    x = torch.cat([d.x for d in samples])
+    batch = torch.arange(3).repeat_interleave(h * w)
+    with torch.no_grad():
+        graphs = resized(x, batch, layout="dense")
+    heads = config.get("heads")
+    for i, (a, c) in enumerate(zip(out, whole)):
+        assert torch.equal(a.edge_index, c.edge_index) and torch.equal(a.edge_type, c.edge_type)
+        torch.testing.assert_close(a.edge_weight, c.edge_weight, rtol=1e-5, atol=1e-7)
+        parts = []
+        for r, d in enumerate(("forward", "backward")):
+            gd = getattr(graphs, d)
+            if "max_distance" in config:
+                gd = gd.within(config["max_distance"])
+            rows = gd.to_dense()[:, i:i + 1].transpose(-1, -2)  # [L, 1, H, j, i]
+            rows = rows.permute(1, 0, 2, 3, 4)  # [1, L, H, j, i]
+            if heads is not None:
+                rows = rows[:, :, heads]
+            if config.get("merge"):
+                total = None
+                for l in range(rows.size(1)):
+                    part = rows[:, l].sum(1, keepdim=True)
+                    total = part if total is None else total + part
+                rows = total / (rows.size(1) * rows.size(2))
+            else:
+                rows = rows.flatten(1, 2)
+            b, rel, tgt, src, wt = prune_rows(rows.contiguous(), config.get("top_k"),
+                                              config.get("min_weight"))
+            parts.append((src, tgt, rel + r * rows.size(1), wt))
+        src, tgt, rel, wt = (torch.cat(t) for t in zip(*parts))
+        assert torch.equal(a.edge_index, torch.stack([src, tgt]))
+        assert torch.equal(a.edge_type, rel)
+        torch.testing.assert_close(a.edge_weight, wt, rtol=1e-5, atol=1e-7)
