@@ -213,31 +213,70 @@ def test_glomo_graphs_on_resized_images_in_many_blocks(monkeypatch, size, config
     batch = torch.arange(3).repeat_interleave(h * w)
     with torch.no_grad():
         graphs = resized(x, batch, layout="dense")
-    heads = config.get("heads")
     for i, (a, c) in enumerate(zip(out, whole)):
         assert torch.equal(a.edge_index, c.edge_index) and torch.equal(a.edge_type, c.edge_type)
         torch.testing.assert_close(a.edge_weight, c.edge_weight, rtol=1e-5, atol=1e-7)
-        parts = []
-        for r, d in enumerate(("forward", "backward")):
-            gd = getattr(graphs, d)
-            if "max_distance" in config:
-                gd = gd.within(config["max_distance"])
-            rows = gd.to_dense()[:, i:i + 1].transpose(-1, -2)  # [L, 1, H, j, i]
-            rows = rows.permute(1, 0, 2, 3, 4)  # [1, L, H, j, i]
-            if heads is not None:
-                rows = rows[:, :, heads]
-            if config.get("merge"):
-                total = None
-                for l in range(rows.size(1)):
-                    part = rows[:, l].sum(1, keepdim=True)
-                    total = part if total is None else total + part
-                rows = total / (rows.size(1) * rows.size(2))
-            else:
-                rows = rows.flatten(1, 2)
-            b, rel, tgt, src, wt = prune_rows(rows.contiguous(), config.get("top_k"),
-                                              config.get("min_weight"))
-            parts.append((src, tgt, rel + r * rows.size(1), wt))
-        src, tgt, rel, wt = (torch.cat(t) for t in zip(*parts))
-        assert torch.equal(a.edge_index, torch.stack([src, tgt]))
-        assert torch.equal(a.edge_type, rel)
-        torch.testing.assert_close(a.edge_weight, wt, rtol=1e-5, atol=1e-7)
+        assert_transform_edges(a, graphs, i, config)
+
+
+def assert_transform_edges(data, graphs, i, config, exact=False):
+    """``data``'s edges are sample ``i``'s dense ``graphs`` selected, merged and pruned row
+    by row as ``GlomoGraphs(**config)`` documents."""
+    parts = []
+    for r, d in enumerate(("forward", "backward")):
+        gd = getattr(graphs, d)
+        if "max_distance" in config:
+            gd = gd.within(config["max_distance"])
+        rows = gd.to_dense()[:, i:i + 1].transpose(-1, -2).permute(1, 0, 2, 3, 4)  # [1,L,H,j,i]
+        if config.get("heads") is not None:
+            rows = rows[:, :, config["heads"]]
+        if config.get("merge"):
+            total = None
+            for l in range(rows.size(1)):
+                part = rows[:, l].sum(1, keepdim=True)
+                total = part if total is None else total + part
+            rows = total / (rows.size(1) * rows.size(2)) if config["merge"] == "mean" else total
+        else:
+            rows = rows.flatten(1, 2)
+        _, rel, tgt, src, wt = prune_rows(rows.contiguous(), config.get("top_k"),
+                                          config.get("min_weight"))
+        parts.append((src, tgt, rel + r * rows.size(1), wt))
+    src, tgt, rel, wt = (torch.cat(t) for t in zip(*parts))
+    assert torch.equal(data.edge_index, torch.stack([src, tgt]))
+    assert torch.equal(data.edge_type, rel)
+    if exact:
+        assert torch.equal(data.edge_weight, wt.float())
+    else:
+        torch.testing.assert_close(data.edge_weight, wt.float(), rtol=1e-5, atol=1e-7)
+
+
+def test_what_the_fused_layout_refuses_takes_the_dense_graphs():
+    """float64 predictors, and softmax predictors whose scores could overflow the fused
+    layout, are pruned from their dense graphs (as before the block-by-block path)."""
+    from torch_geometric.data import Data
+    from glomo_pyg import GraphPredictor, PretrainedGraphPredictor
+    from glomo_pyg.transforms import GlomoGraphs
+
+    def softmax_predictor(seed):
+        torch.manual_seed(seed)
+        return PretrainedGraphPredictor(*[
+            GraphPredictor(num_tokens=50, hidden_channels=16, num_layers=2, heads=2,
+                           sparse=False, direction=d).eval()
+            for d in ("forward", "backward")]).eval()
+
+    huge = softmax_predictor(1)
+    with torch.no_grad():
+        for m in huge.modules():
+            if isinstance(m, torch.nn.Linear):
+                m.weight.mul_(1e20)  # scores far past float32
+    g = torch.Generator().manual_seed(0)
+    samples = [Data(x=torch.randint(0, 50, (n,), generator=g)) for n in (3, 17, 40)]
+    x = torch.cat([d.x for d in samples])
+    batch = torch.repeat_interleave(torch.arange(3), torch.tensor([3, 17, 40]))
+    for p in (softmax_predictor(0).double(), huge):
+        with torch.no_grad():
+            graphs = p(x, batch, layout="dense")
+        for config in (dict(top_k=3), dict(merge="sum", min_weight=0.1)):
+            out = GlomoGraphs(p, **config)(samples)
+            for i, data in enumerate(out):
+                assert_transform_edges(data, graphs, i, config, exact=True)

@@ -16,7 +16,7 @@ from glomo_pyg.graphs import LatentGraphs
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 from glomo_pyg.ordering import check_int
 from glomo_pyg.sequences import TOKEN_DTYPES
-from glomo_pyg import kernels
+from glomo_pyg import flex, kernels
 from glomo_pyg.pruning import PrunedEdges, prune_rows
 from glomo_pyg.score_blocks import pruned_graph_edges
 from glomo_pyg.transforms.base import (SampleEdges, UnitGraphs, check_directions,
@@ -223,23 +223,35 @@ class GlomoGraphs(UnitGraphs):
                              f"{self.predictor.in_channels}], got {x.dtype} {tuple(x.shape)}")
 
     def sample_edges(self, samples: List[Data]) -> List[SampleEdges]:
+        # the fused layout: each layer's keys and queries, pruned block by block (no T x T
+        # graph); products need each sample's dense graphs, and so do float64 predictors
+        # (the fused layout takes 32- and 16-bit keys)
+        dtype = next(self.predictor.parameters()).dtype
+        return self._sample_edges(samples, dense=self.products or dtype not in flex.DTYPES)
+
+    def _sample_edges(self, samples: List[Data], dense: bool) -> List[SampleEdges]:
         longest = max(d.x.size(0) for d in samples)
-        if self.products:  # products need each sample's dense graphs
-            # dense [B, relations, T, T] blocks: bounded as the predictor bounds one layer's
+        if dense:  # [B, relations, T, T] blocks: bounded as the predictor bounds one layer's
             widest = max(len(self.relations), self.predictor.heads)
             fits = max(1, kernels.MAX_GRAPH_PAIRS // (widest * longest * longest))
         else:  # the keys and queries of a call (dozens of values per head and unit) bound it
             fits = max(1, EMISSION_UNITS // longest)
         if len(samples) > fits:
             return [e for start in range(0, len(samples), fits)
-                    for e in self.sample_edges(samples[start:start + fits])]
+                    for e in self._sample_edges(samples[start:start + fits], dense)]
         sizes = torch.tensor([d.x.size(0) for d in samples])
         batch = torch.repeat_interleave(torch.arange(len(samples)), sizes).to(self.device)
         x = torch.cat([d.x.reshape(d.x.size(0), -1) for d in samples])
         x = (x.view(-1) if self.modality == "tokens" else x).to(self.device)
         with torch.no_grad():
-            # fused: each layer's keys and queries, pruned block by block (no T x T graph)
-            emitted = self.predictor(x, batch, layout="dense" if self.products else "fused")
+            try:
+                emitted = self.predictor(x, batch, layout="dense" if dense else "fused")
+            except ValueError:
+                if dense:
+                    raise
+                # what the fused layout refuses (no FlexAttention in this torch, softmax
+                # scores that could overflow it): the dense graphs
+                return self._sample_edges(samples, dense=True)
             parts, first = [], 0  # per direction: its kept edges
             for d in self.directions:
                 graphs = getattr(emitted, d)
