@@ -159,23 +159,23 @@ class GraphScorer(torch.nn.Module):
         b, t, _ = key_states.shape
         k = self.key[layer](key_states).view(b, t, self.heads, -1).transpose(1, 2)
         q = self.query[layer](query_states).view(b, t, self.heads, -1).transpose(1, 2)
-        ones = k.new_ones(b, self.heads, t, 1)
         if self.bias is not None:
             bias = self.bias[layer].detach() if detach_bias else self.bias[layer]
         else:
             thr = self.threshold[layer]  # s = (k - w) . q - c
             k, bias = k - thr.weight.view(-1), -thr.bias
-        k, q = torch.cat([k, ones], -1), torch.cat([q, bias.expand_as(ones)], -1)
         # under autocast the projections are half precision but the folded bias and
         # threshold float32: score both in the wider dtype (the fused kernel needs one,
         # and it keeps thresholds exact)
-        dtype = torch.promote_types(k.dtype, q.dtype)
+        dtype = torch.promote_types(torch.promote_types(k.dtype, q.dtype), bias.dtype)
         k, q = k.to(dtype), q.to(dtype)
-        if self.position_coef is None:
-            return k, q
-        pk, pq = self._position_features(layer, t, k)
-        return (torch.cat([k, pk.expand(b, self.heads, -1, -1)], -1),
-                torch.cat([q, pq.expand(b, -1, -1, -1)], -1))
+        ones = k.new_ones(b, self.heads, t, 1)
+        keys, queries = [k, ones], [q, bias.to(dtype).expand_as(ones)]
+        if self.position_coef is not None:
+            pk, pq = self._position_features(layer, t, k)
+            keys.append(pk.expand(b, self.heads, -1, -1))
+            queries.append(pq.expand(b, -1, -1, -1))
+        return torch.cat(keys, -1), torch.cat(queries, -1)  # (one copy each)
 
     def _edges(self, k: Tensor, q: Tensor, sequences: SequenceBatch):
         return latent_graph_edges(k, q, sequences.lengths, sequences.ptr,
