@@ -182,7 +182,7 @@ class _LatentGraphEdges(torch.autograd.Function):
                 scores = q[b0:b1, h0:h1, j0:j1] @ k[b0:b1, h0:h1, i0:i1].transpose(-1, -2)
                 allowed = _allowed(j0, j1, i0, i1, lengths[b0:b1], direction, include_self)
                 g, _ = normalise_scores(scores, allowed.unsqueeze(1), normalization,
-                                  _block_unscale(unscale, b0, b1, h0, h1, j0, j1))
+                                        _block_unscale(unscale, b0, b1, h0, h1, j0, j1))
                 for r in range(h1 - h0):
                     g_r = g[:, r]
                     b, j, i = (g_r > 0).nonzero(as_tuple=True)  # prune exact zeros only
@@ -229,7 +229,7 @@ class _LatentGraphEdges(torch.autograd.Function):
                 allowed = _allowed(j0, j1, i0, i1, lengths[b0:b1], direction, include_self)
                 block_unscale = _block_unscale(unscale, b0, b1, h0, h1, j0, j1)
                 g, aux = normalise_scores(qb @ kb.transpose(-1, -2), allowed.unsqueeze(1),
-                                    normalization, block_unscale)
+                                          normalization, block_unscale)
                 sel = slice(spans[0][0], spans[0][0] + spans[0][1]) if len(spans) == 1 else \
                     torch.cat([torch.arange(a, a + c, device=src.device) for a, c in spans])
                 e_src, e_tgt = src[sel], tgt[sel]

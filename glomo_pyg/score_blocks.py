@@ -179,8 +179,8 @@ def pruned_graph_edges(layers: Sequence[Tuple[Tensor, Tensor]], lengths: Tensor,
                 if not every_head:
                     scores = scores[:, heads]
                 if normalization == "relu2":
-                    r, total_r = _relu2_terms(scores, mask)
-                    g = r.div_(total_r)
+                    terms, total_terms = _relu2_terms(scores, mask)
+                    g = terms.div_(total_terms)
                 else:
                     g = normalise_scores(scores, mask[1] > 0, normalization)[0]
                 if merge is None:

@@ -182,8 +182,8 @@ class GraphMixer(torch.nn.Module):
                 continue
             direct = None
             if use_graph and selected and use_chain and l > 0 and graphs.layout == "fused":
-                # one fused call for H G^l and P^{l-1} G^l: FlexAttention computes the
-                # layer's scores once per call, and wider values cost it almost nothing
+                # one fused call for H G^l and P^{l-1} G^l: the fused layout scores the
+                # layer once per call, and wider values cost it little
                 c = x.size(-1)
                 both = graphs.propagate(torch.cat([x.expand(chain.shape), chain], -1), l)
                 yield both[..., :c], both[..., c:]

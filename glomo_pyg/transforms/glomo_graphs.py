@@ -287,8 +287,8 @@ class GlomoGraphs(UnitGraphs):
                                   top_k=self.top_k, min_weight=self.min_weight, window=window)
 
     def _dense_edges(self, graphs: LatentGraphs) -> PrunedEdges:
-        """One direction's kept edges from its dense blocks (products; the fallback of a
-        softmax predictor whose scores could overflow the fused layout)."""
+        """One direction's kept edges from its dense blocks (products, float64 predictors,
+        and what the fused layout refuses)."""
         parts, first = [], 0
         for block in self._direction_blocks(graphs):
             # [B, R, target, source], contiguous: top-k and nonzero run along rows
