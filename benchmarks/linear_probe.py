@@ -1,0 +1,337 @@
+"""Do GLoMo's graphs add to transferred features? Frozen features ``H``, frozen graphs
+``M`` and a linear probe on pooled ``[H ; M H]``, on all of IMDB and CIFAR-10.
+
+Only the graph changes between the variants of a feature set: GLoMo's (a released
+predictor), uniform over the same sources, the adjacent unit (chain), the 8-neighbour
+pixel grid (images), and none (``H`` alone). Per sample, ``[H ; M H]`` is pooled by mean
+and max over the units (and, for images, over a grid of regions); a multinomial logistic
+regression (:class:`glomo_pyg.evaluation.LinearProbe`) has its L2 penalty chosen on a
+validation split of the training set, is refit on all of it and scored once on the
+test set, for 5 seeds of the split and initialisation. Differences come with paired
+bootstrap intervals over test samples and seeds.
+
+Stages, each cached under ``--output-dir`` (features in chunks, keyed by the predictor's
+and the features' digests; an interrupted run resumes):
+
+* ``moco``: MoCo pretraining of the image encoder (``configs/moco-imagenet32-cpu.yaml``).
+* ``text``: word2vec features, graphs of ``imdb-text-cpu``, TF-IDF beside them.
+* ``images``: MoCo's own linear probe (against a random encoder), then pixels and
+  MoCo's stage-1 map as ``H`` with the pixel releases' graphs.
+* ``report``: ``benchmarks/results/linear_probe.md`` from the cached results.
+
+    python -m benchmarks.linear_probe all --data-dir DATA --output-dir runs/linear-probe
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from benchmarks.common import as_script, file_digest, hardware, run_reporting_errors
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MOCO_CONFIG = os.path.join(REPO, "configs", "moco-imagenet32-cpu.yaml")
+RESULTS = os.path.join(REPO, "benchmarks", "results", "linear_probe.md")
+STAGES = ("moco", "text", "images", "report", "all")
+TEXT_GRAPHS = ("none", "glomo", "uniform", "adjacent")
+IMAGE_GRAPHS = ("none", "glomo", "glomo-cpu", "uniform", "adjacent", "grid")
+LABELS = {"none": "features alone", "glomo": "+ GLoMo", "glomo-cpu": "+ GLoMo (CPU release)",
+          "uniform": "+ uniform", "adjacent": "+ chain (adjacent unit)", "grid": "+ grid"}
+
+
+@dataclasses.dataclass
+class Setup:
+    """One configuration of the comparison (:data:`FULL`, or the tests' :data:`SMOKE`)."""
+
+    review_length: int = 400
+    text_predictor: str = "imdb-text-cpu"
+    # the release learned its distance term on 64-token windows: keep the edges within
+    text_max_distance: Optional[int] = 63
+    vector_dim: int = 300
+    vector_epochs: int = 5
+    vector_min_count: int = 3
+    # (release, max_distance, heads): heads 'mean' averages each layer's graphs
+    image_predictors: Tuple = (("glomo", "imagenet32-pixel", None, "mean"),
+                               ("glomo-cpu", "imagenet32-pixel-cpu", 15, "each"))
+    regions: Tuple[int, int] = (2, 2)
+    max_reviews: Optional[int] = None  # per split; None: all 25,000
+    max_images: Optional[int] = None  # per split; None: all 50,000 / 10,000
+    seeds: int = 5
+    l2_grid: Tuple[float, ...] = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3)
+    max_iter: int = 100
+    batch: int = 16
+    chunk: int = 1000  # samples per cached feature file
+    resamples: int = 2000
+
+
+FULL = Setup()
+SMOKE = Setup(review_length=24, vector_dim=8, vector_epochs=1, vector_min_count=1,
+              max_reviews=40, max_images=40, seeds=2, l2_grid=(1e-1, 1e-2), max_iter=10,
+              batch=8, chunk=16, resamples=50)
+
+
+def log(*args) -> None:
+    print(time.strftime("%H:%M:%S"), *args, flush=True)
+
+
+# ---------------------------------------------------------------- cached features
+
+def feature_key(**parts) -> str:
+    """The cache key of a feature matrix: a digest of everything it depends on (the
+    predictor's and the features' digests, the graph variant, the settings)."""
+    from glomo_pyg.transforms.base import digest
+
+    return digest(parts)[:32]
+
+
+def cached_features(folder: str, name: str, key: str, count: int, chunk: int,
+                    compute: Callable[[int, int], torch.Tensor]) -> torch.Tensor:
+    """``[count, F]`` float16 features of samples ``0..count-1``, computed ``chunk`` at a
+    time by ``compute(start, stop)`` and kept in ``folder/name.<start>.safetensors``
+    (written atomically, with ``key`` in its metadata: a file with another key is
+    recomputed)."""
+    from safetensors import safe_open
+    from safetensors.torch import save
+
+    from glomo_pyg.atomic_files import atomic_write
+
+    os.makedirs(folder, exist_ok=True)
+    parts = []
+    for start in range(0, count, chunk):
+        stop = min(count, start + chunk)
+        path = os.path.join(folder, f"{name}.{start:06d}.safetensors")
+        if os.path.exists(path):
+            with safe_open(path, "pt") as fh:
+                if (fh.metadata() or {}).get("key") == key:
+                    part = fh.get_tensor("features")
+                    if part.size(0) == stop - start:
+                        parts.append(part)
+                        continue
+        began = time.perf_counter()
+        part = compute(start, stop).to(torch.float16).contiguous()
+        with atomic_write(path, "wb", encoding=None) as fh:
+            fh.write(save({"features": part}, metadata={
+                "key": key, "seconds": f"{time.perf_counter() - began:.2f}"}))
+        parts.append(part)
+        log(f"{name}: {stop}/{count} ({time.perf_counter() - began:.0f} s for {stop - start})")
+    return torch.cat(parts)
+
+
+def feature_seconds(folder: str, name: str) -> float:
+    """CPU seconds the cached chunks of ``name`` took (recorded when computed)."""
+    from safetensors import safe_open
+
+    total = 0.0
+    for file in sorted(os.listdir(folder)):
+        if file.startswith(name + ".") and file.endswith(".safetensors"):
+            with safe_open(os.path.join(folder, file), "pt") as fh:
+                total += float((fh.metadata() or {}).get("seconds", 0))
+    return total
+
+
+# ---------------------------------------------------------------- probes
+
+def probe_runs(train: torch.Tensor, y_train: torch.Tensor, test: torch.Tensor,
+               y_test: torch.Tensor, setup: Setup) -> Dict:
+    """:class:`LinearProbe` for each seed: the chosen penalty, validation accuracies and
+    the 0/1 outcome on every test sample."""
+    from glomo_pyg.evaluation import LinearProbe
+
+    runs = []
+    for seed in range(setup.seeds):
+        began = time.perf_counter()
+        probe = LinearProbe(setup.l2_grid, max_iter=setup.max_iter, seed=seed).fit(train, y_train)
+        correct = (probe.predict(test) == y_test)
+        runs.append(dict(seed=seed, l2=probe.l2, validation=probe.validation_accuracy,
+                         test_accuracy=float(correct.double().mean() * 100),
+                         correct="".join("1" if c else "0" for c in correct.tolist()),
+                         seconds=round(time.perf_counter() - began, 1)))
+    return dict(runs=runs)
+
+
+def cached_probe(path: str, key: str, run: Callable[[], Dict]) -> Dict:
+    from glomo_pyg.atomic_files import write_json
+
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as fh:
+            cached = json.load(fh)
+        if cached.get("key") == key:
+            return cached
+    result = dict(run(), key=key)
+    write_json(path, result)
+    return result
+
+
+def pooled_columns(features: torch.Tensor, poolings: int, keep: int) -> torch.Tensor:
+    """The first ``keep`` of ``poolings`` pooling blocks (``mean`` first: ``keep=1`` is the
+    mean-only probe)."""
+    width = features.size(1) // poolings
+    return features[:, :keep * width]
+
+
+# ---------------------------------------------------------------- text
+
+def transfer_graph(variant: str) -> str:
+    """The ``GlomoTransfer(graph=...)`` of a variant (``grid`` is given as graphs)."""
+    return "learned" if variant.startswith("glomo") else variant
+
+
+def release_path(name: str) -> str:
+    return os.path.join(REPO, "pretrained", name)
+
+
+def text_stage(args, setup: Setup) -> Dict:
+    from benchmarks.reproduce.imdb import FULL as IMDB_FULL, tfidf_baseline
+    from benchmarks.reproduce.imdb import word_vectors
+    from glomo_pyg.data import read_aclimdb, tokenize
+    from glomo_pyg.nn import GlomoTransfer, PretrainedGraphPredictor
+    from glomo_pyg.transforms.glomo_graphs import predictor_digest
+
+    out = os.path.join(args.output_dir, "text")
+    os.makedirs(out, exist_ok=True)
+    vectors_setup = dataclasses.replace(IMDB_FULL, vector_dim=setup.vector_dim,
+                                        vector_epochs=setup.vector_epochs)
+    words, vectors = word_vectors(argparse.Namespace(
+        data_dir=args.data_dir, smoke=setup.vector_min_count == 1, workers=args.threads),
+        vectors_setup, out)
+    vectors_digest = file_digest(os.path.join(out, "word_vectors.txt"))
+    table = torch.cat([torch.zeros(1, vectors.shape[1]), torch.from_numpy(vectors)])
+    index = {w: i + 1 for i, w in enumerate(words)}  # row 0: words without a vector
+    predictor = PretrainedGraphPredictor.from_pretrained(release_path(setup.text_predictor))
+    predictor.set_layout("fused")
+    graphs_digest = predictor_digest(predictor)
+    splits = {}
+    for split in ("train", "test"):
+        reviews = read_aclimdb(args.data_dir, split)
+        if setup.max_reviews is not None:  # (the smoke test: an even spread of labels)
+            reviews = reviews[::max(1, len(reviews) // setup.max_reviews)][:setup.max_reviews]
+        tokens = [tokenize(r.text)[:setup.review_length] or ["<unk>"] for r in reviews]
+        splits[split] = (reviews, tokens, torch.tensor([r.label for r in reviews]))
+
+    def compute(variant: str, tokens: List[List[str]]):
+        transfer = GlomoTransfer(predictor, table.size(1), graph=transfer_graph(variant),
+                                 max_distance=setup.text_max_distance)
+
+        def run(start: int, stop: int) -> torch.Tensor:
+            from glomo_pyg.evaluation import probe_features
+
+            ids = list(range(start, stop))
+            ids.sort(key=lambda k: len(tokens[k]))  # similar lengths share a batch
+            rows = []
+            for b0 in range(0, len(ids), setup.batch):
+                docs = [tokens[k] for k in ids[b0:b0 + setup.batch]]
+                flat = [t for d in docs for t in d]
+                batch = torch.arange(len(docs)).repeat_interleave(
+                    torch.tensor([len(d) for d in docs]))
+                h = table[torch.tensor([index.get(t, 0) for t in flat])]
+                x = predictor.encode(flat, unknown="<unk>")
+                with torch.no_grad():
+                    rows.append(probe_features(transfer, h, batch, x=x))
+            features = torch.cat(rows)
+            return features[torch.tensor(ids).argsort()]
+
+        return run
+
+    results = dict(tfidf=None, variants={})
+    for variant in TEXT_GRAPHS:
+        features = {}
+        for split, (reviews, tokens, labels) in splits.items():
+            key = feature_key(task="text", split=split, variant=variant, vectors=vectors_digest,
+                              predictor=graphs_digest if variant != "none" else None,
+                              max_distance=setup.text_max_distance, length=setup.review_length,
+                              reviews=len(reviews), poolings=["mean", "max"])
+            features[split] = cached_features(os.path.join(out, "features"), f"{split}-{variant}",
+                                              key, len(tokens), setup.chunk,
+                                              compute(variant, tokens))
+        y_train, y_test = splits["train"][2], splits["test"][2]
+        for keep, pooling in ((1, "mean"), (2, "mean+max")):
+            name = f"{variant}-{pooling}"
+            key = feature_key(features=feature_key(v=variant, d=vectors_digest, p=graphs_digest),
+                              pooling=pooling, setup=dataclasses.asdict(setup))
+            log(f"text: probe {name} ({features['train'].size(1) * keep // 2} features)")
+            results["variants"][name] = cached_probe(
+                os.path.join(out, f"probe-{name}.json"), key, lambda: probe_runs(
+                    pooled_columns(features["train"], 2, keep), y_train,
+                    pooled_columns(features["test"], 2, keep), y_test, setup))
+        results["variants"][f"{variant}-mean+max"]["feature_seconds"] = sum(
+            feature_seconds(os.path.join(out, "features"), f"{s}-{variant}") for s in splits)
+    texts = {s: ([r.text for r in v[0]], [r.label for r in v[0]]) for s, v in splits.items()}
+    results["tfidf"] = tfidf_probe(out, texts, setup, tfidf_baseline)
+    results["settings"] = dict(predictor=setup.text_predictor, vectors=list(vectors.shape),
+                               max_distance=setup.text_max_distance,
+                               reviews={s: len(v[0]) for s, v in splits.items()})
+    return results
+
+
+def tfidf_probe(out: str, texts: Dict, setup: Setup, baseline) -> Dict:
+    """TF-IDF + logistic regression, its C chosen on a validation split of the training
+    reviews (the first seed's), test accuracy and outcomes for the paired comparison."""
+    def run() -> Dict:
+        train_texts, train_labels = texts["train"]
+        order = torch.randperm(len(train_texts), generator=torch.Generator().manual_seed(0))
+        held = max(1, len(order) // 10)
+        pick = lambda ids: ([train_texts[k] for k in ids], [train_labels[k] for k in ids])
+        fit = baseline(pick(order[held:].tolist()), pick(order[:held].tolist()), texts["test"],
+                       max_length=setup.review_length)
+        return dict(fit, test_accuracy=fit["test_acc"] * 100)
+
+    return cached_probe(os.path.join(out, "tfidf.json"), feature_key(
+        tfidf=True, setup=dataclasses.asdict(setup), n=len(texts["train"][0])), run)
+
+
+# ---------------------------------------------------------------- MoCo
+
+def moco_settings(path: str = MOCO_CONFIG):
+    import yaml
+
+    from glomo_pyg.training.moco import MocoConfig
+
+    with open(path, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    return int(data["max_images"]), MocoConfig.from_dict(data["moco"])
+
+
+def moco_stage(args, setup: Setup) -> Dict:
+    """The MoCo encoder in ``OUT/moco`` (pretrained once; resumed when interrupted)."""
+    from glomo_pyg.data.images import load_imagenet32
+    from glomo_pyg.training.moco import ENCODER_CONFIG, load_encoder, pretrain_moco
+
+    folder = os.path.join(args.output_dir, "moco")
+    if not os.path.exists(os.path.join(folder, ENCODER_CONFIG)):
+        max_images, config = moco_settings(args.moco_config)
+        images, _ = load_imagenet32(os.path.join(args.data_dir, "imagenet32"), max_images)
+        log(f"moco: {images.size(0)} images, {config.max_steps} steps in {folder}")
+        pretrain_moco(images, config, folder, log=log)
+    return load_encoder(folder)[1]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("stage", choices=STAGES)
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--output-dir", default="runs/linear-probe")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--moco-config", default=MOCO_CONFIG)
+    parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests only
+    args = parser.parse_args(argv)
+    setup = SMOKE if args.smoke else FULL
+    torch.set_num_threads(args.threads)
+    stages = {"moco": moco_stage, "text": text_stage}
+    for stage in (("moco", "text") if args.stage == "all" else (args.stage,)):
+        def run(stage=stage):
+            result = stages[stage](args, setup)
+            from glomo_pyg.atomic_files import write_json
+
+            if stage != "moco":
+                write_json(os.path.join(args.output_dir, f"{stage}.json"), dict(
+                    result, hardware=hardware(), date=time.strftime("%Y-%m-%d")))
+        run_reporting_errors("linear_probe", run)
+
+
+if __name__ == "__main__":
+    as_script(main)
