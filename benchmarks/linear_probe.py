@@ -52,12 +52,16 @@ class Setup:
     text_predictor: str = "imdb-text-cpu"
     # the release learned its distance term on 64-token windows: keep the edges within
     text_max_distance: Optional[int] = 63
-    vector_dim: int = 300
+    # 100-d (as the reduced IMDB reproduction): [H ; M H] of 300-d vectors is 19,800
+    # features per review, three times the propagation and probe cost
+    vector_dim: int = 100
     vector_epochs: int = 5
     vector_min_count: int = 3
-    # (release, max_distance, heads): heads 'mean' averages each layer's graphs
+    # (variant, release, max_distance, heads): heads 'mean' averages each layer's graphs
+    # over its heads (LatentGraphs.mean_heads): the GPU release's 48 graphs per image cost
+    # too much on a CPU for 60,000 images, and one rule for every image variant
     image_predictors: Tuple = (("glomo", "imagenet32-pixel", None, "mean"),
-                               ("glomo-cpu", "imagenet32-pixel-cpu", 15, "each"))
+                               ("glomo-cpu", "imagenet32-pixel-cpu", 15, "mean"))
     regions: Tuple[int, int] = (2, 2)
     max_reviews: Optional[int] = None  # per split; None: all 25,000
     max_images: Optional[int] = None  # per split; None: all 50,000 / 10,000
@@ -176,9 +180,16 @@ def pooled_columns(features: torch.Tensor, poolings: int, keep: int) -> torch.Te
 
 # ---------------------------------------------------------------- text
 
+def selected(args, variants: Sequence[str]) -> List[str]:
+    """The variants of a task that ``--skip`` leaves ('none' always stays)."""
+    return [v for v in variants if v == "none" or v not in (args.skip or ())]
+
+
 def transfer_graph(variant: str) -> str:
-    """The ``GlomoTransfer(graph=...)`` of a variant (``grid`` is given as graphs)."""
-    return "learned" if variant.startswith("glomo") else variant
+    """The ``GlomoTransfer(graph=...)`` of a variant (``grid``: any fixed graph, since
+    its graphs are given)."""
+    return "learned" if variant.startswith("glomo") else "uniform" if variant == "grid" \
+        else variant
 
 
 def release_path(name: str) -> str:
@@ -238,7 +249,7 @@ def text_stage(args, setup: Setup) -> Dict:
         return run
 
     results = dict(tfidf=None, variants={})
-    for variant in TEXT_GRAPHS:
+    for variant in selected(args, TEXT_GRAPHS):
         features = {}
         for split, (reviews, tokens, labels) in splits.items():
             key = feature_key(task="text", split=split, variant=variant, vectors=vectors_digest,
@@ -310,6 +321,301 @@ def moco_stage(args, setup: Setup) -> Dict:
     return load_encoder(folder)[1]
 
 
+# ---------------------------------------------------------------- images
+
+#: the two feature sets of the image probe, as channel ranges of the concatenated ``H``
+IMAGE_FEATURES = {"pixels": (0, 3), "moco": (3, None)}
+
+
+def image_units_features(images: torch.Tensor, encoder) -> Tuple[torch.Tensor, torch.Tensor,
+                                                                  torch.Tensor]:
+    """``(x, batch, h)`` of uint8 images: the pixel units, and ``H`` = their normalised
+    values beside the encoder's stage-1 map (one row per pixel, raster order)."""
+    from glomo_pyg.pixels import IMAGENET_MEAN, IMAGENET_STD, image_units, normalize
+
+    x, batch = image_units(images)
+    with torch.no_grad():
+        maps = torch.cat([normalize(images, IMAGENET_MEAN, IMAGENET_STD),
+                          encoder.feature_map(images)], 1)  # [B, 3 + c1, H, W]
+    return x, batch, maps.permute(0, 2, 3, 1).reshape(x.size(0), maps.size(1))
+
+
+def image_transfer(variant: str, setup: Setup, releases: Dict, channels: int):
+    """``(transfer, max_distance)`` of a variant; the fixed graphs take the CPU release's
+    shape (2 layers), so their products reach as far."""
+    from glomo_pyg.nn import GlomoTransfer
+
+    name = variant if variant.startswith("glomo") else "glomo-cpu"
+    predictor, max_distance = releases[name]
+    return GlomoTransfer(predictor, channels, graph=transfer_graph(variant),
+                         max_distance=max_distance if variant.startswith("glomo") else None)
+
+
+def channel_columns(features: torch.Tensor, channels: int, keep: Tuple[int, Optional[int]],
+                    poolings: int, keep_poolings: int) -> torch.Tensor:
+    """The columns of one feature set (channels ``keep[0]:keep[1]`` of every part) and of
+    the first ``keep_poolings`` poolings, from (pooling, region, part, channel) features."""
+    b = features.size(0)
+    shaped = features.view(b, poolings, -1, channels)[:, :keep_poolings, :, keep[0]:keep[1]]
+    return shaped.reshape(b, -1)
+
+
+def image_stage(args, setup: Setup) -> Dict:
+    from glomo_pyg.data.images import load_cifar10
+    from glomo_pyg.evaluation import grid_graphs, probe_features
+    from glomo_pyg.graphs import DirectionalGraphs
+    from glomo_pyg.nn import PretrainedGraphPredictor
+    from glomo_pyg.training.moco import ENCODER_WEIGHTS, build_moco, load_encoder
+    from glomo_pyg.transforms.glomo_graphs import predictor_digest
+
+    moco_summary = moco_stage(args, setup)
+    out = os.path.join(args.output_dir, "images")
+    encoder = load_encoder(os.path.join(args.output_dir, "moco"))[0]
+    random_encoder = build_moco(moco_settings(args.moco_config)[1]).encoder.eval()
+    encoder_digest = file_digest(os.path.join(args.output_dir, "moco", ENCODER_WEIGHTS))
+    data = {}
+    for split in ("train", "test"):
+        images, labels = load_cifar10(os.path.join(args.data_dir, "cifar-10-batches-py"), split)
+        if setup.max_images is not None:
+            images, labels = images[:setup.max_images], labels[:setup.max_images]
+        data[split] = (images, labels)
+    results: Dict = dict(moco=dict(summary=moco_summary), variants={})
+
+    # MoCo's own protocol: a linear classifier on the frozen global features
+    for name, model in (("moco", encoder), ("random", random_encoder)):
+        def pooled(start: int, stop: int, split: str, model=model) -> torch.Tensor:
+            with torch.no_grad():
+                return model(data[split][0][start:stop])
+        feats = {split: cached_features(
+            os.path.join(out, "features"), f"{split}-global-{name}",
+            feature_key(task="global", split=split, encoder=encoder_digest if name == "moco"
+                        else "random", images=len(data[split][0])),
+            len(data[split][0]), setup.chunk, lambda a, b, split=split: pooled(a, b, split))
+            for split in data}
+        results["moco"][name] = cached_probe(
+            os.path.join(out, f"probe-global-{name}.json"),
+            feature_key(encoder=encoder_digest if name == "moco" else "random",
+                        setup=dataclasses.asdict(setup)),
+            lambda: probe_runs(feats["train"], data["train"][1], feats["test"],
+                               data["test"][1], setup))
+
+    releases = {}
+    for name, release, max_distance, heads in setup.image_predictors:
+        predictor = PretrainedGraphPredictor.from_pretrained(release_path(release))
+        releases[name] = (predictor.set_layout("fused"), max_distance)
+    digests = {name: predictor_digest(p) for name, (p, _) in releases.items()}
+    heads = {name: h for name, _, _, h in setup.image_predictors}
+    channels = 3 + encoder.channels[0]
+    size = tuple(data["train"][0].shape[2:])
+    regions = (*size, *setup.regions)
+    for variant in selected(args, IMAGE_GRAPHS):
+        transfer = image_transfer(variant, setup, releases, channels)
+        p = transfer.predictor
+
+        def run(start: int, stop: int, split: str, transfer=transfer, p=p,
+                variant=variant) -> torch.Tensor:
+            rows = []
+            images = data[split][0]
+            for b0 in range(start, stop, setup.batch):
+                x, batch, h = image_units_features(images[b0:min(stop, b0 + setup.batch)],
+                                                   encoder)
+                graphs = None
+                if variant == "grid":
+                    ptr = torch.arange(0, x.size(0) + 1, size[0] * size[1])
+                    graphs = DirectionalGraphs(*(grid_graphs(
+                        ptr, *size, num_layers=p.num_layers, num_heads=p.heads, direction=d)
+                        for d in ("forward", "backward")))
+                with torch.no_grad():
+                    rows.append(probe_features(
+                        transfer, h, batch, x=None if graphs is not None else x, graphs=graphs,
+                        regions=regions, heads=heads.get(variant, "mean")))
+            return torch.cat(rows)
+
+        features = {split: cached_features(
+            os.path.join(out, "features"), f"{split}-{variant}", feature_key(
+                task="images", split=split, variant=variant, encoder=encoder_digest,
+                predictor=digests.get(variant, digests["glomo-cpu"]) if variant != "none"
+                else None, max_distance=transfer.max_distance, regions=list(regions),
+                heads=heads.get(variant, "mean"), images=len(data[split][0])),
+            len(data[split][0]), setup.chunk, lambda a, b, split=split: run(a, b, split))
+            for split in data}
+        for feature_set, keep in IMAGE_FEATURES.items():
+            for keep_poolings, pooling in ((1, "mean"), (2, "mean+max")):
+                name = f"{feature_set}-{variant}-{pooling}"
+                cols = {s: channel_columns(f, channels, keep, 2, keep_poolings)
+                        for s, f in features.items()}
+                log(f"images: probe {name} ({cols['train'].size(1)} features)")
+                key = feature_key(features=feature_key(v=variant, e=encoder_digest,
+                                                       p=digests, h=heads), name=name,
+                                  setup=dataclasses.asdict(setup))
+                results["variants"][name] = cached_probe(
+                    os.path.join(out, f"probe-{name}.json"), key, lambda: probe_runs(
+                        cols["train"], data["train"][1], cols["test"], data["test"][1], setup))
+        results["variants"][f"moco-{variant}-mean+max"]["feature_seconds"] = sum(
+            feature_seconds(os.path.join(out, "features"), f"{s}-{variant}") for s in data)
+    results["settings"] = dict(images={s: len(v[0]) for s, v in data.items()},
+                               regions=list(setup.regions), channels=channels,
+                               predictors=[list(p) for p in setup.image_predictors])
+    return results
+
+
+# ---------------------------------------------------------------- report
+
+def outcomes(entry: Dict) -> torch.Tensor:
+    """``[seeds, test samples]`` 0/1 outcomes of a probe's runs."""
+    return torch.tensor([[c == "1" for c in run["correct"]] for run in entry["runs"]])
+
+
+def mean_accuracy(entry: Dict) -> float:
+    return sum(r["test_accuracy"] for r in entry["runs"]) / len(entry["runs"])
+
+
+def difference(a: Dict, b: Dict, setup: Setup) -> Tuple[float, float, float]:
+    """Paired bootstrap difference ``a - b`` (points) over the test samples and seeds."""
+    from glomo_pyg.evaluation import paired_bootstrap
+
+    return paired_bootstrap(outcomes(a), outcomes(b), resamples=setup.resamples)
+
+
+def interval(d: Tuple[float, float, float]) -> str:
+    return f"{d[0]:+.2f} [{d[1]:+.2f}, {d[2]:+.2f}]"
+
+
+def verdict(d: Tuple[float, float, float]) -> str:
+    return "met" if d[1] > 0 else "not met (worse)" if d[2] < 0 else "not met (the interval includes 0)"
+
+
+def variant_rows(variants: Dict, prefix: str, graphs: Sequence[str], setup: Setup) -> List[str]:
+    """Table rows: each graph variant's accuracy (mean-only and mean+max pooling) and its
+    paired difference from the features alone and from GLoMo (mean+max)."""
+    rows = ["| graph | mean pooling | mean + max pooling | − features alone | GLoMo − this |",
+            "|---|---|---|---|---|"]
+    alone, glomo = variants.get(f"{prefix}none-mean+max"), variants.get(f"{prefix}glomo-mean+max")
+    for g in graphs:
+        mean, full = variants.get(f"{prefix}{g}-mean"), variants.get(f"{prefix}{g}-mean+max")
+        if full is None:
+            continue
+        vs_alone = "" if g == "none" else interval(difference(full, alone, setup))
+        vs_glomo = "" if g == "glomo" or glomo is None else \
+            interval(difference(glomo, full, setup))
+        rows.append(f"| {LABELS[g]} | {mean_accuracy(mean):.2f} | {mean_accuracy(full):.2f} | "
+                    f"{vs_alone} | {vs_glomo} |")
+    return rows
+
+
+def answers(variants: Dict, prefix: str, graph: str, others: Sequence[str],
+            setup: Setup) -> List[str]:
+    """The questions of the comparison for one graph variant, met or not (mean+max)."""
+    mine = variants.get(f"{prefix}{graph}-mean+max")
+    if mine is None:
+        return []
+    out = []
+    for other in ("none",) + tuple(others):
+        theirs = variants.get(f"{prefix}{other}-mean+max")
+        if theirs is not None:
+            d = difference(mine, theirs, setup)
+            out.append(f"- {LABELS[graph]} beats {LABELS[other].removeprefix('+ ')}: "
+                       f"{interval(d)} points: **{verdict(d)}**")
+    return out
+
+
+def seconds_line(variants: Dict, prefix: str, graphs: Sequence[str]) -> str:
+    parts = []
+    for g in graphs:
+        entry = variants.get(f"{prefix}{g}-mean+max")
+        if entry is not None and "feature_seconds" in entry:
+            parts.append(f"{g} {entry['feature_seconds'] / 60:.1f}")
+    probes = sum(r["seconds"] for k, v in variants.items() if k.startswith(prefix)
+                 for r in v["runs"])
+    return (f"CPU time: features (graphs included), minutes: {', '.join(parts)}; the "
+            f"{sum(len(v['runs']) for k, v in variants.items() if k.startswith(prefix))} "
+            f"probe fits {probes / 60:.1f} min.")
+
+
+def report(args, setup: Setup, path: str = RESULTS) -> str:
+    """``benchmarks/results/linear_probe.md`` from the stages' results in ``--output-dir``."""
+    from glomo_pyg.atomic_files import atomic_write
+
+    loaded = {}
+    for task in ("text", "images"):
+        file = os.path.join(args.output_dir, f"{task}.json")
+        if os.path.exists(file):
+            with open(file, encoding="utf-8") as fh:
+                loaded[task] = json.load(fh)
+    if not loaded:
+        raise ValueError(f"{args.output_dir} holds no text.json or images.json: run the "
+                         "text and images stages first")
+    summary, body = [], []
+    if "text" in loaded:
+        t = loaded["text"]
+        v, settings = t["variants"], t["settings"]
+        lines = answers(v, "", "glomo", ("uniform", "adjacent"), setup)
+        summary += [f"**IMDB** (word2vec {settings['vectors'][1]}-d, `{settings['predictor']}`):"]
+        summary += lines
+        body += [f"## IMDB: {settings['reviews']['train']:,} training and "
+                 f"{settings['reviews']['test']:,} test reviews", "",
+                 f"`H`: word2vec vectors ({settings['vectors'][1]}-d, trained on all 75,000 "
+                 f"reviews, labels unused). `M`: the graphs of `{settings['predictor']}` "
+                 f"(2 layers x 4 heads x 2 directions, and their products: 16 components per "
+                 f"direction), edges kept within {settings['max_distance']} tokens (the "
+                 "release learned its distance term on 64-token windows). Reviews cut to "
+                 f"{setup.review_length} tokens. Test accuracy (%), mean of "
+                 f"{len(v['none-mean+max']['runs'])} seeds; differences in points with 95% "
+                 "paired bootstrap intervals.", ""]
+        body += variant_rows(v, "", TEXT_GRAPHS, setup)
+        tfidf = t["tfidf"]
+        body += ["", f"TF-IDF (word 1-2-grams) + logistic regression on the same split: "
+                     f"**{tfidf['test_accuracy']:.2f}%** (C = {tfidf['C']}, "
+                     f"{tfidf['features']:,} features).", "", seconds_line(v, "", TEXT_GRAPHS),
+                 ""]
+    if "images" in loaded:
+        im = loaded["images"]
+        v, settings, moco = im["variants"], im["settings"], im["moco"]
+        d = difference(moco["moco"], moco["random"], setup)
+        learned = d[1] >= 5.0
+        summary += ["", f"**MoCo** (linear probe on its frozen global features): "
+                        f"{mean_accuracy(moco['moco']):.2f}% against "
+                        f"{mean_accuracy(moco['random']):.2f}% for a random encoder, "
+                        f"{interval(d)} points: **{'learned' if learned else 'not learned'}** "
+                        "(a clear margin: the interval above +5 points)."]
+        for feature_set in IMAGE_FEATURES:
+            summary += ["", f"**CIFAR-10, H = {feature_set}**:"]
+            for g in ("glomo", "glomo-cpu"):
+                summary += answers(v, f"{feature_set}-", g, ("uniform", "adjacent", "grid"), setup)
+        body += [f"## CIFAR-10: {settings['images']['train']:,} training and "
+                 f"{settings['images']['test']:,} test images", "",
+                 "MoCo's own protocol (a linear classifier on the encoder's frozen global "
+                 "features, the mean of stage 3):", "",
+                 "| encoder | test accuracy (%) |", "|---|---|",
+                 f"| MoCo ({moco['summary'].get('steps')} steps, "
+                 f"{moco['summary'].get('seconds', 0) / 60:.0f} min) | "
+                 f"{mean_accuracy(moco['moco']):.2f} |",
+                 f"| random (its initialisation) | {mean_accuracy(moco['random']):.2f} |", "",
+                 f"Pooling: mean and max over each image and a {settings['regions'][0]}x"
+                 f"{settings['regions'][1]} grid of regions. Graphs averaged over the heads of "
+                 "each layer (`LatentGraphs.mean_heads`), with their products.", ""]
+        for feature_set in IMAGE_FEATURES:
+            body += [f"### H = {feature_set}" + (" (normalised RGB)" if feature_set == "pixels"
+                                                 else " (MoCo's stage-1 map, 32 channels)"), ""]
+            body += variant_rows(v, f"{feature_set}-", IMAGE_GRAPHS, setup) + [""]
+        body += [seconds_line(v, "moco-", IMAGE_GRAPHS), ""]
+        skipped = [g for g in IMAGE_GRAPHS if f"moco-{g}-mean+max" not in v]
+        if skipped:
+            body += [f"Not run here: {', '.join(LABELS[g] for g in skipped)}.", ""]
+    first = next(iter(loaded.values()))
+    text = "\n".join(
+        ["# Linear probe: do GLoMo's graphs add to transferred features?", "",
+         f"Answer ({first['date']}, {first['hardware']}): a linear probe on pooled "
+         "`[H ; M H]`, only the graph changing between rows.", ""] + summary + [""] + body +
+        ["## Command", "", "```sh",
+         "python -m benchmarks.linear_probe all --data-dir DATA --output-dir runs/linear-probe",
+         "python -m benchmarks.linear_probe report --data-dir DATA --output-dir runs/linear-probe",
+         "```", ""])
+    with atomic_write(path) as fh:
+        fh.write(text)
+    return text
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("stage", choices=STAGES)
@@ -317,17 +623,23 @@ def main(argv=None) -> None:
     parser.add_argument("--output-dir", default="runs/linear-probe")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--moco-config", default=MOCO_CONFIG)
+    parser.add_argument("--skip", nargs="*", choices=sorted(set(IMAGE_GRAPHS) - {"none"}),
+                        help="graph variants left out (e.g. glomo: the GPU release's graphs "
+                             "for 60,000 images take hours on a CPU)")
+    parser.add_argument("--results", default=RESULTS, help="the markdown report written")
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests only
     args = parser.parse_args(argv)
     setup = SMOKE if args.smoke else FULL
     torch.set_num_threads(args.threads)
-    stages = {"moco": moco_stage, "text": text_stage}
-    for stage in (("moco", "text") if args.stage == "all" else (args.stage,)):
+    stages = {"moco": moco_stage, "text": text_stage, "images": image_stage,
+              "report": lambda a, s: report(a, s, args.results)}
+    for stage in (("moco", "text", "images", "report") if args.stage == "all"
+                  else (args.stage,)):
         def run(stage=stage):
             result = stages[stage](args, setup)
             from glomo_pyg.atomic_files import write_json
 
-            if stage != "moco":
+            if stage in ("text", "images"):
                 write_json(os.path.join(args.output_dir, f"{stage}.json"), dict(
                     result, hardware=hardware(), date=time.strftime("%Y-%m-%d")))
         run_reporting_errors("linear_probe", run)

@@ -220,17 +220,20 @@ def _times_values(weights: Tensor, values: Tensor, shared: bool) -> Tensor:
 
 def propagate_scores(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor, *,
                      order: SequenceOrder, normalization: str = "relu2",
-                     window: Optional[int] = None,
+                     window: Optional[int] = None, mean_heads: bool = False,
                      block_scores: Optional[int] = None) -> Tensor:
     r""":math:`\sum_i G_{ij} v_i` for every head and target, the graphs (paper Eq. 1) given
     by their augmented keys and queries (bounded, as for :func:`pruned_graph_edges`) and
     computed block of targets by block (never the whole ``T x T`` graph); no autograd
-    (inference).
+    (inference). ``mean_heads``: along the head-averaged graph
+    :math:`\bar G = \frac{1}{H} \sum_h G^{(h)}` instead (one product with the values,
+    not one per head).
 
     Shapes:
         key, query: ``[B, H, T, D]``; values: ``[B, H, T, C]`` per head or
-        ``[B, 1, T, C]`` shared; lengths: ``[B]``; returns ``[B, H, T, C]`` in the dtype
-        of ``values``, zero at padding and at targets without an edge.
+        ``[B, 1, T, C]`` shared (``mean_heads``: shared only); lengths: ``[B]``; returns
+        ``[B, H, T, C]`` (``mean_heads``: ``[B, 1, T, C]``) in the dtype of ``values``,
+        zero at padding and at targets without an edge.
     """
     b, h, t, _ = key.shape
     dtype = torch.promote_types(key.dtype, torch.float32)
@@ -239,7 +242,9 @@ def propagate_scores(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor
     # contiguous values: block slices are plain batched matrices (no copy per block)
     v = values.to(dtype).contiguous()
     shared = v.size(1) == 1 and h > 1
-    out = v.new_zeros(b, h, t, v.size(-1))
+    if mean_heads and v.size(1) != 1:
+        raise ValueError("mean_heads propagates shared values ([B, 1, T, C])")
+    out = v.new_zeros(b, 1 if mean_heads else h, t, v.size(-1))
     with torch.autocast(lengths.device.type, enabled=False):
         for b0, b1, j0, j1, i0, i1 in _walk(b, h, t, order, window,
                                             block_scores or BLOCK_SCORES):
@@ -247,10 +252,18 @@ def propagate_scores(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor
             scores = scorer.block(b0, b1, j0, j1, i0, i1)
             if normalization == "relu2":  # (sum_i r_ij v_i) / sum_i r_ij
                 r, total = _relu2_terms(scores, mask)
-                out[b0:b1, :, j0:j1] = _times_values(r, v[b0:b1, :, i0:i1], shared).div_(total)
+                if mean_heads:
+                    g = r.div_(total).mean(1, keepdim=True)
+                    out[b0:b1, :, j0:j1] = g @ v[b0:b1, :, i0:i1]
+                else:
+                    out[b0:b1, :, j0:j1] = _times_values(r, v[b0:b1, :, i0:i1],
+                                                         shared).div_(total)
             else:
                 g, _ = normalise_scores(scores, mask[1] > 0, normalization)
-                out[b0:b1, :, j0:j1] = _times_values(g, v[b0:b1, :, i0:i1], shared)
+                if mean_heads:
+                    g = g.mean(1, keepdim=True)
+                out[b0:b1, :, j0:j1] = _times_values(g, v[b0:b1, :, i0:i1], shared and
+                                                     not mean_heads)
     if cut and scorer.padded:  # padded targets' rows were scored too: zero them
         real = torch.arange(t, device=out.device) < lengths.view(-1, 1)
         out.mul_(real.view(b, 1, t, 1).to(dtype))

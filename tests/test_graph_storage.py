@@ -171,3 +171,39 @@ def test_a_layer_of_edges_converts_to_a_pyg_edge_index():
         out = index.matmul(x, w[h == head], transpose=True)  # sum over sources i of G_ij x_i
         torch.testing.assert_close(out, graphs.propagate(x, 0)[head])
     assert torch.equal(graphs.batch, batch_vector(LENGTHS))
+
+
+@EVERY_RULE
+@pytest.mark.parametrize("normalization", ["relu2", "softmax"])
+def test_head_mean_graphs_are_the_averaged_reference_in_every_layout(direction, include_self,
+                                                                     normalization):
+    k, q = keys_queries(3)
+    frame = GraphFrame(batch(), HEADS, direction, include_self)
+    want = reference(k, q, direction, include_self, normalization).mean(1, keepdim=True)
+    x = torch.randn(sum(LENGTHS), 3)
+    for storage in storages(k, q, frame, normalization) + [UniformStorage()]:
+        graphs = LatentGraphs.from_storage([storage, storage], num_heads=HEADS,
+                                           direction=direction, sequences=batch(),
+                                           include_self=include_self)
+        merged = graphs.mean_heads()
+        name = type(storage).__name__
+        assert (merged.num_heads, merged.num_layers, merged.layout) == (1, 2, graphs.layout)
+        assert merged.storages[0] is merged.storages[1]  # a shared storage stays shared
+        full = graphs.to_dense(0).mean(1, keepdim=True)  # [B, 1, T, T]
+        if not isinstance(storage, UniformStorage):
+            torch.testing.assert_close(full, want, msg=name)
+        torch.testing.assert_close(merged.to_dense(0), full, msg=name)
+        torch.testing.assert_close(dense_from_edges(*merged.layer(0), LENGTHS, 1), full,
+                                   msg=name)
+        with torch.no_grad():
+            torch.testing.assert_close(merged.propagate(x, 0), reference_propagate(full, x),
+                                       msg=name)
+            cut = merged.within(2)
+            near = graphs.within(2).to_dense(0).mean(1, keepdim=True)
+            torch.testing.assert_close(cut.propagate(x, 0), reference_propagate(near, x),
+                                       msg=name)
+        assert merged.fused_layers is None  # (no keys and queries of one head)
+    one = LatentGraphs.from_storage([storages(k[:, :1], q[:, :1], frame)[0]], num_heads=1,
+                                    direction=direction, sequences=batch(),
+                                    include_self=include_self)
+    assert one.mean_heads() is one

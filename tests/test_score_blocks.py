@@ -150,6 +150,27 @@ def test_propagation_matches_the_dense_graphs(normalization, shared):
         assert (got.abs().sum(-1)[~real.expand(3, 2, 21)] == 0).all()  # zero at padding
 
 
+@pytest.mark.parametrize("normalization", ["relu2", "softmax"])
+def test_head_mean_propagation_matches_the_averaged_dense_graphs(normalization):
+    k, q = keys_queries(b=3, h=3, t=21, seed=8)
+    lengths = torch.tensor([21, 5, 14])
+    v = torch.randn(3, 1, 21, 6)
+    for order, window in ((SequenceOrder("forward"), None), (SequenceOrder("backward"), 4),
+                          (RasterOrder("forward", 3, 7), None)):
+        rows = dense_rows([(k, q)], lengths if not isinstance(order, RasterOrder) else
+                          torch.tensor([21, 21, 21]), order, normalization, window)[:, 0]
+        full = lengths if not isinstance(order, RasterOrder) else torch.tensor([21, 21, 21])
+        want = rows.mean(1, keepdim=True) @ v
+        for block in (TINY, 1 << 21):
+            got = propagate_scores(k, q, v, full, order=order, normalization=normalization,
+                                   window=window, mean_heads=True, block_scores=block)
+            assert got.shape == (3, 1, 21, 6)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="shared values"):
+        propagate_scores(k, q, torch.randn(3, 3, 21, 6), lengths, order=SequenceOrder("forward"),
+                         mean_heads=True)
+
+
 MEMORY_SCRIPT = r"""
 import json, resource, sys, torch
 from glomo_pyg import PixelGraphPredictor, PretrainedGraphPredictor

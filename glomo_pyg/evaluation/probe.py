@@ -17,6 +17,7 @@ from torch import Tensor
 from torch_geometric.utils import scatter
 
 from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
+from glomo_pyg.nn.mixer import GraphMixer
 from glomo_pyg.nn.transfer import GlomoTransfer
 from glomo_pyg.ordering import RasterOrder, check_int
 from glomo_pyg.sequences import check_features, sequence_batch
@@ -70,21 +71,31 @@ def pool_units(x: Tensor, batch: Tensor, num_samples: Optional[int] = None,
 def unit_features(transfer: GlomoTransfer, h: Tensor, x: Optional[Tensor] = None,
                   batch: Optional[Tensor] = None, graphs: Optional[DirectionalGraphs] = None,
                   heads: str = "each") -> Tensor:
-    r"""``[H ; M_1 H ; ... ; M_K H]`` per unit, :math:`(N, (1 + D K') C)`: :math:`H` and
+    r"""``[H ; M_1 H ; ... ; M_K H]`` per unit, :math:`(N, (1 + D K) C)`: :math:`H` and
     its propagation along every component of ``transfer``'s mixer (per direction, the
     graphs :math:`G^{l,h}` and products :math:`\Lambda^{l,h}`, in
     :meth:`~glomo_pyg.GraphMixer.components` order), unweighted and without the gate.
-    ``heads='mean'`` averages each (kind, layer)'s components over the heads
-    (:math:`K' = K / \text{heads}`). ``graph='none'`` gives :math:`H` alone."""
+    ``graph='none'`` gives :math:`H` alone.
+
+    ``heads='mean'``: the graphs averaged over the heads of each layer
+    (:meth:`~glomo_pyg.LatentGraphs.mean_heads`) and their products instead, one
+    component per (kind, layer): :math:`K / \text{heads}` components at a fraction of the
+    cost for many-headed predictors."""
     if heads not in HEADS:
         raise ValueError(f"heads must be one of {HEADS}, got {heads!r}")
-    propagated = transfer.propagations(h, x, batch, graphs)  # (checks h, x and graphs)
-    if propagated is None:
+    check_features(h, transfer.in_channels, name="h")
+    if transfer.graph == "none":
         return h
-    if heads == "mean":
+    if heads == "each":
+        propagated = transfer.propagations(h, x, batch, graphs)  # (checks x and graphs)
+    else:
         mixer = transfer.mixer
-        d, _, n, c = propagated.shape
-        propagated = propagated.view(d, -1, mixer.heads, n, c).mean(2)
+        if graphs is None:
+            graphs = transfer.graphs(x, batch, num_nodes=h.size(0))
+        merged = [None if g is None else g.mean_heads() for g in graphs]
+        one_head = GraphMixer(mixer.in_channels, mixer.num_layers, 1, mixer.directions,
+                              propagation=mixer.propagation, layers=mixer.layers)
+        propagated = one_head.propagations(h, merged)
     return torch.cat([h, propagated.permute(2, 0, 1, 3).reshape(h.size(0), -1)], 1)
 
 

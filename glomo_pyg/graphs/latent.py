@@ -12,7 +12,8 @@ from glomo_pyg.graphs.checks import (MAX_HEADS, check_dense_blocks, check_direct
                                      check_edge_layer, check_fixed_graphs, check_int,
                                      check_max_distance, check_ptr)
 from glomo_pyg.graphs.storage import (DenseStorage, EdgeStorage, FusedStorage, GraphFrame,
-                                      GraphStorage, LayerEdges, UniformStorage)
+                                      GraphStorage, HeadMeanStorage, LayerEdges,
+                                      UniformStorage)
 from glomo_pyg.ordering import RasterOrder, SequenceOrder, UnitOrder
 from glomo_pyg.sequences import SequenceBatch
 
@@ -211,7 +212,8 @@ class LatentGraphs:
     def fused_layers(self) -> Optional[List[Tuple[Tensor, Tensor]]]:
         """Fused layout: per layer the augmented ``[B, H, T, D]`` (keys, queries) whose
         inner products are the graph scores; ``None`` in the other layouts."""
-        return [(s.keys, s.queries) for s in self._storages] if self.layout == "fused" else None
+        fused = all(isinstance(s, FusedStorage) for s in self._storages)  # (not head means)
+        return [(s.keys, s.queries) for s in self._storages] if fused else None
 
     @property
     def normalization(self) -> str:
@@ -378,6 +380,21 @@ class LatentGraphs:
         if max_distance >= order.longest_window_distance(self.sequences.max_len):
             return self  # nothing farther apart
         return self._like(self._each_storage(lambda s: s.within(self._frame, max_distance)))
+
+    def mean_heads(self) -> "LatentGraphs":
+        r"""The graphs averaged over the heads of each layer,
+        :math:`\bar G^l = \frac{1}{H} \sum_h G^{l,h}`, as one-head graphs (each
+        target's weights still sum to at most 1). Propagating them costs one product per
+        layer, not one per head, in the fused layout on the CPU; products of these
+        layers (:class:`~glomo_pyg.GraphMixer`'s :math:`\Lambda`) are products of the
+        averages, not averages of the per-head products."""
+        if self.num_heads == 1:
+            return self
+        frame = self._frame
+        merged = GraphFrame(frame.sequences, 1, frame.direction, frame.include_self,
+                            frame.explicit_order)
+        return LatentGraphs._framed(merged, self._each_storage(
+            lambda s: HeadMeanStorage(s, self.num_heads)))
 
     def _each_storage(self, fn) -> List[GraphStorage]:
         """``fn`` of each storage; one shared by several layers (uniform, adjacent) stays so."""

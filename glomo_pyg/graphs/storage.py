@@ -146,6 +146,12 @@ class GraphStorage(ABC):
     def num_edges(self, frame: GraphFrame) -> int:
         return int(self.edges(frame)[0].size(1))
 
+    def propagate_head_mean(self, frame: GraphFrame, x: Tensor) -> Tensor:
+        r""":math:`\sum_i \bar G_{ij} x_i` along the head-averaged graph
+        :math:`\bar G = \frac{1}{H} \sum_h G^{(h)}`: ``[1, N, C]`` from ``[N, C]`` or
+        ``[1, N, C]``."""
+        return self.propagate(frame, x[0] if x.dim() == 3 else x).mean(0, keepdim=True)
+
     @abstractmethod
     def within(self, frame: GraphFrame, max_distance: int) -> "GraphStorage":
         """The layer with edges longer than ``max_distance`` removed, each target's
@@ -293,6 +299,21 @@ class FusedStorage(GraphStorage):
                                    full_length=False, check=False)  # [B, H, T, C]
         return s.to_flat(out.permute(0, 2, 1, 3)).transpose(0, 1)  # [H, N, C]
 
+    def propagate_head_mean(self, frame: GraphFrame, x: Tensor) -> Tensor:
+        s = frame.sequences
+        b, t = s.num_sequences, s.max_len
+        if x.device.type != "cpu" or CPU_PROPAGATION != "blocks" or x.requires_grad or \
+                torch.is_grad_enabled() and self.keys.requires_grad or \
+                autocast_half_dtype("cpu") is not None:
+            return super().propagate_head_mean(frame, x)
+        x = x[0] if x.dim() == 3 else x
+        values = x.view(1, b, t, -1).transpose(0, 1) if s.num_nodes == b * t else \
+            s.to_padded(x).unsqueeze(1)  # [B, 1, T, C]
+        out = propagate_scores(self.keys, self.queries, values, s.lengths, order=frame.order,
+                               normalization=self.normalization, window=self.window,
+                               mean_heads=True)  # [B, 1, T, C]
+        return s.to_flat(out[:, 0]).unsqueeze(0)
+
     def _flex_window(self, frame: GraphFrame) -> Dict[str, Optional[int]]:
         """The window as :func:`glomo_pyg.flex.block_mask` takes it."""
         grid = isinstance(frame.explicit_order, RasterOrder) and self.window is not None
@@ -436,3 +457,55 @@ class UniformStorage(GraphStorage):
 
     def __repr__(self) -> str:
         return "UniformStorage(" + (f"window={self.window}" if self.window else "") + ")"
+
+
+class HeadMeanStorage(GraphStorage):
+    r"""One layer's graphs averaged over its ``heads``,
+    :math:`\bar G = \frac{1}{H} \sum_h G^{(h)}`, as a one-head layer over the storage
+    ``inner`` of the :math:`H` heads (:meth:`LatentGraphs.mean_heads`); fused layers
+    propagate it with one product per block instead of one per head."""
+
+    def __init__(self, inner: GraphStorage, heads: int):
+        self.inner, self.heads = inner, int(heads)
+        self.layout = inner.layout
+
+    def inner_frame(self, frame: GraphFrame) -> GraphFrame:
+        """The one-head ``frame`` with the inner storage's heads (cached in it)."""
+        return frame.cached(("head-mean-frame", self.heads), lambda: GraphFrame(
+            frame.sequences, self.heads, frame.direction, frame.include_self,
+            frame.explicit_order))
+
+    @property
+    def normalization(self) -> str:
+        return getattr(self.inner, "normalization", "relu2")
+
+    @property
+    def window(self) -> Optional[int]:
+        return getattr(self.inner, "window", None)
+
+    def propagate(self, frame: GraphFrame, x: Tensor) -> Tensor:
+        return self.inner.propagate_head_mean(self.inner_frame(frame), x)
+
+    def edges(self, frame: GraphFrame) -> LayerEdges:
+        def merge():
+            (src, tgt), w, _ = self.inner.edges(self.inner_frame(frame))
+            n = frame.num_nodes
+            pair, inverse = torch.unique(tgt * n + src, return_inverse=True)  # sorted
+            weight = w.new_zeros(pair.numel()).index_add_(0, inverse, w / self.heads)
+            index = torch.stack([pair % n, torch.div(pair, n, rounding_mode="floor")])
+            return index, weight, torch.zeros_like(pair)
+
+        return frame.cached(("head-mean-edges", id(self)), merge)
+
+    def dense(self, frame: GraphFrame) -> Tensor:
+        return self.inner.dense(self.inner_frame(frame)).mean(1, keepdim=True)
+
+    def within(self, frame: GraphFrame, max_distance: int) -> "HeadMeanStorage":
+        return HeadMeanStorage(self.inner.within(self.inner_frame(frame), max_distance),
+                               self.heads)
+
+    def apply(self, fn) -> "HeadMeanStorage":
+        return HeadMeanStorage(self.inner.apply(fn), self.heads)
+
+    def __repr__(self) -> str:
+        return f"HeadMeanStorage({self.inner!r}, heads={self.heads})"
