@@ -581,7 +581,8 @@ def report(args, setup: Setup, path: str = RESULTS) -> str:
         for feature_set in IMAGE_FEATURES:
             summary += ["", f"**CIFAR-10, H = {feature_set}**:"]
             for g in ("glomo", "glomo-cpu"):
-                summary += answers(v, f"{feature_set}-", g, ("uniform", "adjacent", "grid"), setup)
+                summary += answers(v, f"{feature_set}-", g, ("uniform", "adjacent", "grid"),
+                                   setup)
         body += [f"## CIFAR-10: {settings['images']['train']:,} training and "
                  f"{settings['images']['test']:,} test images", "",
                  "MoCo's own protocol (a linear classifier on the encoder's frozen global "

@@ -22,8 +22,8 @@ def _check_data(x: Tensor, y: Tensor, name: str, features: Optional[int] = None)
                          + f", got {getattr(x, 'dtype', type(x).__name__)} "
                          f"{tuple(getattr(x, 'shape', ()))}")
     if not isinstance(y, Tensor) or y.dtype != torch.long or y.shape != (x.size(0),):
-        raise ValueError(f"{name} labels must be int64 [{x.size(0)}], got "
-                         f"{getattr(y, 'dtype', type(y).__name__)} {tuple(getattr(y, 'shape', ()))}")
+        got = f"{getattr(y, 'dtype', type(y).__name__)} {tuple(getattr(y, 'shape', ()))}"
+        raise ValueError(f"{name} labels must be int64 [{x.size(0)}], got {got}")
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} features hold NaN or infinite values")
 

@@ -11,6 +11,7 @@ from glomo_pyg.nn.functional import head_propagate, latent_graph_edges, weighted
 from glomo_pyg.nn.fusion import GatedFusion
 from glomo_pyg.nn.glomo import Glomo, GlomoOutput
 from glomo_pyg.nn.graph_predictor import GraphPredictor
+from glomo_pyg.nn.image_encoder import ImageEncoder
 from glomo_pyg.nn.mixer import GraphMixer
 from glomo_pyg.nn.pixel import MaskedConv2d, PixelCNN, PixelContextHead, PixelGraphPredictor
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
@@ -23,7 +24,8 @@ __all__ = [
     "CausalCNN", "CifarResNet", "ConfigurableModule", "ContextDecoder", "DirectionalGraphs",
     "EMITTERS", "FeatureGraphEmitter", "FeaturePredictor", "GatedFusion", "Glomo", "GlomoConv",
     "GlomoOutput", "GlomoResNet", "GlomoTextClassifier", "GlomoTransfer", "GraphEmitter",
-    "GraphMixer", "GraphPredictor", "GraphScorer", "MaskedConv2d", "MaskedNorm", "PixelCNN",
-    "PixelContextHead", "PixelGraphPredictor", "PretrainedGraphPredictor", "UnitEncoder",
+    "GraphMixer", "GraphPredictor", "GraphScorer", "ImageEncoder", "MaskedConv2d", "MaskedNorm",
+    "PixelCNN", "PixelContextHead", "PixelGraphPredictor", "PretrainedGraphPredictor",
+    "UnitEncoder",
     "head_propagate", "latent_graph_edges", "weighted_spmm",
 ]
