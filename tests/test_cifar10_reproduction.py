@@ -2,11 +2,10 @@
 cached stages on a second call, the results file and the figure."""
 import json
 import os
-import pickle
 
-import numpy as np
 import pytest
 import torch
+from fake_data import write_image_batches
 
 from benchmarks.reproduce import cifar10
 from glomo_pyg.nn.resnet import GlomoResNet
@@ -14,17 +13,7 @@ from glomo_pyg.training.image_classification import ImageTrainConfig, train_imag
 
 
 def write_data(root):
-    rng = np.random.default_rng(0)
-    os.makedirs(root / "imagenet32")
-    for i in (1, 2):
-        data = rng.integers(0, 256, (6, 3072), dtype=np.uint8)
-        with open(root / "imagenet32" / f"train_data_batch_{i}", "wb") as fh:
-            pickle.dump({"data": data, "labels": [1] * 6, "mean": data.mean(0)}, fh)
-    os.makedirs(root / "cifar-10-batches-py")
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        data = rng.integers(0, 256, (4, 3072), dtype=np.uint8)
-        with open(root / "cifar-10-batches-py" / name, "wb") as fh:
-            pickle.dump({b"data": data, b"labels": [0, 1, 2, 3]}, fh)
+    write_image_batches(root)
 
 
 @pytest.mark.slow

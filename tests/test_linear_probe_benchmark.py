@@ -3,11 +3,9 @@ cached features and probes reused on a second call, cache keys that change with 
 predictor or the features, and the report."""
 import json
 import os
-import pickle
-import random
 
-import numpy as np
 import pytest
+from fake_data import write_aclimdb, write_image_batches
 
 from benchmarks import linear_probe
 
@@ -24,32 +22,8 @@ moco:
 
 
 def write_data(root):
-    rng = random.Random(0)
-    for split, count in (("train", 12), ("test", 8)):
-        for kind in ("pos", "neg"):
-            folder = root / "aclImdb" / split / kind
-            folder.mkdir(parents=True)
-            for k in range(count):
-                words = [rng.choice(["good", "great"] if kind == "pos" else ["bad", "awful"])
-                         for _ in range(3)] + [f"filler{rng.randrange(30)}" for _ in range(15)]
-                rng.shuffle(words)
-                (folder / f"{k}_{8 if kind == 'pos' else 2}.txt").write_text(" ".join(words))
-    unsup = root / "aclImdb" / "train" / "unsup"
-    unsup.mkdir()
-    for k in range(10):
-        (unsup / f"{k}_0.txt").write_text(" ".join(f"filler{rng.randrange(30)}"
-                                                    for _ in range(20)))
-    data = np.random.default_rng(0)
-    os.makedirs(root / "imagenet32")
-    for i in (1, 2):
-        pixels = data.integers(0, 256, (16, 3072), dtype=np.uint8)
-        with open(root / "imagenet32" / f"train_data_batch_{i}", "wb") as fh:
-            pickle.dump({"data": pixels, "labels": [1] * 16, "mean": pixels.mean(0)}, fh)
-    os.makedirs(root / "cifar-10-batches-py")
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        pixels = data.integers(0, 256, (8, 3072), dtype=np.uint8)
-        with open(root / "cifar-10-batches-py" / name, "wb") as fh:
-            pickle.dump({b"data": pixels, b"labels": [0, 1, 2, 3] * 2}, fh)
+    write_aclimdb(root, unlabelled=10)
+    write_image_batches(root, imagenet=16, cifar=8)
 
 
 @pytest.mark.slow

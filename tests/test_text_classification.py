@@ -8,6 +8,7 @@ import random
 
 import pytest
 import torch
+from fake_data import write_aclimdb
 
 from glomo_pyg import Glomo, GlomoTextClassifier, PretrainedGraphPredictor
 from glomo_pyg.data import WordVocabulary
@@ -172,21 +173,7 @@ def test_train_and_test_selects_on_validation_and_learns_a_keyword_task():
 def test_imdb_reproduction_script_end_to_end(tmp_path, capsys, monkeypatch):
     from benchmarks.reproduce import imdb
 
-    rng = random.Random(0)
-    for split, count in (("train", 12), ("test", 8)):
-        for kind in ("pos", "neg"):
-            folder = tmp_path / "aclImdb" / split / kind
-            folder.mkdir(parents=True)
-            for k in range(count):
-                words = [rng.choice(["good", "great"] if kind == "pos" else ["bad", "awful"])
-                         for _ in range(3)] + [f"filler{rng.randrange(30)}" for _ in range(15)]
-                rng.shuffle(words)
-                (folder / f"{k}_{8 if kind == 'pos' else 2}.txt").write_text(" ".join(words))
-    unsup = tmp_path / "aclImdb" / "train" / "unsup"
-    unsup.mkdir()
-    for k in range(20):
-        (unsup / f"{k}_0.txt").write_text(" ".join(f"filler{rng.randrange(30)}"
-                                                    for _ in range(20)))
+    write_aclimdb(tmp_path)
     results = tmp_path / "imdb.md"
     variants = ("baseline", "glomo", "uniform", "adjacent", "untrained", "no-decouple")
     args = ["--data-dir", str(tmp_path), "--smoke", "--output-dir", str(tmp_path / "run"),
