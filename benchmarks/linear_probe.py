@@ -56,6 +56,8 @@ class Setup:
     # features per review, three times the propagation and probe cost
     vector_dim: int = 100
     vector_epochs: int = 5
+    # word2vec's min_count: 3, or 1 for a tiny corpus (the two values the IMDB
+    # reproduction's word_vectors knows)
     vector_min_count: int = 3
     # (variant, release, max_distance, heads): heads 'mean' averages each layer's graphs
     # over its heads (LatentGraphs.mean_heads): the GPU release's 48 graphs per image cost
@@ -126,15 +128,15 @@ def cached_features(folder: str, name: str, key: str, count: int, chunk: int,
     return torch.cat(parts)
 
 
-def feature_seconds(folder: str, name: str) -> float:
-    """CPU seconds the cached chunks of ``name`` took (recorded when computed)."""
+def feature_seconds(folder: str, name: str, count: int, chunk: int) -> float:
+    """Seconds the cached chunks of ``name`` (:func:`cached_features` of ``count``
+    samples ``chunk`` at a time) took to compute, as recorded then."""
     from safetensors import safe_open
 
     total = 0.0
-    for file in sorted(os.listdir(folder)):
-        if file.startswith(name + ".") and file.endswith(".safetensors"):
-            with safe_open(os.path.join(folder, file), "pt") as fh:
-                total += float((fh.metadata() or {}).get("seconds", 0))
+    for start in range(0, count, chunk):
+        with safe_open(os.path.join(folder, f"{name}.{start:06d}.safetensors"), "pt") as fh:
+            total += float((fh.metadata() or {}).get("seconds", 0))
     return total
 
 
@@ -270,18 +272,21 @@ def text_stage(args, setup: Setup) -> Dict:
                     pooled_columns(features["train"], 2, keep), y_train,
                     pooled_columns(features["test"], 2, keep), y_test, setup))
         results["variants"][f"{variant}-mean+max"]["feature_seconds"] = sum(
-            feature_seconds(os.path.join(out, "features"), f"{s}-{variant}") for s in splits)
+            feature_seconds(os.path.join(out, "features"), f"{s}-{variant}", len(v[1]),
+                            setup.chunk) for s, v in splits.items())
     texts = {s: ([r.text for r in v[0]], [r.label for r in v[0]]) for s, v in splits.items()}
     results["tfidf"] = tfidf_probe(out, texts, setup, tfidf_baseline)
     results["settings"] = dict(predictor=setup.text_predictor, vectors=list(vectors.shape),
+                               layers=predictor.num_layers, heads=predictor.heads,
                                max_distance=setup.text_max_distance,
                                reviews={s: len(v[0]) for s, v in splits.items()})
     return results
 
 
 def tfidf_probe(out: str, texts: Dict, setup: Setup, baseline) -> Dict:
-    """TF-IDF + logistic regression, its C chosen on a validation split of the training
-    reviews (the first seed's), test accuracy and outcomes for the paired comparison."""
+    """TF-IDF + logistic regression (``benchmarks.reproduce.imdb.tfidf_baseline``): fit on
+    90% of the training reviews, its C chosen on the other 10%, scored once on the test
+    reviews."""
     def run() -> Dict:
         train_texts, train_labels = texts["train"]
         order = torch.randperm(len(train_texts), generator=torch.Generator().manual_seed(0))
@@ -310,15 +315,21 @@ def moco_settings(path: str = MOCO_CONFIG):
 def moco_stage(args, setup: Setup) -> Dict:
     """The MoCo encoder in ``OUT/moco`` (pretrained once; resumed when interrupted)."""
     from glomo_pyg.data.images import load_imagenet32
-    from glomo_pyg.training.moco import ENCODER_CONFIG, load_encoder, pretrain_moco
+    from glomo_pyg.training.moco import ENCODER_CONFIG, MocoConfig, load_encoder, pretrain_moco
 
     folder = os.path.join(args.output_dir, "moco")
-    if not os.path.exists(os.path.join(folder, ENCODER_CONFIG)):
-        max_images, config = moco_settings(args.moco_config)
+    max_images, config = moco_settings(args.moco_config)
+    summary = load_encoder(folder)[1] if os.path.exists(os.path.join(folder, ENCODER_CONFIG)) \
+        else None
+    if summary is not None and (MocoConfig.from_dict(summary["config"]).result_settings() !=
+                                config.result_settings() or summary["images"] != max_images):
+        raise ValueError(f"{folder} holds an encoder pretrained with other settings than "
+                         f"{args.moco_config}; use another --output-dir or delete it")
+    if summary is None or summary["steps"] < config.max_steps:  # (or stopped by the clock)
         images, _ = load_imagenet32(os.path.join(args.data_dir, "imagenet32"), max_images)
         log(f"moco: {images.size(0)} images, {config.max_steps} steps in {folder}")
-        pretrain_moco(images, config, folder, log=log)
-    return load_encoder(folder)[1]
+        summary = pretrain_moco(images, config, folder, log=log)
+    return summary
 
 
 # ---------------------------------------------------------------- images
@@ -371,8 +382,10 @@ def image_stage(args, setup: Setup) -> Dict:
     moco_summary = moco_stage(args, setup)
     out = os.path.join(args.output_dir, "images")
     encoder = load_encoder(os.path.join(args.output_dir, "moco"))[0]
-    random_encoder = build_moco(moco_settings(args.moco_config)[1]).encoder.eval()
+    moco_config = moco_settings(args.moco_config)[1]
+    random_encoder = build_moco(moco_config).encoder.eval()  # MoCo's starting point
     encoder_digest = file_digest(os.path.join(args.output_dir, "moco", ENCODER_WEIGHTS))
+    random_digest = feature_key(random=moco_config.result_settings())
     data = {}
     for split in ("train", "test"):
         images, labels = load_cifar10(os.path.join(args.data_dir, "cifar-10-batches-py"), split)
@@ -389,12 +402,12 @@ def image_stage(args, setup: Setup) -> Dict:
         feats = {split: cached_features(
             os.path.join(out, "features"), f"{split}-global-{name}",
             feature_key(task="global", split=split, encoder=encoder_digest if name == "moco"
-                        else "random", images=len(data[split][0])),
+                        else random_digest, images=len(data[split][0])),
             len(data[split][0]), setup.chunk, lambda a, b, split=split: pooled(a, b, split))
             for split in data}
         results["moco"][name] = cached_probe(
             os.path.join(out, f"probe-global-{name}.json"),
-            feature_key(encoder=encoder_digest if name == "moco" else "random",
+            feature_key(encoder=encoder_digest if name == "moco" else random_digest,
                         setup=dataclasses.asdict(setup)),
             lambda: probe_runs(feats["train"], data["train"][1], feats["test"],
                                data["test"][1], setup))
@@ -452,7 +465,8 @@ def image_stage(args, setup: Setup) -> Dict:
                     os.path.join(out, f"probe-{name}.json"), key, lambda: probe_runs(
                         cols["train"], data["train"][1], cols["test"], data["test"][1], setup))
         results["variants"][f"moco-{variant}-mean+max"]["feature_seconds"] = sum(
-            feature_seconds(os.path.join(out, "features"), f"{s}-{variant}") for s in data)
+            feature_seconds(os.path.join(out, "features"), f"{s}-{variant}", len(v[0]),
+                            setup.chunk) for s, v in data.items())
     results["settings"] = dict(images={s: len(v[0]) for s, v in data.items()},
                                regions=list(setup.regions), channels=channels,
                                predictors=[list(p) for p in setup.image_predictors])
@@ -554,10 +568,12 @@ def report(args, setup: Setup, path: str = RESULTS) -> str:
         summary += lines
         body += [f"## IMDB: {settings['reviews']['train']:,} training and "
                  f"{settings['reviews']['test']:,} test reviews", "",
-                 f"`H`: word2vec vectors ({settings['vectors'][1]}-d, trained on all 75,000 "
+                 f"`H`: word2vec vectors ({settings['vectors'][1]}-d, trained on all the "
                  f"reviews, labels unused). `M`: the graphs of `{settings['predictor']}` "
-                 f"(2 layers x 4 heads x 2 directions, and their products: 16 components per "
-                 f"direction), edges kept within {settings['max_distance']} tokens (the "
+                 f"({settings['layers']} layers x {settings['heads']} heads x 2 directions, "
+                 f"and their products: {2 * settings['layers'] * settings['heads']} "
+                 f"components per direction), edges kept within {settings['max_distance']} "
+                 "tokens (the "
                  "release learned its distance term on 64-token windows). Reviews cut to "
                  f"{setup.review_length} tokens. Test accuracy (%), mean of "
                  f"{len(v['none-mean+max']['runs'])} seeds; differences in points with 95% "
@@ -597,7 +613,8 @@ def report(args, setup: Setup, path: str = RESULTS) -> str:
                  "each layer (`LatentGraphs.mean_heads`), with their products.", ""]
         for feature_set in IMAGE_FEATURES:
             body += [f"### H = {feature_set}" + (" (normalised RGB)" if feature_set == "pixels"
-                                                 else " (MoCo's stage-1 map, 32 channels)"), ""]
+                                                 else f" (MoCo's stage-1 map, "
+                                                 f"{settings['channels'] - 3} channels)"), ""]
             body += variant_rows(v, f"{feature_set}-", IMAGE_GRAPHS, setup) + [""]
         body += [seconds_line(v, "moco-", IMAGE_GRAPHS), ""]
         skipped = [g for g in IMAGE_GRAPHS if f"moco-{g}-mean+max" not in v]
@@ -630,6 +647,8 @@ def main(argv=None) -> None:
     parser.add_argument("--results", default=RESULTS, help="the markdown report written")
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests only
     args = parser.parse_args(argv)
+    if args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
     setup = SMOKE if args.smoke else FULL
     torch.set_num_threads(args.threads)
     stages = {"moco": moco_stage, "text": text_stage, "images": image_stage,

@@ -135,10 +135,21 @@ def test_pooling_refuses_bad_input():
         pool_units(x, batch, regions=(3, 4, 2, 2))  # 10 units are not a 3x4 image
     with pytest.raises(ValueError, match="rows"):
         pool_units(torch.randn(12, 2), torch.zeros(12, dtype=torch.long), regions=(3, 4, 0, 2))
+    with pytest.raises(ValueError, match=r"\(height, width, rows, cols\)"):
+        pool_units(torch.randn(12, 2), torch.zeros(12, dtype=torch.long), regions=(3, 4, 2))
+    with pytest.raises(ValueError, match="num_samples"):
+        pool_units(x, torch.arange(2).repeat_interleave(5), num_samples=1)
+    with pytest.raises(ValueError, match=r"\[N, C\]"):
+        pool_units(torch.randn(10), batch)
     transfer = GlomoTransfer(text_predictor(), 3)
-    xt, bt, _ = text_batch()
+    xt, bt, ht = text_batch()
     with pytest.raises(ValueError, match="h"):
         probe_features(transfer, torch.randn(len(bt), 4), bt, x=xt)
+    graphs = transfer.graphs(xt, bt)
+    with pytest.raises(ValueError, match="not both"):
+        unit_features(transfer, ht, xt, bt, graphs=graphs, heads="mean")
+    with pytest.raises(ValueError, match="DirectionalGraphs"):
+        unit_features(transfer, ht, graphs=graphs.forward, heads="mean")
 
 
 def separable(n=300, f=6, classes=3, seed=0, noise=0.3):
@@ -181,6 +192,8 @@ def test_linear_probe_refuses_bad_input():
     bad[3, 1] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
         LinearProbe().fit(bad, y)
+    with pytest.raises(ValueError, match="class indices"):
+        LinearProbe().fit(x, y - 1)
     with pytest.raises(ValueError, match="two classes"):
         LinearProbe().fit(x, torch.zeros_like(y))
     with pytest.raises(RuntimeError, match="fit"):

@@ -46,6 +46,9 @@ def test_every_stage_runs_caches_and_reports(tmp_path):
     stamps = {p: p.stat().st_mtime_ns for p in (out / "images" / "features").iterdir()}
     linear_probe.main(argv)  # everything cached: nothing recomputed
     assert {p: p.stat().st_mtime_ns for p in (out / "images" / "features").iterdir()} == stamps
+    (tmp_path / "moco.yaml").write_text(MOCO.replace("dim: 4", "dim: 5"))
+    with pytest.raises(SystemExit, match="other settings"):  # not the encoder of this config
+        linear_probe.main(["images"] + argv[1:])
 
 
 def test_feature_keys_change_with_the_predictor_and_the_features():

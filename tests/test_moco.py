@@ -135,6 +135,10 @@ def test_pretraining_resumes_exactly_and_saves_a_loadable_encoder(tmp_path):
         torch.testing.assert_close(p, q, msg=name)
     with pytest.raises(ValueError, match="other settings"):
         pretrain_moco(data, config(lr=0.1), str(tmp_path / "b"))
+    # settings that do not change what is trained do not stop a resume
+    again = pretrain_moco(data, config(log_every=3, threads=1), str(tmp_path / "b"),
+                          log=lambda *_: None)
+    assert again["steps"] == 4
 
 
 def test_moco_settings_refuse_bad_values():

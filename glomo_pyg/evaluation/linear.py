@@ -21,9 +21,11 @@ def _check_data(x: Tensor, y: Tensor, name: str, features: Optional[int] = None)
                          + (f" with F = {features}" if features is not None else "")
                          + f", got {getattr(x, 'dtype', type(x).__name__)} "
                          f"{tuple(getattr(x, 'shape', ()))}")
-    if not isinstance(y, Tensor) or y.dtype != torch.long or y.shape != (x.size(0),):
+    if not isinstance(y, Tensor) or y.dtype != torch.long or y.shape != (x.size(0),) or \
+            (y.numel() and int(y.min()) < 0):
         got = f"{getattr(y, 'dtype', type(y).__name__)} {tuple(getattr(y, 'shape', ()))}"
-        raise ValueError(f"{name} labels must be int64 [{x.size(0)}], got {got}")
+        raise ValueError(f"{name} labels must be int64 [{x.size(0)}] class indices >= 0, got "
+                         f"{got}")
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} features hold NaN or infinite values")
 
@@ -38,7 +40,7 @@ class LinearProbe:
 
     (:math:`\mu, \sigma` from the training features), solved by full-batch L-BFGS.
     :meth:`fit` tries each :math:`\lambda` of ``l2_grid`` on a seeded validation split
-    of ``validation`` of the training samples (warm-starting each from the previous),
+    of ``validation`` of the training samples (each from the previous one's weights),
     keeps the best (the strongest on ties), and refits on all the training samples.
     ``seed`` draws the split and the initial weights.
 

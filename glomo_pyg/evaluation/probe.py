@@ -51,10 +51,15 @@ def pool_units(x: Tensor, batch: Tensor, num_samples: Optional[int] = None,
     Shapes: ``x`` :math:`(N, C)`, ``batch`` :math:`(N)` sorted.
     """
     poolings = _check_poolings(poolings)
+    if not isinstance(x, Tensor) or x.dim() != 2:
+        raise ValueError(f"x must be [N, C] unit features, got {tuple(getattr(x, 'shape', ()))}")
     sequences = sequence_batch(x.size(0), batch, x.device)
-    b = sequences.num_sequences if num_samples is None else num_samples
+    b = sequences.num_sequences if num_samples is None else \
+        check_int("num_samples", num_samples, sequences.num_sequences)
     group, r = sequences.batch, 1
     if regions is not None:
+        if not isinstance(regions, (tuple, list)) or len(regions) != 4:
+            raise ValueError(f"regions must be (height, width, rows, cols), got {regions!r}")
         height, width, rows, cols = (check_int(n, v) for n, v in
                                      zip(("height", "width", "rows", "cols"), regions))
         if rows > height or cols > width or bool((sequences.lengths != height * width).any()):
@@ -92,6 +97,9 @@ def unit_features(transfer: GlomoTransfer, h: Tensor, x: Optional[Tensor] = None
         mixer = transfer.mixer
         if graphs is None:
             graphs = transfer.graphs(x, batch, num_nodes=h.size(0))
+        elif x is not None or not isinstance(graphs, tuple) or len(graphs) != 2:
+            raise ValueError("pass either x (graphs are computed from it) or graphs, "
+                             "DirectionalGraphs (forward, backward), not both")
         merged = [None if g is None else g.mean_heads() for g in graphs]
         one_head = GraphMixer(mixer.in_channels, mixer.num_layers, 1, mixer.directions,
                               propagation=mixer.propagation, layers=mixer.layers)

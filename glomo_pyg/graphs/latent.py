@@ -211,7 +211,8 @@ class LatentGraphs:
     @property
     def fused_layers(self) -> Optional[List[Tuple[Tensor, Tensor]]]:
         """Fused layout: per layer the augmented ``[B, H, T, D]`` (keys, queries) whose
-        inner products are the graph scores; ``None`` in the other layouts."""
+        inner products are the graph scores; ``None`` in the other layouts and for
+        head-averaged graphs (:meth:`mean_heads`), which are no inner products."""
         fused = all(isinstance(s, FusedStorage) for s in self._storages)  # (not head means)
         return [(s.keys, s.queries) for s in self._storages] if fused else None
 

@@ -307,7 +307,7 @@ class FusedStorage(GraphStorage):
                 autocast_half_dtype("cpu") is not None:
             return super().propagate_head_mean(frame, x)
         x = x[0] if x.dim() == 3 else x
-        values = x.view(1, b, t, -1).transpose(0, 1) if s.num_nodes == b * t else \
+        values = x.reshape(1, b, t, -1).transpose(0, 1) if s.num_nodes == b * t else \
             s.to_padded(x).unsqueeze(1)  # [B, 1, T, C]
         out = propagate_scores(self.keys, self.queries, values, s.lengths, order=frame.order,
                                normalization=self.normalization, window=self.window,

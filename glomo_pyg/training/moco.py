@@ -29,6 +29,8 @@ from glomo_pyg.training.checkpoints import atomic_save
 CHECKPOINT = "moco.ckpt"
 ENCODER_WEIGHTS = "encoder.safetensors"
 ENCODER_CONFIG = "encoder.json"
+#: MocoConfig fields that do not change what is trained
+RUN_ONLY_SETTINGS = ("threads", "checkpoint_every", "log_every", "max_seconds")
 
 
 def info_nce(query: Tensor, key: Tensor, queue: Tensor, temperature: float) -> Tensor:
@@ -48,12 +50,15 @@ def info_nce(query: Tensor, key: Tensor, queue: Tensor, temperature: float) -> T
 def random_views(images: Tensor, generator: Optional[torch.Generator] = None,
                  scale: Tuple[float, float] = (0.2, 1.0), jitter: float = 0.4,
                  jitter_probability: float = 0.8, gray_probability: float = 0.2) -> Tensor:
-    """MoCo v2's augmentations for small images, batched: a random resized crop (area
-    fraction in ``scale``, aspect ratio in [3/4, 4/3], bilinear, back to the input size),
-    a horizontal flip for half of the images, a colour jitter of brightness, contrast and
-    saturation by factors in ``[1 - jitter, 1 + jitter]`` (with ``jitter_probability``)
-    and grey scale (with ``gray_probability``). uint8 ``[B, C, H, W]`` in and out (the
-    models normalise inside); the random numbers come from ``generator`` (CPU)."""
+    """Augmentations after MoCo v2's, for small images and batched: a random resized crop
+    (area fraction in ``scale``, aspect ratio in [3/4, 4/3], each side at most the
+    image's; bilinear, back to the input size, reflected at the borders), a horizontal
+    flip for half of the images, a colour jitter (with ``jitter_probability``) of
+    brightness, then contrast, then saturation by factors in ``[1 - jitter, 1 + jitter]``
+    (no hue; clamped to [0, 1] once, at the end) and grey scale (with
+    ``gray_probability``). uint8 ``[B, C, H, W]`` in and out (the models normalise
+    inside); the random numbers come from ``generator`` (CPU)."""
+    check_images(images)
     b, c, h, w = images.shape
 
     def uniform(low: float, high: float) -> Tensor:
@@ -215,6 +220,11 @@ class MocoConfig:
         return {k: list(v) if isinstance(v, tuple) else v
                 for k, v in dataclasses.asdict(self).items()}
 
+    def result_settings(self) -> Dict:
+        """The settings the trained encoder depends on (not threads, logging, checkpoint
+        spacing or the time guard): a run resumes only under the same ones."""
+        return {k: v for k, v in self.to_dict().items() if k not in RUN_ONLY_SETTINGS}
+
 
 def build_moco(config: MocoConfig) -> MoCo:
     torch.manual_seed(config.seed)
@@ -258,7 +268,8 @@ def pretrain_moco(images: Tensor, config: MocoConfig, folder: str,
     path = os.path.join(folder, CHECKPOINT)
     if os.path.exists(path):
         state = torch.load(path, map_location="cpu", weights_only=True)
-        if state.get("config") != config.to_dict():
+        saved = {k: v for k, v in state.get("config", {}).items() if k not in RUN_ONLY_SETTINGS}
+        if saved != config.result_settings():
             raise ValueError(f"{path} was written by a run with other settings; use another "
                              "folder or delete it")
         model.load_state_dict(state["model"])
