@@ -33,6 +33,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from benchmarks.common import as_script, file_digest, hardware, run_reporting_errors
+from glomo_pyg.evaluation.linear import L2_GRID
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MOCO_CONFIG = os.path.join(REPO, "configs", "moco-imagenet32-cpu.yaml")
@@ -68,7 +69,7 @@ class Setup:
     max_reviews: Optional[int] = None  # per split; None: all 25,000
     max_images: Optional[int] = None  # per split; None: all 50,000 / 10,000
     seeds: int = 5
-    l2_grid: Tuple[float, ...] = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3)
+    l2_grid: Tuple[float, ...] = L2_GRID
     max_iter: int = 100
     batch: int = 16
     chunk: int = 1000  # samples per cached feature file

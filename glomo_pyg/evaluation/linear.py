@@ -10,8 +10,9 @@ from torch import Tensor
 
 from glomo_pyg.ordering import check_int
 
-#: L2 penalties tried (on standardised features), strongest first.
-L2_GRID = (1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4)
+#: L2 penalties tried (on standardised features), strongest first: wide enough that
+#: neither end is chosen for a few dozen pooled features or for thousands of them.
+L2_GRID = (1.0, 3e-1, 1e-1, 3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4)
 
 
 def _check_data(x: Tensor, y: Tensor, name: str, features: Optional[int] = None) -> None:
@@ -41,7 +42,8 @@ class LinearProbe:
     (:math:`\mu, \sigma` from the training features), solved by full-batch L-BFGS.
     :meth:`fit` tries each :math:`\lambda` of ``l2_grid`` on a seeded validation split
     of ``validation`` of the training samples (each from the previous one's weights),
-    keeps the best (the strongest on ties), and refits on all the training samples.
+    keeps the best (the strongest on ties), and refits on all the training samples from
+    that solution.
     ``seed`` draws the split and the initial weights.
 
     Args:
@@ -75,15 +77,16 @@ class LinearProbe:
         order = torch.randperm(n, generator=generator)
         train, val = order[held:], order[:held]
         init = torch.randn(self.num_classes, x.size(1), generator=generator) * 0.01
-        weight, self.validation_accuracy = init, {}
+        weight, self.validation_accuracy, solutions = init, {}, {}
         z, y_train = self._standardised(x[train]), y[train]  # (x[train]: a copy)
         for l2 in self.l2_grid:
             weight, self.bias = self._solve(z, y_train, l2, weight)
-            self.weight = weight
+            self.weight, solutions[l2] = weight, weight
             self.validation_accuracy[l2] = float((self.predict(x[val]) == y[val]).double().mean())
         del z
         self.l2 = max(self.l2_grid, key=self.validation_accuracy.get)  # (first: strongest)
-        self.weight, self.bias = self._solve(self._standardised(x), y, self.l2, init)
+        self.weight, self.bias = self._solve(self._standardised(x), y, self.l2,
+                                             solutions[self.l2])
         return self
 
     def _standardised(self, x: Tensor) -> Tensor:
