@@ -497,7 +497,8 @@ def interval(d: Tuple[float, float, float]) -> str:
 
 
 def verdict(d: Tuple[float, float, float]) -> str:
-    return "met" if d[1] > 0 else "not met (worse)" if d[2] < 0 else "not met (the interval includes 0)"
+    return "met" if d[1] > 0 else "not met (worse)" if d[2] < 0 else \
+        "not met (the interval includes 0)"
 
 
 def variant_rows(variants: Dict, prefix: str, graphs: Sequence[str], setup: Setup) -> List[str]:
@@ -521,11 +522,16 @@ def variant_rows(variants: Dict, prefix: str, graphs: Sequence[str], setup: Setu
 
 def answers(variants: Dict, prefix: str, graph: str, others: Sequence[str],
             setup: Setup) -> List[str]:
-    """The questions of the comparison for one graph variant, met or not (mean+max)."""
+    """The questions of the comparison for one graph variant, met or not (mean+max), and
+    its difference from the features alone under mean pooling only."""
     mine = variants.get(f"{prefix}{graph}-mean+max")
     if mine is None:
         return []
     out = []
+    mean, alone = variants.get(f"{prefix}{graph}-mean"), variants.get(f"{prefix}none-mean")
+    if mean is not None and alone is not None:
+        out.append(f"- (mean pooling only: {LABELS[graph]} − features alone "
+                   f"{interval(difference(mean, alone, setup))} points)")
     for other in ("none",) + tuple(others):
         theirs = variants.get(f"{prefix}{other}-mean+max")
         if theirs is not None:
@@ -543,7 +549,8 @@ def seconds_line(variants: Dict, prefix: str, graphs: Sequence[str]) -> str:
             parts.append(f"{g} {entry['feature_seconds'] / 60:.1f}")
     probes = sum(r["seconds"] for k, v in variants.items() if k.startswith(prefix)
                  for r in v["runs"])
-    return (f"CPU time: features (graphs included), minutes: {', '.join(parts)}; the "
+    return (f"Time (wall clock): features (graphs included), minutes: {', '.join(parts)}; "
+            f"the "
             f"{sum(len(v['runs']) for k, v in variants.items() if k.startswith(prefix))} "
             f"probe fits {probes / 60:.1f} min.")
 
@@ -628,7 +635,8 @@ def report(args, setup: Setup, path: str = RESULTS) -> str:
     first = next(iter(loaded.values()))
     text = "\n".join(
         ["# Linear probe: do GLoMo's graphs add to transferred features?", "",
-         f"Answer ({first['date']}, {first['hardware']}): a linear probe on pooled "
+         f"Answer ({first['date']}, {first['hardware']}"
+         + (f"; {args.note}" if args.note else "") + "): a linear probe on pooled "
          "`[H ; M H]`, only the graph changing between rows.", ""] + summary + [""] + body +
         ["## Command", "", "```sh",
          "python -m benchmarks.linear_probe all --data-dir DATA --output-dir runs/linear-probe",
@@ -650,6 +658,7 @@ def main(argv=None) -> None:
                         help="graph variants left out (e.g. glomo: the GPU release's graphs "
                              "for 60,000 images take hours on a CPU)")
     parser.add_argument("--results", default=RESULTS, help="the markdown report written")
+    parser.add_argument("--note", default="", help="how the machine was used, for the report")
     parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)  # tests only
     args = parser.parse_args(argv)
     if args.threads < 1:
