@@ -626,6 +626,15 @@ def report(args, setup: Setup, path: str = RESULTS) -> str:
                                                  f"{settings['channels'] - 3} channels)"), ""]
             body += variant_rows(v, f"{feature_set}-", IMAGE_GRAPHS, setup) + [""]
         body += [seconds_line(v, "moco-", IMAGE_GRAPHS), ""]
+        skipped = [g for g in IMAGE_GRAPHS if g != "glomo" and f"moco-{g}-mean+max" not in v]
+        if skipped:
+            body += [f"Not run here: {', '.join(LABELS[g] for g in skipped)} (the time "
+                     "left; `--skip` not given runs them).", ""]
+        edge = [k for k, e in v.items() if all(r["l2"] == min(setup.l2_grid) for r in e["runs"])]
+        if edge:
+            body += [f"The weakest penalty tried ({min(setup.l2_grid):g}) was chosen by every "
+                     f"seed of {len(edge)} of these {len(v)} probes: with 45,000 training images "
+                     "they are nearly unregularised; weaker penalties were not tried.", ""]
         if "moco-glomo-mean+max" not in v:
             body += ["Not run here: + GLoMo with the GPU release `imagenet32-pixel` (3 layers "
                      "x 8 heads x 2 directions). `GlomoTransfer` with it runs at about 9 "
