@@ -91,7 +91,7 @@ def log(*args) -> None:
 def feature_key(**parts) -> str:
     """The cache key of a feature matrix: a digest of everything it depends on (the
     predictor's and the features' digests, the graph variant, the settings)."""
-    from glomo_pyg.transforms.base import digest
+    from glomo_pyg.digests import digest
 
     return digest(parts)[:32]
 
@@ -204,7 +204,6 @@ def text_stage(args, setup: Setup) -> Dict:
     from benchmarks.reproduce.imdb import word_vectors
     from glomo_pyg.data import read_aclimdb, tokenize
     from glomo_pyg.nn import GlomoTransfer, PretrainedGraphPredictor
-    from glomo_pyg.transforms.glomo_graphs import predictor_digest
 
     out = os.path.join(args.output_dir, "text")
     os.makedirs(out, exist_ok=True)
@@ -218,7 +217,7 @@ def text_stage(args, setup: Setup) -> Dict:
     index = {w: i + 1 for i, w in enumerate(words)}  # row 0: words without a vector
     predictor = PretrainedGraphPredictor.from_pretrained(release_path(setup.text_predictor))
     predictor.set_layout("fused")
-    graphs_digest = predictor_digest(predictor)
+    graphs_digest = predictor.fingerprint()
     splits = {}
     for split in ("train", "test"):
         reviews = read_aclimdb(args.data_dir, split)
@@ -378,7 +377,6 @@ def image_stage(args, setup: Setup) -> Dict:
     from glomo_pyg.graphs import DirectionalGraphs
     from glomo_pyg.nn import PretrainedGraphPredictor
     from glomo_pyg.training.moco import ENCODER_WEIGHTS, build_moco, load_encoder
-    from glomo_pyg.transforms.glomo_graphs import predictor_digest
 
     moco_summary = moco_stage(args, setup)
     out = os.path.join(args.output_dir, "images")
@@ -417,7 +415,7 @@ def image_stage(args, setup: Setup) -> Dict:
     for name, release, max_distance, heads in setup.image_predictors:
         predictor = PretrainedGraphPredictor.from_pretrained(release_path(release))
         releases[name] = (predictor.set_layout("fused"), max_distance)
-    digests = {name: predictor_digest(p) for name, (p, _) in releases.items()}
+    digests = {name: p.fingerprint() for name, (p, _) in releases.items()}
     heads = {name: h for name, _, _, h in setup.image_predictors}
     channels = 3 + encoder.channels[0]
     size = tuple(data["train"][0].shape[2:])

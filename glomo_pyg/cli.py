@@ -47,11 +47,12 @@ def _command(sub, name: str, func, help: str, description: Optional[str] = None,
 
 
 def _check_options(args: argparse.Namespace, **limits) -> None:
-    """Each set option within its ``(low, high[, why])`` bounds, or a ValueError."""
+    """Each set option within its ``(low, high[, why])`` bounds (infinity is beyond any
+    bound given, NaN within none), or a ValueError."""
     for name, (low, high, *why) in limits.items():
         value = getattr(args, name)
-        if value is not None and ((low is not None and value < low) or
-                                  (high is not None and value > high)):
+        if value is not None and (value != value or (low is not None and value < low) or
+                                  (high is not None and value > high)):  # (NaN: unordered)
             bounds = " and ".join(f"{op} {bound}" for op, bound in ((">=", low), ("<=", high))
                                   if bound is not None)
             raise ValueError(f"--{name.replace('_', '-')} must be {bounds}, got {value}"
@@ -74,7 +75,7 @@ def _load_predictor(args: argparse.Namespace, **limits):
 def _check_reads(predictor, wanted: str, needs: str, advice: Optional[dict] = None) -> None:
     """Refuse a predictor that does not read ``wanted``, which ``needs`` needs."""
     vocabulary = predictor.vocabulary
-    reads = "pixels" if hasattr(predictor.predictor(predictor.directions[0]), "height") else \
+    reads = "pixels" if predictor.modality == "pixels" else \
         "features" if vocabulary is None else \
         "words" if UNK in vocabulary else f"words but has no {UNK!r} token"
     if reads != wanted:
@@ -421,7 +422,7 @@ def _export_image_items(folder: str, max_samples: int, max_units: int):
 def _export(args: argparse.Namespace) -> int:
     predictor = _load_predictor(args, max_samples=(1, None), batch_size=(1, None),
                                 max_edges=(1, None), max_units=(1, None), top_k=(1, None),
-                                min_weight=(0.0, 1.0),
+                                min_weight=(0.0, None),
                                 max_tokens=(2, None, "a graph over one token has no edges"))
     _check_reads(predictor, "words" if args.text else "pixels",
                  "--text" if args.text else "--images",

@@ -82,7 +82,9 @@ def test_json_edge_list_equals_the_tensors_and_thins():
     with pytest.raises(ValueError, match="top_k"):
         edge_list(graphs, 0, top_k=0)
     with pytest.raises(ValueError, match="min_weight"):
-        edge_list(graphs, 0, min_weight=2.0)
+        edge_list(graphs, 0, min_weight=-0.5)
+    # a floor above every weight is a valid pruning that keeps nothing
+    assert not any(p["source"] for p in edge_list(graphs, 0, min_weight=2.0)["graphs"])
     with pytest.raises(ValueError, match="sample"):
         edge_list(graphs, 1)
     with pytest.raises(ValueError, match="labels"):
@@ -217,7 +219,9 @@ def test_glomo_export_command_refuses_bad_input(tmp_path):
         (["--predictor", str(pix_dir), "--images", str(tmp_path / "nowhere")], "not a directory"),
         (["--predictor", str(tmp_path), "--text", str(empty)], "glomo export"),
         (["--predictor", str(pred_dir), "--text", str(empty), "--top-k", "0"], "--top-k"),
-        (["--predictor", str(pred_dir), "--text", str(empty), "--min-weight", "2"],
+        (["--predictor", str(pred_dir), "--text", str(empty), "--min-weight", "-1"],
+         "--min-weight"),
+        (["--predictor", str(pred_dir), "--text", str(empty), "--min-weight", "nan"],
          "--min-weight"),
         (["--predictor", str(pred_dir), "--text", str(empty), "--max-samples", "0"],
          "--max-samples"),

@@ -53,16 +53,15 @@ def test_every_stage_runs_caches_and_reports(tmp_path):
 
 def test_feature_keys_change_with_the_predictor_and_the_features():
     from glomo_pyg import PretrainedGraphPredictor
-    from glomo_pyg.transforms.glomo_graphs import predictor_digest
 
     release = os.path.join(linear_probe.REPO, "pretrained", "imagenet32-pixel-cpu")
     predictor = PretrainedGraphPredictor.from_pretrained(release)
     base = dict(task="images", split="train", variant="glomo", encoder="e1",
-                predictor=predictor_digest(predictor))
+                predictor=predictor.fingerprint())
     key = linear_probe.feature_key(**base)
     assert linear_probe.feature_key(**base) == key
     next(predictor.parameters()).data.add_(1e-3)  # other weights, other graphs
-    assert linear_probe.feature_key(**dict(base, predictor=predictor_digest(predictor))) != key
+    assert linear_probe.feature_key(**dict(base, predictor=predictor.fingerprint())) != key
     assert linear_probe.feature_key(**dict(base, encoder="e2")) != key  # other features
     assert linear_probe.feature_key(**dict(base, variant="uniform")) != key
 

@@ -1,4 +1,4 @@
-"""The block-by-block kernels (glomo_pyg.score_blocks) against the dense reference of paper
+"""The block-by-block kernels (glomo_pyg.graphs.score_blocks) against the dense reference of paper
 Eq. 1 (glomo_pyg.kernels.latent_graph_dense): pruned edges (top-k, thresholds, merges,
 windows, ties, padding) and propagation; the memory bound on a large image."""
 import json
@@ -11,8 +11,8 @@ import torch
 
 from glomo_pyg.kernels import bounded_keys_queries, latent_graph_dense
 from glomo_pyg.ordering import RasterOrder, SequenceOrder
-from glomo_pyg.pruning import prune_rows
-from glomo_pyg.score_blocks import propagate_scores, pruned_graph_edges
+from glomo_pyg.graphs.pruning import prune_rows
+from glomo_pyg.graphs.score_blocks import propagate_scores, pruned_graph_edges
 
 TINY = 40  # scores per block: many blocks of one target, sources cut to their range
 
@@ -214,7 +214,8 @@ def test_glomo_graphs_on_resized_images_in_many_blocks(monkeypatch, size, config
     """``GlomoGraphs`` on images of other sizes (``PretrainedGraphPredictor.resized``), cut
     into blocks of a few targets, against the dense graphs of the resized predictor pruned
     row by row; ``top_k=500`` is more than any target's allowed sources."""
-    from glomo_pyg import PixelGraphPredictor, PretrainedGraphPredictor, score_blocks
+    from glomo_pyg import PixelGraphPredictor, PretrainedGraphPredictor
+    from glomo_pyg.graphs import score_blocks
     from glomo_pyg.transforms import GlomoGraphs, image_data
 
     torch.manual_seed(0)

@@ -14,7 +14,7 @@ from glomo_pyg import GraphPredictor, PretrainedGraphPredictor
 from glomo_pyg import graph_conversion
 from glomo_pyg.nn.pixel import PixelGraphPredictor
 from glomo_pyg.transforms import (ChainGraphs, GlomoGraphs, GraphsDataset, GridGraphs,
-                                  UniformGraphs, UnitGraphs, image_data, predictor_digest)
+                                  UniformGraphs, UnitGraphs, image_data)
 
 DIRS = ("forward", "backward")
 VOCAB = 20
@@ -1114,7 +1114,7 @@ def test_inputs_are_not_modified():
 def test_cache_key():
     a, b = GlomoGraphs(make_text(0)), GlomoGraphs(make_text(0))
     assert a.cache_key == b.cache_key and len(a.cache_key) == 32
-    assert predictor_digest(make_text(0)) == predictor_digest(make_text(0))
+    assert make_text(0).fingerprint() == make_text(0).fingerprint()
     assert isinstance(a, UnitGraphs)
     with pytest.raises(TypeError, match="abstract"):
         UnitGraphs()  # relations, key_parts and sample_edges are the subclass's
@@ -1122,7 +1122,7 @@ def test_cache_key():
     with torch.no_grad():
         changed.predictor("backward").scorer.bias[1] += 1e-3
     assert GlomoGraphs(changed).cache_key != a.cache_key
-    assert predictor_digest(changed) != predictor_digest(make_text(0))
+    assert changed.fingerprint() != make_text(0).fingerprint()
     assert GlomoGraphs(make_text(1)).cache_key != a.cache_key
     keys = {a.cache_key}
     for kwargs in (dict(top_k=3), dict(top_k=4), dict(merge="sum"), dict(merge="mean"),

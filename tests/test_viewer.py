@@ -170,9 +170,9 @@ def test_bad_input_is_named(tmp_path):
     with pytest.raises(ValueError, match="big.png is 100x100 pixels; the viewer shows images "
                                          "of at most 4096"):
         view(pixels, image=str(tmp_path / "big.png"))
-    with pytest.raises(ValueError, match="min_weight must be a number in"):
-        view(text, "the cat", min_weight=1.5)
-    with pytest.raises(ValueError, match="top_k must be None or an integer"):
+    with pytest.raises(ValueError, match="min_weight must be a non-negative number"):
+        view(text, "the cat", min_weight=-0.5)
+    with pytest.raises(ValueError, match="top_k must be a positive integer"):
         view(text, "the cat", top_k=0)
     with pytest.raises(ValueError, match="has 2 words, the sentence 3 tokens"):
         view(text, "the cat sat", gold=GoldTree(["the", "cat"], [2, 0], ["DET", "NOUN"]))

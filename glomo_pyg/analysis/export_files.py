@@ -100,9 +100,7 @@ def export_graphs(predictor, items: Sequence[ExportItem], output_dir: str,
     stats = GraphStatisticsAccumulator()
     index: List[Dict] = []
     width = max(5, len(str(len(items) - 1)))
-    emitter = predictor.predictor(predictor.directions[0])
-    resized: Dict = {None: predictor, (getattr(emitter, "height", -1),
-                                       getattr(emitter, "width", -1)): predictor}
+    resized: Dict = {None: predictor, predictor.image_size: predictor}
     for group, x, batch in _batches(items, batch_size):
         first = items[group[0]].x
         size = tuple(first.shape[1:]) if first.dim() == 3 else None  # images: (H, W)

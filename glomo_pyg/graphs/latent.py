@@ -8,12 +8,26 @@ import torch
 from torch import Tensor
 
 from glomo_pyg import graph_conversion
-from glomo_pyg.graphs.checks import (MAX_HEADS, check_dense_blocks, check_direction,
-                                     check_edge_layer, check_fixed_graphs, check_int,
-                                     check_max_distance, check_ptr)
-from glomo_pyg.graphs.storage import (DenseStorage, EdgeStorage, FusedStorage, GraphFrame,
-                                      GraphStorage, HeadMeanStorage, LayerEdges,
-                                      UniformStorage)
+from glomo_pyg.graphs.checks import (
+    MAX_HEADS,
+    check_dense_blocks,
+    check_direction,
+    check_edge_layer,
+    check_fixed_graphs,
+    check_int,
+    check_max_distance,
+    check_ptr,
+)
+from glomo_pyg.graphs.storage import (
+    DenseStorage,
+    EdgeStorage,
+    FusedStorage,
+    GraphFrame,
+    GraphStorage,
+    HeadMeanStorage,
+    LayerEdges,
+    UniformStorage,
+)
 from glomo_pyg.ordering import RasterOrder, SequenceOrder, UnitOrder
 from glomo_pyg.sequences import SequenceBatch
 

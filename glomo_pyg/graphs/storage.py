@@ -10,11 +10,19 @@ import torch
 from torch import Tensor
 
 from glomo_pyg import flex
-from glomo_pyg.kernels import (autocast_half_dtype, blocked_propagate, check_graph_size,
-                               dense_head_propagate, head_blocked_edges, is_compiling,
-                               latent_graph_dense, latent_graph_edges, row_pointers)
+from glomo_pyg.graphs.score_blocks import propagate_scores
+from glomo_pyg.kernels import (
+    autocast_half_dtype,
+    blocked_propagate,
+    check_graph_size,
+    dense_head_propagate,
+    head_blocked_edges,
+    is_compiling,
+    latent_graph_dense,
+    latent_graph_edges,
+    row_pointers,
+)
 from glomo_pyg.ordering import RasterOrder, SequenceOrder, UnitOrder
-from glomo_pyg.score_blocks import propagate_scores
 from glomo_pyg.sequences import SequenceBatch
 
 LayerEdges = Tuple[Tensor, Tensor, Tensor]

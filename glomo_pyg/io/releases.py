@@ -97,13 +97,6 @@ def release_path(name: str) -> Path:
     return releases_root() / name
 
 
-def _modality(predictor: PretrainedGraphPredictor) -> str:
-    """``'pixels'``, ``'text'`` (token ids) or ``'features'`` (not releasable)."""
-    if hasattr(predictor.predictor(predictor.directions[0]), "height"):
-        return "pixels"
-    return "text" if predictor.num_tokens is not None else "features"
-
-
 def _check_card(card: Mapping) -> Dict[str, str]:
     if not isinstance(card, Mapping):
         raise TypeError(f"card must be a mapping of the fields {list(CARD_FIELDS)}, got "
@@ -171,7 +164,7 @@ def write_release(predictor: Union[PretrainedGraphPredictor, PathLike], folder: 
     if not isinstance(predictor, PretrainedGraphPredictor):
         raise TypeError(f"predictor must be a PretrainedGraphPredictor or the folder of a saved "
                         f"one, got {type(predictor).__name__}")
-    modality = _modality(predictor)
+    modality = predictor.modality
     with tempfile.TemporaryDirectory() as scratch:  # (read back: a release is small)
         predictor.save_pretrained(scratch, dtype=torch.float16)
         files = {n: (Path(scratch) / n).read_bytes()
@@ -208,15 +201,14 @@ def describe_release(name: str) -> Dict[str, Any]:
     :class:`ValueError` if there is none, or a ``PretrainedFormatError`` if it is broken)."""
     path = release_path(name)
     predictor = PretrainedGraphPredictor.from_pretrained(path)
-    emitter = predictor.predictor(predictor.directions[0])
-    modality = _modality(predictor)
+    modality = predictor.modality
     try:
         card = (path / "README.md").read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         card = []
     return dict(name=name, modality=modality, directions=len(predictor.directions),
                 layers=predictor.num_layers, heads=predictor.heads,
-                units=[emitter.height, emitter.width] if modality == "pixels"
+                units=list(predictor.image_size) if modality == "pixels"
                 else predictor.num_tokens,
                 weights_bytes=(path / "model.safetensors").stat().st_size,
                 # (summary: the card's first line after its title)

@@ -7,6 +7,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from glomo_pyg.digests import weights_digest
 from glomo_pyg.graphs import DIRECTION_KEYS as _KEY, DirectionalGraphs
 from glomo_pyg.nn.emitter import GraphEmitter
 from glomo_pyg.sequences import sequence_batch
@@ -114,6 +115,32 @@ class PretrainedGraphPredictor(torch.nn.Module):
     include_self = _shared("include_self")
     num_tokens = _shared("num_tokens")
     in_channels = _shared("in_channels")
+
+    @property
+    def image_size(self) -> Optional[Tuple[int, int]]:
+        """``(height, width)`` of the images a pixel predictor reads (:meth:`resized`
+        changes it); ``None`` for predictors of sequences."""
+        emitter = self.predictor(self.directions[0])
+        height = getattr(emitter, "height", None)  # (the pixel emitters' own size)
+        return None if height is None else (height, emitter.width)
+
+    @property
+    def modality(self) -> str:
+        """What the predictor reads, the one answer every caller uses: ``'pixels'``
+        (uint8 images of :attr:`image_size`), ``'text'`` (token ids of its vocabulary) or
+        ``'features'`` (float features per unit)."""
+        if self.image_size is not None:
+            return "pixels"
+        return "text" if self.num_tokens is not None else "features"
+
+    def fingerprint(self) -> str:
+        """SHA-256 (hex) of the configuration, vocabulary and weights: two predictors
+        that can emit different graphs have different fingerprints. Every cache of graphs
+        (:class:`~glomo_pyg.transforms.GraphsDataset`, :class:`TextGraphCache`) keys on it."""
+        parts = {d: [type(self.predictor(d)).__name__, self.predictor(d).config()]
+                 for d in self.directions}
+        return weights_digest([parts, self.vocabulary, self.trained_length, self.trained_size],
+                              self.predictors.state_dict())
 
     @property
     def learned_distance(self) -> bool:

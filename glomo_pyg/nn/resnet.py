@@ -116,8 +116,7 @@ class GlomoResNet(torch.nn.Module):
         """``(H, W)`` the input stage's pixel predictor was built for (``None``: any)."""
         if self.transfer is None:
             return None
-        emitter = self.transfer.predictor.predictor(self.transfer.predictor.directions[0])
-        return (emitter.height, emitter.width) if hasattr(emitter, "height") else None
+        return self.transfer.predictor.image_size
 
     def stage_input(self, images: Tensor) -> Tensor:
         """:math:`H` as ``[B H W, C]`` float units (raster order)."""

@@ -3,7 +3,7 @@ the embeddings and/or after the first recurrent layer."""
 from __future__ import annotations
 
 import numbers
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -214,12 +214,6 @@ class GlomoTextClassifier(torch.nn.Module):
 CACHE_WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _fingerprint(module: torch.nn.Module) -> Tuple:
-    """What tells two predictors' weights apart, without keeping a copy of them."""
-    return tuple((k, tuple(v.shape), float(v.double().sum()), float(v.double().abs().sum()))
-                 for k, v in module.state_dict().items() if v.is_floating_point())
-
-
 def _check_documents(documents, num_tokens: int) -> List[Tensor]:
     if isinstance(documents, (Tensor, str, bytes)) or not isinstance(documents, Sequence) or \
             not documents:
@@ -257,7 +251,7 @@ class TextGraphCache:
 
     def __init__(self, *, kind: str, lengths: Tensor, tokens: Tensor, directions: Sequence[str],
                  num_layers: int, heads: int, include_self: bool, orders: Dict,
-                 max_distance: Optional[int], fingerprint: Optional[Tuple],
+                 max_distance: Optional[int], fingerprint: Optional[str],
                  layers: Optional[Dict[str, List[Dict[str, Tensor]]]] = None):
         self.kind, self.directions = kind, tuple(directions)
         self.num_layers, self.heads, self.include_self = num_layers, heads, include_self
@@ -351,7 +345,7 @@ class TextGraphCache:
         layers = {d: [dict(layer, distance=torch.cat(layer["distance"]).to(device),
                            weight=torch.cat(layer["weight"]).to(device)) for layer in store[d]]
                   for d in p.directions}
-        return cls(**dict(meta, fingerprint=_fingerprint(p)), layers=layers)
+        return cls(**dict(meta, fingerprint=p.fingerprint()), layers=layers)
 
     @staticmethod
     def _store_layer(edges: List[Tensor], token: Tensor, seqs: SequenceBatch, chunk: Tensor,
@@ -391,7 +385,7 @@ class TextGraphCache:
                 self.include_self)
         theirs = (transfer.graph, transfer.max_distance, tuple(p.directions), p.num_layers,
                   p.heads, p.include_self)
-        if mine != theirs or self.kind == "learned" and _fingerprint(p) != self.fingerprint:
+        if mine != theirs or self.kind == "learned" and p.fingerprint() != self.fingerprint:
             raise ValueError(f"the graph cache holds (graph, max_distance, directions, layers, "
                              f"heads, include_self) = {mine}, the model uses {theirs}"
                              + (" (or the cache was computed with another predictor's weights)"

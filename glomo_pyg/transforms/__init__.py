@@ -5,7 +5,7 @@ makes and caches them for a whole dataset (docs/any_gnn.md)."""
 from glomo_pyg.transforms.base import UnitGraphs
 from glomo_pyg.transforms.dataset import GraphsDataset
 from glomo_pyg.transforms.fixed import ChainGraphs, FixedGraphs, GridGraphs, UniformGraphs
-from glomo_pyg.transforms.glomo_graphs import GlomoGraphs, image_data, predictor_digest
+from glomo_pyg.transforms.glomo_graphs import GlomoGraphs, image_data
 
 __all__ = ["ChainGraphs", "FixedGraphs", "GlomoGraphs", "GraphsDataset", "GridGraphs",
-           "UniformGraphs", "UnitGraphs", "image_data", "predictor_digest"]
+           "UniformGraphs", "UnitGraphs", "image_data"]

@@ -3,8 +3,6 @@ out, for one sample, a list of samples (emitted together) or a PyG ``Batch``."""
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 from abc import abstractmethod
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -12,13 +10,11 @@ from torch import Tensor
 from torch_geometric.data import Batch, Data
 from torch_geometric.transforms import BaseTransform
 
-from glomo_pyg.ordering import check_int
+from glomo_pyg.digests import digest
 
 Samples = Union[Data, Batch, Sequence[Data]]
 #: Per sample: local ``edge_index [2, E]``, ``edge_weight [E]``, ``edge_type [E]``.
 SampleEdges = Tuple[Tensor, Tensor, Tensor]
-
-DIRECTIONS = ("forward", "backward")
 
 
 def check_directions(directions: Optional[Sequence[str]],
@@ -33,20 +29,6 @@ def check_directions(directions: Optional[Sequence[str]],
         raise ValueError(f"directions must be distinct entries of {tuple(available)}, got "
                          f"{directions!r}")
     return tuple(d for d in available if d in chosen)
-
-
-def check_pruning(top_k: Optional[int], min_weight: Optional[float]) -> None:
-    if top_k is not None:
-        check_int("top_k", top_k, 1)
-    if min_weight is not None and (isinstance(min_weight, bool) or
-                                   not isinstance(min_weight, (int, float)) or
-                                   not 0 <= min_weight < float("inf")):
-        raise ValueError(f"min_weight must be a finite number >= 0 or None, got {min_weight!r}")
-
-
-def digest(parts: Dict[str, Any]) -> str:
-    """SHA-256 (hex) of JSON-serialisable ``parts``."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 class UnitGraphs(BaseTransform):

@@ -8,11 +8,11 @@ import json
 import os
 from typing import Callable, Dict, List, Optional, Sequence
 
-import torch
 from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
 from glomo_pyg.atomic_files import atomic_write
+from glomo_pyg.digests import add_tensor
 from glomo_pyg.transforms.base import UnitGraphs
 
 _PREFIX = "graphs-"
@@ -30,9 +30,7 @@ def samples_digest(samples: Sequence[Data]) -> str:
             if not isinstance(value, Tensor):
                 raise TypeError(f"sample {i}: attribute {key!r} is a {type(value).__name__}; "
                                 f"GraphsDataset caches tensor attributes only")
-            t = value.detach().to("cpu").contiguous()
-            h.update(f"{i}:{key}:{t.dtype}:{tuple(t.shape)}".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+            add_tensor(h, f"{i}:{key}", value)
     return h.hexdigest()
 
 

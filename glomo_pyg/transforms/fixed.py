@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from glomo_pyg.ordering import check_int
-from glomo_pyg.transforms.base import (DIRECTIONS, SampleEdges, UnitGraphs, check_directions)
+from glomo_pyg.ordering import DIRECTIONS, check_int
+from glomo_pyg.transforms.base import SampleEdges, UnitGraphs, check_directions
 
 
 class FixedGraphs(UnitGraphs):

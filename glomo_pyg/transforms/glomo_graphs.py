@@ -3,8 +3,6 @@ predictor over each sample's units and writes its graphs into the sample's ``Dat
 that any PyG layer (``GATConv``, ``RGCNConv``, ``GCNConv``, ...) reads them."""
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -12,15 +10,14 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from glomo_pyg import flex, kernels
 from glomo_pyg.graphs import LatentGraphs
+from glomo_pyg.graphs.pruning import PrunedEdges, check_pruning, prune_rows
+from glomo_pyg.graphs.score_blocks import pruned_graph_edges
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 from glomo_pyg.ordering import check_int
 from glomo_pyg.sequences import TOKEN_DTYPES
-from glomo_pyg import flex, kernels
-from glomo_pyg.pruning import PrunedEdges, prune_rows
-from glomo_pyg.score_blocks import pruned_graph_edges
-from glomo_pyg.transforms.base import (SampleEdges, UnitGraphs, check_directions,
-                                       check_pruning)
+from glomo_pyg.transforms.base import SampleEdges, UnitGraphs, check_directions
 from glomo_pyg.version import __version__
 
 MERGES = ("sum", "mean")
@@ -29,21 +26,6 @@ MERGES = ("sum", "mean")
 # memory holds besides the edges; more per call only adds memory traffic
 # (benchmarks/results/image_graphs_cpu.md).
 EMISSION_UNITS = 1 << 13
-
-
-def predictor_digest(predictor: PretrainedGraphPredictor) -> str:
-    """SHA-256 (hex) of a predictor's configuration, vocabulary and weights: two
-    predictors that can emit different graphs have different digests."""
-    h = hashlib.sha256()
-    parts = {d: [type(predictor.predictor(d)).__name__, predictor.predictor(d).config()]
-             for d in predictor.directions}
-    h.update(json.dumps([parts, predictor.vocabulary, predictor.trained_length,
-                         predictor.trained_size], sort_keys=True, default=str).encode())
-    for name, t in sorted(predictor.predictors.state_dict().items()):
-        t = t.detach().to("cpu").contiguous()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def _index_list(name: str, values: Optional[Sequence[int]], size: int) -> Tuple[int, ...]:
@@ -145,7 +127,7 @@ class GlomoGraphs(UnitGraphs):
         self.products, self.merge = products, merge
         self.top_k, self.min_weight, self.max_distance = top_k, min_weight, max_distance
         self.batch_size = batch_size
-        self.modality = self._modality(predictor)
+        self.modality = predictor.modality
         if self.modality == "pixels":
             predictor = self._sized(predictor, image_size)
         elif image_size is not None:
@@ -155,16 +137,8 @@ class GlomoGraphs(UnitGraphs):
                                    "cuda" if torch.cuda.is_available() else "cpu")
         self.predictor = predictor.to(self.device).eval()
 
-    @staticmethod
-    def _modality(predictor: PretrainedGraphPredictor) -> str:
-        emitter = predictor.predictor(predictor.directions[0])
-        if getattr(emitter, "height", None) is not None:
-            return "pixels"
-        return "tokens" if predictor.num_tokens is not None else "features"
-
     def _sized(self, predictor: PretrainedGraphPredictor, image_size) -> PretrainedGraphPredictor:
-        emitter = predictor.predictor(predictor.directions[0])
-        own = (emitter.height, emitter.width)
+        own = predictor.image_size
         size = own if image_size is None else tuple(image_size) \
             if isinstance(image_size, (tuple, list)) else ()
         if len(size) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
@@ -184,7 +158,7 @@ class GlomoGraphs(UnitGraphs):
 
     def key_parts(self) -> Dict[str, Any]:
         return dict(transform="GlomoGraphs", glomo_pyg=__version__,
-                    predictor=predictor_digest(self.predictor), modality=self.modality,
+                    predictor=self.predictor.fingerprint(), modality=self.modality,
                     image_size=list(getattr(self, "image_size", ())),
                     directions=list(self.directions), layers=list(self.layers),
                     heads=list(self.heads), products=self.products, merge=self.merge,
@@ -195,7 +169,7 @@ class GlomoGraphs(UnitGraphs):
         super().check_sample(data, index)
         x = data.x
         where = f"sample {index}: "
-        if self.modality == "tokens":
+        if self.modality == "text":
             if x.dtype not in TOKEN_DTYPES or (x.dim() == 2 and x.size(1) != 1):
                 raise TypeError(where + f"this is a text predictor: data.x must hold token ids "
                                 f"(int64 or int32, [T] or [T, 1]), got {x.dtype} "
@@ -242,7 +216,7 @@ class GlomoGraphs(UnitGraphs):
         sizes = torch.tensor([d.x.size(0) for d in samples])
         batch = torch.repeat_interleave(torch.arange(len(samples)), sizes).to(self.device)
         x = torch.cat([d.x.reshape(d.x.size(0), -1) for d in samples])
-        x = (x.view(-1) if self.modality == "tokens" else x).to(self.device)
+        x = (x.view(-1) if self.modality == "text" else x).to(self.device)
         with torch.no_grad():
             try:
                 emitted = self.predictor(x, batch, layout="dense" if dense else "fused")

@@ -13,11 +13,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from glomo_pyg.analysis.export import check_thinning, directions
-from glomo_pyg.analysis.viewer.inputs import (check_output_path, open_input_file, to_uint8,
-                                              valid_text)
+from glomo_pyg.analysis.export import directions
+from glomo_pyg.analysis.viewer.inputs import (
+    check_output_path,
+    open_input_file,
+    to_uint8,
+    valid_text,
+)
 from glomo_pyg.extras import require
 from glomo_pyg.graph_conversion import check_sample
+from glomo_pyg.graphs.pruning import check_pruning, prune_rows
 
 # pages stay small: edges of at least MIN_WEIGHT, and on images each target's
 # IMAGE_TOP_K heaviest sources only (a 32x32 image with 24 graphs: under 3 MB)
@@ -30,17 +35,16 @@ MAX_IMAGE_PIXELS = 64 * 64
 
 def prune(dense: Tensor, min_weight: float, top_k: Optional[int]) -> Dict[str, List]:
     """One ``[T, T]`` graph (``[i, j] = G_ij``, source ``i``, target ``j``) as the page
-    holds it: per target ``j`` (CSR over targets, ``ptr``), its sources with weight at least
-    ``min_weight``, the ``top_k`` heaviest if given (ties: the earlier source), heaviest
-    first; weights rounded to 5 decimals."""
-    ptr, src, weight = [0], [], []
-    for col in dense.t().double():  # target j's column over sources i
-        idx = ((col >= min_weight) & (col > 0)).nonzero().flatten()
-        kept = idx[torch.sort(col[idx], descending=True, stable=True).indices[:top_k]]
-        src += kept.tolist()
-        weight += [round(w, 5) for w in col[kept].tolist()]
-        ptr.append(len(src))
-    return dict(ptr=ptr, src=src, w=weight)
+    holds it: per target ``j`` (CSR over targets, ``ptr``), the sources that
+    :func:`~glomo_pyg.graphs.pruning.prune_rows` keeps (the rule of the transforms and
+    ``glomo export``), heaviest first; weights rounded to 5 decimals."""
+    _, _, tgt, src, weight = prune_rows(dense.t().double()[None, None], top_k, min_weight)
+    order = torch.sort(weight, descending=True, stable=True).indices
+    order = order[torch.sort(tgt[order], stable=True).indices]  # by target, heaviest first
+    counts = torch.bincount(tgt, minlength=dense.size(0))
+    ptr = [0] + torch.cumsum(counts, 0).tolist()
+    return dict(ptr=ptr, src=src[order].tolist(),
+                w=[round(w, 5) for w in weight[order].tolist()])
 
 
 def _graph_lists(graphs, min_weight, top_k, products: bool, sample: int = 0) -> Dict[str, Any]:
@@ -123,8 +127,7 @@ def _predicted_graphs(predictor, data: Dict[str, Any], pixels: Optional[Tensor])
     if not isinstance(predictor, PretrainedGraphPredictor):
         raise TypeError(f"predictor must be a PretrainedGraphPredictor (e.g. from_pretrained) "
                         f"or the graphs themselves, got {type(predictor).__name__}")
-    emitter = predictor.predictor(predictor.directions[0])
-    pixel = hasattr(emitter, "height")
+    pixel = predictor.modality == "pixels"
     if pixel != (pixels is not None):
         raise ValueError("this is a pixel predictor: give image=, not text" if pixel else
                          "this predictor reads text: give text=, not image")
@@ -142,23 +145,24 @@ def _predicted_graphs(predictor, data: Dict[str, Any], pixels: Optional[Tensor])
         return predictor(ids, torch.zeros(len(tokens), dtype=torch.long))
     from glomo_pyg.pixels import image_units
 
-    if tuple(pixels.shape[1:]) != (emitter.height, emitter.width) or \
+    height, width = predictor.image_size
+    if tuple(pixels.shape[1:]) != (height, width) or \
             pixels.shape[1] * pixels.shape[2] > MAX_IMAGE_PIXELS:
         raise ValueError(f"the image is {pixels.shape[2]}x{pixels.shape[1]} pixels; "
-                         f"this predictor reads {emitter.width}x{emitter.height} and "
+                         f"this predictor reads {width}x{height} and "
                          f"the viewer shows images of at most {MAX_IMAGE_PIXELS} pixels")
     return predictor(*image_units(pixels[None]))
 
 
 def view_data(predictor, text: Union[str, Sequence[str], None] = None, *, image=None,
-              gold=None, min_weight: float = MIN_WEIGHT, top_k: Optional[int] = None,
+              gold=None, min_weight: Optional[float] = MIN_WEIGHT, top_k: Optional[int] = None,
               lower: bool = True, sample: int = 0) -> Dict[str, Any]:
     """The data a :class:`GraphView` page embeds (JSON-able): the tokens or the image,
     and each direction's layers and heads (text: and chained products), pruned by
     ``min_weight`` and ``top_k``; see :func:`view`."""
     from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
 
-    check_thinning(min_weight, top_k, closed=False)
+    check_pruning(top_k, min_weight)
     if (text is None) == (image is None):
         raise ValueError("give exactly one of text (a sentence or its tokens) and image")
     data, pixels = _units(text, image, lower)
@@ -174,7 +178,7 @@ def view_data(predictor, text: Union[str, Sequence[str], None] = None, *, image=
         graphs, sample = dict(directions(_predicted_graphs(predictor, data, pixels))), 0
     if data["kind"] == "image":
         top_k = IMAGE_TOP_K if top_k is None else top_k
-    data.update(min_weight=float(min_weight), top_k=top_k)
+    data.update(min_weight=float(min_weight or 0.0), top_k=top_k)
     if gold is not None and data["kind"] == "text":
         data["gold"] = _gold_heads(gold, data["tokens"])
     data["directions"] = {d: _graph_lists(g, min_weight, top_k, data["kind"] == "text", sample)
@@ -250,7 +254,7 @@ class GraphView:
 
 
 def view(predictor, text: Union[str, Sequence[str], None] = None, *, image=None, gold=None,
-         min_weight: float = MIN_WEIGHT, top_k: Optional[int] = None, lower: bool = True,
+         min_weight: Optional[float] = MIN_WEIGHT, top_k: Optional[int] = None, lower: bool = True,
          title: Optional[str] = None, sample: int = 0) -> GraphView:
     r"""Every graph a pretrained predictor emits for one sentence or one image as an
     interactive, self-contained page (docs/analysis.md; paper Fig. 3 and 4).

@@ -1,15 +1,29 @@
-r"""The pruning rule of graphs made into edge lists (docs/any_gnn.md, "Pruning"):
-weights below ``min_weight`` are dropped, then each target keeps its ``top_k`` heaviest
-sources, ties going to the lower source; zero weights are never edges; kept weights are not
-renormalised."""
+r"""The one pruning rule of graphs made into edge lists (docs/any_gnn.md, "Pruning"), used
+by the PyG transforms, ``glomo export`` and the viewer: weights below ``min_weight`` are
+dropped, then each target keeps its ``top_k`` heaviest sources, ties going to the lower
+source; zero weights are never edges; kept weights are not renormalised."""
 from __future__ import annotations
 
 from typing import Optional, Tuple
 
 from torch import Tensor
 
+from glomo_pyg.settings import Rule
+
+#: ``top_k``: ``None`` (every source) or a positive integer.
+TOP_K = Rule(int, low=1, optional=True)
+#: ``min_weight``: ``None`` (no floor) or a finite number ``>= 0`` (merged sums of graphs
+#: exceed 1, so there is no upper bound; a floor above every weight keeps no edge).
+MIN_WEIGHT = Rule(float, low=0, optional=True)
+
 #: ``(sample, relation, target, source, weight)`` of kept edges, in that sort order.
 PrunedEdges = Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]
+
+
+def check_pruning(top_k: Optional[int], min_weight: Optional[float]) -> None:
+    """``top_k`` and ``min_weight`` as :data:`TOP_K` and :data:`MIN_WEIGHT` allow."""
+    TOP_K.check("top_k", top_k, typed=True)
+    MIN_WEIGHT.check("min_weight", min_weight, typed=True)
 
 
 def prune_rows(dense: Tensor, top_k: Optional[int] = None,
@@ -38,3 +52,14 @@ def prune_rows(dense: Tensor, top_k: Optional[int] = None,
     keep = (weight > 0) & (weight >= floor)
     b, relation, tgt, slot = keep.nonzero(as_tuple=True)
     return b, relation, tgt, source[b, relation, tgt, slot], weight[b, relation, tgt, slot]
+
+
+def prune_edges(source: Tensor, target: Tensor, weight: Tensor, num_units: int,
+                top_k: Optional[int] = None,
+                min_weight: Optional[float] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(source, target, weight)`` of the edges of one graph over ``num_units`` units
+    (each pair at most once) that :func:`prune_rows` keeps, in (target, source) order."""
+    rows = weight.new_zeros(1, 1, num_units, num_units)
+    rows[0, 0, target, source] = weight
+    _, _, tgt, src, kept = prune_rows(rows, top_k, min_weight)
+    return src, tgt, kept

@@ -14,9 +14,9 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from glomo_pyg.graphs.pruning import PrunedEdges, prune_rows
 from glomo_pyg.kernels import normalise_scores
 from glomo_pyg.ordering import RasterOrder, SequenceOrder
-from glomo_pyg.pruning import PrunedEdges, prune_rows
 
 # Scores one block holds (float32: 8 MiB): blocks stay in the CPU's last-level cache, where
 # the in-place normalisation runs at memory speed (benchmarks/results/image_graphs_cpu.md).
