@@ -11,20 +11,19 @@ import sys
 from collections import Counter
 from typing import Any, Dict, List, Optional
 
-import numpy as np
 import torch
 
 from glomo_pyg.allocator import keep_freed_memory
 from glomo_pyg.analysis.export_files import ExportItem, export_graphs
 from glomo_pyg.analysis.viewer import view
-from glomo_pyg.analysis.viewer.inputs import (check_input_file, check_output_path,
-                                              open_input_file, valid_text)
+from glomo_pyg.analysis.viewer.inputs import valid_text
 from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.data.text import UNK, binary_lines, decode_utf8, tokenize
 from glomo_pyg.data.word_vectors import (MAX_EPOCHS, MAX_SEED, MAX_TRAIN_DIM, MAX_WINDOW,
                                          MAX_WORKERS, train_word_vectors, write_word_vectors)
 from glomo_pyg.extras import MissingExtraError, require
-from glomo_pyg.io.paths import check_output_file
+from glomo_pyg.io.image_files import read_image_file
+from glomo_pyg.io.paths import check_input_file, check_output_file, open_input_file
 from glomo_pyg.io.pretrained import reseal_pretrained
 from glomo_pyg.io.releases import (available_releases, describe_release, released_names,
                                    releases_origin, releases_root)
@@ -392,28 +391,15 @@ def _export_text_items(path: str, predictor, max_samples: int, max_tokens: int, 
 
 
 def _export_image_items(folder: str, max_samples: int, max_units: int):
-    Image = require("PIL.Image", "glomo export --images")
-    UnidentifiedImageError = Image.UnidentifiedImageError
-
     if not os.path.isdir(folder):
         raise ValueError(f"{folder} is not a directory")
     names = sorted(n for n in os.listdir(folder) if n.lower().endswith(IMAGE_SUFFIXES)
                    and os.path.isfile(os.path.join(folder, n)))[:max_samples]
+    too_large = (f"more than --max-units {max_units} (graphs grow with the square of the "
+                 "pixel count; downscale it or raise --max-units)")
     items = []
     for path in (os.path.join(folder, name) for name in names):
-        try:
-            with Image.open(path) as img:
-                problem = None if img.width * img.height <= max_units else \
-                    f"{img.width}x{img.height} pixels, more than --max-units {max_units} " \
-                    "(graphs grow with the square of the pixel count; downscale it or raise " \
-                    "--max-units)"
-                rgb = None if problem else np.asarray(img.convert("RGB"), dtype=np.uint8)
-        # (a header claiming billions of pixels is refused by Pillow before decoding)
-        except (Image.DecompressionBombError, UnidentifiedImageError, OSError,
-                ValueError) as err:
-            problem = f"cannot read image ({err})"
-        if problem is not None:
-            raise ValueError(f"{path}: {problem}")
+        rgb = read_image_file(path, max_units, too_large)
         items.append(ExportItem(torch.from_numpy(rgb.copy()).permute(2, 0, 1).contiguous(),
                                 path))
     return items
@@ -512,7 +498,7 @@ def _add_view(sub) -> None:
 def _view(args: argparse.Namespace) -> int:
     # before the predictor loads: valid text, input paths that are regular files (a FIFO
     # would hang the read), an output path writable as a file
-    check_output_path(args.output, "--output")
+    check_output_file(args.output, "--output", example="graphs.html")
     if "\0" in args.predictor:
         raise ValueError("--predictor holds a NUL character: it is not a folder or a name")
     _check_options(args, line=(1, None, "counts from 1"), sentence=(1, None, "counts from 1"))

@@ -5,22 +5,43 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from typing import IO, Iterator, Optional, Union
+from typing import IO, BinaryIO, Iterator, Optional, Union
 
 
-def check_output_file(path: str) -> None:
-    """Raise :class:`ValueError` if ``path`` cannot be written as a file: it is a folder
-    or not a regular file, a folder on its way is a file, or its folder is read-only."""
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent):  # the folders to be created
-        parent = os.path.dirname(parent)
-    problem = (f"{path} is a directory; give a file name" if os.path.isdir(path) else
-               f"{path} is not a regular file (a FIFO, device or socket); give a file name"
-               if os.path.exists(path) and not os.path.isfile(path) else
-               f"{path}: {parent} is a file, not a folder" if not os.path.isdir(parent) else
-               f"{path}: {parent} is not writable" if not os.access(parent, os.W_OK) else None)
+def check_output_file(path: Union[str, os.PathLike], name: str = "",
+                      example: str = "") -> str:
+    """``path`` as a string if it can be written as a file, else a :class:`ValueError`
+    (prefixed with ``name``, e.g. ``'--output'``; ``example``: a file name to suggest).
+    Refused before any work: an empty path, a NUL in it, a final separator, an existing
+    folder or non-regular file (writing would replace it), a file on the way, a read-only
+    folder. Missing folders are fine (they are created)."""
+    path = os.fspath(path)
+    problem = _output_file_problem(path, "; give a file name" +
+                                   (f" (e.g. {example})" if example else ""))
     if problem is not None:
-        raise ValueError(problem)
+        raise ValueError(f"{name} {problem}" if name else problem)
+    return path
+
+
+def _output_file_problem(path: str, hint: str) -> Optional[str]:
+    if not path:
+        return "is empty" + hint
+    if "\0" in path:
+        return f"holds a NUL character: {path!r} is not a file name"
+    if os.path.isdir(path):
+        return f"{path} is a directory" + hint
+    if path.endswith((os.sep, os.altsep or os.sep)):
+        return f"{path} ends with a separator" + hint
+    if os.path.lexists(path) and not os.path.isfile(path):
+        return f"{path} is not a regular file (a FIFO, device or socket)" + hint
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(parent):  # the folders that will be created
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"{path}: {parent} is a file, not a folder"
+    if not os.access(parent, os.W_OK):
+        return f"{path}: {parent} is not writable"
+    return None
 
 
 def check_output_folder(path: str) -> None:
@@ -61,6 +82,26 @@ def open_regular(path: Union[str, os.PathLike], what: str = "file",
             os.set_blocking(fd, True)
         closing.pop_all()
     return fd
+
+
+def open_input_file(path: Union[str, os.PathLike], name: str) -> BinaryIO:
+    """``path`` opened for binary reading if it is a regular file (not a FIFO, device,
+    socket or folder, refused at once without blocking, nor a name with a NUL)."""
+    path = os.fspath(path)
+    try:
+        return os.fdopen(open_regular(path, name), "rb")
+    except ValueError:  # NotRegularFileError, or os.open refusing a NUL
+        problem = f"holds a NUL character: {path!r} is not a file name" if "\0" in path else \
+            f"{path} is a directory, not a file" if os.path.isdir(path) else \
+            f"{path} is not a regular file (a FIFO, device or socket)"
+        raise ValueError(f"{name} {problem}") from None
+
+
+def check_input_file(path: Union[str, os.PathLike], name: str) -> str:
+    """Refuse ``path`` unless it is a regular file (see :func:`open_input_file`)."""
+    path = os.fspath(path)
+    open_input_file(path, name).close()
+    return path
 
 
 def check_input_path(path: Union[str, os.PathLike], what: str) -> None:

@@ -14,15 +14,11 @@ import torch
 from torch import Tensor
 
 from glomo_pyg.analysis.export import directions
-from glomo_pyg.analysis.viewer.inputs import (
-    check_output_path,
-    open_input_file,
-    to_uint8,
-    valid_text,
-)
-from glomo_pyg.extras import require
+from glomo_pyg.analysis.viewer.inputs import valid_text
 from glomo_pyg.graph_conversion import check_sample
 from glomo_pyg.graphs.pruning import check_pruning, prune_rows
+from glomo_pyg.io.image_files import pil_pixels, read_image_file
+from glomo_pyg.io.paths import check_output_file
 
 # pages stay small: edges of at least MIN_WEIGHT, and on images each target's
 # IMAGE_TOP_K heaviest sources only (a 32x32 image with 24 graphs: under 3 MB)
@@ -61,36 +57,13 @@ def _graph_lists(graphs, min_weight, top_k, products: bool, sample: int = 0) -> 
     return out
 
 
-def _pil_pixels(img, where: str) -> np.ndarray:
-    """A PIL image as uint8 ``[H, W, 3]``; modes ``I;16``, ``I``, ``F`` by :func:`to_uint8`."""
-    if img.mode == "F" or img.mode.startswith("I"):
-        grey = to_uint8(np.asarray(img), where)
-        return np.repeat(grey[:, :, None], 3, axis=2)
-    return np.asarray(img.convert("RGB"), dtype=np.uint8)
-
-
-def _read_image(path) -> np.ndarray:
-    """The regular image file ``path`` of at most :data:`MAX_IMAGE_PIXELS` (by its header)."""
-    Image = require("PIL.Image", "reading an image file")
-    UnidentifiedImageError = Image.UnidentifiedImageError
-
-    name = os.fspath(path)
-    try:
-        with open_input_file(path, "image") as fh, Image.open(fh) as img:
-            if img.width * img.height > MAX_IMAGE_PIXELS:
-                raise ValueError(f"{name} is {img.width}x{img.height} pixels; the viewer "
-                                 f"shows images of at most {MAX_IMAGE_PIXELS} pixels")
-            return _pil_pixels(img, f"image {name}")
-    except (Image.DecompressionBombError, UnidentifiedImageError, OSError) as err:
-        raise ValueError(f"cannot read image {name}: {err}") from None
-
-
 def _image_pixels(image) -> Tensor:
     """``image`` (a tensor, array, PIL image or file) as uint8 ``[3, H, W]``."""
     if isinstance(image, (str, os.PathLike)):
-        image = _read_image(image)
+        image = read_image_file(image, MAX_IMAGE_PIXELS, "the viewer shows images of at "
+                                f"most {MAX_IMAGE_PIXELS} pixels")
     if hasattr(image, "convert") and not isinstance(image, (Tensor, np.ndarray)):
-        image = _pil_pixels(image, "image")
+        image = pil_pixels(image, "image")
     if isinstance(image, np.ndarray):
         image = torch.from_numpy(np.array(image, copy=True, order="C"))  # (a writable copy)
     if isinstance(image, Tensor) and image.dim() == 3 and image.shape[0] != 3 and \
@@ -243,7 +216,7 @@ class GraphView:
         """Write the page, one self-contained file, to ``path`` (atomically); returns it."""
         from glomo_pyg.atomic_files import atomic_write
 
-        path = check_output_path(path, "path")
+        path = check_output_file(path, "path", example="graphs.html")
         text = self.html
         if len(text.encode()) > MAX_PAGE_BYTES:
             raise ValueError(f"the page would take {len(text.encode()) >> 20} MB: raise "
@@ -265,7 +238,7 @@ def view(predictor, text: Union[str, Sequence[str], None] = None, *, image=None,
             :class:`~glomo_pyg.DirectionalGraphs`) of which ``sample`` is shown.
         text: a sentence (tokenised as the predictor's corpus was) or its tokens.
         image: uint8 ``[3, H, W]`` or ``[H, W, 3]``, a PIL image or an image file (more
-            than 8 bits: scaled, :func:`~glomo_pyg.analysis.viewer.inputs.to_uint8`).
+            than 8 bits: scaled, :func:`~glomo_pyg.io.image_files.to_uint8`).
         gold: a :class:`~glomo_pyg.analysis.treebank.GoldTree` of the same words, or their
             1-based CoNLL heads: gold arcs drawn beside the learned ones.
         min_weight, top_k: edges lighter than ``min_weight`` are left out, and with
