@@ -50,7 +50,7 @@ from torch_geometric.loader import DataLoader
 from torch_geometric.nn import GraphConv, global_max_pool, global_mean_pool
 
 from benchmarks.common import hardware
-from benchmarks.reproduce.imdb import paired_difference
+from benchmarks.statistics import paired_difference
 from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.pixels import IMAGENET_MEAN, IMAGENET_STD, normalize
 from glomo_pyg.transforms import (ChainGraphs, FixedGraphs, GlomoGraphs, GraphsDataset,

@@ -66,7 +66,8 @@ def text_quality(predictor, data_dir: str) -> str:
 
 def pixel_quality(predictor, run: str) -> str:
     from benchmarks.gpu.slices.pixel_pretrain import quality_lines
-    from benchmarks.reproduce.cifar10 import pixel_graph_check, untrained_copy
+    from benchmarks.reproduce.cifar10 import pixel_graph_check
+    from glomo_pyg.analysis import untrained_copy
     from glomo_pyg.training.pretrain.config import CorpusConfig
     from glomo_pyg.training.pretrain.data import ImagePretrainingData, load_pretraining_images
 

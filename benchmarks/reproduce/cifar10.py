@@ -63,7 +63,8 @@ import torch
 
 from benchmarks.common import (as_script, cached_runs, check_common_arguments, file_digest,
                                read_cache, run_reporting_errors, write_runs)
-from benchmarks.reproduce.imdb import paired_difference
+from benchmarks.statistics import mean_sd, paired_difference
+from glomo_pyg.analysis import untrained_copy
 from glomo_pyg.atomic_files import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -206,20 +207,6 @@ def pretrain(args, setup: Setup, out: str) -> str:
     log(f"pretraining ({setup.config}) in {folder}")
     run_pretraining(config, resume=last_checkpoint(folder) is not None, log=log)
     return predictor
-
-
-def untrained_copy(predictor, seed: int = 0):
-    """A pixel predictor of ``predictor``'s architecture at its initial weights (seeded):
-    the untrained baseline of the pixel-graph check."""
-    from glomo_pyg import Glomo
-
-    cfg = predictor.predictor(predictor.directions[0]).config()
-    torch.manual_seed(seed)
-    return Glomo.image(**{k: cfg[k] for k in (
-        "height", "width", "in_channels", "hidden_channels", "num_layers", "heads",
-        "head_channels", "cnn_layers", "kernel_size", "bias", "position", "sparse",
-        "include_self", "position_frequencies", "position_period", "pixel_mean",
-        "pixel_std")}).to_pretrained().set_layout("auto")
 
 
 @torch.no_grad()
@@ -544,11 +531,8 @@ def figure(predictor, image: torch.Tensor, path: str) -> None:
 
 
 def _mean_std(values: List[float]) -> str:
-    m = sum(values) / len(values)
-    if len(values) < 2:
-        return f"{100 * m:.2f}"
-    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
-    return f"{100 * m:.2f} ± {100 * sd:.2f}"
+    m, sd = mean_sd(values)
+    return f"{100 * m:.2f}" if len(values) < 2 else f"{100 * m:.2f} ± {100 * sd:.2f}"
 
 
 def _graph_check_lines(check: Dict) -> List[str]:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import math
 import os
 import shutil
 import time
@@ -291,17 +290,12 @@ def run_key(key: str, ctx) -> Dict:
 TITLES = {"imdb": "IMDB", "cifar10": "CIFAR-10"}
 
 
-def _mean_sd(values: List[float]) -> Tuple[float, float]:
-    m = sum(values) / len(values)
-    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)) \
-        if len(values) > 1 else math.nan
-    return m, sd
 
 
 def report(lines: List[Dict], recipe: Dict) -> List[str]:
     """The task's table (every graph of the recipe; ``pending`` where none is recorded)
     and the paired differences GLoMo − each fixed graph over their common seeds."""
-    from benchmarks.reproduce.imdb import paired_difference
+    from benchmarks.statistics import mean_sd, paired_difference
 
     task, d, t = recipe["task"], recipe["data"], recipe["train"]
     runs = {l["key"]: l for l in lines}
@@ -337,7 +331,7 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
         if not mine:
             out.append(f"| {graph} | 0 | pending | | | |")
             continue
-        m, sd = _mean_sd([100 * l["metrics"]["test_acc"] for l in mine])
+        m, sd = mean_sd([100 * l["metrics"]["test_acc"] for l in mine])
         val = sum(100 * l["metrics"]["val_acc"] for l in mine) / len(mine)
         seconds = sum(l["metrics"]["train_s"] for l in mine) / len(mine)
         out.append(f"| {graph} | {len(mine)} of {recipe['seeds']} | {m:.2f}"

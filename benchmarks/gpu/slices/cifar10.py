@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -333,16 +333,11 @@ def run_key(key: str, ctx) -> Dict:
     return result
 
 
-def _mean_sd(values: List[float]) -> Tuple[float, float]:
-    m = sum(values) / len(values)
-    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 \
-        else float("nan")
-    return m, sd
 
 
 def _target_lines(acc: Dict, runs: Dict[str, Dict], lines: List[Dict]) -> List[str]:
     """The targets met or not, from ResNet-18's runs (none without its baseline)."""
-    from benchmarks.reproduce.imdb import paired_difference
+    from benchmarks.statistics import paired_difference
 
     base = acc.get((18, "baseline"))
     if not base:
@@ -383,7 +378,7 @@ def _target_lines(acc: Dict, runs: Dict[str, Dict], lines: List[Dict]) -> List[s
 
 
 def report(lines: List[Dict], recipe: Dict) -> List[str]:
-    from benchmarks.reproduce.imdb import paired_difference
+    from benchmarks.statistics import mean_sd, paired_difference
 
     t = recipe["train"]
     runs = {l["key"]: l for l in lines}
@@ -412,7 +407,7 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
             values = [100 * l["metrics"]["test_acc"] for l in mine]
             acc[(depth, variant)] = {int(l["key"].rsplit("seed", 1)[1]): v
                                      for l, v in zip(mine, values)}
-            m, sd = _mean_sd(values)
+            m, sd = mean_sd(values)
             epochs = [s for l in mine for s in l["metrics"]["epoch_s"]]
             prop = [l["metrics"]["propagations_s"] for l in mine if l["metrics"]["propagations_s"]]
             out.append(f"| ResNet-{depth} {variant} | {PAPER.get((depth, variant), '-')} | "

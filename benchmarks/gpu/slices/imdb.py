@@ -273,7 +273,7 @@ def run_key(key: str, ctx) -> Dict:
 
 
 def report(lines: List[Dict], recipe: Dict) -> List[str]:
-    from benchmarks.reproduce.imdb import paired_difference
+    from benchmarks.statistics import paired_difference
 
     t = recipe["train"]
     acc = {v: {int(l["key"].rsplit("seed", 1)[1]): 100 * l["metrics"]["test_acc"]

@@ -34,7 +34,7 @@ from benchmarks.gpu.report import md
 from benchmarks.gpu.runner import finite
 from benchmarks.gpu.slices.common import config
 from benchmarks.gpu.slices.pretraining import (card_command, check_graph_steps,
-                                                check_metrics, check_predictor, hardware,
+                                                check_predictor, hardware,
                                                 metrics, pretrain_to_deadline,
                                                 steady_step_lines, stopped_by)
 from benchmarks.gpu.slices.pretraining import salvage as salvage_pretraining
@@ -104,7 +104,8 @@ def graph_check(predictor_dir: str, recipe: Dict, shared_data: str, images: int,
     """The 4-neighbourhood check of the predictor in ``predictor_dir`` and of its
     untrained copy on the CPU, on the first ``images`` images of the pretraining's own
     (seeded) validation split of the shard rebuilt from ``shared_data``."""
-    from benchmarks.reproduce.cifar10 import pixel_graph_check, untrained_copy
+    from benchmarks.reproduce.cifar10 import pixel_graph_check
+    from glomo_pyg.analysis import untrained_copy
     from glomo_pyg import PretrainedGraphPredictor
     from glomo_pyg.data.images import load_imagenet32
     from glomo_pyg.training.pretrain.data import ImagePretrainingData

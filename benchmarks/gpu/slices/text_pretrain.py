@@ -39,7 +39,7 @@ from benchmarks.gpu.report import md
 from benchmarks.gpu.runner import finite
 from benchmarks.gpu.slices.common import config
 from benchmarks.gpu.slices.pretraining import (card_command, check_graph_steps,
-                                                check_metrics, check_predictor, hardware,
+                                                check_predictor, hardware,
                                                 metrics, pretrain_to_deadline,
                                                 steady_step_lines, stopped_by)
 from benchmarks.gpu.slices.pretraining import salvage as salvage_pretraining
