@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numbers
 import weakref
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -62,18 +62,24 @@ def _same(ref, t: Optional[Tensor]) -> bool:
     return ref is not False and ref[0]() is t and ref[1] == t._version
 
 
-class _Seen(NamedTuple):
-    refs: tuple  # of the tensors given, then the facts the cached value depends on
-    value: Any
+class CheckedGraph(NamedTuple):
+    """A user's graph as its first call checked and indexed it: the graph over ``N H``
+    nodes, the host-side facts it holds for (nodes, fused, edges) and, for a sparse
+    adjacency, its weights in the graph's order."""
 
-    def matches(self, tensors: tuple, facts: tuple) -> bool:
-        n = len(tensors)
-        return self.refs[n:] == facts and all(_same(r, t) for r, t in zip(self.refs, tensors))
+    graph: HeadGraph
+    facts: Tuple[int, bool, int]
+    weights: Optional[Tensor]
+    given: tuple = ()  # (edge_weight, edge_head) as (weakref, version): EdgeIndex only
+
+    def holds(self, facts: tuple, edge_weight: OptTensor, edge_head: OptTensor) -> bool:
+        return self.facts == facts and _same(self.given[0], edge_weight) and \
+            _same(self.given[1], edge_head)
 
 
-# What each layer last saw: {"edges", "weights", "batch"} -> _Seen (not attributes: weak
-# references do not deep-copy or pickle)
-_SEEN: "weakref.WeakKeyDictionary[GlomoConv, Dict[str, _Seen]]" = weakref.WeakKeyDictionary()
+# the attribute of an EdgeIndex that keeps what GlomoConv checked of it (an EdgeIndex is
+# immutable by PyG's contract, and keeps its CSR pointers the same way)
+CHECKED_ATTRIBUTE = "_glomo_checked"
 
 
 class GlomoConv(MessagePassing):
@@ -100,8 +106,15 @@ class GlomoConv(MessagePassing):
     The heads run as one graph over ``N H`` nodes through PyG's :meth:`propagate`, so
     ``aggr``, hooks and :class:`~torch_geometric.explain.Explainer` behave as for PyG's
     layers; ``aggr='sum'`` with ``fused=True`` takes :meth:`message_and_aggregate` (one
-    CSR spmm, no ``[E, C]`` messages). User-given graphs are checked once (``ValueError``,
-    one device sync); the same unchanged tensors given again are reused unchecked.
+    CSR spmm, no ``[E, C]`` messages).
+
+    A user-given graph is checked at each call (``ValueError`` for node ids, heads or
+    weights out of range: one device sync) and indexed over ``N H`` nodes. Where it is
+    the same every call, say so and pay once, as with PyG's ``GCNConv(cached=True)``:
+    ``cached=True`` keeps the first call's checked index for every later call (no check,
+    no host-device sync; weights are taken anew each call, with their gradients), or give
+    an :class:`~torch_geometric.EdgeIndex`, which keeps what was checked of it with its
+    own pointers (checked again for other weights or heads, or for ones edited in place).
 
     Args:
         channels (int): node feature size, divisible by ``heads``.
@@ -109,6 +122,10 @@ class GlomoConv(MessagePassing):
         update (str, optional): ``None``, ``'residual'`` or ``'gru'``. (default: :obj:`None`)
         fused (bool, optional): with ``aggr='sum'``, the one-spmm product; ``False``
             routes through PyG's gather/scatter (same numbers). (default: :obj:`True`)
+        cached (bool, optional): reuse the graph of the first call for every later call
+            (for a fixed graph, e.g. transductive learning; :meth:`reset_parameters`
+            forgets it). Later calls must give graphs of the same size; their edges are
+            not read again. (default: :obj:`False`)
         aggr (str or Aggregation, optional): the aggregation of each head's messages,
             not one that changes the width. (default: :obj:`"sum"`)
         **kwargs (optional): additional arguments of
@@ -131,7 +148,7 @@ class GlomoConv(MessagePassing):
     SUPPORTS_FUSED_EDGE_INDEX = True
 
     def __init__(self, channels: int, heads: int = 1, update: Optional[str] = None,
-                 fused: bool = True, aggr: Any = "sum", **kwargs):
+                 fused: bool = True, aggr: Any = "sum", cached: bool = False, **kwargs):
         if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
                    for v in (channels, heads)):
             raise TypeError(f"channels and heads must be integers, got {channels!r} and "
@@ -149,14 +166,17 @@ class GlomoConv(MessagePassing):
             raise ValueError("; ".join(wrong))
         super().__init__(aggr=aggr, node_dim=0, **kwargs)
         self.channels, self.heads, self.update_kind = channels, heads, update
-        self.fused = fused
+        self.fused, self.cached = fused, bool(cached)
         self.fuse = bool(fused) and self.aggr in FUSED_AGGRS
+        self._cached_graph: Optional[CheckedGraph] = None
+        self._cached_sequences: Optional[SequenceBatch] = None
         self.gru = torch.nn.GRUCell(2 * channels, channels) if update == "gru" else None
         self.lin = torch.nn.Linear(channels, channels) if update == "residual" else None
         self.reset_parameters()
 
     def reset_parameters(self):
         super().reset_parameters()
+        self._cached_graph = self._cached_sequences = None
         for update in (self.gru, self.lin):
             if update is not None:
                 update.reset_parameters()
@@ -226,11 +246,15 @@ class GlomoConv(MessagePassing):
 
     def _head_graph(self, x: Tensor, edge_index: Adj, edge_weight: OptTensor,
                     edge_head: OptTensor) -> Tuple[HeadGraph, Tensor]:
-        """The user's graph, checked once, over ``N H`` nodes; weights in its order."""
-        given = (edge_index, edge_weight, edge_head)
-        sparse = is_sparse(edge_index)
+        """The user's graph over ``N H`` nodes, checked (once where it may be reused), and
+        its weights in that graph's order."""
         self._check_x(x)
         n = x.size(0)
+        fused = self.fuse and not self.explain  # Explainer's masks follow the user's order
+        if self._cached_graph is not None:
+            return self._from_cache(x, edge_weight, fused)
+        given = (edge_index, edge_weight, edge_head)
+        sparse = is_sparse(edge_index)
         if sparse:
             edge_index, edge_weight, edge_head = self._sparse_edges(edge_index, edge_weight,
                                                                     edge_head, n)
@@ -239,47 +263,65 @@ class GlomoConv(MessagePassing):
             edge_index = edge_index.long() if edge_index.numel() == 0 else edge_index
         if edge_weight is None:
             edge_weight = x.new_ones(edge_index.size(1))
-        fused = self.fuse and not self.explain  # Explainer's masks follow the user's order
         if is_compiling():  # the check inside the compiled code, on its tensors
             edge_index = checked_edge_index(x, edge_index, given[1] if not sparse else
                                             edge_weight, edge_head, self.heads)
             graph = self._index(edge_index, edge_head, n, fused, blocked=True)
             return graph, edge_weight if graph.perm is None else edge_weight[graph.perm]
-        return self._seen_graph(given, sparse, edge_index, edge_weight, edge_head, n, fused)
+        checked = self._checked(given, sparse, edge_index, edge_weight, edge_head, n, fused)
+        if checked.weights is not None:
+            return checked.graph, checked.weights
+        perm = checked.graph.perm
+        ordered = perm is not None and given[1] is not None  # (ones need no order)
+        return checked.graph, edge_weight[perm] if ordered else edge_weight
 
-    def _seen_graph(self, given: tuple, sparse: bool, edge_index: Tensor,
-                    edge_weight: Tensor, edge_head: OptTensor, n: int,
+    def _checked(self, given: tuple, sparse: bool, edge_index: Tensor, edge_weight: Tensor,
+                 edge_head: OptTensor, num_nodes: int, fused: bool) -> CheckedGraph:
+        """``given`` checked and indexed, or what an EdgeIndex given again keeps of it. A
+        graph seen once is indexed head-blocked (no sort); one that will be reused is
+        worth the one sort of the copy-free interleaved index."""
+        facts = (num_nodes, fused, edge_index.size(1))  # host-side facts, no tensor
+        keeper = given[0] if isinstance(given[0], EdgeIndex) else None
+        kept = getattr(keeper, CHECKED_ATTRIBUTE, None)
+        if kept is not None and kept.holds(facts, given[1], given[2]):
+            return kept
+        check_graph_values(edge_index, edge_weight if sparse else given[1], edge_head,
+                           num_nodes, self.heads)
+        reused = self.cached or keeper is not None
+        graph = self._index(edge_index, edge_head, num_nodes, fused, blocked=not reused)
+        weights = None
+        if sparse and not (torch.is_grad_enabled() and edge_weight.requires_grad):
+            weights = edge_weight if graph.perm is None else edge_weight[graph.perm]
+        checked = CheckedGraph(graph, facts, weights, (_ref(given[1]), _ref(given[2])))
+        if self.cached:
+            self._cached_graph = checked._replace(given=())
+        elif keeper is not None and False not in checked.given:
+            setattr(keeper, CHECKED_ATTRIBUTE, checked)
+        return checked
+
+    def _from_cache(self, x: Tensor, edge_weight: OptTensor,
                     fused: bool) -> Tuple[HeadGraph, Tensor]:
-        """The checked, indexed graph and weights, reused while ``given`` are unchanged. A
-        graph seen once is indexed head-blocked (no sort); seen again, it is worth the
-        one sort of the copy-free interleaved index."""
-        seen = _SEEN.setdefault(self, {})
-        graph_key, facts = (given[0], given[2]), (n, fused)
-        edges = seen.get("edges")
-        known = edges is not None and edges.matches(graph_key, facts)
-        weights = seen.get("weights")  # (a sparse adjacency holds its weights)
-        weights_known = known and (sparse or weights.matches((given[1],), ()))
-        if not weights_known:
-            check_graph_values(edge_index, edge_weight if sparse else given[1], edge_head, n,
-                               self.heads, ids=not known)
-        if known and not edges.value.blocked:
-            graph = edges.value
-        else:
-            graph = self._index(edge_index, edge_head, n, fused, blocked=not known)
-            refs = tuple(_ref(t) for t in graph_key)
-            if False not in refs:
-                seen["edges"] = _Seen(refs + facts, graph)
-        needs_grad = torch.is_grad_enabled() and edge_weight.requires_grad
-        if weights_known and weights.value is not None and weights.value[0] is graph and \
-                not needs_grad:
-            return graph, weights.value[1]
-        if graph.perm is not None and (sparse or given[1] is not None):  # (ones need none)
-            edge_weight = edge_weight[graph.perm]
-        # weights reordered with an autograd graph on them cannot serve a later call, nor
-        # can weights reordered without one serve a call that needs their gradient
-        keep = (given[1] is not None or sparse) and not needs_grad
-        seen["weights"] = _Seen((_ref(given[1]),), (graph, edge_weight) if keep else None)
-        return graph, edge_weight
+        """``cached=True`` after the first call: its graph, with this call's weights."""
+        cached = self._cached_graph
+        assert cached is not None  # (the caller's test)
+        nodes, was_fused, edges = cached.facts
+        if (x.size(0), fused) != (nodes, was_fused):
+            raise ValueError(f"cached=True: this layer keeps the graph of its first call, "
+                             f"over {nodes} nodes; got {x.size(0)} nodes (another graph: "
+                             f"reset_parameters() first, or cached=False)")
+        if cached.weights is not None:
+            return cached.graph, cached.weights
+        if edge_weight is None:
+            return cached.graph, x.new_ones(edges)
+        if not isinstance(edge_weight, Tensor) or edge_weight.shape != (edges,) or \
+                not edge_weight.is_floating_point() or edge_weight.device != x.device:
+            raise ValueError(f"cached=True: edge_weight must be a floating-point tensor of "
+                             f"the cached graph's {edges} edges on x's device, got "
+                             + (f"{edge_weight.dtype} {tuple(edge_weight.shape)}"
+                                if isinstance(edge_weight, Tensor) else
+                                type(edge_weight).__name__))
+        perm = cached.graph.perm
+        return cached.graph, edge_weight if perm is None else edge_weight[perm]
 
     def _index(self, edge_index: Tensor, edge_head: OptTensor, n: int, fused: bool,
                blocked: bool) -> HeadGraph:
@@ -314,15 +356,15 @@ class GlomoConv(MessagePassing):
         return torch.stack([idx[-1], idx[-2]]), val, head
 
     def _sequences(self, x: Tensor, batch: OptTensor) -> SequenceBatch:
-        """The sequences of a PyG ``batch`` vector, described once per vector."""
-        seen = _SEEN.setdefault(self, {})
-        entry = seen.get("batch")
-        if entry is not None and entry.matches((batch,), (x.size(0), x.device)):
-            return entry.value
+        """The sequences of a PyG ``batch`` vector (with ``cached=True``: the first call's,
+        for calls over as many nodes)."""
+        cached = self._cached_sequences
+        if cached is not None and cached.num_nodes == x.size(0) and \
+                cached.ptr.device == x.device:
+            return cached
         seqs = sequence_batch(x.size(0), batch, x.device)
-        ref = _ref(batch)
-        if ref is not False:
-            seen["batch"] = _Seen((ref, x.size(0), x.device), seqs)
+        if self.cached:
+            self._cached_sequences = seqs
         return seqs
 
     def _check_x(self, x: Tensor) -> None:
