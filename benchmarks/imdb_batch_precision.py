@@ -10,7 +10,7 @@ variant, the released CPU text predictor ``pretrained/imdb-text-cpu``, ``max_dis
 size, precision and optionally learning rate; by default the learning rate is
 ``--lr`` at batch 32 scaled by the square root of the batch ratio), the same seed and
 data for all. The graphs come from one
-:class:`~glomo_pyg.nn.text_classifier.TextGraphCache` of the training and validation
+:class:`~glomo_pyg.transforms.TextGraphCache` of the training and validation
 reviews (computed once, as the slice does). A reduced size that fits a 2-core CPU:
 ``--train`` training and ``--val`` validation reviews of at most ``--length`` tokens,
 from the slice's split of the 25,000 labelled training reviews (2,500 held out, seed 0);

@@ -6,7 +6,7 @@ import torch
 from torch_geometric.data import Data
 
 from glomo_pyg import Glomo, GlomoTextClassifier
-from glomo_pyg.nn.text_classifier import TextGraphCache
+from glomo_pyg.transforms import TextGraphCache
 from glomo_pyg.training.text_classification import cache_documents, train_and_test
 
 TOKENS = ["<pad>", "<unk>", "<bos>", "<eos>"] + [f"w{k}" for k in range(16)]

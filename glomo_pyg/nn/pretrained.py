@@ -136,7 +136,7 @@ class PretrainedGraphPredictor(torch.nn.Module):
     def fingerprint(self) -> str:
         """SHA-256 (hex) of the configuration, vocabulary and weights: two predictors
         that can emit different graphs have different fingerprints. Every cache of graphs
-        (:class:`~glomo_pyg.transforms.GraphsDataset`, :class:`TextGraphCache`) keys on it."""
+        (:class:`~glomo_pyg.transforms.GraphsDataset`, :class:`~glomo_pyg.transforms.TextGraphCache`) keys on it."""
         parts = {d: [type(self.predictor(d)).__name__, self.predictor(d).config()]
                  for d in self.directions}
         return weights_digest([parts, self.vocabulary, self.trained_length, self.trained_size],

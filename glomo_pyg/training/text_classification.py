@@ -6,7 +6,7 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence, Union, cast
 
 import lightning.pytorch as pl
 import torch
@@ -14,7 +14,8 @@ from torch_geometric.data import Data
 from torch_geometric.loader import DataLoader
 
 from glomo_pyg.data.text import WordVocabulary, tokenize
-from glomo_pyg.nn.text_classifier import GlomoTextClassifier, TextGraphCache
+from glomo_pyg.nn.text_classifier import GlomoTextClassifier
+from glomo_pyg.transforms.text_cache import TextGraphCache
 from glomo_pyg.settings import Rule
 from glomo_pyg.training.utils import quiet_lightning
 
@@ -174,7 +175,8 @@ def train_and_test(model: torch.nn.Module, train: List[Data], val: List[Data], t
         best = ModelCheckpoint(dirpath=tmp, monitor="val_acc", mode="max", save_top_k=1,
                                filename="best-{epoch}", save_weights_only=True)
         history = _History()
-        trainer = pl.Trainer(max_epochs=epochs, accelerator=accelerator, precision=precision,
+        trainer = pl.Trainer(max_epochs=epochs, accelerator=accelerator,
+                             precision=cast(Any, precision),  # (Lightning checks the name)
                              logger=False, callbacks=[best, history],
                              enable_progress_bar=progress_bar, enable_model_summary=False,
                              num_sanity_val_steps=0, deterministic=False)
@@ -182,7 +184,8 @@ def train_and_test(model: torch.nn.Module, train: List[Data], val: List[Data], t
         module.load_state_dict(torch.load(best.best_model_path, weights_only=True)["state_dict"])
         test_metrics = trainer.test(module, loaders["test"], verbose=False)[0]
         best_epoch = int(os.path.basename(best.best_model_path).split("=")[1].split(".")[0])
-    return ClassificationResult(val_acc=float(best.best_model_score),
+    # (a score: validation ran, and monitored val_acc)
+    return ClassificationResult(val_acc=float(cast(torch.Tensor, best.best_model_score)),
                                 test_acc=test_metrics["test_acc"], best_epoch=best_epoch,
                                 seconds=time.time() - start, val_history=history.val,
                                 loss_history=history.loss)

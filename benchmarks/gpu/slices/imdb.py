@@ -17,7 +17,7 @@ validation accuracy is evaluated once on test.
 
 Speed (the target: one run in at most 30 s on an H100): the frozen predictor's graphs of
 the training and validation reviews are computed once per call, per variant with graphs,
-and kept on the GPU (:class:`~glomo_pyg.nn.text_classifier.TextGraphCache`, float16
+and kept on the GPU (:class:`~glomo_pyg.transforms.TextGraphCache`, float16
 weights): every seed of a variant reuses them, and no training or validation step runs
 the predictor (the same graphs, hence the same model; the propagations themselves cannot
 be cached: dropout masks the word vectors before the graphs mix them). The test reviews,
@@ -215,7 +215,7 @@ def _graph_cache(ctx, variant: str, model):
     or ``'on the fly'``: a cache
     that would not fit in :data:`CACHE_MEMORY_SHARE` of the GPU's free memory, sized from
     the first reviews' cache, is not built; the predictor then runs per batch)."""
-    from glomo_pyg.nn.text_classifier import TextGraphCache
+    from glomo_pyg.transforms import TextGraphCache
     from glomo_pyg.training.text_classification import cache_documents
 
     p, d = ctx.recipe["precompute"], _STATE

@@ -1,0 +1,286 @@
+"""The graphs a :class:`~glomo_pyg.nn.GlomoTextClassifier` mixes its features along,
+computed once for fixed documents and kept compactly in memory (docs/text.md,
+"Precomputed graphs"), checked against the model by the predictor's fingerprint."""
+from __future__ import annotations
+
+import numbers
+from typing import Dict, List, Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
+from glomo_pyg.graphs.storage import EdgeStorage
+from glomo_pyg.nn.text_classifier import GlomoTextClassifier
+from glomo_pyg.nn.transfer import GlomoTransfer
+from glomo_pyg.ordering import DIRECTIONS
+from glomo_pyg.sequences import SequenceBatch, sequence_batch
+
+CACHE_WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_documents(documents, num_tokens: int) -> List[Tensor]:
+    if isinstance(documents, (Tensor, str, bytes)) or not isinstance(documents, Sequence) or \
+            not documents:
+        raise TypeError("documents must be a non-empty sequence of 1-D token-id tensors, one "
+                        f"per document, got {type(documents).__name__}")
+    docs = list(documents)
+    bad = next((k for k, doc in enumerate(docs) if not isinstance(doc, Tensor) or
+                doc.dtype not in (torch.int64, torch.int32) or doc.dim() != 1 or
+                doc.numel() < 1), None)
+    low, high = (0, 0) if bad is not None else \
+        torch.stack(torch.aminmax(torch.cat([d.cpu().long() for d in docs]))).tolist()
+    if bad is not None or low < 0 or high >= num_tokens:
+        doc = docs[bad] if bad is not None else None
+        raise ValueError(
+            f"token ids must lie in [0, {num_tokens}), got [{low}, {high}]" if bad is None else
+            f"document {bad} must be a non-empty 1-D int64 or int32 tensor of token ids, got "
+            + (f"{doc.dtype} of shape {tuple(doc.shape)}" if isinstance(doc, Tensor)
+               else type(doc).__name__))
+    return docs
+
+
+class TextGraphCache:
+    r"""The graphs a :class:`GlomoTextClassifier` mixes its features along, computed
+    once for fixed documents (:meth:`compute`, not the constructor) and assembled for any
+    batch of them (:meth:`graphs`), to pass to the classifier's ``forward``; with
+    ``float32`` weights they give the same logits and gradients. Edges are stored as
+    distances :math:`|i - j|` and weights, plus per (head, token) edge counts.
+
+    Shapes:
+        - **documents:** :math:`R` tensors of :math:`(T_r)` token ids
+        - :meth:`graphs` ``(index)``: :math:`(B)` document ids ->
+          :class:`~glomo_pyg.DirectionalGraphs` over the :math:`N = \sum_b T_{index_b}`
+          units of those documents, concatenated in that order (a PyG batch of them)
+    """
+
+    def __init__(self, *, kind: str, lengths: Tensor, tokens: Tensor, directions: Sequence[str],
+                 num_layers: int, heads: int, include_self: bool, orders: Dict,
+                 max_distance: Optional[int], fingerprint: Optional[str],
+                 layers: Optional[Dict[str, List[Dict[str, Tensor]]]] = None):
+        self.kind, self.directions = kind, tuple(directions)
+        self.num_layers, self.heads, self.include_self = num_layers, heads, include_self
+        self.orders, self.max_distance, self.fingerprint = orders, max_distance, fingerprint
+        self.lengths = lengths.cpu()  # [R], on the host for check_documents
+        self.tokens = tokens.cpu()  # [G] int32, the documents' tokens
+        self.layers = layers or {}
+        device = next((l["weight"].device for d in self.layers.values() for l in d),
+                      torch.device("cpu"))
+        self._ptr = torch.cat([self.lengths.new_zeros(1), self.lengths.cumsum(0)]).to(device)
+        self._lengths = self.lengths.to(device)
+
+    @property
+    def device(self) -> torch.device:
+        return self._ptr.device
+
+    @property
+    def num_documents(self) -> int:
+        return self.lengths.numel()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the stored graphs take (lengths and the tokens kept for checks apart)."""
+        return sum(t.numel() * t.element_size() for d in self.layers.values() for l in d
+                   for t in l.values())
+
+    @classmethod
+    @torch.no_grad()
+    def compute(cls, model: Union[GlomoTextClassifier, GlomoTransfer],
+                documents: Sequence[Tensor], batch_size: int = 64,
+                device: Optional[Union[str, torch.device]] = None,
+                weight_dtype: torch.dtype = torch.float32) -> "TextGraphCache":
+        r"""The graphs of every document of ``documents``.
+
+        Args:
+            model (GlomoTextClassifier or GlomoTransfer): whose graphs to compute.
+            documents (sequence of Tensor): one 1-D tensor of token ids per document.
+            batch_size (int): documents per predictor call.
+            device (torch.device, optional): where the cache is kept (default: predictor's).
+            weight_dtype (torch.dtype): ``torch.float32`` (exact), ``torch.float16``
+                (relative error at most :math:`2^{-11}`) or ``torch.bfloat16``.
+        """
+        transfer = cls._transfer(model)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or \
+                batch_size < 1 or weight_dtype not in CACHE_WEIGHT_DTYPES:
+            raise ValueError(f"batch_size must be a positive integer and weight_dtype must be "
+                             f"one of {CACHE_WEIGHT_DTYPES}, got {batch_size!r} and "
+                             f"{weight_dtype!r}")
+        p = transfer.predictor
+        docs = _check_documents(documents, p.num_tokens)
+        source = next(p.parameters()).device
+        device = torch.device(device) if device is not None else source
+        lengths = torch.tensor([d.numel() for d in docs])
+        tokens = torch.cat([d.cpu() for d in docs]).to(torch.int32)
+        meta = dict(kind=transfer.graph, lengths=lengths, tokens=tokens,
+                    directions=p.directions, num_layers=p.num_layers, heads=p.heads,
+                    include_self=p.include_self,
+                    orders={d: p.predictor(d).order for d in p.directions},
+                    max_distance=transfer.max_distance, fingerprint=None)
+        if transfer.graph != "learned":  # uniform / adjacent: built per batch, O(N)
+            return cls(**meta, layers={})
+        longest = int(lengths.max())
+        window = longest if transfer.max_distance is None else \
+            min(longest, transfer.max_distance + 1)
+        # the narrowest integer dtype for distances < window and counts <= window
+        small = next(t for t in (torch.uint8, torch.int16, torch.int32, torch.int64)
+                     if window <= torch.iinfo(t).max)
+        ptr = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+        # per layer: counts and run starts on the device, the edges on the host until the end
+        # (then the device holds the cache once)
+        store = {d: [dict(count=torch.empty(p.heads, int(ptr[-1]), dtype=small, device=device),
+                          start=torch.empty(p.heads, len(docs), dtype=torch.long, device=device),
+                          distance=[], weight=[]) for _ in range(p.num_layers)]
+                 for d in p.directions}
+        order = sorted(range(len(docs)), key=lambda k: -docs[k].numel())  # less padding
+        for first in range(0, len(order), batch_size):
+            chunk = torch.tensor(order[first:first + batch_size])
+            x = torch.cat([docs[k] for k in chunk.tolist()]).to(source, torch.long)
+            batch = torch.repeat_interleave(torch.arange(chunk.numel()), lengths[chunk])
+            with torch.autocast(source.type, enabled=False):  # scored in float32
+                graphs = transfer.graphs(x, batch.to(source), num_nodes=x.numel())
+            # where the chunk's tokens sit among all documents' tokens
+            seqs = sequence_batch(x.numel(), batch.to(device), device)
+            token = (ptr[chunk].to(device))[seqs.batch] + seqs.position
+            for d, g in zip(DIRECTIONS, graphs):
+                if g is not None:
+                    g = g.to_sparse()
+                    for l, layer in enumerate(store[d]):
+                        cls._store_layer([t.to(device) for t in g.layer(l)], token, seqs, chunk,
+                                         layer, small, weight_dtype)
+        layers = {d: [dict(layer, distance=torch.cat(layer["distance"]).to(device),
+                           weight=torch.cat(layer["weight"]).to(device)) for layer in store[d]]
+                  for d in p.directions}
+        return cls(**dict(meta, fingerprint=p.fingerprint()), layers=layers)
+
+    @staticmethod
+    def _store_layer(edges: List[Tensor], token: Tensor, seqs: SequenceBatch, chunk: Tensor,
+                     layer: Dict, small: torch.dtype, weight_dtype: torch.dtype) -> None:
+        """Adds a chunk's edges of one layer to its ``store`` entry."""
+        (src, tgt), w, h = edges
+        heads, n = layer["count"].size(0), seqs.num_nodes
+        count = torch.bincount(h * n + tgt, minlength=heads * n).view(heads, n)
+        layer["count"][:, token] = count.to(small)
+        # edges are in (head, document, target, source) order, after the earlier chunks'
+        runs = torch.zeros(heads, chunk.numel(), dtype=torch.long, device=count.device)
+        runs.index_add_(1, seqs.batch, count)
+        stored = sum(t.numel() for t in layer["distance"])
+        runs = runs.flatten()
+        layer["start"][:, chunk.to(count.device)] = (runs.cumsum(0) - runs).view(heads, -1) + stored
+        layer["distance"].append((tgt - src).abs().to("cpu", small))
+        layer["weight"].append(w.to("cpu", weight_dtype))
+
+    @staticmethod
+    def _transfer(model) -> GlomoTransfer:
+        if not isinstance(model, (GlomoTextClassifier, GlomoTransfer)):
+            raise TypeError(f"model must be a GlomoTextClassifier or a GlomoTransfer, got "
+                            f"{type(model).__name__}")
+        transfer = model.transfer if isinstance(model, GlomoTextClassifier) else model
+        if transfer is None or transfer.graph == "none" or transfer.predictor.num_tokens is None:
+            raise ValueError("the model mixes no graphs over token ids (predictor=None, "
+                             "places=(), graph='none' or a predictor that reads features): "
+                             "there is nothing to precompute")
+        return transfer
+
+    def check_model(self, model: Union[GlomoTextClassifier, GlomoTransfer]) -> None:
+        """Raise :class:`ValueError` unless ``model`` would compute these graphs (same
+        settings and, for learned graphs, the same predictor weights)."""
+        transfer = self._transfer(model)
+        p = transfer.predictor
+        mine = (self.kind, self.max_distance, self.directions, self.num_layers, self.heads,
+                self.include_self)
+        theirs = (transfer.graph, transfer.max_distance, tuple(p.directions), p.num_layers,
+                  p.heads, p.include_self)
+        if mine != theirs or self.kind == "learned" and p.fingerprint() != self.fingerprint:
+            raise ValueError(f"the graph cache holds (graph, max_distance, directions, layers, "
+                             f"heads, include_self) = {mine}, the model uses {theirs}"
+                             + (" (or the cache was computed with another predictor's weights)"
+                                if mine == theirs else ""))
+
+    def check_documents(self, documents: Sequence[Tensor]) -> None:
+        """Raise :class:`ValueError` unless ``documents`` are the cached documents, in
+        the same order (their lengths and token ids are compared)."""
+        if len(documents) != self.num_documents or \
+                not torch.equal(torch.tensor([d.numel() for d in documents]), self.lengths) or \
+                not torch.equal(torch.cat([d.cpu() for d in documents]).to(torch.int32),
+                                self.tokens):
+            raise ValueError(f"the graph cache holds {self.num_documents} documents, got "
+                             f"{len(documents)}: it was computed for other documents (their "
+                             f"number, lengths or token ids differ)")
+
+    def graphs(self, index: Union[Tensor, Sequence[int]],
+               device: Optional[Union[str, torch.device]] = None) -> DirectionalGraphs:
+        """The graphs of documents ``index`` over their concatenated tokens (a PyG batch
+        of them), on ``device`` (default: the cache's)."""
+        index = self._check_index(index)
+        lengths = self._lengths[index]
+        ptr = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+        seqs = SequenceBatch.from_ptr(ptr)
+        out = []
+        for d in DIRECTIONS:
+            if d not in self.directions:
+                out.append(None)
+            elif self.kind == "learned":
+                out.append(self._assemble(d, index, seqs))
+            else:
+                build = LatentGraphs.uniform if self.kind == "uniform" else LatentGraphs.adjacent
+                g = build(ptr, num_layers=self.num_layers, num_heads=self.heads, direction=d,
+                          include_self=self.include_self, order=self.orders[d])
+                out.append(g if self.max_distance is None else g.within(self.max_distance))
+        if device is not None and torch.device(device) != self.device:
+            out = [None if g is None else g.to(device) for g in out]
+        return DirectionalGraphs(*out)
+
+    def _check_index(self, index) -> Tensor:
+        if not isinstance(index, Tensor):
+            if isinstance(index, (str, bytes)) or not isinstance(index, Sequence) or \
+                    not all(isinstance(i, numbers.Integral) and not isinstance(i, bool)
+                            for i in index):
+                raise TypeError(f"index must be a 1-D integer tensor or a sequence of ints, "
+                                f"got {type(index).__name__}")
+            index = torch.tensor(list(index), dtype=torch.long)
+        ok = index.dtype in (torch.int64, torch.int32, torch.int16, torch.uint8) and \
+            index.dim() == 1 and index.numel() >= 1
+        index = index.to(self.device, torch.long)
+        low, high = torch.stack(torch.aminmax(index)).tolist() if ok else (0, 0)
+        if not ok or low < 0 or high >= self.num_documents:
+            raise ValueError(f"index must be a non-empty 1-D integer tensor of document ids: "
+                             f"document ids must lie in [0, {self.num_documents}), got "
+                             f"{index.dtype} of shape {tuple(index.shape)}, values in "
+                             f"[{low}, {high}]")
+        return index
+
+    def _assemble(self, direction: str, index: Tensor, seqs: SequenceBatch) -> LatentGraphs:
+        n, heads = seqs.num_nodes, self.heads
+        token = self._ptr[index][seqs.batch] + seqs.position  # [N] rows of the store
+        first = seqs.ptr[:-1]
+        storages = []
+        for layer in self.layers[direction]:
+            count = layer["count"][:, token].long()  # [H, N] edges into each unit
+            before = count.cumsum(-1) - count  # within the batch, per head
+            # start of each (head, unit)'s edges in the store: its (head, document) run's
+            # start, plus the edges of the document's earlier units
+            start = layer["start"][:, index][:, seqs.batch] + before - \
+                before[:, first][:, seqs.batch]
+            count, start = count.flatten(), start.flatten()
+            total = int(count.sum())
+            gather = torch.repeat_interleave(start - count.cumsum(0) + count, count,
+                                             output_size=total) + \
+                torch.arange(total, device=self.device)
+            unit = torch.arange(n, device=self.device).repeat(heads)
+            tgt = torch.repeat_interleave(unit, count, output_size=total)
+            dist = layer["distance"][gather].long()
+            src = tgt - dist if direction == "forward" else tgt + dist
+            head = torch.repeat_interleave(torch.arange(heads, device=self.device),
+                                           count.view(heads, n).sum(1), output_size=total)
+            storages.append(EdgeStorage(torch.stack([src, tgt]),
+                                        layer["weight"][gather].float(), head))
+        return LatentGraphs.from_storage(storages, num_heads=heads, direction=direction,
+                                         sequences=seqs, include_self=self.include_self,
+                                         order=self.orders[direction])
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}(documents={self.num_documents}, "
+                f"graph='{self.kind}', directions={self.directions}, "
+                f"layers={self.num_layers}, heads={self.heads}"
+                + (f", max_distance={self.max_distance}" if self.max_distance is not None
+                   else "") + f", nbytes={self.nbytes})")
