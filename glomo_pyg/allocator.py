@@ -18,7 +18,7 @@ CHOICES = ("keep", "system")
 def _glibc() -> bool:
     try:
         return (sys.platform.startswith("linux")
-                and os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"))
+                and (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"))
     except (ValueError, OSError, AttributeError):  # no such confstr name here
         return False
 

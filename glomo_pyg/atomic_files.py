@@ -15,7 +15,7 @@ import stat
 import tempfile
 import warnings
 from pathlib import Path
-from typing import IO, Any, Iterator, List, Mapping, Optional, Tuple
+from typing import IO, Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 
 def umask() -> int:
@@ -25,7 +25,7 @@ def umask() -> int:
     return mask
 
 
-def fsync_folder(folder: str) -> None:
+def fsync_folder(folder: Union[str, os.PathLike]) -> None:
     """Flush a folder's entries (renames, new files) to disk where the system allows it."""
     with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
@@ -48,7 +48,8 @@ def atomic_write(path, mode: str = "w", encoding: Optional[str] = "utf-8") -> It
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
                                dir=folder)
     try:
-        with os.fdopen(fd, mode, **({"encoding": encoding} if mode == "w" else {})) as fh:
+        text: Dict[str, Any] = {"encoding": encoding} if mode == "w" else {}
+        with os.fdopen(fd, mode, **text) as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())

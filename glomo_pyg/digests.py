@@ -14,6 +14,15 @@ def digest(parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
+def canonical_digest(value: Any) -> str:
+    """SHA-256 (hex) of ``value``'s canonical JSON (keys sorted, no spaces, ASCII, no NaN):
+    the digest written into files (a sealed predictor's ``seal``, the GPU ledger's
+    recipes), which must never change for the same value."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False,
+                      ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def weights_digest(parts: Any, tensors: Mapping[str, Tensor]) -> str:
     """SHA-256 (hex) of ``parts`` (JSON, keys sorted, other objects by ``str``) and of
     each tensor's name, dtype, shape and bytes, in name order: equal exactly when the

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, cast
 
 import torch
 from torch import Tensor
@@ -577,7 +577,7 @@ def check_graph_values(edge_index: Tensor, edge_weight: Optional[Tensor],
     weights = weights and edge_weight is not None
     ids = ids and edge_index.size(1) > 0
     # a finite sum proves no NaN or Inf in one pass; only a non-finite one needs the exact pass
-    stats = [edge_weight.sum()] if weights else []
+    stats = [cast(Tensor, edge_weight).sum()] if weights else []  # (weights: not None)
     if ids:
         stats += [edge_index.min(), edge_index.max()]
         if edge_head is not None:
@@ -586,7 +586,8 @@ def check_graph_values(edge_index: Tensor, edge_weight: Optional[Tensor],
         return
     values = torch.stack([v.double() for v in stats]).tolist()  # the one device sync
     problems = []
-    if weights and not (math.isfinite(values.pop(0)) or bool(torch.isfinite(edge_weight).all())):
+    if weights and not (math.isfinite(values.pop(0)) or
+                        bool(torch.isfinite(cast(Tensor, edge_weight)).all())):
         problems.append("edge_weight contains NaN or Inf")
     if ids:
         low, high = int(values[0]), int(values[1])

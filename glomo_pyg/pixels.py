@@ -68,7 +68,8 @@ def normalize(x: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
     return (x.float() / 255.0 - m) / s
 
 
-def check_statistics(mean: Sequence[float], std: Sequence[float], channels: int) -> None:
+def check_statistics(mean: Sequence[float], std: Sequence[float],
+                     channels: Optional[int]) -> None:
     """Per-channel statistics: ``channels`` finite means and positive finite stds."""
     ok = len(mean) == len(std) == channels and all(
         isinstance(v, (int, float)) and float("-inf") < v < float("inf") for v in mean) and \

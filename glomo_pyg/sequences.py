@@ -79,6 +79,7 @@ def sequence_batch(num_nodes: int, batch: Optional[Tensor], device: torch.device
     if not isinstance(batch, Tensor) or batch.dtype != torch.long:
         raise TypeError(f"batch must be an int64 (torch.long) torch.Tensor or None, got "
                         f"{getattr(batch, 'dtype', type(batch).__name__)}")
+    problem: Optional[str]
     if num_nodes == 0 or batch.shape != (num_nodes,) or batch.device != device:
         problem = (f"batch must have shape [N] = [{num_nodes}] on x's device {device}, got "
                    f"{tuple(batch.shape)} on {batch.device}" + (

@@ -79,7 +79,7 @@ def test_dry_run_runs_every_key_of_the_profile_recipe(dry):
     m = dry.manifest
     assert m["format"] == runner.FORMAT and m["slice"] == "profile" and m["dry_run"] is True
     recipe = profile.recipe(True)
-    assert m["recipe"] == recipe and m["recipe_digest"] == campaign.digest(recipe)
+    assert m["recipe"] == recipe and m["recipe_digest"] == campaign.recipe_hash(recipe)
     assert m["failures"] == [] and m["skipped"] == []
     assert [r["key"] for r in m["runs"]] == profile.keys(recipe) == PROFILE_KEYS
     for r in m["runs"]:
@@ -115,7 +115,7 @@ def test_prepare_describes_the_slice_and_fits_the_carry_limit(dry):
     assert 0 < travel < 64 * limits.MIB
     assert os.path.exists(os.path.join(dry.carry, runner.MARKER))
     with open(os.path.join(dry.carry, runner.SLICE_FILE), encoding="utf-8") as fh:
-        assert json.load(fh)["recipe_digest"] == campaign.digest(profile.recipe(True))
+        assert json.load(fh)["recipe_digest"] == campaign.recipe_hash(profile.recipe(True))
     # the carry folder is ignored by git: it never shows in git status
     rel = os.path.relpath(dry.carry, ROOT)
     assert rel not in runner.git("status", "--porcelain", "--untracked-files=all")
@@ -132,7 +132,7 @@ def test_ingest_round_trip(dry, returned, tmp_path):
     new = _ingest(returned, tmp_path, ledger_path=ledger_path, results_dir=str(results))
     lines = ledger.read(ledger_path)
     assert lines == new and len(lines) == len(dry.manifest["runs"]) == len(PROFILE_KEYS)
-    digest = campaign.digest(profile.recipe(True))
+    digest = campaign.recipe_hash(profile.recipe(True))
     for line in lines:
         assert line["slice"] == "profile" and line["recipe"] == digest
         assert line["commit"] == dry.manifest["commit"] and line["device"].startswith("CPU")
@@ -228,7 +228,7 @@ def _recipe_edited(m):
 
 def _foreign_recipe(m):
     m["recipe"]["steps"] += 1
-    m["recipe_digest"] = campaign.digest(m["recipe"])
+    m["recipe_digest"] = campaign.recipe_hash(m["recipe"])
 
 
 def _foreign_key(m):
@@ -342,7 +342,7 @@ def test_ingest_refuses_a_real_run_as_a_dry_one(returned, tmp_path):
 def test_ingest_refuses_a_real_run_of_a_dirty_tree(returned, tmp_path):
     real = profile.recipe(False)
     _edit_manifest(returned, _set(dry_run=False, dirty=True, recipe=real,
-                                  recipe_digest=campaign.digest(real)))
+                                  recipe_digest=campaign.recipe_hash(real)))
     with pytest.raises(IngestError, match="uncommitted changes"):
         _ingest(returned, tmp_path, dry_run=False)
 
@@ -500,7 +500,7 @@ def test_a_real_run_needs_a_gpu(dry, tmp_path):
     path = os.path.join(carry, runner.SLICE_FILE)
     description = files.read_json(path, "slice")
     files.write_json(path, dict(description, dry_run=False,
-                                recipe_digest=campaign.digest(profile.recipe(False))))
+                                recipe_digest=campaign.recipe_hash(profile.recipe(False))))
     _run_refused(carry, tmp_path / "out", dry_run=False, match="no GPU here")
     with pytest.raises(SystemExit, match="benchmarks.gpu run: no GPU here"):
         main(["run", "profile", "--budget-s", "600", "--carry", carry,
@@ -587,9 +587,9 @@ def test_cuda_test_files_are_the_files_of_the_cuda_tests():
 
 def test_recipes_and_digests():
     dry, real = profile.recipe(True), profile.recipe(False)
-    assert campaign.digest(dry) != campaign.digest(real)
-    assert campaign.digest(dict(reversed(list(real.items())))) == campaign.digest(real)
-    assert len(campaign.digest(real)) == 16
+    assert campaign.recipe_hash(dry) != campaign.recipe_hash(real)
+    assert campaign.recipe_hash(dict(reversed(list(real.items())))) == campaign.recipe_hash(real)
+    assert len(campaign.recipe_hash(real)) == 16
     assert all(profile.min_seconds(k, real) >= 30 for k in PROFILE_KEYS)
     assert set(campaign.ORDER) == set(campaign.MODULES) | set(campaign.NOT_BUILT)
     assert {s.slice for s in schedule.STAGES} == set(campaign.ORDER)
@@ -688,7 +688,7 @@ def test_adding_seeds_or_depths_keeps_the_recorded_runs(monkeypatch):
     assert campaign.recipe_digest("cifar10", other) != campaign.recipe_digest("cifar10", recipe)
     # the profile has no key fields: its digest, and the runs recorded under it, unchanged
     assert campaign.recipe_digest("profile", profile.recipe(False)) == \
-        campaign.digest(profile.recipe(False))
+        campaign.recipe_hash(profile.recipe(False))
 
 
 def test_order_of_pending_keys_follows_the_stages():

@@ -36,12 +36,12 @@ above.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib
-import json
 import time
 from types import ModuleType
 from typing import Callable, Dict, List
+
+from glomo_pyg.digests import canonical_digest
 
 # The campaign's slices (the order in which they run is the schedule's STAGES)
 ORDER = ("profile", "pixel-pretrain", "cifar10", "text-pretrain", "imdb", "any-gnn-imdb",
@@ -65,18 +65,17 @@ def slice_module(name: str) -> ModuleType:
     return mod.slice_for(name) if hasattr(mod, "slice_for") else mod
 
 
-def digest(recipe: Dict) -> str:
+def recipe_hash(recipe: Dict) -> str:
     """SHA-256 (16 hex digits) of ``recipe``'s canonical JSON."""
-    text = json.dumps(recipe, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return canonical_digest(recipe)[:16]
 
 
 def recipe_digest(name: str, recipe: Dict) -> str:
-    """The name of slice ``name``'s ``recipe`` in the ledger: its :func:`digest` without
+    """The name of slice ``name``'s ``recipe`` in the ledger: its :func:`recipe_hash` without
     the fields that only enumerate keys (the slice's ``KEY_FIELDS``), so a recipe that
     only adds seeds or depths keeps its name and its recorded runs."""
     fields = getattr(slice_module(name), "KEY_FIELDS", ())
-    return digest({k: v for k, v in recipe.items() if k not in fields})
+    return recipe_hash({k: v for k, v in recipe.items() if k not in fields})
 
 
 @dataclasses.dataclass

@@ -14,7 +14,7 @@ from typing import Any, Dict, List
 
 RUN = re.compile(r"[0-9a-f]{12}\Z")        # runner: uuid4().hex[:12]
 COMMIT = re.compile(r"[0-9a-f]{40}\Z")
-DIGEST = re.compile(r"[0-9a-f]{16}\Z")     # campaign.digest
+DIGEST = re.compile(r"[0-9a-f]{16}\Z")     # campaign.recipe_hash
 SHA256 = re.compile(r"[0-9a-f]{64}\Z")
 DATE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?(Z|[+-]\d\d:\d\d)\Z")
 # device names, versions, keys, statuses: printable, with none of < > | ` " \ and no "--"

@@ -5,7 +5,7 @@ built without pyplot (in a notebook, run ``%matplotlib inline`` first to see it)
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 import torch
@@ -15,7 +15,7 @@ from glomo_pyg.analysis.statistics import DEAD_HEAD_SHARE, GraphStatisticsTable
 from glomo_pyg.extras import require
 from glomo_pyg.graph_conversion import check_index, check_sample, sample_edges
 from glomo_pyg.kernels import check_graph_size
-from glomo_pyg.ordering import check_int
+from glomo_pyg.ordering import RasterOrder, check_int
 from glomo_pyg.settings import Rule
 
 _SHORT = {"forward": "fw", "backward": "bw"}
@@ -139,18 +139,20 @@ def plot_pixel_weights(graphs, image: Tensor, pixels: Sequence[Tuple[int, int]],
 
     parts = directions(graphs)
     order = parts[0][1].order
-    width, height = getattr(order, "width", None), getattr(order, "height", None)
-    if width is None or not isinstance(image, Tensor) or image.dim() != 3 or \
+    raster = isinstance(order, RasterOrder)
+    width, height = (order.width, order.height) if raster else (None, None)
+    if not raster or not isinstance(image, Tensor) or image.dim() != 3 or \
             image.shape[1:] != (height, width):
         raise ValueError(f"plot_pixel_weights needs image graphs (a RasterOrder), and the "
                          f"image must be [C, {height}, {width}], got "
                          f"{getattr(image, 'shape', type(image).__name__)}")
-    pixels = [tuple(int(v) for v in p) for p in pixels]
+    assert height is not None  # (the image's shape matched it)
+    pixels = cast(List[Tuple[int, int]], [tuple(int(v) for v in p) for p in pixels])
     if not pixels or not all(0 <= r < height and 0 <= c < width for r, c in pixels):
         raise ValueError(f"give at least one pixel (row, column), none outside the "
                          f"{height}x{width} image, got {pixels}")
-    rgb = image.detach().cpu().float() / (255.0 if image.dtype == torch.uint8 else 1.0)
-    rgb = rgb.clamp(0, 1).permute(1, 2, 0).numpy()
+    rgb = (image.detach().cpu().float() / (255.0 if image.dtype == torch.uint8 else 1.0)
+           ).clamp(0, 1).permute(1, 2, 0).numpy()
     rgb = rgb[:, :, 0] if rgb.shape[2] == 1 else rgb
     # one block of rows per pixel: a row per (direction, layer), a column per head
     dense = {(d, l): _sample_dense(g, sample, l) for d, g in parts for l in range(g.num_layers)}
@@ -221,8 +223,9 @@ def plot_statistics(table: GraphStatisticsTable, title: Optional[str] = None):
                         Patch(color=_DEAD, label="dead (over half the targets empty)")],
                loc="outside lower center", fontsize=7, ncols=3)
     if grid:
+        assert table.grid_radius is not None
         side = 2 * table.grid_radius + 1
-        maps = []
+        maps: List[Tuple[str, Any, str]] = []
         for d in table.directions:
             mine = [k for k, r in enumerate(rows) if r.direction == d]
             maps.append((f"uniform {_SHORT[d]}", rows[mine[0]].uniform_histogram, "k"))
@@ -242,7 +245,8 @@ def plot_statistics(table: GraphStatisticsTable, title: Optional[str] = None):
         hist = np.asarray([rows[0].uniform_histogram] + [r.histogram for r in rows])
         im = ax.imshow(hist.T, cmap="magma", aspect="auto", vmin=0.0, interpolation="nearest")
         ax.set_xticks(np.arange(len(rows) + 1), ["uniform"] + names, rotation=90, fontsize=6)
-        ax.set_yticks(np.arange(len(table.bins)), table.bins, fontsize=7)
+        bins = cast(List[str], table.bins)  # (sequence graphs: distance bins)
+        ax.set_yticks(np.arange(len(bins)), bins, fontsize=7)
         ax.set_ylabel("edge distance |i - j|", fontsize=8)
         ax.set_title("share of incoming weight per distance bin", fontsize=8)
         bottom.colorbar(im, ax=ax, label="share of weight")

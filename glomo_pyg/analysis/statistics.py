@@ -4,7 +4,7 @@ and :func:`dataset_statistics` (per head, over many batches)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -76,8 +76,10 @@ def graph_health(graphs: LatentGraphs) -> GraphHealth:
     """:class:`GraphHealth` of ``graphs``: this one batch's :class:`HeadStatistics` as
     ``[L, H]`` tensors."""
     rows = GraphStatisticsAccumulator().update(graphs).table().rows  # by layer, then head
-    return GraphHealth(*(torch.tensor([getattr(r, k) for r in rows]).view(graphs.num_layers, -1)
-                         for k in ("density", "empty", "adjacent", "distance")),
+    density, empty, adjacent, distance = (
+        torch.tensor([getattr(r, k) for r in rows]).view(graphs.num_layers, -1)
+        for k in ("density", "empty", "adjacent", "distance"))
+    return GraphHealth(density, empty, adjacent, distance,
                        graphs.column_entropy().detach().cpu().double().nanmean(-1).float(),
                        rows[0].uniform_adjacent, rows[0].uniform_distance)
 
@@ -194,7 +196,7 @@ class _DirectionSums:
          self.distance) = z(6, layers, heads)
         self.max_in, self.max_out = torch.zeros(2, layers, heads, dtype=torch.long)
         self.histogram = z(layers, heads, bins)
-        self.uniform = dict(adjacent=0.0, distance=0.0, histogram=z(bins))
+        self.uniform: Dict[str, Any] = dict(adjacent=0.0, distance=0.0, histogram=z(bins))
         self.allowed = self.eligible = self.units = 0.0
 
 
@@ -216,6 +218,7 @@ class GraphStatisticsAccumulator:
 
     @property
     def _grid(self) -> bool:
+        assert self._kind is not None  # (set by the first update)
         return self._kind[0]
 
     def _bin(self, order, target: Tensor, source: Tensor) -> Tensor:

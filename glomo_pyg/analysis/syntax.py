@@ -12,7 +12,7 @@ import copy
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -309,6 +309,7 @@ def _direction_scores(predictor, sents: List[AlignedSentence], direction: str,
                                                        beyond_adjacent)
             if targets.any():
                 acc.add(ww, link, heads_gold, targets, allowed, direction)
+    assert acc is not None  # (checked alignments: a sentence at least)
     return acc.scores_of(direction, beyond_adjacent)
 
 
@@ -359,12 +360,13 @@ class SyntaxComparison:
             un = self.untrained.directions[d] if self.untrained else None
             lines.append(f"\n{d} graphs, {s.targets} targets "
                          f"(undirected / directed attachment / average precision):")
-            rows = [(f"chosen graph (layer {l}, head {h})", lambda g, m: g.per_graph[m][l, h])]
+            rows: List[Tuple[str, Callable[..., float]]] = [
+                (f"chosen graph (layer {l}, head {h})", lambda g, m: g.per_graph[m][l, h])]
             rows += [(f"layer {k}, head-averaged", lambda g, m, k=k: g.per_layer[m][k])
                      for k in range(len(s.per_layer["undirected"]))]
             for name, value in rows:
                 lines.append(_row(name, {m: value(s, m) for m in METRICS},
-                                  un and {m: value(un, m) for m in METRICS}))
+                                  None if un is None else {m: value(un, m) for m in METRICS}))
             lines += [_row(f"baseline: {name}", values, None)
                       for name, values in s.baselines.items()]
             bl, bh, bv = s.best(self.metric)
@@ -412,8 +414,8 @@ def compare_with_syntax(predictor, trees: Sequence[GoldTree],
         if given is not None:
             with _about(name):
                 aligned[name] = align(given, vocabulary, lower, max_tokens=max_tokens).check()
-    options = dict(exclude_punct=exclude_punct, batch_size=batch_size,
-                   beyond_adjacent=beyond_adjacent)
+    options: Dict[str, Any] = dict(exclude_punct=exclude_punct, batch_size=batch_size,
+                                   beyond_adjacent=beyond_adjacent)
     evaluation = syntax_scores(predictor, aligned["evaluation"], **options)
     notes, selection = [], None
     if "selection" in aligned:

@@ -6,7 +6,7 @@ import os
 import unicodedata
 from dataclasses import dataclass, field
 from itertools import groupby
-from typing import Iterable, Iterator, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from glomo_pyg.data.text import TextDataError, binary_lines, decode_utf8
 from glomo_pyg.extras import require
@@ -101,6 +101,7 @@ def _check_tree(path: str, heads: List, raw: List[str], lines: List[int]) -> Non
                                       f"{what}: expected an integer in [0, {n}], not the word")
     reaches_root = [False] * n  # following heads from every word must end at 0
     for start in range(n):
+        trail: Dict[int, int]
         trail, k = {}, start  # word: its position on the trail
         while k >= 0 and not reaches_root[k]:
             if k in trail:
@@ -132,6 +133,7 @@ def read_treebank(path: str, format: Optional[str] = None,
     check_int("max_sentences", max_sentences, optional=True)
     trees: List[GoldTree] = []
     for block in _blocks(_text_lines(path)):
+        words: List[str]
         words, heads, raw, tags, numbers, sent_id = [], [], [], [], [], ""
         for number, text in block:
             if text.startswith("#"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import pickle
 import zipfile
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 import torch
@@ -202,7 +202,8 @@ def read_image_batch(path: str, num_classes: Optional[int] = None, label_offset:
 def _read_batches(root: str, names: Sequence[str], shape: Optional[Tuple[int, ...]] = None,
                   **kwargs) -> Tuple[Tensor, Optional[Tensor]]:
     """The batch files ``names``, their images all of ``shape`` (default: the first's)."""
-    images, labels = [], []
+    images: List[Tensor] = []
+    labels: List[Optional[Tensor]] = []
     for name in names:
         path = os.path.join(root, name)
         x, y = read_image_batch(path, **kwargs)
@@ -212,7 +213,8 @@ def _read_batches(root: str, names: Sequence[str], shape: Optional[Tuple[int, ..
                                  f"expected {'x'.join(map(str, want))}")
         images.append(x)
         labels.append(y)
-    y = torch.cat(labels) if labels and labels[0] is not None else None
+    # (all or none: the same files' options)
+    y = torch.cat(cast(List[Tensor], labels)) if labels and labels[0] is not None else None
     return torch.cat(images), y
 
 
@@ -221,8 +223,9 @@ def load_cifar10(root: str, split: str = "train") -> Tuple[Tensor, Tensor]:
     (``cifar-10-batches-py``): uint8 ``[n, 3, 32, 32]`` images and int64 labels."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    return _read_batches(root, CIFAR10_TRAIN if split == "train" else CIFAR10_TEST,
-                         shape=(3, 32, 32), num_classes=10)
+    return cast(Tuple[Tensor, Tensor],  # (labels: read by default)
+                _read_batches(root, CIFAR10_TRAIN if split == "train" else CIFAR10_TEST,
+                              shape=(3, 32, 32), num_classes=10))
 
 
 def imagenet32_files(root: str) -> List[str]:

@@ -8,7 +8,7 @@ import math
 import os
 import re
 import shutil
-from typing import Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Iterable, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -96,7 +96,7 @@ def read_shard_index(path: str) -> dict:
     beside it (plain file names inside the folder, of the sizes it states)."""
     name = os.path.join(path, "index.json")
 
-    def need(ok: bool, what: str):
+    def need(ok: object, what: str):
         if not ok:
             raise TextDataError(f"{name}: {what}; {_REBUILD}")
 
@@ -106,6 +106,8 @@ def read_shard_index(path: str) -> dict:
     except FileNotFoundError:
         raise FileNotFoundError(f"{name}: missing; not a token-shard folder "
                                 "(write one with glomo_pyg.data.write_token_shards)") from None
+    problem: Union[str, Exception, None]
+    index: Any  # (JSON, checked field by field)
     problem = f"larger than {MAX_INDEX_BYTES} bytes" if len(raw) > MAX_INDEX_BYTES else None
     try:
         index = None if problem else json.loads(raw)
@@ -282,6 +284,8 @@ class ResumableLoader(torch.utils.data.DataLoader):
     """A PyG-collating :class:`~torch.utils.data.DataLoader` over a :class:`ResumableSampler`
     whose ``state_dict()`` (epoch, batches delivered) Lightning checkpoints: a run resumed
     mid-epoch sees exactly the batches it had left."""
+
+    sampler: ResumableSampler
 
     def __init__(self, dataset, batch_size: int, sampler: ResumableSampler, **kwargs):
         from torch_geometric.loader.dataloader import Collater

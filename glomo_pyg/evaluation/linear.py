@@ -84,7 +84,8 @@ class LinearProbe:
             self.weight, solutions[l2] = weight, weight
             self.validation_accuracy[l2] = float((self.predict(x[val]) == y[val]).double().mean())
         del z
-        self.l2 = max(self.l2_grid, key=self.validation_accuracy.get)  # (first: strongest)
+        self.l2 = max(self.l2_grid,  # (first: strongest)
+                      key=self.validation_accuracy.__getitem__)
         self.weight, self.bias = self._solve(self._standardised(x), y, self.l2,
                                              solutions[self.l2])
         return self

@@ -10,7 +10,7 @@ combinations (a negation next to its word), and for images a coarse grid of regi
 keeps where they are."""
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple, cast
 
 import torch
 from torch import Tensor
@@ -92,11 +92,12 @@ def unit_features(transfer: GlomoTransfer, h: Tensor, x: Optional[Tensor] = None
     if transfer.graph == "none":
         return h
     if heads == "each":
-        propagated = transfer.propagations(h, x, batch, graphs)  # (checks x and graphs)
+        # (checks x and graphs; not None: graph is not 'none')
+        propagated = cast(Tensor, transfer.propagations(h, x, batch, graphs))
     else:
         mixer = transfer.mixer
         if graphs is None:
-            graphs = transfer.graphs(x, batch, num_nodes=h.size(0))
+            graphs = cast(DirectionalGraphs, transfer.graphs(x, batch, num_nodes=h.size(0)))
         elif x is not None or not isinstance(graphs, tuple) or len(graphs) != 2:
             raise ValueError("pass either x (graphs are computed from it) or graphs, "
                              "DirectionalGraphs (forward, backward), not both")

@@ -2,7 +2,7 @@
 the fixed baselines' arguments and the window of ``LatentGraphs.within``."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional, overload
 
 import torch
 from torch import Tensor
@@ -24,6 +24,14 @@ def check_fixed_graphs(ptr: Tensor, direction: str, num_layers: int,
     check_int("num_layers", num_layers, high=MAX_LAYERS)
     check_int("num_heads", num_heads, high=MAX_HEADS)
     return check_ptr(ptr)
+
+
+@overload
+def check_max_distance(value, optional: Literal[False] = False) -> int: ...
+
+
+@overload
+def check_max_distance(value, optional: bool) -> Optional[int]: ...
 
 
 def check_max_distance(value, optional: bool = False) -> Optional[int]:

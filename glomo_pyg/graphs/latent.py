@@ -2,7 +2,7 @@
 pair a bidirectional predictor emits."""
 from __future__ import annotations
 
-from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union, cast
 
 import torch
 from torch import Tensor
@@ -57,6 +57,9 @@ class LatentGraphs:
         include_self: whether ``i = j`` edges were allowed.
         order: the allowed-sources rule (:meth:`with_order`).
     """
+
+    _frame: GraphFrame
+    _storages: Tuple[GraphStorage, ...]
 
     def __init__(self, edge_index: List[Tensor], edge_weight: List[Tensor], edge_head: List[Tensor],
                  *, num_heads: int, direction: str, ptr: Tensor, include_self: bool = False,
@@ -228,7 +231,8 @@ class LatentGraphs:
         inner products are the graph scores; ``None`` in the other layouts and for
         head-averaged graphs (:meth:`mean_heads`), which are no inner products."""
         fused = all(isinstance(s, FusedStorage) for s in self._storages)  # (not head means)
-        return [(s.keys, s.queries) for s in self._storages] if fused else None
+        return [(s.keys, s.queries) for s in cast(Tuple[FusedStorage, ...], self._storages)] \
+            if fused else None
 
     @property
     def normalization(self) -> str:

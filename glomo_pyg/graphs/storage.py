@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, Dict, Hashable, Optional, Tuple
+from typing import Callable, Dict, Hashable, Optional, Tuple, cast
 
 import torch
 from torch import Tensor
@@ -326,7 +326,7 @@ class FusedStorage(GraphStorage):
         """The window as :func:`glomo_pyg.flex.block_mask` takes it."""
         grid = isinstance(frame.explicit_order, RasterOrder) and self.window is not None
         return dict(window=self.window,
-                    grid_width=frame.explicit_order.width if grid else None)
+                    grid_width=cast(RasterOrder, frame.explicit_order).width if grid else None)
 
     def _propagate_full(self, frame: GraphFrame, xs: Tensor, padded_len: int) -> Tensor:
         """Every sequence fills ``T`` (e.g. whole images): one order mask of batch 1."""
@@ -434,7 +434,9 @@ class UniformStorage(GraphStorage):
 
     def _propagate_grid(self, frame: GraphFrame, xs: Tensor) -> Tensor:
         """Box means over whole raster-ordered images (backward: rotated by 180 degrees)."""
-        o, d, extra = frame.explicit_order, self.window, int(frame.include_self)
+        # (only for a window over raster-ordered images)
+        o, d, extra = cast(RasterOrder, frame.explicit_order), self.window, int(frame.include_self)
+        assert d is not None
         b, hh, ww = frame.sequences.num_sequences, o.height, o.width
         grid = xs.double().reshape(xs.size(0), b, hh, ww, xs.size(-1))
         if frame.direction == "backward":

@@ -2,18 +2,12 @@
 weights' digest included), and per-key digests that name what an edit changed."""
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any, Dict, Optional
+
+from glomo_pyg.digests import canonical_digest
 
 SEAL_KEY = "seal"
 _NESTED = ("directions", "*", "config")  # the keys digested entry by entry, level by level
-
-
-def _digest(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False,
-                      ensure_ascii=True)
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _parts(config: Dict[str, Any], prefix: str = "", depth: int = 0) -> Dict[str, str]:
@@ -25,14 +19,14 @@ def _parts(config: Dict[str, Any], prefix: str = "", depth: int = 0) -> Dict[str
         if isinstance(value, dict) and depth < len(_NESTED) and _NESTED[depth] in (key, "*"):
             out.update(_parts(value, f"{prefix}{key}.", depth + 1))
         else:
-            out[prefix + key] = _digest(value)[:16]
+            out[prefix + key] = canonical_digest(value)[:16]
     return out
 
 
 def seal_of(config: Dict[str, Any]) -> Dict[str, Any]:
     """The ``seal`` entry for ``config`` (whatever ``seal`` it holds is ignored)."""
     body = {k: v for k, v in config.items() if k != SEAL_KEY}
-    return dict(sha256=_digest(body), keys=_parts(config))
+    return dict(sha256=canonical_digest(body), keys=_parts(config))
 
 
 def seal_problem(config: Dict[str, Any]) -> Optional[str]:

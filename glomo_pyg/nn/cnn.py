@@ -36,6 +36,7 @@ class MaskedNorm(torch.nn.Module):
                              f"{units.size(0)}: train on larger batches, use norm='layer', or "
                              "call .eval() to emit graphs")
         out = torch.zeros_like(x)
+        assert self.module is not None
         out[mask] = self.module(units)
         return out
 

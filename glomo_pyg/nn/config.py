@@ -4,12 +4,13 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-from typing import Any, Dict
+from typing import Any, Dict, Type, TypeVar
 
 import numpy as np
 import torch
 
 _JSON_SCALARS = (type(None), bool, int, float, str)
+_M = TypeVar("_M", bound="ConfigurableModule")
 
 
 def _plain(value: Any, where: str) -> Any:
@@ -41,7 +42,7 @@ class ConfigurableModule(torch.nn.Module):
         signature = inspect.signature(init)
 
         @functools.wraps(init)
-        def recorded(self, *args, **kw):
+        def recorded(self: ConfigurableModule, *args: Any, **kw: Any) -> None:
             if "_config" not in self.__dict__:  # the outermost constructor records
                 bound = signature.bind(self, *args, **kw)
                 bound.apply_defaults()
@@ -62,7 +63,7 @@ class ConfigurableModule(torch.nn.Module):
         return _plain(copy.deepcopy(self._config), type(self).__name__)
 
     @classmethod
-    def from_config(cls, config: Dict[str, Any]) -> "ConfigurableModule":
+    def from_config(cls: Type[_M], config: Dict[str, Any]) -> _M:
         """A new module (freshly initialised) built from :meth:`config`'s output."""
         params = inspect.signature(cls.__init__).parameters
         open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())

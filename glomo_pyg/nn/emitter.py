@@ -3,12 +3,14 @@ from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
 from operator import attrgetter
-from typing import Dict, List, Optional, Tuple, Type, Union
+from typing import Dict, List, Optional, Tuple, Type, TypeVar, Union, cast
 
 from torch import Tensor
 
 from glomo_pyg.graphs import LatentGraphs
 from glomo_pyg.nn.config import ConfigurableModule
+from glomo_pyg.nn.encoder import UnitEncoder
+from glomo_pyg.nn.scorer import GraphScorer
 from glomo_pyg.nn.settings import check_model_setting
 from glomo_pyg.ordering import SequenceOrder, UnitOrder
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
@@ -17,6 +19,7 @@ from glomo_pyg.sequences import SequenceBatch, sequence_batch
 EMITTERS: Dict[str, Type["GraphEmitter"]] = {}
 
 EmitResult = Union[LatentGraphs, Tuple[LatentGraphs, List[Tensor]]]
+_E = TypeVar("_E", bound="GraphEmitter")
 
 
 class GraphEmitter(ConfigurableModule, metaclass=ABCMeta):
@@ -33,6 +36,7 @@ class GraphEmitter(ConfigurableModule, metaclass=ABCMeta):
     num_layers: int
     heads: int
     include_self: bool
+    encoder: UnitEncoder
 
     def __init_subclass__(cls, register: bool = True, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -46,7 +50,7 @@ class GraphEmitter(ConfigurableModule, metaclass=ABCMeta):
     num_tokens = property(attrgetter("encoder.num_tokens"), doc="Vocabulary size, or None.")
     in_channels = property(attrgetter("encoder.in_channels"), doc="Feature width, or None.")
 
-    def set_layout(self, layout: str) -> "GraphEmitter":
+    def set_layout(self: _E, layout: str) -> _E:
         """Emit graphs in ``layout`` from now on (not saved with the model)."""
         check_model_setting("layout", layout)
         self.layout = layout
@@ -65,12 +69,15 @@ class GraphEmitter(ConfigurableModule, metaclass=ABCMeta):
     def forward(self, x: Tensor, batch: Optional[Tensor] = None,
                 layout: Optional[str] = None) -> LatentGraphs:
         self.check_input(x)
-        return self.emit(x, sequence_batch(x.size(0), batch, x.device), layout)
+        return cast(LatentGraphs,
+                    self.emit(x, sequence_batch(x.size(0), batch, x.device), layout))
 
 
 class ScoredEmitter(GraphEmitter, register=False):
     """Base of emitters that score key and query states (:meth:`states`) with a
     :class:`~glomo_pyg.nn.GraphScorer` held as ``self.scorer`` (paper Eq. 1)."""
+
+    scorer: GraphScorer
 
     num_layers = property(attrgetter("scorer.num_layers"), doc="Graph layers.")
     heads = property(attrgetter("scorer.heads"), doc="Graphs per layer.")

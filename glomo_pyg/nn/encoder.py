@@ -1,7 +1,7 @@
 """Input encoder shared by the graph and feature predictors: token ids or features."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, cast
 
 import torch
 from torch import Tensor
@@ -23,13 +23,17 @@ class UnitEncoder(torch.nn.Module):
         - **output:** :math:`(N, C)`
     """
 
+    pixel_mean: Tensor
+    pixel_std: Tensor
+
     def __init__(self, out_channels: int, num_tokens: Optional[int] = None,
                  in_channels: Optional[int] = None, padding_idx: Optional[int] = None,
                  pixel_mean: Optional[Sequence[float]] = None,
                  pixel_std: Optional[Sequence[float]] = None):
         super().__init__()
         size = num_tokens if in_channels is None else in_channels
-        one_input = (num_tokens is None) != (in_channels is None) and min(size, out_channels) > 0
+        one_input = (num_tokens is None) != (in_channels is None) and \
+            min(cast(int, size), out_channels) > 0
         if not one_input or padding_idx is not None and (
                 num_tokens is None or isinstance(padding_idx, bool) or
                 not isinstance(padding_idx, int) or not -num_tokens <= padding_idx < num_tokens):
@@ -48,6 +52,7 @@ class UnitEncoder(torch.nn.Module):
         if self.pixels:
             check_statistics(list(pixel_mean or ()), list(pixel_std or ()), in_channels)
             for name, values in (("pixel_mean", pixel_mean), ("pixel_std", pixel_std)):
+                assert values is not None  # (checked: as many values as in_channels)
                 self.register_buffer(name, torch.tensor([float(v) for v in values]),
                                      persistent=False)
         self.reset_parameters()
@@ -63,16 +68,17 @@ class UnitEncoder(torch.nn.Module):
 
     def check(self, x: Tensor) -> None:
         if self.embedding is not None:
-            check_tokens(x, self.num_tokens)
+            check_tokens(x, cast(int, self.num_tokens))
         elif self.pixels:
-            check_pixels(x, self.in_channels)
+            check_pixels(x, cast(int, self.in_channels))
         else:
-            check_features(x, self.in_channels)
+            check_features(x, cast(int, self.in_channels))
 
     def encode(self, x: Tensor) -> Tensor:
         """:meth:`forward` without the checks."""
         if self.embedding is not None:
             return self.embedding(x)
+        assert self.linear is not None
         dtype = self.linear.weight.dtype
         if self.pixels:
             x = ((x.to(dtype) / 255.0 - self.pixel_mean.to(dtype)) / self.pixel_std.to(dtype))

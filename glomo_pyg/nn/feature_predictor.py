@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import operator
 from operator import attrgetter
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple, TypeVar, cast
 
 import torch
 from torch import Tensor
@@ -17,6 +17,7 @@ from glomo_pyg.nn.scorer import GraphScorer, resolve_head_channels
 from glomo_pyg.nn.settings import check_model_setting
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
+_F = TypeVar("_F", bound="FeaturePredictor")
 
 def context_mean(x: Tensor, sequences: SequenceBatch, direction: str,
                  include_self: bool = False) -> Tensor:
@@ -128,7 +129,7 @@ class FeaturePredictor(ConfigurableModule):
 
     layout: str = "sparse"  # of the graphs a decouple=False scorer emits (run time)
 
-    def set_layout(self, layout: str) -> "FeaturePredictor":
+    def set_layout(self: _F, layout: str) -> _F:
         """Layout of the graphs the ``decouple=False`` scorer emits (not saved)."""
         check_model_setting("layout", layout)
         self.layout = layout
@@ -139,10 +140,12 @@ class FeaturePredictor(ConfigurableModule):
         self.encoder.check(x)
         sequences = sequence_batch(x.size(0), batch, x.device)
         given = isinstance(graphs, LatentGraphs)
-        got = (graphs.num_layers, graphs.num_heads, graphs.num_nodes) if given else \
+        got = (graphs.num_layers, graphs.num_heads, graphs.num_nodes) \
+            if isinstance(graphs, LatentGraphs) else \
             None if graphs is None else type(graphs).__name__
         if got != ((self.num_layers, self.heads, x.size(0)) if self.decouple else None) or \
-                given and (graphs.device != x.device or not torch.equal(graphs.ptr, sequences.ptr)):
+                isinstance(graphs, LatentGraphs) and (
+                    graphs.device != x.device or not torch.equal(graphs.ptr, sequences.ptr)):
             error = TypeError if graphs is not None and not given else ValueError
             raise error(f"this FeaturePredictor propagates along LatentGraphs of "
                              f"{self.num_layers} layers x {self.heads} heads emitted for this "
@@ -165,8 +168,8 @@ class FeaturePredictor(ConfigurableModule):
                                                 [l]))
                 layer, index = emitted[-1], 0
             else:
-                layer, index = graphs, l
-            out = conv.propagate_graphs(f, layer, index)
+                layer, index = cast(LatentGraphs, graphs), l
+            out = cast(GlomoConv, conv).propagate_graphs(f, layer, index)
             if self.pooled is not None:
                 out = out + self.pooled[l](context_mean(f, sequences, layer.direction,
                                                         layer.include_self))
@@ -181,7 +184,7 @@ class FeaturePredictor(ConfigurableModule):
             graphs = LatentGraphs.from_storage(storages, num_heads=self.heads, sequences=sequences,
                                                direction=self.scorer.direction,
                                                include_self=self.scorer.include_self)
-        return f, graphs
+        return f, cast(LatentGraphs, graphs)
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.encoder!r}, hidden_channels="
@@ -220,4 +223,5 @@ class FeatureGraphEmitter(FeaturePredictor, GraphEmitter):
             raise ValueError("the keep-alive penalty applies to decoupled graph predictors")
         return self.from_sequences(x, sequences, layout=layout)[1]
 
-    forward = GraphEmitter.forward
+    # (LatentGraphs, not FeaturePredictor's (features, graphs): deliberately incompatible)
+    forward = GraphEmitter.forward  # type: ignore[assignment]

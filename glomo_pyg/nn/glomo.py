@@ -3,14 +3,15 @@ both directions (paper Sec. 2.1)."""
 from __future__ import annotations
 
 import copy
-from typing import Dict, Mapping, NamedTuple, Optional, Sequence
+from typing import (TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence,
+                    Tuple, Union, cast)
 
 import torch
 from torch import Tensor
 
-from glomo_pyg.graphs import DIRECTION_KEYS as _KEY, DirectionalGraphs
+from glomo_pyg.graphs import DIRECTION_KEYS as _KEY, DirectionalGraphs, LatentGraphs
 from glomo_pyg.nn.decoder import IGNORE, ContextDecoder
-from glomo_pyg.nn.emitter import GraphEmitter
+from glomo_pyg.nn.emitter import GraphEmitter, ScoredEmitter
 from glomo_pyg.nn.encoder import UnitEncoder
 from glomo_pyg.nn.feature_predictor import FeatureGraphEmitter, FeaturePredictor
 from glomo_pyg.nn.graph_predictor import GraphPredictor
@@ -19,6 +20,9 @@ from glomo_pyg.nn.scorer import resolve_head_channels
 from glomo_pyg.nn.settings import IMAGE_DEFAULTS as _I, TEXT_DEFAULTS as _T, check_model_setting
 from glomo_pyg.ordering import DIRECTIONS
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
+
+if TYPE_CHECKING:
+    from glomo_pyg.nn.pixel import PixelContextHead
 
 EMBEDDING_PARTS = ("graph", "features")  # set_token_embeddings: g's and f's embeddings
 
@@ -68,7 +72,7 @@ class Glomo(torch.nn.Module):
     """
 
     def __init__(self, feature_predictors: Mapping[str, FeaturePredictor],
-                 context_heads: Mapping[str, ContextDecoder],
+                 context_heads: Mapping[str, Union[ContextDecoder, PixelContextHead]],
                  emitters: Optional[Mapping[str, GraphEmitter]] = None, *,
                  num_positions: int = _T.num_positions, objective: str = _T.objective,
                  keep_alive: float = _T.keep_alive,
@@ -108,7 +112,8 @@ class Glomo(torch.nn.Module):
                                      "their own graphs (FeatureGraphEmitter, decouple=False)"
                                      if emitters is None else ""))
         if keep_alive and (emitters is None or
-                           not all(emitters[d].scorer.sparse for d in directions)):
+                           not all(cast(ScoredEmitter, emitters[d]).scorer.sparse
+                                   for d in directions)):
             raise ValueError("keep_alive applies to the squared-ReLU graphs (sparse=True) of a "
                              "graph predictor g (decouple=True); softmax graphs have no empty "
                              "columns")
@@ -163,13 +168,15 @@ class Glomo(torch.nn.Module):
         check_model_setting("decoder_layers", decoder_layers)
         head_channels = resolve_head_channels(hidden_channels, heads, head_channels)
         directions = ("forward", "backward") if bidirectional else ("forward",)
-        scorer = dict(head_channels=head_channels, include_self=include_self, sparse=sparse,
-                      bias=bias, block_size=block_size, position=position,
-                      position_frequencies=position_frequencies, position_period=position_period)
-        shared = dict(num_tokens=num_tokens, hidden_channels=hidden_channels,
-                      num_layers=num_layers, heads=heads, padding_idx=padding_idx, dropout=dropout)
-        f_kwargs = dict(shared, update=update, pooled_context=pooled_context,
-                        local_context=local_context)
+        scorer: Dict[str, Any] = dict(
+            head_channels=head_channels, include_self=include_self, sparse=sparse, bias=bias,
+            block_size=block_size, position=position,
+            position_frequencies=position_frequencies, position_period=position_period)
+        shared: Dict[str, Any] = dict(
+            num_tokens=num_tokens, hidden_channels=hidden_channels, num_layers=num_layers,
+            heads=heads, padding_idx=padding_idx, dropout=dropout)
+        f_kwargs: Dict[str, Any] = dict(shared, update=update, pooled_context=pooled_context,
+                                        local_context=local_context)
         emitters, features, decoders = {}, {}, {}
         for d in directions:
             if decouple:
@@ -186,7 +193,8 @@ class Glomo(torch.nn.Module):
 
     @classmethod
     def image(cls, height: int = _I.height, width: int = _I.width,
-              in_channels: int = _I.in_channels, hidden_channels: int = _I.hidden_channels,
+              in_channels: int = cast(int, _I.in_channels),
+              hidden_channels: int = _I.hidden_channels,
               num_layers: int = _I.num_layers, heads: int = _I.heads,
               head_channels: Optional[int] = _I.head_channels,
               num_positions: int = _I.num_positions, update: str = _I.update,
@@ -196,8 +204,9 @@ class Glomo(torch.nn.Module):
               position: Optional[str] = _I.position,
               position_frequencies: int = _I.position_frequencies,
               position_period: float = _I.position_period,
-              pixel_mean: Sequence[float] = _I.pixel_mean,
-              pixel_std: Sequence[float] = _I.pixel_std, keep_alive: float = _I.keep_alive,
+              pixel_mean: Sequence[float] = cast(Sequence[float], _I.pixel_mean),
+              pixel_std: Sequence[float] = cast(Sequence[float], _I.pixel_std),
+              keep_alive: float = _I.keep_alive,
               keep_alive_margin: float = _I.keep_alive_margin,
               entropy_penalty: float = _I.entropy_penalty) -> "Glomo":
         r"""The pixel model of paper Sec. 3.5 over ``height x width`` images with
@@ -219,7 +228,7 @@ class Glomo(torch.nn.Module):
         head_channels = resolve_head_channels(hidden_channels, heads, head_channels)
         directions = ("forward", "backward") if bidirectional else ("forward",)
         emitters, features, heads_ = {}, {}, {}
-        stats = dict(pixel_mean=list(pixel_mean), pixel_std=list(pixel_std))
+        stats: Dict[str, Any] = dict(pixel_mean=list(pixel_mean), pixel_std=list(pixel_std))
         for d in directions:
             emitters[d] = PixelGraphPredictor(
                 height, width, in_channels, hidden_channels, num_layers, heads, head_channels,
@@ -239,7 +248,7 @@ class Glomo(torch.nn.Module):
         """The module that emits ``direction``'s graphs."""
         self._check_direction(direction)
         parts = self.graph_predictors if self.decouple else self.feature_predictors
-        return parts[_KEY[direction]]
+        return cast(GraphEmitter, parts[_KEY[direction]])
 
     def set_layout(self, layout: str) -> "Glomo":
         """Emit graphs in ``layout`` from now on (same graphs; not part of the model)."""
@@ -304,7 +313,8 @@ class Glomo(torch.nn.Module):
     def graphs(self, x: Tensor, batch: Optional[Tensor] = None) -> DirectionalGraphs:
         """Forward and backward :class:`LatentGraphs` for the units ``x``."""
         sequences = self._sequences(x, batch)
-        out = {d: self.emitter(d).emit(x, sequences) for d in self.directions}
+        out = {d: cast(LatentGraphs, self.emitter(d).emit(x, sequences))
+               for d in self.directions}
         return DirectionalGraphs(out.get("forward"), out.get("backward"))
 
     def features(self, x: Tensor, batch: Optional[Tensor] = None, direction: str = "forward"):
@@ -323,9 +333,10 @@ class Glomo(torch.nn.Module):
             if positions.numel() == 0:
                 raise ValueError("nothing to predict: every sequence in the batch has length 1 "
                                  "(context prediction needs at least two units per sequence)")
-            targets = self.decoders[_KEY[d]].targets(x, sequences, positions, d)
+            head = cast("Union[ContextDecoder, PixelContextHead]", self.decoders[_KEY[d]])
+            targets = head.targets(x, sequences, positions, d)
             state = f if self.objective == "unit" else self._pooled(f, sequences, d)
-            loss, correct = self.decoders[_KEY[d]].loss(state[positions], targets)
+            loss, correct = head.loss(state[positions], targets)
             total = loss
             if self.training and self.entropy_penalty > 0:
                 entropy = graphs.column_entropy()
@@ -355,18 +366,21 @@ class Glomo(torch.nn.Module):
             raise ValueError(f"direction must be one of {self.directions}, got {direction!r}")
 
     def _sequences(self, x: Tensor, batch: Optional[Tensor]) -> SequenceBatch:
-        self.feature_predictors[_KEY[self.directions[0]]].encoder.check(x)
+        cast(FeaturePredictor, self.feature_predictors[_KEY[self.directions[0]]]).encoder.check(x)
         return sequence_batch(x.size(0), batch, x.device)
 
     def _features(self, x: Tensor, sequences: SequenceBatch, direction: str,
                   column_max: bool = False):
         """``(f^L, graphs, column maxima or None)`` of one direction."""
-        graphs, maxima = None, None
+        graphs: Optional[LatentGraphs] = None
+        maxima: Optional[List[Tensor]] = None
         if self.decouple:
-            out = self.graph_predictors[_KEY[direction]].emit(x, sequences,
-                                                              return_column_max=column_max)
-            graphs, maxima = out if column_max else (out, None)
-        f, graphs = self.feature_predictors[_KEY[direction]].from_sequences(x, sequences, graphs)
+            out = cast(GraphEmitter, self.graph_predictors[_KEY[direction]]).emit(
+                x, sequences, return_column_max=column_max)
+            graphs, maxima = cast("Tuple[LatentGraphs, Optional[List[Tensor]]]",
+                                  out if column_max else (out, None))
+        f, graphs = cast(FeaturePredictor, self.feature_predictors[_KEY[direction]]
+                         ).from_sequences(x, sequences, graphs)
         return f, graphs, maxima
 
     def _positions(self, sequences: SequenceBatch, direction: str) -> Tensor:

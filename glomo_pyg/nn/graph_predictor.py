@@ -1,7 +1,7 @@
 """The graph predictor g of GLoMo for sequences (paper Sec. 2.1)."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from torch import Tensor
 
@@ -62,8 +62,8 @@ class GraphPredictor(ScoredEmitter):
         head_channels = resolve_head_channels(hidden_channels, heads, head_channels)
         self.hidden_channels, self.direction = hidden_channels, direction
         self.encoder = UnitEncoder(hidden_channels, num_tokens, in_channels, padding_idx)
-        cnn = dict(num_layers=cnn_layers, kernel_size=kernel_size, direction=direction, norm=norm,
-                   dropout=dropout)
+        cnn: Dict[str, Any] = dict(num_layers=cnn_layers, kernel_size=kernel_size,
+                                   direction=direction, norm=norm, dropout=dropout)
         self.key_cnn = CausalCNN(hidden_channels, **cnn)
         self.query_cnn = CausalCNN(hidden_channels, **cnn)
         self.scorer = GraphScorer(hidden_channels, num_layers, heads, head_channels, bias, sparse,

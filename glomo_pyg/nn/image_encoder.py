@@ -84,7 +84,7 @@ class ImageEncoder(ConfigurableModule):
 
     def _normalised(self, images: Tensor) -> Tensor:
         check_images(images, self.in_channels)
-        weight = self.stages[0][0][0].weight
+        weight = self.stages[0][0][0].weight  # type: ignore[index]  # (Sequential's items)
         return normalize(images, self.pixel_mean, self.pixel_std).to(weight.dtype)
 
     def stage_maps(self, images: Tensor) -> Tuple[Tensor, Tensor, Tensor]:

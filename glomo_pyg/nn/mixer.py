@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numbers
-from typing import Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Iterator, List, Optional, Sequence, Tuple, Union, cast
 
 import torch
 from torch import Tensor
@@ -116,6 +116,7 @@ class GraphMixer(torch.nn.Module):
             return torch.softmax(self.logits, dim=-1)
         if x is None:
             raise ValueError("conditioned mixture weights depend on the features: pass x")
+        assert self.weight_lins is not None
         return torch.stack([torch.softmax(lin(x), dim=-1) for lin in self.weight_lins])
 
     def forward(self, x: Tensor, graphs: GraphsArg) -> List[Tensor]:
@@ -175,15 +176,16 @@ class GraphMixer(torch.nn.Module):
     def _propagate(self, x: Tensor, graphs: LatentGraphs) -> Iterator[tuple]:
         """``[H, N, C]`` ``(H G^l, H Lambda^l)`` per selected layer ``l`` (``None``: unmixed)."""
         use_graph, use_chain = "graph" in self.kinds, "hierarchical" in self.kinds
-        chain = None
+        chain: Optional[Tensor] = None
         for l in range(self.layers[-1] + 1):
             selected = l in self.layers
             if not selected and not use_chain:
                 continue
-            direct = None
+            direct: Optional[Tensor] = None
             if use_graph and selected and use_chain and l > 0 and graphs.layout == "fused":
                 # one fused call for H G^l and P^{l-1} G^l: the fused layout scores the
                 # layer once per call, and wider values cost it little
+                assert chain is not None  # (from layer 0)
                 c = x.size(-1)
                 both = graphs.propagate(torch.cat([x.expand(chain.shape), chain], -1), l)
                 yield both[..., :c], both[..., c:]
@@ -192,16 +194,16 @@ class GraphMixer(torch.nn.Module):
             if use_graph and selected or use_chain and l == 0:
                 direct = graphs.propagate(x, l)
             if use_chain:  # P^l = P^{l-1} G^l, per head
-                chain = direct if l == 0 else graphs.propagate(chain, l)
+                chain = direct if l == 0 else graphs.propagate(cast(Tensor, chain), l)
             if selected:
                 yield direct if use_graph else None, chain
 
     def _check_graphs(self, x: Tensor, graphs: GraphsArg) -> List[LatentGraphs]:
         graphs = [graphs] if isinstance(graphs, LatentGraphs) else list(graphs)
-        bad = [type(g).__name__ for g in graphs
-               if g is not None and not isinstance(g, LatentGraphs)]
-        if bad:
-            raise TypeError(f"graphs must be LatentGraphs (or None), got {bad}")
+        foreign = [type(g).__name__ for g in graphs
+                   if g is not None and not isinstance(g, LatentGraphs)]
+        if foreign:
+            raise TypeError(f"graphs must be LatentGraphs (or None), got {foreign}")
         by_direction = {g.direction: g for g in graphs if g is not None}
         out = [by_direction.get(d) for d in self.directions]
         missing = [d for d, g in zip(self.directions, out) if g is None]
@@ -209,13 +211,14 @@ class GraphMixer(torch.nn.Module):
             g.num_layers, g.num_heads, g.num_nodes, g.device) != (
                 self.num_layers, self.heads, x.size(0), x.device)), None)
         if missing or bad is not None:
+            bad = cast(LatentGraphs, bad)  # (read only when no direction is missing)
             raise ValueError(
                 f"this mixer needs graphs for directions {self.directions}; missing {missing}"
                 if missing else
                 f"{bad.direction} graphs cover {bad.num_nodes} units, x has {x.size(0)} rows "
                 f"({bad.num_layers} layers x {bad.num_heads} heads on {bad.device}; this mixer "
                 f"was built for {self.num_layers} x {self.heads}, x is on {x.device})")
-        return out
+        return cast(List[LatentGraphs], out)  # (none missing)
 
     def __repr__(self) -> str:
         return (f"{self.__class__.__name__}({self.in_channels}, layers={list(self.layers)}, "

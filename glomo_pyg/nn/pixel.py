@@ -30,6 +30,8 @@ class MaskedConv2d(torch.nn.Conv2d):
         - **output:** :math:`(B, C_{out}, H, W)`
     """
 
+    mask: Tensor
+
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3,
                  mask_type: str = "B"):
         if mask_type not in MASK_TYPES or kernel_size < 1 or kernel_size % 2 == 0:

@@ -3,7 +3,7 @@ the normalisation that turns scores into sparse graphs, shared by every graph em
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, cast
 
 import torch
 from torch import Tensor
@@ -69,6 +69,8 @@ class GraphScorer(torch.nn.Module):
     offsets of an image in raster order (``grid_width`` columns).
     """
 
+    frequencies: Optional[Tensor]
+
     def __init__(self, in_channels: int, num_layers: int, heads: int, head_channels: int,
                  bias: str = "scalar", sparse: bool = True, direction: str = "forward",
                  include_self: bool = False, block_size: int = 1 << 22,
@@ -127,6 +129,7 @@ class GraphScorer(torch.nn.Module):
         shape = distance.shape[:-1] if grid else distance.shape
         if self.position_coef is None:
             return distance.new_zeros((self.heads, *shape), dtype=torch.float32)
+        assert self.frequencies is not None
         angle = distance.unsqueeze(-1).double() * self.frequencies.double()  # [..., (2,) M]
         if grid:
             angle = angle.flatten(-2)
@@ -138,9 +141,11 @@ class GraphScorer(torch.nn.Module):
 
     def _position_features(self, layer: int, t: int, like: Tensor) -> Tuple[Tensor, Tensor]:
         """Key ``[1, 1, T, 2M]`` and query ``[1, H, T, 2M]`` features: :meth:`relative_bias`."""
+        assert self.frequencies is not None and self.position_coef is not None
         pos = torch.arange(t, device=like.device, dtype=torch.float64)
         if self.position == "grid":  # (row, column) of each raster position
             w = self.grid_width
+            assert w is not None
             pos = torch.stack([torch.div(pos, w, rounding_mode="floor"), pos % w], -1)
         angle = (pos.unsqueeze(-1) * self.frequencies.double()).view(t, -1)  # [T, axes M]
         dtype = torch.promote_types(like.dtype, torch.float32)
@@ -162,7 +167,8 @@ class GraphScorer(torch.nn.Module):
         if self.bias is not None:
             bias = self.bias[layer].detach() if detach_bias else self.bias[layer]
         else:
-            thr = self.threshold[layer]  # s = (k - w) . q - c
+            assert self.threshold is not None
+            thr = cast(torch.nn.Linear, self.threshold[layer])  # s = (k - w) . q - c
             k, bias = k - thr.weight.view(-1), -thr.bias
         # under autocast the projections are half precision but the folded bias and
         # threshold float32: score both in the wider dtype (the fused kernel needs one,
@@ -208,7 +214,8 @@ class GraphScorer(torch.nn.Module):
         check_model_setting("layout", layout)
         layers = range(self.num_layers) if layers is None else layers
         b, t, n = sequences.num_sequences, sequences.max_len, sequences.num_nodes
-        meta = dict(direction=self.direction, sequences=sequences, include_self=self.include_self)
+        meta: Dict[str, Any] = dict(direction=self.direction, sequences=sequences,
+                                    include_self=self.include_self)
         normalization = "relu2" if self.sparse else "softmax"
         requested = layout
         if layout == "auto":

@@ -4,7 +4,8 @@ from __future__ import annotations
 import sys
 import warnings
 from operator import attrgetter
-from typing import List, Optional, Sequence
+from types import FrameType
+from typing import List, Optional, Sequence, cast
 
 import torch
 from torch import Tensor
@@ -18,7 +19,7 @@ from glomo_pyg.sequences import check_dtype, check_features, sequence_batch
 
 GRAPHS = ("learned", "uniform", "adjacent", "none")
 # frames of these packages are skipped when a warning names its caller
-_INTERNAL = tuple(m.__file__[:-len("__init__.py")]  # the package folders, separator included
+_INTERNAL = tuple(cast(str, m.__file__)[:-len("__init__.py")]  # the package folders (with /)
                   for m in (sys.modules["glomo_pyg"], torch))
 
 
@@ -29,6 +30,7 @@ def _check_graph(graph: str) -> None:
 
 def _caller_stacklevel() -> int:
     """``stacklevel`` of the first frame outside glomo_pyg and torch (the depth varies)."""
+    frame: Optional[FrameType]
     level, frame = 2, sys._getframe(2)
     while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL):
         level, frame = level + 1, frame.f_back
@@ -122,7 +124,7 @@ class GlomoTransfer(torch.nn.Module):
             graphs = self.predictor(x, batch)
             self._check_length(graphs)
             return self._windowed(graphs)
-        num_nodes = x.size(0) if num_nodes is None else num_nodes
+        num_nodes = cast(Tensor, x).size(0) if num_nodes is None else num_nodes
         device = batch.device if batch is not None else (x.device if x is not None else
                                                          self.fusion.gate.weight.device)
         ptr = sequence_batch(num_nodes, batch, device).ptr
@@ -141,6 +143,7 @@ class GlomoTransfer(torch.nn.Module):
         if self._warned_length or (p.trained_size if raster else p.trained_length) is None:
             return
         if raster:
+            assert isinstance(order, RasterOrder) and p.trained_size is not None
             docs = "docs/images.md, 'Crops and the window'"
             (h, w), size = p.trained_size, (order.height, order.width)
             window = min(h, w) - 1  # the offsets the term saw along both axes
@@ -148,6 +151,7 @@ class GlomoTransfer(torch.nn.Module):
             now = f"{size[0]}x{size[1]} images"
             far = f"row or column offsets of {window + 1} or more"
         else:
+            assert p.trained_length is not None
             docs = "docs/training.md, 'Position information in the scores'"
             window = p.trained_length - 1
             seen = f"sequences of at most {p.trained_length}"
@@ -185,7 +189,8 @@ class GlomoTransfer(torch.nn.Module):
                     graphs: Optional[DirectionalGraphs]) -> DirectionalGraphs:
         """``graphs`` computed from ``x``, or given: then no ``x`` and only their own ``batch``."""
         if graphs is None:
-            return self.graphs(x, batch, num_nodes=h.size(0))
+            # (not graph='none': the callers handle it)
+            return cast(DirectionalGraphs, self.graphs(x, batch, num_nodes=h.size(0)))
         if not isinstance(graphs, tuple) or len(graphs) != 2:  # DirectionalGraphs or a pair
             raise TypeError(f"graphs must be DirectionalGraphs (forward, backward), got "
                             f"{type(graphs).__name__}")

@@ -81,6 +81,7 @@ def read_checkpoint(path: str) -> Dict[str, Any]:
     except NotRegularFileError as err:
         raise CheckpointError(str(err)) from None
     size = os.path.getsize(path)
+    data: Any  # (checked below)
     try:
         data = torch.load(path, map_location="cpu", weights_only=True, mmap=True) \
             if zipfile.is_zipfile(path) else None

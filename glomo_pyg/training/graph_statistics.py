@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import Dict, List, Set, Tuple
+from typing import Any, Dict, List, Set, Tuple
 
 import lightning.pytorch as pl
 import torch
@@ -84,7 +84,7 @@ class GraphStatisticsCallback(pl.Callback):
                 # straight to the loggers, at this step only (values logged through
                 # LightningModule.log from a callback would be repeated at later steps)
                 logger.log_metrics(stats, step=step)
-                experiment = getattr(logger, "experiment", None)
+                experiment: Any = getattr(logger, "experiment", None)
                 if hasattr(experiment, "add_histogram"):
                     for l in range(g.num_layers):
                         ei = g.layer(l)[0]

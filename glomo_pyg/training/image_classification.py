@@ -7,7 +7,7 @@ import math
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -57,7 +57,7 @@ def precompute_propagations(model: GlomoResNet, images: Tensor, batch_size: int 
         chunk = images[start:start + batch_size].to(device)
         h = model.stage_input(chunk)
         x, batch = image_units(chunk)
-        p = model.transfer.propagations(h, x, batch)  # [D, K, B HW, C]
+        p = cast(Tensor, model.transfer.propagations(h, x, batch))  # [D, K, B HW, C]
         d, k, _, c = p.shape
         out.append(p.view(d, k, len(chunk), -1, c).permute(2, 0, 1, 3, 4).to("cpu", dtype))
     return torch.cat(out)
@@ -196,7 +196,7 @@ def train_image_classifier(model: GlomoResNet, train: Tuple[Tensor, Tensor],
     device = torch.device(device) if device is not None else next(model.parameters()).device
     model.to(device)
     if device.type == "cuda":
-        model.resnet.to(memory_format=torch.channels_last)
+        model.resnet.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=config.lr,
                                 momentum=config.momentum, nesterov=True,
                                 weight_decay=config.weight_decay)
@@ -205,8 +205,8 @@ def train_image_classifier(model: GlomoResNet, train: Tuple[Tensor, Tensor],
         total_steps=config.epochs * math.ceil(len(train[0]) / config.batch_size),
         div_factor=25.0, final_div_factor=1e3)
     gen = torch.Generator().manual_seed(seed)
-    state = dict(epoch=0, best_val=-1.0, best_epoch=-1, val_curve=[], epoch_seconds=[],
-                 best_state=None)
+    state: Dict[str, Any] = dict(epoch=0, best_val=-1.0, best_epoch=-1, val_curve=[],
+                                 epoch_seconds=[], best_state=None)
     recipe = dict(asdict(config), train_images=len(train[0]))
     recipe.pop("eval_batch_size")  # (does not change training)
     if checkpoint and os.path.exists(checkpoint):

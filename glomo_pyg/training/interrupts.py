@@ -7,11 +7,14 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import Dict, Optional
+from types import FrameType
+from typing import Any, Callable, Dict, Optional, Union
 
 import lightning.pytorch as pl
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# what signal.getsignal returns
+_Handler = Union[Callable[[int, Optional[FrameType]], Any], int, signal.Handlers, None]
 
 
 class TrainingInterrupted(Exception):
@@ -41,7 +44,7 @@ class GracefulInterrupt(pl.Callback):
         self.checkpoint_path, self.quiet = checkpoint_path, quiet
         self.signum: Optional[int] = None
         self.count = 0  # signals received
-        self._previous: Dict[int, object] = {}
+        self._previous: Dict[int, _Handler] = {}
         self._trainer: Optional[pl.Trainer] = None
 
     @staticmethod

@@ -14,7 +14,7 @@ import json
 import math
 import os
 import time
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -72,7 +72,7 @@ def random_views(images: Tensor, generator: Optional[torch.Generator] = None,
     theta[:, 0, 0], theta[:, 0, 2] = width * sign, cx
     theta[:, 1, 1], theta[:, 1, 2] = height, cy
     theta = theta.to(images.device)
-    grid = F.affine_grid(theta, (b, c, h, w), align_corners=False)
+    grid = F.affine_grid(theta, (b, c, h, w), align_corners=False)  # type: ignore[arg-type]
     x = F.grid_sample(images.float() / 255, grid, mode="bilinear", padding_mode="reflection",
                       align_corners=False)
     factors = [uniform(1 - jitter, 1 + jitter).to(x.device).view(b, 1, 1, 1) for _ in range(3)]
@@ -111,6 +111,9 @@ class MoCo(torch.nn.Module):
         - **output:** the InfoNCE loss (a scalar)
     """
 
+    queue: Tensor
+    queue_ptr: Tensor
+
     def __init__(self, encoder: ImageEncoder, dim: int = 128, queue_size: int = 4096,
                  momentum: float = 0.99, temperature: float = 0.07):
         super().__init__()
@@ -133,7 +136,7 @@ class MoCo(torch.nn.Module):
 
     @property
     def encoder(self) -> ImageEncoder:
-        return self.query[0]
+        return cast(ImageEncoder, self.query[0])
 
     def reset_queue(self, generator: Optional[torch.Generator] = None) -> None:
         """Random unit vectors (MoCo's initial negatives)."""
@@ -287,7 +290,9 @@ def pretrain_moco(images: Tensor, config: MocoConfig, folder: str,
     start = time.perf_counter() - seconds
     while step < config.max_steps and (config.max_seconds is None or seconds < config.max_seconds):
         batch = images[_batch_indices(images.size(0), config.batch_size, config.seed, step)]
-        views = [random_views(batch, augment_generator, config.crop_scale) for _ in range(2)]
+        views = [random_views(batch, augment_generator,
+                              cast(Tuple[float, float], config.crop_scale))  # (checked: a pair)
+                 for _ in range(2)]
         for group in optimizer.param_groups:
             group["lr"] = _learning_rate(config, step)
         loss = model(*views)

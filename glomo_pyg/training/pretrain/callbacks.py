@@ -39,9 +39,12 @@ class RandomStateCheckpoint(pl.Callback):
     """Saves and restores the Python, NumPy, torch and CUDA random states in checkpoints."""
 
     def state_dict(self) -> Dict[str, Any]:
+        # (NumPy's global MT19937 state is the legacy tuple, never the dict of other generators)
         state = dict(python=list(random.getstate()[1]), python_version=random.getstate()[0],
-                     python_gauss=random.getstate()[2], numpy=np.random.get_state()[1].tolist(),
-                     numpy_pos=int(np.random.get_state()[2]), torch=torch.get_rng_state())
+                     python_gauss=random.getstate()[2],
+                     numpy=np.random.get_state()[1].tolist(),  # type: ignore[index]
+                     numpy_pos=int(np.random.get_state()[2]),  # type: ignore[index]
+                     torch=torch.get_rng_state())
         if torch.cuda.is_available():
             state["cuda"] = torch.cuda.get_rng_state_all()
         return state

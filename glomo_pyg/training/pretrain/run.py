@@ -8,7 +8,7 @@ import tempfile
 import time
 import warnings
 from types import SimpleNamespace
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, cast
 
 import lightning.pytorch as pl
 import torch
@@ -121,6 +121,7 @@ def _resume_point(config: PretrainConfig, resume: bool, child: bool, log):
     if not resume and existing is not None and not child:
         raise FileExistsError(f"{out} already holds a run ({existing}); pass --resume to "
                               "continue it or choose another output_dir")
+    damaged: List[str]
     found, damaged = None, []  # (checkpoints found damaged, set aside once checks pass)
     if resume:
         for tmp in stale_temporary_files(folder) if not child else []:
@@ -137,7 +138,7 @@ def _resume_point(config: PretrainConfig, resume: bool, child: bool, log):
         refusal = (f"{ckpt} is at step {step}, past train.max_steps ({max_steps}); raise "
                    "max_steps to continue the run")
     elif recorded is not None:  # the checkpoint's own record: config.json is only a copy
-        refusal = _resume_refusal(config, recorded, ckpt)
+        refusal = _resume_refusal(config, recorded, cast(str, ckpt))  # (a record: a checkpoint)
     elif ckpt is not None and os.path.exists(saved_config):  # older checkpoints
         skip = ("delete it to skip this check (it is rewritten from the current settings; "
                 "the checkpoint itself is still checked against the model and corpus)")
@@ -215,6 +216,7 @@ def _prepare_images(config: PretrainConfig, prepare_only: bool, log) -> SimpleNa
 def _data_and_module(config: PretrainConfig, corpus: SimpleNamespace
                      ) -> Tuple[pl.LightningDataModule, GlomoPretraining, Dict[str, Any]]:
     c, t = config.corpus, config.train
+    data: pl.LightningDataModule
     if corpus.images:
         data = ImagePretrainingData(corpus.pixels, t.batch_size, c.validation_fraction,
                                     t.seed, t.num_workers)
@@ -240,7 +242,8 @@ def _start_token_embeddings(config: PretrainConfig, vocab, module: GlomoPretrain
     width = embedding_width(model_kwargs)
     source = t.init_vectors if t.init_vectors != TRAIN_VECTORS else train_init_vectors(
         c, width, config.output_dir, t.seed, max(1, torch.get_num_threads()), log)
-    weight, found = initial_token_embeddings(source, vocab.tokens(), width, t.seed)
+    weight, found = initial_token_embeddings(cast(str, source),  # (set: the caller checks)
+                                             vocab.tokens(), width, t.seed)
     module.model.set_token_embeddings(weight, INIT_VECTORS_PARTS[t.init_vectors_parts])
     only = {"graph": "; g's only", "features": "; f's only"}.get(t.init_vectors_parts, "")
     log(f"token embeddings start from {source} ({found:.1%} of the vocabulary found{only})")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import List, Optional
+from typing import Any, List, Optional, cast
 
 import lightning.pytorch as pl
 import torch
@@ -46,7 +46,8 @@ def build_trainer(config: PretrainConfig, extra_callbacks: Optional[List[pl.Call
         logger = (TensorBoardLogger if t.logger == "tensorboard" else CSVLogger)(
             config.output_dir, name="logs")
         return pl.Trainer(max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices,
-                          num_nodes=t.num_nodes, strategy=t.strategy, precision=_precision(t),
+                          num_nodes=t.num_nodes, strategy=t.strategy,
+                          precision=cast(Any, _precision(t)),  # (Lightning checks the name)
                           gradient_clip_val=t.grad_clip or None, logger=logger,
                           callbacks=callbacks, log_every_n_steps=t.log_every,
                           val_check_interval=t.validate_every, check_val_every_n_epoch=None,
@@ -77,6 +78,7 @@ def check_model_builds(config: PretrainConfig) -> None:
                       width=c.crop or 32)
     else:  # (the vocabulary is not read yet; max_size is only its cap)
         kwargs = dict(config.model, num_tokens=8, padding_idx=0)
+    problem: Optional[str]
     try:
         with torch.device("meta"):  # shapes only: no memory, however wide the settings
             module = GlomoPretraining(kwargs)

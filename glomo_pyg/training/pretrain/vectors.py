@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -26,6 +26,8 @@ def _read_init_vectors(path: str, vocabulary: Optional[List[str]] = None,
     from glomo_pyg.data.word_vectors import embedding_matrix, read_word_vectors
 
     path = os.path.expanduser(path)
+    words: List[str]
+    problem: Union[str, OSError, TextDataError, None]
     words, out, std, problem = [], None, 0.0, None
     try:
         words, vectors = read_word_vectors(path, vocabulary=vocabulary,
@@ -55,7 +57,8 @@ def _read_init_vectors(path: str, vocabulary: Optional[List[str]] = None,
 
 def check_init_vectors(config: PretrainConfig) -> None:
     """Refuse a missing, unreadable or too narrow ``train.init_vectors`` file early."""
-    _read_init_vectors(config.train.init_vectors, width=embedding_width(config.model))
+    _read_init_vectors(cast(str, config.train.init_vectors),  # (set: the caller checks)
+                       width=embedding_width(config.model))
 
 
 TRAIN_VECTORS = "word2vec"  # train.init_vectors: train them on the corpus first
@@ -94,6 +97,8 @@ def initial_token_embeddings(path: str, vocabulary: List[str], dim: int,
     """The ``[len(vocabulary), dim]`` start of every token embedding from ``train.init_vectors``
     and the share of the vocabulary found: rescaled to std ``dim ** -0.5``, so that only the
     directions come from the file (an extension: the paper starts from random values)."""
-    weight, found = _read_init_vectors(path, vocabulary, seed=seed)
+    # (with a vocabulary: the matrix, or ValueError)
+    weight, found = cast(Tuple[torch.Tensor, float],
+                         _read_init_vectors(path, vocabulary, seed=seed))
     std = float(weight.double().std())
     return (weight.double() * (dim ** -0.5 / std)).float(), found
