@@ -1,13 +1,26 @@
 """glomo_pyg: GLoMo's unsupervisedly learned relational graphs for PyTorch Geometric."""
-from glomo_pyg.version import __version__
 from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs  # noqa: E402
-from glomo_pyg.ordering import RasterOrder, SequenceOrder, UnitOrder  # noqa: E402
-from glomo_pyg.nn import (ContextDecoder, FeatureGraphEmitter, FeaturePredictor,  # noqa: E402
-                          GatedFusion, Glomo, GlomoConv, GlomoOutput, GlomoResNet,
-                          GlomoTextClassifier, GlomoTransfer, GraphEmitter, GraphMixer,
-                          GraphPredictor, GraphScorer, PixelGraphPredictor,
-                          PretrainedGraphPredictor)
 from glomo_pyg.io import PretrainedFormatError, load_pretrained, save_pretrained  # noqa: E402
+from glomo_pyg.nn import (  # noqa: E402
+                          ContextDecoder,
+                          FeatureGraphEmitter,
+                          FeaturePredictor,
+                          GatedFusion,
+                          Glomo,
+                          GlomoConv,
+                          GlomoOutput,
+                          GlomoResNet,
+                          GlomoTextClassifier,
+                          GlomoTransfer,
+                          GraphEmitter,
+                          GraphMixer,
+                          GraphPredictor,
+                          GraphScorer,
+                          PixelGraphPredictor,
+                          PretrainedGraphPredictor,
+)
+from glomo_pyg.ordering import RasterOrder, SequenceOrder, UnitOrder  # noqa: E402
+from glomo_pyg.version import __version__
 
 __all__ = [
     "ContextDecoder", "DirectionalGraphs", "FeatureGraphEmitter", "FeaturePredictor",

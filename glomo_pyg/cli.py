@@ -9,7 +9,7 @@ import os
 import shlex
 import sys
 from collections import Counter
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union, cast
 
 import torch
 
@@ -19,14 +19,26 @@ from glomo_pyg.analysis.viewer import view
 from glomo_pyg.analysis.viewer.inputs import valid_text
 from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.data.text import UNK, binary_lines, decode_utf8, tokenize
-from glomo_pyg.data.word_vectors import (MAX_EPOCHS, MAX_SEED, MAX_TRAIN_DIM, MAX_WINDOW,
-                                         MAX_WORKERS, train_word_vectors, write_word_vectors)
+from glomo_pyg.data.word_vectors import (
+    MAX_EPOCHS,
+    MAX_SEED,
+    MAX_TRAIN_DIM,
+    MAX_WINDOW,
+    MAX_WORKERS,
+    train_word_vectors,
+    write_word_vectors,
+)
 from glomo_pyg.extras import MissingExtraError, require
 from glomo_pyg.io.image_files import read_image_file
 from glomo_pyg.io.paths import check_input_file, check_output_file, open_input_file
 from glomo_pyg.io.pretrained import reseal_pretrained
-from glomo_pyg.io.releases import (available_releases, describe_release, released_names,
-                                   releases_origin, releases_root)
+from glomo_pyg.io.releases import (
+    available_releases,
+    describe_release,
+    released_names,
+    releases_origin,
+    releases_root,
+)
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 from glomo_pyg.settings import THREADS, set_by_path
 from glomo_pyg.version import __version__
@@ -61,7 +73,7 @@ def _check_options(args: argparse.Namespace, **limits) -> None:
 def _set_threads(threads: Optional[int]) -> None:
     """``--threads N``: torch's CPU thread count (unset or 0 keeps torch's default)."""
     if THREADS.check("--threads", threads or 0):
-        torch.set_num_threads(threads)
+        torch.set_num_threads(cast(int, threads))  # (checked: not None)
 
 
 def _load_predictor(args: argparse.Namespace, **limits):
@@ -79,7 +91,8 @@ def _check_reads(predictor, wanted: str, needs: str, advice: Optional[dict] = No
         "words" if UNK in vocabulary else f"words but has no {UNK!r} token"
     if reads != wanted:
         raise ValueError(f"{needs} needs a predictor that reads {wanted}; this one reads "
-                         f"{reads}" + (f"; {advice[reads]}" if reads in (advice or {}) else ""))
+                         f"{reads}" + (f"; {cast(dict, advice)[reads]}"
+                                       if reads in (advice or {}) else ""))
 
 
 def _lines(path: str, option: str, limit: int):
@@ -189,12 +202,13 @@ def _add_pretrain(sub) -> None:
 
 def _pretrain_settings(args: argparse.Namespace, yaml) -> dict:
     """The YAML file's settings with the ``--set`` overrides applied."""
-    data = {}
+    data: Dict[str, Any] = {}
     if args.config:
         try:
             with open(args.config, encoding="utf-8") as fh:
                 data = _load_yaml(fh) or {}
-            problem = None if isinstance(data, dict) else "it must hold a mapping"
+            problem: Union[str, Exception, None] = \
+                None if isinstance(data, dict) else "it must hold a mapping"
         except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError) as err:
             problem = "nested too deeply" if isinstance(err, RecursionError) else err
         if problem is not None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 from torch import Tensor
 
-from glomo_pyg.ordering import check_int
+from glomo_pyg.settings import check_int
 
 if TYPE_CHECKING:  # annotations only: glomo_pyg.graphs imports this module
     from glomo_pyg.graphs import LatentGraphs

@@ -3,34 +3,15 @@
 1-D order of text (paper Sec. 2.1), :class:`RasterOrder` that of an image grid."""
 from __future__ import annotations
 
-import operator
 from abc import ABC, abstractmethod
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 from torch import Tensor
 
+from glomo_pyg.settings import check_int
+
 DIRECTIONS = ("forward", "backward")
-
-
-def check_int(name: str, value, low: int = 1, high: Optional[int] = None,
-              below: Optional[int] = None, *, optional: bool = False,
-              unit: str = "") -> Optional[int]:
-    """``value`` as an ``int`` (not a bool) in ``[low, high]`` or ``[low, below)``, or
-    ``None`` where ``optional``; ``ValueError`` otherwise."""
-    if value is None and optional:
-        return None
-    try:
-        number = None if isinstance(value, bool) else operator.index(value)
-    except TypeError:
-        number = None
-    end = below if high is None else high + 1
-    if number is None or number < low or (end is not None and number >= end):
-        bounds = (f">= {low}" if end is None else f"in [{low}, {high}]" if below is None
-                  else f"in [{low}, {below})")
-        raise ValueError(f"{name} must be {'None or ' if optional else ''}an integer "
-                         f"{bounds}{unit}, got {value!r}")
-    return number
 
 
 def check_direction(direction) -> None:

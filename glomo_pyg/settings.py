@@ -1,21 +1,55 @@
 """Typed settings, declared once: a :func:`setting` is a dataclass field whose metadata
-holds its :class:`Rule` and documentation (docs/design.md, "Settings"). Plain stdlib."""
+holds its :class:`Rule` and documentation (docs/design.md, "Settings"); and
+:func:`check_int`, the one integer check of constructor arguments. Plain stdlib."""
 from __future__ import annotations
 
 import collections.abc
 import contextlib
 import dataclasses
 import math
+import operator
 import os
 import reprlib
 import typing
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Type, TypeVar, Union
+from typing import Any, Callable, Dict, Literal, Mapping, Optional, Tuple, Type, TypeVar, Union
 
 _SHORT = reprlib.Repr()
 _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxlevel = \
     80, 80, 6, 6, 3
 
 T = TypeVar("T")
+
+
+@typing.overload
+def check_int(name: str, value: Any, low: int = ..., high: Optional[int] = ...,
+              below: Optional[int] = ..., *, optional: Literal[False] = ...,
+              unit: str = ...) -> int: ...
+
+
+@typing.overload
+def check_int(name: str, value: Any, low: int = ..., high: Optional[int] = ...,
+              below: Optional[int] = ..., *, optional: bool, unit: str = ...
+              ) -> Optional[int]: ...
+
+
+def check_int(name: str, value: Any, low: int = 1, high: Optional[int] = None,
+              below: Optional[int] = None, *, optional: bool = False,
+              unit: str = "") -> Optional[int]:
+    """``value`` as an ``int`` (not a bool) in ``[low, high]`` or ``[low, below)``, or
+    ``None`` where ``optional``; ``ValueError`` otherwise."""
+    if value is None and optional:
+        return None
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    end = below if high is None else high + 1
+    if number is None or number < low or (end is not None and number >= end):
+        bounds = (f">= {low}" if end is None else f"in [{low}, {high}]" if below is None
+                  else f"in [{low}, {below})")
+        raise ValueError(f"{name} must be {'None or ' if optional else ''}an integer "
+                         f"{bounds}{unit}, got {value!r}")
+    return number
 
 
 def short_repr(value: Any) -> str:
@@ -63,7 +97,7 @@ class Rule:
     def describe(self) -> str:
         """The rule in words, as errors and the docs say it."""
         most = f"at most {self.max_length} " if self.max_length is not None else ""
-        text = "one of " + ", ".join(map(repr, self.allowed_choices())) \
+        text = "one of " + ", ".join(map(repr, typing.cast(Tuple, self.allowed_choices()))) \
             if self.choices is not None else {
                 bool: "true or false", dict: "a mapping", list: f"a list of {most}finite numbers",
                 str: f"a string of {most}characters" if most else "a string",
@@ -98,9 +132,10 @@ class Rule:
         """``(obeys the rule, the value normalised)``."""
         if self.choices is not None:
             if not typed and isinstance(value, int) and not isinstance(value, bool) and \
-                    str(value) in self.allowed_choices():
+                    str(value) in typing.cast(Tuple, self.allowed_choices()):
                 value = str(value)  # precision: 32
-            return isinstance(value, str) and value in self.allowed_choices(), value
+            return isinstance(value, str) and \
+                value in typing.cast(Tuple, self.allowed_choices()), value
         if self.kind is bool:
             return isinstance(value, bool), value
         if self.kind is str:
@@ -186,11 +221,11 @@ def rules(cls: type) -> Dict[str, Rule]:
     """Every field of the settings dataclass ``cls`` with its :class:`Rule` (cached)."""
     if "_settings_rules" not in cls.__dict__:
         hints = typing.get_type_hints(cls)
-        cls._settings_rules = {
+        typing.cast(Any, cls)._settings_rules = {  # (cached on the class)
             f.name: f.metadata.get("rule") or
             _rule_from_hint(hints[f.name]).replace(**(f.metadata.get("rule_args") or {}))
             for f in dataclasses.fields(cls)}
-    return cls._settings_rules
+    return typing.cast(Any, cls)._settings_rules
 
 
 def documentation(cls: type) -> Dict[str, Tuple[Any, str, str]]:
@@ -229,7 +264,8 @@ def from_mapping(cls: Type[T], data: Optional[Mapping[str, Any]], section: str =
         raise error(f"unknown {where}settings {unknown}; allowed: {sorted(allowed)}" if unknown
                     else f"{section or 'the settings'} must be a mapping of settings, got "
                          f"{short_repr(data)}")
-    out = dataclasses.replace(base if base is not None else cls(), **dict(data))
+    out: T = dataclasses.replace(typing.cast(Any, base if base is not None else cls()),
+                                 **dict(data))
     check_settings(out, section, error)
     return out
 

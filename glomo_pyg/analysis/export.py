@@ -3,7 +3,7 @@
 :mod:`glomo_pyg.graph_conversion` are importable from here too."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -55,9 +55,9 @@ def edge_list(graphs, sample: int, labels: Optional[Sequence[str]] = None,
     check_pruning(top_k, min_weight)
     parts = directions(graphs)
     width = getattr(parts[0][1].order, "width", None)  # an image grid's units: row, column
-    units = [dict(position=t) if width is None else dict(position=t, row=t // width,
-                                                        column=t % width)
-             for t in range(check_sample(parts[0][1], sample, labels))]
+    units: List[Dict[str, Any]] = [
+        dict(position=t) if width is None else dict(position=t, row=t // width, column=t % width)
+        for t in range(check_sample(parts[0][1], sample, labels))]
     for u, label in zip(units, labels or ()):
         u["label"] = str(label)
     out = []

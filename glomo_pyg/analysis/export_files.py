@@ -8,7 +8,7 @@ import os
 import re
 from dataclasses import dataclass
 from itertools import groupby
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
 from torch import Tensor
@@ -16,7 +16,7 @@ from torch import Tensor
 from glomo_pyg.analysis.export import concat_sequences, edge_list, to_graphml_graph
 from glomo_pyg.analysis.statistics import GraphStatisticsAccumulator
 from glomo_pyg.atomic_files import atomic_write
-from glomo_pyg.ordering import check_int
+from glomo_pyg.settings import check_int
 
 FORMATS = ("graphml", "json")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
@@ -67,8 +67,8 @@ def _batches(items: Sequence[ExportItem], batch_size: int):
         x = items[k].x
         return tuple(x.shape) if x.dim() == 3 else ("seq", x.dim())
 
-    for _, run in groupby(range(len(items)), key=kind):
-        run = list(run)
+    for _, members in groupby(range(len(items)), key=kind):
+        run = list(members)
         for start in range(0, len(run), batch_size):
             group = run[start:start + batch_size]
             chunk = [items[k].x for k in group]
@@ -105,7 +105,7 @@ def export_graphs(predictor, items: Sequence[ExportItem], output_dir: str,
         first = items[group[0]].x
         size = tuple(first.shape[1:]) if first.dim() == 3 else None  # images: (H, W)
         if size not in resized:
-            resized[size] = predictor.resized(*size)
+            resized[size] = predictor.resized(*cast(Tuple[int, int], size))  # (not None)
         graphs = resized[size](x, batch)
         stats.update(graphs)
         for b, k in enumerate(group):
@@ -119,14 +119,14 @@ def export_graphs(predictor, items: Sequence[ExportItem], output_dir: str,
             stem = f"sample_{k:0{width}d}"
             files = []
             if "json" in formats:
-                out.write(stem + ".json", lambda fh: json.dump(dict(source=item.source, **data),
-                                                               fh))
+                record = dict(source=item.source, **data)
+                out.write(stem + ".json", lambda fh, record=record: json.dump(record, fh))
                 files.append(stem + ".json")
             if "graphml" in formats:
                 import networkx as nx  # (optional: only for GraphML)
                 graph = to_graphml_graph(graphs, b, item.labels, min_weight, top_k)
                 graph.graph["source"] = item.source
-                out.write(stem + ".graphml", lambda fh: fh.writelines(
+                out.write(stem + ".graphml", lambda fh, graph=graph: fh.writelines(
                     line + "\n" for line in nx.generate_graphml(graph)))
                 files.append(stem + ".graphml")
             index.append(dict(sample=k, source=item.source, num_units=data["num_units"],

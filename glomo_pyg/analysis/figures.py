@@ -15,8 +15,8 @@ from glomo_pyg.analysis.statistics import DEAD_HEAD_SHARE, GraphStatisticsTable
 from glomo_pyg.extras import require
 from glomo_pyg.graph_conversion import check_index, check_sample, sample_edges
 from glomo_pyg.kernels import check_graph_size
-from glomo_pyg.ordering import RasterOrder, check_int
-from glomo_pyg.settings import Rule
+from glomo_pyg.ordering import RasterOrder
+from glomo_pyg.settings import Rule, check_int
 
 _SHORT = {"forward": "fw", "backward": "bw"}
 _DEAD, _NEAR_UNIFORM, _OK = "#c0392b", "#e67e22", "#2e86c1"
@@ -140,13 +140,14 @@ def plot_pixel_weights(graphs, image: Tensor, pixels: Sequence[Tuple[int, int]],
     parts = directions(graphs)
     order = parts[0][1].order
     raster = isinstance(order, RasterOrder)
-    width, height = (order.width, order.height) if raster else (None, None)
+    width, height = (order.width, order.height) if isinstance(order, RasterOrder) else \
+        (None, None)
     if not raster or not isinstance(image, Tensor) or image.dim() != 3 or \
             image.shape[1:] != (height, width):
         raise ValueError(f"plot_pixel_weights needs image graphs (a RasterOrder), and the "
                          f"image must be [C, {height}, {width}], got "
                          f"{getattr(image, 'shape', type(image).__name__)}")
-    assert height is not None  # (the image's shape matched it)
+    assert height is not None and width is not None  # (the image's shape matched them)
     pixels = cast(List[Tuple[int, int]], [tuple(int(v) for v in p) for p in pixels])
     if not pixels or not all(0 <= r < height and 0 <= c < width for r, c in pixels):
         raise ValueError(f"give at least one pixel (row, column), none outside the "

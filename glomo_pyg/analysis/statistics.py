@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from glomo_pyg.graphs import LatentGraphs
-from glomo_pyg.ordering import check_int
+from glomo_pyg.settings import check_int
 
 # Edge-distance bins |i - j| (in units): [1, 2), [2, 3), [3, 5), [5, 9), ... [65, inf).
 DISTANCE_EDGES = (1, 2, 3, 5, 9, 17, 33, 65)

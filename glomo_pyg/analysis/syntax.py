@@ -22,8 +22,8 @@ from glomo_pyg.analysis.export import concat_sequences
 from glomo_pyg.analysis.treebank import GoldTree
 from glomo_pyg.data.text import tokenize
 from glomo_pyg.extras import require
-from glomo_pyg.ordering import SequenceOrder, check_int
-from glomo_pyg.settings import Rule
+from glomo_pyg.ordering import SequenceOrder
+from glomo_pyg.settings import Rule, check_int
 
 METRICS = ("undirected", "directed", "ap")
 METRIC = Rule(str, choices=METRICS)
@@ -361,7 +361,8 @@ class SyntaxComparison:
             lines.append(f"\n{d} graphs, {s.targets} targets "
                          f"(undirected / directed attachment / average precision):")
             rows: List[Tuple[str, Callable[..., float]]] = [
-                (f"chosen graph (layer {l}, head {h})", lambda g, m: g.per_graph[m][l, h])]
+                (f"chosen graph (layer {l}, head {h})",
+                 lambda g, m, l=l, h=h: g.per_graph[m][l, h])]
             rows += [(f"layer {k}, head-averaged", lambda g, m, k=k: g.per_layer[m][k])
                      for k in range(len(s.per_layer["undirected"]))]
             for name, value in rows:

@@ -11,8 +11,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 from glomo_pyg.data.text import TextDataError, binary_lines, decode_utf8
 from glomo_pyg.extras import require
 from glomo_pyg.io.paths import NotRegularFileError, open_regular_file
-from glomo_pyg.ordering import check_int
-from glomo_pyg.settings import Rule
+from glomo_pyg.settings import Rule, check_int
 
 ParseException = require("conllu.exceptions", "Reading treebanks").ParseException
 DEFAULT_FIELD_PARSERS = require("conllu.parser", "Reading treebanks").DEFAULT_FIELD_PARSERS

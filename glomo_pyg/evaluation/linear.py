@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from glomo_pyg.ordering import check_int
+from glomo_pyg.settings import check_int
 
 #: L2 penalties tried (on standardised features), strongest first: wide enough for a
 #: few dozen pooled features as for thousands of them, a decade apart.

@@ -19,8 +19,9 @@ from torch_geometric.utils import scatter
 from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
 from glomo_pyg.nn.mixer import GraphMixer
 from glomo_pyg.nn.transfer import GlomoTransfer
-from glomo_pyg.ordering import RasterOrder, check_int
+from glomo_pyg.ordering import RasterOrder
 from glomo_pyg.sequences import check_features, sequence_batch
+from glomo_pyg.settings import check_int
 from glomo_pyg.transforms.fixed import GridGraphs
 
 POOLINGS = ("mean", "max")

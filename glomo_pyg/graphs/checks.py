@@ -8,8 +8,9 @@ import torch
 from torch import Tensor
 
 from glomo_pyg import sequences
-from glomo_pyg.ordering import SequenceOrder, check_direction, check_int
+from glomo_pyg.ordering import SequenceOrder, check_direction
 from glomo_pyg.sequences import SequenceBatch, first_failure
+from glomo_pyg.settings import check_int
 
 # far beyond any model (the paper: 3 layers of 8 heads); statistics allocate
 # [layers, heads, units] tensors

@@ -371,7 +371,7 @@ class LatentGraphs:
         s, h_ = self.sequences, self.num_heads
         allowed = self.order.num_sources(s.position, s.lengths[s.batch])  # [N]
         out = []
-        for (src, tgt), w, h in self:
+        for (_, tgt), w, h in self:
             column = h * s.num_nodes + tgt
             plogp = w * w.clamp_min(torch.finfo(w.dtype).tiny).log()
             entropy = -plogp.new_zeros(h_ * s.num_nodes).index_add(0, column, plogp)

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from glomo_pyg.graphs.pruning import PrunedEdges, prune_rows
 from glomo_pyg.kernels import normalise_scores
-from glomo_pyg.ordering import RasterOrder, SequenceOrder
+from glomo_pyg.ordering import RasterOrder, UnitOrder
 
 # Scores one block holds (float32: 8 MiB): blocks stay in the CPU's last-level cache, where
 # the in-place normalisation runs at memory speed (benchmarks/results/image_graphs_cpu.md).
@@ -25,7 +25,7 @@ BLOCK_SCORES = 1 << 21
 MIN_BLOCK_TARGETS = 128
 
 
-def _source_range(order: SequenceOrder, j0: int, j1: int, t: int,
+def _source_range(order: UnitOrder, j0: int, j1: int, t: int,
                   window: Optional[int]) -> Tuple[int, int]:
     """The sources ``[i0, i1)`` any target in ``[j0, j1)`` may have (the window's rows)."""
     forward = order.direction == "forward"
@@ -39,7 +39,7 @@ def _source_range(order: SequenceOrder, j0: int, j1: int, t: int,
     return (max(i0, j0 - window), i1) if forward else (i0, min(i1, j1 + window))
 
 
-def _allowed_block(order: SequenceOrder, j0: int, j1: int, i0: int, i1: int,
+def _allowed_block(order: UnitOrder, j0: int, j1: int, i0: int, i1: int,
                    lengths: Tensor, window: Optional[int]) -> Tensor:
     """``[B or 1, 1, tj, ti]`` allowed (target, source) pairs of the block."""
     allowed = order.block_mask(j0, j1, i0, i1, lengths)  # [B, tj, ti]
@@ -72,7 +72,7 @@ class _BlockScores:
     block is masked whole."""
 
     def __init__(self, key: Tensor, query: Tensor, dtype: torch.dtype, copy_keys: bool,
-                 lengths: Tensor, order: SequenceOrder, cut: bool,
+                 lengths: Tensor, order: UnitOrder, cut: bool,
                  window: Optional[int] = None):
         # copy_keys: keys transposed once into [B, H, D, T], on which the block products
         # run about 10% faster; without, the products (and so the graphs) are bit for bit
@@ -112,7 +112,7 @@ class _BlockScores:
         return scores
 
 
-def _walk(num_seqs: int, heads: int, t: int, order: SequenceOrder, window: Optional[int],
+def _walk(num_seqs: int, heads: int, t: int, order: UnitOrder, window: Optional[int],
           block_scores: int):
     """``(b0, b1, j0, j1, i0, i1)`` of every block (samples, targets, their sources), each
     of at most ``block_scores`` scores."""
@@ -127,7 +127,7 @@ def _walk(num_seqs: int, heads: int, t: int, order: SequenceOrder, window: Optio
 
 
 def pruned_graph_edges(layers: Sequence[Tuple[Tensor, Tensor]], lengths: Tensor, *,
-                       order: SequenceOrder, normalization: str = "relu2",
+                       order: UnitOrder, normalization: str = "relu2",
                        heads: Optional[Sequence[int]] = None, merge: Optional[str] = None,
                        top_k: Optional[int] = None, min_weight: Optional[float] = None,
                        window: Optional[int] = None,
@@ -190,6 +190,7 @@ def pruned_graph_edges(layers: Sequence[Tuple[Tensor, Tensor]], lengths: Tensor,
                     total = g.sum(1, keepdim=True) if total is None else \
                         total.add_(g.sum(1, keepdim=True))
             if merge is not None:
+                assert total is not None  # (layers is not empty)
                 if merge == "mean":
                     total.div_(len(layers) * per_layer)
                 s, r, tgt, src, w = prune_rows(total, top_k, min_weight)
@@ -219,7 +220,7 @@ def _times_values(weights: Tensor, values: Tensor, shared: bool) -> Tensor:
 
 
 def propagate_scores(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor, *,
-                     order: SequenceOrder, normalization: str = "relu2",
+                     order: UnitOrder, normalization: str = "relu2",
                      window: Optional[int] = None, mean_heads: bool = False,
                      block_scores: Optional[int] = None) -> Tensor:
     r""":math:`\sum_i G_{ij} v_i` for every head and target, the graphs (paper Eq. 1) given

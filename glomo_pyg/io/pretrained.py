@@ -15,19 +15,26 @@ import re
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Type, Union, cast
 
 import torch
 
-from glomo_pyg.atomic_files import (atomic_write, interrupted_backup, remove_stale,
-                                    replace_folder, write_json)
+from glomo_pyg.atomic_files import (
+    atomic_write,
+    interrupted_backup,
+    remove_stale,
+    replace_folder,
+    write_json,
+)
 from glomo_pyg.graphs import DIRECTION_KEYS
 from glomo_pyg.io import releases
-from glomo_pyg.nn.emitter import EMITTERS  # (importing glomo_pyg.nn registers the emitters)
-from glomo_pyg.nn.pretrained import PretrainedGraphPredictor, register_persistence
-from glomo_pyg.nn.settings import MAX_VOCABULARY, SAVED_SETTINGS, check_model_setting
 from glomo_pyg.io.paths import NotRegularFileError, open_regular
 from glomo_pyg.io.seal import SEAL_KEY, seal_of, seal_problem
+
+# (importing glomo_pyg.nn registers the emitters)
+from glomo_pyg.nn.emitter import EMITTERS, GraphEmitter
+from glomo_pyg.nn.pretrained import PretrainedGraphPredictor, register_persistence
+from glomo_pyg.nn.settings import MAX_VOCABULARY, SAVED_SETTINGS, check_model_setting
 from glomo_pyg.version import __version__
 
 FORMAT = "glomo_pyg.pretrained_graph_predictor"
@@ -193,7 +200,8 @@ def _open_error(path: Path, name: Optional[str], err: Exception) -> PretrainedFo
             "finish" if missing else f"cannot be read: {getattr(err, 'strerror', None) or err}"))
     what = "does not exist" if missing else f"is a file; a pretrained predictor is a " \
         f"directory holding {CONFIG_NAME} and {WEIGHTS_NAME} (written by save_pretrained)" \
-        if isinstance(err, NotADirectoryError) else f"cannot be opened ({err.strerror})"
+        if isinstance(err, NotADirectoryError) else \
+        f"cannot be opened ({cast(OSError, err).strerror})"  # (os.open's error)
     backup = interrupted_backup(Path(os.path.realpath(path))) if missing else None
     if backup is not None:
         what += (": a save_pretrained into it was interrupted while swapping directories (or "
@@ -251,7 +259,7 @@ def _size(file: Path, fd: int, expected: Optional[int] = None,
             "may have: it is not a file save_pretrained (or write_release) wrote; save the "
             "predictor again"
             if size > limit else f"{file} is truncated: {size} of {expected} bytes"
-            if size < expected else f"{file} has {size} bytes, its config records "
+            if size < cast(int, expected) else f"{file} has {size} bytes, its config records "
             f"{expected}: the file was replaced or corrupted")
     return size
 
@@ -292,7 +300,7 @@ _ENTRIES = (
 def _check_entries(config: Dict[str, Any], file: Path) -> None:
     def get(key: str) -> Any:  # the value at dotted ``key``, or None
         return functools.reduce(lambda value, part: value.get(part) if isinstance(
-            value, dict) else None, key.split("."), config)
+            value, dict) else None, key.split("."), cast(Any, config))
 
     bad = [f"{key} must be {what}, got {_show(get(key))}" for key, test, what in _ENTRIES
            if not test(get(key))]
@@ -342,7 +350,7 @@ ADDED_SINCE_FORMAT_2: Dict[str, Tuple[str, ...]] = {
     "FeatureGraphEmitter": ("pooled_context", "local_context")}
 
 
-def _missing_arguments(cls: type, config: Dict[str, Any]) -> List[str]:
+def _missing_arguments(cls: Type[GraphEmitter], config: Dict[str, Any]) -> List[str]:
     """Constructor arguments of ``cls`` that a format-2 ``config`` should hold but lacks."""
     params = inspect.signature(cls.__init__).parameters
     added = set(ADDED_SINCE_FORMAT_2.get(cls.__name__, ()))
@@ -351,22 +359,25 @@ def _missing_arguments(cls: type, config: Dict[str, Any]) -> List[str]:
         and name not in config and name not in added)
 
 
-def _entry(direction: str, entry: Any, file: Path, version: int) -> Tuple[type, Dict[str, Any]]:
+def _entry(direction: str, entry: Any, file: Path,
+           version: int) -> Tuple[Type[GraphEmitter], Dict[str, Any]]:
     """The emitter class and checked config of a direction entry of format ``version``."""
     entry = _legacy_entry(entry) if version == 1 else entry
     known = isinstance(entry, dict) and isinstance(entry.get("cls"), str) and \
         entry["cls"] in EMITTERS and isinstance(entry.get("config"), dict)
     cls, config = (EMITTERS[entry["cls"]], entry["config"]) if known else (None, {})
     unknown = sorted(k for k in config if k not in SAVED_SETTINGS)
-    missing = _missing_arguments(cls, config) if known and version >= 2 else []
+    missing = _missing_arguments(cast(Type[GraphEmitter], cls), config) \
+        if known and version >= 2 else []
     if not known or unknown or missing:
         raise PretrainedFormatError(
             f"{file}: the {direction} entry must name one of {sorted(EMITTERS)} with its "
             "config" if not known else
-            f"{file}: cannot build the {direction} {cls.__name__} from its config: "
+            f"{file}: cannot build the {direction} {cast(type, cls).__name__} from its config: "
             + "; ".join(f"{what} arguments {_cut(names)}" for what, names in (
                 ("unknown", unknown), ("it lacks", missing)) if names)
             + " (the file was edited or truncated)")
+    assert cls is not None  # (known)
     for key, value in config.items():
         check_model_setting(key, value, PretrainedFormatError, show=_show, typed=True,
                             key=f"{file}: {direction} {cls.__name__} config: {key}")
@@ -398,8 +409,8 @@ def _registration_budget(limit: int) -> Iterator[None]:
             handle.remove()
 
 
-def _build(direction: str, cls: type, config: Dict[str, Any], file: Path,
-           budget: Optional[int] = None) -> torch.nn.Module:
+def _build(direction: str, cls: Type[GraphEmitter], config: Dict[str, Any], file: Path,
+           budget: Optional[int] = None) -> GraphEmitter:
     """The emitter of ``config``; with ``budget``, on the meta device and bounded."""
     try:
         if budget is None:
@@ -423,7 +434,8 @@ def _safetensors_errors(file: Path) -> Iterator[None]:
         raise PretrainedFormatError(f"{file} is not a valid safetensors file ({err})") from None
 
 
-def _expected(entries: Dict[str, Tuple[type, Dict[str, Any]]], header: Dict[str, Tuple],
+def _expected(entries: Dict[str, Tuple[Type[GraphEmitter], Dict[str, Any]]],
+              header: Dict[str, Tuple],
               file: Path, config_file: Path) -> Dict[str, torch.Tensor]:
     """The tensors the config describes (on the meta device), which must be the header's."""
     budget = 8 * len(header) + 256  # modules and non-persistent buffers included
@@ -442,7 +454,7 @@ def _expected(entries: Dict[str, Tuple[type, Dict[str, Any]]], header: Dict[str,
 
 
 def _read_weights(path: Path, fd: int, config: Dict[str, Any],
-                  entries: Dict[str, Tuple[type, Dict[str, Any]]],
+                  entries: Dict[str, Tuple[Type[GraphEmitter], Dict[str, Any]]],
                   release: bool) -> Dict[str, torch.Tensor]:
     """The weights, once the file's size, header, SHA-256, dtypes and values pass."""
     from safetensors import safe_open
@@ -478,7 +490,8 @@ def _check_vocabulary(given: Sequence[str], saved: Optional[List[str]], file: Pa
             if saved is not None and len(given) == len(saved) else None
         raise PretrainedFormatError(f"vocabulary mismatch with {file}: " + (
             f"{len(given)} tokens given, {len(saved) if saved else 'none'} saved" if i is None
-            else f"first difference at id {i}: {given[i]!r} given, {saved[i]!r} saved"))
+            else f"first difference at id {i}: {given[i]!r} given, "
+                 f"{cast(List[str], saved)[i]!r} saved"))
 
 
 def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None] = None,
@@ -542,7 +555,7 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
     return predictor.eval()
 
 
-def reseal_pretrained(path: PathLike) -> Path:
+def reseal_pretrained(path: PathLike) -> PathLike:
     """Seal the saved predictor ``path`` again as it now is (edited on purpose, or of
     format 1 or 2) and return ``path``. If it then fails :func:`load_pretrained`, the old
     config is put back and the error raised."""

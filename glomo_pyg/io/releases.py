@@ -7,7 +7,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Union
+from typing import Any, Dict, List, Mapping, Tuple, Union, cast
 
 import torch
 
@@ -208,7 +208,7 @@ def describe_release(name: str) -> Dict[str, Any]:
         card = []
     return dict(name=name, modality=modality, directions=len(predictor.directions),
                 layers=predictor.num_layers, heads=predictor.heads,
-                units=list(predictor.image_size) if modality == "pixels"
+                units=list(cast(Tuple[int, int], predictor.image_size)) if modality == "pixels"
                 else predictor.num_tokens,
                 weights_bytes=(path / "model.safetensors").stat().st_size,
                 # (summary: the card's first line after its title)

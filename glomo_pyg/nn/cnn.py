@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from glomo_pyg.ordering import check_direction, check_int
+from glomo_pyg.ordering import check_direction
+from glomo_pyg.settings import check_int
 
 NORMS = (None, "layer", "batch")
 

@@ -14,9 +14,15 @@ from torch_geometric.typing import Adj, OptTensor, SparseTensor
 from torch_geometric.utils import is_sparse
 
 from glomo_pyg.graphs import LatentGraphs
-from glomo_pyg.kernels import (check_graph_values, checked_edge_index, dense_head_propagate,
-                               head_blocked_index, interleaved_index, is_compiling,
-                               spmm_unchecked)
+from glomo_pyg.kernels import (
+    check_graph_values,
+    checked_edge_index,
+    dense_head_propagate,
+    head_blocked_index,
+    interleaved_index,
+    is_compiling,
+    spmm_unchecked,
+)
 from glomo_pyg.sequences import SequenceBatch, check_dtype, sequence_batch
 
 UPDATES = (None, "gru", "residual")

@@ -3,13 +3,25 @@ both directions (paper Sec. 2.1)."""
 from __future__ import annotations
 
 import copy
-from typing import (TYPE_CHECKING, Any, Dict, List, Mapping, NamedTuple, Optional, Sequence,
-                    Tuple, Union, cast)
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+    cast,
+)
 
 import torch
 from torch import Tensor
 
-from glomo_pyg.graphs import DIRECTION_KEYS as _KEY, DirectionalGraphs, LatentGraphs
+from glomo_pyg.graphs import DIRECTION_KEYS as _KEY
+from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
 from glomo_pyg.nn.decoder import IGNORE, ContextDecoder
 from glomo_pyg.nn.emitter import GraphEmitter, ScoredEmitter
 from glomo_pyg.nn.encoder import UnitEncoder
@@ -17,7 +29,9 @@ from glomo_pyg.nn.feature_predictor import FeatureGraphEmitter, FeaturePredictor
 from glomo_pyg.nn.graph_predictor import GraphPredictor
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 from glomo_pyg.nn.scorer import resolve_head_channels
-from glomo_pyg.nn.settings import IMAGE_DEFAULTS as _I, TEXT_DEFAULTS as _T, check_model_setting
+from glomo_pyg.nn.settings import IMAGE_DEFAULTS as _I
+from glomo_pyg.nn.settings import TEXT_DEFAULTS as _T
+from glomo_pyg.nn.settings import check_model_setting
 from glomo_pyg.ordering import DIRECTIONS
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 

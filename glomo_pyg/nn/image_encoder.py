@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 from glomo_pyg.nn.config import ConfigurableModule
-from glomo_pyg.ordering import check_int
 from glomo_pyg.pixels import IMAGENET_MEAN, IMAGENET_STD, check_images, check_statistics, normalize
+from glomo_pyg.settings import check_int
 
 
 def _conv_block(c_in: int, c_out: int, stride: int, groups: int) -> torch.nn.Sequential:

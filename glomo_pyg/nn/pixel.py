@@ -13,9 +13,10 @@ from glomo_pyg.nn.decoder import IGNORE
 from glomo_pyg.nn.emitter import ScoredEmitter
 from glomo_pyg.nn.encoder import UnitEncoder
 from glomo_pyg.nn.scorer import GraphScorer, resolve_head_channels
-from glomo_pyg.ordering import RasterOrder, check_direction, check_int
+from glomo_pyg.ordering import RasterOrder, check_direction
 from glomo_pyg.pixels import IMAGENET_MEAN, IMAGENET_STD
 from glomo_pyg.sequences import SequenceBatch
+from glomo_pyg.settings import check_int
 
 MASK_TYPES = ("A", "B")
 

@@ -2,13 +2,14 @@
 vocabulary (paper Sec. 2.2)."""
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
 from torch import Tensor
 
 from glomo_pyg.digests import weights_digest
-from glomo_pyg.graphs import DIRECTION_KEYS as _KEY, DirectionalGraphs
+from glomo_pyg.graphs import DIRECTION_KEYS as _KEY
+from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
 from glomo_pyg.nn.emitter import GraphEmitter
 from glomo_pyg.sequences import sequence_batch
 
@@ -94,7 +95,12 @@ class PretrainedGraphPredictor(torch.nn.Module):
             raise TypeError("vocabulary must be a sequence of token strings, not one string")
         self.vocabulary = None if vocabulary is None else [str(t) for t in vocabulary]
         seen: set = set()  # (a token listed twice would make encode() pick one id)
-        twice = next((t for t in self.vocabulary or () if t in seen or seen.add(t)), None)
+        twice: Optional[str] = None
+        for t in self.vocabulary or ():
+            if t in seen:
+                twice = t
+                break
+            seen.add(t)
         if self.vocabulary is not None and (self.num_tokens is None or twice is not None or
                                             len(self.vocabulary) != self.num_tokens):
             raise ValueError(f"the vocabulary lists {twice!r} more than once"
@@ -108,7 +114,7 @@ class PretrainedGraphPredictor(torch.nn.Module):
     def predictor(self, direction: str) -> GraphEmitter:
         if direction not in self.directions:
             raise ValueError(f"this predictor has directions {self.directions}, not {direction!r}")
-        return self.predictors[_KEY[direction]]
+        return cast(GraphEmitter, self.predictors[_KEY[direction]])  # (checked in __init__)
 
     num_layers = _shared("num_layers")
     heads = _shared("heads")
@@ -122,7 +128,7 @@ class PretrainedGraphPredictor(torch.nn.Module):
         changes it); ``None`` for predictors of sequences."""
         emitter = self.predictor(self.directions[0])
         height = getattr(emitter, "height", None)  # (the pixel emitters' own size)
-        return None if height is None else (height, emitter.width)
+        return None if height is None else cast(Tuple[int, int], (height, emitter.width))
 
     @property
     def modality(self) -> str:
@@ -136,7 +142,8 @@ class PretrainedGraphPredictor(torch.nn.Module):
     def fingerprint(self) -> str:
         """SHA-256 (hex) of the configuration, vocabulary and weights: two predictors
         that can emit different graphs have different fingerprints. Every cache of graphs
-        (:class:`~glomo_pyg.transforms.GraphsDataset`, :class:`~glomo_pyg.transforms.TextGraphCache`) keys on it."""
+        (:class:`~glomo_pyg.transforms.GraphsDataset`,
+        :class:`~glomo_pyg.transforms.TextGraphCache`) keys on it."""
         parts = {d: [type(self.predictor(d)).__name__, self.predictor(d).config()]
                  for d in self.directions}
         return weights_digest([parts, self.vocabulary, self.trained_length, self.trained_size],
@@ -146,7 +153,8 @@ class PretrainedGraphPredictor(torch.nn.Module):
     def learned_distance(self) -> bool:
         """Whether a direction scores with a trained (not all-zero) learned distance term
         (``position='relative'`` or ``'grid'``)."""
-        scorers = [getattr(self.predictor(d), "scorer", None) for d in self.directions]
+        scorers: List[Any] = [getattr(self.predictor(d), "scorer", None)
+                              for d in self.directions]
         return any(getattr(s, "position", None) in ("relative", "grid") and
                    bool(s.position_coef.detach().ne(0).any()) for s in scorers)
 
@@ -154,7 +162,7 @@ class PretrainedGraphPredictor(torch.nn.Module):
         """Pixel predictors only: the same predictors for ``height x width`` images."""
         parts = {}
         for d in self.directions:
-            emitter = self.predictor(d)
+            emitter: Any = self.predictor(d)  # (a pixel emitter, to have resized())
             if not hasattr(emitter, "resized"):
                 raise TypeError(f"{type(emitter).__name__} has no image size to change")
             parts[d] = emitter.resized(height, width)
@@ -165,22 +173,24 @@ class PretrainedGraphPredictor(torch.nn.Module):
     def set_layout(self, layout: str) -> "PretrainedGraphPredictor":
         """Emit graphs in ``layout`` from now on (same graphs; not saved)."""
         for module in self.predictors.values():
-            module.set_layout(layout)
+            cast(GraphEmitter, module).set_layout(layout)
         return self
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None,
                 layout: Optional[str] = None) -> DirectionalGraphs:
         self.predictor(self.directions[0]).check_input(x)
         sequences = sequence_batch(x.size(0), batch, x.device)
-        out = {d: self.predictors[_KEY[d]].emit(x, sequences, layout) for d in self.directions}
+        out = {d: cast(LatentGraphs, cast(GraphEmitter, self.predictors[_KEY[d]]).emit(
+            x, sequences, layout)) for d in self.directions}
         return DirectionalGraphs(out.get("forward"), out.get("backward"))
 
     def encode(self, tokens: Sequence[str], unknown: Optional[str] = None) -> Tensor:
         """Token ids ``[len(tokens)]`` of strings in this predictor's vocabulary;
         strings not in it map to ``unknown`` (an error if ``None``)."""
-        index = {t: i for i, t in enumerate(self.vocabulary or ())}
+        index: Dict[Optional[str], int] = {t: i for i, t in enumerate(self.vocabulary or ())}
         fallback = index.get(unknown)
-        missing = [t for t in ([unknown] if unknown is not None else tokens) if t not in index]
+        missing: List[Optional[str]] = [t for t in ([unknown] if unknown is not None else tokens)
+                                        if t not in index]
         if missing or self.vocabulary is None:
             raise ValueError(f"token {(missing or [None])[0]!r} is not in the vocabulary ("
                              + ("this predictor has none)" if self.vocabulary is None else

@@ -8,12 +8,15 @@ from typing import Any, Dict, Optional, Tuple, cast
 import torch
 from torch import Tensor
 
-from glomo_pyg import flex
+from glomo_pyg import flex, kernels
 from glomo_pyg.graphs import LatentGraphs
-from glomo_pyg import kernels
-from glomo_pyg.kernels import (bounded_keys_queries, check_graph_size,
-                               column_max_scores, latent_graph_dense,
-                               latent_graph_edges)
+from glomo_pyg.kernels import (
+    bounded_keys_queries,
+    check_graph_size,
+    column_max_scores,
+    latent_graph_dense,
+    latent_graph_edges,
+)
 from glomo_pyg.nn.layout import auto_layout, settle_auto, unfused_layout
 from glomo_pyg.nn.settings import check_model_setting
 from glomo_pyg.ordering import DIRECTIONS

@@ -2,7 +2,7 @@
 the embeddings and/or after the first recurrent layer."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, cast
 
 import torch
 from torch import Tensor
@@ -100,13 +100,15 @@ class GlomoTextClassifier(torch.nn.Module):
         self.rnn_kind, self.padding_idx = rnn, padding_idx
         self.embedding = torch.nn.Embedding.from_pretrained(
             embedding.float(), freeze=freeze_embedding, padding_idx=padding_idx)
-        d, mix = embedding.size(1), dict(graph=graph, mixing=mixing, max_distance=max_distance)
-        self.glomo_embedding = GlomoTransfer(predictor, d, **mix) if "embedding" in places \
+        d = embedding.size(1)
+        mix: Dict[str, Any] = dict(graph=graph, mixing=mixing, max_distance=max_distance)
+        given = cast(PretrainedGraphPredictor, predictor)  # (places is () without one)
+        self.glomo_embedding = GlomoTransfer(given, d, **mix) if "embedding" in places \
             else None
         width = self.glomo_embedding.out_channels if self.glomo_embedding is not None else d
         cell = torch.nn.GRU if rnn == "gru" else torch.nn.LSTM
         self.rnns = torch.nn.ModuleList()
-        self.glomo_rnn = GlomoTransfer(predictor, 2 * hidden_channels, **mix) \
+        self.glomo_rnn = GlomoTransfer(given, 2 * hidden_channels, **mix) \
             if "rnn" in places else None
         for layer in range(rnn_layers):
             self.rnns.append(cell(width, hidden_channels, batch_first=True, bidirectional=True))
@@ -157,9 +159,10 @@ class GlomoTextClassifier(torch.nn.Module):
             raise ValueError(
                 f"graphs hold the directions {present}, the classifier mixes {wanted} (none: "
                 f"predictor=None, places=() or graph='none' mixes no graphs: do not pass)"
-                if present != wanted else f"graphs cover {other.num_nodes} units on "
-                f"{other.device}, x has {seqs.num_nodes} on {seqs.ptr.device}: they were "
-                f"computed for other reviews than this batch's")
+                if present != wanted else
+                f"graphs cover {cast(LatentGraphs, other).num_nodes} units on "
+                f"{cast(LatentGraphs, other).device}, x has {seqs.num_nodes} on "
+                f"{seqs.ptr.device}: they were computed for other reviews than this batch's")
         return DirectionalGraphs(*graphs)
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None,
@@ -171,13 +174,15 @@ class GlomoTextClassifier(torch.nn.Module):
         low, high = torch.stack(torch.aminmax(x)).tolist() if ids and x.numel() else (0, 0)
         # (an empty x is refused by sequence_batch; empty sequences would pool to NaN)
         seqs = sequence_batch(x.size(0), batch, x.device) if ids else None
-        if not ids or low < 0 or high >= vocab or min(seqs.sizes) < 1:
+        if not ids or low < 0 or high >= vocab or min(cast(SequenceBatch, seqs).sizes) < 1:
             got = f"{x.dtype} of shape {tuple(x.shape)}" if isinstance(x, Tensor) else \
                 type(x).__name__
             if ids:
-                got += f", values in [{low}, {high}], shortest sequence {min(seqs.sizes)}"
+                got += f", values in [{low}, {high}], shortest sequence " \
+                    f"{min(cast(SequenceBatch, seqs).sizes)}"
             raise ValueError(f"x must be flat int64 or int32 token ids [N], at least one per "
                              f"sequence: token ids must lie in [0, {vocab}), got {got}")
+        assert seqs is not None  # (ids)
         if graphs is not None:
             graphs = self._given_graphs(graphs, seqs)
         elif self.transfer is not None:

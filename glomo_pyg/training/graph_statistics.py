@@ -7,8 +7,12 @@ from typing import Any, Dict, List, Set, Tuple
 import lightning.pytorch as pl
 import torch
 
-from glomo_pyg.analysis.statistics import (DEAD_HEAD_SHARE, GraphHealth, graph_health,
-                                           graph_statistics)
+from glomo_pyg.analysis.statistics import (
+    DEAD_HEAD_SHARE,
+    GraphHealth,
+    graph_health,
+    graph_statistics,
+)
 from glomo_pyg.settings import Rule
 
 HEALTH_FIELDS = ("density", "empty", "adjacent", "distance", "entropy")

@@ -22,8 +22,8 @@ from torch import Tensor
 
 from glomo_pyg.atomic_files import atomic_write, write_json
 from glomo_pyg.nn.image_encoder import ImageEncoder
-from glomo_pyg.ordering import check_int
 from glomo_pyg.pixels import check_images
+from glomo_pyg.settings import check_int
 from glomo_pyg.training.checkpoints import atomic_save
 
 CHECKPOINT = "moco.ckpt"

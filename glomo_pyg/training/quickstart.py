@@ -119,8 +119,10 @@ def _evaluate(model, test_batch):
     return loss, planted_source_recovery(graphs, test_batch.source), tuple(graphs.density())
 
 
-def run_quickstart(config: QuickstartConfig = QuickstartConfig()) -> QuickstartResult:
-    """Pretrain GLoMo on the synthetic corpus and measure planted-source recovery."""
+def run_quickstart(config: Optional[QuickstartConfig] = None) -> QuickstartResult:
+    """Pretrain GLoMo on the synthetic corpus and measure planted-source recovery (``None``:
+    the default :class:`QuickstartConfig`)."""
+    config = QuickstartConfig() if config is None else config
     config.validate()
     if config.steps * config.batch_size > MAX_SEQUENCES:  # the shuffled index is allocated
         raise ValueError(f"steps x batch_size = {config.steps * config.batch_size} sequences; at "

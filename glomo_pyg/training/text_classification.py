@@ -15,9 +15,9 @@ from torch_geometric.loader import DataLoader
 
 from glomo_pyg.data.text import WordVocabulary, tokenize
 from glomo_pyg.nn.text_classifier import GlomoTextClassifier
-from glomo_pyg.transforms.text_cache import TextGraphCache
 from glomo_pyg.settings import Rule
 from glomo_pyg.training.utils import quiet_lightning
+from glomo_pyg.transforms.text_cache import TextGraphCache
 
 # each training and validation document's row in the graph cache (a name PyG's collation
 # neither offsets, as '*index*', nor reads as a batch vector, '*batch*')

@@ -6,13 +6,14 @@ and the 8-neighbour pixel grid (:class:`GridGraphs`)."""
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from glomo_pyg.ordering import DIRECTIONS, check_int
+from glomo_pyg.ordering import DIRECTIONS
+from glomo_pyg.settings import check_int
 from glomo_pyg.transforms.base import SampleEdges, UnitGraphs, check_directions
 
 
@@ -56,7 +57,8 @@ class FixedGraphs(UnitGraphs):
             edge_index, weight, relation = self._edges(data.x.size(0))
             device = data.x.device
             # (copies: a caller editing one sample's edges must not edit the next one's)
-            out.append(tuple(t.to(device, copy=True) for t in (edge_index, weight, relation)))
+            out.append(cast(SampleEdges, tuple(t.to(device, copy=True)
+                                               for t in (edge_index, weight, relation))))
         return out
 
 

@@ -4,7 +4,7 @@ that any PyG layer (``GATConv``, ``RGCNConv``, ``GCNConv``, ...) reads them."""
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union, cast
 
 import torch
 from torch import Tensor
@@ -15,8 +15,8 @@ from glomo_pyg.graphs import LatentGraphs
 from glomo_pyg.graphs.pruning import PrunedEdges, check_pruning, prune_rows
 from glomo_pyg.graphs.score_blocks import pruned_graph_edges
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
-from glomo_pyg.ordering import check_int
 from glomo_pyg.sequences import TOKEN_DTYPES
+from glomo_pyg.settings import check_int
 from glomo_pyg.transforms.base import SampleEdges, UnitGraphs, check_directions
 from glomo_pyg.version import __version__
 
@@ -138,7 +138,7 @@ class GlomoGraphs(UnitGraphs):
         self.predictor = predictor.to(self.device).eval()
 
     def _sized(self, predictor: PretrainedGraphPredictor, image_size) -> PretrainedGraphPredictor:
-        own = predictor.image_size
+        own = cast(Tuple[int, int], predictor.image_size)  # (a pixel predictor's)
         size = own if image_size is None else tuple(image_size) \
             if isinstance(image_size, (tuple, list)) else ()
         if len(size) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
@@ -254,7 +254,7 @@ class GlomoGraphs(UnitGraphs):
                 graphs.sequences.max_len):
             window = None  # (nothing farther apart)
         every_head = len(self.heads) == graphs.num_heads
-        layers = graphs.fused_layers
+        layers = cast(List[Tuple[Tensor, Tensor]], graphs.fused_layers)  # (fused layout)
         return pruned_graph_edges([layers[l] for l in self.layers], graphs.lengths,
                                   order=graphs.order, normalization=graphs.normalization,
                                   heads=None if every_head else self.heads, merge=self.merge,
@@ -290,6 +290,7 @@ class GlomoGraphs(UnitGraphs):
         for block in blocks:
             total = block.sum(1, keepdim=True) if total is None else \
                 total + block.sum(1, keepdim=True)
+        assert total is not None  # (self.layers is not empty)
         yield total / (len(self.layers) * len(self.heads)) if self.merge == "mean" else total
 
     def _layer_blocks(self, graphs: LatentGraphs) -> Iterator[Tensor]:

@@ -215,7 +215,7 @@ class TextGraphCache:
         lengths = self._lengths[index]
         ptr = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
         seqs = SequenceBatch.from_ptr(ptr)
-        out = []
+        out: List[Optional[LatentGraphs]] = []
         for d in DIRECTIONS:
             if d not in self.directions:
                 out.append(None)

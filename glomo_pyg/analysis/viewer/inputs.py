@@ -4,7 +4,6 @@ the argument (files and images are checked by :mod:`glomo_pyg.io.paths` and
 from __future__ import annotations
 
 
-
 def valid_text(value: str, name: str) -> str:
     """``value`` if it encodes as UTF-8; else a :class:`ValueError` naming ``name`` (and,
     for a byte of ``argv`` that is not UTF-8, which Python makes a lone surrogate, the byte)."""

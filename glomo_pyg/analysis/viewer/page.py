@@ -7,7 +7,7 @@ import json
 import os
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -118,7 +118,8 @@ def _predicted_graphs(predictor, data: Dict[str, Any], pixels: Optional[Tensor])
         return predictor(ids, torch.zeros(len(tokens), dtype=torch.long))
     from glomo_pyg.pixels import image_units
 
-    height, width = predictor.image_size
+    assert pixels is not None  # (pixel)
+    height, width = cast(Tuple[int, int], predictor.image_size)
     if tuple(pixels.shape[1:]) != (height, width) or \
             pixels.shape[1] * pixels.shape[2] > MAX_IMAGE_PIXELS:
         raise ValueError(f"the image is {pixels.shape[2]}x{pixels.shape[1]} pixels; "

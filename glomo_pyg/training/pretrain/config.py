@@ -10,10 +10,16 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from glomo_pyg.data.corpora import IMAGE_FORMATS, TEXT_FORMATS
 from glomo_pyg.data.text import SPECIALS
 from glomo_pyg.nn.glomo import EMBEDDING_PARTS, Glomo
-from glomo_pyg.nn.settings import (IMAGE_DEFAULTS, MAX_VOCABULARY, TEXT_DEFAULTS,
-                                   check_model_setting)
-from glomo_pyg.settings import (THREADS, DevicesRule, check_settings, from_mapping, set_by_path,
-                                setting, short_repr)
+from glomo_pyg.nn.settings import IMAGE_DEFAULTS, MAX_VOCABULARY, TEXT_DEFAULTS, check_model_setting
+from glomo_pyg.settings import (
+    THREADS,
+    DevicesRule,
+    check_settings,
+    from_mapping,
+    set_by_path,
+    setting,
+    short_repr,
+)
 
 OPTIMIZERS = ("adam", "sgd")
 

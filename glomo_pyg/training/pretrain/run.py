@@ -15,29 +15,58 @@ import torch
 
 from glomo_pyg.atomic_files import atomic_write, write_json
 from glomo_pyg.data.tokens import read_shard_index
-from glomo_pyg.io.paths import (check_input_path, check_output_folder, locked_folder,
-                                open_regular_file)
-from glomo_pyg.training.checkpoints import (CHECKPOINT_KEY, check_checkpoint_matches,
-                                            find_resume_checkpoint, newest_checkpoint_file,
-                                            set_aside_damaged, stale_temporary_files)
+from glomo_pyg.io.paths import (
+    check_input_path,
+    check_output_folder,
+    locked_folder,
+    open_regular_file,
+)
+from glomo_pyg.training.checkpoints import (
+    CHECKPOINT_KEY,
+    check_checkpoint_matches,
+    find_resume_checkpoint,
+    newest_checkpoint_file,
+    set_aside_damaged,
+    stale_temporary_files,
+)
 from glomo_pyg.training.interrupts import GracefulInterrupt, TrainingInterrupted
-from glomo_pyg.training.pretrain.module import GlomoPretraining
-from glomo_pyg.training.utils import quiet_lightning
-from glomo_pyg.training.pretrain.config import (IMAGE_FORMATS, INIT_VECTORS_PARTS, PretrainConfig,
-                                                short_repr)
-from glomo_pyg.training.pretrain.corpus import (check_fingerprint, corpus_fingerprint,
-                                                corpus_is_prepared, image_fingerprint,
-                                                install_prepared_corpus, prepare_corpus,
-                                                read_json, with_corpus_defaults)
 from glomo_pyg.training.pretrain.callbacks import RunRecord
-from glomo_pyg.training.pretrain.data import (ImagePretrainingData, TextPretrainingData,
-                                              load_pretraining_images)
-from glomo_pyg.training.pretrain.trainer import (build_trainer, check_model_builds,
-                                                 check_trainer_builds, is_launcher_child)
-from glomo_pyg.training.pretrain.vectors import (TRAIN_VECTORS, check_init_vectors,
-                                                 embedding_width, initial_token_embeddings,
-                                                 train_init_vectors)
-
+from glomo_pyg.training.pretrain.config import (
+    IMAGE_FORMATS,
+    INIT_VECTORS_PARTS,
+    PretrainConfig,
+    short_repr,
+)
+from glomo_pyg.training.pretrain.corpus import (
+    check_fingerprint,
+    corpus_fingerprint,
+    corpus_is_prepared,
+    image_fingerprint,
+    install_prepared_corpus,
+    prepare_corpus,
+    read_json,
+    with_corpus_defaults,
+)
+from glomo_pyg.training.pretrain.data import (
+    ImagePretrainingData,
+    TextPretrainingData,
+    load_pretraining_images,
+)
+from glomo_pyg.training.pretrain.module import GlomoPretraining
+from glomo_pyg.training.pretrain.trainer import (
+    build_trainer,
+    check_model_builds,
+    check_trainer_builds,
+    is_launcher_child,
+)
+from glomo_pyg.training.pretrain.vectors import (
+    TRAIN_VECTORS,
+    check_init_vectors,
+    embedding_width,
+    initial_token_embeddings,
+    train_init_vectors,
+)
+from glomo_pyg.training.utils import quiet_lightning
 
 # train settings a resumed run must keep: the checkpoint's optimiser state and data
 # position were made with them (Lightning restores the optimiser's own lr)

@@ -10,11 +10,15 @@ import torch
 from glomo_pyg.io.memory import physical_memory
 from glomo_pyg.training.checkpoints import AtomicCheckpointIO, newest_checkpoint_file
 from glomo_pyg.training.graph_statistics import GraphStatisticsCallback
+from glomo_pyg.training.pretrain.callbacks import FinalCheckpoint, RandomStateCheckpoint
+from glomo_pyg.training.pretrain.config import (
+    IMAGE_FORMATS,
+    PretrainConfig,
+    TrainConfig,
+    short_repr,
+)
 from glomo_pyg.training.pretrain.module import GlomoPretraining
 from glomo_pyg.training.utils import checked_lightning
-from glomo_pyg.training.pretrain.config import (IMAGE_FORMATS, PretrainConfig, TrainConfig,
-                                                short_repr)
-from glomo_pyg.training.pretrain.callbacks import FinalCheckpoint, RandomStateCheckpoint
 
 
 def _precision(train: TrainConfig) -> str:

@@ -69,8 +69,11 @@ def train_init_vectors(corpus: CorpusConfig, dim: int, out: str, seed: int = 0,
     """``train.init_vectors: word2vec``: word2vec vectors ``dim`` wide trained on the
     corpus's documents, written to ``<out>/word_vectors.txt`` (reused when it has that
     width); returns its path."""
-    from glomo_pyg.data.word_vectors import (read_word_vectors, train_word_vectors,
-                                             write_word_vectors)
+    from glomo_pyg.data.word_vectors import (
+        read_word_vectors,
+        train_word_vectors,
+        write_word_vectors,
+    )
 
     path = os.path.join(out, "word_vectors.txt")
     if os.path.exists(path):
