@@ -53,8 +53,16 @@ from benchmarks.common import hardware
 from benchmarks.statistics import paired_difference
 from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.pixels import IMAGENET_MEAN, IMAGENET_STD, normalize
-from glomo_pyg.transforms import (ChainGraphs, FixedGraphs, GlomoGraphs, GraphsDataset,
-                                  GridGraphs, UniformGraphs, UnitGraphs, image_data)
+from glomo_pyg.transforms import (
+    ChainGraphs,
+    FixedGraphs,
+    GlomoGraphs,
+    GraphsDataset,
+    GridGraphs,
+    UniformGraphs,
+    UnitGraphs,
+    image_data,
+)
 
 warnings.filterwarnings("ignore", message=".*Sparse CSR tensor support is in beta.*")
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "any_gnn.md")

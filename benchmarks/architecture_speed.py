@@ -114,7 +114,8 @@ def main(argv=None) -> None:
              f"- hardware: {platform.processor() or platform.machine()}, {args.threads} torch "
              f"thread(s), CPU; median over {args.rounds} alternating rounds of each round's "
              "median of 15 repeats",
-             "", "| operation | baseline ms | current ms | current / baseline |", "|---|---|---|---|"]
+             "", "| operation | baseline ms | current ms | current / baseline |",
+             "|---|---|---|---|"]
     for key in rounds["current"][0]:
         a = statistics.median(r[key] for r in rounds["baseline"])
         b = statistics.median(r[key] for r in rounds["current"])

@@ -19,7 +19,8 @@ def hardware(device: str = "cpu") -> str:
     name = platform.processor() or "unknown CPU"
     try:
         with open("/proc/cpuinfo") as fh:
-            name = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
+            name = next(line.split(":", 1)[1].strip() for line in fh
+                        if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
     threads = torch.get_num_threads()

@@ -155,7 +155,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     lines = [f"## {datetime.date.today()}: `python -m benchmarks.image_graphs_cpu "
              f"{' '.join(sys.argv[1:] if argv is None else argv)}`", "",
              f"{hardware()}; torch {torch.__version__}; this tree at {head}"
-             + (f" (with its changes)" if subprocess.run(
+             + (" (with its changes)" if subprocess.run(
                  ["git", "-C", ROOT, "diff", "--quiet", "HEAD"]).returncode else "")
              + (f", against {against}" if against else "") + ".", "",
              "| predictor | what | samples | samples/s" + (f" | {against} samples/s | ratio"

@@ -33,7 +33,6 @@ from typing import Dict, List
 
 import torch
 
-
 # batch 32 in float32 (the reference) first, then the candidates the GPU would run
 # fastest, so that a run stopped early has the comparisons that matter
 CONFIGS = ("32:32-true", "128:bf16-mixed", "64:bf16-mixed", "128:32-true", "32:bf16-mixed",
@@ -65,8 +64,13 @@ def parse_args(argv=None):
 def load(args) -> Dict:
     """The split, the word vectors and the predictor, as the slice builds them (reduced)."""
     from glomo_pyg import PretrainedGraphPredictor
-    from glomo_pyg.data import (WordVocabulary, embedding_matrix, read_aclimdb, tokenize,
-                                train_word_vectors)
+    from glomo_pyg.data import (
+        WordVocabulary,
+        embedding_matrix,
+        read_aclimdb,
+        tokenize,
+        train_word_vectors,
+    )
     from glomo_pyg.training.text_classification import encode_documents, split_train_validation
 
     predictor = PretrainedGraphPredictor.from_pretrained(args.predictor)

@@ -38,7 +38,8 @@ def reference(key, query, lengths):
     t = key.size(2)
     pos = torch.arange(t, device=key.device)
     allowed = (pos.view(1, -1, 1) < pos.view(1, 1, -1)) & \
-        (pos.view(1, 1, -1) < lengths.view(-1, 1, 1)) & (pos.view(1, -1, 1) < lengths.view(-1, 1, 1))
+        (pos.view(1, 1, -1) < lengths.view(-1, 1, 1)) & \
+        (pos.view(1, -1, 1) < lengths.view(-1, 1, 1))
     scores = key @ query.transpose(-1, -2)  # [B, H, i, j]
     return scores.masked_fill(~allowed.unsqueeze(1), float("-inf")).amax(2)
 
@@ -93,8 +94,10 @@ def main(argv=None) -> None:
         print(f"B={r['B']} T={r['T']}: library {r['library_ms']:.0f} ms / "
               f"{r['library_peak_mib']:.0f} MiB, reference {r['reference_ms']:.0f} ms / "
               f"{r['reference_peak_mib']:.0f} MiB", flush=True)
+    command = " ".join(["python -m benchmarks.keep_alive_speed",
+                        *(sys.argv[1:] if argv is None else argv)])
     lines = [f"\n## {datetime.date.today().isoformat()}: {args.device}", "",
-             f"- command: `{' '.join(['python -m benchmarks.keep_alive_speed', *(sys.argv[1:] if argv is None else argv)])}`",
+             f"- command: `{command}`",
              f"- hardware: {hardware(args.device)}; "
              f"torch {torch.__version__}",
              f"- forward + backward of each target's largest allowed score (forward "

@@ -200,8 +200,8 @@ def release_path(name: str) -> str:
 
 
 def text_stage(args, setup: Setup) -> Dict:
-    from benchmarks.reproduce.imdb import FULL as IMDB_FULL, tfidf_baseline
-    from benchmarks.reproduce.imdb import word_vectors
+    from benchmarks.reproduce.imdb import FULL as IMDB_FULL
+    from benchmarks.reproduce.imdb import tfidf_baseline, word_vectors
     from glomo_pyg.data import read_aclimdb, tokenize
     from glomo_pyg.nn import GlomoTransfer, PretrainedGraphPredictor
 
@@ -253,7 +253,7 @@ def text_stage(args, setup: Setup) -> Dict:
     results = dict(tfidf=None, variants={})
     for variant in selected(args, TEXT_GRAPHS):
         features = {}
-        for split, (reviews, tokens, labels) in splits.items():
+        for split, (reviews, tokens, _labels) in splits.items():
             key = feature_key(task="text", split=split, variant=variant, vectors=vectors_digest,
                               predictor=graphs_digest if variant != "none" else None,
                               max_distance=setup.text_max_distance, length=setup.review_length,
@@ -291,7 +291,9 @@ def tfidf_probe(out: str, texts: Dict, setup: Setup, baseline) -> Dict:
         train_texts, train_labels = texts["train"]
         order = torch.randperm(len(train_texts), generator=torch.Generator().manual_seed(0))
         held = max(1, len(order) // 10)
-        pick = lambda ids: ([train_texts[k] for k in ids], [train_labels[k] for k in ids])
+        def pick(ids):
+            return [train_texts[k] for k in ids], [train_labels[k] for k in ids]
+
         fit = baseline(pick(order[held:].tolist()), pick(order[:held].tolist()), texts["test"],
                        max_length=setup.review_length)
         return dict(fit, test_accuracy=fit["test_acc"] * 100)
@@ -412,7 +414,7 @@ def image_stage(args, setup: Setup) -> Dict:
                                data["test"][1], setup))
 
     releases = {}
-    for name, release, max_distance, heads in setup.image_predictors:
+    for name, release, max_distance, _heads in setup.image_predictors:
         predictor = PretrainedGraphPredictor.from_pretrained(release_path(release))
         releases[name] = (predictor.set_layout("fused"), max_distance)
     digests = {name: p.fingerprint() for name, (p, _) in releases.items()}

@@ -3,7 +3,8 @@
     python -m benchmarks.position_extrapolation --predictor runs/imdb-cpu/predictor \\
         --data-dir ~/.cache/glomo-data [--window 64] [--length 128] [--reviews 256]
         [--results FILE]
-    python -m benchmarks.position_extrapolation --predictor runs/cifar10-reduced/pretrain/predictor \\
+    python -m benchmarks.position_extrapolation \\
+        --predictor runs/cifar10-reduced/pretrain/predictor \\
         --data-dir ~/.cache/glomo-data [--window 16] [--images 16]
 
 ``position='relative'`` (an extension of the paper) adds a learned function of the

@@ -89,7 +89,8 @@ def main(argv=None) -> None:
             f"{', '.join(f'{d:.3f}' for d in results[-1].density)} | "
             f"{cell(r.final_test_loss for r in results)} | "
             f"{cell(r.seconds for r in results)} |")
-    lines += ["", "Per seed (chosen graph P@1; head-averaged P@1 per layer; density per layer):", ""]
+    lines += ["", "Per seed (chosen graph P@1; head-averaged P@1 per layer; density per layer):",
+              ""]
     for name, results in rows:
         for seed, r in zip(args.seeds, results):
             lines.append(f"- {name}, seed {seed}: {r.chosen_precision:.3f}; "

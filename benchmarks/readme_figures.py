@@ -63,7 +63,8 @@ def main(argv=None) -> int:
         h, w = image.shape[1:]
         fig = plot_pixel_weights(graphs, image, [(h // 2, w // 2)],
                                  title=f"incoming weights of the centre pixel, CIFAR-10 test "
-                                       f"image {args.image} ({os.path.normpath(args.pixel_predictor)})")
+                                       f"image {args.image} "
+                                       f"({os.path.normpath(args.pixel_predictor)})")
         paths = save_figure(fig, os.path.join(args.output, "pixel_graphs"), formats=("png",))
         made["pixel_graphs"] = dict(predictor=args.pixel_predictor, image=args.image,
                                     label=int(labels[args.image]), files=paths)

@@ -71,14 +71,16 @@ def pixel_quality(predictor, run: str) -> str:
     from glomo_pyg.training.pretrain.config import CorpusConfig
     from glomo_pyg.training.pretrain.data import ImagePretrainingData, load_pretraining_images
 
-    config, summary = _read(os.path.join(run, "config.json")), _read(os.path.join(run, "pretrain.json"))
+    config, summary = (_read(os.path.join(run, "config.json")),
+                       _read(os.path.join(run, "pretrain.json")))
     images = load_pretraining_images(CorpusConfig(**config["corpus"]))
     split = ImagePretrainingData(images, 1, config["corpus"]["validation_fraction"],
                                  config["train"]["seed"])
     sample = images[torch.as_tensor(split.val_ids[:64])]
     predictor = predictor.eval().set_layout("auto")
     untrained = untrained_copy(predictor).eval()
-    metrics = dict(summary=summary, seconds_per_step=round(summary["seconds"] / summary["steps"], 3),
+    metrics = dict(summary=summary,
+                   seconds_per_step=round(summary["seconds"] / summary["steps"], 3),
                    stopped_by="max_steps", check_images=len(sample), check_device="CPU",
                    check=dict(learned=pixel_graph_check(predictor, sample),
                               untrained=pixel_graph_check(untrained, sample)))

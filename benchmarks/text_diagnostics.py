@@ -30,9 +30,9 @@ import time
 import torch
 
 from glomo_pyg import Glomo, LatentGraphs
+from glomo_pyg.analysis.statistics import graph_health
 from glomo_pyg.data.tokens import TokenWindows
 from glomo_pyg.sequences import sequence_batch
-from glomo_pyg.analysis.statistics import graph_health
 
 BASE = dict(hidden_channels=96, num_layers=2, heads=4, cnn_layers=2, context_length=3,
             num_positions=10, position="relative")

@@ -108,7 +108,8 @@ def summarise(curves: Dict[str, List], direction: str = "forward") -> Dict[str, 
         step=curves["train_loss"][-1][0] if "train_loss" in curves else None,
         train_loss=last("train_loss"), val_loss=last("val_loss"),
         syntax_best=last(f"syntax/{direction}/best"),
-        syntax_layers=[last(k) for k in sorted(curves) if k.startswith(f"syntax/{direction}/layer")],
+        syntax_layers=[last(k) for k in sorted(curves)
+                       if k.startswith(f"syntax/{direction}/layer")],
         syntax_adjacent=last(f"syntax/{direction}/previous_word" if direction == "forward"
                              else f"syntax/{direction}/next_word"),
         syntax_uniform=last(f"syntax/{direction}/uniform"),

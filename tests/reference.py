@@ -23,7 +23,8 @@ def dense_graph(scores, allowed, normalization="relu2"):
     if normalization == "relu2":
         r = torch.where(allowed, torch.relu(scores) ** 2, torch.zeros(()))
         total = r.sum(2, keepdim=True)
-        return torch.where(total > 0, r / torch.where(total > 0, total, torch.ones(())), torch.zeros(()))
+        return torch.where(total > 0, r / torch.where(total > 0, total, torch.ones(())),
+                           torch.zeros(()))
     masked = scores.masked_fill(~allowed, float("-inf"))
     soft = torch.softmax(masked, dim=2)
     return torch.where(allowed, soft, torch.zeros(()))

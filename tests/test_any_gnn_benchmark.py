@@ -4,14 +4,12 @@ equal the stored transform's output, the report pairs every learned graph with e
 fixed one, and a second call finds every run cached."""
 import pytest
 import torch
-
-import benchmarks.any_gnn as bench
-import glomo_pyg.data.images as images_module
 from torch_geometric.data import Data
 from torch_geometric.loader import DataLoader
 
-from glomo_pyg.transforms import (ChainGraphs, GraphsDataset, GridGraphs, UniformGraphs,
-                                  image_data)
+import benchmarks.any_gnn as bench
+import glomo_pyg.data.images as images_module
+from glomo_pyg.transforms import ChainGraphs, GraphsDataset, GridGraphs, UniformGraphs, image_data
 
 
 def fake_cifar(monkeypatch):

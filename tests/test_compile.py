@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from glomo_pyg import GlomoConv, GraphPredictor
 import glomo_pyg.kernels as F
+from glomo_pyg import GlomoConv, GraphPredictor
 
 dynamo = pytest.importorskip("torch._dynamo")
 
@@ -142,7 +142,8 @@ if kernel == "weighted_spmm":
                        backend=backend)
     good, bad = torch.tensor([1, 2]), torch.tensor([1, 50])
 else:
-    fn = torch.compile(lambda ei: head_propagate(x, ei, torch.ones(2), torch.zeros(2, dtype=torch.long), 1),
+    fn = torch.compile(lambda ei: head_propagate(x, ei, torch.ones(2),
+                                                 torch.zeros(2, dtype=torch.long), 1),
                        backend=backend)
     good, bad = torch.tensor([[0, 1], [1, 2]]), torch.tensor([[50, 1], [1, 2]])
 fn(good)

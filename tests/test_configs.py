@@ -114,7 +114,7 @@ def test_every_setting_has_a_rule_and_defaults_pass():
     from glomo_pyg.settings import rules
     from glomo_pyg.training.pretrain.config import TrainConfig
 
-    for name, kind in (("corpus", CorpusConfig), ("train", TrainConfig)):
+    for _name, kind in (("corpus", CorpusConfig), ("train", TrainConfig)):
         assert {f.name for f in dataclasses.fields(kind)} == set(rules(kind))
         assert all(f.metadata.get("rule") or f.metadata.get("rule_args") is not None
                    for f in dataclasses.fields(kind))  # declared with setting()

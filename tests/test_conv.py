@@ -1,9 +1,9 @@
 """GlomoConv against dense per-head A @ X (values and gradients), every input form."""
 import pytest
 import torch
+from reference import assert_same_values_and_grads, dense_aggregate, pad
 
 from glomo_pyg import GlomoConv, GraphPredictor, LatentGraphs
-from reference import assert_same_values_and_grads, dense_aggregate, pad
 
 LENGTHS = [6, 1, 9, 4]
 

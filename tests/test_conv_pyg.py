@@ -3,6 +3,7 @@ values and gradients), hooks, ``Explainer``, ``EdgeIndex``, sparse inputs, compi
 and no host-device synchronisation in a steady-state forward."""
 import pytest
 import torch
+from host_syncs import count_host_syncs, total
 from torch_geometric import EdgeIndex
 from torch_geometric.explain import Explainer, GNNExplainer
 from torch_geometric.explain.algorithm.utils import clear_masks, set_masks
@@ -10,7 +11,6 @@ from torch_geometric.nn import SimpleConv
 from torch_geometric.nn.aggr import MaxAggregation, MultiAggregation
 
 from glomo_pyg import GlomoConv
-from host_syncs import count_host_syncs, total
 
 N, C, HEADS, E = 11, 12, 3, 50
 

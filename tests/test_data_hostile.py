@@ -8,10 +8,18 @@ import numpy as np
 import pytest
 import torch
 
-from glomo_pyg.data import (TextDataError, TokenWindows, WordVocabulary, read_aclimdb,
-                            read_shard_index, read_text_documents, read_word_vectors,
-                            train_word_vectors, write_token_shards, write_word_vectors)
-
+from glomo_pyg.data import (
+    TextDataError,
+    TokenWindows,
+    WordVocabulary,
+    read_aclimdb,
+    read_shard_index,
+    read_text_documents,
+    read_word_vectors,
+    train_word_vectors,
+    write_token_shards,
+    write_word_vectors,
+)
 
 KINDS = ("pos", "neg", "unsup")
 
@@ -152,7 +160,7 @@ def test_token_shards_confined_to_their_folder(tmp_path):
     os.rename(folder / "tokens-00000.bin", tmp_path / "outside.bin")
     for bad in ["../outside.bin", str(tmp_path / "outside.bin"), "sub/x.bin", "..", "", 5,
                 None, "x\ud800.bin", ".hidden", "a\0b"]:
-        _edit_index(folder, lambda index: index["shards"][0].update(tokens=bad))
+        _edit_index(folder, lambda index, bad=bad: index["shards"][0].update(tokens=bad))
         with pytest.raises(TextDataError, match=r"index.json: shard 0: '\w+' must be a "
                                                 r"plain file name"):
             TokenWindows.from_shards(str(folder), 4, 2)
@@ -266,8 +274,7 @@ def test_word_vector_limits_that_would_hang_or_overflow(tmp_path):
             embedding_matrix(*args, **kwargs)
     assert torch.isfinite(embedding_matrix(vocab, ["good"], np.full((1, 2), 1e36))[0]).all()
     # a line the reader would refuse is not written; missing folders are created
-    from glomo_pyg.data.word_vectors import (MAX_EPOCHS, MAX_LINE_BYTES, MAX_TRAIN_DIM,
-                                             MAX_WORKERS)
+    from glomo_pyg.data.word_vectors import MAX_EPOCHS, MAX_LINE_BYTES, MAX_TRAIN_DIM, MAX_WORKERS
     with pytest.raises(ValueError, match="1703938 bytes, more than the 1048576 a reader"):
         write_word_vectors(str(tmp_path / "wide.txt"), ["a"],
                            np.full((1, MAX_LINE_BYTES // 8), -1.234567e-05))
@@ -290,9 +297,9 @@ def test_word_vector_limits_that_would_hang_or_overflow(tmp_path):
 
 def test_glomo_pretrain_names_an_empty_corpus_file(tmp_path):
     import yaml
+    from pretrain_runs import pretrain_settings
 
     from glomo_pyg.cli import main
-    from pretrain_runs import pretrain_settings
 
     (tmp_path / "empty.txt").write_bytes(b"")
     cfg = tmp_path / "cfg.yaml"

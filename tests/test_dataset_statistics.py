@@ -4,14 +4,18 @@ import math
 
 import pytest
 import torch
+from reference import batch_vector
 
 from glomo_pyg import DirectionalGraphs, GraphPredictor, LatentGraphs, PretrainedGraphPredictor
-from glomo_pyg.analysis import (GraphStatisticsAccumulator, HeadStatistics, dataset_statistics,
-                                graph_health)
+from glomo_pyg.analysis import (
+    GraphStatisticsAccumulator,
+    HeadStatistics,
+    dataset_statistics,
+    graph_health,
+)
 from glomo_pyg.nn.pixel import PixelGraphPredictor
 from glomo_pyg.ordering import RasterOrder
 from glomo_pyg.pixels import image_units
-from reference import batch_vector
 
 
 def tiny_forward():

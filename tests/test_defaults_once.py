@@ -13,8 +13,7 @@ from glomo_pyg.nn.emitter import EMITTERS
 from glomo_pyg.nn.feature_predictor import FeatureGraphEmitter, FeaturePredictor
 from glomo_pyg.nn.pixel import PixelGraphPredictor
 from glomo_pyg.nn.scorer import GraphScorer
-from glomo_pyg.nn.settings import (IMAGE_DEFAULTS, SAVED_SETTINGS, TEXT_DEFAULTS,
-                                   ModelSettings)
+from glomo_pyg.nn.settings import IMAGE_DEFAULTS, SAVED_SETTINGS, TEXT_DEFAULTS, ModelSettings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETTINGS = {f.name for f in dataclasses.fields(ModelSettings)}

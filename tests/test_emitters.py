@@ -9,9 +9,20 @@ import numpy as np
 import pytest
 import torch
 
-from glomo_pyg import (ContextDecoder, FeatureGraphEmitter, FeaturePredictor, Glomo,
-                       GraphEmitter, GraphPredictor, LatentGraphs, PretrainedGraphPredictor,
-                       SequenceOrder, UnitOrder, load_pretrained, save_pretrained)
+from glomo_pyg import (
+    ContextDecoder,
+    FeatureGraphEmitter,
+    FeaturePredictor,
+    Glomo,
+    GraphEmitter,
+    GraphPredictor,
+    LatentGraphs,
+    PretrainedGraphPredictor,
+    SequenceOrder,
+    UnitOrder,
+    load_pretrained,
+    save_pretrained,
+)
 from glomo_pyg.io.pretrained import PretrainedFormatError, UnsealedPredictorWarning
 from glomo_pyg.nn import EMITTERS
 from glomo_pyg.nn.config import ConfigurableModule
@@ -130,7 +141,8 @@ def test_layout_is_a_run_time_choice_and_not_saved(tmp_path):
     predictor = model.to_pretrained().set_layout("dense")
     x, batch = torch.randint(0, 12, (9,)), torch.tensor([0] * 4 + [1] * 5)
     dense = predictor(x, batch)
-    assert dense.forward.layout == "dense" and predictor(x, batch, layout="sparse").forward.layout == "sparse"
+    assert dense.forward.layout == "dense" and \
+        predictor(x, batch, layout="sparse").forward.layout == "sparse"
     predictor.save_pretrained(tmp_path / "p")
     loaded = PretrainedGraphPredictor.from_pretrained(tmp_path / "p")
     assert loaded(x, batch).forward.layout == "sparse"

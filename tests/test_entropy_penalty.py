@@ -3,9 +3,9 @@ import math
 
 import pytest
 import torch
+from reference import allowed_pairs, batch_vector, dense_graph
 
 from glomo_pyg import Glomo, LatentGraphs
-from reference import allowed_pairs, batch_vector, dense_graph
 
 
 def reference_entropy(graph, lengths, direction, include_self, normalized):

@@ -6,13 +6,13 @@ import networkx as nx
 import numpy as np
 import pytest
 import torch
+from reference import batch_vector
 
 from glomo_pyg import Glomo, GraphPredictor, PretrainedGraphPredictor
 from glomo_pyg.analysis import edge_list, to_graphml_graph
-from glomo_pyg.cli import main
 from glomo_pyg.analysis.export_files import ExportDirectory, ExportItem, export_graphs
+from glomo_pyg.cli import main
 from glomo_pyg.nn.pixel import PixelGraphPredictor
-from reference import batch_vector
 
 VOCAB = ["<pad>", "<unk>", "<bos>", "<eos>", "the", "cat", "sat", "on", "mat", "."]
 

@@ -68,7 +68,7 @@ print(json.dumps(out))
 '''
 
 
-def _run(code, *args, blocked=",".join(sorted(EXTRAS))):
+def _run(code, *args, blocked=",".join(sorted(EXTRAS))):  # noqa: B008 (an immutable str)
     env = dict(os.environ, PYTHONPATH=ROOT)
     return subprocess.run([sys.executable, "-c", code, blocked, *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)

@@ -2,15 +2,20 @@
 import numpy as np
 import pytest
 import torch
+from reference import batch_vector
 
 from glomo_pyg import GraphPredictor, LatentGraphs, PretrainedGraphPredictor
-from glomo_pyg.analysis import (GraphStatisticsAccumulator, plot_graph_heatmaps,
-                                plot_pixel_weights, plot_statistics, plot_syntax_scores,
-                                save_figure)
+from glomo_pyg.analysis import (
+    GraphStatisticsAccumulator,
+    plot_graph_heatmaps,
+    plot_pixel_weights,
+    plot_statistics,
+    plot_syntax_scores,
+    save_figure,
+)
 from glomo_pyg.analysis.syntax import GraphScores, SyntaxComparison, SyntaxScores
 from glomo_pyg.nn.pixel import PixelGraphPredictor
 from glomo_pyg.pixels import image_units
-from reference import batch_vector
 
 TOKENS = "the cat sat on the mat .".split()
 
@@ -102,7 +107,8 @@ def syntax_comparison():
     def scores(shift):
         per_graph = {m: np.full((2, 2), 0.3 + shift) for m in ("undirected", "directed", "ap")}
         per_layer = {m: np.full(2, 0.25 + shift) for m in per_graph}
-        base = {"adjacent word": {m: 0.4 for m in per_graph}, "uniform": {m: 0.2 for m in per_graph}}
+        base = {"adjacent word": {m: 0.4 for m in per_graph},
+                "uniform": {m: 0.2 for m in per_graph}}
         return SyntaxScores({"forward": GraphScores("forward", per_graph, per_layer, base, 10)},
                             sentences=3, skipped_sentences=0, unaligned_words=0,
                             short_sentences=0, unknown_fraction=0.0, exclude_punct=True)

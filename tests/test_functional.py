@@ -3,10 +3,10 @@ import itertools
 
 import pytest
 import torch
+from reference import allowed_pairs, assert_same_values_and_grads, dense_graph
 
 from glomo_pyg import LatentGraphs
 from glomo_pyg.kernels import latent_graph_edges, weighted_spmm
-from reference import allowed_pairs, assert_same_values_and_grads, dense_graph
 
 LENGTHS = [5, 1, 9, 3, 0, 7]  # includes a length-1 and an empty sequence
 

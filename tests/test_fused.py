@@ -2,14 +2,28 @@
 the forward pass, with automatic fallback where gradients are needed."""
 import pytest
 import torch
+from test_half_kernels import (  # noqa: F401
+    BF16,
+    GRAD_TOL,
+    U,
+    assert_close_to_the_reference,
+    conditioning,
+    fused_inputs,
+    kernel_dtypes,
+    reference_propagation,
+    relative_error,
+)
 
-from glomo_pyg import (FeatureGraphEmitter, Glomo, GlomoConv, GlomoTransfer, GraphPredictor,
-                       PretrainedGraphPredictor)
-from glomo_pyg import flex
+from glomo_pyg import (
+    FeatureGraphEmitter,
+    Glomo,
+    GlomoConv,
+    GlomoTransfer,
+    GraphPredictor,
+    PretrainedGraphPredictor,
+    flex,
+)
 from glomo_pyg.kernels import head_propagate, latent_graph_edges
-from test_half_kernels import (BF16, GRAD_TOL, U, assert_close_to_the_reference,  # noqa: F401
-                               conditioning, fused_inputs, kernel_dtypes,
-                               reference_propagation, relative_error)
 
 pytestmark = pytest.mark.skipif(not flex.available(), reason="needs FlexAttention")
 
@@ -325,12 +339,13 @@ def test_whole_images_of_any_batch_size_reuse_one_compiled_kernel():
 
 
 
+# kernel_dtypes: the fixture imported from test_half_kernels (hence the F811 noqa)
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention's backward needs a GPU")
 @pytest.mark.parametrize("direction,include_self,shared",
                          [("forward", False, False), ("backward", True, True)])
-def test_fused_bf16_gradients_match_the_dense_reference_on_gpu(direction, include_self,
-                                                                shared, kernel_dtypes):
+def test_fused_bf16_gradients_match_the_dense_reference_on_gpu(direction, include_self, shared,
+                                                                kernel_dtypes):  # noqa: F811
     # FlexAttention's backward in bfloat16 under autocast (it rounds dS to bfloat16 as
     # well) against autograd through the float64 reference of tests/test_half_kernels.py;
     # near-empty columns are left out of the loss (their weights are not determined in

@@ -1,11 +1,11 @@
 """The pretraining model: causality through the whole network, objective, ablations."""
 import pytest
 import torch
+from reference import batch_vector
 
 from glomo_pyg import ContextDecoder, FeaturePredictor, Glomo, GraphPredictor
 from glomo_pyg.nn.decoder import IGNORE
 from glomo_pyg.sequences import sequence_batch
-from reference import batch_vector
 
 LENGTHS = [6, 1, 9, 4]
 SMALL = dict(hidden_channels=16, num_layers=2, heads=2, cnn_layers=2, num_positions=5)

@@ -2,9 +2,9 @@
 import networkx as nx
 import pytest
 import torch
+from reference import batch_vector
 
 from glomo_pyg import GraphPredictor
-from reference import batch_vector
 
 LENGTHS = [6, 1, 9]
 

@@ -38,7 +38,8 @@ def test_health_against_hand_computed_values(direction):
     # entropy over targets with >= 2 allowed sources: head 0 one edge each (0); head 1's
     # only column with edges splits 0.5 / 0.5 over 3 allowed sources: log 2 / log 3
     torch.testing.assert_close(h.entropy, torch.tensor([[0.0, math.log(2) / math.log(3)]]))
-    # uniform: targets with 1, 2, 3 sources -> adjacent (1 + 1/2 + 1/3) / 3; distance (1 + 1.5 + 2) / 3
+    # uniform: targets with 1, 2, 3 sources -> adjacent (1 + 1/2 + 1/3) / 3;
+    # distance (1 + 1.5 + 2) / 3
     assert h.uniform_adjacent == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
     assert h.uniform_distance == pytest.approx(1.5)
     assert h.dead_heads() == [(0, 1)]

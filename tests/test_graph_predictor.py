@@ -3,9 +3,9 @@ import math
 
 import pytest
 import torch
+from reference import allowed_pairs, batch_vector, dense_graph, pad
 
 from glomo_pyg import GraphPredictor, LatentGraphs
-from reference import allowed_pairs, batch_vector, dense_graph, pad
 
 LENGTHS = [7, 1, 4, 10]
 

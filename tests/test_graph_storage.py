@@ -7,8 +7,14 @@ import torch
 from reference import allowed_pairs, batch_vector, dense_from_edges, dense_graph, pad
 
 from glomo_pyg import LatentGraphs, flex
-from glomo_pyg.graphs import (DenseStorage, EdgeStorage, FusedStorage, GraphFrame,
-                              GraphStorage, UniformStorage)
+from glomo_pyg.graphs import (
+    DenseStorage,
+    EdgeStorage,
+    FusedStorage,
+    GraphFrame,
+    GraphStorage,
+    UniformStorage,
+)
 from glomo_pyg.kernels import latent_graph_dense, latent_graph_edges
 from glomo_pyg.sequences import SequenceBatch
 

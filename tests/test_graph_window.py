@@ -7,9 +7,15 @@ import pytest
 import torch
 from reference import allowed_pairs, batch_vector, dense_from_edges, dense_graph
 
-from glomo_pyg import (DirectionalGraphs, GlomoTextClassifier, GlomoTransfer, GraphPredictor,
-                       LatentGraphs, PretrainedGraphPredictor)
-from glomo_pyg import flex
+from glomo_pyg import (
+    DirectionalGraphs,
+    GlomoTextClassifier,
+    GlomoTransfer,
+    GraphPredictor,
+    LatentGraphs,
+    PretrainedGraphPredictor,
+    flex,
+)
 from glomo_pyg.ordering import RasterOrder
 
 LENGTHS = [6, 1, 9, 2]

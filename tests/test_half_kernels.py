@@ -23,10 +23,10 @@ Tolerances are in units of bfloat16's unit roundoff u = 2**-8 (8 significand bit
 """
 import pytest
 import torch
+from reference import allowed_pairs, dense_graph
 
 from glomo_pyg import GraphPredictor, PixelGraphPredictor, flex, kernels
 from glomo_pyg.kernels import bounded_keys_queries, column_max_scores
-from reference import allowed_pairs, dense_graph
 
 U = 2.0 ** -8  # bfloat16's unit roundoff
 VALUE_TOL = 4 * U  # softmax, and the containers' check

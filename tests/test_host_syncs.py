@@ -5,8 +5,13 @@ import pytest
 import torch
 from host_syncs import count_host_syncs, total
 
-from glomo_pyg import (DirectionalGraphs, GatedFusion, GlomoTransfer, GraphPredictor,
-                       PixelGraphPredictor)
+from glomo_pyg import (
+    DirectionalGraphs,
+    GatedFusion,
+    GlomoTransfer,
+    GraphPredictor,
+    PixelGraphPredictor,
+)
 from glomo_pyg.nn import PretrainedGraphPredictor
 from glomo_pyg.sequences import sequence_batch
 

@@ -15,8 +15,17 @@ import torch
 
 import glomo_pyg.kernels as K
 import glomo_pyg.sequences as S
-from glomo_pyg import (FeaturePredictor, GatedFusion, Glomo, GlomoConv, GlomoTransfer,
-                       GraphMixer, GraphPredictor, LatentGraphs, load_pretrained)
+from glomo_pyg import (
+    FeaturePredictor,
+    GatedFusion,
+    Glomo,
+    GlomoConv,
+    GlomoTransfer,
+    GraphMixer,
+    GraphPredictor,
+    LatentGraphs,
+    load_pretrained,
+)
 from glomo_pyg.data.images import UnsafePickleError, load_cifar10, load_imagenet32
 from glomo_pyg.nn import ContextDecoder, GlomoTextClassifier, PretrainedGraphPredictor
 from glomo_pyg.nn.functional import head_propagate, latent_graph_dense, weighted_spmm
@@ -473,7 +482,8 @@ def test_graph_indices_and_vocabulary_strings_are_checked():
                           (lambda: graphs.hierarchical(0, 2, 0), "layer must be an integer"),
                           (lambda: graphs.adjacency(0, 0, 0.5), "head must be an integer"),
                           (lambda: graphs.to_networkx(0.5), "sample must be an integer"),
-                          (lambda: graphs.to_networkx(1), r"sample must be an integer in \[0, 1\)")]:
+                          (lambda: graphs.to_networkx(1),
+                           r"sample must be an integer in \[0, 1\)")]:
         with pytest.raises(ValueError, match=message):
             call()
     assert graphs.to_networkx(np.int64(0)).number_of_nodes() == 4

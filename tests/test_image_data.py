@@ -10,9 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from glomo_pyg.data.images import (ImageDataError, UnsafePickleError, augment, load_cifar10,
-                                   load_imagenet32, read_image_batch, safe_load,
-                                   train_validation_split)
+from glomo_pyg.data.images import (
+    ImageDataError,
+    UnsafePickleError,
+    augment,
+    load_cifar10,
+    load_imagenet32,
+    read_image_batch,
+    safe_load,
+    train_validation_split,
+)
 
 
 def write(path, obj):

@@ -6,12 +6,11 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from test_text_pretraining import Crash, model_state
 
 from glomo_pyg import PretrainedGraphPredictor, RasterOrder
 from glomo_pyg.pixels import image_units
 from glomo_pyg.training import PretrainConfig, run_pretraining
-
-from test_text_pretraining import Crash, model_state
 
 
 def write_cifar(folder, per_batch=4):

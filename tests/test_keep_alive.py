@@ -1,10 +1,10 @@
 """Column maxima of the scores and the keep-alive penalty against dead heads."""
 import pytest
 import torch
+from reference import allowed_pairs, batch_vector
 
 from glomo_pyg import Glomo
 from glomo_pyg.kernels import column_max_scores
-from reference import allowed_pairs, batch_vector
 
 
 @pytest.mark.parametrize("direction", ["forward", "backward"])

@@ -5,7 +5,7 @@ import torch
 from reference import assert_same_values_and_grads, batch_vector, dense_from_edges
 
 import glomo_pyg.nn.layout as layout_module
-from glomo_pyg import (Glomo, GlomoConv, GraphMixer, GraphPredictor, LatentGraphs)
+from glomo_pyg import Glomo, GlomoConv, GraphMixer, GraphPredictor, LatentGraphs
 from glomo_pyg.sequences import sequence_batch
 
 LENGTHS = [5, 1, 9, 3]

@@ -5,8 +5,14 @@ import pytest
 import torch
 
 from glomo_pyg import GlomoTransfer, GraphPredictor, PixelGraphPredictor, PretrainedGraphPredictor
-from glomo_pyg.evaluation import (LinearProbe, grid_graphs, paired_bootstrap, pool_units,
-                                  probe_features, unit_features)
+from glomo_pyg.evaluation import (
+    LinearProbe,
+    grid_graphs,
+    paired_bootstrap,
+    pool_units,
+    probe_features,
+    unit_features,
+)
 from glomo_pyg.graphs import DirectionalGraphs
 from glomo_pyg.pixels import image_units
 from glomo_pyg.transforms import GridGraphs

@@ -1,10 +1,10 @@
 """The local-context input of the feature predictor (an extension of the paper)."""
 import pytest
 import torch
+from reference import allowed_pairs, batch_vector
 
 from glomo_pyg import FeaturePredictor, Glomo, LatentGraphs
 from glomo_pyg.nn.feature_predictor import FeatureGraphEmitter
-from reference import allowed_pairs, batch_vector
 
 LENGTHS = [5, 1, 7, 3]
 

@@ -9,8 +9,14 @@ import torch
 import torch.nn.functional as F
 
 from glomo_pyg.nn.image_encoder import ImageEncoder
-from glomo_pyg.training.moco import (MoCo, MocoConfig, info_nce, load_encoder, pretrain_moco,
-                                     random_views)
+from glomo_pyg.training.moco import (
+    MoCo,
+    MocoConfig,
+    info_nce,
+    load_encoder,
+    pretrain_moco,
+    random_views,
+)
 
 
 def tiny_moco(queue_size=5, momentum=0.9):

@@ -13,7 +13,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-_spec = importlib.util.spec_from_file_location("notebook_execute", ROOT / "notebooks" / "execute.py")
+_spec = importlib.util.spec_from_file_location("notebook_execute",
+                                               ROOT / "notebooks" / "execute.py")
 execute = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(execute)
 

@@ -5,8 +5,15 @@ import math
 import pytest
 import torch
 
-from glomo_pyg import (Glomo, GlomoResNet, GlomoTransfer, LatentGraphs, PixelGraphPredictor,
-                       RasterOrder, flex)
+from glomo_pyg import (
+    Glomo,
+    GlomoResNet,
+    GlomoTransfer,
+    LatentGraphs,
+    PixelGraphPredictor,
+    RasterOrder,
+    flex,
+)
 from glomo_pyg.analysis.statistics import graph_health
 from glomo_pyg.nn.decoder import IGNORE
 from glomo_pyg.nn.pixel import MaskedConv2d, PixelContextHead, window_offsets

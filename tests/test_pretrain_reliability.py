@@ -11,14 +11,18 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
-
 from pretrain_runs import WORDS, without_recorded_settings, write_corpus
 from pretrain_runs import pretrain_settings as settings
+
 from glomo_pyg.cli import main
 from glomo_pyg.training import PretrainConfig, run_pretraining
-from glomo_pyg.training.checkpoints import (CheckpointMismatchError, CorruptCheckpointError,
-                                           UnsafeCheckpointError, atomic_save,
-                                           find_resume_checkpoint)
+from glomo_pyg.training.checkpoints import (
+    CheckpointMismatchError,
+    CorruptCheckpointError,
+    UnsafeCheckpointError,
+    atomic_save,
+    find_resume_checkpoint,
+)
 from glomo_pyg.training.interrupts import TrainingInterrupted
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

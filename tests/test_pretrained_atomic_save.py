@@ -19,8 +19,13 @@ import pytest
 import torch
 
 import glomo_pyg.atomic_files as atomic_files
-from glomo_pyg import (GraphPredictor, PretrainedFormatError, PretrainedGraphPredictor,
-                       load_pretrained, save_pretrained)
+from glomo_pyg import (
+    GraphPredictor,
+    PretrainedFormatError,
+    PretrainedGraphPredictor,
+    load_pretrained,
+    save_pretrained,
+)
 
 LARGE = os.environ.get("GLOMO_RELIABILITY_LARGE") == "1"
 posix_only = pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "win32",

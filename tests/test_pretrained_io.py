@@ -10,8 +10,14 @@ from bundles import edit_config, write_config
 from reference import batch_vector
 
 import glomo_pyg.io.pretrained as io
-from glomo_pyg import (GlomoTransfer, GraphPredictor, PretrainedFormatError,
-                       PretrainedGraphPredictor, load_pretrained, save_pretrained)
+from glomo_pyg import (
+    GlomoTransfer,
+    GraphPredictor,
+    PretrainedFormatError,
+    PretrainedGraphPredictor,
+    load_pretrained,
+    save_pretrained,
+)
 from glomo_pyg.nn import FeatureGraphEmitter
 
 TOKENS = 30
@@ -98,7 +104,8 @@ def test_vocabulary_checks(tmp_path):
     save_pretrained(make(), tmp_path)
     load_pretrained(tmp_path, vocabulary=VOCAB)
     changed = VOCAB[:4] + ["other"] + VOCAB[5:]
-    with pytest.raises(PretrainedFormatError, match="first difference at id 4: 'other' given, 'tok4'"):
+    with pytest.raises(PretrainedFormatError,
+                       match="first difference at id 4: 'other' given, 'tok4'"):
         load_pretrained(tmp_path, vocabulary=changed)
     with pytest.raises(PretrainedFormatError, match="29 tokens given, 30 saved"):
         load_pretrained(tmp_path, vocabulary=VOCAB[:-1])
@@ -107,7 +114,8 @@ def test_vocabulary_checks(tmp_path):
     with pytest.raises(PretrainedFormatError, match="tokens given, none saved"):
         load_pretrained(tmp_path / "novocab", vocabulary=VOCAB)
     edit_config(tmp_path, lambda c: c.update(vocabulary=VOCAB[:-2]))
-    with pytest.raises(PretrainedFormatError, match="vocabulary has 28 entries, the predictor embeds 30"):
+    with pytest.raises(PretrainedFormatError,
+                       match="vocabulary has 28 entries, the predictor embeds 30"):
         load_pretrained(tmp_path)
     edit_config(tmp_path, lambda c: c.update(vocabulary=[1, 2]))
     with pytest.raises(PretrainedFormatError, match="list of strings"):
@@ -137,7 +145,8 @@ def test_missing_and_malformed_files(tmp_path):
     with pytest.raises(PretrainedFormatError, match="not valid JSON"):
         load_pretrained(d)
     (d / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(PretrainedFormatError, match="format must be .* pretrained-predictor config"):
+    with pytest.raises(PretrainedFormatError,
+                       match="format must be .* pretrained-predictor config"):
         load_pretrained(d)
     save_pretrained(make(), d)
     edit_config(d, lambda c: c.update(format_version=io.FORMAT_VERSION + 1))
@@ -145,7 +154,8 @@ def test_missing_and_malformed_files(tmp_path):
         load_pretrained(d)
     save_pretrained(make(), d)
     edit_config(d, lambda c: c.pop("weights"))
-    with pytest.raises(PretrainedFormatError, match="weights.file must be 'model.safetensors', got null"):
+    with pytest.raises(PretrainedFormatError,
+                       match="weights.file must be 'model.safetensors', got null"):
         load_pretrained(d)
     save_pretrained(make(), d)
     os.remove(d / "model.safetensors")
@@ -158,7 +168,8 @@ def test_truncated_and_corrupted_weights(tmp_path):
     weights = tmp_path / "model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[:len(data) // 2])
-    with pytest.raises(PretrainedFormatError, match=f"truncated: {len(data) // 2} of {len(data)} bytes"):
+    with pytest.raises(PretrainedFormatError,
+                       match=f"truncated: {len(data) // 2} of {len(data)} bytes"):
         load_pretrained(tmp_path)
     flipped = bytearray(data)
     flipped[-3] ^= 0xFF  # inside a tensor: safetensors alone would not notice
@@ -225,8 +236,10 @@ def test_config_that_does_not_match_the_weights(tmp_path):
     with pytest.raises(PretrainedFormatError, match="cannot build the forward GraphPredictor"):
         load_pretrained(tmp_path)
     save_pretrained(make(), tmp_path)
-    edit_config(tmp_path, lambda c: c["directions"]["forward"]["config"].update(direction="backward"))
-    with pytest.raises(PretrainedFormatError, match="forward predictor was built for direction 'backward'"):
+    edit_config(tmp_path,
+                lambda c: c["directions"]["forward"]["config"].update(direction="backward"))
+    with pytest.raises(PretrainedFormatError,
+                       match="forward predictor was built for direction 'backward'"):
         load_pretrained(tmp_path)
     save_pretrained(make(), tmp_path)
     edit_config(tmp_path, lambda c: c["directions"].update(sideways={}))
@@ -274,16 +287,21 @@ def fails_fast(path, match, limit=0.5):
 
 
 @pytest.mark.parametrize("key,value,match", [
-    ("num_tokens", 2e7, r"num_tokens must be an integer in \[1, 16777216\] or null, got 20000000\.0"),
-    ("num_tokens", 20_000_000, r"num_tokens must be an integer in \[1, 16777216\] or null, got 20000000"),
+    ("num_tokens", 2e7, r"num_tokens must be an integer in \[1, 16777216\] or null, "
+                        r"got 20000000\.0"),
+    ("num_tokens", 20_000_000, r"num_tokens must be an integer in \[1, 16777216\] or null, "
+                               r"got 20000000"),
     ("num_layers", 1e5, r"num_layers must be an integer in \[1, 1024\], got 100000.0"),
     ("num_layers", 100_000, r"num_layers must be an integer in \[1, 1024\], got 100000"),
     ("cnn_layers", 1_000_000, r"cnn_layers must be an integer in \[0, 1024\], got 1000000"),
-    ("hidden_channels", 1 << 20, r"hidden_channels must be an integer in \[1, 65536\], got 1048576"),
+    ("hidden_channels", 1 << 20, r"hidden_channels must be an integer in \[1, 65536\], "
+                                 r"got 1048576"),
     ("heads", 5000, r"heads must be an integer in \[1, 1024\], got 5000"),
     ("kernel_size", 1 << 30, r"kernel_size must be an integer in \[1, 1023\], got 1073741824"),
-    ("block_size", 1 << 40, r"block_size must be an integer in \[1, 17179869184\], got 1099511627776"),
-    ("position_frequencies", 10 ** 6, r"position_frequencies must be an integer in \[1, 4096\], got 1000000"),
+    ("block_size", 1 << 40, r"block_size must be an integer in \[1, 17179869184\], "
+                            r"got 1099511627776"),
+    ("position_frequencies", 10 ** 6, r"position_frequencies must be an integer in \[1, 4096\], "
+                                      r"got 1000000"),
 ])
 def test_config_bombs_fail_fast_naming_the_key_and_the_bound(tmp_path, key, value, match):
     save_pretrained(make(), tmp_path)
@@ -364,7 +382,8 @@ def test_format_2_config_missing_an_argument_is_refused_not_defaulted(tmp_path, 
     save_pretrained(make(kind), tmp_path)
     edit_config(tmp_path, lambda c: c["directions"]["backward"]["config"].pop(key))
     with pytest.raises(PretrainedFormatError,
-                       match=rf"the backward {cls} from its config: it lacks arguments \['{key}'\]"):
+                       match=rf"the backward {cls} from its config: it lacks arguments "
+                             rf"\['{key}'\]"):
         load_pretrained(tmp_path)
     monkeypatch.setitem(io.ADDED_SINCE_FORMAT_2, cls, (key,))
     assert load_pretrained(tmp_path).predictor("backward") is not None
@@ -515,7 +534,8 @@ def test_sparse_huge_files_are_refused_before_they_are_read(tmp_path):
     config["weights"]["bytes"] = 1 << 30
     write_config(folder, config)
     start = time.time()
-    with pytest.raises(PretrainedFormatError, match="not a valid safetensors file .*not fully covered"):
+    with pytest.raises(PretrainedFormatError,
+                       match="not a valid safetensors file .*not fully covered"):
         load_pretrained(folder)
     assert time.time() - start < 5
     with open(folder / "config.json", "r+b") as fh:

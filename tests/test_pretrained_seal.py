@@ -2,8 +2,8 @@
 refused on load naming the keys that changed; reseal_pretrained / glomo reseal seal a
 deliberate edit; older formats load only when asked for (allow_unsealed=True), with a
 warning; a folder in the releases root loads only sealed, however it is named."""
-import os
 import json
+import os
 import shutil
 import warnings
 
@@ -11,8 +11,13 @@ import pytest
 import torch
 from bundles import edit_config
 
-from glomo_pyg import (GraphPredictor, PretrainedFormatError, PretrainedGraphPredictor,
-                       load_pretrained, save_pretrained)
+from glomo_pyg import (
+    GraphPredictor,
+    PretrainedFormatError,
+    PretrainedGraphPredictor,
+    load_pretrained,
+    save_pretrained,
+)
 from glomo_pyg.cli import main
 from glomo_pyg.io.pretrained import UnsealedPredictorWarning, reseal_pretrained
 from glomo_pyg.nn.pixel import PixelGraphPredictor

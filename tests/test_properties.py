@@ -22,13 +22,18 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
+from reference import batch_vector
 
-from glomo_pyg import (GlomoConv, GlomoTransfer, GraphPredictor, LatentGraphs,
-                       PretrainedGraphPredictor)
+from glomo_pyg import (
+    GlomoConv,
+    GlomoTransfer,
+    GraphPredictor,
+    LatentGraphs,
+    PretrainedGraphPredictor,
+)
 from glomo_pyg.analysis import edge_list, to_graphml_graph
 from glomo_pyg.nn.pixel import PixelGraphPredictor
 from glomo_pyg.pixels import image_units
-from reference import batch_vector
 
 LARGE = int(os.environ.get("GLOMO_PROPERTY_EXAMPLES", "0"))
 settings.register_profile(
@@ -269,7 +274,8 @@ def test_mixer_and_transfer(lengths, heads, layers, mixing, propagation, graph, 
 @PROFILE
 @given(lengths=lengths_st, heads=st.sampled_from([1, 2, 4]), layers=st.integers(1, 2),
        direction=st.sampled_from(["forward", "backward"]), data=st.data())
-def test_conversions_and_exports_round_trip(lengths, heads, layers, direction, data, tmp_path_factory):
+def test_conversions_and_exports_round_trip(lengths, heads, layers, direction, data,
+                                            tmp_path_factory):
     model = predictor(direction, heads, layers, False, None, torch.float32)
     n = sum(lengths)
     x = torch.randint(0, TOKENS, (n,), generator=torch.Generator().manual_seed(

@@ -13,9 +13,16 @@ from reference import batch_vector
 import glomo_pyg.io.releases as releases
 from glomo_pyg import Glomo, PretrainedFormatError, PretrainedGraphPredictor, load_pretrained
 from glomo_pyg.cli import main
-from glomo_pyg.io.releases import (CARD_SECTIONS, MAX_RELEASES_BYTES, MAX_WEIGHTS_BYTES,
-                                   RELEASE_FILES, release_path, released_names, releases_root,
-                                   write_release)
+from glomo_pyg.io.releases import (
+    CARD_SECTIONS,
+    MAX_RELEASES_BYTES,
+    MAX_WEIGHTS_BYTES,
+    RELEASE_FILES,
+    release_path,
+    released_names,
+    releases_root,
+    write_release,
+)
 
 TOKENS = 40
 VOCAB = [f"tok{i}" for i in range(TOKENS)]

@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
-from glomo_pyg.kernels import bounded_keys_queries, latent_graph_dense
-from glomo_pyg.ordering import RasterOrder, SequenceOrder
 from glomo_pyg.graphs.pruning import prune_rows
 from glomo_pyg.graphs.score_blocks import propagate_scores, pruned_graph_edges
+from glomo_pyg.kernels import bounded_keys_queries, latent_graph_dense
+from glomo_pyg.ordering import RasterOrder, SequenceOrder
 
 TINY = 40  # scores per block: many blocks of one target, sources cut to their range
 
@@ -276,6 +276,7 @@ def test_what_the_fused_layout_refuses_takes_the_dense_graphs():
     """float64 predictors, and softmax predictors whose scores could overflow the fused
     layout, are pruned from their dense graphs (as before the block-by-block path)."""
     from torch_geometric.data import Data
+
     from glomo_pyg import GraphPredictor, PretrainedGraphPredictor
     from glomo_pyg.transforms import GlomoGraphs
 

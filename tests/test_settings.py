@@ -7,14 +7,27 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import pytest
-
 from bundles import edit_config
 
-from glomo_pyg import (Glomo, GraphPredictor, PretrainedFormatError, PretrainedGraphPredictor,
-                       load_pretrained, save_pretrained)
+from glomo_pyg import (
+    Glomo,
+    GraphPredictor,
+    PretrainedFormatError,
+    PretrainedGraphPredictor,
+    load_pretrained,
+    save_pretrained,
+)
 from glomo_pyg.nn.settings import MODEL_RULES, ModelSettings, check_model_setting
-from glomo_pyg.settings import (DevicesRule, Rule, check_settings, documentation, from_mapping,
-                                rules, set_by_path, setting)
+from glomo_pyg.settings import (
+    DevicesRule,
+    Rule,
+    check_settings,
+    documentation,
+    from_mapping,
+    rules,
+    set_by_path,
+    setting,
+)
 
 
 def refuses(rule, value, message, **how):

@@ -8,8 +8,14 @@ import pytest
 import torch
 
 from glomo_pyg import DirectionalGraphs, Glomo, LatentGraphs
-from glomo_pyg.analysis import (TreebankFormatError, align, compare_with_syntax, read_treebank,
-                                syntax_scores, untrained_copy)
+from glomo_pyg.analysis import (
+    TreebankFormatError,
+    align,
+    compare_with_syntax,
+    read_treebank,
+    syntax_scores,
+    untrained_copy,
+)
 from glomo_pyg.cli import main
 
 CONLLU = """# newdoc id = d1
@@ -74,7 +80,8 @@ def test_malformed_lines_name_file_and_line(tmp_path, line, message):
 
 
 def test_cycle_and_missing_root(tmp_path):
-    cycle = "1\ta\t_\tX\t_\t_\t2\t_\t_\t_\n2\tb\t_\tX\t_\t_\t1\t_\t_\t_\n3\tc\t_\tX\t_\t_\t0\t_\t_\t_\n"
+    cycle = ("1\ta\t_\tX\t_\t_\t2\t_\t_\t_\n2\tb\t_\tX\t_\t_\t1\t_\t_\t_\n"
+             "3\tc\t_\tX\t_\t_\t0\t_\t_\t_\n")
     with pytest.raises(TreebankFormatError, match=r"cycle through words \[1, 2\]"):
         read_treebank(write(tmp_path, cycle))
     no_root = "1\ta\t_\tX\t_\t_\t2\t_\t_\t_\n2\tb\t_\tX\t_\t_\t1\t_\t_\t_\n"
@@ -383,7 +390,8 @@ def test_syntax_command_refuses_bad_options_before_scoring(tmp_path, capsys):
     fifo = str(tmp_path / "out.fifo")
     os.mkfifo(fifo)
     for extra, message in [(["--threads", "-1"], r"--threads must be (an integer )?in \[0, 1024\]"),
-                           (["--threads", "100000"], r"--threads must be (an integer )?in \[0, 1024\]"),
+                           (["--threads", "100000"],
+                            r"--threads must be (an integer )?in \[0, 1024\]"),
                            (["--json", fifo], "not a regular file"),
                            (["--max-tokens", "1"], "--max-tokens must be >= 2"),
                            (["--seed", str(10 ** 23)], r"--seed must (lie in|be >=)"),

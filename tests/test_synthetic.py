@@ -4,8 +4,8 @@ import torch
 from torch_geometric.loader import DataLoader
 
 from glomo_pyg import LatentGraphs
-from glomo_pyg.data import PlantedDependencyCorpus
 from glomo_pyg.analysis import planted_source_recovery
+from glomo_pyg.data import PlantedDependencyCorpus
 
 
 def test_items_are_deterministic_and_splits_share_the_language():
@@ -75,7 +75,8 @@ def test_recovery_scores_hand_built_graphs():
     assert report.num_dependencies == 2
     assert report.per_graph.tolist() == [[1.0, 0.0]]
     assert report.best == (0, 0, 1.0)
-    # Head-averaged: reader 3 gets 0.7 from 1 vs 1.3 from 2 -> wrong; reader 10: 0.7 vs 1.3 -> wrong.
+    # Head-averaged: reader 3 gets 0.7 from 1 vs 1.3 from 2 -> wrong; reader 10: 0.7 vs 1.3 ->
+    # wrong.
     assert report.per_layer.tolist() == [0.0]
     assert report.uniform == pytest.approx((1 / 3 + 1 / 4) / 2)  # readers at positions 3 and 4
     assert report.previous_token == 0.0

@@ -89,7 +89,7 @@ def test_without_rnn_word_order_reaches_the_model_only_through_graphs():
                                     attention_heads=2, rnn_layers=0, graph=graph).eval()
         assert len(model.rnns) == 0 and "rnn=none" in repr(model)
         pooled = []  # the classifier's input: logits of a tiny MLP can be constant
-        model.classifier.register_forward_hook(lambda m, i, o: pooled.append(i[0]))
+        model.classifier.register_forward_hook(lambda m, i, o, pooled=pooled: pooled.append(i[0]))
         with torch.no_grad():
             model(x, batch), model(x[perm], batch)
             model(x[5:14], torch.zeros(9, dtype=torch.long))
@@ -282,7 +282,8 @@ def test_imdb_reproduction_script_end_to_end(tmp_path, capsys, monkeypatch):
     assert "| feature only (word vectors) |" in last and "Paired test-accuracy" not in last
     # the rate chosen on the mean validation accuracy of seeds 0 and 1, both searched
     imdb.main(args[:-len(variants)] + ["baseline", "glomo", "--lr-seeds", "2", "--output-dir",
-                                       str(tmp_path / "lr2"), "--predictor", str(tmp_path / "other")])
+                                       str(tmp_path / "lr2"), "--predictor",
+                                       str(tmp_path / "other")])
     last = results.read_text().rsplit("\n## ", 1)[1]
     assert "seeds 0-1 each trained at each of" in last and "(`--lr-seeds 2`)" in last
     assert "validation accuracy % (mean of seeds 0-1)" in last
@@ -329,7 +330,8 @@ def test_imdb_reproduction_script_end_to_end(tmp_path, capsys, monkeypatch):
         cache2["runs"][f"{v}/0/lr={other_rate[v]:g}"]["val_acc"] = 1.0
     path.write_text(json.dumps(cache2))
     imdb.main(args[:-len(variants)] + ["baseline", "glomo", "--output-dir",
-                                       str(tmp_path / "lr2"), "--predictor", str(tmp_path / "other")])
+                                       str(tmp_path / "lr2"), "--predictor",
+                                       str(tmp_path / "other")])
     with open(tmp_path / "lr2" / "downstream.json") as fh:
         seed0 = json.load(fh)["runs"]
     for v in ("baseline", "glomo"):

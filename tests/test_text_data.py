@@ -6,10 +6,20 @@ import numpy as np
 import pytest
 import torch
 
-from glomo_pyg.data import (ResumableSampler, TokenWindows, WordVocabulary, embedding_matrix,
-                            read_aclimdb, read_shard_index, read_text_documents,
-                            read_word_vectors, tokenize, train_word_vectors, write_token_shards,
-                            write_word_vectors)
+from glomo_pyg.data import (
+    ResumableSampler,
+    TokenWindows,
+    WordVocabulary,
+    embedding_matrix,
+    read_aclimdb,
+    read_shard_index,
+    read_text_documents,
+    read_word_vectors,
+    tokenize,
+    train_word_vectors,
+    write_token_shards,
+    write_word_vectors,
+)
 
 
 def test_tokenize_rules():

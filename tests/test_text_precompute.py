@@ -6,8 +6,8 @@ import torch
 from torch_geometric.data import Data
 
 from glomo_pyg import Glomo, GlomoTextClassifier
-from glomo_pyg.transforms import TextGraphCache
 from glomo_pyg.training.text_classification import cache_documents, train_and_test
+from glomo_pyg.transforms import TextGraphCache
 
 TOKENS = ["<pad>", "<unk>", "<bos>", "<eos>"] + [f"w{k}" for k in range(16)]
 LENGTHS = [5, 1, 9, 3, 12, 7, 2, 30]  # a one-token review among them

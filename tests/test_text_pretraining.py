@@ -315,13 +315,15 @@ def test_bad_train_settings_fail_before_the_corpus_is_prepared(tmp_path, monkeyp
         "1\t.\t.\tPUNCT\t_\t_\t0\troot\t_\t_\n2\t!\t!\tPUNCT\t_\t_\t1\tpunct\t_\t_\n\n")
     with pytest.raises(ValueError, match="train.syntax_treebank: the gold trees cannot be "
                                          "scored: no target to score"):
-        run_pretraining(config(tmp_path, "bad-punct", syntax_treebank=str(tmp_path / "punct.conllu")),
+        run_pretraining(config(tmp_path, "bad-punct",
+                               syntax_treebank=str(tmp_path / "punct.conllu")),
                         log=lambda *a: None)
     assert not os.path.exists(tmp_path / "bad-punct" / "checkpoints") or \
         not os.listdir(tmp_path / "bad-punct" / "checkpoints")
     (tmp_path / "empty.conllu").write_text("# no sentences\n")
     with pytest.raises(ValueError, match="empty.conllu holds no sentences"):
-        run_pretraining(config(tmp_path, "bad-empty", syntax_treebank=str(tmp_path / "empty.conllu")),
+        run_pretraining(config(tmp_path, "bad-empty",
+                               syntax_treebank=str(tmp_path / "empty.conllu")),
                         log=lambda *a: None)
     rare = config(tmp_path, "rare")
     rare.corpus.min_count = 1000

@@ -48,7 +48,8 @@ def test_quickstart_runs_lowers_the_loss_and_writes_its_results(tmp_path):
     assert saved["result"]["final_test_loss"] == pytest.approx(result.final_test_loss)
     assert saved["config"]["steps"] == 40
     loaded = PretrainedGraphPredictor.from_pretrained(tmp_path / "predictor")
-    batch = next(iter(DataLoader(PlantedDependencyCorpus(8, seed=0, **config.corpus), batch_size=8)))
+    batch = next(iter(DataLoader(PlantedDependencyCorpus(8, seed=0, **config.corpus),
+                                 batch_size=8)))
     for got, want in zip(loaded(batch.x, batch.batch), result.model.graphs(batch.x, batch.batch)):
         for l in range(got.num_layers):
             assert torch.equal(got.edge_weight[l], want.edge_weight[l])

@@ -2,11 +2,24 @@
 against dense references written from SPEC 4."""
 import pytest
 import torch
-from reference import (allowed_pairs, assert_same_values_and_grads, batch_vector,
-                       dense_from_edges, dense_mixture)
+from reference import (
+    allowed_pairs,
+    assert_same_values_and_grads,
+    batch_vector,
+    dense_from_edges,
+    dense_mixture,
+)
 
-from glomo_pyg import (DirectionalGraphs, GatedFusion, Glomo, GlomoTransfer, GraphMixer,
-                       GraphPredictor, LatentGraphs, PretrainedGraphPredictor)
+from glomo_pyg import (
+    DirectionalGraphs,
+    GatedFusion,
+    Glomo,
+    GlomoTransfer,
+    GraphMixer,
+    GraphPredictor,
+    LatentGraphs,
+    PretrainedGraphPredictor,
+)
 from glomo_pyg.nn import FeatureGraphEmitter, FeaturePredictor
 
 LENGTHS = [5, 1, 9, 3]
@@ -60,7 +73,8 @@ def test_hierarchical_chain_equals_dense_products(setting, direction):
     _, _, _, graphs, dense = setting
     h = torch.randn(sum(LENGTHS), 6)
     mixer = GraphMixer(6, LAYERS, HEADS, directions=[direction], propagation="hierarchical")
-    assert mixer.components() == [("hierarchical", l, k) for l in range(LAYERS) for k in range(HEADS)]
+    assert mixer.components() == [("hierarchical", l, k) for l in range(LAYERS)
+                                  for k in range(HEADS)]
     for l in range(LAYERS):
         for head in range(HEADS):
             one_hot_logits(mixer, l * HEADS + head)
@@ -191,7 +205,8 @@ def test_gated_fusion_formula_and_errors():
     assert GatedFusion(6).out_channels == 12
     with pytest.raises(ValueError, match="expected 2 mixtures"):
         fusion(h, [a])
-    with pytest.raises(ValueError, match=r"each of the shape \(10, 6\).*got \(10, 6\) on cpu, \(10, 5\)"):
+    with pytest.raises(ValueError,
+                       match=r"each of the shape \(10, 6\).*got \(10, 6\) on cpu, \(10, 5\)"):
         fusion(h, [a, b[:, :5]])
     with pytest.raises(ValueError, match="positive"):
         GatedFusion(6, fusion_channels=0)
@@ -350,11 +365,11 @@ def _uniform_mix(seq, j, num_layers):
     for jj in range(1, t):
         g[:jj, jj] = 1.0 / jj
     comps = []
-    for l in range(num_layers):
+    for _ in range(num_layers):
         comps.append((g.t() @ seq)[j])
     lam = g.clone()
     chains = [lam.t() @ seq]
-    for l in range(1, num_layers):
+    for _ in range(1, num_layers):
         lam = lam @ g
         chains.append(lam.t() @ seq)
     comps += [c[j] for c in chains]

@@ -10,11 +10,17 @@ import pytest
 import torch
 from torch_geometric.data import Batch, Data
 
-from glomo_pyg import GraphPredictor, PretrainedGraphPredictor
-from glomo_pyg import graph_conversion
+from glomo_pyg import GraphPredictor, PretrainedGraphPredictor, graph_conversion
 from glomo_pyg.nn.pixel import PixelGraphPredictor
-from glomo_pyg.transforms import (ChainGraphs, GlomoGraphs, GraphsDataset, GridGraphs,
-                                  UniformGraphs, UnitGraphs, image_data)
+from glomo_pyg.transforms import (
+    ChainGraphs,
+    GlomoGraphs,
+    GraphsDataset,
+    GridGraphs,
+    UniformGraphs,
+    UnitGraphs,
+    image_data,
+)
 
 DIRS = ("forward", "backward")
 VOCAB = 20
@@ -642,7 +648,7 @@ def check_sorted_and_normalised(out, n):
     key = [(r, j, i) for r, i, j, _ in fixed_edges(out)]
     assert key == sorted(key) and len(set(key)) == len(key)
     sums = {}
-    for r, i, j, w in fixed_edges(out):
+    for r, _i, j, w in fixed_edges(out):
         sums[r, j] = sums.get((r, j), 0.0) + w
     for v in sums.values():
         assert v == pytest.approx(1.0, abs=1e-6)

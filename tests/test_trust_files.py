@@ -12,19 +12,21 @@ import tracemalloc
 import warnings
 
 import pytest
-import torch
 
-from glomo_pyg import (GraphPredictor, PretrainedFormatError, PretrainedGraphPredictor,
-                       load_pretrained, save_pretrained)
+from glomo_pyg import (
+    PretrainedFormatError,
+    PretrainedGraphPredictor,
+    load_pretrained,
+    save_pretrained,
+)
 from glomo_pyg.cli import main
 from glomo_pyg.io import pretrained as io
-from glomo_pyg.io.paths import (FolderLockedError, NotRegularFileError, locked_folder,
-                                open_regular)
+from glomo_pyg.io.paths import FolderLockedError, NotRegularFileError, locked_folder, open_regular
 from glomo_pyg.io.pretrained import UnsealedPredictorWarning, reseal_pretrained
 from glomo_pyg.training.checkpoints import CheckpointError, read_checkpoint
 from glomo_pyg.training.pretrain.corpus import read_json
+from tests.test_pretrained_seal import text_predictor  # noqa: E402
 
-from tests.test_pretrained_seal import VOCAB, text_predictor  # noqa: E402
 FIFO = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 
 
@@ -172,7 +174,8 @@ def test_a_fifo_in_a_predictor_is_refused_at_once(tmp_path, name):
     os.unlink(path / name)
     os.mkfifo(path / name)
     for function in (load_pretrained, reseal_pretrained):
-        with pytest.raises(PretrainedFormatError, match=f"{name} cannot be read: .*not a regular file"):
+        with pytest.raises(PretrainedFormatError,
+                           match=f"{name} cannot be read: .*not a regular file"):
             run_briefly(function, path)
 
 

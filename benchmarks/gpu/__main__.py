@@ -42,7 +42,9 @@ def _print_call(call: schedule.Call, tree: int, archive_bytes, dry_run: bool,
               f"{' ...' if len(part.keys) > 6 else ''}), about {part.seconds:.0f} s; "
               f"budget {budget}; carry {part.carry}")
     carries = [p.carry for p in call.parts]
-    print(f"  command: {runner.chained_command([(p.slice, p.budget_s) for p in call.parts], carries, budget_s=call.budget_s, dry_run=dry_run)}")
+    command = runner.chained_command([(p.slice, p.budget_s) for p in call.parts], carries,
+                                     budget_s=call.budget_s, dry_run=dry_run)
+    print(f"  command: {command}")
     print(f"  carry: {json.dumps(carries)}, timeout_s: {call.timeout_s}")
 
 
@@ -161,7 +163,8 @@ def main(argv=None) -> None:
         elif args.command == "prepare":
             runner.prepare(args.slice, args.carry, args.shared_data, args.ledger, args.dry_run,
                            keys=args.keys)
-            print(f"device call: command {json.dumps(runner.device_command(args.slice, carry=args.carry))}"
+            command = runner.device_command(args.slice, carry=args.carry)
+            print(f"device call: command {json.dumps(command)}"
                   f", carry [\"{args.carry}\"], timeout_s {limits.CALL_SECONDS}")
         elif args.command == "run":
             runner.run(args.slice, args.budget_s, args.carry, args.out, args.dry_run, args.work)

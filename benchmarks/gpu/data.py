@@ -113,7 +113,8 @@ def build(archives: List[str], dest: str, log=print) -> Dict[str, str]:
         elif name == EWT:
             built[name] = _extract(path, dest, "ud-english-ewt")
         else:
-            raise ValueError(f"{path}: not an archive of the project's data ({', '.join(ARCHIVES)})")
+            raise ValueError(f"{path}: not an archive of the project's data "
+                             f"({', '.join(ARCHIVES)})")
         log(f"data: {name} -> {built[name]} ({time.time() - start:.0f} s)")
     return built
 
@@ -169,7 +170,8 @@ def write_toy_archives(names: List[str], folder: str, images: int = 40) -> List[
                         _add(tf, f"cifar-10-jpeg/{split}/{i:05d}.jpg", _jpeg(rng))
                     _add(tf, f"cifar-10-jpeg/{split}_labels.txt",
                          "".join(f"{i:05d}.jpg {i % 10}\n" for i in range(n)).encode())
-                _add(tf, "cifar-10-jpeg/classes.txt", "".join(f"c{i}\n" for i in range(10)).encode())
+                _add(tf, "cifar-10-jpeg/classes.txt",
+                     "".join(f"c{i}\n" for i in range(10)).encode())
         elif name in IMAGENET:
             wnids = ["n00000001", "n00000002"]
             with tarfile.open(path, "w:gz") as tf:

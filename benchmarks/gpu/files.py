@@ -65,7 +65,8 @@ def check_limits(folder: str) -> List[Tuple[str, int]]:
     for rel, size in files:
         if size > limits.RETURN_FILE_BYTES:
             raise ReturnedFilesError(f"{rel} is {size / limits.MIB:.1f} MiB; a call returns "
-                                     f"files of at most {limits.RETURN_FILE_BYTES // limits.MIB} MiB")
+                                     f"files of at most "
+                                     f"{limits.RETURN_FILE_BYTES // limits.MIB} MiB")
     total = sum(size for _, size in files)
     if total > limits.RETURN_TOTAL_BYTES:
         raise ReturnedFilesError(f"{folder} holds {total / limits.MIB:.1f} MiB; a call returns at "

@@ -39,7 +39,8 @@ def _known_commit(commit: str) -> bool:
     def ok(*args):
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True).returncode == 0
     # exactly 40 lowercase hex: git would also resolve 'HEAD~000...' or a short name
-    return isinstance(commit, str) and schema.COMMIT.match(commit) is not None and ok("cat-file", "-e", f"{commit}^{{commit}}") and \
+    return isinstance(commit, str) and schema.COMMIT.match(commit) is not None and \
+        ok("cat-file", "-e", f"{commit}^{{commit}}") and \
         ok("merge-base", "--is-ancestor", commit, "HEAD")
 
 

@@ -14,7 +14,6 @@ from benchmarks.gpu import campaign
 from benchmarks.gpu.runner import ROOT
 from glomo_pyg.atomic_files import atomic_write
 
-
 RESULTS_DIR = os.path.join(ROOT, "benchmarks", "results")
 
 # what a string embedded in generated Markdown must not bring: HTML, table cells, code

@@ -308,7 +308,8 @@ def _check_prepared(name: str, carry: str, dry_run: bool) -> Tuple[Dict, object,
         raise ValueError(f"{carry}/{SLICE_FILE} prepares {description.get('slice')!r}, not "
                          f"{name!r}: run prepare {name} first")
     if bool(description.get("dry_run")) != dry_run:
-        raise ValueError(f"{carry} was prepared {'with' if description.get('dry_run') else 'without'}"
+        raise ValueError(f"{carry} was prepared "
+                         f"{'with' if description.get('dry_run') else 'without'}"
                          f" --dry-run; run it the same way")
     mod = campaign.slice_module(name)
     recipe = mod.recipe(dry_run)

@@ -61,8 +61,15 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from benchmarks.common import (as_script, cached_runs, check_common_arguments, file_digest,
-                               read_cache, run_reporting_errors, write_runs)
+from benchmarks.common import (
+    as_script,
+    cached_runs,
+    check_common_arguments,
+    file_digest,
+    read_cache,
+    run_reporting_errors,
+    write_runs,
+)
 from benchmarks.statistics import mean_sd, paired_difference
 from glomo_pyg.analysis import untrained_copy
 from glomo_pyg.atomic_files import write_json
@@ -381,8 +388,11 @@ def train_variants(setup: Setup, variants, predictor, data, recipe, window, runs
                    runs_path: str, settings: Dict, out: str, device) -> None:
     """Every (depth, seed, variant) run not in ``runs``, each recorded as it ends."""
     from glomo_pyg import GlomoResNet, GlomoTransfer
-    from glomo_pyg.training.image_classification import (evaluate, precompute_propagations,
-                                                         train_image_classifier)
+    from glomo_pyg.training.image_classification import (
+        evaluate,
+        precompute_propagations,
+        train_image_classifier,
+    )
 
     train, val, test = data
     cache: Dict[str, Dict] = {}

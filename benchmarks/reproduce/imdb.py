@@ -78,11 +78,18 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from benchmarks.common import (
+    as_script,
+    cached_runs,
+    check_common_arguments,
+    file_digest,
+    read_cache,
+    run_reporting_errors,
+    text_digest,
+    write_runs,
+)
 from benchmarks.statistics import paired_difference
-from benchmarks.common import (as_script, cached_runs, check_common_arguments, file_digest,
-                               read_cache, run_reporting_errors, text_digest, write_runs)
 from glomo_pyg.nn.mixer import MIXINGS
-
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))), "configs")
@@ -262,9 +269,10 @@ def pretrain_settings(args, setup: Setup, folder: str, name: str) -> Dict:
     if setup.config is None:
         return dict(
             output_dir=folder,
-            corpus=dict(path=args.data_dir, format="aclimdb", min_count=1, max_size=setup.vocabulary,
-                        max_length=setup.pretrain_length, max_documents=setup.corpus_documents,
-                        min_length=4, validation_fraction=0.01),
+            corpus=dict(path=args.data_dir, format="aclimdb", min_count=1,
+                        max_size=setup.vocabulary, max_length=setup.pretrain_length,
+                        max_documents=setup.corpus_documents, min_length=4,
+                        validation_fraction=0.01),
             model=dict(setup.model, **ABLATIONS.get(name, {})),
             train=dict(batch_size=setup.pretrain_batch, max_steps=setup.pretrain_steps,
                        graph_warmup_steps=setup.warmup, lr=1e-3, checkpoint_every=200,
@@ -346,7 +354,9 @@ def tfidf_baseline(train: Tuple[Sequence[str], Sequence[int]],
     start = time.time()
     # the project's tokens joined by spaces and split on whitespace again: no second
     # tokenizer decides what a word is (tokenize already lower-cases)
-    cut = lambda texts: [" ".join(tokenize(t)[:max_length]) for t in texts]
+    def cut(texts):
+        return [" ".join(tokenize(t)[:max_length]) for t in texts]
+
     vectorizer = TfidfVectorizer(ngram_range=(1, 2), token_pattern=r"\S+", lowercase=False,
                                  min_df=min_df, sublinear_tf=True, dtype=np.float32)
     x_train = vectorizer.fit_transform(cut(train[0]))
@@ -996,7 +1006,9 @@ def _profile_lines(profiles: Dict) -> List[str]:
              "|---|---|---|---|---|---|"]
     for name, prof in profiles.items():
         for l in range(len(prof["learned/density"])):
-            cell = lambda key: f"{prof['learned/' + key][l]:.3f} / {prof['uniform/' + key][l]:.3f}"
+            def cell(key):
+                return f"{prof['learned/' + key][l]:.3f} / {prof['uniform/' + key][l]:.3f}"
+
             lines.append(f"| `{name}` | {l} | {cell('density')} | {cell('distance')} | "
                          f"{cell('weight_prev1')} | {cell('weight_prev2')} |")
     lines.append("")

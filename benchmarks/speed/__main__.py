@@ -21,13 +21,14 @@ Sections (each module's docstring has the details):
 * ``transforms``: ``GlomoGraphs`` top-k transforms of 32x32 images with the
   ``imagenet32-pixel`` release (256 per call; 8 with ``--quick``).
 
-Quick mode: CPU sizes, 3 repeats, about 3 minutes on 2 cores. Full mode: the GPU sizes (B=16-128, T up
-to 2048, width 512). Appends a section to ``benchmarks/results/speed.md`` and the raw
-numbers, as the next entry of its ``runs`` list, to ``benchmarks/results/speed_<device>.json``
-(one file per device), each section as soon as it finishes (each case also prints a line
-as it finishes). ``--lengths`` keeps only the
-cases of those sequence lengths; a section with none of them is skipped. On CPU the command re-executes
-itself with a fixed glibc mmap threshold so that peak resident memory measures tensors.
+Quick mode: CPU sizes, 3 repeats, about 3 minutes on 2 cores. Full mode: the GPU sizes
+(B=16-128, T up to 2048, width 512). Appends a section to ``benchmarks/results/speed.md``
+and the raw numbers, as the next entry of its ``runs`` list, to
+``benchmarks/results/speed_<device>.json`` (one file per device), each section as soon as
+it finishes (each case also prints a line as it finishes). ``--lengths`` keeps only the
+cases of those sequence lengths; a section with none of them is skipped. On CPU the command
+re-executes itself with a fixed glibc mmap threshold so that peak resident memory measures
+tensors.
 """
 from __future__ import annotations
 
@@ -42,8 +43,15 @@ import torch
 import torch_geometric
 
 from benchmarks.common import append_results, hardware
-from benchmarks.speed import (aggregation, emission, fused, pretraining, repeated, transfer,
-                              transforms)
+from benchmarks.speed import (
+    aggregation,
+    emission,
+    fused,
+    pretraining,
+    repeated,
+    transfer,
+    transforms,
+)
 from benchmarks.speed.measure import NoCases, set_timing_allocator
 
 SECTIONS = {"aggregation": aggregation, "emission": emission, "fused": fused,

@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from benchmarks.speed.measure import median_ms, peak_mib, cases_of
+from benchmarks.speed.measure import cases_of, median_ms, peak_mib
 from glomo_pyg import GlomoConv, LatentGraphs
 from glomo_pyg.nn import layout as layout_rules
 
@@ -37,7 +37,8 @@ def bench_case(b: int, t: int, density: float, device: str, repeats: int, pyg_ma
     xh = x.detach().view(b, t, HEADS, -1).transpose(1, 2).contiguous().requires_grad_()
     q = torch.randn(b, HEADS, t, WIDTH // HEADS, device=device, requires_grad=True)
     k = torch.randn_like(q, requires_grad=True)
-    conv, unfused = GlomoConv(WIDTH, HEADS).to(device), GlomoConv(WIDTH, HEADS, fused=False).to(device)
+    conv = GlomoConv(WIDTH, HEADS).to(device)
+    unfused = GlomoConv(WIDTH, HEADS, fused=False).to(device)
     runs = {
         "sparse": lambda: conv(x, ei, w, eh),
         "dense": lambda: conv.forward_dense(x, blk, batch),
@@ -54,7 +55,8 @@ def bench_case(b: int, t: int, density: float, device: str, repeats: int, pyg_ma
     out["sparse_peak_mib"] = peak_mib(lambda: conv(x, ei, w, eh).sum().backward(), device)
     out["budget_mib"] = (edges * 12 + 3 * b * t * WIDTH * 4) / 2**20
     x.grad = blk.grad = None
-    out["dense_peak_mib"] = peak_mib(lambda: conv.forward_dense(x, blk, batch).sum().backward(), device)
+    out["dense_peak_mib"] = peak_mib(lambda: conv.forward_dense(x, blk, batch).sum().backward(),
+                                     device)
     return out
 
 
@@ -108,7 +110,9 @@ def trained_case(path: str, device: str, repeats: int, batches: int = 4):
                     row[f"{name}_fwdbwd"] = median_ms(lambda: fn().sum().backward(), repeats,
                                                       device)
                 rows.append(row)
-    mean = lambda key: sum(r[key] for r in rows) / len(rows)
+    def mean(key):
+        return sum(r[key] for r in rows) / len(rows)
+
     summary = dict(cases=len(rows), heads=heads, density=mean("density"),
                    density_min=min(r["density"] for r in rows),
                    density_max=max(r["density"] for r in rows), edges=mean("edges"),
@@ -161,8 +165,9 @@ def run(args):
         lines.append(
             f"| {r['T']} | {r['density']} | {r['edges']} | {r['sparse_fwd']:.1f} | "
             f"{ratio(r, 'dense', 'fwd')} | {ratio(r, 'ref', 'fwd')} | {ratio(r, 'pyg', 'fwd')} | "
-            f"{ratio(r, 'sdpa', 'fwd')} | {r['sparse_fwdbwd']:.1f} | {ratio(r, 'dense', 'fwdbwd')} | "
-            f"{ratio(r, 'ref', 'fwdbwd')} | {ratio(r, 'pyg', 'fwdbwd')} | {ratio(r, 'sdpa', 'fwdbwd')} | "
+            f"{ratio(r, 'sdpa', 'fwd')} | {r['sparse_fwdbwd']:.1f} | "
+            f"{ratio(r, 'dense', 'fwdbwd')} | {ratio(r, 'ref', 'fwdbwd')} | "
+            f"{ratio(r, 'pyg', 'fwdbwd')} | {ratio(r, 'sdpa', 'fwdbwd')} | "
             f"{r['sparse_peak_mib']:.0f} / {r['budget_mib']:.0f} | {r['dense_peak_mib']:.0f} |")
     lines += ["", "Crossover density (dense layout at least as fast as sparse, forward+backward, "
               "from this density up; 1.01 = never): "

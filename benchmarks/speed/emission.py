@@ -6,7 +6,7 @@ import statistics
 
 import torch
 
-from benchmarks.speed.measure import median_ms, peak_mib, cases_of
+from benchmarks.speed.measure import cases_of, median_ms, peak_mib
 from glomo_pyg.nn.functional import latent_graph_dense, latent_graph_edges
 
 HEADS, HEAD_DIM = 8, 64

@@ -9,17 +9,22 @@ sequences, values of width 32 per head. ``sparse`` = ``latent_graph_edges`` +
 ``fused`` = ``LatentGraphs`` in the fused layout, ``propagate``; ``flex`` = what a user
 would write by hand: ``create_block_mask`` with a causal ``mask_mod`` and the
 squared-ReLU ``score_mod``, compiled ``flex_attention`` (the compile cache is reset per
-case). Compilation is excluded (one warm-up call per case). Peak memory of the fused path at long T shows it stays
-O(B H T d): the dense ``T x T`` of one head alone would be ``4 T^2`` bytes.
+case). Compilation is excluded (one warm-up call per case). Peak memory of the fused path
+at long T shows it stays O(B H T d): the dense ``T x T`` of one head alone would be
+``4 T^2`` bytes.
 """
 from __future__ import annotations
 
 import torch
 
-from benchmarks.speed.measure import median_ms, peak_mib, cases_of
+from benchmarks.speed.measure import cases_of, median_ms, peak_mib
 from glomo_pyg import LatentGraphs
-from glomo_pyg.kernels import (dense_head_propagate, head_propagate, latent_graph_dense,
-                               latent_graph_edges)
+from glomo_pyg.kernels import (
+    dense_head_propagate,
+    head_propagate,
+    latent_graph_dense,
+    latent_graph_edges,
+)
 from glomo_pyg.sequences import SequenceBatch
 
 HEADS, DIM, WIDTH = 8, 32, 32

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.speed.measure import median_ms, peak_mib, cases_of
+from benchmarks.speed.measure import cases_of, median_ms, peak_mib
 from glomo_pyg import Glomo
 
 

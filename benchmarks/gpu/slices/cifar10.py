@@ -386,7 +386,8 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
     out = ["### GPU campaign: Table 3 downstream (CIFAR-10, full configuration)", "",
            f"Generated from the ledger: {len(lines)} runs on {', '.join(devices)}. Predictor: "
            + (f"release `{recipe['predictor'].get('release')}` (SHA-256 "
-              f"{str(recipe['predictor'].get('sha256'))[:12]})" if not recipe["predictor"].get("toy")
+              f"{str(recipe['predictor'].get('sha256'))[:12]})"
+              if not recipe["predictor"].get("toy")
               else "an untrained toy predictor (dry run)") + ". Recipe (every variant): ResNet "
            f"width {recipe['width']}, {t['epochs']} epochs, batch {t['batch']}, Nesterov SGD, "
            f"triangular schedule to lr {t['lr']}, weight decay {t['weight_decay']}, label "

@@ -39,9 +39,8 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from benchmarks.gpu.report import md
-
 from benchmarks.gpu import data
+from benchmarks.gpu.report import md
 
 ARCHIVES = (data.IMDB,)
 RESULTS = "imdb.md"
@@ -182,8 +181,7 @@ _STATE: Dict = {}
 def _data(ctx) -> Dict:
     if not _STATE:
         from glomo_pyg.data import WordVocabulary, read_aclimdb
-        from glomo_pyg.training.text_classification import (encode_documents,
-                                                            split_train_validation)
+        from glomo_pyg.training.text_classification import encode_documents, split_train_validation
 
         r = ctx.recipe
         predictor = _predictor(r)
@@ -215,8 +213,8 @@ def _graph_cache(ctx, variant: str, model):
     or ``'on the fly'``: a cache
     that would not fit in :data:`CACHE_MEMORY_SHARE` of the GPU's free memory, sized from
     the first reviews' cache, is not built; the predictor then runs per batch)."""
-    from glomo_pyg.transforms import TextGraphCache
     from glomo_pyg.training.text_classification import cache_documents
+    from glomo_pyg.transforms import TextGraphCache
 
     p, d = ctx.recipe["precompute"], _STATE
     if not VARIANTS[variant]:

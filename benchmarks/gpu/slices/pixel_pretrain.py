@@ -33,12 +33,19 @@ from benchmarks.gpu import data
 from benchmarks.gpu.report import md
 from benchmarks.gpu.runner import finite
 from benchmarks.gpu.slices.common import config
-from benchmarks.gpu.slices.pretraining import (card_command, check_graph_steps,
-                                                check_predictor, hardware,
-                                                metrics, pretrain_to_deadline,
-                                                steady_step_lines, stopped_by)
+
 # the slice's own check of recorded metrics, which ingest reads as mod.check_metrics
-from benchmarks.gpu.slices.pretraining import check_metrics  # noqa: F401
+from benchmarks.gpu.slices.pretraining import (
+    card_command,
+    check_graph_steps,
+    check_metrics,  # noqa: F401
+    check_predictor,
+    hardware,
+    metrics,
+    pretrain_to_deadline,
+    steady_step_lines,
+    stopped_by,
+)
 from benchmarks.gpu.slices.pretraining import salvage as salvage_pretraining
 
 ARCHIVES = (data.IMAGENET[0],)
@@ -90,7 +97,8 @@ def run_key(key: str, ctx) -> Dict:
     r = ctx.recipe
     settings = dict(output_dir=os.path.join(ctx.work, "pretrain"), corpus=dict(
         r["corpus"], path=os.path.join(ctx.data_dir, "imagenet32")), model=r["model"],
-        train=dict(r["train"], seed=r["seed"], accelerator="gpu" if ctx.device == "cuda" else "cpu"))
+        train=dict(r["train"], seed=r["seed"],
+                   accelerator="gpu" if ctx.device == "cuda" else "cpu"))
     summary, stop = pretrain_to_deadline(settings, ctx, r["train_seconds"])
     return metrics(summary, r, **stop)
 
@@ -107,8 +115,8 @@ def graph_check(predictor_dir: str, recipe: Dict, shared_data: str, images: int,
     untrained copy on the CPU, on the first ``images`` images of the pretraining's own
     (seeded) validation split of the shard rebuilt from ``shared_data``."""
     from benchmarks.reproduce.cifar10 import pixel_graph_check
-    from glomo_pyg.analysis import untrained_copy
     from glomo_pyg import PretrainedGraphPredictor
+    from glomo_pyg.analysis import untrained_copy
     from glomo_pyg.data.images import load_imagenet32
     from glomo_pyg.training.pretrain.data import ImagePretrainingData
 
@@ -200,7 +208,8 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
 
 def ingest(lines: List[Dict], folder: str, manifest: Dict, releases_root, log,
            shared_data: str) -> None:
-    from glomo_pyg.io.releases import releases_root as default_root, write_release
+    from glomo_pyg.io.releases import releases_root as default_root
+    from glomo_pyg.io.releases import write_release
 
     (line,) = lines
     metrics = line["metrics"]

@@ -117,7 +117,8 @@ def pixel_step(recipe: Dict, ctx) -> Dict:
         batches.append(types.SimpleNamespace(x=x, batch=batch, num_graphs=r["batch"]))
     out = time_steps(_pretraining_step(module, batches, r["grad_clip"], ctx.device),
                      ctx.device, recipe["warmup"], recipe["steps"], recipe["profile_steps"])
-    out.update(batch=r["batch"], units=side * side, images_per_s=round(r["batch"] / out["median_ms"] * 1e3, 1),
+    out.update(batch=r["batch"], units=side * side,
+               images_per_s=round(r["batch"] / out["median_ms"] * 1e3, 1),
                target_ms=TARGET_PIXEL_MS)
     return out
 
@@ -274,8 +275,9 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
             continue
         m = l["metrics"]
         if key == "cuda-tests":
-            out.append(f"| {key} | {md(l['device'])} | {md(l['commit'][:10])} | | | | {md(m.get('passed'))} "
-                       f"passed, {m.get('failures', 0) + m.get('errors', 0)} failed, "
+            out.append(f"| {key} | {md(l['device'])} | {md(l['commit'][:10])} | | | | "
+                       f"{md(m.get('passed'))} passed, "
+                       f"{m.get('failures', 0) + m.get('errors', 0)} failed, "
                        f"{m.get('skipped')} skipped | |")
             continue
         rate = next((f"{m[k]:.0f} {k.replace('_per_s', '')}/s" for k in

@@ -1,8 +1,9 @@
 """``speed``: the GPU sections of ``python -m benchmarks.speed`` at their full sizes, one
 key per section (the fused layout first: T up to 8192 against a hand-written
 FlexAttention call, dense and sparse; then one pretraining step per layout, the transfer
-forward, aggregation, emission and the top-k transforms of images). Each section's markdown table and raw numbers go
-into the ledger; its results block in ``results/speed.md`` is generated from them.
+forward, aggregation, emission and the top-k transforms of images). Each section's markdown
+table and raw numbers go into the ledger; its results block in ``results/speed.md`` is
+generated from them.
 """
 from __future__ import annotations
 

@@ -38,12 +38,19 @@ from benchmarks.gpu import data
 from benchmarks.gpu.report import md
 from benchmarks.gpu.runner import finite
 from benchmarks.gpu.slices.common import config
-from benchmarks.gpu.slices.pretraining import (card_command, check_graph_steps,
-                                                check_predictor, hardware,
-                                                metrics, pretrain_to_deadline,
-                                                steady_step_lines, stopped_by)
+
 # the slice's own check of recorded metrics, which ingest reads as mod.check_metrics
-from benchmarks.gpu.slices.pretraining import check_metrics  # noqa: F401
+from benchmarks.gpu.slices.pretraining import (
+    card_command,
+    check_graph_steps,
+    check_metrics,  # noqa: F401
+    check_predictor,
+    hardware,
+    metrics,
+    pretrain_to_deadline,
+    steady_step_lines,
+    stopped_by,
+)
 from benchmarks.gpu.slices.pretraining import salvage as salvage_pretraining
 
 ARCHIVES = (data.IMDB,)
@@ -222,7 +229,8 @@ def report_earlier(lines: List[Dict]) -> List[str]:
 def ingest(lines: List[Dict], folder: str, manifest: Dict, releases_root, log,
            shared_data: str) -> None:
     from glomo_pyg import PretrainedGraphPredictor
-    from glomo_pyg.io.releases import releases_root as default_root, write_release
+    from glomo_pyg.io.releases import releases_root as default_root
+    from glomo_pyg.io.releases import write_release
 
     (line,) = lines
     metrics = line["metrics"]
