@@ -199,25 +199,10 @@ def release_path(name: str) -> str:
     return os.path.join(REPO, "pretrained", name)
 
 
-def text_stage(args, setup: Setup) -> Dict:
-    from benchmarks.reproduce.imdb import FULL as IMDB_FULL
-    from benchmarks.reproduce.imdb import tfidf_baseline, word_vectors
+def imdb_splits(args, setup: Setup) -> Dict[str, Tuple[list, List[List[str]], torch.Tensor]]:
+    """Per split: the reviews, their tokens (cut to the review length) and labels."""
     from glomo_pyg.data import read_aclimdb, tokenize
-    from glomo_pyg.nn import GlomoTransfer, PretrainedGraphPredictor
 
-    out = os.path.join(args.output_dir, "text")
-    os.makedirs(out, exist_ok=True)
-    vectors_setup = dataclasses.replace(IMDB_FULL, vector_dim=setup.vector_dim,
-                                        vector_epochs=setup.vector_epochs)
-    words, vectors = word_vectors(argparse.Namespace(
-        data_dir=args.data_dir, smoke=setup.vector_min_count == 1, workers=args.threads),
-        vectors_setup, out)
-    vectors_digest = file_digest(os.path.join(out, "word_vectors.txt"))
-    table = torch.cat([torch.zeros(1, vectors.shape[1]), torch.from_numpy(vectors)])
-    index = {w: i + 1 for i, w in enumerate(words)}  # row 0: words without a vector
-    predictor = PretrainedGraphPredictor.from_pretrained(release_path(setup.text_predictor))
-    predictor.set_layout("fused")
-    graphs_digest = predictor.fingerprint()
     splits = {}
     for split in ("train", "test"):
         reviews = read_aclimdb(args.data_dir, split)
@@ -225,43 +210,76 @@ def text_stage(args, setup: Setup) -> Dict:
             reviews = reviews[::max(1, len(reviews) // setup.max_reviews)][:setup.max_reviews]
         tokens = [tokenize(r.text)[:setup.review_length] or ["<unk>"] for r in reviews]
         splits[split] = (reviews, tokens, torch.tensor([r.label for r in reviews]))
+    return splits
 
-    def compute(variant: str, tokens: List[List[str]]):
-        transfer = GlomoTransfer(predictor, table.size(1), graph=transfer_graph(variant),
-                                 max_distance=setup.text_max_distance)
 
-        def run(start: int, stop: int) -> torch.Tensor:
-            from glomo_pyg.evaluation import probe_features
+def imdb_word_vectors(args, setup: Setup, out: str):
+    """``(table, index, digest, shape)``: the word2vec table (row 0 for words without a
+    vector), each word's row, the vectors file's digest and the vectors' shape."""
+    from benchmarks.reproduce.imdb import FULL as IMDB_FULL
+    from benchmarks.reproduce.imdb import word_vectors
 
-            ids = list(range(start, stop))
-            ids.sort(key=lambda k: len(tokens[k]))  # similar lengths share a batch
-            rows = []
-            for b0 in range(0, len(ids), setup.batch):
-                docs = [tokens[k] for k in ids[b0:b0 + setup.batch]]
-                flat = [t for d in docs for t in d]
-                batch = torch.arange(len(docs)).repeat_interleave(
-                    torch.tensor([len(d) for d in docs]))
-                h = table[torch.tensor([index.get(t, 0) for t in flat])]
-                x = predictor.encode(flat, unknown="<unk>")
-                with torch.no_grad():
-                    rows.append(probe_features(transfer, h, batch, x=x))
-            features = torch.cat(rows)
-            return features[torch.tensor(ids).argsort()]
+    vectors_setup = dataclasses.replace(IMDB_FULL, vector_dim=setup.vector_dim,
+                                        vector_epochs=setup.vector_epochs)
+    words, vectors = word_vectors(argparse.Namespace(
+        data_dir=args.data_dir, smoke=setup.vector_min_count == 1, workers=args.threads),
+        vectors_setup, out)
+    table = torch.cat([torch.zeros(1, vectors.shape[1]), torch.from_numpy(vectors)])
+    index = {w: i + 1 for i, w in enumerate(words)}
+    return table, index, file_digest(os.path.join(out, "word_vectors.txt")), vectors.shape
 
-        return run
 
-    results = dict(tfidf=None, variants={})
+def text_features(predictor, table: torch.Tensor, index: Dict[str, int], setup: Setup,
+                  variant: str, tokens: List[List[str]]) -> Callable[[int, int], torch.Tensor]:
+    """The feature rows of reviews ``start:stop`` for :func:`cached_features`."""
+    from glomo_pyg.evaluation import probe_features
+    from glomo_pyg.nn import GlomoTransfer
+
+    transfer = GlomoTransfer(predictor, table.size(1), graph=transfer_graph(variant),
+                             max_distance=setup.text_max_distance)
+
+    def run(start: int, stop: int) -> torch.Tensor:
+        ids = list(range(start, stop))
+        ids.sort(key=lambda k: len(tokens[k]))  # similar lengths share a batch
+        rows = []
+        for b0 in range(0, len(ids), setup.batch):
+            docs = [tokens[k] for k in ids[b0:b0 + setup.batch]]
+            flat = [t for d in docs for t in d]
+            batch = torch.arange(len(docs)).repeat_interleave(
+                torch.tensor([len(d) for d in docs]))
+            h = table[torch.tensor([index.get(t, 0) for t in flat])]
+            x = predictor.encode(flat, unknown="<unk>")
+            with torch.no_grad():
+                rows.append(probe_features(transfer, h, batch, x=x))
+        features = torch.cat(rows)
+        return features[torch.tensor(ids).argsort()]
+
+    return run
+
+
+def text_stage(args, setup: Setup) -> Dict:
+    from benchmarks.reproduce.imdb import tfidf_baseline
+    from glomo_pyg.nn import PretrainedGraphPredictor
+
+    out = os.path.join(args.output_dir, "text")
+    os.makedirs(out, exist_ok=True)
+    table, index, vectors_digest, shape = imdb_word_vectors(args, setup, out)
+    predictor = PretrainedGraphPredictor.from_pretrained(release_path(setup.text_predictor))
+    predictor.set_layout("fused")
+    graphs_digest = predictor.fingerprint()
+    splits = imdb_splits(args, setup)
+    y_train, y_test = splits["train"][2], splits["test"][2]
+    results: Dict = dict(tfidf=None, variants={})
     for variant in selected(args, TEXT_GRAPHS):
         features = {}
-        for split, (reviews, tokens, _labels) in splits.items():
+        for split, (reviews, tokens, _) in splits.items():
             key = feature_key(task="text", split=split, variant=variant, vectors=vectors_digest,
                               predictor=graphs_digest if variant != "none" else None,
                               max_distance=setup.text_max_distance, length=setup.review_length,
                               reviews=len(reviews), poolings=["mean", "max"])
-            features[split] = cached_features(os.path.join(out, "features"), f"{split}-{variant}",
-                                              key, len(tokens), setup.chunk,
-                                              compute(variant, tokens))
-        y_train, y_test = splits["train"][2], splits["test"][2]
+            features[split] = cached_features(
+                os.path.join(out, "features"), f"{split}-{variant}", key, len(tokens),
+                setup.chunk, text_features(predictor, table, index, setup, variant, tokens))
         for keep, pooling in ((1, "mean"), (2, "mean+max")):
             name = f"{variant}-{pooling}"
             key = feature_key(features=feature_key(v=variant, d=vectors_digest, p=graphs_digest),
@@ -276,7 +294,7 @@ def text_stage(args, setup: Setup) -> Dict:
                             setup.chunk) for s, v in splits.items())
     texts = {s: ([r.text for r in v[0]], [r.label for r in v[0]]) for s, v in splits.items()}
     results["tfidf"] = tfidf_probe(out, texts, setup, tfidf_baseline)
-    results["settings"] = dict(predictor=setup.text_predictor, vectors=list(vectors.shape),
+    results["settings"] = dict(predictor=setup.text_predictor, vectors=list(shape),
                                layers=predictor.num_layers, heads=predictor.heads,
                                max_distance=setup.text_max_distance,
                                reviews={s: len(v[0]) for s, v in splits.items()})
@@ -373,10 +391,87 @@ def channel_columns(features: torch.Tensor, channels: int, keep: Tuple[int, Opti
     return shaped.reshape(b, -1)
 
 
-def image_stage(args, setup: Setup) -> Dict:
+def cifar_data(args, setup: Setup) -> Dict[str, Tuple[torch.Tensor, torch.Tensor]]:
+    """Per split: CIFAR-10's uint8 images and labels (the first ``max_images`` if set)."""
     from glomo_pyg.data.images import load_cifar10
+
+    data = {}
+    for split in ("train", "test"):
+        images, labels = load_cifar10(os.path.join(args.data_dir, "cifar-10-batches-py"), split)
+        if setup.max_images is not None:
+            images, labels = images[:setup.max_images], labels[:setup.max_images]
+        data[split] = (images, labels)
+    return data
+
+
+def global_probes(out: str, setup: Setup, data: Dict, encoders: Dict) -> Dict:
+    """MoCo's own protocol: a linear classifier on each encoder's frozen global features
+    (``encoders``: name -> (encoder, digest))."""
+    results = {}
+    for name, (model, digest_) in encoders.items():
+        def pooled(start: int, stop: int, split: str, model=model) -> torch.Tensor:
+            with torch.no_grad():
+                return model(data[split][0][start:stop])
+        feats = {split: cached_features(
+            os.path.join(out, "features"), f"{split}-global-{name}",
+            feature_key(task="global", split=split, encoder=digest_,
+                        images=len(data[split][0])),
+            len(data[split][0]), setup.chunk, lambda a, b, split=split: pooled(a, b, split))
+            for split in data}
+        results[name] = cached_probe(
+            os.path.join(out, f"probe-global-{name}.json"),
+            feature_key(encoder=digest_, setup=dataclasses.asdict(setup)),
+            lambda: probe_runs(feats["train"], data["train"][1], feats["test"],
+                               data["test"][1], setup))
+    return results
+
+
+def image_features(transfer, encoder, variant: str, setup: Setup, images: torch.Tensor,
+                   regions: Tuple[int, ...], heads) -> Callable[[int, int], torch.Tensor]:
+    """The pooled feature rows of images ``start:stop`` for :func:`cached_features`."""
     from glomo_pyg.evaluation import grid_graphs, probe_features
     from glomo_pyg.graphs import DirectionalGraphs
+
+    p, size = transfer.predictor, tuple(images.shape[2:])
+
+    def run(start: int, stop: int) -> torch.Tensor:
+        rows = []
+        for b0 in range(start, stop, setup.batch):
+            x, batch, h = image_units_features(images[b0:min(stop, b0 + setup.batch)], encoder)
+            graphs = None
+            if variant == "grid":
+                ptr = torch.arange(0, x.size(0) + 1, size[0] * size[1])
+                graphs = DirectionalGraphs(*(grid_graphs(
+                    ptr, *size, num_layers=p.num_layers, num_heads=p.heads, direction=d)
+                    for d in ("forward", "backward")))
+            with torch.no_grad():
+                rows.append(probe_features(
+                    transfer, h, batch, x=None if graphs is not None else x, graphs=graphs,
+                    regions=regions, heads=heads))
+        return torch.cat(rows)
+
+    return run
+
+
+def image_variant_probes(out: str, setup: Setup, data: Dict, features: Dict, variant: str,
+                         channels: int, key_parts: Dict) -> Dict:
+    """The probes of one graph variant: each feature set, mean and mean + max pooling."""
+    results = {}
+    for feature_set, keep in IMAGE_FEATURES.items():
+        for keep_poolings, pooling in ((1, "mean"), (2, "mean+max")):
+            name = f"{feature_set}-{variant}-{pooling}"
+            cols = {s: channel_columns(f, channels, keep, 2, keep_poolings)
+                    for s, f in features.items()}
+            log(f"images: probe {name} ({cols['train'].size(1)} features)")
+            key = feature_key(features=feature_key(v=variant, **key_parts), name=name,
+                              setup=dataclasses.asdict(setup))
+            results[name] = cached_probe(
+                os.path.join(out, f"probe-{name}.json"), key, lambda: probe_runs(
+                    cols["train"], data["train"][1], cols["test"], data["test"][1], setup))
+    return results
+
+
+def image_stage(args, setup: Setup) -> Dict:
     from glomo_pyg.nn import PretrainedGraphPredictor
     from glomo_pyg.training.moco import ENCODER_WEIGHTS, build_moco, load_encoder
 
@@ -386,33 +481,11 @@ def image_stage(args, setup: Setup) -> Dict:
     moco_config = moco_settings(args.moco_config)[1]
     random_encoder = build_moco(moco_config).encoder.eval()  # MoCo's starting point
     encoder_digest = file_digest(os.path.join(args.output_dir, "moco", ENCODER_WEIGHTS))
-    random_digest = feature_key(random=moco_config.result_settings())
-    data = {}
-    for split in ("train", "test"):
-        images, labels = load_cifar10(os.path.join(args.data_dir, "cifar-10-batches-py"), split)
-        if setup.max_images is not None:
-            images, labels = images[:setup.max_images], labels[:setup.max_images]
-        data[split] = (images, labels)
+    data = cifar_data(args, setup)
     results: Dict = dict(moco=dict(summary=moco_summary), variants={})
-
-    # MoCo's own protocol: a linear classifier on the frozen global features
-    for name, model in (("moco", encoder), ("random", random_encoder)):
-        def pooled(start: int, stop: int, split: str, model=model) -> torch.Tensor:
-            with torch.no_grad():
-                return model(data[split][0][start:stop])
-        feats = {split: cached_features(
-            os.path.join(out, "features"), f"{split}-global-{name}",
-            feature_key(task="global", split=split, encoder=encoder_digest if name == "moco"
-                        else random_digest, images=len(data[split][0])),
-            len(data[split][0]), setup.chunk, lambda a, b, split=split: pooled(a, b, split))
-            for split in data}
-        results["moco"][name] = cached_probe(
-            os.path.join(out, f"probe-global-{name}.json"),
-            feature_key(encoder=encoder_digest if name == "moco" else random_digest,
-                        setup=dataclasses.asdict(setup)),
-            lambda: probe_runs(feats["train"], data["train"][1], feats["test"],
-                               data["test"][1], setup))
-
+    results["moco"].update(global_probes(out, setup, data, dict(
+        moco=(encoder, encoder_digest),
+        random=(random_encoder, feature_key(random=moco_config.result_settings())))))
     releases = {}
     for name, release, max_distance, _heads in setup.image_predictors:
         predictor = PretrainedGraphPredictor.from_pretrained(release_path(release))
@@ -420,51 +493,21 @@ def image_stage(args, setup: Setup) -> Dict:
     digests = {name: p.fingerprint() for name, (p, _) in releases.items()}
     heads = {name: h for name, _, _, h in setup.image_predictors}
     channels = 3 + encoder.channels[0]
-    size = tuple(data["train"][0].shape[2:])
-    regions = (*size, *setup.regions)
+    regions = (*data["train"][0].shape[2:], *setup.regions)
     for variant in selected(args, IMAGE_GRAPHS):
         transfer = image_transfer(variant, setup, releases, channels)
-        p = transfer.predictor
-
-        def run(start: int, stop: int, split: str, transfer=transfer, p=p,
-                variant=variant) -> torch.Tensor:
-            rows = []
-            images = data[split][0]
-            for b0 in range(start, stop, setup.batch):
-                x, batch, h = image_units_features(images[b0:min(stop, b0 + setup.batch)],
-                                                   encoder)
-                graphs = None
-                if variant == "grid":
-                    ptr = torch.arange(0, x.size(0) + 1, size[0] * size[1])
-                    graphs = DirectionalGraphs(*(grid_graphs(
-                        ptr, *size, num_layers=p.num_layers, num_heads=p.heads, direction=d)
-                        for d in ("forward", "backward")))
-                with torch.no_grad():
-                    rows.append(probe_features(
-                        transfer, h, batch, x=None if graphs is not None else x, graphs=graphs,
-                        regions=regions, heads=heads.get(variant, "mean")))
-            return torch.cat(rows)
-
         features = {split: cached_features(
             os.path.join(out, "features"), f"{split}-{variant}", feature_key(
                 task="images", split=split, variant=variant, encoder=encoder_digest,
                 predictor=digests.get(variant, digests["glomo-cpu"]) if variant != "none"
                 else None, max_distance=transfer.max_distance, regions=list(regions),
                 heads=heads.get(variant, "mean"), images=len(data[split][0])),
-            len(data[split][0]), setup.chunk, lambda a, b, split=split: run(a, b, split))
-            for split in data}
-        for feature_set, keep in IMAGE_FEATURES.items():
-            for keep_poolings, pooling in ((1, "mean"), (2, "mean+max")):
-                name = f"{feature_set}-{variant}-{pooling}"
-                cols = {s: channel_columns(f, channels, keep, 2, keep_poolings)
-                        for s, f in features.items()}
-                log(f"images: probe {name} ({cols['train'].size(1)} features)")
-                key = feature_key(features=feature_key(v=variant, e=encoder_digest,
-                                                       p=digests, h=heads), name=name,
-                                  setup=dataclasses.asdict(setup))
-                results["variants"][name] = cached_probe(
-                    os.path.join(out, f"probe-{name}.json"), key, lambda: probe_runs(
-                        cols["train"], data["train"][1], cols["test"], data["test"][1], setup))
+            len(data[split][0]), setup.chunk, image_features(
+                transfer, encoder, variant, setup, data[split][0], regions,
+                heads.get(variant, "mean"))) for split in data}
+        results["variants"].update(image_variant_probes(
+            out, setup, data, features, variant, channels,
+            dict(e=encoder_digest, p=digests, h=heads)))
         results["variants"][f"moco-{variant}-mean+max"]["feature_seconds"] = sum(
             feature_seconds(os.path.join(out, "features"), f"{s}-{variant}", len(v[0]),
                             setup.chunk) for s, v in data.items())
@@ -555,92 +598,121 @@ def seconds_line(variants: Dict, prefix: str, graphs: Sequence[str]) -> str:
             f"probe fits {probes / 60:.1f} min.")
 
 
-def report(args, setup: Setup, path: str = RESULTS) -> str:
-    """``benchmarks/results/linear_probe.md`` from the stages' results in ``--output-dir``."""
-    from glomo_pyg.atomic_files import atomic_write
-
+def load_results(output_dir: str) -> Dict[str, Dict]:
+    """The stages' ``text.json`` and ``images.json`` found in ``output_dir``."""
     loaded = {}
     for task in ("text", "images"):
-        file = os.path.join(args.output_dir, f"{task}.json")
+        file = os.path.join(output_dir, f"{task}.json")
         if os.path.exists(file):
             with open(file, encoding="utf-8") as fh:
                 loaded[task] = json.load(fh)
     if not loaded:
-        raise ValueError(f"{args.output_dir} holds no text.json or images.json: run the "
+        raise ValueError(f"{output_dir} holds no text.json or images.json: run the "
                          "text and images stages first")
-    summary, body = [], []
-    if "text" in loaded:
-        t = loaded["text"]
-        v, settings = t["variants"], t["settings"]
-        lines = answers(v, "", "glomo", ("uniform", "adjacent"), setup)
-        summary += [f"**IMDB** (word2vec {settings['vectors'][1]}-d, `{settings['predictor']}`):"]
-        summary += lines
-        body += [f"## IMDB: {settings['reviews']['train']:,} training and "
-                 f"{settings['reviews']['test']:,} test reviews", "",
-                 f"`H`: word2vec vectors ({settings['vectors'][1]}-d, trained on all the "
-                 f"reviews, labels unused). `M`: the graphs of `{settings['predictor']}` "
-                 f"({settings['layers']} layers x {settings['heads']} heads x 2 directions, "
-                 f"and their products: {2 * settings['layers'] * settings['heads']} "
-                 f"components per direction), edges kept within {settings['max_distance']} "
-                 "tokens (the "
-                 "release learned its distance term on 64-token windows). Reviews cut to "
-                 f"{setup.review_length} tokens. Test accuracy (%), mean of "
-                 f"{len(v['none-mean+max']['runs'])} seeds; differences in points with 95% "
-                 "paired bootstrap intervals.", ""]
-        body += variant_rows(v, "", TEXT_GRAPHS, setup)
-        tfidf = t["tfidf"]
-        body += ["", f"TF-IDF (word 1-2-grams) + logistic regression on the same split: "
-                     f"**{tfidf['test_accuracy']:.2f}%** (C = {tfidf['C']}, "
-                     f"{tfidf['features']:,} features).", "", seconds_line(v, "", TEXT_GRAPHS),
-                 ""]
-    if "images" in loaded:
-        im = loaded["images"]
-        v, settings, moco = im["variants"], im["settings"], im["moco"]
-        d = difference(moco["moco"], moco["random"], setup)
-        learned = d[1] >= 5.0
-        summary += ["", f"**MoCo** (linear probe on its frozen global features): "
-                        f"{mean_accuracy(moco['moco']):.2f}% against "
-                        f"{mean_accuracy(moco['random']):.2f}% for a random encoder, "
-                        f"{interval(d)} points: **{'learned' if learned else 'not learned'}** "
-                        "(a clear margin: the interval above +5 points)."]
-        for feature_set in IMAGE_FEATURES:
-            summary += ["", f"**CIFAR-10, H = {feature_set}**:"]
-            for g in ("glomo", "glomo-cpu"):
-                summary += answers(v, f"{feature_set}-", g, ("uniform", "adjacent", "grid"),
-                                   setup)
-        body += [f"## CIFAR-10: {settings['images']['train']:,} training and "
-                 f"{settings['images']['test']:,} test images", "",
-                 "MoCo's own protocol (a linear classifier on the encoder's frozen global "
-                 "features, the mean of stage 3):", "",
-                 "| encoder | test accuracy (%) |", "|---|---|",
-                 f"| MoCo ({moco['summary'].get('steps')} steps, "
-                 f"{moco['summary'].get('seconds', 0) / 60:.0f} min) | "
-                 f"{mean_accuracy(moco['moco']):.2f} |",
-                 f"| random (its initialisation) | {mean_accuracy(moco['random']):.2f} |", "",
-                 f"Pooling: mean and max over each image and a {settings['regions'][0]}x"
-                 f"{settings['regions'][1]} grid of regions. Graphs averaged over the heads of "
-                 "each layer (`LatentGraphs.mean_heads`), with their products.", ""]
-        for feature_set in IMAGE_FEATURES:
-            body += [f"### H = {feature_set}" + (" (normalised RGB)" if feature_set == "pixels"
-                                                 else f" (MoCo's stage-1 map, "
-                                                 f"{settings['channels'] - 3} channels)"), ""]
-            body += variant_rows(v, f"{feature_set}-", IMAGE_GRAPHS, setup) + [""]
-        body += [seconds_line(v, "moco-", IMAGE_GRAPHS), ""]
-        skipped = [g for g in IMAGE_GRAPHS if g != "glomo" and f"moco-{g}-mean+max" not in v]
-        if skipped:
-            body += [f"Not run here: {', '.join(LABELS[g] for g in skipped)} (the time "
-                     "left; `--skip` not given runs them).", ""]
-        edge = [k for k, e in v.items() if all(r["l2"] == min(setup.l2_grid) for r in e["runs"])]
-        if edge:
-            body += [f"The weakest penalty tried ({min(setup.l2_grid):g}) was chosen by every "
-                     f"seed of {len(edge)} of these {len(v)} probes: with 45,000 training images "
-                     "they are nearly unregularised; weaker penalties were not tried.", ""]
-        if "moco-glomo-mean+max" not in v:
-            body += ["Not run here: + GLoMo with the GPU release `imagenet32-pixel` (3 layers "
-                     "x 8 heads x 2 directions). `GlomoTransfer` with it runs at about 9 "
-                     "images/s on this CPU ([image_graphs_cpu.md](image_graphs_cpu.md)), so "
-                     "its graphs for 60,000 images alone take about two hours; the command "
-                     "without `--skip glomo` adds it.", ""]
+    return loaded
+
+
+def text_sections(t: Dict, setup: Setup) -> Tuple[List[str], List[str]]:
+    """``(answer lines, section lines)`` of the IMDB task."""
+    v, settings = t["variants"], t["settings"]
+    summary = [f"**IMDB** (word2vec {settings['vectors'][1]}-d, `{settings['predictor']}`):"]
+    summary += answers(v, "", "glomo", ("uniform", "adjacent"), setup)
+    body = [f"## IMDB: {settings['reviews']['train']:,} training and "
+            f"{settings['reviews']['test']:,} test reviews", "",
+            f"`H`: word2vec vectors ({settings['vectors'][1]}-d, trained on all the "
+            f"reviews, labels unused). `M`: the graphs of `{settings['predictor']}` "
+            f"({settings['layers']} layers x {settings['heads']} heads x 2 directions, "
+            f"and their products: {2 * settings['layers'] * settings['heads']} "
+            f"components per direction), edges kept within {settings['max_distance']} "
+            "tokens (the "
+            "release learned its distance term on 64-token windows). Reviews cut to "
+            f"{setup.review_length} tokens. Test accuracy (%), mean of "
+            f"{len(v['none-mean+max']['runs'])} seeds; differences in points with 95% "
+            "paired bootstrap intervals.", ""]
+    body += variant_rows(v, "", TEXT_GRAPHS, setup)
+    tfidf = t["tfidf"]
+    body += ["", f"TF-IDF (word 1-2-grams) + logistic regression on the same split: "
+                 f"**{tfidf['test_accuracy']:.2f}%** (C = {tfidf['C']}, "
+                 f"{tfidf['features']:,} features).", "", seconds_line(v, "", TEXT_GRAPHS),
+             ""]
+    return summary, body
+
+
+def moco_lines(moco: Dict, setup: Setup) -> Tuple[List[str], List[str]]:
+    """``(answer lines, table lines)`` of MoCo's own linear-probe protocol."""
+    d = difference(moco["moco"], moco["random"], setup)
+    learned = d[1] >= 5.0
+    summary = ["", f"**MoCo** (linear probe on its frozen global features): "
+                   f"{mean_accuracy(moco['moco']):.2f}% against "
+                   f"{mean_accuracy(moco['random']):.2f}% for a random encoder, "
+                   f"{interval(d)} points: **{'learned' if learned else 'not learned'}** "
+                   "(a clear margin: the interval above +5 points)."]
+    table = ["MoCo's own protocol (a linear classifier on the encoder's frozen global "
+             "features, the mean of stage 3):", "",
+             "| encoder | test accuracy (%) |", "|---|---|",
+             f"| MoCo ({moco['summary'].get('steps')} steps, "
+             f"{moco['summary'].get('seconds', 0) / 60:.0f} min) | "
+             f"{mean_accuracy(moco['moco']):.2f} |",
+             f"| random (its initialisation) | {mean_accuracy(moco['random']):.2f} |", ""]
+    return summary, table
+
+
+def image_notes(v: Dict, setup: Setup) -> List[str]:
+    """What the image section says about variants not run and penalties at the edge."""
+    notes = []
+    skipped = [g for g in IMAGE_GRAPHS if g != "glomo" and f"moco-{g}-mean+max" not in v]
+    if skipped:
+        notes += [f"Not run here: {', '.join(LABELS[g] for g in skipped)} (the time "
+                  "left; `--skip` not given runs them).", ""]
+    edge = [k for k, e in v.items() if all(r["l2"] == min(setup.l2_grid) for r in e["runs"])]
+    if edge:
+        notes += [f"The weakest penalty tried ({min(setup.l2_grid):g}) was chosen by every "
+                  f"seed of {len(edge)} of these {len(v)} probes: with 45,000 training images "
+                  "they are nearly unregularised; weaker penalties were not tried.", ""]
+    if "moco-glomo-mean+max" not in v:
+        notes += ["Not run here: + GLoMo with the GPU release `imagenet32-pixel` (3 layers "
+                  "x 8 heads x 2 directions). `GlomoTransfer` with it runs at about 9 "
+                  "images/s on this CPU ([image_graphs_cpu.md](image_graphs_cpu.md)), so "
+                  "its graphs for 60,000 images alone take about two hours; the command "
+                  "without `--skip glomo` adds it.", ""]
+    return notes
+
+
+def image_sections(im: Dict, setup: Setup) -> Tuple[List[str], List[str]]:
+    """``(answer lines, section lines)`` of the CIFAR-10 task."""
+    v, settings = im["variants"], im["settings"]
+    summary, moco_table = moco_lines(im["moco"], setup)
+    for feature_set in IMAGE_FEATURES:
+        summary += ["", f"**CIFAR-10, H = {feature_set}**:"]
+        for g in ("glomo", "glomo-cpu"):
+            summary += answers(v, f"{feature_set}-", g, ("uniform", "adjacent", "grid"),
+                               setup)
+    body = [f"## CIFAR-10: {settings['images']['train']:,} training and "
+            f"{settings['images']['test']:,} test images", ""] + moco_table + [
+            f"Pooling: mean and max over each image and a {settings['regions'][0]}x"
+            f"{settings['regions'][1]} grid of regions. Graphs averaged over the heads of "
+            "each layer (`LatentGraphs.mean_heads`), with their products.", ""]
+    for feature_set in IMAGE_FEATURES:
+        body += [f"### H = {feature_set}" + (" (normalised RGB)" if feature_set == "pixels"
+                                             else f" (MoCo's stage-1 map, "
+                                             f"{settings['channels'] - 3} channels)"), ""]
+        body += variant_rows(v, f"{feature_set}-", IMAGE_GRAPHS, setup) + [""]
+    body += [seconds_line(v, "moco-", IMAGE_GRAPHS), ""]
+    return summary, body + image_notes(v, setup)
+
+
+def report(args, setup: Setup, path: str = RESULTS) -> str:
+    """``benchmarks/results/linear_probe.md`` from the stages' results in ``--output-dir``."""
+    from glomo_pyg.atomic_files import atomic_write
+
+    loaded = load_results(args.output_dir)
+    summary: List[str] = []
+    body: List[str] = []
+    for task, sections in (("text", text_sections), ("images", image_sections)):
+        if task in loaded:
+            more, section = sections(loaded[task], setup)
+            summary += more
+            body += section
     first = next(iter(loaded.values()))
     text = "\n".join(
         ["# Linear probe: do GLoMo's graphs add to transferred features?", "",
