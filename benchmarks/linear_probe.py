@@ -546,16 +546,21 @@ def verdict(d: Tuple[float, float, float]) -> str:
 
 def variant_rows(variants: Dict, prefix: str, graphs: Sequence[str], setup: Setup) -> List[str]:
     """Table rows: each graph variant's accuracy (mean-only and mean+max pooling) and its
-    paired difference from the features alone and from GLoMo (mean+max)."""
-    rows = ["| graph | mean pooling | mean + max pooling | − features alone | GLoMo − this | "
+    paired difference from the features alone and from GLoMo (mean+max; the CPU release's
+    where the GPU release did not run)."""
+    reference = next((g for g in ("glomo", "glomo-cpu") if f"{prefix}{g}-mean+max" in variants),
+                     None)
+    rows = ["| graph | mean pooling | mean + max pooling | − features alone | "
+            f"{LABELS.get(reference, 'GLoMo').lstrip('+ ')} − this | "
             "penalties chosen |", "|---|---|---|---|---|---|"]
-    alone, glomo = variants.get(f"{prefix}none-mean+max"), variants.get(f"{prefix}glomo-mean+max")
+    alone = variants.get(f"{prefix}none-mean+max")
+    glomo = variants.get(f"{prefix}{reference}-mean+max")
     for g in graphs:
         mean, full = variants.get(f"{prefix}{g}-mean"), variants.get(f"{prefix}{g}-mean+max")
         if full is None:
             continue
         vs_alone = "" if g == "none" else interval(difference(full, alone, setup))
-        vs_glomo = "" if g == "glomo" or glomo is None else \
+        vs_glomo = "" if g.startswith("glomo") or glomo is None else \
             interval(difference(glomo, full, setup))
         chosen = ", ".join(f"{r['l2']:g}" for r in full["runs"])
         rows.append(f"| {LABELS[g]} | {mean_accuracy(mean):.2f} | {mean_accuracy(full):.2f} | "

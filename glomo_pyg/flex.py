@@ -218,13 +218,7 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
         check_fusable(key, query)
     b, h, t, _ = key.shape
     dtype = resolve_kernel_dtype(key, kernel_dtype)
-    if direction not in DIRECTIONS or normalization not in NORMALIZATIONS or \
-            values.dim() != 4 or values.shape[0] != b or values.shape[2] != t or \
-            values.shape[1] not in (1, h):
-        raise ValueError(f"direction must be one of {DIRECTIONS}, normalization one of "
-                         f"{NORMALIZATIONS} and values must be [B, H or 1, T, C] = [{b}, {h} "
-                         f"or 1, {t}, C]; got {direction!r}, {normalization!r}, "
-                         f"{tuple(values.shape)}")
+    _check_propagation(direction, normalization, values, b, h, t)
     padded = -(-t // BLOCK) * BLOCK
     pad = padded - t
     if values.size(1) == 1 and h > 1:  # shared input: every head reads the same values
@@ -235,10 +229,7 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
     width = values.size(-1)
     min_dim = MIN_HEAD_DIM.get(key.device.type, 1)
     dim_pad = max(0, min_dim - key.size(-1))
-    if pad or dim_pad:  # zero units past T and zero key/query dims: scores unchanged
-        key, query = (torch.nn.functional.pad(a, (0, dim_pad, 0, pad)) for a in (key, query))
-    if pad:
-        values = torch.nn.functional.pad(values, (0, 0, 0, pad))
+    key, query, values = _padded_operands(key, query, values, pad, dim_pad)
     relu2 = normalization == "relu2"
     if full_length is None:
         full_length = bool((lengths == t).all())
@@ -254,6 +245,28 @@ def fused_propagate(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor,
     if zero_padding:  # padded targets read real keys under the order-only mask: zero them
         out = out * real[:, :, :t].to(out.dtype)
     return out.to(out_dtype)
+
+
+def _check_propagation(direction: str, normalization: str, values: Tensor, b: int, h: int,
+                       t: int) -> None:
+    """``ValueError`` unless the direction, the normalization and the values' shape are valid."""
+    if direction not in DIRECTIONS or normalization not in NORMALIZATIONS or \
+            values.dim() != 4 or values.shape[0] != b or values.shape[2] != t or \
+            values.shape[1] not in (1, h):
+        raise ValueError(f"direction must be one of {DIRECTIONS}, normalization one of "
+                         f"{NORMALIZATIONS} and values must be [B, H or 1, T, C] = [{b}, {h} "
+                         f"or 1, {t}, C]; got {direction!r}, {normalization!r}, "
+                         f"{tuple(values.shape)}")
+
+
+def _padded_operands(key: Tensor, query: Tensor, values: Tensor, pad: int, dim_pad: int
+                     ) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(key, query, values)`` zero-padded by ``pad`` units, keys and queries by ``dim_pad``."""
+    if pad or dim_pad:  # zero units past T and zero key/query dims: scores unchanged
+        key, query = (torch.nn.functional.pad(a, (0, dim_pad, 0, pad)) for a in (key, query))
+    if pad:
+        values = torch.nn.functional.pad(values, (0, 0, 0, pad))
+    return key, query, values
 
 
 def _flex_parts(query: Tensor, key: Tensor, values: Tensor, mask, dtype: torch.dtype,

@@ -109,31 +109,12 @@ def export_graphs(predictor, items: Sequence[ExportItem], output_dir: str,
         graphs = resized[size](x, batch)
         stats.update(graphs)
         for b, k in enumerate(group):
-            item = items[k]
-            data = edge_list(graphs, b, item.labels, min_weight, top_k)
-            edges = sum(len(p["source"]) for p in data["graphs"])
-            if edges > max_edges:
-                raise ValueError(f"{item.source}: {edges} edges exceed max_edges={max_edges}; "
-                                 "keep fewer with min_weight/top_k (--min-weight, --top-k) or "
-                                 "raise max_edges")
-            stem = f"sample_{k:0{width}d}"
-            files = []
-            if "json" in formats:
-                record = dict(source=item.source, **data)
-                out.write(stem + ".json", lambda fh, record=record: json.dump(record, fh))
-                files.append(stem + ".json")
-            if "graphml" in formats:
-                import networkx as nx  # (optional: only for GraphML)
-                graph = to_graphml_graph(graphs, b, item.labels, min_weight, top_k)
-                graph.graph["source"] = item.source
-                out.write(stem + ".graphml", lambda fh, graph=graph: fh.writelines(
-                    line + "\n" for line in nx.generate_graphml(graph)))
-                files.append(stem + ".graphml")
-            index.append(dict(sample=k, source=item.source, num_units=data["num_units"],
-                              num_edges=edges, files=files))
+            entry = _export_sample(out, graphs, b, items[k], f"sample_{k:0{width}d}", formats,
+                                   min_weight, top_k, max_edges)
+            index.append(dict(sample=k, **entry))
             if log is not None:
-                log(f"{item.source}: {data['num_units']} units, {edges} edges -> "
-                    + ", ".join(files))
+                log(f"{entry['source']}: {entry['num_units']} units, {entry['num_edges']} "
+                    f"edges -> " + ", ".join(entry["files"]))
     table = stats.table()
     out.write("statistics.md", lambda fh: fh.write(table.format() + "\n"))
     out.write("statistics.csv", lambda fh: fh.write(table.to_csv()))
@@ -142,3 +123,28 @@ def export_graphs(predictor, items: Sequence[ExportItem], output_dir: str,
                    statistics=["statistics.md", "statistics.csv", "statistics.json"])
     out.write("index.json", lambda fh: json.dump(summary, fh, indent=1))
     return summary
+
+
+def _export_sample(out: ExportDirectory, graphs, b: int, item: ExportItem, stem: str,
+                   formats: Sequence[str], min_weight: float, top_k: Optional[int],
+                   max_edges: int) -> Dict:
+    """Writes the files of sample ``b`` of ``graphs``; returns its entry of ``index.json``."""
+    data = edge_list(graphs, b, item.labels, min_weight, top_k)
+    edges = sum(len(p["source"]) for p in data["graphs"])
+    if edges > max_edges:
+        raise ValueError(f"{item.source}: {edges} edges exceed max_edges={max_edges}; "
+                         "keep fewer with min_weight/top_k (--min-weight, --top-k) or "
+                         "raise max_edges")
+    files = []
+    if "json" in formats:
+        record = dict(source=item.source, **data)
+        out.write(stem + ".json", lambda fh, record=record: json.dump(record, fh))
+        files.append(stem + ".json")
+    if "graphml" in formats:
+        import networkx as nx  # (optional: only for GraphML)
+        graph = to_graphml_graph(graphs, b, item.labels, min_weight, top_k)
+        graph.graph["source"] = item.source
+        out.write(stem + ".graphml", lambda fh, graph=graph: fh.writelines(
+            line + "\n" for line in nx.generate_graphml(graph)))
+        files.append(stem + ".graphml")
+    return dict(source=item.source, num_units=data["num_units"], num_edges=edges, files=files)

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from glomo_pyg.analysis.statistics import DEAD_HEAD_SHARE, GraphStatisticsTable
+from glomo_pyg.analysis.statistics import DEAD_HEAD_SHARE, GraphStatisticsTable, HeadStatistics
 from glomo_pyg.extras import require
 from glomo_pyg.graph_conversion import check_index, check_sample, sample_edges
 from glomo_pyg.kernels import check_graph_size
@@ -171,20 +171,27 @@ def plot_pixel_weights(graphs, image: Tensor, pixels: Sequence[Tuple[int, int]],
                               interpolation="nearest")
                 row[0].scatter([c], [r], marker="x", c="red", s=25)
                 row[0].set_title(f"pixel ({r}, {c})", fontsize=7)
-            column = weights[:, :, r * width + c]  # [H, T]: incoming weights, every head
-            top = max(1e-12, float(column.max()))  # one colour scale per row
-            for h, ax in enumerate(row[1:]):
-                im = ax.imshow(column[h].view(height, width).numpy(), cmap="viridis", vmin=0.0,
-                               vmax=top, interpolation="nearest")
-                ax.scatter([c], [r], marker="x", c="red", s=12)
-                ax.set(xticks=[], yticks=[])
-                ax.set_title(f"{_SHORT[d]} L{l} h{h}" + (" (no edges)" if column[h].max() <= 0
-                                                         else ""), fontsize=7)
-            if top > 1e-12:  # a row without edges (no allowed source) has no scale
-                fig.colorbar(im, ax=row[heads], shrink=0.8).ax.tick_params(labelsize=6)
+            _pixel_weight_panels(fig, row[1:], weights[:, :, r * width + c], (r, c),
+                                 f"{_SHORT[d]} L{l}", height, width)
     fig.suptitle(title or "incoming weights of the marked pixel (red x), every graph",
                  fontsize=9)
     return fig
+
+
+def _pixel_weight_panels(fig, panels, column: Tensor, pixel: Tuple[int, int], name: str,
+                         height: int, width: int) -> None:
+    """Draws a pixel's ``[H, T]`` incoming weights, a head per panel, on one colour scale."""
+    r, c = pixel
+    top = max(1e-12, float(column.max()))  # one colour scale per row
+    for h, ax in enumerate(panels):
+        im = ax.imshow(column[h].view(height, width).numpy(), cmap="viridis", vmin=0.0,
+                       vmax=top, interpolation="nearest")
+        ax.scatter([c], [r], marker="x", c="red", s=12)
+        ax.set(xticks=[], yticks=[])
+        ax.set_title(f"{name} h{h}" + (" (no edges)" if column[h].max() <= 0 else ""),
+                     fontsize=7)
+    if top > 1e-12:  # a row without edges (no allowed source) has no scale
+        fig.colorbar(im, ax=panels[-1], shrink=0.8).ax.tick_params(labelsize=6)
 
 
 def plot_statistics(table: GraphStatisticsTable, title: Optional[str] = None):
@@ -192,24 +199,36 @@ def plot_statistics(table: GraphStatisticsTable, title: Optional[str] = None):
     per (direction, layer, head) for density, empty targets, KL from uniform, in-degree,
     weight on adjacent units and distance (uniform's as a dashed line), and the distance
     histograms (text) or offset maps (images). Dead heads red, near-uniform orange."""
-    Patch = require("matplotlib.patches", "Drawing figures").Patch
-
     rows = table.rows
     names = [f"{_SHORT[r.direction]} L{r.layer} h{r.head}" for r in rows]
     colours = [_DEAD if r.dead else _NEAR_UNIFORM if r.near_uniform else _OK for r in rows]
-    x = np.arange(len(rows))
     grid = table.grid_radius is not None
     n_maps = len(rows) + len(table.directions)  # offset maps: each graph's and uniform's
     cols = min(n_maps, 9 if n_maps <= 18 else 12)
     low = 1.4 * -(-n_maps // cols) if grid else 2.5
     fig = _figure(min(16.0, max(9.0, 0.6 * len(rows))), 5.5 + low)
     top, bottom = fig.subfigures(2, 1, height_ratios=[5.0, low])
+    _metric_bars(top, rows, names, colours)
+    if grid:
+        _offset_maps(bottom, table, names, colours, n_maps, cols)
+    else:
+        _distance_histograms(bottom, table, names)
+    fig.suptitle(title or f"graph statistics over {table.num_sequences} sequences "
+                          f"({table.num_units} units)", fontsize=10)
+    return fig
+
+
+def _metric_bars(sub, rows: List[HeadStatistics], names: List[str], colours: List[str]) -> None:
+    """Draws in subfigure ``sub`` a bar per graph for each metric, and the colours' legend."""
+    Patch = require("matplotlib.patches", "Drawing figures").Patch
+
+    x = np.arange(len(rows))
     metrics = [("density", "density", None), ("empty", "targets without edges", None),
                ("kl_uniform", "KL from uniform (nats)", None),
                ("in_degree", "mean in-degree", None),
                ("adjacent", "weight on adjacent units", "uniform_adjacent"),
                ("distance", "mean edge distance", "uniform_distance")]
-    for ax, (key, label, ref) in zip(top.subplots(2, 3).flat, metrics):
+    for ax, (key, label, ref) in zip(sub.subplots(2, 3).flat, metrics):
         ax.bar(x, [getattr(r, key) for r in rows], color=colours)
         if ref is not None:
             ax.axhline(getattr(rows[0], ref), color="k", ls="--", lw=1, label="uniform")
@@ -219,41 +238,47 @@ def plot_statistics(table: GraphStatisticsTable, title: Optional[str] = None):
         ax.set_ylabel(label, fontsize=8)
         ax.set_xticks(x, names, rotation=90, fontsize=6)
         ax.tick_params(axis="y", labelsize=7)
-    top.legend(handles=[Patch(color=_OK, label="alive"),
+    sub.legend(handles=[Patch(color=_OK, label="alive"),
                         Patch(color=_NEAR_UNIFORM, label="near-uniform"),
                         Patch(color=_DEAD, label="dead (over half the targets empty)")],
                loc="outside lower center", fontsize=7, ncols=3)
-    if grid:
-        assert table.grid_radius is not None
-        side = 2 * table.grid_radius + 1
-        maps: List[Tuple[str, Any, str]] = []
-        for d in table.directions:
-            mine = [k for k, r in enumerate(rows) if r.direction == d]
-            maps.append((f"uniform {_SHORT[d]}", rows[mine[0]].uniform_histogram, "k"))
-            maps += [(names[k], rows[k].histogram, colours[k]) for k in mine]
-        panels = bottom.subplots(-(-n_maps // cols), cols, squeeze=False).ravel()
-        for ax in panels[n_maps:]:
-            ax.axis("off")
-        for ax, (name, hist, colour) in zip(panels, maps):
-            ax.set(xticks=[], yticks=[])
-            ax.imshow(np.asarray(hist), cmap="magma", vmin=0.0, interpolation="nearest",
-                      extent=(-side / 2, side / 2, side / 2, -side / 2))
-            ax.set_title(name, fontsize=7, color=colour)
-        bottom.suptitle(f"share of incoming weight by the source's offset from the target "
-                        f"(centre), up to {table.grid_radius} rows and columns", fontsize=8)
-    else:
-        ax = bottom.subplots()
-        hist = np.asarray([rows[0].uniform_histogram] + [r.histogram for r in rows])
-        im = ax.imshow(hist.T, cmap="magma", aspect="auto", vmin=0.0, interpolation="nearest")
-        ax.set_xticks(np.arange(len(rows) + 1), ["uniform"] + names, rotation=90, fontsize=6)
-        bins = cast(List[str], table.bins)  # (sequence graphs: distance bins)
-        ax.set_yticks(np.arange(len(bins)), bins, fontsize=7)
-        ax.set_ylabel("edge distance |i - j|", fontsize=8)
-        ax.set_title("share of incoming weight per distance bin", fontsize=8)
-        bottom.colorbar(im, ax=ax, label="share of weight")
-    fig.suptitle(title or f"graph statistics over {table.num_sequences} sequences "
-                          f"({table.num_units} units)", fontsize=10)
-    return fig
+
+
+def _offset_maps(sub, table: GraphStatisticsTable, names: List[str], colours: List[str],
+                 n_maps: int, cols: int) -> None:
+    """Draws in ``sub`` each graph's map of weight by the source's offset, uniform's first."""
+    assert table.grid_radius is not None
+    rows = table.rows
+    side = 2 * table.grid_radius + 1
+    maps: List[Tuple[str, Any, str]] = []
+    for d in table.directions:
+        mine = [k for k, r in enumerate(rows) if r.direction == d]
+        maps.append((f"uniform {_SHORT[d]}", rows[mine[0]].uniform_histogram, "k"))
+        maps += [(names[k], rows[k].histogram, colours[k]) for k in mine]
+    panels = sub.subplots(-(-n_maps // cols), cols, squeeze=False).ravel()
+    for ax in panels[n_maps:]:
+        ax.axis("off")
+    for ax, (name, hist, colour) in zip(panels, maps):
+        ax.set(xticks=[], yticks=[])
+        ax.imshow(np.asarray(hist), cmap="magma", vmin=0.0, interpolation="nearest",
+                  extent=(-side / 2, side / 2, side / 2, -side / 2))
+        ax.set_title(name, fontsize=7, color=colour)
+    sub.suptitle(f"share of incoming weight by the source's offset from the target "
+                 f"(centre), up to {table.grid_radius} rows and columns", fontsize=8)
+
+
+def _distance_histograms(sub, table: GraphStatisticsTable, names: List[str]) -> None:
+    """Draws in ``sub`` each graph's share of weight per distance bin, uniform's first."""
+    rows = table.rows
+    ax = sub.subplots()
+    hist = np.asarray([rows[0].uniform_histogram] + [r.histogram for r in rows])
+    im = ax.imshow(hist.T, cmap="magma", aspect="auto", vmin=0.0, interpolation="nearest")
+    ax.set_xticks(np.arange(len(rows) + 1), ["uniform"] + names, rotation=90, fontsize=6)
+    bins = cast(List[str], table.bins)  # (sequence graphs: distance bins)
+    ax.set_yticks(np.arange(len(bins)), bins, fontsize=7)
+    ax.set_ylabel("edge distance |i - j|", fontsize=8)
+    ax.set_title("share of incoming weight per distance bin", fontsize=8)
+    sub.colorbar(im, ax=ax, label="share of weight")
 
 
 def plot_syntax_scores(comparison, metric: str = "undirected", title: Optional[str] = None):

@@ -8,7 +8,7 @@ import math
 import os
 import re
 import shutil
-from typing import Any, Iterable, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -129,6 +129,16 @@ def read_shard_index(path: str) -> dict:
          f"vocab_size {index['vocab_size']} outside [1, 2^31)")
     shards = index.get("shards")
     need(isinstance(shards, list), f"'shards' must be a list, got {type(shards).__name__}")
+    _check_shard_files(path, shards, need)
+    for key in ("num_tokens", "num_documents"):
+        need(sum(s[key] for s in shards) == index[key],
+             f"{key!r} {index[key]} is not the sum over the shards")
+    return index
+
+
+def _check_shard_files(path: str, shards: List[Any], need: Callable[[object, str], None]
+                       ) -> None:
+    """Checks each shard's counts and files (plain names in ``path``, of the stated sizes)."""
     root, seen = os.path.realpath(path), set()
     for k, shard in enumerate(shards):
         need(isinstance(shard, dict), f"shard {k} is not an object")
@@ -149,10 +159,6 @@ def read_shard_index(path: str) -> dict:
                  f"shard {k}: {file} holds {max(size, 0)} bytes, expected "
                  f"{count * dtype.itemsize} ({count} values)"
                  + (" (missing)" if size < 0 else " (truncated or corrupt)"))
-    for key in ("num_tokens", "num_documents"):
-        need(sum(s[key] for s in shards) == index[key],
-             f"{key!r} {index[key]} is not the sum over the shards")
-    return index
 
 
 def _windows(ends: np.ndarray, max_length: int, min_length: int):

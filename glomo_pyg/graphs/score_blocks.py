@@ -2,7 +2,7 @@ r"""Kernels that walk a graph layer's scores block of targets by block, from its
 queries, so that the ``T x T`` graph (paper Eq. 1) is never formed: memory is one block of
 scores plus what is kept.
 
-* :func:`pruned_graph_edges`: the edges pruning keeps (:mod:`glomo_pyg.pruning`), merged
+* :func:`pruned_graph_edges`: the edges pruning keeps (:mod:`glomo_pyg.graphs.pruning`), merged
   over layers and heads if asked;
 * :func:`propagate_scores`: :math:`\sum_i G_{ij} v_i` per head and target (the fused
   layout's propagation on the CPU, where it beats FlexAttention and needs no compiler).
@@ -160,43 +160,64 @@ def pruned_graph_edges(layers: Sequence[Tuple[Tensor, Tensor]], lengths: Tensor,
     """
     b, h, t, _ = layers[0][0].shape
     heads = list(range(h)) if heads is None else list(heads)
-    every_head = len(heads) == h
     dtype = torch.promote_types(layers[0][0].dtype, torch.float32)
     # every head scored, the selected ones kept: products bit for bit those of emission's
     cut = normalization == "relu2" and window is None
     scorers = [_BlockScores(k, q, dtype, False, lengths, order, cut, window)
                for k, q in layers]
-    per_layer = len(heads)
-    relations = 1 if merge is not None else len(layers) * per_layer
+    kept = None if len(heads) == h else heads  # (None: no selection, no copy)
     parts: List[PrunedEdges] = []
     with torch.autocast(lengths.device.type, enabled=False):
-        for b0, b1, j0, j1, i0, i1 in _walk(b, h, t, order, window,
-                                            block_scores or BLOCK_SCORES):
-            mask = scorers[0].mask(b0, b1, j0, j1, i0, i1)
-            total = None
-            for l, scorer in enumerate(scorers):  # (every head is scored)
-                scores = scorer.block(b0, b1, j0, j1, i0, i1)
-                if not every_head:
-                    scores = scores[:, heads]
-                if normalization == "relu2":
-                    terms, total_terms = _relu2_terms(scores, mask)
-                    g = terms.div_(total_terms)
-                else:
-                    g = normalise_scores(scores, mask[1] > 0, normalization)[0]
-                if merge is None:
-                    s, r, tgt, src, w = prune_rows(g, top_k, min_weight)
-                    parts.append((s + b0, r + l * per_layer, tgt + j0, src + i0, w))
-                else:
-                    total = g.sum(1, keepdim=True) if total is None else \
-                        total.add_(g.sum(1, keepdim=True))
-            if merge is not None:
-                assert total is not None  # (layers is not empty)
-                if merge == "mean":
-                    total.div_(len(layers) * per_layer)
-                s, r, tgt, src, w = prune_rows(total, top_k, min_weight)
-                parts.append((s + b0, r, tgt + j0, src + i0, w))
+        for block in _walk(b, h, t, order, window, block_scores or BLOCK_SCORES):
+            parts += _block_edges(scorers, block, kept, len(heads), normalization, merge,
+                                  top_k, min_weight)
+    relations = 1 if merge is not None else len(layers) * len(heads)
+    return _joined_edges(parts, lengths if cut and scorers[0].padded else None, relations)
+
+
+def _block_graphs(scorer: _BlockScores, block: Tuple[int, int, int, int, int, int], mask,
+                  heads: Optional[List[int]], normalization: str) -> Tensor:
+    """``[b1 - b0, H, tj, ti]`` normalised graphs of one layer's block (``heads``: kept)."""
+    scores = scorer.block(*block)
+    if heads is not None:  # (None: every head)
+        scores = scores[:, heads]
+    if normalization == "relu2":
+        terms, total_terms = _relu2_terms(scores, mask)
+        return terms.div_(total_terms)
+    return normalise_scores(scores, mask[1] > 0, normalization)[0]
+
+
+def _block_edges(scorers: Sequence[_BlockScores], block: Tuple[int, int, int, int, int, int],
+                 heads: Optional[List[int]], per_layer: int, normalization: str,
+                 merge: Optional[str], top_k: Optional[int],
+                 min_weight: Optional[float]) -> List[PrunedEdges]:
+    """The pruned edges of one block of :func:`_walk`, per (layer, head) or merged."""
+    b0, _, j0, _, i0, _ = block
+    mask = scorers[0].mask(*block)
+    parts: List[PrunedEdges] = []
+    total = None
+    for l, scorer in enumerate(scorers):  # (every head is scored)
+        g = _block_graphs(scorer, block, mask, heads, normalization)
+        if merge is None:
+            s, r, tgt, src, w = prune_rows(g, top_k, min_weight)
+            parts.append((s + b0, r + l * per_layer, tgt + j0, src + i0, w))
+        else:
+            total = g.sum(1, keepdim=True) if total is None else \
+                total.add_(g.sum(1, keepdim=True))
+    if merge is not None:
+        assert total is not None  # (layers is not empty)
+        if merge == "mean":
+            total.div_(len(scorers) * per_layer)
+        s, r, tgt, src, w = prune_rows(total, top_k, min_weight)
+        parts.append((s + b0, r, tgt + j0, src + i0, w))
+    return parts
+
+
+def _joined_edges(parts: List[PrunedEdges], lengths: Optional[Tensor],
+                  relations: int) -> PrunedEdges:
+    """The blocks' edges joined and sorted by (sample, relation), padded targets' dropped."""
     sample, relation, target, source, weight = (torch.cat(p) for p in zip(*parts))
-    if cut and scorers[0].padded:  # padded targets' rows were scored too: drop them
+    if lengths is not None:  # padded targets' rows were scored too: drop them
         real = target < lengths[sample]
         sample, relation, target, source, weight = (x[real] for x in
                                                     (sample, relation, target, source, weight))

@@ -239,7 +239,7 @@ class DenseStorage(GraphStorage):
 
 
 # How the fused layout propagates on the CPU without gradients, outside bfloat16 autocast:
-# "blocks" (:func:`glomo_pyg.score_blocks.propagate_scores`: faster there than FlexAttention,
+# "blocks" (:func:`glomo_pyg.graphs.score_blocks.propagate_scores`: faster there than FlexAttention,
 # and no compiler; benchmarks/results/speed.md, "Transfer on the CPU") or "flex".
 CPU_PROPAGATION = "blocks"
 

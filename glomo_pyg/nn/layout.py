@@ -15,7 +15,8 @@ DENSE_MAX_WEIGHTS = 1 << 24
 
 # Density (edges / allowed pairs) from which on dense blocks aggregate at least as fast
 # as sparse edges, by longest sequence length (the next longer row; beyond 512 the last).
-# CPU crossovers of benchmarks/results/speed.md (runs 10, 11, 13), used on GPUs too.
+# The crossovers measured on a CPU (benchmarks/results/speed.md, "CPU runs 1-13"), used
+# on GPUs too.
 CROSSOVER = ((64, 0.05), (128, 0.05), (256, 0.25), (512, 0.25))
 
 # Without gradients, 'auto' emits the fused layout (FlexAttention) from this longest

@@ -2,7 +2,7 @@
 the embeddings and/or after the first recurrent layer."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence, cast
+from typing import Any, Dict, Optional, Sequence, Tuple, cast
 
 import torch
 from torch import Tensor
@@ -61,6 +61,45 @@ class GlomoTextClassifier(torch.nn.Module):
                  max_distance: Optional[int] = None):
         super().__init__()
         places = tuple(places) if predictor is not None else ()
+        self._check_arguments(embedding, num_classes, predictor, places, graph,
+                              hidden_channels, rnn, rnn_layers, attention_heads, dropout,
+                              padding_idx)
+        self.places, self.graph_kind, self.num_classes = places, graph, num_classes
+        self.rnn_kind, self.padding_idx = rnn, padding_idx
+        self.embedding = torch.nn.Embedding.from_pretrained(
+            embedding.float(), freeze=freeze_embedding, padding_idx=padding_idx)
+        d = embedding.size(1)
+        mix: Dict[str, Any] = dict(graph=graph, mixing=mixing, max_distance=max_distance)
+        given = cast(PretrainedGraphPredictor, predictor)  # (places is () without one)
+        self.glomo_embedding = GlomoTransfer(given, d, **mix) if "embedding" in places \
+            else None
+        width = self.glomo_embedding.out_channels if self.glomo_embedding is not None else d
+        cell = torch.nn.GRU if rnn == "gru" else torch.nn.LSTM
+        self.rnns = torch.nn.ModuleList()
+        self.glomo_rnn = GlomoTransfer(given, 2 * hidden_channels, **mix) \
+            if "rnn" in places else None
+        for layer in range(rnn_layers):
+            self.rnns.append(cell(width, hidden_channels, batch_first=True, bidirectional=True))
+            width = 2 * hidden_channels
+            if layer == 0 and self.glomo_rnn is not None:
+                width = self.glomo_rnn.out_channels
+        # without RNN: the (fused) features mapped to the attention's width
+        self.projection = torch.nn.Linear(width, 2 * hidden_channels) if rnn_layers == 0 \
+            else None
+        self.attention = torch.nn.MultiheadAttention(2 * hidden_channels, attention_heads,
+                                                     dropout=dropout, batch_first=True)
+        self.attention_norm = torch.nn.LayerNorm(2 * hidden_channels)
+        self.dropout = torch.nn.Dropout(dropout)
+        self.classifier = torch.nn.Sequential(
+            torch.nn.Linear(4 * hidden_channels, hidden_channels), torch.nn.ReLU(),
+            torch.nn.Dropout(dropout), torch.nn.Linear(hidden_channels, num_classes))
+
+    @staticmethod
+    def _check_arguments(embedding: Tensor, num_classes: int,
+                         predictor: Optional[PretrainedGraphPredictor], places: Tuple[str, ...],
+                         graph: str, hidden_channels: int, rnn: str, rnn_layers: int,
+                         attention_heads: int, dropout: float, padding_idx: int) -> None:
+        """``ValueError`` naming the first of the constructor's arguments that is invalid."""
         # NaN or Inf in the word vectors would give NaN logits, silently
         matrix = isinstance(embedding, Tensor) and embedding.dim() == 2 and \
             embedding.dtype.is_floating_point and embedding.numel() > 0 and \
@@ -96,35 +135,6 @@ class GlomoTextClassifier(torch.nn.Module):
                  f"be a row of the embedding, in [0, {vocab}) (or negative from the end)")):
             if not ok:
                 raise ValueError(f"{name} must {must}, got {value!r}")
-        self.places, self.graph_kind, self.num_classes = places, graph, num_classes
-        self.rnn_kind, self.padding_idx = rnn, padding_idx
-        self.embedding = torch.nn.Embedding.from_pretrained(
-            embedding.float(), freeze=freeze_embedding, padding_idx=padding_idx)
-        d = embedding.size(1)
-        mix: Dict[str, Any] = dict(graph=graph, mixing=mixing, max_distance=max_distance)
-        given = cast(PretrainedGraphPredictor, predictor)  # (places is () without one)
-        self.glomo_embedding = GlomoTransfer(given, d, **mix) if "embedding" in places \
-            else None
-        width = self.glomo_embedding.out_channels if self.glomo_embedding is not None else d
-        cell = torch.nn.GRU if rnn == "gru" else torch.nn.LSTM
-        self.rnns = torch.nn.ModuleList()
-        self.glomo_rnn = GlomoTransfer(given, 2 * hidden_channels, **mix) \
-            if "rnn" in places else None
-        for layer in range(rnn_layers):
-            self.rnns.append(cell(width, hidden_channels, batch_first=True, bidirectional=True))
-            width = 2 * hidden_channels
-            if layer == 0 and self.glomo_rnn is not None:
-                width = self.glomo_rnn.out_channels
-        # without RNN: the (fused) features mapped to the attention's width
-        self.projection = torch.nn.Linear(width, 2 * hidden_channels) if rnn_layers == 0 \
-            else None
-        self.attention = torch.nn.MultiheadAttention(2 * hidden_channels, attention_heads,
-                                                     dropout=dropout, batch_first=True)
-        self.attention_norm = torch.nn.LayerNorm(2 * hidden_channels)
-        self.dropout = torch.nn.Dropout(dropout)
-        self.classifier = torch.nn.Sequential(
-            torch.nn.Linear(4 * hidden_channels, hidden_channels), torch.nn.ReLU(),
-            torch.nn.Dropout(dropout), torch.nn.Linear(hidden_channels, num_classes))
 
     @property
     def predictor(self) -> Optional[PretrainedGraphPredictor]:

@@ -14,7 +14,7 @@ import json
 import math
 import os
 import time
-from typing import Callable, Dict, Optional, Sequence, Tuple, cast
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -250,6 +250,39 @@ def _batch_indices(n: int, batch_size: int, seed: int, step: int) -> Tensor:
     return order[k * batch_size:(k + 1) * batch_size]
 
 
+def _resume(path: str, config: MocoConfig, model: MoCo, optimizer: torch.optim.Optimizer,
+            augment_generator: torch.Generator, log: Callable[[str], None]
+            ) -> Tuple[int, float, List[float]]:
+    """``(step, seconds, losses)`` of the checkpoint ``path``, whose states are loaded."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    saved = {k: v for k, v in state.get("config", {}).items() if k not in RUN_ONLY_SETTINGS}
+    if saved != config.result_settings():
+        raise ValueError(f"{path} was written by a run with other settings; use another "
+                         "folder or delete it")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    augment_generator.set_state(state["generator"])
+    step, seconds, losses = state["step"], state["seconds"], state["losses"]
+    log(f"moco: resumed at step {step} ({seconds:.0f} s)")
+    return step, seconds, losses
+
+
+def _train_step(model: MoCo, optimizer: torch.optim.Optimizer, images: Tensor,
+                config: MocoConfig, step: int, augment_generator: torch.Generator) -> Tensor:
+    """The loss of ``step``'s batch, after one optimiser step on it."""
+    batch = images[_batch_indices(images.size(0), config.batch_size, config.seed, step)]
+    views = [random_views(batch, augment_generator,
+                          cast(Tuple[float, float], config.crop_scale))  # (checked: a pair)
+             for _ in range(2)]
+    for group in optimizer.param_groups:
+        group["lr"] = _learning_rate(config, step)
+    loss = model(*views)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
 def pretrain_moco(images: Tensor, config: MocoConfig, folder: str,
                   log: Callable[[str], None] = print) -> Dict:
     """MoCo on uint8 ``[N, C, H, W]`` ``images``; resumes from ``folder/moco.ckpt``
@@ -267,19 +300,11 @@ def pretrain_moco(images: Tensor, config: MocoConfig, folder: str,
     optimizer = torch.optim.SGD(model.query.parameters(), lr=config.lr, momentum=0.9,
                                 weight_decay=config.weight_decay)
     augment_generator = torch.Generator().manual_seed(config.seed + 1)
-    step, seconds, losses = 0, 0.0, []
+    step, seconds = 0, 0.0
+    losses: List[float] = []
     path = os.path.join(folder, CHECKPOINT)
     if os.path.exists(path):
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        saved = {k: v for k, v in state.get("config", {}).items() if k not in RUN_ONLY_SETTINGS}
-        if saved != config.result_settings():
-            raise ValueError(f"{path} was written by a run with other settings; use another "
-                             "folder or delete it")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        augment_generator.set_state(state["generator"])
-        step, seconds, losses = state["step"], state["seconds"], state["losses"]
-        log(f"moco: resumed at step {step} ({seconds:.0f} s)")
+        step, seconds, losses = _resume(path, config, model, optimizer, augment_generator, log)
 
     def save() -> None:
         atomic_save(dict(config=config.to_dict(), model=model.state_dict(),
@@ -289,16 +314,7 @@ def pretrain_moco(images: Tensor, config: MocoConfig, folder: str,
     model.train()
     start = time.perf_counter() - seconds
     while step < config.max_steps and (config.max_seconds is None or seconds < config.max_seconds):
-        batch = images[_batch_indices(images.size(0), config.batch_size, config.seed, step)]
-        views = [random_views(batch, augment_generator,
-                              cast(Tuple[float, float], config.crop_scale))  # (checked: a pair)
-                 for _ in range(2)]
-        for group in optimizer.param_groups:
-            group["lr"] = _learning_rate(config, step)
-        loss = model(*views)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        loss = _train_step(model, optimizer, images, config, step, augment_generator)
         step, seconds = step + 1, time.perf_counter() - start
         losses.append(loss.item())
         if step % config.log_every == 0:

@@ -4,7 +4,7 @@ computed once for fixed documents and kept compactly in memory (docs/text.md,
 from __future__ import annotations
 
 import numbers
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union, cast
 
 import torch
 from torch import Tensor
@@ -125,32 +125,51 @@ class TextGraphCache:
         small = next(t for t in (torch.uint8, torch.int16, torch.int32, torch.int64)
                      if window <= torch.iinfo(t).max)
         ptr = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
-        # per layer: counts and run starts on the device, the edges on the host until the end
-        # (then the device holds the cache once)
-        store = {d: [dict(count=torch.empty(p.heads, int(ptr[-1]), dtype=small, device=device),
-                          start=torch.empty(p.heads, len(docs), dtype=torch.long, device=device),
-                          distance=[], weight=[]) for _ in range(p.num_layers)]
-                 for d in p.directions}
+        store = cls._empty_store(p.directions, p.num_layers, p.heads, int(ptr[-1]), len(docs),
+                                 small, device)
         order = sorted(range(len(docs)), key=lambda k: -docs[k].numel())  # less padding
         for first in range(0, len(order), batch_size):
             chunk = torch.tensor(order[first:first + batch_size])
-            x = torch.cat([docs[k] for k in chunk.tolist()]).to(source, torch.long)
-            batch = torch.repeat_interleave(torch.arange(chunk.numel()), lengths[chunk])
-            with torch.autocast(source.type, enabled=False):  # scored in float32
-                graphs = transfer.graphs(x, batch.to(source), num_nodes=x.numel())
-            # where the chunk's tokens sit among all documents' tokens
-            seqs = sequence_batch(x.numel(), batch.to(device), device)
-            token = (ptr[chunk].to(device))[seqs.batch] + seqs.position
-            for d, g in zip(DIRECTIONS, graphs):
-                if g is not None:
-                    g = g.to_sparse()
-                    for l, layer in enumerate(store[d]):
-                        cls._store_layer([t.to(device) for t in g.layer(l)], token, seqs, chunk,
-                                         layer, small, weight_dtype)
+            cls._store_chunk(transfer, docs, chunk, lengths, ptr, store, source, device, small,
+                             weight_dtype)
         layers = {d: [dict(layer, distance=torch.cat(layer["distance"]).to(device),
                            weight=torch.cat(layer["weight"]).to(device)) for layer in store[d]]
                   for d in p.directions}
         return cls(**dict(meta, fingerprint=p.fingerprint()), layers=layers)
+
+    @staticmethod
+    def _empty_store(directions: Sequence[str], num_layers: int, heads: int, num_tokens: int,
+                     num_documents: int, small: torch.dtype,
+                     device: torch.device) -> Dict[str, List[Dict]]:
+        """Per direction and layer, the store :meth:`_store_layer` fills, still empty."""
+        # per layer: counts and run starts on the device, the edges on the host until the end
+        # (then the device holds the cache once)
+        return {d: [dict(count=torch.empty(heads, num_tokens, dtype=small, device=device),
+                         start=torch.empty(heads, num_documents, dtype=torch.long,
+                                           device=device),
+                         distance=[], weight=[]) for _ in range(num_layers)]
+                for d in directions}
+
+    @classmethod
+    def _store_chunk(cls, transfer: GlomoTransfer, docs: List[Tensor], chunk: Tensor,
+                     lengths: Tensor, ptr: Tensor, store: Dict[str, List[Dict]],
+                     source: torch.device, device: torch.device, small: torch.dtype,
+                     weight_dtype: torch.dtype) -> None:
+        """Adds the graphs of the documents ``chunk`` to ``store``, layer by layer."""
+        x = torch.cat([docs[k] for k in chunk.tolist()]).to(source, torch.long)
+        batch = torch.repeat_interleave(torch.arange(chunk.numel()), lengths[chunk])
+        with torch.autocast(source.type, enabled=False):  # scored in float32
+            graphs = cast(DirectionalGraphs,  # (learned graphs: never None)
+                          transfer.graphs(x, batch.to(source), num_nodes=x.numel()))
+        # where the chunk's tokens sit among all documents' tokens
+        seqs = sequence_batch(x.numel(), batch.to(device), device)
+        token = (ptr[chunk].to(device))[seqs.batch] + seqs.position
+        for d, g in zip(DIRECTIONS, graphs):
+            if g is not None:
+                g = g.to_sparse()
+                for l, layer in enumerate(store[d]):
+                    cls._store_layer([t.to(device) for t in g.layer(l)], token, seqs, chunk,
+                                     layer, small, weight_dtype)
 
     @staticmethod
     def _store_layer(edges: List[Tensor], token: Tensor, seqs: SequenceBatch, chunk: Tensor,

@@ -335,6 +335,41 @@ def _save_result(config: PretrainConfig, corpus: SimpleNamespace, trainer: pl.Tr
     return summary
 
 
+def _fit(trainer: pl.Trainer, module: GlomoPretraining, data, ckpt: Optional[str],
+         interrupt: GracefulInterrupt) -> None:
+    """Trains ``module``; a signal's exit becomes :class:`TrainingInterrupted`."""
+    interrupt.install()
+    try:
+        with quiet_lightning():
+            trainer.fit(module, datamodule=data, ckpt_path=ckpt, weights_only=True)
+    except SystemExit:
+        # Lightning exits after a KeyboardInterrupt (a second signal) and after its
+        # SIGTERMException (a signal during the sanity check)
+        if interrupt.signum is None:
+            raise
+        detail = " (sent twice: stop at once)" if interrupt.count > 1 else ""
+        raise TrainingInterrupted(interrupt.signum, trainer.global_step, None,
+                                  detail) from None
+    finally:
+        interrupt.restore()
+
+
+def _saved_summary(config: PretrainConfig, trainer: pl.Trainer, start_step: int,
+                   ckpt: Optional[str], log) -> Optional[Dict[str, Any]]:
+    """The saved summary of a resumed run that had nothing left to train, else ``None``."""
+    out = config.output_dir
+    summary = os.path.join(out, "pretrain.json")
+    if trainer.global_step == start_step and ckpt is not None and \
+            os.path.exists(summary) and os.path.isdir(os.path.join(out, "predictor")):
+        # nothing left to train: the saved summary and predictor, if of this end
+        saved = read_json(summary, "delete it; it is rewritten by a run that trains")
+        if isinstance(saved, dict) and saved.get("steps") == trainer.global_step:
+            log(f"{ckpt} is already at train.max_steps ({config.train.max_steps}): "
+                "nothing to train")
+            return saved
+    return None
+
+
 def _run_pretraining(config: PretrainConfig, resume: bool,
                      extra_callbacks: Optional[List[pl.Callback]], log,
                      prepare_only: bool) -> Dict[str, Any]:
@@ -373,28 +408,10 @@ def _run_pretraining(config: PretrainConfig, resume: bool,
         trainer, interrupt = _trainer(config, corpus, data, module, trees, extra_callbacks,
                                       ckpt, child, log)
         start = time.time()
-        interrupt.install()
-        try:
-            with quiet_lightning():
-                trainer.fit(module, datamodule=data, ckpt_path=ckpt, weights_only=True)
-        except SystemExit:
-            # Lightning exits after a KeyboardInterrupt (a second signal) and after its
-            # SIGTERMException (a signal during the sanity check)
-            if interrupt.signum is None:
-                raise
-            detail = " (sent twice: stop at once)" if interrupt.count > 1 else ""
-            raise TrainingInterrupted(interrupt.signum, trainer.global_step, None,
-                                      detail) from None
-        finally:
-            interrupt.restore()
-        summary = os.path.join(out, "pretrain.json")
-        if trainer.global_step == start_step and ckpt is not None and \
-                os.path.exists(summary) and os.path.isdir(os.path.join(out, "predictor")):
-            # nothing left to train: the saved summary and predictor, if of this end
-            saved = read_json(summary, "delete it; it is rewritten by a run that trains")
-            if isinstance(saved, dict) and saved.get("steps") == trainer.global_step:
-                log(f"{ckpt} is already at train.max_steps ({t.max_steps}): nothing to train")
-                return saved
+        _fit(trainer, module, data, ckpt, interrupt)
+        saved = _saved_summary(config, trainer, start_step, ckpt, log)
+        if saved is not None:
+            return saved
         return _save_result(config, corpus, trainer, module, data, time.time() - start,
                             found_vectors, log)
     finally:
