@@ -75,76 +75,94 @@ def _model(args) -> tuple:
     return model, list(unique.values()), args.lr, 32
 
 
-def main(argv=None) -> int:
+def _parse_args(argv) -> argparse.Namespace:
+    """The command line: the mode, what it runs, the shards, the budget and the rate."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", choices=("recipe", "fixed"))
     parser.add_argument("what", help="recipe: JSON settings; fixed: uniform|local|previous")
     parser.add_argument("--shards", default="runs/text-recipes/corpus/tokens")
     parser.add_argument("--seconds", type=float, default=240)
     parser.add_argument("--lr", type=float, default=0.01, help="fixed mode: Adam rate")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def _batch_of(windows: TokenWindows, ids) -> tuple:
+    """The tokens of windows ``ids`` concatenated, and the window of each token."""
+    xs = [windows[i].x for i in ids]
+    return torch.cat(xs), torch.cat([torch.full((len(t),), k) for k, t in enumerate(xs)])
+
+
+def _loss_with(model, x: torch.Tensor, batch: torch.Tensor, kind: str,
+               direction: str) -> torch.Tensor:
+    """The context-prediction loss in ``direction`` given learned or fixed ``kind`` graphs."""
+    key = {"forward": "fw", "backward": "bw"}[direction]
+    gp = model.graph_predictors[key]
+    if kind == "learned":
+        seq = sequence_batch(x.numel(), batch, x.device)
+        graphs = gp.emit(x, seq)
+    else:
+        seq, graphs = fixed_graphs(x, batch, kind, gp.num_layers, gp.heads, direction)
+    f, _ = model.feature_predictors[key].from_sequences(x, seq, graphs)
+    positions = model._positions(seq, direction)
+    targets = model.decoders[key].targets(x, seq, positions, direction)
+    return model.decoders[key].loss(f[positions], targets)[0]
+
+
+def _recipe_measures(model, x: torch.Tensor, batch: torch.Tensor) -> dict:
+    """Held-out losses with learned, uniform and previous-word graphs, and graph health."""
+    out = {}
+    for kind in ("learned", "uniform", "previous"):
+        out[kind] = round(sum(float(_loss_with(model, x, batch, kind, d))
+                              for d in model.directions) / len(model.directions), 3)
+    graphs = model.graphs(x, batch)
+    for d in model.directions:
+        health = graph_health(getattr(graphs, d))
+        out[f"{d}/adjacent"] = [round(v, 2) for v in health.adjacent.flatten().tolist()]
+        out[f"{d}/empty"] = [round(v, 2) for v in health.empty.flatten().tolist()]
+        out["uniform_adjacent"] = round(health.uniform_adjacent, 3)
+    return out
+
+
+def _report(args, model, held_out: tuple, step: int, start: float) -> None:
+    """Print the step, the seconds so far and the held-out measures as one JSON line."""
+    model.eval()
+    x, batch = held_out
+    out = dict(step=step, seconds=round(time.time() - start))
+    with torch.no_grad():
+        if args.mode == "fixed":
+            out[args.what] = round(float(_loss_with(model, x, batch, args.what, "forward")), 3)
+        else:
+            out.update(_recipe_measures(model, x, batch))
+    model.train()
+    print(json.dumps(out), flush=True)
+
+
+def main(argv=None) -> int:
+    args = _parse_args(argv)
     torch.set_num_threads(1)
     windows = TokenWindows.from_shards(args.shards, 64, 8)
     order = torch.Generator().manual_seed(0)
-
-    def batch_of(ids):
-        xs = [windows[i].x for i in ids]
-        return torch.cat(xs), torch.cat([torch.full((len(t),), k) for k, t in enumerate(xs)])
-
-    held_out = batch_of(torch.randint(0, len(windows), (128,),
-                                      generator=torch.Generator().manual_seed(99)).tolist())
+    held_out = _batch_of(windows, torch.randint(
+        0, len(windows), (128,), generator=torch.Generator().manual_seed(99)).tolist())
     torch.manual_seed(0)
     model, params, lr, batch_size = _model(args)
     optimizer = torch.optim.Adam(params, lr)
-
-    def loss_with(x, batch, kind, direction):
-        key = {"forward": "fw", "backward": "bw"}[direction]
-        gp = model.graph_predictors[key]
-        if kind == "learned":
-            seq = sequence_batch(x.numel(), batch, x.device)
-            graphs = gp.emit(x, seq)
-        else:
-            seq, graphs = fixed_graphs(x, batch, kind, gp.num_layers, gp.heads, direction)
-        f, _ = model.feature_predictors[key].from_sequences(x, seq, graphs)
-        positions = model._positions(seq, direction)
-        targets = model.decoders[key].targets(x, seq, positions, direction)
-        return model.decoders[key].loss(f[positions], targets)[0]
-
-    def report(step, start):
-        model.eval()
-        x, batch = held_out
-        out = dict(step=step, seconds=round(time.time() - start))
-        with torch.no_grad():
-            if args.mode == "fixed":
-                out[args.what] = round(float(loss_with(x, batch, args.what, "forward")), 3)
-            else:
-                for kind in ("learned", "uniform", "previous"):
-                    out[kind] = round(sum(float(loss_with(x, batch, kind, d))
-                                          for d in model.directions) / len(model.directions), 3)
-                graphs = model.graphs(x, batch)
-                for d in model.directions:
-                    health = graph_health(getattr(graphs, d))
-                    out[f"{d}/adjacent"] = [round(v, 2) for v in health.adjacent.flatten().tolist()]
-                    out[f"{d}/empty"] = [round(v, 2) for v in health.empty.flatten().tolist()]
-                    out["uniform_adjacent"] = round(health.uniform_adjacent, 3)
-        model.train()
-        print(json.dumps(out), flush=True)
-
     start, step = time.time(), 0
     while time.time() - start < args.seconds:
-        x, batch = batch_of(torch.randint(0, len(windows), (batch_size,), generator=order).tolist())
+        x, batch = _batch_of(windows, torch.randint(0, len(windows), (batch_size,),
+                                                    generator=order).tolist())
         if args.mode == "recipe":
             loss = model(x, batch).loss
         else:
-            loss = loss_with(x, batch, args.what, "forward")
+            loss = _loss_with(model, x, batch, args.what, "forward")
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         step += 1
         if step % 100 == 0:
-            report(step, start)
-    report(step, start)
+            _report(args, model, held_out, step, start)
+    _report(args, model, held_out, step, start)
     return 0
 
 

@@ -19,7 +19,8 @@ import tempfile
 from glomo_pyg.atomic_files import atomic_write
 
 
-def main(argv=None) -> None:
+def _parse_args(argv) -> argparse.Namespace:
+    """The command line: the predictors, the sentence and image shown, the output folder."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--text-predictor", default="imdb-text-cpu")
     parser.add_argument("--pixel-predictor", default="imagenet32-pixel-cpu")
@@ -28,13 +29,11 @@ def main(argv=None) -> None:
     parser.add_argument("--cifar", required=True, help="cifar-10-batches-py")
     parser.add_argument("--image", type=int, default=3, help="index in the test batch")
     parser.add_argument("--output", default="docs/figures")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
 
+def _pages(args) -> tuple:
+    """The treebank sentence, the CIFAR-10 test labels, and the text and image viewer pages."""
     from glomo_pyg import PretrainedGraphPredictor
     from glomo_pyg.analysis import read_treebank, view
     from glomo_pyg.data.images import load_cifar10
@@ -46,28 +45,49 @@ def main(argv=None) -> None:
     images, labels = load_cifar10(args.cifar, "test")
     pixel_page = view(PretrainedGraphPredictor.from_pretrained(args.pixel_predictor),
                       image=images[args.image])
+    return tree, labels, text_page, pixel_page
+
+
+def _chrome():
+    """A headless Chromium driven by chromedriver."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
     options = Options()
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1000,880",
                 "--hide-scrollbars"):
         options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+
+
+def _screenshots(text_page, pixel_page, output: str) -> dict:
+    """Screenshot the head and matrix views of the text page and the image page; the paths."""
+    from selenium.webdriver.common.by import By
+
+    driver = _chrome()
     written = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             driver.get("file://" + text_page.save(os.path.join(tmp, "text.html")))
-            shot = os.path.join(args.output, "viewer_text.png")
+            shot = os.path.join(output, "viewer_text.png")
             driver.save_screenshot(shot)
             written["viewer_text"] = shot
             driver.find_element(By.CSS_SELECTOR, 'button.tab[data-view="matrix"]').click()
-            shot = os.path.join(args.output, "viewer_matrix.png")
+            shot = os.path.join(output, "viewer_matrix.png")
             driver.save_screenshot(shot)
             written["viewer_matrix"] = shot
             driver.get("file://" + pixel_page.save(os.path.join(tmp, "image.html")))
-            shot = os.path.join(args.output, "viewer_image.png")
+            shot = os.path.join(output, "viewer_image.png")
             driver.save_screenshot(shot)
             written["viewer_image"] = shot
     finally:
         driver.quit()
+    return written
+
+
+def _record(args, written: dict, tree, labels) -> None:
+    """Record in ``figures.json`` what each screenshot was made from (other entries kept)."""
     record = os.path.join(args.output, "figures.json")
     kept = json.load(open(record)) if os.path.exists(record) else {}
     for name, path in written.items():
@@ -79,6 +99,15 @@ def main(argv=None) -> None:
                                   sentence=args.sentence, words=" ".join(tree.words))))
     with atomic_write(record) as fh:
         json.dump(kept, fh, indent=1)
+
+
+def main(argv=None) -> None:
+    args = _parse_args(argv)
+    import selenium.webdriver  # noqa: F401  (selenium is needed: checked before the pages)
+
+    tree, labels, text_page, pixel_page = _pages(args)
+    written = _screenshots(text_page, pixel_page, args.output)
+    _record(args, written, tree, labels)
     for name, path in written.items():
         print(name, "->", path)
 

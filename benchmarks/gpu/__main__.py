@@ -110,10 +110,8 @@ def plan(args) -> None:
                                args.dry_run, keys=part.keys)
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu",
-                                     description="The GPU campaign in short allocations.")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _add_plan(sub) -> None:
+    """The ``plan`` subcommand and its options."""
     p = sub.add_parser("plan", help="the campaign's state and the next allocation's calls")
     p.add_argument("--ledger")
     p.add_argument("--shared-data", help="the project's data folder (default ../shared/data)")
@@ -126,6 +124,10 @@ def main(argv=None) -> None:
     p.add_argument("--forecast", action="store_true",
                    help="also the allocations the whole campaign needs at its estimates")
     p.add_argument("--dry-run", action="store_true")
+
+
+def _add_prepare(sub) -> None:
+    """The ``prepare`` subcommand and its options."""
     p = sub.add_parser("prepare", help="CPU machine: fill the carry folder for SLICE")
     p.add_argument("slice")
     p.add_argument("--carry", default=runner.CARRY)
@@ -135,6 +137,10 @@ def main(argv=None) -> None:
                    "(default: every pending run, in the campaign's order)")
     p.add_argument("--dry-run", action="store_true",
                    help="toy data and toy sizes, to rehearse on the CPU")
+
+
+def _add_run(sub) -> None:
+    """The ``run`` subcommand and its options."""
     p = sub.add_parser("run", help="GPU machine: run the prepared SLICE within --budget-s")
     p.add_argument("slice")
     p.add_argument("--budget-s", type=float, required=True)
@@ -142,6 +148,10 @@ def main(argv=None) -> None:
     p.add_argument("--out", help="the folder that comes back (default $OUT)")
     p.add_argument("--work", help="scratch folder (default: a new temporary one)")
     p.add_argument("--dry-run", action="store_true")
+
+
+def _add_ingest(sub) -> None:
+    """The ``ingest`` subcommand and its options."""
     p = sub.add_parser("ingest", help="CPU machine: check a returned folder, add it to the "
                        "ledger, write releases and results")
     p.add_argument("folder")
@@ -154,27 +164,52 @@ def main(argv=None) -> None:
                    help="also record failed keys whose product came back (a key killed after "
                         "saving it), marked as salvaged")
     p.add_argument("--dry-run", action="store_true")
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command line: ``plan``, ``prepare``, ``run``, ``ingest`` and the internal ``_item``."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu",
+                                     description="The GPU campaign in short allocations.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_plan(sub)
+    _add_prepare(sub)
+    _add_run(sub)
+    _add_ingest(sub)
     p = sub.add_parser("_item")  # (internal: one run in its own process)
     p.add_argument("context")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "plan":
-            plan(args)
-        elif args.command == "prepare":
-            runner.prepare(args.slice, args.carry, args.shared_data, args.ledger, args.dry_run,
-                           keys=args.keys)
-            command = runner.device_command(args.slice, carry=args.carry)
-            print(f"device call: command {json.dumps(command)}"
-                  f", carry [\"{args.carry}\"], timeout_s {limits.CALL_SECONDS}")
-        elif args.command == "run":
-            runner.run(args.slice, args.budget_s, args.carry, args.out, args.dry_run, args.work)
-        elif args.command == "ingest":
-            from benchmarks.gpu.ingest import ingest
+    return parser
 
-            ingest(args.folder, args.ledger, args.results_dir, args.releases_root, args.dry_run,
-                   salvage=args.salvage, shared_data=args.shared_data)
-        else:
-            runner.run_item(args.context)
+
+def _prepare_command(args) -> None:
+    """Prepare the slice, then print the device call that runs it."""
+    runner.prepare(args.slice, args.carry, args.shared_data, args.ledger, args.dry_run,
+                   keys=args.keys)
+    command = runner.device_command(args.slice, carry=args.carry)
+    print(f"device call: command {json.dumps(command)}"
+          f", carry [\"{args.carry}\"], timeout_s {limits.CALL_SECONDS}")
+
+
+def _dispatch(args) -> None:
+    """Run the subcommand ``args.command``."""
+    if args.command == "plan":
+        plan(args)
+    elif args.command == "prepare":
+        _prepare_command(args)
+    elif args.command == "run":
+        runner.run(args.slice, args.budget_s, args.carry, args.out, args.dry_run, args.work)
+    elif args.command == "ingest":
+        from benchmarks.gpu.ingest import ingest
+
+        ingest(args.folder, args.ledger, args.results_dir, args.releases_root, args.dry_run,
+               salvage=args.salvage, shared_data=args.shared_data)
+    else:
+        runner.run_item(args.context)
+
+
+def main(argv=None) -> None:
+    args = _parser().parse_args(argv)
+    try:
+        _dispatch(args)
     except (ValueError, OSError) as err:
         if os.environ.get("GLOMO_TRACEBACK"):
             raise

@@ -73,6 +73,93 @@ def carry_folder(path: str) -> str:
     return full
 
 
+def _chosen_keys(name: str, digest: str, todo: List[str],
+                 keys: Optional[List[str]]) -> List[str]:
+    """The keys a call runs: ``keys`` (checked to be distinct pending keys) or ``todo``."""
+    if keys is not None:
+        unknown = [k for k in keys if k not in todo]
+        if unknown or len(set(keys)) != len(keys) or not keys:
+            raise ValueError(f"slice {name!r}: --keys must name distinct pending runs of its "
+                             f"recipe {digest}; not pending: {unknown or 'none given'}")
+        todo = list(keys)
+    if not todo:
+        raise ValueError(f"slice {name!r}: the ledger records every run of its recipe "
+                         f"{digest}; nothing to prepare")
+    return todo
+
+
+def _checked_commit(dry_run: bool) -> Tuple[str, bool]:
+    """The commit of HEAD and whether the tree is dirty (refused unless ``dry_run``)."""
+    commit = git("rev-parse", "HEAD")
+    dirty = bool(git("status", "--porcelain", "--untracked-files=normal"))
+    if dirty and not dry_run:
+        raise ValueError("the working tree has uncommitted changes: commit them first, so the "
+                         "ledger's commit is the code that ran (git status)")
+    return commit, dirty
+
+
+def _empty_carry(carry: str) -> str:
+    """The carry folder, emptied (refused unless prepare made it) and marked; its path."""
+    folder = carry_folder(carry)
+    if os.path.exists(folder):
+        if os.listdir(folder) and not os.path.exists(os.path.join(folder, MARKER)):
+            raise ValueError(f"{carry} exists and was not made by prepare; move it away")
+        shutil.rmtree(folder)
+    os.makedirs(os.path.join(folder, "data"))
+    open(os.path.join(folder, MARKER), "w").close()
+    return folder
+
+
+def _copy_archives(mod, folder: str, shared_data: Optional[str], dry_run: bool) -> List[str]:
+    """The slice's data archives written into ``folder``/data (toy ones on a dry run)."""
+    if dry_run:
+        return data.write_toy_archives(list(mod.ARCHIVES), os.path.join(folder, "data"))
+    source = shared_data or os.path.join(os.path.dirname(ROOT), "shared", "data")
+    paths = []
+    for archive in mod.ARCHIVES:
+        src = os.path.join(source, archive)
+        if not os.path.isfile(src):
+            raise ValueError(f"{src} is missing (--shared-data: the project's data folder)")
+        paths.append(os.path.join(folder, "data", archive))
+        shutil.copyfile(src, paths[-1])
+    return paths
+
+
+def _file_digests(paths: List[str]) -> Dict[str, Dict]:
+    """The size and SHA-256 of each file, by its base name."""
+    return {os.path.basename(path): dict(bytes=os.path.getsize(path), sha256=files.sha256(path))
+            for path in paths}
+
+
+def _prepare_extra(mod, folder: str, paths: List[str], recipe: Dict, log) -> Dict[str, Dict]:
+    """Size and SHA-256 of what ``mod.prepare_extra`` made in ``folder``/extra to carry."""
+    # (made here, carried: e.g. word vectors, no gensim there)
+    if not hasattr(mod, "prepare_extra"):
+        return {}
+    extra = os.path.join(folder, "extra")
+    os.makedirs(extra)
+    mod.prepare_extra(extra, paths, recipe, log)
+    return _file_digests([os.path.join(extra, n) for n in sorted(os.listdir(extra))])
+
+
+def _ledger_name(ledger_path: Optional[str]) -> str:
+    """The ledger's path, relative to the checkout when inside it."""
+    ledger_file = os.path.abspath(ledger_path or default_ledger())
+    return (os.path.relpath(ledger_file, ROOT)
+            if os.path.commonpath([ledger_file, ROOT]) == ROOT else ledger_file)
+
+
+def _check_travel(folder: str, carry: str) -> Tuple[int, int]:
+    """Bytes of the tree and of ``folder`` a call carries (over the limit: folder removed)."""
+    tree, carried = travelling_bytes(), folder_bytes(folder)
+    if tree + carried > limits.CARRY_BYTES:
+        shutil.rmtree(folder)  # (else run would take it for a prepared slice)
+        raise ValueError(f"the call would carry {(tree + carried) / limits.MIB:.1f} MiB (tree "
+                         f"{tree / limits.MIB:.1f} + {carry} {carried / limits.MIB:.1f}), over "
+                         f"the {limits.CARRY_BYTES // limits.MIB} MiB limit")
+    return tree, carried
+
+
 def prepare(name: str, carry: str = CARRY, shared_data: Optional[str] = None,
             ledger_path: Optional[str] = None, dry_run: bool = False, log=print,
             keys: Optional[List[str]] = None) -> Dict:
@@ -86,66 +173,21 @@ def prepare(name: str, carry: str = CARRY, shared_data: Optional[str] = None,
     digest = campaign.recipe_digest(name, recipe)
     todo = schedule.ordered_pending(name, ledger.read(ledger_path or default_ledger()),
                                     dry_run)
-    if keys is not None:
-        unknown = [k for k in keys if k not in todo]
-        if unknown or len(set(keys)) != len(keys) or not keys:
-            raise ValueError(f"slice {name!r}: --keys must name distinct pending runs of its "
-                             f"recipe {digest}; not pending: {unknown or 'none given'}")
-        todo = list(keys)
-    keys = todo
-    if not keys:
-        raise ValueError(f"slice {name!r}: the ledger records every run of its recipe "
-                         f"{digest}; nothing to prepare")
-    commit = git("rev-parse", "HEAD")
-    dirty = bool(git("status", "--porcelain", "--untracked-files=normal"))
-    if dirty and not dry_run:
-        raise ValueError("the working tree has uncommitted changes: commit them first, so the "
-                         "ledger's commit is the code that ran (git status)")
-    folder = carry_folder(carry)
-    if os.path.exists(folder):
-        if os.listdir(folder) and not os.path.exists(os.path.join(folder, MARKER)):
-            raise ValueError(f"{carry} exists and was not made by prepare; move it away")
-        shutil.rmtree(folder)
-    os.makedirs(os.path.join(folder, "data"))
-    open(os.path.join(folder, MARKER), "w").close()
-    archives = {}
-    if dry_run:
-        paths = data.write_toy_archives(list(mod.ARCHIVES), os.path.join(folder, "data"))
-    else:
-        source = shared_data or os.path.join(os.path.dirname(ROOT), "shared", "data")
-        paths = []
-        for archive in mod.ARCHIVES:
-            src = os.path.join(source, archive)
-            if not os.path.isfile(src):
-                raise ValueError(f"{src} is missing (--shared-data: the project's data folder)")
-            paths.append(os.path.join(folder, "data", archive))
-            shutil.copyfile(src, paths[-1])
-    for path in paths:
-        archives[os.path.basename(path)] = dict(bytes=os.path.getsize(path),
-                                                sha256=files.sha256(path))
-    extra = {}
-    if hasattr(mod, "prepare_extra"):  # made here, carried: e.g. word vectors (no gensim there)
-        os.makedirs(os.path.join(folder, "extra"))
-        mod.prepare_extra(os.path.join(folder, "extra"), paths, recipe, log)
-        for n in sorted(os.listdir(os.path.join(folder, "extra"))):
-            path = os.path.join(folder, "extra", n)
-            extra[n] = dict(bytes=os.path.getsize(path), sha256=files.sha256(path))
-    ledger_file = os.path.abspath(ledger_path or default_ledger())
+    keys = _chosen_keys(name, digest, todo, keys)
+    commit, dirty = _checked_commit(dry_run)
+    folder = _empty_carry(carry)
+    paths = _copy_archives(mod, folder, shared_data, dry_run)
+    archives = _file_digests(paths)
+    extra = _prepare_extra(mod, folder, paths, recipe, log)
     description = dict(format=FORMAT, slice=name, recipe=recipe,
                        recipe_digest=digest, keys=keys, commit=commit,
-                       ledger=os.path.relpath(ledger_file, ROOT)
-                       if os.path.commonpath([ledger_file, ROOT]) == ROOT else ledger_file,
+                       ledger=_ledger_name(ledger_path),
                        dirty=dirty, dry_run=dry_run, archives=archives, extra=extra,
                        prepared=datetime.datetime.now(datetime.timezone.utc).isoformat(
                            timespec="seconds"))
     files.write_json(os.path.join(folder, SLICE_FILE), description)
-    tree, carried = travelling_bytes(), folder_bytes(folder)
+    tree, carried = _check_travel(folder, carry)
     description["travel_bytes"] = dict(tree=tree, carry=carried)
-    if tree + carried > limits.CARRY_BYTES:
-        shutil.rmtree(folder)  # (else run would take it for a prepared slice)
-        raise ValueError(f"the call would carry {(tree + carried) / limits.MIB:.1f} MiB (tree "
-                         f"{tree / limits.MIB:.1f} + {carry} {carried / limits.MIB:.1f}), over "
-                         f"the {limits.CARRY_BYTES // limits.MIB} MiB limit")
     log(f"prepared {name} ({len(keys)} pending runs: {', '.join(keys[:6])}"
         f"{' ...' if len(keys) > 6 else ''}) in {os.path.relpath(folder, ROOT)}/: the call "
         f"carries {(tree + carried) / limits.MIB:.1f} of {limits.CARRY_BYTES // limits.MIB} MiB "

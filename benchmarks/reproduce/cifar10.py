@@ -563,16 +563,25 @@ def _graph_check_lines(check: Dict) -> List[str]:
     return lines
 
 
-def write_results(args, setup, mode, command, runs, check, pretrain_summary, pretrain_config,
-                  n_train, n_val, n_test, device, seconds) -> None:
-    hardware = torch.cuda.get_device_name(0) if device.type == "cuda" else \
+def _hardware(device) -> str:
+    """The GPU's name, or the CPU and its torch threads."""
+    return torch.cuda.get_device_name(0) if device.type == "cuda" else \
         f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} torch threads"
-    lines = [f"## {datetime.date.today().isoformat()}: {mode} configuration"
-             + (" (reduced CPU run: NOT a reproduction of the paper)" if mode != "full" else ""),
-             "", f"- command: `{command}`", f"- hardware: {hardware}; torch {torch.__version__}",
-             f"- whole run (this invocation): {seconds / 60:.1f} min"]
+
+
+def _run_lines(mode: str, command: str, device, seconds: float) -> List[str]:
+    """The section's title, the command, the hardware and the time of this invocation."""
+    return [f"## {datetime.date.today().isoformat()}: {mode} configuration"
+            + (" (reduced CPU run: NOT a reproduction of the paper)" if mode != "full" else ""),
+            "", f"- command: `{command}`", f"- hardware: {_hardware(device)}; torch "
+            f"{torch.__version__}", f"- whole run (this invocation): {seconds / 60:.1f} min"]
+
+
+def _pretrain_lines(pretrain_summary: Dict, pretrain_config: Dict) -> List[str]:
+    """The pretraining run and the predictor's shape, where known."""
     corpus = pretrain_config.get("corpus", {})
     model = pretrain_config.get("model", {})
+    lines = []
     if pretrain_summary:
         lines.append(
             f"- pretraining: {pretrain_summary.get('images')} ImageNet 32x32 images "
@@ -586,16 +595,25 @@ def write_results(args, setup, mode, command, runs, check, pretrain_summary, pre
         lines.append(f"- predictor: {model.get('num_layers')} layers x {model.get('heads')} heads "
                      f"x 2 directions, width {model.get('hidden_channels')}, position "
                      f"{model.get('position')}")
-    lines += [f"- CIFAR-10: {n_train} train / {n_val} validation / {n_test} test images "
-              "(these CIFAR pixels went through JPEG quality 75 once: close to, not identical "
-              "with, the official files)",
-              f"- recipe (every variant): ResNet width {setup.width}, {setup.epochs} epochs, "
-              f"batch {setup.batch_size}, SGD Nesterov 0.9, one-cycle peak lr {setup.lr}, "
-              f"weight decay 5e-4, flips" + (f" + random crops (pad {setup.crop_padding})"
-                                             if setup.crop_padding else " only")
-              + "; the best validation epoch is evaluated once on test", ""]
-    lines += ["| model | paper | this run (mean ± std) | seeds | epoch s (mean) |",
-              "|---|---|---|---|---|"]
+    return lines
+
+
+def _recipe_lines(setup, n_train: int, n_val: int, n_test: int) -> List[str]:
+    """The CIFAR-10 splits and the downstream recipe every variant trains with."""
+    return [f"- CIFAR-10: {n_train} train / {n_val} validation / {n_test} test images "
+            "(these CIFAR pixels went through JPEG quality 75 once: close to, not identical "
+            "with, the official files)",
+            f"- recipe (every variant): ResNet width {setup.width}, {setup.epochs} epochs, "
+            f"batch {setup.batch_size}, SGD Nesterov 0.9, one-cycle peak lr {setup.lr}, "
+            f"weight decay 5e-4, flips" + (f" + random crops (pad {setup.crop_padding})"
+                                           if setup.crop_padding else " only")
+            + "; the best validation epoch is evaluated once on test", ""]
+
+
+def _accuracy_table(setup, runs: Dict) -> List[str]:
+    """Test accuracy of each depth and variant run, beside the paper's."""
+    lines = ["| model | paper | this run (mean ± std) | seeds | epoch s (mean) |",
+             "|---|---|---|---|---|"]
     for depth in setup.depths:
         for variant in VARIANTS:
             keys = sorted(k for k in runs if k.startswith(f"resnet{depth}/{variant}/"))
@@ -611,13 +629,21 @@ def write_results(args, setup, mode, command, runs, check, pretrain_summary, pre
                 label += f" (offsets <= {runs[keys[0]].get('max_distance')})"
             lines.append(f"| ResNet-{depth}: {label} | {paper_s} | {_mean_std(accs)} | "
                          f"{len(keys)} | {sum(epochs) / len(epochs):.1f} |")
-    lines.append("")
+    return lines
+
+
+def _seed_accuracies(runs: Dict, depth: int, variant: str) -> Dict[int, float]:
+    """Test accuracy of each seed of one depth and variant."""
+    return {int(k.rsplit("seed", 1)[1]): runs[k]["test_acc"] for k in runs
+            if k.startswith(f"resnet{depth}/{variant}/")}
+
+
+def _pair_lines(setup, runs: Dict) -> List[str]:
+    """Paired test-accuracy differences of the compared variants, per depth."""
+    lines = []
     for depth in setup.depths:
-        def accs(variant):
-            return {int(k.rsplit("seed", 1)[1]): runs[k]["test_acc"] for k in runs
-                    if k.startswith(f"resnet{depth}/{variant}/")}
         for a, b in PAIRS:
-            x, y = accs(a), accs(b)
+            x, y = _seed_accuracies(runs, depth, a), _seed_accuracies(runs, depth, b)
             seeds = sorted(set(x) & set(y))
             if not seeds:
                 continue
@@ -625,19 +651,35 @@ def write_results(args, setup, mode, command, runs, check, pretrain_summary, pre
             ci = "" if n < 2 else f" [{100 * lo:+.2f}, {100 * hi:+.2f}]"
             lines.append(f"- ResNet-{depth}, {a} − {b}: {100 * m:+.2f} points{ci} "
                          f"(paired over seeds {seeds}, 95% t interval)")
-    lines += _graph_check_lines(check)
-    lines += ["", f"Figure (paper Fig. 4): `{args.figure}`.", ""]
-    text = "\n".join(lines) + "\n"
+    return lines
+
+
+def _write_first(path: str, text: str) -> None:
+    """Write ``text`` under the results file's header, before the sections already there."""
     header = "# ImageNet 32x32 -> CIFAR-10 (paper Sec. 3.5, Table 3)\n\n"
-    if os.path.exists(args.results):
-        previous = open(args.results).read()
+    if os.path.exists(path):
+        previous = open(path).read()
         body = previous[len(header):] if previous.startswith(header) else previous
         text = header + text + "\n" + body
     else:
         text = header + text
-    os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
-    with open(args.results, "w") as fh:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as fh:
         fh.write(text)
+
+
+def write_results(args, setup, mode, command, runs, check, pretrain_summary, pretrain_config,
+                  n_train, n_val, n_test, device, seconds) -> None:
+    """Add this run's section to the top of ``args.results``."""
+    lines = _run_lines(mode, command, device, seconds)
+    lines += _pretrain_lines(pretrain_summary, pretrain_config)
+    lines += _recipe_lines(setup, n_train, n_val, n_test)
+    lines += _accuracy_table(setup, runs)
+    lines.append("")
+    lines += _pair_lines(setup, runs)
+    lines += _graph_check_lines(check)
+    lines += ["", f"Figure (paper Fig. 4): `{args.figure}`.", ""]
+    _write_first(args.results, "\n".join(lines) + "\n")
     log(f"results written to {args.results}")
 
 

@@ -152,7 +152,7 @@ class Setup:
     # ScalarMix) or 'conditioned' on each word's features (the reference implementation)
     mixing: str = "free"
     # seeds 0 .. lr_seeds - 1 are each trained at every rate; the best mean validation
-    # accuracy over them chooses the rate (1: seed 0 alone, as in runs 1-13)
+    # accuracy over them chooses the rate (1: seed 0 alone, the default)
     lr_seeds: int = 1
     # the reported seeds are first_seed .. first_seed + seeds - 1 (--first-seed): a block
     # from lr_seeds on is disjoint from the rate search, e.g. fresh seeds fixed in advance
@@ -830,7 +830,8 @@ class Downstream:
         write_runs(self.runs_path, self.settings, self.runs)
 
     def checkpoint(self, variant: str, seed: int, lr: float) -> str:
-        # (seed 0's name is the one runs 1-13 used, so their interrupted searches resume)
+        # (seed 0 keeps the name it had before seeds were numbered, so its interrupted
+        # searches resume)
         return os.path.join(self.checkpoints, f"{variant}-{lr:g}.pt" if seed == 0 else
                             f"{variant}-{seed}-{lr:g}.pt")
 
@@ -1055,9 +1056,9 @@ def _paired_lines(setup: Setup, final: Dict) -> List[str]:
             "|---|---|---|---|---|", *rows]
 
 
-def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_summaries,
-                  profiles, coverage, n_train, n_val, n_test, seconds):
-    from benchmarks.common import append_results, hardware
+def _header_lines(args, command: str, pretrain_summaries: Dict, seconds: float) -> List[str]:
+    """The section's title, the command, hardware and time, and the predictors used."""
+    from benchmarks.common import hardware
 
     device = "cuda" if args.accelerator != "cpu" and torch.cuda.is_available() else "cpu"
     kind = ("smoke test" if args.smoke else
@@ -1075,12 +1076,14 @@ def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_s
                      f"(training sequences), vocabulary {s['vocabulary']}, "
                      f"{s['seconds'] / 60:.1f} min, final validation loss "
                      + (f"{s['val_loss']:.3f}" if s.get("val_loss") is not None else "(none)"))
-    lines += _profile_lines(profiles)
-    rates = ", ".join(f"{lr:g}" for lr in setup.lrs)
-    val_by_c = ", ".join(f"C {c:g}: {100 * a:.2f}" for c, a in baseline_tfidf["val_by_C"])
+    return lines
+
+
+def _model_lines(setup: Setup) -> List[str]:
+    """The downstream model and how its graphs are cut and mixed."""
     model = (f"word vectors -> BiGRU x {setup.rnn_layers}" if setup.rnn_layers else
              "word vectors -> linear map (no RNN: word order only through the graphs)")
-    lines += [f"- downstream model: {model} -> self-attention -> max and mean pooling -> MLP"]
+    lines = [f"- downstream model: {model} -> self-attention -> max and mean pooling -> MLP"]
     if setup.max_distance is not None:
         lines.append(f"- graphs keep only edges of at most {setup.max_distance} units, each "
                      "target's weights renormalised (`--max-distance`; not the adjacent-word "
@@ -1088,33 +1091,49 @@ def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_s
     if setup.mixing != "free":
         lines.append(f"- mixture weights over the graph components: `{setup.mixing}` "
                      "(`--mixing`; per word, from its features)")
-    searched = "seed 0" if setup.lr_seeds == 1 else f"mean of seeds 0-{setup.lr_seeds - 1}"
-    lines += [f"- downstream: {n_train} training / {n_val} validation / {n_test} test reviews "
-              f"(cut to {setup.review_length} tokens), {setup.epochs} epochs, best validation "
-              f"epoch evaluated on test; word vectors {setup.vector_dim}-d word2vec, "
-              f"{coverage:.1%} of the vocabulary covered",
-              (f"- learning rate per variant: seed 0 trained at each of {rates} and validated "
-               "only; the rate with the best validation accuracy is used for every seed, and "
-               "only its seed-0 model is evaluated on test" if setup.lr_seeds == 1 else
-               f"- learning rate per variant: seeds 0-{setup.lr_seeds - 1} each trained at each "
-               f"of {rates} and validated only (`--lr-seeds {setup.lr_seeds}`); the rate with "
-               "the best mean validation accuracy over them is used for every seed, and only "
-               "their models at that rate are evaluated on test"),
-              *([f"- reported seeds: {setup.first_seed}-{setup.first_seed + setup.seeds - 1} "
-                 f"(`--first-seed {setup.first_seed}`)"
-                 + ("; none of them was used to choose the learning rate"
-                    if setup.first_seed >= setup.lr_seeds else "")]
-                if setup.first_seed else []),
-              f"- {TFIDF_LABEL}: the same reviews and tokens, {baseline_tfidf['features']:,} "
-              f"features (n-grams in >= 2 training reviews, sublinear tf), validation accuracy "
-              f"% per C: {val_by_c}", "",
-              "| variant | test accuracy % (mean ± std) | seeds | chosen on validation | "
-              f"validation accuracy % ({searched}) | paper | mean downstream s |",
-              "|---|---|---|---|---|---|---|",
-              f"| {TFIDF_LABEL} | {100 * baseline_tfidf['test_acc']:.2f} | - (deterministic) | "
-              f"C = {baseline_tfidf['C']:g} | {100 * baseline_tfidf['val_acc']:.2f} | - | "
-              f"{baseline_tfidf['seconds']:.0f} |"]
-    final = {v: final_runs(runs, setup, v, chosen[v]) for v in setup.variants}
+    return lines
+
+
+def _searched(setup: Setup) -> str:
+    """The seeds whose validation accuracy chooses the learning rate."""
+    return "seed 0" if setup.lr_seeds == 1 else f"mean of seeds 0-{setup.lr_seeds - 1}"
+
+
+def _protocol_lines(setup: Setup, baseline_tfidf: Dict, coverage: float, n_train: int,
+                    n_val: int, n_test: int) -> List[str]:
+    """The data, the learning-rate search, the reported seeds and the TF-IDF baseline."""
+    rates = ", ".join(f"{lr:g}" for lr in setup.lrs)
+    val_by_c = ", ".join(f"C {c:g}: {100 * a:.2f}" for c, a in baseline_tfidf["val_by_C"])
+    return [f"- downstream: {n_train} training / {n_val} validation / {n_test} test reviews "
+            f"(cut to {setup.review_length} tokens), {setup.epochs} epochs, best validation "
+            f"epoch evaluated on test; word vectors {setup.vector_dim}-d word2vec, "
+            f"{coverage:.1%} of the vocabulary covered",
+            (f"- learning rate per variant: seed 0 trained at each of {rates} and validated "
+             "only; the rate with the best validation accuracy is used for every seed, and "
+             "only its seed-0 model is evaluated on test" if setup.lr_seeds == 1 else
+             f"- learning rate per variant: seeds 0-{setup.lr_seeds - 1} each trained at each "
+             f"of {rates} and validated only (`--lr-seeds {setup.lr_seeds}`); the rate with "
+             "the best mean validation accuracy over them is used for every seed, and only "
+             "their models at that rate are evaluated on test"),
+            *([f"- reported seeds: {setup.first_seed}-{setup.first_seed + setup.seeds - 1} "
+               f"(`--first-seed {setup.first_seed}`)"
+               + ("; none of them was used to choose the learning rate"
+                  if setup.first_seed >= setup.lr_seeds else "")]
+              if setup.first_seed else []),
+            f"- {TFIDF_LABEL}: the same reviews and tokens, {baseline_tfidf['features']:,} "
+            f"features (n-grams in >= 2 training reviews, sublinear tf), validation accuracy "
+            f"% per C: {val_by_c}", ""]
+
+
+def _results_table(setup: Setup, runs: Dict, chosen: Dict[str, float], baseline_tfidf: Dict,
+                   final: Dict[str, Dict[int, Dict]]) -> List[str]:
+    """Test accuracy of the TF-IDF baseline and of each variant at its chosen rate."""
+    lines = ["| variant | test accuracy % (mean ± std) | seeds | chosen on validation | "
+             f"validation accuracy % ({_searched(setup)}) | paper | mean downstream s |",
+             "|---|---|---|---|---|---|---|",
+             f"| {TFIDF_LABEL} | {100 * baseline_tfidf['test_acc']:.2f} | - (deterministic) | "
+             f"C = {baseline_tfidf['C']:g} | {100 * baseline_tfidf['val_acc']:.2f} | - | "
+             f"{baseline_tfidf['seconds']:.0f} |"]
     for variant in setup.variants:
         mine = list(final[variant].values())
         if not mine:
@@ -1127,7 +1146,21 @@ def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_s
                      f"lr = {chosen[variant]:g} | {100 * val0:.2f} | "
                      f"{paper if paper is not None else '-'} | "
                      f"{sum(r['seconds'] for r in mine) / len(mine):.0f} |")
-    lines += _search_lines(setup, runs, chosen, searched)
+    return lines
+
+
+def write_results(args, setup, command, runs, chosen, baseline_tfidf, pretrain_summaries,
+                  profiles, coverage, n_train, n_val, n_test, seconds):
+    """Append this run's section to ``args.results`` and print what ``append_results`` says."""
+    from benchmarks.common import append_results
+
+    lines = _header_lines(args, command, pretrain_summaries, seconds)
+    lines += _profile_lines(profiles)
+    lines += _model_lines(setup)
+    lines += _protocol_lines(setup, baseline_tfidf, coverage, n_train, n_val, n_test)
+    final = {v: final_runs(runs, setup, v, chosen[v]) for v in setup.variants}
+    lines += _results_table(setup, runs, chosen, baseline_tfidf, final)
+    lines += _search_lines(setup, runs, chosen, _searched(setup))
     lines += mixture_lines(setup, final)
     lines += _paired_lines(setup, final)
     lines.append("")

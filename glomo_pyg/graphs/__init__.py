@@ -6,13 +6,13 @@ of edge lists (:mod:`glomo_pyg.graphs.pruning`) and the block-by-block kernels
 from glomo_pyg.graphs.checks import MAX_HEADS, MAX_LAYERS, check_max_distance
 from glomo_pyg.graphs.latent import DIRECTION_KEYS, DirectionalGraphs, LatentGraphs
 from glomo_pyg.graphs.storage import (
-                                      DenseStorage,
-                                      EdgeStorage,
-                                      FusedStorage,
-                                      GraphFrame,
-                                      GraphStorage,
-                                      LayerEdges,
-                                      UniformStorage,
+    DenseStorage,
+    EdgeStorage,
+    FusedStorage,
+    GraphFrame,
+    GraphStorage,
+    LayerEdges,
+    UniformStorage,
 )
 
 __all__ = ["LatentGraphs", "DirectionalGraphs", "DIRECTION_KEYS", "MAX_HEADS", "MAX_LAYERS",

@@ -292,39 +292,47 @@ TITLES = {"imdb": "IMDB", "cifar10": "CIFAR-10"}
 
 
 
-def report(lines: List[Dict], recipe: Dict) -> List[str]:
-    """The task's table (every graph of the recipe; ``pending`` where none is recorded)
-    and the paired differences GLoMo − each fixed graph over their common seeds."""
-    from benchmarks.statistics import mean_sd, paired_difference
-
-    task, d, t = recipe["task"], recipe["data"], recipe["train"]
-    runs = {l["key"]: l for l in lines}
+def _test_accuracies(lines: List[Dict]) -> Dict[str, Dict[int, float]]:
+    """Test accuracy in % of each recorded run, by graph and seed."""
     acc: Dict[str, Dict[int, float]] = {}
     for l in lines:
         _, graph, seed = l["key"].split("/")
         acc.setdefault(graph, {})[int(seed[len("seed"):])] = 100 * l["metrics"]["test_acc"]
+    return acc
+
+
+def _intro_lines(lines: List[Dict], recipe: Dict) -> List[str]:
+    """The section's title and the paragraph on the runs, model, training and graphs."""
+    task, d, t = recipe["task"], recipe["data"], recipe["train"]
     devices = sorted({md(l["device"]) for l in lines})
     unit = f"reviews of up to {d['length']} tokens" if task == "imdb" else \
         f"{d['side']}x{d['side']} images"
     sizes = next((l["metrics"].get("samples") for l in lines if l["metrics"].get("samples")),
                  None)
-    out = [f"### GPU campaign: a stock PyG GNN over GLoMo's and fixed graphs, "
-           f"{TITLES[task]} (`{SLICE_NAMES[task]}`)", "",
-           f"Generated from the ledger: {len(lines)} runs"
-           + (f" on {', '.join(devices)}" if devices else "") + ". "
-           f"`RelationalGNN` (`benchmarks/any_gnn.py`, its full configuration): "
-           f"{recipe['model']['layers']} residual layers of one `GraphConv` per relation "
-           f"(forward, backward), hidden {recipe['model']['hidden']}, mean+max pooling; Adam "
-           f"{t['lr']:g} (fixed, no search), batch {t['batch']}, {t['epochs']} epochs, the "
-           f"best validation epoch evaluated once on test. GLoMo's graphs: release "
-           f"`{md(recipe['predictor']['release'])}` (SHA-256 "
-           f"{md(str(recipe['predictor'].get('sha256'))[:12])}), layers and heads merged by "
-           f"their {recipe['graph']['merge']}, top {recipe['graph']['top_k']} sources per "
-           f"target and direction. "
-           + (f"{' / '.join(f'{n:,}' for n in sizes)} train / validation / test {unit}."
-              if sizes else f"Train / validation / test {unit}.")
-           + f" Left out: {LEFT_OUT[task]}.", "",
-           "| graph | seeds done | test accuracy (mean ± sd) | validation | edges per sample | "
+    return [f"### GPU campaign: a stock PyG GNN over GLoMo's and fixed graphs, "
+            f"{TITLES[task]} (`{SLICE_NAMES[task]}`)", "",
+            f"Generated from the ledger: {len(lines)} runs"
+            + (f" on {', '.join(devices)}" if devices else "") + ". "
+            f"`RelationalGNN` (`benchmarks/any_gnn.py`, its full configuration): "
+            f"{recipe['model']['layers']} residual layers of one `GraphConv` per relation "
+            f"(forward, backward), hidden {recipe['model']['hidden']}, mean+max pooling; Adam "
+            f"{t['lr']:g} (fixed, no search), batch {t['batch']}, {t['epochs']} epochs, the "
+            f"best validation epoch evaluated once on test. GLoMo's graphs: release "
+            f"`{md(recipe['predictor']['release'])}` (SHA-256 "
+            f"{md(str(recipe['predictor'].get('sha256'))[:12])}), layers and heads merged by "
+            f"their {recipe['graph']['merge']}, top {recipe['graph']['top_k']} sources per "
+            f"target and direction. "
+            + (f"{' / '.join(f'{n:,}' for n in sizes)} train / validation / test {unit}."
+               if sizes else f"Train / validation / test {unit}.")
+            + f" Left out: {LEFT_OUT[task]}.", ""]
+
+
+def _graph_rows(lines: List[Dict], recipe: Dict) -> List[str]:
+    """The table of every graph of the recipe (``pending`` where none is recorded)."""
+    from benchmarks.statistics import mean_sd
+
+    runs = {l["key"]: l for l in lines}
+    out = ["| graph | seeds done | test accuracy (mean ± sd) | validation | edges per sample | "
            "s per run |", "|---|---|---|---|---|---|"]
     for graph in recipe["graphs"]:
         mine = [runs[k] for k in sorted(runs) if _graph(k) == graph]
@@ -337,8 +345,16 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
         out.append(f"| {graph} | {len(mine)} of {recipe['seeds']} | {m:.2f}"
                    + (f" ± {sd:.2f}" if len(mine) > 1 else "") + f" | {val:.2f} | "
                    f"{mine[0]['metrics']['edges_per_sample']:.0f} | {seconds:.0f} |")
-    out += ["", "| paired difference (test, points) | mean | 95% t interval | seeds | "
-            "excludes 0 |", "|---|---|---|---|---|"]
+    return out
+
+
+def _paired_rows(lines: List[Dict], recipe: Dict) -> List[str]:
+    """The table of the paired differences GLoMo − each fixed graph over their common seeds."""
+    from benchmarks.statistics import paired_difference
+
+    acc = _test_accuracies(lines)
+    out = ["| paired difference (test, points) | mean | 95% t interval | seeds | "
+           "excludes 0 |", "|---|---|---|---|---|"]
     glomo = acc.get("glomo", {})
     for graph in recipe["graphs"]:
         if graph == "glomo":
@@ -355,7 +371,14 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
         verdict = "yes, GLoMo better" if lo > 0 else "yes, GLoMo worse" if hi < 0 else "no"
         out.append(f"| GLoMo − {graph} | {m:+.2f} | [{lo:+.2f}, {hi:+.2f}] | {n} | "
                    f"{verdict} |")
-    return out + [""]
+    return out
+
+
+def report(lines: List[Dict], recipe: Dict) -> List[str]:
+    """The task's table (every graph of the recipe; ``pending`` where none is recorded)
+    and the paired differences GLoMo − each fixed graph over their common seeds."""
+    return (_intro_lines(lines, recipe) + _graph_rows(lines, recipe) + [""]
+            + _paired_rows(lines, recipe) + [""])
 
 
 # ----------------------------------------------------------------------------- slices
