@@ -55,6 +55,7 @@ import datetime
 import math
 import os
 import platform
+import re
 import sys
 import time
 from typing import Dict, List, Optional, Tuple
@@ -655,17 +656,22 @@ def _pair_lines(setup, runs: Dict) -> List[str]:
 
 
 def _write_first(path: str, text: str) -> None:
-    """Write ``text`` under the results file's header, before the sections already there."""
+    """Write the run's section ``text`` into the results file, atomically: after what the
+    file opens with (its answer and protocol) and before the dated runs already there,
+    newest first."""
+    from glomo_pyg.atomic_files import atomic_write
+
     header = "# ImageNet 32x32 -> CIFAR-10 (paper Sec. 3.5, Table 3)\n\n"
-    if os.path.exists(path):
-        previous = open(path).read()
-        body = previous[len(header):] if previous.startswith(header) else previous
-        text = header + text + "\n" + body
-    else:
-        text = header + text
+    previous = open(path, encoding="utf-8").read() if os.path.exists(path) else header
+    if not previous.startswith(header):
+        previous = header + previous
+    runs = re.search(r"^## \d{4}-\d{2}-\d{2}", previous, flags=re.M)
+    cut = runs.start() if runs else len(previous)
+    opening = previous[:cut].rstrip("\n") + "\n\n"
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as fh:
-        fh.write(text)
+    with atomic_write(path) as fh:
+        fh.write(opening + text.rstrip("\n") + "\n\n" + previous[cut:] if runs else
+                 opening + text)
 
 
 def write_results(args, setup, mode, command, runs, check, pretrain_summary, pretrain_config,
