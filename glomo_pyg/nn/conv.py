@@ -176,6 +176,7 @@ class GlomoConv(MessagePassing):
         self.fuse = bool(fused) and self.aggr in FUSED_AGGRS
         self._cached_graph: Optional[CheckedGraph] = None
         self._cached_sequences: Optional[SequenceBatch] = None
+        self._cached_weights: Optional[Tuple[Tensor, int, Tensor]] = None
         self.gru = torch.nn.GRUCell(2 * channels, channels) if update == "gru" else None
         self.lin = torch.nn.Linear(channels, channels) if update == "residual" else None
         self.reset_parameters()
@@ -183,6 +184,7 @@ class GlomoConv(MessagePassing):
     def reset_parameters(self):
         super().reset_parameters()
         self._cached_graph = self._cached_sequences = None
+        self._cached_weights = None
         for update in (self.gru, self.lin):
             if update is not None:
                 update.reset_parameters()
@@ -326,8 +328,22 @@ class GlomoConv(MessagePassing):
                              + (f"{edge_weight.dtype} {tuple(edge_weight.shape)}"
                                 if isinstance(edge_weight, Tensor) else
                                 type(edge_weight).__name__))
-        perm = cached.graph.perm
-        return cached.graph, edge_weight if perm is None else edge_weight[perm]
+        return cached.graph, self._ordered_weights(edge_weight, cached.graph.perm)
+
+    def _ordered_weights(self, edge_weight: Tensor, perm: Optional[Tensor]) -> Tensor:
+        """``edge_weight`` in the cached graph's order; the same unchanged tensor given
+        again without gradients reuses its last reordering (the layer holds that tensor,
+        so its identity cannot pass to another)."""
+        if perm is None:
+            return edge_weight
+        if (torch.is_grad_enabled() and edge_weight.requires_grad) or edge_weight.is_inference():
+            return edge_weight[perm]  # (with its autograd graph, or no version to compare)
+        kept = self._cached_weights
+        if kept is not None and kept[0] is edge_weight and kept[1] == edge_weight._version:
+            return kept[2]
+        ordered = edge_weight[perm]
+        self._cached_weights = (edge_weight, edge_weight._version, ordered)
+        return ordered
 
     def _index(self, edge_index: Tensor, edge_head: OptTensor, n: int, fused: bool,
                blocked: bool) -> HeadGraph:
