@@ -2,7 +2,7 @@ r"""One sequence's latent graphs as a networkx graph, a sparse adjacency matrix 
 hierarchical product :math:`G^1 \cdots G^l` (also methods of :class:`~glomo_pyg.LatentGraphs`)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -42,28 +42,47 @@ def sample_edges(graphs: "LatentGraphs", sample: int, layer: int, head: Optional
     return src[keep] - lo, tgt[keep] - lo, heads[keep], weight[keep].detach()
 
 
+#: One part of a networkx graph: ``(key, attributes, sources, targets, weights)``.
+EdgePart = Tuple[Any, Dict[str, Any], Sequence[int], Sequence[int], Sequence[float]]
+
+
+def networkx_graph(units: Sequence[Dict[str, Any]], parts: Iterable[EdgePart],
+                   multi: bool = True):
+    """The one builder of networkx graphs (:func:`to_networkx`, ``glomo export``'s
+    GraphML): nodes ``0..len(units)-1`` with the attributes of ``units``; per part, edges
+    source -> target with its attributes and ``weight``, keyed by the part's key in a
+    ``MultiDiGraph`` (``multi``) or plain in a ``DiGraph``."""
+    import networkx as nx
+
+    graph = nx.MultiDiGraph() if multi else nx.DiGraph()
+    graph.add_nodes_from(enumerate(units))
+    for key, attributes, sources, targets, weights in parts:
+        for i, j, w in zip(sources, targets, weights):
+            if multi:
+                graph.add_edge(i, j, key=key, **attributes, weight=w)
+            else:
+                graph.add_edge(i, j, weight=w)
+    return graph
+
+
 def to_networkx(graphs: "LatentGraphs", sample: int, layer: Optional[int] = None,
                 head: Optional[int] = None, labels: Optional[Sequence] = None):
     """One sequence's graphs as a networkx graph: nodes ``0..T-1`` (attributes ``position``
     and ``label`` from ``labels``), edges source -> target with ``weight``; a ``DiGraph``
     with ``layer`` and ``head`` given, else a ``MultiDiGraph`` keyed by ``(layer, head)``.
     """
-    import networkx as nx
-
     length = check_sample(graphs, sample, labels)
-    single = layer is not None and head is not None
-    graph = nx.DiGraph() if single else nx.MultiDiGraph()
     layers = [layer] if layer is not None else list(range(graphs.num_layers))
+    heads = [head] if head is not None else list(range(graphs.num_heads))
+    units = [dict(position=t, **({"label": labels[t]} if labels is not None else {}))
+             for t in range(length)]
+    parts = []
     for l in layers:
-        src, tgt, heads, weight = sample_edges(graphs, sample, l, head)
-        for i, j, h, w in zip(src.tolist(), tgt.tolist(), heads.tolist(), weight.tolist()):
-            if single:
-                graph.add_edge(i, j, weight=w)
-            else:
-                graph.add_edge(i, j, key=(l, h), weight=w, layer=l, head=h)
-    for t in range(length):
-        graph.add_node(t, position=t, **({"label": labels[t]} if labels is not None else {}))
-    return graph
+        for h in heads:
+            src, tgt, _, weight = sample_edges(graphs, sample, l, h)
+            parts.append(((l, h), dict(layer=l, head=h), src.tolist(), tgt.tolist(),
+                          weight.tolist()))
+    return networkx_graph(units, parts, multi=layer is None or head is None)
 
 
 def adjacency(graphs: "LatentGraphs", sample: int, layer: int, head: int) -> Tensor:

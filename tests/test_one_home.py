@@ -29,6 +29,7 @@ HOMES = {
     "mean_sd": "benchmarks/statistics.py",
     "t_quantile_975": "benchmarks/statistics.py",
     "canonical_digest": "glomo_pyg/digests.py",
+    "networkx_graph": "glomo_pyg/graph_conversion.py",
 }
 
 

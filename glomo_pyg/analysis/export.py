@@ -12,6 +12,7 @@ from glomo_pyg.graph_conversion import (
     adjacency,
     check_sample,
     hierarchical,
+    networkx_graph,
     sample_edges,
     to_networkx,
 )
@@ -75,14 +76,8 @@ def to_graphml_graph(graphs, sample: int, labels: Optional[Sequence[str]] = None
                      min_weight: Optional[float] = None, top_k: Optional[int] = None):
     """:func:`edge_list` as a ``networkx.MultiDiGraph`` ready for GraphML: edges ``i -> j``
     keyed ``'<direction>/<layer>/<head>'``, nodes with the attributes of ``units``."""
-    import networkx as nx
-
     data = edge_list(graphs, sample, labels, min_weight, top_k)
-    graph = nx.MultiDiGraph()
-    graph.add_nodes_from(enumerate(data["units"]))
-    for part in data["graphs"]:
-        key = f"{part['direction']}/{part['layer']}/{part['head']}"
-        for i, j, w in zip(part["source"], part["target"], part["weight"]):
-            graph.add_edge(i, j, key=key, direction=part["direction"], layer=part["layer"],
-                           head=part["head"], weight=w)
-    return graph
+    parts = [(f"{p['direction']}/{p['layer']}/{p['head']}",
+              dict(direction=p["direction"], layer=p["layer"], head=p["head"]),
+              p["source"], p["target"], p["weight"]) for p in data["graphs"]]
+    return networkx_graph(data["units"], parts)
