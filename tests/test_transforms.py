@@ -1231,3 +1231,285 @@ def test_a_users_in_memory_dataset_with_the_transform_as_pre_transform(tmp_path)
         rebuilt = _user_dataset(str(tmp_path), samples, other)
     for data, expected in zip(rebuilt, other(samples)):
         assert torch.equal(data.edge_weight, expected.edge_weight)
+
+
+# ----------------------------------------------------------------------------- 14. PyG's contract,
+# repr, the edge options, EdgeIndex and HeteroData forms
+
+def dense_of(out, num_relations, n):
+    """``[R, T, T]`` (``[r, i, j]``: the weight of edge ``i -> j`` in relation ``r``)."""
+    a = torch.zeros(num_relations, n, n, dtype=torch.float64)
+    for (i, j), w, r in zip(out.edge_index.t().tolist(), out.edge_weight.tolist(),
+                            out.edge_type.tolist()):
+        assert a[r, i, j] == 0, "one edge per pair and relation"
+        a[r, i, j] = w
+    return a
+
+
+def assert_sorted_unique(out, n):
+    key = (out.edge_type * n + out.edge_index[1]) * n + out.edge_index[0]
+    assert bool((key[1:] > key[:-1]).all()), "sorted by (relation, target, source), no repeats"
+
+
+def reference_options(a, renormalize=False, self_loops=False, symmetric=False):
+    """The documented order on dense ``[R, T, T]``: renormalise per target (column),
+    ``A + I``, ``(A + A^T) / 2``."""
+    if renormalize:
+        total = a.sum(1, keepdim=True)
+        a = torch.where(total > 0, a / total.clamp_min(1e-300), a)
+    if self_loops:
+        a = a + torch.eye(a.size(-1), dtype=a.dtype)
+    if symmetric:
+        a = (a + a.transpose(1, 2)) / 2
+    return a
+
+
+def test_transforms_follow_base_transforms_contract():
+    from torch_geometric.transforms import BaseTransform
+
+    for t in (GlomoGraphs(text_predictor()), ChainGraphs(), UniformGraphs(), GridGraphs(2, 3)):
+        assert type(t).__call__ is BaseTransform.__call__  # copies, then calls forward
+    t = GlomoGraphs(text_predictor(), top_k=2)
+    data = token_samples([5])[0]
+    same_edges(t.forward(data), t(data), exact=True)
+    assert "edge_index" not in data  # forward edits a copy of each sample, not the input
+    batch = t(Batch.from_data_list(token_samples([3, 4])))
+    assert isinstance(batch, Batch) and batch.num_graphs == 2
+
+
+def test_repr_shows_every_option():
+    import torch_geometric.transforms as T
+
+    t = GlomoGraphs(text_predictor(), layers=[1], heads=[0, 2], merge="mean", top_k=3,
+                    min_weight=0.01, max_distance=4, batch_size=7, device="cpu",
+                    renormalize=True, self_loops=True, symmetric=True, as_edge_index=True,
+                    hetero=True)
+    shown = repr(T.Compose([t, T.ToUndirected()]))
+    for part in ("predictor='" + text_predictor().fingerprint()[:16] + "'",
+                 "directions=('forward', 'backward')", "layers=(1,)", "heads=(0, 2)",
+                 "products=False", "merge='mean'", "top_k=3", "min_weight=0.01",
+                 "max_distance=4", "batch_size=7", "device='cpu'", "renormalize=True",
+                 "self_loops=True", "symmetric=True", "as_edge_index=True", "hetero=True",
+                 "num_relations=2"):
+        assert part in shown, part
+    assert "image_size=(4, 5)" in repr(GlomoGraphs(pixel_predictor()))
+    assert repr(GridGraphs(2, 3, relations="offset", symmetric=True)) == (
+        "GridGraphs(height=2, width=3, relations='offset', directions=('forward', 'backward'), "
+        "self_loops=False, symmetric=True, as_edge_index=False, hetero=False, "
+        "num_relations=8)")
+
+
+@pytest.mark.parametrize("options", [dict(renormalize=True), dict(self_loops=True),
+                                     dict(symmetric=True),
+                                     dict(renormalize=True, self_loops=True, symmetric=True)])
+@pytest.mark.parametrize("pruning", [dict(top_k=2), dict(merge="mean", min_weight=0.05)])
+def test_edge_options_equal_the_dense_reference(options, pruning):
+    samples = token_samples([6, 4])
+    plain = GlomoGraphs(text_predictor(), **pruning)
+    t = GlomoGraphs(text_predictor(), **pruning, **options)
+    for data, base, out in zip(samples, plain(samples), t(samples)):
+        n, r = data.x.size(0), t.num_relations
+        expected = reference_options(dense_of(base, r, n), **options)
+        assert_sorted_unique(out, n)
+        assert torch.allclose(dense_of(out, r, n), expected, atol=1e-6)
+        assert expected.count_nonzero() == out.edge_index.size(1)
+    if options.get("renormalize") and len(options) == 1:  # each target's kept weights sum to 1
+        out = t(samples[0])
+        sums = torch.zeros(t.num_relations, 6).index_put_(
+            (out.edge_type, out.edge_index[1]), out.edge_weight, accumulate=True)
+        has = torch.zeros_like(sums, dtype=torch.bool)
+        has[out.edge_type, out.edge_index[1]] = True
+        assert torch.allclose(sums[has], torch.ones(int(has.sum())), atol=1e-6)
+        base = plain(samples[0])
+        old = torch.zeros_like(sums).index_put_(
+            (base.edge_type, base.edge_index[1]), base.edge_weight, accumulate=True)
+        assert bool((old[has] < 1 - 1e-3).any())  # (so the test can fail)
+
+
+@pytest.mark.parametrize("graphs", [ChainGraphs, UniformGraphs, lambda **o: GridGraphs(2, 3, **o),
+                                    lambda **o: GridGraphs(2, 3, relations="offset", **o)])
+def test_fixed_graphs_edge_options(graphs):
+    data = image_samples(1, h=2, w=3)[0]
+    plain, t = graphs(), graphs(self_loops=True, symmetric=True)
+    base, out = plain(data), t(data)
+    expected = reference_options(dense_of(base, t.num_relations, 6), self_loops=True,
+                                 symmetric=True)
+    assert_sorted_unique(out, 6)
+    assert torch.allclose(dense_of(out, t.num_relations, 6), expected)
+    assert t.cache_key != plain.cache_key
+    assert "renormalize" not in repr(t)
+    with pytest.raises(TypeError, match="renormalize"):
+        graphs(renormalize=True)
+
+
+def test_pyg_compose_after_the_transform_stays_aligned():
+    import torch_geometric.transforms as T
+    from torch_geometric.utils import add_self_loops, to_undirected
+
+    p = text_predictor()
+    data = token_samples([7])[0]
+    hetero = T.Compose([GlomoGraphs(p, top_k=3, renormalize=True, hetero=True),
+                        T.AddSelfLoops(attr="edge_weight"), T.ToUndirected()])(data)
+    flat = GlomoGraphs(p, top_k=3, renormalize=True)(data)
+    t = GlomoGraphs(p)
+    for r, edge_type in enumerate(t.edge_types):  # PyG's transforms, per relation
+        keep = flat.edge_type == r
+        edge_index, weight = add_self_loops(flat.edge_index[:, keep], flat.edge_weight[keep],
+                                            fill_value=1.0, num_nodes=7)
+        edge_index, weight = to_undirected(edge_index, weight)
+        store = hetero[edge_type]
+        assert store.edge_index.size(1) == store.edge_weight.numel()
+        assert torch.equal(store.edge_index, edge_index)
+        assert torch.allclose(store.edge_weight, weight)
+    homogeneous = hetero.to_homogeneous()
+    assert homogeneous.edge_index.size(1) == homogeneous.edge_weight.numel() == \
+        homogeneous.edge_type.numel()
+    assert torch.equal(homogeneous.x, data.x)
+    # the same steps as the transform's own options, on the homogeneous form
+    own = GlomoGraphs(p, top_k=3, renormalize=True, self_loops=True, symmetric=True)(data)
+    assert own.edge_index.size(1) == own.edge_weight.numel() == own.edge_type.numel()
+    for r, edge_type in enumerate(t.edge_types):  # the same edges, relation by relation
+        keep = own.edge_type == r
+        pairs = set(map(tuple, own.edge_index[:, keep].t().tolist()))
+        assert pairs == set(map(tuple, hetero[edge_type].edge_index.t().tolist()))
+
+
+def test_edge_index_output_validates_and_claims_only_what_holds():
+    from torch_geometric import EdgeIndex
+
+    samples = token_samples([5, 8])
+    many = GlomoGraphs(text_predictor(), top_k=2, as_edge_index=True)(samples[1])
+    assert isinstance(many.edge_index, EdgeIndex) and many.edge_index.sort_order is None
+    many.edge_index.validate()
+    assert many.edge_index.sparse_size() == (8, 8)
+    for options in (dict(), dict(symmetric=True)):
+        one = dict(directions="forward", merge="mean", top_k=2, **options)  # one relation
+        t = GlomoGraphs(text_predictor(), as_edge_index=True, **one)
+        out = t(samples[1])
+        ei = out.edge_index
+        assert ei.sort_order == "col" and ei.is_undirected == bool(options)
+        ei.validate()
+        same_edges(out, GlomoGraphs(text_predictor(), **one)(samples[1]), exact=True)
+        batch = t(Batch.from_data_list(samples))
+        assert isinstance(batch.edge_index, EdgeIndex)
+        batch.edge_index.validate()
+    hetero = GlomoGraphs(text_predictor(), top_k=2, as_edge_index=True, hetero=True)(samples[0])
+    for store in hetero.edge_stores:
+        assert store.edge_index.sort_order == "col"
+        store.edge_index.validate()
+
+
+def test_hetero_form_trains_a_to_hetero_model():
+    from torch_geometric.nn import GraphConv, to_hetero
+
+    t = GlomoGraphs(text_predictor(), layers=[0], top_k=3, hetero=True)
+    samples = token_samples([5, 7])
+    flat = GlomoGraphs(text_predictor(), layers=[0], top_k=3)(samples)
+    outs = t(samples)
+    assert [e[1] for e in t.edge_types] == [r.replace("/", "_") for r in t.relations]
+    for out, data, emitted_ in zip(outs, samples, flat):
+        assert out.node_types == ["unit"] and torch.equal(out["unit"].x, data.x)
+        same_edges(t.to_hetero(emitted_).to_homogeneous(),
+                          out.to_homogeneous(), exact=True)
+    batch = Batch.from_data_list(outs)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = GraphConv(8, 4)
+
+        def forward(self, x, edge_index, edge_weight):
+            return self.conv(x, edge_index, edge_weight)
+
+    torch.manual_seed(0)
+    embed = torch.nn.Embedding(VOCAB, 8)
+    model = to_hetero(Net(), batch.metadata(), aggr="sum")
+    x = {"unit": embed(batch["unit"].x)}
+    out = model(x, batch.edge_index_dict, batch.edge_weight_dict)["unit"]
+    assert out.shape == (12, 4)
+    out.square().mean().backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert grads and all(g is not None for g in grads) and embed.weight.grad is not None
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(renormalize="yes"), "renormalize must be True or False"),
+    (dict(self_loops=1), "self_loops must be True or False"),
+    (dict(symmetric=None), "symmetric must be True or False"),
+    (dict(as_edge_index=0), "as_edge_index must be True or False"),
+    (dict(hetero="hetero"), "hetero must be True or False"),
+])
+def test_bad_edge_options_are_refused(kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        GlomoGraphs(text_predictor(), **kwargs)
+    if "renormalize" not in kwargs:  # (the fixed graphs have no renormalize)
+        with pytest.raises(TypeError, match=match):
+            ChainGraphs(**kwargs)
+
+
+def test_to_hetero_refuses_what_the_transform_did_not_emit():
+    t = GlomoGraphs(text_predictor())
+    with pytest.raises(ValueError, match="to_hetero takes a Data emitted by this GlomoGraphs"):
+        t.to_hetero(token_samples([4])[0])
+    wide = GlomoGraphs(text_predictor())(token_samples([4])[0])
+    with pytest.raises(ValueError, match=r"edge types in \[0, 2\)"):
+        GlomoGraphs(text_predictor(), merge="sum").to_hetero(wide)
+
+
+def test_edge_options_and_forms_are_in_the_cache_key():
+    base = GlomoGraphs(make_text(0))
+    assert not any(k in base.key_parts() for k in ("renormalize", "self_loops", "symmetric",
+                                                   "as_edge_index", "hetero"))
+    keys = {base.cache_key}
+    for option in ("renormalize", "self_loops", "symmetric", "as_edge_index", "hetero"):
+        key = GlomoGraphs(make_text(0), **{option: True}).cache_key
+        assert key not in keys, option
+        keys.add(key)
+
+
+# ----------------------------------------------------------------------------- 15. extrapolation
+
+def _warnings_of(call):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    return [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+def test_glomo_graphs_warns_once_beyond_the_trained_length():
+    t = GlomoGraphs("imdb-text-cpu", top_k=2, device="cpu")
+    long = Data(x=torch.randint(5, 100, (240,), generator=torch.Generator().manual_seed(0)))
+    first = _warnings_of(lambda: t(long))
+    assert len(first) == 1 and first[0].startswith("GlomoGraphs: sequences of up to 240 units")
+    assert "pretrained on sequences of at most 64" in first[0]
+    assert "Pass max_distance=63" in first[0]
+    assert _warnings_of(lambda: t(long)) == []  # once
+    assert _warnings_of(lambda: GlomoGraphs("imdb-text-cpu", top_k=2, device="cpu")(
+        Data(x=long.x[:64]))) == []  # within the trained length
+    assert _warnings_of(lambda: GlomoGraphs("imdb-text-cpu", top_k=2, max_distance=63,
+                                            device="cpu")(long)) == []
+
+
+def test_glomo_graphs_warns_on_images_larger_than_the_trained_crops():
+    image = image_data(torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8,
+                                     generator=torch.Generator().manual_seed(0)))
+    t = GlomoGraphs("imagenet32-pixel-cpu", top_k=2, device="cpu")
+    first = _warnings_of(lambda: t(image))
+    assert len(first) == 1 and first[0].startswith("GlomoGraphs: 32x32 images")
+    assert "pretrained on 16x16 images" in first[0] and "Pass max_distance=15" in first[0]
+    assert _warnings_of(lambda: t(image)) == []
+    assert _warnings_of(lambda: GlomoGraphs("imagenet32-pixel-cpu", top_k=2, max_distance=15,
+                                            device="cpu")(image)) == []
+
+
+def test_one_rule_for_transfer_and_transforms():
+    p = PretrainedGraphPredictor.from_pretrained("imdb-text-cpu")
+    message = p.extrapolation_warning(240)
+    assert message is not None and message.startswith("GlomoTransfer: ")
+    assert p.extrapolation_warning(240, owner="GlomoGraphs") == \
+        "GlomoGraphs: " + message[len("GlomoTransfer: "):]
+    assert p.extrapolation_warning(64) is None and p.extrapolation_warning(240, 63) is None
+    assert p.extrapolation_warning(240, 64) is not None  # a window wider than learned
+    assert text_predictor().extrapolation_warning(10 ** 6) is None  # no trained_length

@@ -2,7 +2,7 @@
 vocabulary (paper Sec. 2.2)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import torch
 from torch import Tensor
@@ -157,6 +157,38 @@ class PretrainedGraphPredictor(torch.nn.Module):
                               for d in self.directions]
         return any(getattr(s, "position", None) in ("relative", "grid") and
                    bool(s.position_coef.detach().ne(0).any()) for s in scorers)
+
+    def extrapolation_warning(self, units: Union[int, Tuple[int, int]],
+                              max_distance: Optional[int] = None,
+                              owner: str = "GlomoTransfer") -> Optional[str]:
+        """The warning for graphs of ``units`` (the longest sequence's length, or the
+        ``(height, width)`` of the images), or ``None`` when none is due: when a learned
+        distance term would score offsets beyond those of its pretraining
+        (:attr:`trained_length`, :attr:`trained_size`) and ``max_distance`` does not cut
+        them. Every path that emits graphs (``owner`` names it) warns with this rule."""
+        trained = self.trained_size if isinstance(units, tuple) else self.trained_length
+        if trained is None or not self.learned_distance:
+            return None
+        if isinstance(units, tuple):
+            assert self.trained_size is not None
+            docs = "docs/images.md, 'Crops and the window'"
+            (h, w) = self.trained_size
+            window = min(h, w) - 1  # the offsets the term saw along both axes
+            larger, seen = units[0] > h or units[1] > w, f"{h}x{w} images"
+            now = f"{units[0]}x{units[1]} images"
+            far = f"row or column offsets of {window + 1} or more"
+        else:
+            assert self.trained_length is not None
+            docs = "docs/training.md, 'Position information in the scores'"
+            window = self.trained_length - 1
+            seen = f"sequences of at most {self.trained_length}"
+            larger, now = units > self.trained_length, f"sequences of up to {units} units"
+            far = f"sources {window + 1} or more units away"
+        if not larger or (max_distance is not None and max_distance <= window):
+            return None
+        return (f"{owner}: {now}, but the predictor's learned distance term was pretrained on "
+                f"{seen}: its scores for {far} are extrapolations. Pass "
+                f"max_distance={window} to keep only the distances it learned ({docs}).")
 
     def resized(self, height: int, width: int) -> "PretrainedGraphPredictor":
         """Pixel predictors only: the same predictors for ``height x width`` images."""

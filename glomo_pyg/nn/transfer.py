@@ -5,9 +5,10 @@ import sys
 import warnings
 from operator import attrgetter
 from types import FrameType
-from typing import List, Optional, Sequence, cast
+from typing import List, Optional, Sequence, Tuple, Union, cast
 
 import torch
+import torch_geometric
 from torch import Tensor
 
 from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs, check_max_distance
@@ -20,7 +21,7 @@ from glomo_pyg.sequences import check_dtype, check_features, sequence_batch
 GRAPHS = ("learned", "uniform", "adjacent", "none")
 # frames of these packages are skipped when a warning names its caller
 _INTERNAL = tuple(cast(str, m.__file__)[:-len("__init__.py")]  # the package folders (with /)
-                  for m in (sys.modules["glomo_pyg"], torch))
+                  for m in (sys.modules["glomo_pyg"], torch, torch_geometric))
 
 
 def _check_graph(graph: str) -> None:
@@ -136,36 +137,18 @@ class GlomoTransfer(torch.nn.Module):
             if d in p.directions else None for d in ("forward", "backward"))))
 
     def _check_length(self, graphs: DirectionalGraphs) -> None:
-        """Warn once when a learned distance term reads beyond its pretraining lengths."""
-        p = self.predictor
+        """Warn once when a learned distance term reads beyond its pretraining lengths
+        (:meth:`PretrainedGraphPredictor.extrapolation_warning`)."""
+        if self._warned_length:
+            return
         order = next(g.order for g in graphs if g is not None)
-        raster = isinstance(order, RasterOrder)
-        if self._warned_length or (p.trained_size if raster else p.trained_length) is None:
-            return
-        if raster:
-            assert isinstance(order, RasterOrder) and p.trained_size is not None
-            docs = "docs/images.md, 'Crops and the window'"
-            (h, w), size = p.trained_size, (order.height, order.width)
-            window = min(h, w) - 1  # the offsets the term saw along both axes
-            larger, seen = size[0] > h or size[1] > w, f"{h}x{w} images"
-            now = f"{size[0]}x{size[1]} images"
-            far = f"row or column offsets of {window + 1} or more"
-        else:
-            assert p.trained_length is not None
-            docs = "docs/training.md, 'Position information in the scores'"
-            window = p.trained_length - 1
-            seen = f"sequences of at most {p.trained_length}"
-            longest = max(g.sequences.max_len for g in graphs if g is not None)  # (host ints)
-            larger, now = longest > p.trained_length, f"sequences of up to {longest} units"
-            far = f"sources {window + 1} or more units away"
-        if (self.max_distance is not None and self.max_distance <= window) or not larger \
-                or not p.learned_distance:
-            return
-        self._warned_length = True
-        warnings.warn(f"GlomoTransfer: {now}, but the predictor's learned distance term was "
-                      f"pretrained on {seen}: its scores for {far} are extrapolations. Pass "
-                      f"max_distance={window} to keep only the distances it learned ({docs}).",
-                      RuntimeWarning, stacklevel=_caller_stacklevel())
+        units: Union[int, Tuple[int, int]] = (order.height, order.width) \
+            if isinstance(order, RasterOrder) else \
+            max(g.sequences.max_len for g in graphs if g is not None)  # (host ints)
+        message = self.predictor.extrapolation_warning(units, self.max_distance)
+        if message is not None:
+            self._warned_length = True
+            warnings.warn(message, RuntimeWarning, stacklevel=_caller_stacklevel())
 
     def _windowed(self, graphs: DirectionalGraphs) -> DirectionalGraphs:
         if self.max_distance is None:

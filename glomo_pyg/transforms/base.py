@@ -1,5 +1,6 @@
 """What every graph transform shares: ``Data`` in, the same ``Data`` with relational edges
-out, for one sample, a list of samples (emitted together) or a PyG ``Batch``."""
+out (or its ``HeteroData`` form), for one sample, a list of samples (emitted together) or a
+PyG ``Batch``."""
 from __future__ import annotations
 
 import copy
@@ -7,14 +8,21 @@ from abc import abstractmethod
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from torch import Tensor
-from torch_geometric.data import Batch, Data
+from torch_geometric import EdgeIndex
+from torch_geometric.data import Batch, Data, HeteroData
 from torch_geometric.transforms import BaseTransform
 
 from glomo_pyg.digests import digest
+from glomo_pyg.transforms.edge_options import (
+    NODE_TYPE,
+    SampleEdges,
+    apply_edge_options,
+    check_edge_options,
+    edge_type_names,
+)
 
-Samples = Union[Data, Batch, Sequence[Data]]
-#: Per sample: local ``edge_index [2, E]``, ``edge_weight [E]``, ``edge_type [E]``.
-SampleEdges = Tuple[Tensor, Tensor, Tensor]
+Samples = Union[Data, Batch, HeteroData, Sequence[Union[Data, HeteroData]]]
+EDGE_KEYS = ("edge_index", "edge_weight", "edge_type")
 
 
 def check_directions(directions: Optional[Sequence[str]],
@@ -38,12 +46,34 @@ class UnitGraphs(BaseTransform):
     :attr:`relations`), sorted by (relation, target, source).
 
     Call it on one ``Data``, on a list of them (graphs are made for many samples at
-    once: use it so in an ``InMemoryDataset``'s ``process``) or on a ``Batch``. Inputs
+    once: use it so in an ``InMemoryDataset``'s ``process``) or on a ``Batch``. As every
+    PyG transform, ``__call__`` copies its input and :meth:`forward` edits the copy: inputs
     are not modified; edge attributes already present are replaced.
+
+    The edge options (:mod:`glomo_pyg.transforms.edge_options`) come after the
+    subclass's pruning, in this order: ``renormalize``, ``self_loops``, ``symmetric``.
+    Then the output form: ``as_edge_index=True`` makes ``edge_index`` an
+    ``torch_geometric.EdgeIndex`` (``sparse_size`` the units; ``sort_order="col"`` when
+    there is one relation, the only case where the edges are sorted by target;
+    ``is_undirected`` with ``symmetric``). ``hetero=True`` gives :meth:`to_hetero`'s
+    ``HeteroData`` instead (one edge type per relation).
+
+    PyG's homogeneous ``T.AddSelfLoops`` and ``T.ToUndirected`` do not know
+    ``edge_type``: the first appends loops to ``edge_index`` and its ``attr`` only (leaving
+    ``edge_type`` shorter), the second merges edges of different relations between the
+    same units. Use ``self_loops`` / ``symmetric``, or the ``HeteroData`` form, on which
+    both act per relation (docs/any_gnn.md).
     """
 
     #: Samples per predictor call (subclasses that batch).
     batch_size: int = 1
+
+    def __init__(self, *, renormalize: bool = False, self_loops: bool = False,
+                 symmetric: bool = False, as_edge_index: bool = False, hetero: bool = False):
+        self.edge_options = check_edge_options(renormalize=renormalize, self_loops=self_loops,
+                                               symmetric=symmetric)
+        forms = check_edge_options(as_edge_index=as_edge_index, hetero=hetero)
+        self.as_edge_index, self.hetero = forms["as_edge_index"], forms["hetero"]
 
     @property
     @abstractmethod
@@ -55,6 +85,13 @@ class UnitGraphs(BaseTransform):
         return len(self.relations)
 
     @property
+    def edge_types(self) -> List[Tuple[str, str, str]]:
+        """The ``HeteroData`` form's edge types, one per relation in :attr:`relations`
+        order: ``("unit", name, "unit")``, the name with each character other than letters,
+        digits and ``_`` replaced by ``_`` (``torch_geometric.nn.to_hetero`` keys)."""
+        return [(NODE_TYPE, name, NODE_TYPE) for name in edge_type_names(self.relations)]
+
+    @property
     def cache_key(self) -> str:
         """A digest of everything the edges depend on besides the samples (for a
         dataset's cache: a different predictor or option gives a different key)."""
@@ -63,6 +100,16 @@ class UnitGraphs(BaseTransform):
     @abstractmethod
     def key_parts(self) -> Dict[str, Any]:
         """What :attr:`cache_key` digests (JSON-serialisable)."""
+
+    def edge_key_parts(self) -> Dict[str, Any]:
+        """The edge options and output form for :meth:`key_parts`: those not at their
+        default (so that the defaults' keys are those of the transforms before them)."""
+        chosen = dict(self.edge_options, as_edge_index=self.as_edge_index, hetero=self.hetero)
+        return {k: v for k, v in chosen.items() if v}
+
+    def options(self) -> Dict[str, Any]:
+        """Every option, as the constructor takes it (what :func:`repr` shows)."""
+        return dict(self.edge_options, as_edge_index=self.as_edge_index, hetero=self.hetero)
 
     def check_sample(self, data: Data, index: int) -> None:
         """Raise a named error if ``data`` (sample ``index``) is not what this reads."""
@@ -79,7 +126,7 @@ class UnitGraphs(BaseTransform):
     def sample_edges(self, samples: List[Data]) -> List[SampleEdges]:
         """Each (checked) sample's local edges."""
 
-    def __call__(self, data: Samples) -> Samples:
+    def forward(self, data: Samples) -> Samples:
         if isinstance(data, Batch):
             return Batch.from_data_list(self._apply(data.to_data_list()))
         if isinstance(data, Data):
@@ -89,20 +136,74 @@ class UnitGraphs(BaseTransform):
         raise TypeError(f"{type(self).__name__} takes a Data, a Batch or a list of Data, got "
                         f"{type(data).__name__}")
 
-    def forward(self, data: Samples) -> Samples:
-        return self(data)
-
-    def _apply(self, samples: List[Data]) -> List[Data]:
+    def _apply(self, samples: List[Data]) -> List[Union[Data, HeteroData]]:
         for i, data in enumerate(samples):
             self.check_sample(data, i)
-        out = []
+        out: List[Union[Data, HeteroData]] = []
         for start in range(0, len(samples), self.batch_size):
             chunk = samples[start:start + self.batch_size]
-            for data, (edge_index, weight, relation) in zip(chunk, self.sample_edges(chunk)):
-                data = copy.copy(data)  # (the caller's samples stay as they were)
-                data.edge_index, data.edge_weight, data.edge_type = edge_index, weight, relation
-                out.append(data)
+            for data, edges in zip(chunk, self.sample_edges(chunk)):
+                n = data.x.size(0)
+                edges = apply_edge_options(edges, n, self.num_relations, **self.edge_options)
+                out.append(self._hetero(data, edges) if self.hetero else
+                           self._with_edges(data, edges))
         return out
 
+    def _with_edges(self, data: Data, edges: SampleEdges) -> Data:
+        data = copy.copy(data)  # (the caller's samples stay as they were)
+        edge_index, weight, relation = edges
+        data.edge_index = self._edge_index(edge_index, data.x.size(0),
+                                           sorted_by_target=self.num_relations == 1)
+        data.edge_weight, data.edge_type = weight, relation
+        return data
+
+    def _edge_index(self, edge_index: Tensor, n: int, sorted_by_target: bool) -> Tensor:
+        if not self.as_edge_index:
+            return edge_index
+        return EdgeIndex(edge_index, sparse_size=(n, n),
+                         sort_order="col" if sorted_by_target else None,
+                         is_undirected=self.edge_options["symmetric"])
+
+    def _hetero(self, data: Data, edges: SampleEdges) -> HeteroData:
+        """``data`` with ``edges`` as a ``HeteroData``: node-level attributes (``x``,
+        ``pos``, ...) on node type ``"unit"``, the others graph-level, each relation's
+        edges (sorted by target, source) with their ``edge_weight`` under its edge type."""
+        out = HeteroData()
+        n = data.x.size(0)
+        for key, value in data.items():
+            if key in EDGE_KEYS:
+                continue
+            if data.is_node_attr(key):
+                out[NODE_TYPE][key] = value
+            else:
+                out[key] = value
+        out[NODE_TYPE].num_nodes = n
+        edge_index, weight, relation = edges
+        for r, edge_type in enumerate(self.edge_types):
+            keep = relation == r
+            store = out[edge_type]
+            store.edge_index = self._edge_index(edge_index[:, keep], n, sorted_by_target=True)
+            store.edge_weight = weight[keep]
+        return out
+
+    def to_hetero(self, data: Union[Data, Batch]) -> Union[HeteroData, Batch]:
+        """The ``HeteroData`` form of what this transform emitted (``data``, or a ``Batch``
+        of them: a ``Batch`` of the forms), as ``hetero=True`` emits it: one edge type per
+        relation (:attr:`edge_types`), for ``torch_geometric.nn.to_hetero`` or
+        ``HeteroConv``."""
+        if isinstance(data, Batch):
+            return Batch.from_data_list([self.to_hetero(d) for d in data.to_data_list()])
+        if not isinstance(data, Data) or any(k not in data for k in EDGE_KEYS) or \
+                data.edge_type.numel() != data.edge_index.size(1) or (
+                    data.edge_type.numel() and int(data.edge_type.max()) >= self.num_relations):
+            raise ValueError(f"to_hetero takes a Data emitted by this {type(self).__name__} "
+                             f"(edge_index, edge_weight and edge_type aligned, edge types in "
+                             f"[0, {self.num_relations}))")
+        edge_index = data.edge_index
+        if isinstance(edge_index, EdgeIndex):
+            edge_index = edge_index.as_tensor()
+        return self._hetero(data, (edge_index, data.edge_weight, data.edge_type))
+
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.cache_key[:16]}, relations={self.num_relations})"
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.options().items())
+        return f"{type(self).__name__}({shown}, num_relations={self.num_relations})"

@@ -21,9 +21,19 @@ class FixedGraphs(UnitGraphs):
     r"""Base of the fixed graphs: by default relation ``r`` is direction ``directions[r]``
     (forward: sources before the target in the units' order; backward: after), each
     target's incoming weights in a relation sum to 1 (as GLoMo's, paper Eq. 1). Edges
-    depend only on the number of units, so each length's are built once."""
+    depend only on the number of units, so each length's are built once.
 
-    def __init__(self, directions: Optional[Sequence[str]] = None):
+    Args:
+        directions: ``'forward'`` and/or ``'backward'`` (default: both).
+        self_loops, symmetric, as_edge_index, hetero: as :class:`UnitGraphs` (weights
+            are already normalised: there is no ``renormalize``).
+    """
+
+    def __init__(self, directions: Optional[Sequence[str]] = None, *,
+                 self_loops: bool = False, symmetric: bool = False,
+                 as_edge_index: bool = False, hetero: bool = False):
+        super().__init__(self_loops=self_loops, symmetric=symmetric,
+                         as_edge_index=as_edge_index, hetero=hetero)
         self.directions = check_directions(directions, DIRECTIONS)
         self._built: Dict[int, SampleEdges] = {}
 
@@ -32,7 +42,13 @@ class FixedGraphs(UnitGraphs):
         return list(self.directions)
 
     def key_parts(self) -> Dict[str, Any]:
-        return dict(transform=type(self).__name__, directions=list(self.directions))
+        return dict(transform=type(self).__name__, directions=list(self.directions),
+                    **self.edge_key_parts())
+
+    def options(self) -> Dict[str, Any]:
+        options = super().options()
+        del options["renormalize"]  # (not an option here)
+        return dict(directions=self.directions, **options)
 
     @abstractmethod
     def direction_edges(self, num_units: int, direction: str) -> Tuple[Tensor, Tensor, Tensor]:
@@ -116,15 +132,16 @@ class GridGraphs(FixedGraphs):
         height, width: the image size; every sample must have ``height * width`` units.
         directions: as :class:`ChainGraphs`.
         relations: ``'direction'`` or ``'offset'``.
+        self_loops, symmetric, as_edge_index, hetero: as :class:`FixedGraphs`.
     """
 
     def __init__(self, height: int, width: int, directions: Optional[Sequence[str]] = None,
-                 relations: str = "direction"):
+                 relations: str = "direction", **edge_options: bool):
         check_int("height", height, 1)
         check_int("width", width, 1)
         if relations not in GRID_RELATIONS:
             raise ValueError(f"relations must be one of {GRID_RELATIONS}, got {relations!r}")
-        super().__init__(directions)
+        super().__init__(directions, **edge_options)
         self.height, self.width, self.relation_mode = height, width, relations
 
     @property
@@ -138,6 +155,10 @@ class GridGraphs(FixedGraphs):
         if self.relation_mode != "direction":  # (the default's key predates the option)
             parts["relations"] = self.relation_mode
         return parts
+
+    def options(self) -> Dict[str, Any]:
+        return dict(height=self.height, width=self.width, relations=self.relation_mode,
+                    **super().options())
 
     def check_sample(self, data: Data, index: int) -> None:
         super().check_sample(data, index)

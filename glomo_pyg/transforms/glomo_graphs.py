@@ -4,6 +4,7 @@ that any PyG layer (``GATConv``, ``RGCNConv``, ``GCNConv``, ...) reads them."""
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union, cast
 
 import torch
@@ -15,6 +16,7 @@ from glomo_pyg.graphs import LatentGraphs
 from glomo_pyg.graphs.pruning import PrunedEdges, check_pruning, prune_rows
 from glomo_pyg.graphs.score_blocks import pruned_graph_edges
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
+from glomo_pyg.nn.transfer import _caller_stacklevel
 from glomo_pyg.sequences import TOKEN_DTYPES
 from glomo_pyg.settings import check_int
 from glomo_pyg.transforms.base import SampleEdges, UnitGraphs, check_directions
@@ -57,9 +59,16 @@ class GlomoGraphs(UnitGraphs):
     Sec. 2.2; named ``"forward/layers0-2/head3"``). ``merge`` collapses every direction's
     selected relations into one (``"forward"``, ``"backward"``): an edge's weights summed,
     or averaged over the merged relations (an edge absent from one counts 0 there, so
-    each target's weights still sum to at most 1). Pruning comes last, per relation:
+    each target's weights still sum to at most 1). Pruning follows, per relation:
     weights below ``min_weight`` are dropped, then each target keeps its ``top_k``
-    heaviest sources (ties: the lower source). Kept weights are not renormalised.
+    heaviest sources (ties: the lower source). Kept weights are renormalised only with
+    ``renormalize``.
+
+    The order of operations: ``max_distance`` window, relations (``products``), ``merge``,
+    pruning (``min_weight``, ``top_k``), then the edge options of :class:`UnitGraphs`:
+    ``renormalize`` (each target's kept weights per relation sum to 1), ``self_loops``
+    (:math:`A + I` per relation), ``symmetric`` (:math:`(A + A^\top) / 2` per relation),
+    and the output form (``as_edge_index``, ``hetero``).
 
     Samples: ``data.x`` holds one sequence's token ids (``[T]`` or ``[T, 1]``, int64 or
     int32) for a text predictor, one image's pixels in raster order (uint8
@@ -87,12 +96,23 @@ class GlomoGraphs(UnitGraphs):
         batch_size: samples per predictor call.
         device: where the predictor runs (default: CUDA when available, else the CPU).
             Edges come back on the samples' device.
+        renormalize: after pruning, divide each target's kept weights in each relation
+            by their sum.
+        self_loops: add a self-loop of weight 1 to every unit in every relation (added
+            to the weight of its own edge, for predictors that include it).
+        symmetric: make each relation's graph undirected within that relation: an edge
+            and its reverse both get their mean weight (an absent direction counts 0).
+        as_edge_index: ``edge_index`` as a ``torch_geometric.EdgeIndex``.
+        hetero: emit ``HeteroData`` with one edge type per relation
+            (:meth:`~UnitGraphs.to_hetero`; node type ``"unit"``).
 
     Shapes:
         - **input:** ``Data`` with ``x`` :math:`(T)` token ids or :math:`(HW, C)` pixels
           (or a list of them, or a ``Batch``)
         - **output:** the same, plus ``edge_index`` :math:`(2, E)`, ``edge_weight``
-          :math:`(E)`, ``edge_type`` :math:`(E)`
+          :math:`(E)`, ``edge_type`` :math:`(E)`; with ``hetero``, a ``HeteroData`` with
+          ``data["unit"].x`` and, per relation, ``edge_index`` :math:`(2, E_r)` and
+          ``edge_weight`` :math:`(E_r)`
 
     Example::
 
@@ -108,7 +128,13 @@ class GlomoGraphs(UnitGraphs):
                  top_k: Optional[int] = None, min_weight: Optional[float] = None,
                  max_distance: Optional[int] = None,
                  image_size: Optional[Tuple[int, int]] = None, batch_size: int = 64,
-                 device: Optional[Union[str, torch.device]] = None):
+                 device: Optional[Union[str, torch.device]] = None,
+                 renormalize: bool = False, self_loops: bool = False, symmetric: bool = False,
+                 as_edge_index: bool = False, hetero: bool = False):
+        super().__init__(renormalize=renormalize, self_loops=self_loops, symmetric=symmetric,
+                         as_edge_index=as_edge_index, hetero=hetero)
+        self._name = os.fspath(predictor) if isinstance(predictor, (str, os.PathLike)) \
+            else None  # (for repr)
         if isinstance(predictor, (str, os.PathLike)):
             predictor = PretrainedGraphPredictor.from_pretrained(predictor)
         if not isinstance(predictor, PretrainedGraphPredictor):
@@ -136,6 +162,7 @@ class GlomoGraphs(UnitGraphs):
         self.device = torch.device(device if device is not None else
                                    "cuda" if torch.cuda.is_available() else "cpu")
         self.predictor = predictor.to(self.device).eval()
+        self._warned_length = False
 
     def _sized(self, predictor: PretrainedGraphPredictor, image_size) -> PretrainedGraphPredictor:
         own = cast(Tuple[int, int], predictor.image_size)  # (a pixel predictor's)
@@ -163,7 +190,16 @@ class GlomoGraphs(UnitGraphs):
                     directions=list(self.directions), layers=list(self.layers),
                     heads=list(self.heads), products=self.products, merge=self.merge,
                     top_k=self.top_k, min_weight=self.min_weight,
-                    max_distance=self.max_distance)
+                    max_distance=self.max_distance, **self.edge_key_parts())
+
+    def options(self) -> Dict[str, Any]:
+        predictor = self._name or self.predictor.fingerprint()[:16]
+        sized = dict(image_size=self.image_size) if self.modality == "pixels" else {}
+        return dict(predictor=predictor, directions=self.directions, layers=self.layers,
+                    heads=self.heads, products=self.products, merge=self.merge,
+                    top_k=self.top_k, min_weight=self.min_weight,
+                    max_distance=self.max_distance, **sized, batch_size=self.batch_size,
+                    device=str(self.device), **super().options())
 
     def check_sample(self, data: Data, index: int) -> None:
         super().check_sample(data, index)
@@ -200,8 +236,22 @@ class GlomoGraphs(UnitGraphs):
         # the fused layout: each layer's keys and queries, pruned block by block (no T x T
         # graph); products need each sample's dense graphs, and so do float64 predictors
         # (the fused layout takes 32- and 16-bit keys)
+        self._check_length(samples)
         dtype = next(self.predictor.parameters()).dtype
         return self._sample_edges(samples, dense=self.products or dtype not in flex.DTYPES)
+
+    def _check_length(self, samples: List[Data]) -> None:
+        """Warn once when the learned distance term would read beyond its pretraining
+        lengths or image sizes (as :class:`~glomo_pyg.nn.GlomoTransfer` does)."""
+        if self._warned_length or not samples:
+            return
+        units: Union[int, Tuple[int, int]] = self.image_size if self.modality == "pixels" \
+            else max(d.x.size(0) for d in samples)
+        message = self.predictor.extrapolation_warning(units, self.max_distance,
+                                                       owner="GlomoGraphs")
+        if message is not None:
+            self._warned_length = True
+            warnings.warn(message, RuntimeWarning, stacklevel=_caller_stacklevel())
 
     def _sample_edges(self, samples: List[Data], dense: bool) -> List[SampleEdges]:
         longest = max(d.x.size(0) for d in samples)
