@@ -60,18 +60,13 @@ def test_readme_code_blocks_run(tmp_path, monkeypatch):
     env = {}
     exec(compile(pixels, "README pixels", "exec"), env)
     assert env["logits"].shape == (8, 10)
-    c = QuickstartConfig().corpus
-    tokens = Vocabulary(c["num_filler"], c["num_slots"], c["num_values"]).tokens()
-    PretrainedGraphPredictor(
-        *(GraphPredictor(num_tokens=len(tokens), hidden_channels=16, num_layers=2, heads=2,
-                         direction=d, cnn_layers=1) for d in ("forward", "backward")),
-        tokens).save_pretrained(tmp_path)
-    transfer = blocks[1].replace("runs/quickstart/predictor", str(tmp_path))
+    # the transfer example as printed: a released predictor, loaded by name
     env = {}
-    exec(compile(transfer, "README transfer", "exec"), env)
+    exec(compile(blocks[1], "README transfer", "exec"), env)
     import torch
-    model = env["Classifier"](len(tokens))
-    x = torch.randint(0, len(tokens), (12,))
+    num_tokens = env["predictor"].num_tokens
+    model = env["Classifier"](num_tokens)
+    x = torch.randint(0, num_tokens, (12,))
     batch = torch.tensor([0] * 5 + [1] * 7)
     assert model(x, batch).shape == (2, 2)
 
