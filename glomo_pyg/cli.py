@@ -17,6 +17,7 @@ from glomo_pyg.allocator import keep_freed_memory
 from glomo_pyg.analysis.export_files import ExportItem, export_graphs
 from glomo_pyg.analysis.viewer import view
 from glomo_pyg.analysis.viewer.inputs import valid_text
+from glomo_pyg.analysis.viewer.page import MAX_IMAGE_PIXELS
 from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.data.text import UNK, binary_lines, decode_utf8, tokenize
 from glomo_pyg.data.word_vectors import (
@@ -378,7 +379,8 @@ def _add_export(sub) -> None:
                    choices=("graphml", "json"))
     e.add_argument("--max-samples", type=int, default=100, help="first N lines or images")
     e.add_argument("--max-tokens", type=int, default=256, help="tokens kept per line")
-    e.add_argument("--max-units", type=int, default=4096, help="largest image in pixels")
+    e.add_argument("--max-units", type=int, default=MAX_IMAGE_PIXELS,
+                   help="largest image in pixels (the viewer's limit too)")
     e.add_argument("--min-weight", type=float, default=0.0, help="leave out lighter edges")
     e.add_argument("--top-k", type=int, help="keep the k heaviest edges into each unit")
     e.add_argument("--max-edges", type=int, default=2_000_000,
@@ -522,6 +524,11 @@ def _view(args: argparse.Namespace) -> int:
         if getattr(args, option) is not None:
             check_input_file(getattr(args, option), "--" + option.replace("_", "-"))
     predictor = PretrainedGraphPredictor.from_pretrained(args.predictor)
+    pixel, given = predictor.modality == "pixels", args.image is not None
+    if pixel != given:  # (named by the command's flags, not view()'s keywords)
+        raise ValueError(f"{args.predictor} is a pixel predictor: give --image FILE" if pixel
+                         else f"{args.predictor} reads text: give --text, --text-file or "
+                         f"--treebank, not --image")
     text, gold = args.text, None
     if args.text_file is not None:
         text = _nth((line for _, line in _lines(args.text_file, "--text-file", 1 << 20)),

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,6 +17,7 @@ from glomo_pyg.analysis.treebank import GoldTree
 from glomo_pyg.cli import main
 from glomo_pyg.data.text import SPECIALS
 from glomo_pyg.nn.pixel import PixelGraphPredictor
+from glomo_pyg.pixels import image_units
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "slept"]
 VOCAB = list(SPECIALS) + WORDS
@@ -158,8 +160,9 @@ def test_bad_input_is_named(tmp_path):
         view(pixels, "the cat")
     with pytest.raises(ValueError, match="reads text: give text="):
         view(text, image=torch.zeros(3, 4, 4, dtype=torch.uint8))
-    with pytest.raises(ValueError, match="the image is 5x5 pixels; this predictor reads 4x4"):
-        view(pixels, image=torch.zeros(3, 5, 5, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"the image is 65x65 pixels \(4225\); the viewer "
+                                         "shows images of at most 4096 pixels"):
+        view(pixels, image=torch.zeros(3, 65, 65, dtype=torch.uint8))
     with pytest.raises(ValueError, match="uint8 with 3 colour planes"):
         view(pixels, image=torch.zeros(3, 4, 4))
     (tmp_path / "bad.png").write_bytes(b"not an image")
@@ -214,6 +217,59 @@ def test_the_command_line(tmp_path, capsys):
             argv += ["--output", str(out)]
         with pytest.raises(SystemExit, match=message):
             main(argv)
+
+
+def test_images_of_other_sizes_are_read_as_glomo_export_reads_them(tmp_path, capsys):
+    """One rule for the viewer and the export: the predictor's weights applied at the
+    image's own size (PretrainedGraphPredictor.resized), up to the viewer's 4096 pixels."""
+    from PIL import Image
+
+    pixels = pixel_predictor(side=4, layers=1, heads=1)
+    pixels.save_pretrained(tmp_path / "pix")
+    rng = np.random.default_rng(0)
+    for side in (28, 32):
+        image = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
+        data = view_data(pixels, image=image)
+        assert (data["height"], data["width"]) == (side, side)
+        forward = data["directions"]["forward"]
+        dense = pixels.resized(side, side)(*image_units(
+            torch.from_numpy(image).permute(2, 0, 1)[None])).forward.to_dense()[0, 0, 0]
+        page = forward["graphs"][0][0]  # layer 0, head 0: each target's kept sources
+        assert len(page["ptr"]) == side * side + 1
+        last = side * side - 1
+        sources = page["src"][page["ptr"][last]:page["ptr"][last + 1]]
+        weights = page["w"][page["ptr"][last]:page["ptr"][last + 1]]
+        assert weights == pytest.approx(dense[sources, last].tolist(), abs=1e-5)
+        folder = tmp_path / f"in{side}"
+        folder.mkdir()
+        Image.fromarray(image).save(folder / "a.png")
+        out = tmp_path / f"page{side}.html"
+        assert main(["view", "--predictor", str(tmp_path / "pix"), "--image",
+                     str(folder / "a.png"), "--output", str(out)]) == 0
+        assert main(["export", "--predictor", str(tmp_path / "pix"), "--images", str(folder),
+                     "--output", str(tmp_path / f"out{side}"), "--formats", "json"]) == 0
+        exported = json.loads((tmp_path / f"out{side}" / "sample_00000.json").read_text())
+        assert len(exported["units"]) == side * side
+    Image.fromarray(rng.integers(0, 256, (65, 65, 3), dtype=np.uint8)).save(tmp_path / "b.png")
+    with pytest.raises(SystemExit, match="b.png is 65x65 pixels; the viewer shows images of "
+                                         "at most 4096"):
+        main(["view", "--predictor", str(tmp_path / "pix"), "--image", str(tmp_path / "b.png"),
+              "--output", str(tmp_path / "b.html")])
+
+
+def test_the_command_line_names_its_flags(tmp_path):
+    text_predictor().save_pretrained(tmp_path / "text")
+    pixel_predictor().save_pretrained(tmp_path / "pix")
+    from PIL import Image
+
+    Image.new("RGB", (4, 4)).save(tmp_path / "a.png")
+    with pytest.raises(SystemExit, match="is a pixel predictor: give --image FILE"):
+        main(["view", "--predictor", str(tmp_path / "pix"), "--text", "the cat",
+              "--output", str(tmp_path / "p.html")])
+    with pytest.raises(SystemExit, match="reads text: give --text, --text-file or --treebank, "
+                                         "not --image"):
+        main(["view", "--predictor", str(tmp_path / "text"), "--image",
+              str(tmp_path / "a.png"), "--output", str(tmp_path / "p.html")])
 
 
 # --- in a real browser -----------------------------------------------------------------------

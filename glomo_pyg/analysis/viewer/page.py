@@ -7,7 +7,7 @@ import json
 import os
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -119,12 +119,14 @@ def _predicted_graphs(predictor, data: Dict[str, Any], pixels: Optional[Tensor])
     from glomo_pyg.pixels import image_units
 
     assert pixels is not None  # (pixel)
-    height, width = cast(Tuple[int, int], predictor.image_size)
-    if tuple(pixels.shape[1:]) != (height, width) or \
-            pixels.shape[1] * pixels.shape[2] > MAX_IMAGE_PIXELS:
-        raise ValueError(f"the image is {pixels.shape[2]}x{pixels.shape[1]} pixels; "
-                         f"this predictor reads {width}x{height} and "
-                         f"the viewer shows images of at most {MAX_IMAGE_PIXELS} pixels")
+    height, width = (int(v) for v in pixels.shape[1:])
+    if height * width > MAX_IMAGE_PIXELS:
+        raise ValueError(f"the image is {width}x{height} pixels ({height * width}); the "
+                         f"viewer shows images of at most {MAX_IMAGE_PIXELS} pixels "
+                         f"(e.g. 64x64): view a smaller image or a crop")
+    if (height, width) != predictor.image_size:  # (as glomo export: the weights at its size)
+        predictor = predictor.resized(height, width)
+    return predictor(*image_units(pixels[None]))
     return predictor(*image_units(pixels[None]))
 
 
