@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from glomo_pyg.graphs.names import relation_name
 from glomo_pyg.settings import check_int
 
 if TYPE_CHECKING:  # annotations only: glomo_pyg.graphs imports this module
@@ -69,7 +70,8 @@ def to_networkx(graphs: "LatentGraphs", sample: int, layer: Optional[int] = None
                 head: Optional[int] = None, labels: Optional[Sequence] = None):
     """One sequence's graphs as a networkx graph: nodes ``0..T-1`` (attributes ``position``
     and ``label`` from ``labels``), edges source -> target with ``weight``; a ``DiGraph``
-    with ``layer`` and ``head`` given, else a ``MultiDiGraph`` keyed by ``(layer, head)``.
+    with ``layer`` and ``head`` given, else a ``MultiDiGraph`` keyed by ``(layer, head)``
+    (0-based); each edge's ``relation`` is the graph's name (``'forward/layer0/head3'``).
     """
     length = check_sample(graphs, sample, labels)
     layers = [layer] if layer is not None else list(range(graphs.num_layers))
@@ -80,7 +82,8 @@ def to_networkx(graphs: "LatentGraphs", sample: int, layer: Optional[int] = None
     for l in layers:
         for h in heads:
             src, tgt, _, weight = sample_edges(graphs, sample, l, h)
-            parts.append(((l, h), dict(layer=l, head=h), src.tolist(), tgt.tolist(),
+            parts.append(((l, h), dict(relation=relation_name(graphs.direction, l, h), layer=l,
+                                       head=h), src.tolist(), tgt.tolist(),
                           weight.tolist()))
     return networkx_graph(units, parts, multi=layer is None or head is None)
 

@@ -162,7 +162,7 @@ def test_dataset_statistics_of_text_and_images():
 def test_table_exports():
     table = GraphStatisticsAccumulator().update(tiny_forward()).table()
     text = table.format()
-    assert "DEAD" in text and "fw L0 h1" in text
+    assert "DEAD" in text and "forward/layer0/head1" in text
     csv = table.to_csv().splitlines()
     assert len(csv) == 3 and csv[0].startswith("direction,layer,head,density")
     assert csv[2].endswith("True,False")

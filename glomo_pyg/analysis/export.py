@@ -17,6 +17,7 @@ from glomo_pyg.graph_conversion import (
     to_networkx,
 )
 from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
+from glomo_pyg.graphs.names import relation_name
 from glomo_pyg.graphs.pruning import check_pruning, prune_edges
 from glomo_pyg.ordering import DIRECTIONS
 
@@ -75,9 +76,12 @@ def edge_list(graphs, sample: int, labels: Optional[Sequence[str]] = None,
 def to_graphml_graph(graphs, sample: int, labels: Optional[Sequence[str]] = None,
                      min_weight: Optional[float] = None, top_k: Optional[int] = None):
     """:func:`edge_list` as a ``networkx.MultiDiGraph`` ready for GraphML: edges ``i -> j``
-    keyed ``'<direction>/<layer>/<head>'``, nodes with the attributes of ``units``."""
+    keyed by the graph's name (``'forward/layer0/head3'``,
+    :func:`~glomo_pyg.graphs.names.relation_name`; also its ``relation`` attribute), nodes
+    with the attributes of ``units``."""
     data = edge_list(graphs, sample, labels, min_weight, top_k)
-    parts = [(f"{p['direction']}/{p['layer']}/{p['head']}",
-              dict(direction=p["direction"], layer=p["layer"], head=p["head"]),
+    parts = [(relation_name(p["direction"], p["layer"], p["head"]),
+              dict(relation=relation_name(p["direction"], p["layer"], p["head"]),
+                   direction=p["direction"], layer=p["layer"], head=p["head"]),
               p["source"], p["target"], p["weight"]) for p in data["graphs"]]
     return networkx_graph(data["units"], parts)

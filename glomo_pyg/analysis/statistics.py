@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from glomo_pyg.graphs import LatentGraphs
+from glomo_pyg.graphs.names import relation_name
 from glomo_pyg.settings import check_int
 
 # Edge-distance bins |i - j| (in units): [1, 2), [2, 3), [3, 5), [5, 9), ... [65, inf).
@@ -131,9 +132,6 @@ class HeadStatistics:
                     near_uniform=self.near_uniform)
 
 
-_SHORT = {"forward": "fw", "backward": "bw"}
-
-
 @dataclass
 class GraphStatisticsTable:
     """:class:`HeadStatistics` per (direction, layer, head) and the histograms' ``bins``
@@ -180,7 +178,7 @@ class GraphStatisticsTable:
         for r in self.rows:
             flag = "DEAD" if r.dead else "near-uniform" if r.near_uniform else ""
             lines.append(
-                f"| {_SHORT[r.direction]} L{r.layer} h{r.head} | {r.density:.3f} | "
+                f"| {relation_name(r.direction, r.layer, r.head)} | {r.density:.3f} | "
                 f"{r.empty:.3f} | {r.entropy:.2f} | {r.kl_uniform:.2f} | {r.in_degree:.1f} | "
                 f"{r.adjacent:.3f} ({r.uniform_adjacent:.3f}) | "
                 f"{r.distance:.2f} ({r.uniform_distance:.2f}) | {flag} |")

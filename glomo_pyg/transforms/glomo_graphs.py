@@ -13,6 +13,7 @@ from torch_geometric.data import Data
 
 from glomo_pyg import flex, kernels
 from glomo_pyg.graphs import LatentGraphs
+from glomo_pyg.graphs.names import relation_name
 from glomo_pyg.graphs.pruning import PrunedEdges, check_pruning, prune_rows
 from glomo_pyg.graphs.score_blocks import pruned_graph_edges
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
@@ -179,9 +180,8 @@ class GlomoGraphs(UnitGraphs):
     def relations(self) -> List[str]:
         if self.merge is not None:
             return list(self.directions)
-        kind = (lambda l: f"layers0-{l}") if self.products else (lambda l: f"layer{l}")
-        return [f"{d}/{kind(l)}/head{h}" for d in self.directions for l in self.layers
-                for h in self.heads]
+        return [relation_name(d, l, h, self.products) for d in self.directions
+                for l in self.layers for h in self.heads]
 
     def key_parts(self) -> Dict[str, Any]:
         return dict(transform="GlomoGraphs", glomo_pyg=__version__,

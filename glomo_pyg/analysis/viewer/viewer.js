@@ -59,9 +59,9 @@
 
   function fillLayers() {
     layerSelect.innerHTML = "";
-    for (let l = 0; l < info().layers; l++) el("option", { value: "g" + l }, layerSelect, "G" + (l + 1) + " (layer " + (l + 1) + ")");
+    for (let l = 0; l < info().layers; l++) el("option", { value: "g" + l }, layerSelect, "layer " + l);
     if (info().products)
-      for (let l = 1; l < info().layers; l++) el("option", { value: "p" + l }, layerSelect, "G1\u2026G" + (l + 1) + " (chained)");
+      for (let l = 1; l < info().layers; l++) el("option", { value: "p" + l }, layerSelect, "layers 0-" + l + " (chained)");
     layerSelect.value = (state.product ? "p" : "g") + state.layer;
   }
   function fillHeads() {
@@ -72,7 +72,7 @@
       box.checked = state.heads.has(h);
       box.addEventListener("change", () => { box.checked ? state.heads.add(h) : state.heads.delete(h); render(); });
       el("span", { class: "head-swatch", style: "background:" + color(h) }, label);
-      label.appendChild(document.createTextNode(String(h + 1)));
+      label.appendChild(document.createTextNode(String(h)));
     }
   }
   dirSelect.addEventListener("change", () => {
@@ -159,9 +159,9 @@
       for (let h = 0; h < info().heads; h++) {
         const fig = el("figure", {}, grid);
         const canvas = el("canvas", { class: "cell", "data-layer": String(l), "data-head": String(h), tabindex: "0",
-                                      "aria-label": "layer " + (l + 1) + ", head " + (h + 1) }, fig);
+                                      "aria-label": "layer " + l + ", head " + h }, fig);
         heat(canvas, info().graphs[l][h], data.tokens.length);
-        el("figcaption", {}, fig, "layer " + (l + 1) + ", head " + (h + 1));
+        el("figcaption", {}, fig, state.direction + "/layer" + l + "/head" + h);
         const open = () => { state.layer = l; state.product = false; state.heads = new Set([h]); state.view = "head"; state.focus = null; fillLayers(); fillHeads(); render(); };
         canvas.addEventListener("click", open);
         canvas.addEventListener("keydown", (ev) => { if (ev.key === "Enter") open(); });
@@ -217,7 +217,7 @@
         const canvas = el("canvas", { class: "overlay", "data-layer": String(l), "data-head": String(h), width: String(w), height: String(hgt) }, fig);
         if (l === state.layer && state.heads.has(h)) canvas.style.borderColor = color(h);
         paint(canvas, incoming(l, h, state.pixel));
-        el("figcaption", {}, fig, "layer " + (l + 1) + ", head " + (h + 1));
+        el("figcaption", {}, fig, state.direction + "/layer" + l + "/head" + h);
       }
     const x = state.pixel % w, y = Math.floor(state.pixel / w);
     note.textContent = "Pixel (row " + y + ", column " + x + "): its incoming weights in every " + state.direction +
