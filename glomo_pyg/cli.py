@@ -4,12 +4,14 @@ one line naming the command (``GLOMO_TRACEBACK=1`` shows the traceback)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
 import sys
+import warnings
 from collections import Counter
-from typing import Any, Dict, List, Optional, Union, cast
+from typing import Any, Dict, Iterator, List, Optional, Union, cast
 
 import torch
 
@@ -573,6 +575,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def _warnings_as_lines(command: str) -> Iterator[None]:
+    """Show each warning once as ``glomo <command>: warning: <message>`` on stderr, through
+    tqdm when a progress bar may be drawn (its line then stays outside the bar), instead
+    of Python's two lines with the caller's source."""
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        text = f"glomo {command}: warning: {message}"
+        try:
+            from tqdm import tqdm  # type: ignore[import-untyped]
+
+            tqdm.write(text, file=sys.stderr)
+        except ImportError:
+            print(text, file=sys.stderr)
+
+    shown = warnings.showwarning
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
@@ -581,7 +605,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     expected = () if os.environ.get("GLOMO_TRACEBACK") else \
         (ValueError, OSError, MissingExtraError)
     try:
-        return args.func(args)
+        with _warnings_as_lines(args.command):
+            return args.func(args)
     except KeyboardInterrupt:
         print(f"\nglomo {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -436,3 +436,29 @@ def test_commands_turn_bad_input_into_one_line(tmp_path):
         main(["quickstart", "--steps", "0", "--output-dir", ""])
     with pytest.raises(SystemExit, match="^glomo pretrain: --set train.max_steps.x=1: cannot set"):
         main(["pretrain", "--set", "train.max_steps=5", "--set", "train.max_steps.x=1"])
+
+
+# --- what a run reports ---------------------------------------------------------------------
+def test_a_resumed_run_counts_the_seconds_of_every_part(straight, tmp_path):
+    run = copy_run(straight, tmp_path, keep=("step4.ckpt",))
+    earlier = torch.load(ckpt(run, "step4.ckpt"), weights_only=True)["callbacks"]["RunRecord"]
+    assert earlier["seconds"] > 0
+    lines = []
+    summary = resume(straight, run, log=lambda *a, **k: lines.append(" ".join(map(str, a))))
+    assert summary["steps"] == 6 and summary["seconds"] >= round(earlier["seconds"], 1)
+    done = [line for line in lines if line.startswith("done: 6 steps in ")]
+    assert len(done) == 1
+    final = torch.load(ckpt(run), weights_only=True)["callbacks"]["RunRecord"]
+    assert final["seconds"] >= earlier["seconds"]
+
+
+def test_the_command_shows_each_warning_once_on_one_line(straight, tmp_path, capfd):
+    cfg = write_yaml(tmp_path / "c.yaml", settings(tmp_path / "run", straight / "corpus",
+                                                   max_steps=2, graph_warmup_steps=2,
+                                                   checkpoint_every=1, validate_every=1))
+    assert main(["pretrain", "--config", cfg]) == 0
+    out, err = capfd.readouterr()
+    shown = [line for line in (out + err).splitlines() if "graph_warmup_steps (2)" in line]
+    assert len(shown) == 1, shown
+    assert shown[0].startswith("glomo pretrain: warning: train.graph_warmup_steps (2) >= ")
+    assert "run_pretraining(" not in out + err  # (no source line of the caller)

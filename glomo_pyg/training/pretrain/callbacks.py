@@ -1,8 +1,10 @@
 """The Lightning callbacks of a pretraining run that make a resume checked and exact."""
 from __future__ import annotations
 
+import math
 import random
-from typing import Any, Dict
+import time
+from typing import Any, Dict, Optional
 
 import lightning.pytorch as pl
 import numpy as np
@@ -12,10 +14,30 @@ from glomo_pyg.training.checkpoints import CHECKPOINT_KEY
 
 
 class RunRecord(pl.Callback):
-    """Writes the corpus fingerprint and the run's settings into every checkpoint."""
+    """Writes the corpus fingerprint and the run's settings into every checkpoint, and
+    keeps the run's training time across resumes (:meth:`seconds`: the time of every
+    earlier part, from the checkpoint's callback state, plus this one's)."""
 
     def __init__(self, fingerprint: Dict[str, Any], settings: Dict[str, Any]):
         self.fingerprint, self.settings = fingerprint, settings
+        self.earlier_seconds = 0.0
+        self._started: Optional[float] = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._started = time.time()
+
+    def seconds(self) -> float:
+        """Seconds of training so far, over every part of a resumed run."""
+        now = 0.0 if self._started is None else time.time() - self._started
+        return self.earlier_seconds + now
+
+    def state_dict(self) -> Dict[str, Any]:
+        return dict(seconds=self.seconds())
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        seconds = state_dict.get("seconds")
+        if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds >= 0:
+            self.earlier_seconds = float(seconds)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: Dict[str, Any]) -> None:
         checkpoint[CHECKPOINT_KEY] = dict(version=2, corpus=self.fingerprint,

@@ -5,7 +5,6 @@ import math
 import os
 import shutil
 import tempfile
-import time
 import warnings
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Tuple, cast
@@ -188,8 +187,8 @@ def _check_before_corpus(config: PretrainConfig, fresh: bool, prepare_only: bool
         message = (f"train.graph_warmup_steps ({t.graph_warmup_steps}) >= train.max_steps "
                    f"({t.max_steps}): the graph predictor is frozen during the warm-up, so "
                    "the saved graphs will be those of its random initialisation")
+        # (once: the glomo command shows warnings as one line each, outside the progress bar)
         warnings.warn(message, RuntimeWarning, stacklevel=4)  # (the caller of run_pretraining)
-        log(f"warning: {message}")
     trees = None  # train.syntax_treebank's, read before the corpus is prepared
     if t.syntax_treebank and not prepare_only and c.format not in IMAGE_FORMATS:
         from glomo_pyg.analysis.treebank import TreebankFormatError, read_treebank
@@ -281,7 +280,7 @@ def _start_token_embeddings(config: PretrainConfig, vocab, module: GlomoPretrain
 
 def _trainer(config: PretrainConfig, corpus: SimpleNamespace, data, module: GlomoPretraining,
              trees, extra_callbacks: Optional[List[pl.Callback]], ckpt: Optional[str],
-             child: bool, log) -> Tuple[pl.Trainer, GracefulInterrupt]:
+             child: bool, log) -> Tuple[pl.Trainer, GracefulInterrupt, RunRecord]:
     """The run's trainer with the caller's callbacks and the run's own."""
     t, monitor = config.train, []
     if trees:  # checked now rather than when its first score is due
@@ -294,8 +293,8 @@ def _trainer(config: PretrainConfig, corpus: SimpleNamespace, data, module: Glom
             raise ValueError(f"train.syntax_treebank: {err}") from None
     interrupt = GracefulInterrupt(os.path.join(config.output_dir, "checkpoints", "last.ckpt"),
                                   quiet=child)
-    trainer = build_trainer(config, [*(extra_callbacks or []), *monitor,
-                                     RunRecord(corpus.fingerprint, config.to_dict()), interrupt])
+    record = RunRecord(corpus.fingerprint, config.to_dict())
+    trainer = build_trainer(config, [*(extra_callbacks or []), *monitor, record, interrupt])
     log(f"trainer: {type(trainer.accelerator).__name__}, {trainer.num_devices} device(s) x "
         f"{trainer.num_nodes} node(s), {type(trainer.strategy).__name__}, precision "
         f"{trainer.precision}")
@@ -303,7 +302,7 @@ def _trainer(config: PretrainConfig, corpus: SimpleNamespace, data, module: Glom
     log(f"pretraining: {len(data.train_ids)} training / {len(data.val_ids)} validation "
         f"{unit}, {t.max_steps} steps of {t.batch_size}"
         + (f", resuming from {ckpt}" if ckpt else ""))
-    return trainer, interrupt
+    return trainer, interrupt, record
 
 
 def _save_result(config: PretrainConfig, corpus: SimpleNamespace, trainer: pl.Trainer,
@@ -405,14 +404,13 @@ def _run_pretraining(config: PretrainConfig, resume: bool,
                 write_json(os.path.join(out, "config.json"), config.to_dict())
                 _make_last_the_newest(folder, ckpt, log, damaged)
                 ckpt = os.path.join(folder, "last.ckpt")
-        trainer, interrupt = _trainer(config, corpus, data, module, trees, extra_callbacks,
-                                      ckpt, child, log)
-        start = time.time()
+        trainer, interrupt, record = _trainer(config, corpus, data, module, trees,
+                                              extra_callbacks, ckpt, child, log)
         _fit(trainer, module, data, ckpt, interrupt)
         saved = _saved_summary(config, trainer, start_step, ckpt, log)
         if saved is not None:
             return saved
-        return _save_result(config, corpus, trainer, module, data, time.time() - start,
+        return _save_result(config, corpus, trainer, module, data, record.seconds(),
                             found_vectors, log)
     finally:
         torch.set_num_threads(threads)
