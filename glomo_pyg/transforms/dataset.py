@@ -1,74 +1,264 @@
 """A PyG ``InMemoryDataset`` of samples with a graph transform's edges, made once and
-cached as safetensors under a key of the transform (its predictor's digest included) and
-the samples: another predictor, option or sample set never reads old graphs."""
+cached as safetensors under a key of the transform (its predictor's digest included),
+PyG's ``pre_filter`` / ``pre_transform`` and the samples: another predictor, option, hook
+or sample set never reads old graphs. What it shares with
+:class:`~glomo_pyg.transforms.GraphsOnDiskDataset` (the checks of samples, their digest,
+the key of the hooks, the file format) has its one home here."""
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-from typing import Callable, Dict, List, Optional, Sequence
+import re
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+import torch
 from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
 from glomo_pyg.atomic_files import atomic_write
-from glomo_pyg.digests import add_tensor
+from glomo_pyg.digests import add_tensor, digest
 from glomo_pyg.transforms.base import UnitGraphs
 
 _PREFIX = "graphs-"
+#: Enters every key: a change of the file layout never reads files of the old one.
+FORMAT = "glomo-graphs-dataset/2"
+_STORED = ("tensors, Python numbers (bool, int, float), strings and lists of numbers and "
+           "strings")
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+Hook = Optional[Callable[[Data], Any]]
 
 
-def samples_digest(samples: Sequence[Data]) -> str:
-    """SHA-256 (hex) of every tensor attribute of every sample (names, dtypes, shapes,
-    values); other attributes are refused (the cache stores tensors only)."""
-    h = hashlib.sha256()
-    for i, data in enumerate(samples):
+# ----------------------------------------------------------------------------- samples
+
+def _plain(value: Any) -> bool:
+    """Whether JSON gives ``value`` back with the same types (nested lists included)."""
+    if type(value) in (str, int, float, bool):
+        return True
+    return type(value) is list and all(map(_plain, value))
+
+
+def attribute_kind(value: Any, where: str) -> str:
+    """``'tensor'``, ``'number'`` (PyG collates it into a tensor), ``'string'`` or
+    ``'list'``; anything the cache could not give back as it was is refused, by name."""
+    if isinstance(value, Tensor):
+        if value.layout != torch.strided:
+            raise TypeError(f"{where} is a {value.layout} tensor; datasets of graphs store "
+                            "dense tensors (make it dense, or edge lists)")
+        return "tensor"
+    if isinstance(value, (bool, int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list) and any(isinstance(v, Tensor) for v in value):
+        raise TypeError(f"{where} is a list of tensors; datasets of graphs store {_STORED} "
+                        "(stack the tensors into one tensor attribute)")
+    if isinstance(value, list) and _plain(value):
+        return "list"
+    hint = " (use a list)" if isinstance(value, tuple) else ""
+    raise TypeError(f"{where} is a {type(value).__name__}{hint}; datasets of graphs store "
+                    f"{_STORED}, kept as safetensors and JSON (never pickled)")
+
+
+def check_samples(samples: Sequence[Data], start: int = 0,
+                  kinds: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """Check that every sample is a ``Data`` whose attributes the cache stores, each
+    sample with the attributes, and of the kinds, of the first (``kinds``, returned, when
+    given: of an earlier chunk). Samples are numbered from ``start`` in messages."""
+    for i, data in enumerate(samples, start):
         if not isinstance(data, Data):
             raise TypeError(f"sample {i}: expected a torch_geometric Data, got "
                             f"{type(data).__name__}")
+        found = {key: attribute_kind(value, f"sample {i}: attribute {key!r}")
+                 for key, value in data.to_dict().items()}
+        if kinds is None:
+            kinds = found
+        elif found != kinds:
+            raise ValueError(f"sample {i} has attributes {_described(found)}, the first sample "
+                             f"{_described(kinds)}; PyG collates samples of one layout")
+    return kinds or {}
+
+
+def _described(kinds: Mapping[str, str]) -> str:
+    return "{" + ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items())) + "}"
+
+
+def feed_samples(h: "hashlib._Hash", samples: Iterable[Data], start: int = 0) -> None:
+    """Feed every attribute of every (checked) sample to ``h``: a tensor's name, dtype,
+    shape and bytes, another value's type and JSON (so ``1``, ``1.0``, ``True`` and
+    ``'1'`` differ)."""
+    for i, data in enumerate(samples, start):
         for key, value in sorted(data.to_dict().items()):
-            if not isinstance(value, Tensor):
-                raise TypeError(f"sample {i}: attribute {key!r} is a {type(value).__name__}; "
-                                f"GraphsDataset caches tensor attributes only")
-            add_tensor(h, f"{i}:{key}", value)
+            if isinstance(value, Tensor):
+                add_tensor(h, f"{i}:{key}", value)
+            else:
+                text = json.dumps(value)
+                h.update(f"{i}:{key}:{type(value).__name__}:{len(text)}:{text}".encode())
+
+
+def samples_digest(samples: Sequence[Data]) -> str:
+    """SHA-256 (hex) of every attribute of every sample (:func:`feed_samples`), after
+    :func:`check_samples`."""
+    check_samples(samples)
+    h = hashlib.sha256()
+    feed_samples(h, samples)
     return h.hexdigest()
 
+
+# ----------------------------------------------------------------------------- hooks
+
+def hook_identity(hook: Hook, name: str) -> Optional[str]:
+    """What the key holds of a ``pre_transform`` / ``pre_filter``: its ``repr`` (memory
+    addresses removed, as PyG compares them) and, for a function, its qualified name and
+    code, so another function or lambda gives another key."""
+    if hook is None:
+        return None
+    if not callable(hook):
+        raise TypeError(f"{name} must be callable (or None), got {type(hook).__name__}")
+    text = _ADDRESS.sub("", repr(hook))
+    code = getattr(hook, "__code__", None)
+    if code is not None:
+        parts = (getattr(hook, "__module__", ""), getattr(hook, "__qualname__", ""),
+                 code.co_code.hex(), _ADDRESS.sub("", repr(code.co_consts)), code.co_names)
+        text += ":" + hashlib.sha256(repr(parts).encode()).hexdigest()
+    return text
+
+
+def prepared(samples: Sequence[Data], pre_filter: Hook, pre_transform: Hook,
+             start: int = 0) -> List[Data]:
+    """``samples`` that ``pre_filter`` keeps, each mapped by ``pre_transform`` (PyG's
+    order), checked to be ``Data``."""
+    kept = [d for d in samples if pre_filter is None or pre_filter(d)]
+    if pre_transform is None:
+        return kept
+    out = [pre_transform(d) for d in kept]
+    for i, data in enumerate(out, start):
+        if not isinstance(data, Data):
+            raise TypeError(f"pre_transform must return a torch_geometric Data, got "
+                            f"{type(data).__name__} (for kept sample {i})")
+    return out
+
+
+def check_graphs(graphs: Any) -> None:
+    """Refuse what is not a graph transform whose output a dataset stores."""
+    if not isinstance(graphs, UnitGraphs):
+        raise TypeError(f"graphs must be a graph transform of glomo_pyg.transforms, got "
+                        f"{type(graphs).__name__}")
+    if getattr(graphs, "hetero", False):
+        raise ValueError("graphs emits HeteroData (hetero=True); a dataset of graphs stores "
+                         "the Data form: give graphs with hetero=False and "
+                         "transform=graphs.to_hetero to get HeteroData on access")
+
+
+def settings_parts(graphs: UnitGraphs, pre_filter: Hook, pre_transform: Hook
+                   ) -> Dict[str, Any]:
+    """What a key holds besides the samples."""
+    return {"format": FORMAT, "graphs": graphs.cache_key,
+            "pre_filter": hook_identity(pre_filter, "pre_filter"),
+            "pre_transform": hook_identity(pre_transform, "pre_transform")}
+
+
+# ----------------------------------------------------------------------------- storage
+
+def encode_store(data: Data, slices: Optional[Mapping[str, Tensor]],
+                 metadata: Dict[str, str]) -> bytes:
+    """A collated ``data`` (PyG's ``InMemoryDataset.collate``) and its ``slices`` as
+    safetensors bytes: tensors as ``data.<name>``, other values (strings, lists, a single
+    sample's numbers) as UTF-8 JSON in a ``uint8`` tensor ``json.<name>`` (no limit on
+    the header's size), slices as ``slices.<name>``."""
+    from safetensors.torch import save
+
+    tensors: Dict[str, Tensor] = {}
+    for key, value in data.to_dict().items():
+        if isinstance(value, Tensor):
+            tensors[f"data.{key}"] = value.as_subclass(Tensor).contiguous()
+        else:  # (checked plain by check_samples)
+            text = json.dumps(value).encode()
+            tensors[f"json.{key}"] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+    for key, value in (slices or {}).items():
+        tensors[f"slices.{key}"] = value.contiguous()
+    return save(tensors, metadata=metadata)
+
+
+def decode_json(tensor: Tensor) -> Any:
+    """The value :func:`encode_store` wrote as ``json.<name>``."""
+    return json.loads(bytes(tensor.numpy()).decode())
+
+
+def read_store(path: str, key: str) -> Tuple[Data, Optional[Dict[str, Tensor]], Dict[str, str]]:
+    """``(data, slices, metadata)`` of a file :func:`encode_store` wrote under ``key``;
+    ``OSError`` / ``ValueError`` / ``SafetensorError`` if it is missing, damaged or of
+    another key (nothing is unpickled)."""
+    from safetensors import safe_open
+
+    with safe_open(path, "pt") as f:
+        metadata = f.metadata() or {}
+        if metadata.get("key") != key:
+            raise ValueError("the file was written under another key")
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    parts: Dict[str, Dict[str, Any]] = {"data": {}, "slices": {}, "json": {}}
+    for name, t in tensors.items():
+        kind, _, attr = name.partition(".")
+        if kind not in parts:
+            raise ValueError(f"unexpected entry {name!r}")
+        parts[kind][attr] = t
+    values = dict(parts["data"], **{k: decode_json(t) for k, t in parts["json"].items()})
+    return Data.from_dict(values), parts["slices"] or None, metadata
+
+
+# ----------------------------------------------------------------------------- dataset
 
 class GraphsDataset(InMemoryDataset):
     r"""``samples`` with ``graphs``' edges (:class:`~glomo_pyg.transforms.GlomoGraphs` or
     a fixed graph), as a PyG ``InMemoryDataset``.
 
-    The graphs are made once, ``graphs.batch_size`` samples per predictor call, and
-    stored in ``root/processed/graphs-<key>.safetensors`` where ``key`` digests the
-    transform (:attr:`~glomo_pyg.transforms.GlomoGraphs.cache_key`: the predictor's
-    weights and every option) and the samples; a later dataset with the same key loads
-    them without running the predictor, any other key makes its own file. The file is
+    As in PyG, ``pre_filter`` drops samples and ``pre_transform`` maps the others before
+    the dataset is made (here: before the graphs are, so it may, e.g., encode a text into
+    ``x``), and ``transform`` maps each sample on access. The graphs are made once,
+    ``graphs.batch_size`` samples per predictor call, and stored in
+    ``root/processed/graphs-<key>.safetensors``, where ``key`` digests the transform
+    (:attr:`~glomo_pyg.transforms.UnitGraphs.cache_key`: the predictor's weights and every
+    option), ``pre_filter`` and ``pre_transform`` (:func:`hook_identity`) and every
+    attribute of every sample; a later dataset with the same key loads them without
+    running the predictor or the hooks, any other key makes its own file. The file is
     read as safetensors (nothing is unpickled) and its recorded key is compared before
     use; a damaged or foreign file is rebuilt.
 
+    Samples may hold what a PyG ``InMemoryDataset`` holds: tensors, numbers, strings and
+    lists of numbers and strings; they come back as from one (a number of one sample
+    among several as a one-element tensor, ``Data(y=1)`` as ``y=tensor([1])``; a string
+    as the string). Non-tensor values are stored as JSON inside the file.
+
     Args:
         root: the dataset folder (``processed/`` is made inside).
-        samples: ``Data`` objects whose attributes are all tensors (``x`` as the
-            transform reads it, ``y``, ...).
+        samples: ``Data`` objects (``x`` as the transform reads it, after
+            ``pre_transform``; ``y``, ...).
         graphs: the graph transform.
         transform: applied on access, as in PyG.
+        pre_transform: maps each kept sample before its graphs are made.
+        pre_filter: keeps the samples for which it is true.
         force_reload: rebuild even if a cache exists.
     """
 
     def __init__(self, root: str, samples: Sequence[Data], graphs: UnitGraphs,
-                 transform: Optional[Callable] = None, force_reload: bool = False,
-                 log: bool = False):
-        if not isinstance(graphs, UnitGraphs):
-            raise TypeError(f"graphs must be a graph transform of glomo_pyg.transforms, got "
-                            f"{type(graphs).__name__}")
+                 transform: Optional[Callable] = None, pre_transform: Hook = None,
+                 pre_filter: Hook = None, force_reload: bool = False, log: bool = False):
+        check_graphs(graphs)
+        if isinstance(samples, (Data, str)) or not isinstance(samples, Iterable):
+            raise TypeError(f"samples must be a sequence of torch_geometric Data, got "
+                            f"{type(samples).__name__}")
         self.samples, self.graphs = list(samples), graphs
         if not self.samples:
             raise ValueError("GraphsDataset needs at least one sample")
-        self.key = hashlib.sha256(f"{graphs.cache_key}:{samples_digest(self.samples)}"
-                                  .encode()).hexdigest()[:32]
-        super().__init__(root, transform, force_reload=force_reload, log=log)
-        if not self._read():
-            self.process()
+        parts = settings_parts(graphs, pre_filter, pre_transform)
+        self.key = digest(dict(parts, samples=samples_digest(self.samples)))[:32]
+        # No `process` or `download` here: PyG's Dataset then never runs its `_process`,
+        # which unpickles processed/pre_transform.pt and pre_filter.pt (torch.load with
+        # weights_only=False) to compare the hooks; the key does that job, and the cache
+        # is this class's own safetensors file.
+        super().__init__(root, transform, pre_transform, pre_filter, force_reload=force_reload,
+                         log=log)
+        if force_reload or not self._read():
+            self._build()
             self._read(strict=True)
 
     @property
@@ -79,45 +269,30 @@ class GraphsDataset(InMemoryDataset):
     def processed_file_names(self) -> List[str]:
         return [f"{_PREFIX}{self.key}.safetensors"]
 
-    def download(self) -> None:  # the samples are given
-        pass
-
-    def _process(self) -> None:
-        # PyG's own _process unpickles processed/pre_transform.pt to compare transforms;
-        # the key in the file name does that job here, and _read checks it.
-        if self.force_reload or not os.path.exists(self.processed_paths[0]):
-            self.process()
-
-    def process(self) -> None:
-        data, slices = self.collate(self.graphs(self.samples))
-        tensors = {f"data.{k}": v.contiguous() for k, v in data.to_dict().items()}
-        tensors.update({f"slices.{k}": v.contiguous() for k, v in slices.items()})
-        from safetensors.torch import save
-
-        payload = save(tensors, metadata={"key": self.key,
-                                          "relations": json.dumps(self.graphs.relations)})
+    def _build(self) -> None:
+        samples = prepared(self.samples, self.pre_filter, self.pre_transform)
+        if not samples:
+            raise ValueError(f"pre_filter kept none of the {len(self.samples)} samples")
+        check_samples(samples)
+        data, slices = self.collate(self.graphs(samples))
+        payload = encode_store(data, slices, {
+            "key": self.key, "format": FORMAT, "relations": json.dumps(self.graphs.relations)})
         with atomic_write(self.processed_paths[0], "wb") as fh:
             fh.write(payload)
 
     def _read(self, strict: bool = False) -> bool:
         """Load the cache; ``False`` if it is missing, damaged or of another key."""
-        from safetensors import SafetensorError, safe_open
+        from safetensors import SafetensorError
 
         try:
-            with safe_open(self.processed_paths[0], "pt") as f:
-                if (f.metadata() or {}).get("key") != self.key:
-                    raise ValueError("the cache was written under another key")
-                tensors = {k: f.get_tensor(k) for k in f.keys()}
+            data, slices, _ = read_store(self.processed_paths[0], self.key)
         except (OSError, ValueError, SafetensorError) as err:
             if strict:
                 raise RuntimeError(f"could not read back {self.processed_paths[0]}: {err}") \
                     from err
             return False
-        parts: Dict[str, Dict[str, Tensor]] = {"data": {}, "slices": {}}
-        for name, t in tensors.items():
-            kind, _, key = name.partition(".")
-            parts.setdefault(kind, {})[key] = t
-        self.data, self.slices = Data.from_dict(parts["data"]), parts["slices"]
+        self.data, self.slices = data, slices
+        self._data_list = None
         return True
 
     @property
