@@ -119,9 +119,8 @@ def run(args) -> None:
         quality = pixel_quality(predictor, args.run)
         size = predictor.trained_size
         summary_line = (f"Pixel graphs for 32x32 RGB images: {m['num_layers']} layers x "
-                        f"{m['heads']} heads x 2 directions, pretrained on "
-                        f"{c.get('max_images')} ImageNet 32x32 images; a CPU release of the "
-                        "reduced recipe.")
+                        f"{m['heads']} heads x 2 directions; a CPU release of the reduced "
+                        "recipe.")  # (the data: its own section, the card's one account)
         data = (f"Tiny ImageNet training images box-downsampled to 32x32 (JPEG quality 90): "
                 f"an even spread of {summary.get('images')} of the 100,000 (labels unused), "
                 f"random {size[0]}x{size[1]} crops.")

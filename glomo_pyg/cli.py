@@ -16,10 +16,10 @@ from typing import Any, Dict, Iterator, List, Optional, Union, cast
 import torch
 
 from glomo_pyg.allocator import keep_freed_memory
+from glomo_pyg.analysis.export import MAX_IMAGE_PIXELS
 from glomo_pyg.analysis.export_files import ExportItem, export_graphs
 from glomo_pyg.analysis.viewer import view
 from glomo_pyg.analysis.viewer.inputs import valid_text
-from glomo_pyg.analysis.viewer.page import MAX_IMAGE_PIXELS
 from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.data.text import UNK, binary_lines, decode_utf8, tokenize
 from glomo_pyg.data.word_vectors import (
@@ -375,7 +375,8 @@ def _add_export(sub) -> None:
                              "a folder, and a statistics table into --output (docs/analysis.md).")
     source = e.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="UTF-8 text file, one document per line")
-    source.add_argument("--images", help="folder of PNG/JPEG images (RGB)")
+    source.add_argument("--images", help="folder of PNG/JPEG images (RGB), each read at its "
+                        "own size up to --max-units pixels")
     e.add_argument("--output", required=True, help="directory to write into (created)")
     e.add_argument("--formats", nargs="+", default=["graphml", "json"],
                    choices=("graphml", "json"))
@@ -484,6 +485,9 @@ def _pretrained(args: argparse.Namespace) -> int:
         widths = [max(map(len, column)) for column in zip(*rows)]
         for row in rows:
             print("  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths)) + "  " + row[-1])
+        print("\ntrained on (each model card's Data section):")
+        for i in good:
+            print(f"  {i['name']}: {i['data'] or '(the card has no Data section)'}")
         print(f"\nfrom {releases_root()} ({releases_origin()}); load one with "
               "PretrainedGraphPredictor.from_pretrained(NAME)")
         for i in infos:
@@ -502,7 +506,8 @@ def _add_view(sub) -> None:
     source = v.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="a sentence")
     source.add_argument("--text-file", help="a text file; --line picks the line")
-    source.add_argument("--image", help="an image file of the predictor's size")
+    source.add_argument("--image", help=f"an image file of at most {MAX_IMAGE_PIXELS} pixels "
+                        "(read at its own size, as glomo export reads it)")
     source.add_argument("--treebank", help="a CoNLL-U/CoNLL-X file: --sentence with gold arcs")
     v.add_argument("--line", type=int, default=1, help="line of --text-file (from 1)")
     v.add_argument("--sentence", type=int, default=1, help="sentence of --treebank (from 1)")
@@ -519,7 +524,8 @@ def _view(args: argparse.Namespace) -> int:
     check_output_file(args.output, "--output", example="graphs.html")
     if "\0" in args.predictor:
         raise ValueError("--predictor holds a NUL character: it is not a folder or a name")
-    _check_options(args, line=(1, None, "counts from 1"), sentence=(1, None, "counts from 1"))
+    _check_options(args, line=(1, None, "counts from 1"), sentence=(1, None, "counts from 1"),
+                   top_k=(1, None), min_weight=(0.0, None))
     if args.text is not None:
         valid_text(args.text, "--text")
     for option in ("text_file", "image", "treebank"):

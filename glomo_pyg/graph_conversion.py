@@ -52,7 +52,7 @@ def networkx_graph(units: Sequence[Dict[str, Any]], parts: Iterable[EdgePart],
     """The one builder of networkx graphs (:func:`to_networkx`, ``glomo export``'s
     GraphML): nodes ``0..len(units)-1`` with the attributes of ``units``; per part, edges
     source -> target with its attributes and ``weight``, keyed by the part's key in a
-    ``MultiDiGraph`` (``multi``) or plain in a ``DiGraph``."""
+    ``MultiDiGraph`` (``multi``), unkeyed in a ``DiGraph``."""
     import networkx as nx
 
     graph = nx.MultiDiGraph() if multi else nx.DiGraph()
@@ -62,16 +62,18 @@ def networkx_graph(units: Sequence[Dict[str, Any]], parts: Iterable[EdgePart],
             if multi:
                 graph.add_edge(i, j, key=key, **attributes, weight=w)
             else:
-                graph.add_edge(i, j, weight=w)
+                graph.add_edge(i, j, **attributes, weight=w)
     return graph
 
 
 def to_networkx(graphs: "LatentGraphs", sample: int, layer: Optional[int] = None,
                 head: Optional[int] = None, labels: Optional[Sequence] = None):
     """One sequence's graphs as a networkx graph: nodes ``0..T-1`` (attributes ``position``
-    and ``label`` from ``labels``), edges source -> target with ``weight``; a ``DiGraph``
-    with ``layer`` and ``head`` given, else a ``MultiDiGraph`` keyed by ``(layer, head)``
-    (0-based); each edge's ``relation`` is the graph's name (``'forward/layer0/head3'``).
+    and ``label`` from ``labels``), edges source -> target with ``weight``, the graph's
+    name ``relation`` (``'forward/layer0/head3'``,
+    :func:`~glomo_pyg.graphs.names.relation_name`) and its 0-based ``direction``,
+    ``layer`` and ``head``: a ``DiGraph`` with ``layer`` and ``head`` given, else a
+    ``MultiDiGraph`` keyed by ``relation``, as ``glomo export``'s GraphML is.
     """
     length = check_sample(graphs, sample, labels)
     layers = [layer] if layer is not None else list(range(graphs.num_layers))
@@ -82,9 +84,9 @@ def to_networkx(graphs: "LatentGraphs", sample: int, layer: Optional[int] = None
     for l in layers:
         for h in heads:
             src, tgt, _, weight = sample_edges(graphs, sample, l, h)
-            parts.append(((l, h), dict(relation=relation_name(graphs.direction, l, h), layer=l,
-                                       head=h), src.tolist(), tgt.tolist(),
-                          weight.tolist()))
+            name = relation_name(graphs.direction, l, h)
+            parts.append((name, dict(relation=name, direction=graphs.direction, layer=l,
+                                     head=h), src.tolist(), tgt.tolist(), weight.tolist()))
     return networkx_graph(units, parts, multi=layer is None or head is None)
 
 

@@ -164,7 +164,8 @@ def test_table_exports():
     text = table.format()
     assert "DEAD" in text and "forward/layer0/head1" in text
     csv = table.to_csv().splitlines()
-    assert len(csv) == 3 and csv[0].startswith("direction,layer,head,density")
+    assert len(csv) == 3 and csv[0].startswith("relation,direction,layer,head,density")
+    assert csv[1].startswith("forward/layer0/head0,forward,0,0,")
     assert csv[2].endswith("True,False")
     d = table.to_dict()
     assert d["bins"] == table.bins and d["rows"][1]["dead"] is True

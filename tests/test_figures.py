@@ -47,8 +47,8 @@ def test_heatmaps_have_one_panel_per_layer_and_head_with_labels():
     fig = plot_graph_heatmaps(graphs, 0, labels=TOKENS)
     axes = panels(fig)
     assert len(axes) == 4 and len(fig.axes) == 5  # + one shared colour bar
-    assert [ax.get_title() for ax in axes] == ["fw layer 0, head 0", "fw layer 0, head 1",
-                                               "fw layer 1, head 0", "fw layer 1, head 1"]
+    assert [ax.get_title() for ax in axes] == ["forward/layer0/head0", "forward/layer0/head1",
+                                               "forward/layer1/head0", "forward/layer1/head1"]
     assert [t.get_text() for t in axes[0].get_xticklabels()] == TOKENS
     assert axes[2].get_xlabel() == "source i" and axes[0].get_ylabel() == "target j"
     # the image is G transposed: row j, column i
@@ -79,10 +79,11 @@ def test_pixel_maps_every_graph_of_every_pixel():
     assert len(grid) == 2 * 4 * 3
     titles = [ax.get_title() for ax in grid]
     assert "pixel (2, 2)" in titles and "pixel (3, 4)" in titles
-    assert "bw L1 h1" in titles
+    assert "backward/layer1/head1" in titles
     # the last pixel has no allowed backward source: its rows say so and have no scale
     assert sum("(no edges)" in t for t in titles) == 4
-    weights = [ax for ax in grid if ax.get_title() == "fw L0 h1"][0].images[0].get_array()
+    weights = [ax for ax in grid if ax.get_title() == "forward/layer0/head1"][0] \
+        .images[0].get_array()
     dense = graphs.forward.to_dense(layer=0)[0, 1][:, 2 * 5 + 2].view(4, 5).numpy()
     assert np.allclose(weights, dense)
 
@@ -98,7 +99,8 @@ def test_statistics_figure_text_and_image():
     graphs, _ = pixel_graphs()
     table = GraphStatisticsAccumulator(grid_radius=2).update(graphs).table()
     fig = plot_statistics(table)
-    maps = [ax for ax in fig.axes if ax.images and ax.get_title().startswith(("fw", "bw",
+    maps = [ax for ax in fig.axes if ax.images and ax.get_title().startswith(("forward/",
+                                                                               "backward/",
                                                                                "uniform"))]
     assert len(maps) == 8 + 2  # every graph plus the uniform map of each direction
 

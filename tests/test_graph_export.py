@@ -33,17 +33,21 @@ def test_digraph_weights_match_the_tensors_and_labels_are_attached():
     assert len(nx.pagerank(g)) == 9
 
 
-def test_multigraph_is_keyed_by_layer_and_head():
+def test_multigraph_is_keyed_by_the_graphs_name():
     graphs = _graphs()
     dense = graphs.to_dense()
     g = graphs.to_networkx(0)
     assert isinstance(g, nx.MultiDiGraph)
     assert g.number_of_edges() == int((dense[:, 0] > 0).sum())
-    for i, j, key, w in g.edges(keys=True, data="weight"):
-        layer, head = key
-        assert w == pytest.approx(float(dense[layer, 0, head, i, j]))
+    for i, j, key, a in g.edges(keys=True, data=True):
+        layer, head = a["layer"], a["head"]
+        assert key == a["relation"] == f"{graphs.direction}/layer{layer}/head{head}"
+        assert a["direction"] == graphs.direction
+        assert a["weight"] == pytest.approx(float(dense[layer, 0, head, i, j]))
     one_layer = graphs.to_networkx(0, layer=2)
-    assert {k[0] for _, _, k in one_layer.edges(keys=True)} <= {2}
+    assert {a for _, _, a in one_layer.edges(data="layer")} <= {2}
+    single = graphs.to_networkx(0, layer=1, head=0)
+    assert {a for _, _, a in single.edges(data="relation")} == {"forward/layer1/head0"}
     lone = graphs.to_networkx(1, layer=0, head=1)  # a length-1 sequence: one node, no edges
     assert lone.number_of_nodes() == 1 and lone.number_of_edges() == 0
 

@@ -62,14 +62,20 @@ def test_uniform_graphs_match_their_own_reference():
 def test_dead_head_warning_fires_once_and_only_for_dead_heads():
     callback = GraphStatisticsCallback(every_n_steps=10)
     health = graph_health(hand_graphs())
-    with pytest.warns(RuntimeWarning, match=r"graph head 1 of layer 0 \(forward\) is dead: 67%"):
+    with pytest.warns(RuntimeWarning, match=r"graph forward/layer0/head1 is dead: 67%"):
         assert len(callback.check_health("forward", health, step=10)) == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # still dead: no second warning
         assert callback.check_health("forward", health, step=20) == []
         healthy = LatentGraphs.uniform(torch.tensor([0, 4]), num_layers=1, num_heads=2,
                                        direction="forward")
-        assert callback.check_health("forward", graph_health(healthy), step=30) == []
+        assert callback.check_health("backward", graph_health(healthy), step=20) == []
+    # a recovery is said too: what the progress bar's dead count shows agrees with the
+    # warnings (it drops to 0 here)
+    with pytest.warns(RuntimeWarning, match=r"^step 30: graph forward/layer0/head1, "
+                                            r"dead since step 10, recovered: 0%") as caught:
+        assert len(callback.check_health("forward", graph_health(healthy), step=30)) == 1
+    assert len(caught) == 1
     with pytest.warns(RuntimeWarning, match="is dead"):  # died again after recovering
         callback.check_health("forward", health, step=40)
     with pytest.raises(ValueError):
@@ -95,7 +101,7 @@ def test_callback_fills_the_progress_bar_and_warns_about_a_dead_model_head():
     trainer = SimpleNamespace(global_step=4, is_global_zero=True, loggers=[logger],
                               progress_bar_callback=object(), progress_bar_metrics=bar)
     callback = GraphStatisticsCallback(every_n_steps=2)
-    with pytest.warns(RuntimeWarning, match=r"graph head [01] of layer 1 \(forward\) is dead"):
+    with pytest.warns(RuntimeWarning, match=r"graph forward/layer1/head[01] is dead"):
         callback.on_train_batch_end(trainer, SimpleNamespace(model=model), None, batch, 0)
     assert bar["dead"] == 2 and 0 <= bar["adj"] <= 1
     forward = [m for _, m in logged if "health/forward/dead_heads" in m][0]
@@ -130,3 +136,27 @@ def test_callback_reads_only_the_leading_whole_sequences_up_to_max_units():
     assert seen[-1].tolist() == [0] * 5  # at least one whole sequence
     with pytest.raises(ValueError, match="max_units"):
         GraphStatisticsCallback(max_units=1)
+
+
+def test_a_resumed_run_remembers_its_dead_heads():
+    callback = GraphStatisticsCallback(every_n_steps=10)
+    health = graph_health(hand_graphs())
+    with pytest.warns(RuntimeWarning, match="is dead"):
+        callback.check_health("forward", health, step=10)
+    resumed = GraphStatisticsCallback(every_n_steps=10)  # as a checkpoint restores it
+    resumed.load_state_dict(torch.load(_saved(callback.state_dict()), weights_only=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # still dead: not warned about again
+        assert resumed.check_health("forward", health, step=20) == []
+    healthy = LatentGraphs.uniform(torch.tensor([0, 4]), num_layers=1, num_heads=2,
+                                   direction="forward")
+    with pytest.warns(RuntimeWarning, match="dead since step 10, recovered"):
+        resumed.check_health("forward", graph_health(healthy), step=30)
+
+
+def _saved(state):
+    import io
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return buffer

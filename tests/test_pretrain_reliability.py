@@ -462,3 +462,12 @@ def test_the_command_shows_each_warning_once_on_one_line(straight, tmp_path, cap
     assert len(shown) == 1, shown
     assert shown[0].startswith("glomo pretrain: warning: train.graph_warmup_steps (2) >= ")
     assert "run_pretraining(" not in out + err  # (no source line of the caller)
+
+
+def test_a_resumed_run_logs_into_its_one_folder_as_an_uninterrupted_run(straight, tmp_path):
+    # the copy's metrics.csv holds steps 5 and 6 too, as a run killed after them would
+    run = copy_run(straight, tmp_path, keep=("step4.ckpt",))
+    resume(straight, run)
+    assert os.listdir(run / "logs") == ["version_0"]
+    metrics = "logs/version_0/metrics.csv"
+    assert (run / metrics).read_text() == (straight / "run" / metrics).read_text()

@@ -232,7 +232,8 @@ def test_glomo_pretrained_lists_the_releases(root, capsys):
     assert listing["tiny-text"] == dict(
         name="tiny-text", modality="text", directions=2, layers=2, heads=2, units=TOKENS,
         weights_bytes=(root / "tiny-text" / "model.safetensors").stat().st_size,
-        summary="A tiny text predictor for the tests.", path=str(root / "tiny-text"),
+        summary="A tiny text predictor for the tests.", data="random tokens",
+        path=str(root / "tiny-text"),
         origin="$GLOMO_PRETRAINED_DIR")
 
 

@@ -219,42 +219,62 @@ def test_the_command_line(tmp_path, capsys):
             main(argv)
 
 
-def test_images_of_other_sizes_are_read_as_glomo_export_reads_them(tmp_path, capsys):
-    """One rule for the viewer and the export: the predictor's weights applied at the
-    image's own size (PretrainedGraphPredictor.resized), up to the viewer's 4096 pixels."""
+@pytest.mark.parametrize("side", [28, pytest.param(32, marks=pytest.mark.slow),
+                                  pytest.param(64, marks=pytest.mark.slow)])
+def test_images_of_other_sizes_are_read_as_glomo_export_reads_them(tmp_path, side):
+    """One rule for the viewer and the export (analysis.export.image_predictor): an image
+    of at most 4096 pixels (28x28, 32x32 and exactly 64x64) is read at its own size by the
+    predictor's weights at that size, never resampled; both show the same graphs."""
     from PIL import Image
 
     pixels = pixel_predictor(side=4, layers=1, heads=1)
     pixels.save_pretrained(tmp_path / "pix")
-    rng = np.random.default_rng(0)
-    for side in (28, 32):
-        image = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
-        data = view_data(pixels, image=image)
-        assert (data["height"], data["width"]) == (side, side)
-        forward = data["directions"]["forward"]
+    image = np.random.default_rng(side).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    Image.fromarray(image).save(folder / "a.png")
+    out = tmp_path / "page.html"
+    assert main(["view", "--predictor", str(tmp_path / "pix"), "--image",
+                 str(folder / "a.png"), "--output", str(out), "--min-weight", "0"]) == 0
+    data = json.loads(re.search(r'id="glomo-data">(.*?)</script>', out.read_text(),
+                                re.S).group(1))  # each target's 8 heaviest sources
+    assert (data["height"], data["width"]) == (side, side)
+    with torch.no_grad():
         dense = pixels.resized(side, side)(*image_units(
             torch.from_numpy(image).permute(2, 0, 1)[None])).forward.to_dense()[0, 0, 0]
-        page = forward["graphs"][0][0]  # layer 0, head 0: each target's kept sources
-        assert len(page["ptr"]) == side * side + 1
-        last = side * side - 1
-        sources = page["src"][page["ptr"][last]:page["ptr"][last + 1]]
-        weights = page["w"][page["ptr"][last]:page["ptr"][last + 1]]
-        assert weights == pytest.approx(dense[sources, last].tolist(), abs=1e-5)
-        folder = tmp_path / f"in{side}"
-        folder.mkdir()
-        Image.fromarray(image).save(folder / "a.png")
-        out = tmp_path / f"page{side}.html"
-        assert main(["view", "--predictor", str(tmp_path / "pix"), "--image",
-                     str(folder / "a.png"), "--output", str(out)]) == 0
-        assert main(["export", "--predictor", str(tmp_path / "pix"), "--images", str(folder),
-                     "--output", str(tmp_path / f"out{side}"), "--formats", "json"]) == 0
-        exported = json.loads((tmp_path / f"out{side}" / "sample_00000.json").read_text())
-        assert len(exported["units"]) == side * side
-    Image.fromarray(rng.integers(0, 256, (65, 65, 3), dtype=np.uint8)).save(tmp_path / "b.png")
+    page = data["directions"]["forward"]["graphs"][0][0]  # layer 0, head 0, CSR by target
+    assert len(page["ptr"]) == side * side + 1
+    last = side * side - 1
+    sources = page["src"][page["ptr"][last]:page["ptr"][last + 1]]
+    weights = page["w"][page["ptr"][last]:page["ptr"][last + 1]]
+    assert len(sources) == 8
+    assert weights == pytest.approx(dense[sources, last].tolist(), abs=1e-5)
+    assert main(["export", "--predictor", str(tmp_path / "pix"), "--images", str(folder),
+                 "--output", str(tmp_path / "out"), "--formats", "json", "--top-k", "8"]) == 0
+    exported = json.loads((tmp_path / "out" / "sample_00000.json").read_text())
+    assert len(exported["units"]) == side * side
+    forward = exported["graphs"][0]
+    into_last = {i: w for i, j, w in zip(forward["source"], forward["target"],
+                                         forward["weight"]) if j == last}
+    assert into_last == pytest.approx({i: float(dense[i, last]) for i in into_last})
+    assert set(sources) == set(into_last)  # the same 8 heaviest sources
+
+
+def test_images_over_4096_pixels_are_refused_alike_with_their_size(tmp_path):
+    from PIL import Image
+
+    pixels = pixel_predictor(side=4, layers=1, heads=1)
+    pixels.save_pretrained(tmp_path / "pix")
+    Image.new("RGB", (65, 65)).save(tmp_path / "b.png")
     with pytest.raises(SystemExit, match="b.png is 65x65 pixels; the viewer shows images of "
-                                         "at most 4096"):
+                                         r"at most 4096 pixels \(e.g. 64x64\)"):
         main(["view", "--predictor", str(tmp_path / "pix"), "--image", str(tmp_path / "b.png"),
               "--output", str(tmp_path / "b.html")])
+    with pytest.raises(SystemExit, match="b.png is 65x65 pixels; more than --max-units 4096"):
+        main(["export", "--predictor", str(tmp_path / "pix"), "--images", str(tmp_path),
+              "--output", str(tmp_path / "out")])
+    with pytest.raises(ValueError, match="the image is 1x1 pixels: a graph needs at least 2"):
+        view(pixels, image=torch.zeros(3, 1, 1, dtype=torch.uint8))
 
 
 def test_the_command_line_names_its_flags(tmp_path):
@@ -270,6 +290,11 @@ def test_the_command_line_names_its_flags(tmp_path):
                                          "not --image"):
         main(["view", "--predictor", str(tmp_path / "text"), "--image",
               str(tmp_path / "a.png"), "--output", str(tmp_path / "p.html")])
+    for flag, value, message in (("--top-k", "0", "--top-k must be >= 1, got 0"),
+                                 ("--min-weight", "-1", "--min-weight must be >= 0.0")):
+        with pytest.raises(SystemExit, match=message):  # (view() says top_k=, min_weight=)
+            main(["view", "--predictor", str(tmp_path / "text"), "--text", "the cat", flag,
+                  value, "--output", str(tmp_path / "p.html")])
 
 
 # --- in a real browser -----------------------------------------------------------------------

@@ -21,8 +21,25 @@ from glomo_pyg.graphs.names import relation_name
 from glomo_pyg.graphs.pruning import check_pruning, prune_edges
 from glomo_pyg.ordering import DIRECTIONS
 
-__all__ = ["adjacency", "concat_sequences", "directions", "edge_list",
-           "hierarchical", "to_graphml_graph", "to_networkx"]
+__all__ = ["MAX_IMAGE_PIXELS", "adjacency", "concat_sequences", "directions", "edge_list",
+           "hierarchical", "image_predictor", "to_graphml_graph", "to_networkx"]
+
+#: The largest image (in pixels) ``glomo view`` shows and ``glomo export`` reads unless
+#: ``--max-units`` says otherwise: 64x64 (graphs grow with the square of the pixel count).
+MAX_IMAGE_PIXELS = 64 * 64
+
+
+def image_predictor(predictor, height: int, width: int):
+    """The one size rule of the viewer and ``glomo export``: an image is read at its own
+    ``height x width``, never resampled, by a pixel predictor's weights at that size
+    (``predictor`` itself at its own ``image_size``, else
+    :meth:`~glomo_pyg.nn.PretrainedGraphPredictor.resized`). How large an image may be is
+    the caller's limit (:data:`MAX_IMAGE_PIXELS` by default)."""
+    if height * width < 2:
+        raise ValueError(f"the image is {width}x{height} pixels: a graph needs at least 2")
+    if (height, width) == tuple(predictor.image_size):
+        return predictor
+    return predictor.resized(height, width)
 
 
 def directions(graphs) -> List[Tuple[str, LatentGraphs]]:

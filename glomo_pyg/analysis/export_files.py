@@ -13,7 +13,12 @@ from typing import Dict, List, Optional, Sequence, Tuple, cast
 import torch
 from torch import Tensor
 
-from glomo_pyg.analysis.export import concat_sequences, edge_list, to_graphml_graph
+from glomo_pyg.analysis.export import (
+    concat_sequences,
+    edge_list,
+    image_predictor,
+    to_graphml_graph,
+)
 from glomo_pyg.analysis.statistics import GraphStatisticsAccumulator
 from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.settings import check_int
@@ -82,9 +87,11 @@ def export_graphs(predictor, items: Sequence[ExportItem], output_dir: str,
                   min_weight: float = 0.0, top_k: Optional[int] = None,
                   max_edges: int = 2_000_000, log=None) -> Dict:
     """Emit the graphs of every item with ``predictor`` (a
-    :class:`~glomo_pyg.nn.PretrainedGraphPredictor`; images of another size through
-    :meth:`~glomo_pyg.nn.PretrainedGraphPredictor.resized`) and write in ``output_dir``
-    ``sample_<k>.graphml`` / ``.json`` (:func:`~glomo_pyg.analysis.to_graphml_graph`,
+    :class:`~glomo_pyg.nn.PretrainedGraphPredictor`; each image at its own size,
+    :func:`~glomo_pyg.analysis.export.image_predictor`, as the viewer reads it) and write in
+    ``output_dir`` ``sample_<k>.graphml`` / ``.json``, ``k`` the item's 0-based index
+    zero-padded to five digits (or as many as the last index needs): ``sample_00000.json``
+    (:func:`~glomo_pyg.analysis.to_graphml_graph`,
     :func:`~glomo_pyg.analysis.edge_list`), ``statistics.md`` / ``.csv`` / ``.json`` (the
     unthinned :class:`~glomo_pyg.analysis.GraphStatisticsTable`) and ``index.json`` (each
     sample's source, units, edges and files; returned). An item of more than
@@ -105,7 +112,7 @@ def export_graphs(predictor, items: Sequence[ExportItem], output_dir: str,
         first = items[group[0]].x
         size = tuple(first.shape[1:]) if first.dim() == 3 else None  # images: (H, W)
         if size not in resized:
-            resized[size] = predictor.resized(*cast(Tuple[int, int], size))  # (not None)
+            resized[size] = image_predictor(predictor, *cast(Tuple[int, int], size))
         graphs = resized[size](x, batch)
         stats.update(graphs)
         for b, k in enumerate(group):

@@ -14,11 +14,11 @@ from torch import Tensor
 from glomo_pyg.analysis.statistics import DEAD_HEAD_SHARE, GraphStatisticsTable, HeadStatistics
 from glomo_pyg.extras import require
 from glomo_pyg.graph_conversion import check_index, check_sample, sample_edges
+from glomo_pyg.graphs.names import layer_name, relation_name
 from glomo_pyg.kernels import check_graph_size
 from glomo_pyg.ordering import RasterOrder
 from glomo_pyg.settings import Rule, check_int
 
-_SHORT = {"forward": "fw", "backward": "bw"}
 _DEAD, _NEAR_UNIFORM, _OK = "#c0392b", "#e67e22", "#2e86c1"
 
 
@@ -109,7 +109,7 @@ def plot_graph_heatmaps(graphs, sample: int = 0, labels: Optional[Sequence[str]]
             ax = axes[a][b]
             ax.imshow(dense[a][h].T[rows].numpy(), cmap="viridis", norm=norm, aspect="auto",
                       interpolation="nearest")
-            ax.set_title(f"{_SHORT[graphs.direction]} layer {l}, head {h}", fontsize=8)
+            ax.set_title(relation_name(graphs.direction, l, h), fontsize=8)
             ax.set_xticks(range(t), names, rotation=90, fontsize=fontsize)
             ax.set_yticks(range(len(rows)), [names[r] for r in rows], fontsize=fontsize)
             if a == len(layers) - 1:
@@ -172,15 +172,16 @@ def plot_pixel_weights(graphs, image: Tensor, pixels: Sequence[Tuple[int, int]],
                 row[0].scatter([c], [r], marker="x", c="red", s=25)
                 row[0].set_title(f"pixel ({r}, {c})", fontsize=7)
             _pixel_weight_panels(fig, row[1:], weights[:, :, r * width + c], (r, c),
-                                 f"{_SHORT[d]} L{l}", height, width)
+                                 (d, l), height, width)
     fig.suptitle(title or "incoming weights of the marked pixel (red x), every graph",
                  fontsize=9)
     return fig
 
 
-def _pixel_weight_panels(fig, panels, column: Tensor, pixel: Tuple[int, int], name: str,
-                         height: int, width: int) -> None:
-    """Draws a pixel's ``[H, T]`` incoming weights, a head per panel, on one colour scale."""
+def _pixel_weight_panels(fig, panels, column: Tensor, pixel: Tuple[int, int],
+                         graph: Tuple[str, int], height: int, width: int) -> None:
+    """Draws a pixel's ``[H, T]`` incoming weights in ``graph`` (direction, layer), a head
+    per panel, on one colour scale."""
     r, c = pixel
     top = max(1e-12, float(column.max()))  # one colour scale per row
     for h, ax in enumerate(panels):
@@ -188,7 +189,8 @@ def _pixel_weight_panels(fig, panels, column: Tensor, pixel: Tuple[int, int], na
                        vmax=top, interpolation="nearest")
         ax.scatter([c], [r], marker="x", c="red", s=12)
         ax.set(xticks=[], yticks=[])
-        ax.set_title(f"{name} h{h}" + (" (no edges)" if column[h].max() <= 0 else ""),
+        ax.set_title(relation_name(*graph, h) + (" (no edges)" if column[h].max() <= 0
+                                                 else ""),
                      fontsize=7)
     if top > 1e-12:  # a row without edges (no allowed source) has no scale
         fig.colorbar(im, ax=panels[-1], shrink=0.8).ax.tick_params(labelsize=6)
@@ -200,7 +202,7 @@ def plot_statistics(table: GraphStatisticsTable, title: Optional[str] = None):
     weight on adjacent units and distance (uniform's as a dashed line), and the distance
     histograms (text) or offset maps (images). Dead heads red, near-uniform orange."""
     rows = table.rows
-    names = [f"{_SHORT[r.direction]} L{r.layer} h{r.head}" for r in rows]
+    names = [r.relation for r in rows]
     colours = [_DEAD if r.dead else _NEAR_UNIFORM if r.near_uniform else _OK for r in rows]
     grid = table.grid_radius is not None
     n_maps = len(rows) + len(table.directions)  # offset maps: each graph's and uniform's
@@ -253,7 +255,7 @@ def _offset_maps(sub, table: GraphStatisticsTable, names: List[str], colours: Li
     maps: List[Tuple[str, Any, str]] = []
     for d in table.directions:
         mine = [k for k, r in enumerate(rows) if r.direction == d]
-        maps.append((f"uniform {_SHORT[d]}", rows[mine[0]].uniform_histogram, "k"))
+        maps.append((f"uniform {d}", rows[mine[0]].uniform_histogram, "k"))
         maps += [(names[k], rows[k].histogram, colours[k]) for k in mine]
     panels = sub.subplots(-(-n_maps // cols), cols, squeeze=False).ravel()
     for ax in panels[n_maps:]:
@@ -298,8 +300,8 @@ def plot_syntax_scores(comparison, metric: str = "undirected", title: Optional[s
         s = ev.directions[d]
         per_graph, per_layer = s.per_graph[metric], s.per_layer[metric]
         L, H = per_graph.shape
-        names = [f"L{l} h{h}" for l in range(L) for h in range(H)] + \
-                [f"L{l} avg" for l in range(L)]
+        names = [relation_name(d, l, h) for l in range(L) for h in range(H)] + \
+                [f"{d}/{layer_name(l)} avg" for l in range(L)]
         values = list(per_graph.reshape(-1)) + list(per_layer)
         x = np.arange(len(values))
         chosen = comparison.chosen.get(d)

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from glomo_pyg.graphs import LatentGraphs
-from glomo_pyg.graphs.names import relation_name
+from glomo_pyg.graphs.names import layer_name, relation_name
 from glomo_pyg.settings import check_int
 
 # Edge-distance bins |i - j| (in units): [1, 2), [2, 3), [3, 5), [5, 9), ... [65, inf).
@@ -27,26 +27,27 @@ def graph_statistics(graphs: LatentGraphs, edges: Sequence[int] = DISTANCE_EDGES
     """Per layer ``l``: ``density`` (edges / allowed pairs), ``out_degree`` (mean
     outgoing edges per unit and head), ``distance`` (weight-averaged ``|i - j|`` per target,
     averaged over targets with edges) and ``dist_<bin>`` (fraction of edges whose
-    ``|i - j|`` falls in each bin of ``edges``). Keys are ``layer{l}/<name>``."""
+    ``|i - j|`` falls in each bin of ``edges``). Keys are ``layer<l>/<name>``, ``l``
+    counted from 0 (:func:`~glomo_pyg.graphs.names.layer_name`)."""
     stats: Dict[str, float] = {}
     bounds = torch.tensor(list(edges), dtype=torch.long)
     names = distance_bin_names(edges)
     density = graphs.density()
     for l in range(graphs.num_layers):
         ei, w, eh = graphs.layer(l)
-        e = ei.size(1)
+        e, layer = ei.size(1), layer_name(l)
         dist = graphs.order.distance(graphs.sequences.position[ei[1]],
                                      graphs.sequences.position[ei[0]]).cpu()
-        stats[f"layer{l}/density"] = density[l]
-        stats[f"layer{l}/out_degree"] = e / max(1, graphs.num_nodes * graphs.num_heads)
+        stats[f"{layer}/density"] = density[l]
+        stats[f"{layer}/out_degree"] = e / max(1, graphs.num_nodes * graphs.num_heads)
         # each (head, target) column's weights sum to 1: sum(w * d) / #columns is the
         # mean over columns of the weight-averaged distance
         columns = int(torch.unique(eh * graphs.num_nodes + ei[1]).numel())
-        stats[f"layer{l}/distance"] = \
+        stats[f"{layer}/distance"] = \
             float((w.detach().float().cpu() * dist).sum()) / columns if e else 0.0
         counts = torch.bucketize(dist, bounds, right=True).bincount(minlength=len(edges) + 1)
         for name, c in zip(names, counts[1:].tolist()):
-            stats[f"layer{l}/dist_{name}"] = c / e if e else 0.0
+            stats[f"{layer}/dist_{name}"] = c / e if e else 0.0
     return stats
 
 
@@ -116,6 +117,12 @@ class HeadStatistics:
     outside: float = 0.0
 
     @property
+    def relation(self) -> str:
+        """The graph's name, ``"forward/layer0/head3"``
+        (:func:`~glomo_pyg.graphs.names.relation_name`)."""
+        return relation_name(self.direction, self.layer, self.head)
+
+    @property
     def kl_uniform(self) -> float:
         return max(0.0, self.uniform_entropy - self.entropy)
 
@@ -128,8 +135,8 @@ class HeadStatistics:
         return not self.dead and self.kl_uniform < NEAR_UNIFORM_KL
 
     def to_dict(self) -> Dict:
-        return dict(vars(self), kl_uniform=self.kl_uniform, dead=self.dead,
-                    near_uniform=self.near_uniform)
+        return dict(relation=self.relation, **vars(self), kl_uniform=self.kl_uniform,
+                    dead=self.dead, near_uniform=self.near_uniform)
 
 
 @dataclass
@@ -162,9 +169,10 @@ class GraphStatisticsTable:
 
     def to_csv(self) -> str:
         """The scalar columns as CSV text (one row per graph, histograms left out)."""
-        header = ["direction", "layer", "head", "density", "empty", "entropy", "kl_uniform",
-                  "in_degree", "out_degree", "adjacent", "distance", "uniform_adjacent",
-                  "uniform_distance", "max_in_degree", "max_out_degree", "dead", "near_uniform"]
+        header = ["relation", "direction", "layer", "head", "density", "empty", "entropy",
+                  "kl_uniform", "in_degree", "out_degree", "adjacent", "distance",
+                  "uniform_adjacent", "uniform_distance", "max_in_degree", "max_out_degree",
+                  "dead", "near_uniform"]
         lines = [header] + [[d[k] for k in header] for d in (r.to_dict() for r in self.rows)]
         return "".join(",".join(f"{v:.6g}" if isinstance(v, float) else str(v) for v in line)
                        + "\n" for line in lines)
@@ -178,7 +186,7 @@ class GraphStatisticsTable:
         for r in self.rows:
             flag = "DEAD" if r.dead else "near-uniform" if r.near_uniform else ""
             lines.append(
-                f"| {relation_name(r.direction, r.layer, r.head)} | {r.density:.3f} | "
+                f"| {r.relation} | {r.density:.3f} | "
                 f"{r.empty:.3f} | {r.entropy:.2f} | {r.kl_uniform:.2f} | {r.in_degree:.1f} | "
                 f"{r.adjacent:.3f} ({r.uniform_adjacent:.3f}) | "
                 f"{r.distance:.2f} ({r.uniform_distance:.2f}) | {flag} |")

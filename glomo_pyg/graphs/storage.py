@@ -127,7 +127,10 @@ class GraphFrame:
             size = self.num_heads * self.num_nodes
             return rows, cols, weight, None if is_compiling() else row_pointers(rows, size)
 
-        rows, cols, weight, row_ptr = self.cached(("blocked", id(owner), shared), blocked)
+        # (compiled: built in the graph; a key by id() would guard on this storage object
+        # and recompile for every new batch's graphs)
+        rows, cols, weight, row_ptr = blocked() if is_compiling() else \
+            self.cached(("blocked", id(owner), shared), blocked)
         return blocked_propagate(x, rows, cols, weight.to(x.dtype), self.num_heads, row_ptr)
 
 

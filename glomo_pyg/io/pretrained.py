@@ -168,6 +168,7 @@ def save_pretrained(predictor: PretrainedGraphPredictor, path: PathLike,
         vocabulary=predictor.vocabulary,
         trained_length=predictor.trained_length,
         trained_size=None if predictor.trained_size is None else list(predictor.trained_size),
+        lowercase=predictor.lowercase,
         weights=dict(file=WEIGHTS_NAME, bytes=len(payload),
                      sha256=hashlib.sha256(payload).hexdigest()))
     config[SEAL_KEY] = seal_of(config)  # (last: it covers everything above)
@@ -294,7 +295,9 @@ _ENTRIES = (
     ("weights.sha256", lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v),
      "64 lowercase hex digits"),
     ("vocabulary", lambda v: v is None or isinstance(v, list) and len(v) <= MAX_VOCABULARY
-     and all(isinstance(t, str) for t in v), f"a list of strings (at most {MAX_VOCABULARY})"))
+     and all(isinstance(t, str) for t in v), f"a list of strings (at most {MAX_VOCABULARY})"),
+    # (absent from configs saved before it was recorded: inferred from the vocabulary)
+    ("lowercase", lambda v: v is None or isinstance(v, bool), "true, false or null"))
 
 
 def _check_entries(config: Dict[str, Any], file: Path) -> None:
@@ -547,7 +550,8 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
         predictor = PretrainedGraphPredictor(modules.get("forward"), modules.get("backward"),
                                              config.get("vocabulary"),
                                              config.get("trained_length"),
-                                             config.get("trained_size"))
+                                             config.get("trained_size"),
+                                             config.get("lowercase"))
     except (TypeError, ValueError) as err:
         raise PretrainedFormatError(f"{config_file}: {err}") from None
     if map_location is not None:

@@ -196,21 +196,52 @@ def write_release(predictor: Union[PretrainedGraphPredictor, PathLike], folder: 
     return folder
 
 
+def read_card(folder: PathLike) -> Dict[str, str]:
+    """The fields of the model card ``folder/README.md`` as :func:`write_release` lays it
+    out: ``name`` (the title), ``summary`` (the first line after it) and each section of
+    :data:`CARD_SECTIONS` the card holds, by field (``{"data": "Tiny ImageNet ..."}``).
+
+    The card is each release's one description of itself (docs/pretrained.md): ``glomo
+    pretrained`` quotes its summary and data from here. A ``## `` line inside a fenced
+    block (the command) does not start a section; an unreadable card gives ``{}``."""
+    try:
+        lines = (Path(folder) / "README.md").read_text(encoding="utf-8",
+                                                       errors="replace").splitlines()
+    except OSError:
+        return {}
+    titles = {title: field for field, title in CARD_SECTIONS.items()}
+    fields: Dict[str, List[str]] = {"summary": []}
+    current, fence = "summary", ""
+    for line in lines:
+        run = re.match(r"`{3,}", line)
+        if run and (not fence or line.strip() == fence):
+            fence = "" if fence else run.group()
+        elif not fence and line.startswith("# ") and "name" not in fields:
+            fields["name"] = [line[2:]]
+            continue
+        elif not fence and line.startswith("## "):
+            current = titles.get(line[3:].strip(), "")  # ('' for Loading, or a section
+            fields.setdefault(current, [])  # this version does not know)
+            continue
+        fields.setdefault(current, []).append(line)
+    text = {k: "\n".join(v).strip() for k, v in fields.items() if k}
+    text["summary"] = next(iter(text["summary"].splitlines()), "")
+    return {k: v for k, v in text.items() if v}
+
+
 def describe_release(name: str) -> Dict[str, Any]:
     """What ``glomo pretrained`` lists about the released predictor ``name``, loaded (a
-    :class:`ValueError` if there is none, or a ``PretrainedFormatError`` if it is broken)."""
+    :class:`ValueError` if there is none, or a ``PretrainedFormatError`` if it is broken):
+    its shapes, and its card's ``summary`` and ``data`` (the data it was trained on, the
+    card's "Data" section on one line)."""
     path = release_path(name)
     predictor = PretrainedGraphPredictor.from_pretrained(path)
     modality = predictor.modality
-    try:
-        card = (path / "README.md").read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        card = []
+    card = read_card(path)
     return dict(name=name, modality=modality, directions=len(predictor.directions),
                 layers=predictor.num_layers, heads=predictor.heads,
                 units=list(cast(Tuple[int, int], predictor.image_size)) if modality == "pixels"
                 else predictor.num_tokens,
                 weights_bytes=(path / "model.safetensors").stat().st_size,
-                # (summary: the card's first line after its title)
-                summary=next((line.strip() for line in card[1:] if line.strip()), ""),
+                summary=card.get("summary", ""), data=" ".join(card.get("data", "").split()),
                 path=str(path), origin=releases_origin())

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numbers
 import weakref
-from typing import Any, NamedTuple, Optional, Tuple
+from typing import Any, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -194,6 +194,15 @@ class GlomoConv(MessagePassing):
         graph, edge_weight = self._head_graph(x, edge_index, edge_weight, edge_head)
         out = self.propagate(graph.edge_index, x=graph.features(x), edge_weight=edge_weight)
         return self._update(x, graph.output(out, x.size(0)))
+
+    def _check_input(self, edge_index: Any, size: Any) -> List[Optional[int]]:
+        # PyG reads an EdgeIndex's sizes (``num_rows``: a SymInt under dynamic shapes,
+        # which Dynamo cannot trace). While compiling, the graph propagate gets is the one
+        # :meth:`_index` built from input checked at the door, square over the rows of
+        # the features it is given: PyG then takes the size from them.
+        if is_compiling() and isinstance(edge_index, EdgeIndex):
+            return [None, None]
+        return super()._check_input(edge_index, size)
 
     def message(self, x_j: Tensor, edge_weight: Tensor) -> Tensor:
         return edge_weight.view(-1, 1).to(x_j.dtype) * x_j

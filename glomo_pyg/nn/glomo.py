@@ -309,13 +309,16 @@ class Glomo(torch.nn.Module):
 
     def to_pretrained(self, vocabulary: Optional[Sequence[str]] = None,
                       trained_length: Optional[int] = None,
-                      trained_size: Optional[Sequence[int]] = None) -> PretrainedGraphPredictor:
+                      trained_size: Optional[Sequence[int]] = None,
+                      lowercase: Optional[bool] = None) -> PretrainedGraphPredictor:
         """A copy of the graph-emitting parts as a :class:`PretrainedGraphPredictor` in
         eval mode (the paper discards :math:`f`); ``trained_length`` / ``trained_size``:
-        the longest training sequence / the training images' (height, width)."""
+        the longest training sequence / the training images' (height, width);
+        ``lowercase``: whether the vocabulary was built from lower-cased text."""
         parts = {d: copy.deepcopy(self.emitter(d)) for d in self.directions}
         return PretrainedGraphPredictor(parts.get("forward"), parts.get("backward"),
-                                        vocabulary, trained_length, trained_size).eval()
+                                        vocabulary, trained_length, trained_size,
+                                        lowercase).eval()
 
     def graph_parameters(self):
         """Parameters that only shape the graphs (g's, or the scorers with

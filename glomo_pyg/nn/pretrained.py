@@ -2,6 +2,7 @@
 vocabulary (paper Sec. 2.2)."""
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import torch
@@ -19,6 +20,14 @@ _PERSISTENCE: Dict[str, Callable] = {}
 
 def register_persistence(save: Callable, load: Callable) -> None:
     _PERSISTENCE.update(save=save, load=load)
+
+
+def _persistence(name: str) -> Callable:
+    """``save`` or ``load`` of glomo_pyg.io, imported on first use (``import glomo_pyg``
+    imports its modules lazily, so glomo_pyg.io may not have registered them yet)."""
+    if name not in _PERSISTENCE:
+        import glomo_pyg.io  # noqa: F401 (registers them)
+    return _PERSISTENCE[name]
 
 
 def _shared(name: str) -> property:
@@ -42,6 +51,11 @@ class PretrainedGraphPredictor(torch.nn.Module):
             pretrained on (:class:`GlomoTransfer` warns beyond it).
         trained_size (tuple of int, optional): pixel predictors: the ``(height, width)``
             of the images or crops they were pretrained on (each side at least 2).
+        lowercase (bool, optional): whether the vocabulary was built from lower-cased
+            text (``corpus.lower`` of ``glomo pretrain``); :meth:`encode` then lower-cases
+            the tokens it is given. ``None`` (a vocabulary saved before this was
+            recorded): inferred, ``True`` when no token of the vocabulary holds an
+            upper-case letter.
 
     Shapes:
         - **input:** units :math:`(N)` token ids or :math:`(N, F)` features,
@@ -52,12 +66,14 @@ class PretrainedGraphPredictor(torch.nn.Module):
     # (modules pickled before these existed)
     trained_length: Optional[int] = None
     trained_size: Optional[Tuple[int, int]] = None
+    lowercase: Optional[bool] = None
 
     def __init__(self, forward_predictor: Optional[GraphEmitter] = None,
                  backward_predictor: Optional[GraphEmitter] = None,
                  vocabulary: Optional[Sequence[str]] = None,
                  trained_length: Optional[int] = None,
-                 trained_size: Optional[Sequence[int]] = None):
+                 trained_size: Optional[Sequence[int]] = None,
+                 lowercase: Optional[bool] = None):
         super().__init__()
         bad_length = trained_length is not None and (isinstance(trained_length, bool) or
                                                       not isinstance(trained_length, int) or
@@ -106,6 +122,12 @@ class PretrainedGraphPredictor(torch.nn.Module):
             raise ValueError(f"the vocabulary lists {twice!r} more than once"
                              if twice is not None else f"the vocabulary has {len(self.vocabulary)} "
                              f"entries, the predictor embeds {self.num_tokens or 'no'} token ids")
+        if lowercase is not None and not isinstance(lowercase, bool):
+            raise TypeError(f"lowercase must be True, False or None, got {lowercase!r}")
+        # (inferred for vocabularies saved before it was recorded: a lower-cased build
+        # holds no upper-case letter, a cased one of real text almost surely does)
+        self.lowercase = lowercase if lowercase is not None or self.vocabulary is None else \
+            all(t == t.lower() for t in self.vocabulary)
 
     @property
     def directions(self) -> tuple:
@@ -199,8 +221,8 @@ class PretrainedGraphPredictor(torch.nn.Module):
                 raise TypeError(f"{type(emitter).__name__} has no image size to change")
             parts[d] = emitter.resized(height, width)
         return PretrainedGraphPredictor(parts.get("forward"), parts.get("backward"),
-                                        self.vocabulary, self.trained_length, self.trained_size
-                                        ).train(self.training)
+                                        self.vocabulary, self.trained_length, self.trained_size,
+                                        self.lowercase).train(self.training)
 
     def set_layout(self, layout: str) -> "PretrainedGraphPredictor":
         """Emit graphs in ``layout`` from now on (same graphs; not saved)."""
@@ -216,25 +238,75 @@ class PretrainedGraphPredictor(torch.nn.Module):
             x, sequences, layout)) for d in self.directions}
         return DirectionalGraphs(out.get("forward"), out.get("backward"))
 
-    def encode(self, tokens: Sequence[str], unknown: Optional[str] = None) -> Tensor:
-        """Token ids ``[len(tokens)]`` of strings in this predictor's vocabulary;
-        strings not in it map to ``unknown`` (an error if ``None``)."""
-        index: Dict[Optional[str], int] = {t: i for i, t in enumerate(self.vocabulary or ())}
-        fallback = index.get(unknown)
-        missing: List[Optional[str]] = [t for t in ([unknown] if unknown is not None else tokens)
-                                        if t not in index]
-        if missing or self.vocabulary is None:
-            raise ValueError(f"token {(missing or [None])[0]!r} is not in the vocabulary ("
-                             + ("this predictor has none)" if self.vocabulary is None else
-                                "given as unknown)" if unknown is not None else
-                                "pass unknown=...)"))
-        return torch.tensor([index.get(t, fallback) for t in tokens], dtype=torch.long,
+    def encode(self, tokens: Union[str, Sequence[str]], unknown: Optional[str] = None,
+               tokenize: bool = False) -> Tensor:
+        """Token ids ``[len(tokens)]`` of ``tokens`` in this predictor's vocabulary, each
+        lower-cased first when the vocabulary was (:attr:`lowercase`).
+
+        Args:
+            tokens: a sequence of token strings; a text (one string) only with
+                ``tokenize=True``.
+            unknown (str, optional): the vocabulary's token for those not in it
+                (``'<unk>'`` in vocabularies of ``glomo pretrain``); ``None``: such a
+                token raises.
+            tokenize (bool): split the text ``tokens`` into tokens with
+                :func:`glomo_pyg.data.tokenize`, the rules ``glomo pretrain`` builds its
+                vocabulary with (docs/text.md). (default: :obj:`False`)
+
+        Raises:
+            TypeError: a string without ``tokenize=True`` (it would be read character by
+                character), or ``tokenize=True`` without a string.
+            ValueError: no vocabulary, ``unknown`` not in it, or (``unknown=None``)
+                tokens not in it.
+
+        Warns:
+            UserWarning: more than half of the tokens are not in the vocabulary (text
+                split otherwise than the vocabulary was built?).
+        """
+        tokens = self._tokens(tokens, tokenize)
+        index: Dict[str, int] = {t: i for i, t in enumerate(self.vocabulary or ())}
+        if self.vocabulary is None or (unknown is not None and unknown not in index):
+            raise ValueError("this predictor has no vocabulary" if self.vocabulary is None else
+                             f"unknown={unknown!r} is not in the vocabulary; give its token "
+                             "for unknown words" + self._unknown_hint(index))
+        keys = [t.lower() if self.lowercase else t for t in tokens]
+        missing = [t for t, k in zip(tokens, keys) if k not in index]
+        if missing and unknown is None:
+            shown = ", ".join(repr(t) for t in missing[:5]) + (", ..." if len(missing) > 5 else "")
+            raise ValueError(f"{len(missing)} of {len(tokens)} tokens are not in the "
+                             f"vocabulary ({shown}): pass unknown=... to map them to the "
+                             f"vocabulary's token for unknown words" + self._unknown_hint(index))
+        if len(missing) * 2 > len(tokens):
+            warnings.warn(f"{len(missing)} of {len(tokens)} tokens are not in the vocabulary "
+                          f"and map to {unknown!r}: was the text split as the vocabulary was "
+                          "built (encode(text, tokenize=True))?", UserWarning, stacklevel=2)
+        fallback = index[unknown] if unknown is not None else -1  # (never used then)
+        return torch.tensor([index.get(k, fallback) for k in keys], dtype=torch.long,
                             device=next(self.parameters()).device)
+
+    def _tokens(self, tokens: Union[str, Sequence[str]], tokenize: bool) -> Sequence[str]:
+        """The tokens :meth:`encode` looks up: ``tokens``, or the text ``tokens`` split."""
+        if isinstance(tokens, str) != bool(tokenize):
+            raise TypeError("encode(text, tokenize=True) splits a text; without tokenize it "
+                            "takes a sequence of tokens, not a string (which it would read "
+                            "character by character): pass a list of tokens, or "
+                            "tokenize=True" if isinstance(tokens, str) else
+                            "tokenize=True splits a text: give one string, got "
+                            f"{type(tokens).__name__}")
+        if tokenize:
+            from glomo_pyg.data.text import tokenize as split  # (data imports nn: not at top)
+
+            return split(cast(str, tokens), lower=bool(self.lowercase))
+        return tokens
+
+    @staticmethod
+    def _unknown_hint(index: Dict[str, int]) -> str:
+        return " (here unknown='<unk>')" if "<unk>" in index else ""
 
     def save_pretrained(self, path, dtype: Optional[torch.dtype] = None) -> None:
         """Write ``config.json`` and ``model.safetensors`` into directory ``path``
         (:func:`glomo_pyg.io.save_pretrained`); ``dtype=torch.float16`` halves the bytes."""
-        _PERSISTENCE["save"](self, path, dtype=dtype)
+        _persistence("save")(self, path, dtype=dtype)
 
     @classmethod
     def from_pretrained(cls, name_or_path, map_location=None,
@@ -254,7 +326,7 @@ class PretrainedGraphPredictor(torch.nn.Module):
             PretrainedFormatError: the folder or its files are missing or invalid, or a
                 bare name is neither a folder nor a released predictor.
         """
-        return _PERSISTENCE["load"](name_or_path, map_location=map_location,
+        return _persistence("load")(name_or_path, map_location=map_location,
                                     vocabulary=vocabulary, allow_unsealed=allow_unsealed)
 
     def __repr__(self) -> str:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import sys
 import warnings
-from operator import attrgetter
 from types import FrameType
 from typing import List, Optional, Sequence, Tuple, Union, cast
 
@@ -94,8 +93,16 @@ class GlomoTransfer(torch.nn.Module):
                                 predictor.directions, mixing, propagation, layers)
         self.fusion = GatedFusion(in_channels, len(predictor.directions), fusion_channels)
 
-    in_channels = property(attrgetter("fusion.in_channels"), doc="Width of :math:`H`.")
-    out_channels = property(attrgetter("fusion.out_channels"), doc="Width of the output.")
+    # (plain properties: torch.compile cannot trace an ``operator.attrgetter`` call)
+    @property
+    def in_channels(self) -> int:
+        """Width of :math:`H`."""
+        return self.fusion.in_channels
+
+    @property
+    def out_channels(self) -> int:
+        """Width of the output."""
+        return self.fusion.out_channels
 
     def reset_parameters(self):
         self.mixer.reset_parameters()

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, List, Set, Tuple
+from typing import Any, Dict, List, Tuple
 
 import lightning.pytorch as pl
 import torch
@@ -13,6 +13,7 @@ from glomo_pyg.analysis.statistics import (
     graph_health,
     graph_statistics,
 )
+from glomo_pyg.graphs.names import layer_name, relation_name
 from glomo_pyg.settings import Rule
 
 HEALTH_FIELDS = ("density", "empty", "adjacent", "distance", "entropy")
@@ -25,7 +26,8 @@ class GraphStatisticsCallback(pl.Callback):
     :func:`graph_health` of the current batch's graphs (its leading whole sequences up to
     ``max_units`` units), with ``dead`` and ``adj`` in the progress bar; a head that dies
     (more than ``dead_share`` of its targets without an incoming edge) is warned about
-    once until it recovers (docs/training.md, dead heads).
+    once, and its recovery too, so that the warnings tell what ``dead`` counts
+    (docs/training.md, dead heads).
     """
 
     def __init__(self, every_n_steps: int = 100, dead_share: float = DEAD_HEAD_SHARE,
@@ -36,21 +38,35 @@ class GraphStatisticsCallback(pl.Callback):
             "dead_share", dead_share)
         # (the sparse edges of e.g. 64 images of 1024 pixels would not fit in memory)
         self.max_units = Rule(int, low=2).check("max_units", max_units)
-        self._dead: Set[Tuple[str, int, int]] = set()
+        self._dead: Dict[Tuple[str, int, int], int] = {}  # dead head -> the step it died
         self.last: Dict[str, GraphHealth] = {}
         self.history: List[Dict[str, object]] = []  # per check: step, direction, per-head health
 
     def check_health(self, direction: str, health: GraphHealth, step: int) -> List[str]:
-        """Warn about heads that died since the last check; returns the warnings."""
+        """Warn about heads of ``direction`` that died or recovered since the last check;
+        returns the warnings."""
         dead = {(direction, l, h) for l, h in health.dead_heads(self.dead_share)}
-        messages = [f"step {step}: graph head {h} of layer {l} ({d}) is dead: "
-                    f"{float(health.empty[l, h]):.0%} of its targets have no incoming edge "
-                    "(see docs/training.md, dead heads)"
-                    for d, l, h in sorted(dead - {x for x in self._dead if x[0] == direction})]
-        self._dead = {x for x in self._dead if x[0] != direction} | dead
-        for message in messages:
+        before = {x: k for x, k in self._dead.items() if x[0] == direction}
+        died = [f"step {step}: graph {relation_name(d, l, h)} is dead: "
+                f"{float(health.empty[l, h]):.0%} of its targets have no incoming edge "
+                "(see docs/training.md, dead heads)" for d, l, h in sorted(dead - set(before))]
+        recovered = [f"step {step}: graph {relation_name(d, l, h)}, dead since step "
+                     f"{before[(d, l, h)]}, recovered: {float(health.empty[l, h]):.0%} of its "
+                     "targets have no incoming edge" for d, l, h in sorted(set(before) - dead)]
+        self._dead = {**{x: k for x, k in self._dead.items() if x[0] != direction},
+                      **{x: before.get(x, step) for x in dead}}
+        for message in died + recovered:
             warnings.warn(message, RuntimeWarning, stacklevel=2)
-        return messages
+        return died + recovered
+
+    def state_dict(self) -> Dict[str, Any]:
+        # (checkpointed: a resumed run warns neither again about a head still dead, nor
+        # misses its recovery)
+        return dict(dead=[[d, l, h, k] for (d, l, h), k in sorted(self._dead.items())])
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self._dead = {(str(d), int(l), int(h)): int(k)
+                      for d, l, h, k in state_dict.get("dead", [])}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
@@ -75,7 +91,7 @@ class GraphStatisticsCallback(pl.Callback):
                            uniform_distance=health.uniform_distance)
             self.history.append(dict(step=step, direction=direction, **uniform,
                                      **{k: getattr(health, k).tolist() for k in HEALTH_FIELDS}))
-            stats.update({f"health/{direction}/layer{l}/head{h}/{name}":
+            stats.update({f"health/{relation_name(direction, l, h)}/{name}":
                           float(getattr(health, name)[l, h]) for name in HEALTH_FIELDS
                           for l in range(g.num_layers) for h in range(g.num_heads)})
             dead_heads = len(health.dead_heads(self.dead_share))
@@ -92,8 +108,9 @@ class GraphStatisticsCallback(pl.Callback):
                 if hasattr(experiment, "add_histogram"):
                     for l in range(g.num_layers):
                         ei = g.layer(l)[0]
-                        experiment.add_histogram(f"graphs/{direction}/layer{l}/edge_distance",
-                                                 (ei[1] - ei[0]).abs().cpu(), step)
+                        experiment.add_histogram(
+                            f"graphs/{direction}/{layer_name(l)}/edge_distance",
+                            (ei[1] - ei[0]).abs().cpu(), step)
         if adjacent and trainer.progress_bar_callback is not None:
             # shown next to the loss until the next check
             trainer.progress_bar_metrics.update(

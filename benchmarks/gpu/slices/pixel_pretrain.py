@@ -228,8 +228,8 @@ def ingest(lines: List[Dict], folder: str, manifest: Dict, releases_root, log,
     recipe = manifest["recipe"]
     card = dict(
         name=RELEASE, modality="pixels", release="GPU release",
-        summary="Pixel graphs for 32x32 RGB images: 3 layers x 8 heads x 2 directions, "
-                "pretrained on 50,000 Tiny-ImageNet 32x32 images.",
+        summary="Pixel graphs for 32x32 RGB images: 3 layers x 8 heads x 2 directions; the "
+                "full pixel configuration on a GPU.",  # (the data: its own section)
         hardware=hardware(manifest),
         data="Tiny ImageNet training images box-downsampled to 32x32 (JPEG quality 90), the "
              "even-numbered half (50,000 images, 200 classes; labels unused).",

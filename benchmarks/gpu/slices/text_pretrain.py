@@ -247,12 +247,12 @@ def ingest(lines: List[Dict], folder: str, manifest: Dict, releases_root, log,
     card = dict(
         name=RELEASE, modality="text", release="GPU release",
         summary=f"Text graphs for English (IMDB reviews, {words}-word lower-cased "
-                f"vocabulary): {m['num_layers']} layers x {m['heads']} heads x 2 directions, "
-                "pretrained on all 75,000 IMDB training reviews (1% of the windows held "
-                "out for validation).",
+                f"vocabulary): {m['num_layers']} layers x {m['heads']} heads x 2 directions; "
+                "the full text configuration on a GPU.",  # (the data: its own section)
         hardware=hardware(manifest),
         data="IMDB (Maas et al., 2011): the 50,000 unlabelled and 25,000 labelled training "
-             f"reviews (the test reviews unseen), in windows of {c['max_length']} tokens"
+             f"reviews (the test reviews unseen; 1% of the windows held out for validation), "
+             f"in windows of {c['max_length']} tokens"
              + (f"; {metrics['summary']['tokens']:,} tokens" if "tokens" in metrics["summary"]
                 else "") + ".",
         recipe=f"`configs/{CONFIG}`: width {m['hidden_channels']}, {m['num_layers']} layers x "

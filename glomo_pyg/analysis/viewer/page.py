@@ -13,9 +13,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from glomo_pyg.analysis.export import directions
+from glomo_pyg.analysis.export import MAX_IMAGE_PIXELS, directions, image_predictor
 from glomo_pyg.analysis.viewer.inputs import valid_text
 from glomo_pyg.graph_conversion import check_sample
+from glomo_pyg.graphs.names import relation_name
 from glomo_pyg.graphs.pruning import check_pruning, prune_rows
 from glomo_pyg.io.image_files import pil_pixels, read_image_file
 from glomo_pyg.io.paths import check_output_file
@@ -26,7 +27,9 @@ MIN_WEIGHT = 0.01
 IMAGE_TOP_K = 8
 MAX_PAGE_BYTES = 8 << 20  # refused beyond this: raise min_weight or lower top_k
 MAX_TEXT_TOKENS = 512
-MAX_IMAGE_PIXELS = 64 * 64
+# what an image larger than MAX_IMAGE_PIXELS is told (a file's, read from its header)
+TOO_LARGE = (f"the viewer shows images of at most {MAX_IMAGE_PIXELS} pixels (e.g. 64x64), "
+             "each read at its own size: view a smaller image or a crop")
 
 
 def prune(dense: Tensor, min_weight: float, top_k: Optional[int]) -> Dict[str, List]:
@@ -44,24 +47,27 @@ def prune(dense: Tensor, min_weight: float, top_k: Optional[int]) -> Dict[str, L
 
 
 def _graph_lists(graphs, min_weight, top_k, products: bool, sample: int = 0) -> Dict[str, Any]:
-    """Every layer and head of ``sample``'s graphs (with ``products``: G^1...G^l too)."""
+    """Every layer and head of ``sample``'s graphs (with ``products``: G^1...G^l too), and
+    their names (:func:`~glomo_pyg.graphs.names.relation_name`), which the page shows."""
     n = int(graphs.lengths[sample])
     dense = graphs.to_dense()[:, sample, :, :n, :n].detach().cpu()  # [L, H, T, T]
-    out = dict(layers=dense.size(0), heads=dense.size(1),
+    names = lambda chained: [[relation_name(graphs.direction, l, h, chained)  # noqa: E731
+                              for h in range(dense.size(1))] for l in range(dense.size(0))]
+    out = dict(layers=dense.size(0), heads=dense.size(1), names=names(False),
                graphs=[[prune(g, min_weight, top_k) for g in layer] for layer in dense])
     if products:
         chained = [dense[0].double()]  # [H, T, T] per layer: (G^1 ... G^l)_ij
         for layer in dense[1:]:
             chained.append(chained[-1] @ layer.double())
         out["products"] = [[prune(g, min_weight, top_k) for g in layer] for layer in chained]
+        out["product_names"] = names(True)
     return out
 
 
 def _image_pixels(image) -> Tensor:
     """``image`` (a tensor, array, PIL image or file) as uint8 ``[3, H, W]``."""
     if isinstance(image, (str, os.PathLike)):
-        image = read_image_file(image, MAX_IMAGE_PIXELS, "the viewer shows images of at "
-                                f"most {MAX_IMAGE_PIXELS} pixels")
+        image = read_image_file(image, MAX_IMAGE_PIXELS, TOO_LARGE)
     if hasattr(image, "convert") and not isinstance(image, (Tensor, np.ndarray)):
         image = pil_pixels(image, "image")
     if isinstance(image, np.ndarray):
@@ -121,13 +127,9 @@ def _predicted_graphs(predictor, data: Dict[str, Any], pixels: Optional[Tensor])
     assert pixels is not None  # (pixel)
     height, width = (int(v) for v in pixels.shape[1:])
     if height * width > MAX_IMAGE_PIXELS:
-        raise ValueError(f"the image is {width}x{height} pixels ({height * width}); the "
-                         f"viewer shows images of at most {MAX_IMAGE_PIXELS} pixels "
-                         f"(e.g. 64x64): view a smaller image or a crop")
-    if (height, width) != predictor.image_size:  # (as glomo export: the weights at its size)
-        predictor = predictor.resized(height, width)
-    return predictor(*image_units(pixels[None]))
-    return predictor(*image_units(pixels[None]))
+        raise ValueError(f"the image is {width}x{height} pixels ({height * width}); "
+                         + TOO_LARGE)
+    return image_predictor(predictor, height, width)(*image_units(pixels[None]))
 
 
 def view_data(predictor, text: Union[str, Sequence[str], None] = None, *, image=None,
@@ -241,7 +243,10 @@ def view(predictor, text: Union[str, Sequence[str], None] = None, *, image=None,
             :class:`~glomo_pyg.DirectionalGraphs`) of which ``sample`` is shown.
         text: a sentence (tokenised as the predictor's corpus was) or its tokens.
         image: uint8 ``[3, H, W]`` or ``[H, W, 3]``, a PIL image or an image file (more
-            than 8 bits: scaled, :func:`~glomo_pyg.io.image_files.to_uint8`).
+            than 8 bits: scaled, :func:`~glomo_pyg.io.image_files.to_uint8`) of at most
+            :data:`~glomo_pyg.analysis.export.MAX_IMAGE_PIXELS` pixels, read at its own
+            size as ``glomo export`` reads it
+            (:func:`~glomo_pyg.analysis.export.image_predictor`).
         gold: a :class:`~glomo_pyg.analysis.treebank.GoldTree` of the same words, or their
             1-based CoNLL heads: gold arcs drawn beside the learned ones.
         min_weight, top_k: edges lighter than ``min_weight`` are left out, and with

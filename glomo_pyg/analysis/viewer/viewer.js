@@ -11,6 +11,9 @@
                   view: "head", pixel: 0 };
   if (data.kind === "image") state.pixel = Math.floor(data.height / 2) * data.width + Math.floor(data.width / 2);
   const info = () => data.directions[state.direction];
+  // every label is a graph's name as the data hold it ("forward/layer0/head3", 0-based:
+  // glomo_pyg.graphs.names), or one of its parts: "layer0", "layers0-2", "head3"
+  const part = (name, k) => name.split("/")[k];
   state.heads = new Set(Array.from({ length: info().heads }, (_, h) => h));
   const NS = "http://www.w3.org/2000/svg";
 
@@ -44,8 +47,8 @@
   const dirLabel = el("label", {}, controls, "direction ");
   const dirSelect = el("select", { id: "direction" }, dirLabel);
   for (const d of directions) el("option", { value: d }, dirSelect, d);
-  const layerLabel = el("label", {}, controls, "layer ");
-  const layerSelect = el("select", { id: "layer" }, layerLabel);
+  const layerLabel = el("label", {}, controls);
+  const layerSelect = el("select", { id: "layer", "aria-label": "layer" }, layerLabel);
   const headBox = el("span", { id: "heads" }, controls);
   let tabs = null;
   if (data.kind === "text") {
@@ -59,20 +62,21 @@
 
   function fillLayers() {
     layerSelect.innerHTML = "";
-    for (let l = 0; l < info().layers; l++) el("option", { value: "g" + l }, layerSelect, "layer " + l);
+    for (let l = 0; l < info().layers; l++) el("option", { value: "g" + l }, layerSelect, part(info().names[l][0], 1));
     if (info().products)
-      for (let l = 1; l < info().layers; l++) el("option", { value: "p" + l }, layerSelect, "layers 0-" + l + " (chained)");
+      for (let l = 1; l < info().layers; l++)
+        el("option", { value: "p" + l }, layerSelect, part(info().product_names[l][0], 1) + " (chained)");
     layerSelect.value = (state.product ? "p" : "g") + state.layer;
   }
   function fillHeads() {
-    headBox.innerHTML = "heads ";
+    headBox.innerHTML = "";
     for (let h = 0; h < info().heads; h++) {
       const label = el("label", {}, headBox);
       const box = el("input", { type: "checkbox", class: "head", "data-head": String(h) }, label);
       box.checked = state.heads.has(h);
       box.addEventListener("change", () => { box.checked ? state.heads.add(h) : state.heads.delete(h); render(); });
       el("span", { class: "head-swatch", style: "background:" + color(h) }, label);
-      label.appendChild(document.createTextNode(String(h)));
+      label.appendChild(document.createTextNode(part(info().names[0][h], 2)));
     }
   }
   dirSelect.addEventListener("change", () => {
@@ -159,9 +163,9 @@
       for (let h = 0; h < info().heads; h++) {
         const fig = el("figure", {}, grid);
         const canvas = el("canvas", { class: "cell", "data-layer": String(l), "data-head": String(h), tabindex: "0",
-                                      "aria-label": "layer " + l + ", head " + h }, fig);
+                                      "aria-label": info().names[l][h] }, fig);
         heat(canvas, info().graphs[l][h], data.tokens.length);
-        el("figcaption", {}, fig, state.direction + "/layer" + l + "/head" + h);
+        el("figcaption", {}, fig, info().names[l][h]);
         const open = () => { state.layer = l; state.product = false; state.heads = new Set([h]); state.view = "head"; state.focus = null; fillLayers(); fillHeads(); render(); };
         canvas.addEventListener("click", open);
         canvas.addEventListener("keydown", (ev) => { if (ev.key === "Enter") open(); });
@@ -217,7 +221,7 @@
         const canvas = el("canvas", { class: "overlay", "data-layer": String(l), "data-head": String(h), width: String(w), height: String(hgt) }, fig);
         if (l === state.layer && state.heads.has(h)) canvas.style.borderColor = color(h);
         paint(canvas, incoming(l, h, state.pixel));
-        el("figcaption", {}, fig, state.direction + "/layer" + l + "/head" + h);
+        el("figcaption", {}, fig, info().names[l][h]);
       }
     const x = state.pixel % w, y = Math.floor(state.pixel / w);
     note.textContent = "Pixel (row " + y + ", column " + x + "): its incoming weights in every " + state.direction +

@@ -56,13 +56,17 @@ PRECISIONS = ("64-true", "32-true", "16-true", "bf16-true", "16-mixed", "bf16-mi
 class CorpusConfig:
     """Where the documents come from and how they become training sequences."""
 
-    path: Optional[str] = setting(None, doc="text file or folder, the aclImdb folder, or an "
-                                            "image folder")
+    path: Optional[str] = setting(None, doc="text file or folder, a CSV/TSV/JSON-lines file "
+                                            "(with column), the aclImdb folder, or an image "
+                                            "folder")
     format: str = setting("text", choices=CORPUS_FORMATS,
                           doc="'text', 'aclimdb' (train/unsup + train/{pos,neg}, no test), or "
                               "images: 'cifar10' (cifar-10-batches-py, training batches) or "
                               "'imagenet32' (Downsampled-ImageNet batches)")
     one_per_line: bool = setting(False, doc="text: one document per line instead of per file")
+    column: Optional[str] = setting(None, doc="text: the column (CSV, TSV) or field (JSON "
+                                              "lines) holding each record's text, a "
+                                              "document per record")
     lower: bool = setting(True, doc="text: lower-case every token")
     min_count: int = setting(3, low=1, doc="text: occurrences a word needs to get an id")
     max_size: Optional[int] = setting(30000, low=len(SPECIALS) + 1, high=MAX_VOCABULARY,
@@ -234,6 +238,10 @@ class PretrainConfig:
                    else None)
         if vectors:
             raise ValueError(vectors)
+        if c.column is not None and (c.format != "text" or not c.column.strip()):
+            raise ValueError("corpus.column names the column of a CSV, TSV or JSON-lines "
+                             f"file (corpus.format 'text'), got {short_repr(c.column)} with "
+                             f"corpus.format {c.format!r}")
         context = None if images else self.model.get("context_length",
                                                      TEXT_DEFAULTS.context_length)
         if c.min_length > c.max_length or (context is not None and context >= c.max_length):

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 from collections import Counter
 from typing import Any, Dict, Iterator
 
@@ -36,11 +37,11 @@ def read_json(path: str, advice: str) -> Any:
 def iter_documents(corpus: CorpusConfig) -> Iterator[str]:
     """The corpus's documents (:func:`~glomo_pyg.data.corpora.read_corpus_documents`)."""
     return read_corpus_documents(corpus.path, corpus.format, corpus.one_per_line,
-                                 corpus.max_documents)
+                                 corpus.max_documents, corpus.column)
 
 
 # corpus settings added after runs were first saved, with the behaviour those runs had
-_ADDED_CORPUS_SETTINGS = dict(max_images=None, flip=True, crop=None)
+_ADDED_CORPUS_SETTINGS = dict(max_images=None, flip=True, crop=None, column=None)
 
 
 def with_corpus_defaults(saved: Dict[str, Any], keys) -> Dict[str, Any]:
@@ -67,6 +68,16 @@ def install_prepared_corpus(staging: str, folder: str) -> None:
         if os.path.isdir(target) and not os.path.islink(target):
             shutil.rmtree(target)
         os.replace(os.path.join(staging, name), target)
+
+
+def _warn_if_one_document(corpus: CorpusConfig, num_docs: int) -> None:
+    """A text file read whole is one document: likely meant a document per line."""
+    if num_docs == 1 and corpus.format == "text" and not corpus.one_per_line and \
+            corpus.column is None and os.path.isfile(os.path.expanduser(str(corpus.path))):
+        warnings.warn(f"corpus.path {corpus.path} is one file, read as one document "
+                      "(corpus.one_per_line is false): every training sequence is cut from "
+                      "that one text; set corpus.one_per_line=true if it holds a document "
+                      "per line", RuntimeWarning, stacklevel=4)
 
 
 def prepare_corpus(corpus: CorpusConfig, folder: str, log=print):
@@ -101,7 +112,9 @@ def prepare_corpus(corpus: CorpusConfig, folder: str, log=print):
                              "larger corpus" if few else f"has {len(vocab)} entries, more "
                              f"than a saved predictor may hold ({MAX_VOCABULARY}); set "
                              "corpus.max_size"))
-    log(f"corpus: {num_docs} documents, {sum(counts.values())} tokens, {len(counts)} distinct; "
+    _warn_if_one_document(corpus, num_docs)
+    log(f"corpus: {num_docs} document{'s' if num_docs != 1 else ''}, "
+        f"{sum(counts.values())} tokens, {len(counts)} distinct; "
         f"vocabulary {len(vocab)} (min_count {corpus.min_count}, max_size {corpus.max_size})")
     if os.path.isdir(shards):
         shutil.rmtree(shards)  # left by an interrupted preparation (no corpus.json yet)

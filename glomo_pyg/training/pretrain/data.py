@@ -22,6 +22,10 @@ def _split(count: int, validation_fraction: float, seed: int, unit: str):
     """A seeded (validation, sorted training) split of ``range(count)``."""
     order = torch.randperm(count, generator=torch.Generator().manual_seed(seed)).tolist()
     n_val = int(count * validation_fraction)
+    if n_val == 0 and validation_fraction > 0:
+        warnings.warn(f"corpus.validation_fraction {validation_fraction} of {count} {unit} "
+                      "holds none: the run reports no validation loss; raise it (or use a "
+                      "larger corpus)", RuntimeWarning, stacklevel=4)
     if n_val > count - n_val:
         warnings.warn(f"corpus.validation_fraction {validation_fraction} keeps only "
                       f"{count - n_val} of {count} {unit} for training", RuntimeWarning,

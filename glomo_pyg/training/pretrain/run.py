@@ -280,7 +280,8 @@ def _start_token_embeddings(config: PretrainConfig, vocab, module: GlomoPretrain
 
 def _trainer(config: PretrainConfig, corpus: SimpleNamespace, data, module: GlomoPretraining,
              trees, extra_callbacks: Optional[List[pl.Callback]], ckpt: Optional[str],
-             child: bool, log) -> Tuple[pl.Trainer, GracefulInterrupt, RunRecord]:
+             child: bool, log, start_step: int = 0
+             ) -> Tuple[pl.Trainer, GracefulInterrupt, RunRecord]:
     """The run's trainer with the caller's callbacks and the run's own."""
     t, monitor = config.train, []
     if trees:  # checked now rather than when its first score is due
@@ -294,7 +295,8 @@ def _trainer(config: PretrainConfig, corpus: SimpleNamespace, data, module: Glom
     interrupt = GracefulInterrupt(os.path.join(config.output_dir, "checkpoints", "last.ckpt"),
                                   quiet=child)
     record = RunRecord(corpus.fingerprint, config.to_dict())
-    trainer = build_trainer(config, [*(extra_callbacks or []), *monitor, record, interrupt])
+    trainer = build_trainer(config, [*(extra_callbacks or []), *monitor, record, interrupt],
+                            start_step)
     log(f"trainer: {type(trainer.accelerator).__name__}, {trainer.num_devices} device(s) x "
         f"{trainer.num_nodes} node(s), {type(trainer.strategy).__name__}, precision "
         f"{trainer.precision}")
@@ -324,6 +326,7 @@ def _save_result(config: PretrainConfig, corpus: SimpleNamespace, trainer: pl.Tr
         predictor = module.model.cpu().to_pretrained(
             corpus.vocab.tokens() if corpus.vocab else None,
             trained_length=None if images else config.corpus.max_length,
+            lowercase=None if images else config.corpus.lower,
             trained_size=corpus.crop if images else None)
         if images and corpus.crop != corpus.full:  # trained on crops: same weights, full size
             predictor = predictor.resized(*corpus.full)
@@ -405,7 +408,7 @@ def _run_pretraining(config: PretrainConfig, resume: bool,
                 _make_last_the_newest(folder, ckpt, log, damaged)
                 ckpt = os.path.join(folder, "last.ckpt")
         trainer, interrupt, record = _trainer(config, corpus, data, module, trees,
-                                              extra_callbacks, ckpt, child, log)
+                                              extra_callbacks, ckpt, child, log, start_step)
         _fit(trainer, module, data, ckpt, interrupt)
         saved = _saved_summary(config, trainer, start_step, ckpt, log)
         if saved is not None:

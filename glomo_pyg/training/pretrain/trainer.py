@@ -1,8 +1,9 @@
 """The Lightning ``Trainer`` of a pretraining run, and checks before any corpus work."""
 from __future__ import annotations
 
+import csv
 import os
-from typing import Any, List, Optional, cast
+from typing import Any, Dict, List, Optional, cast
 
 import lightning.pytorch as pl
 import torch
@@ -29,8 +30,52 @@ def _precision(train: TrainConfig) -> str:
     return "bf16-mixed" if gpu else "32-true"
 
 
-def build_trainer(config: PretrainConfig, extra_callbacks: Optional[List[pl.Callback]] = None
-                  ) -> pl.Trainer:
+def _continued_csv_logger(save_dir: str, start_step: int):
+    """Lightning's :class:`~lightning.pytorch.loggers.CSVLogger` in ``save_dir/logs/version_0``
+    whose ``metrics.csv`` a resumed run continues: the rows logged before the checkpoint of
+    ``start_step`` are kept (Lightning's writer deletes the file), those of the steps
+    trained again after it are dropped, so that the file equals an uninterrupted run's."""
+
+    def before_checkpoint(row: Dict[str, str]) -> bool:
+        # the graph statistics of step k are logged at step k, before its checkpoint;
+        # Lightning logs a batch's training metrics (train_loss) at the count of steps
+        # before it, so step k's row holding train_loss is the first batch after it
+        step = float(row.get("step") or "inf")
+        return step < start_step or (step == start_step and not row.get("train_loss"))
+
+    from lightning.fabric.loggers.logger import rank_zero_experiment
+    from lightning.pytorch.loggers import CSVLogger
+    from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+    class ContinuedWriter(ExperimentWriter):
+        def _check_log_dir_exists(self) -> None:  # (Lightning's removes metrics.csv)
+            if not self._fs.isfile(self.metrics_file_path):
+                return
+            with self._fs.open(self.metrics_file_path, "r", newline="") as fh:
+                reader = csv.DictReader(fh)
+                rows = [r for r in reader if before_checkpoint(r)]
+                self.metrics_keys = list(reader.fieldnames or [])
+            with self._fs.open(self.metrics_file_path, "w", newline="") as fh:
+                writer = csv.DictWriter(fh, fieldnames=self.metrics_keys)
+                writer.writeheader()
+                writer.writerows(rows)
+
+    class ContinuedCSVLogger(CSVLogger):
+        @property
+        @rank_zero_experiment
+        def experiment(self) -> Any:  # (Lightning's: a writer, or a dummy off rank 0)
+            if self._experiment is None:
+                self._fs.makedirs(self.root_dir, exist_ok=True)
+                self._experiment = ContinuedWriter(log_dir=self.log_dir)
+            return self._experiment
+
+    return ContinuedCSVLogger(save_dir, name="logs", version=0)
+
+
+def build_trainer(config: PretrainConfig, extra_callbacks: Optional[List[pl.Callback]] = None,
+                  start_step: int = 0) -> pl.Trainer:
+    """The run's trainer; ``start_step``: the step a resumed run continues from (its logs
+    continue in the same folder, ``<output_dir>/logs/version_0``)."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     t = config.train
@@ -45,10 +90,11 @@ def build_trainer(config: PretrainConfig, extra_callbacks: Optional[List[pl.Call
                                   t.checkpoint_every), *(extra_callbacks or [])]
 
     def build() -> pl.Trainer:
-        from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+        from lightning.pytorch.loggers import TensorBoardLogger
 
-        logger = (TensorBoardLogger if t.logger == "tensorboard" else CSVLogger)(
-            config.output_dir, name="logs")
+        # one folder per run, whatever its resumes (TensorBoard adds an events file to it)
+        logger = TensorBoardLogger(config.output_dir, name="logs", version=0) \
+            if t.logger == "tensorboard" else _continued_csv_logger(config.output_dir, start_step)
         return pl.Trainer(max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices,
                           num_nodes=t.num_nodes, strategy=t.strategy,
                           precision=cast(Any, _precision(t)),  # (Lightning checks the name)
