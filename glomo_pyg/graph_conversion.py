@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from glomo_pyg.graphs.names import relation_name
+from glomo_pyg.graph_names import relation_name
 from glomo_pyg.settings import check_int
 
 if TYPE_CHECKING:  # annotations only: glomo_pyg.graphs imports this module
@@ -71,7 +71,7 @@ def to_networkx(graphs: "LatentGraphs", sample: int, layer: Optional[int] = None
     """One sequence's graphs as a networkx graph: nodes ``0..T-1`` (attributes ``position``
     and ``label`` from ``labels``), edges source -> target with ``weight``, the graph's
     name ``relation`` (``'forward/layer0/head3'``,
-    :func:`~glomo_pyg.graphs.names.relation_name`) and its 0-based ``direction``,
+    :func:`~glomo_pyg.graph_names.relation_name`) and its 0-based ``direction``,
     ``layer`` and ``head``: a ``DiGraph`` with ``layer`` and ``head`` given, else a
     ``MultiDiGraph`` keyed by ``relation``, as ``glomo export``'s GraphML is.
     """

@@ -89,7 +89,8 @@ def test_no_import_cycle_inside_glomo_pyg():
 # layer and those below it, never one above. The package's __init__ (the public names)
 # sits above them all.
 LAYERS = [
-    ("base", ["version", "extras", "threads", "allocator", "atomic_files", "settings", "digests"]),
+    ("base", ["version", "extras", "threads", "allocator", "atomic_files", "settings", "digests",
+              "tokenizer", "graph_names"]),
     ("batches and orders", ["sequences", "ordering"]),
     ("kernels", ["kernels", "flex", "pixels", "graph_conversion", "pruning", "score_blocks"]),
     ("graphs", ["graphs"]),

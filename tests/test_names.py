@@ -21,7 +21,7 @@ from glomo_pyg.analysis.export_files import ExportItem, export_graphs
 from glomo_pyg.analysis.viewer.page import render
 from glomo_pyg.cli import main
 from glomo_pyg.data.text import SPECIALS
-from glomo_pyg.graphs.names import layer_name, relation_name
+from glomo_pyg.graph_names import layer_name, relation_name
 from glomo_pyg.nn.pixel import PixelGraphPredictor
 from glomo_pyg.transforms import GlomoGraphs
 

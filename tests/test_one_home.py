@@ -30,8 +30,8 @@ HOMES = {
     "t_quantile_975": "benchmarks/statistics.py",
     "canonical_digest": "glomo_pyg/digests.py",
     "networkx_graph": "glomo_pyg/graph_conversion.py",
-    "relation_name": "glomo_pyg/graphs/names.py",
-    "layer_name": "glomo_pyg/graphs/names.py",
+    "relation_name": "glomo_pyg/graph_names.py",
+    "layer_name": "glomo_pyg/graph_names.py",
     "image_predictor": "glomo_pyg/analysis/export.py",
     "MAX_IMAGE_PIXELS": "glomo_pyg/analysis/export.py",
 }

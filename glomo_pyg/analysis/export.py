@@ -16,8 +16,8 @@ from glomo_pyg.graph_conversion import (
     sample_edges,
     to_networkx,
 )
+from glomo_pyg.graph_names import relation_name
 from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
-from glomo_pyg.graphs.names import relation_name
 from glomo_pyg.graphs.pruning import check_pruning, prune_edges
 from glomo_pyg.ordering import DIRECTIONS
 
@@ -94,7 +94,7 @@ def to_graphml_graph(graphs, sample: int, labels: Optional[Sequence[str]] = None
                      min_weight: Optional[float] = None, top_k: Optional[int] = None):
     """:func:`edge_list` as a ``networkx.MultiDiGraph`` ready for GraphML: edges ``i -> j``
     keyed by the graph's name (``'forward/layer0/head3'``,
-    :func:`~glomo_pyg.graphs.names.relation_name`; also its ``relation`` attribute), nodes
+    :func:`~glomo_pyg.graph_names.relation_name`; also its ``relation`` attribute), nodes
     with the attributes of ``units``."""
     data = edge_list(graphs, sample, labels, min_weight, top_k)
     parts = [(relation_name(p["direction"], p["layer"], p["head"]),

@@ -14,7 +14,7 @@ from torch import Tensor
 from glomo_pyg.analysis.statistics import DEAD_HEAD_SHARE, GraphStatisticsTable, HeadStatistics
 from glomo_pyg.extras import require
 from glomo_pyg.graph_conversion import check_index, check_sample, sample_edges
-from glomo_pyg.graphs.names import layer_name, relation_name
+from glomo_pyg.graph_names import layer_name, relation_name
 from glomo_pyg.kernels import check_graph_size
 from glomo_pyg.ordering import RasterOrder
 from glomo_pyg.settings import Rule, check_int

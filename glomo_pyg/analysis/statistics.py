@@ -9,8 +9,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from glomo_pyg.graph_names import layer_name, relation_name
 from glomo_pyg.graphs import LatentGraphs
-from glomo_pyg.graphs.names import layer_name, relation_name
 from glomo_pyg.settings import check_int
 
 # Edge-distance bins |i - j| (in units): [1, 2), [2, 3), [3, 5), [5, 9), ... [65, inf).
@@ -28,7 +28,7 @@ def graph_statistics(graphs: LatentGraphs, edges: Sequence[int] = DISTANCE_EDGES
     outgoing edges per unit and head), ``distance`` (weight-averaged ``|i - j|`` per target,
     averaged over targets with edges) and ``dist_<bin>`` (fraction of edges whose
     ``|i - j|`` falls in each bin of ``edges``). Keys are ``layer<l>/<name>``, ``l``
-    counted from 0 (:func:`~glomo_pyg.graphs.names.layer_name`)."""
+    counted from 0 (:func:`~glomo_pyg.graph_names.layer_name`)."""
     stats: Dict[str, float] = {}
     bounds = torch.tensor(list(edges), dtype=torch.long)
     names = distance_bin_names(edges)
@@ -119,7 +119,7 @@ class HeadStatistics:
     @property
     def relation(self) -> str:
         """The graph's name, ``"forward/layer0/head3"``
-        (:func:`~glomo_pyg.graphs.names.relation_name`)."""
+        (:func:`~glomo_pyg.graph_names.relation_name`)."""
         return relation_name(self.direction, self.layer, self.head)
 
     @property

@@ -6,8 +6,6 @@ from __future__ import annotations
 import codecs
 import json
 import os
-import re
-import unicodedata
 from collections import Counter
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -15,12 +13,11 @@ import torch
 
 from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.io.paths import check_input_path
+from glomo_pyg.tokenizer import tokenize as tokenize  # (re-exported: its home for users)
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
 SPECIALS = (PAD, UNK, BOS, EOS)
 
-_BREAK = re.compile(r"<br\s*/?\s*>", re.IGNORECASE)
-_TOKEN = re.compile(r"[^\W_]+(?:['’-][^\W_]+)*|([^\w\s])\1*|_+", re.UNICODE)
 MAX_DOCUMENT_BYTES = 1 << 26  # default size limit of one document (a file, or a line)
 
 
@@ -74,17 +71,6 @@ def read_document(path: str, max_bytes: int = MAX_DOCUMENT_BYTES,
 
 def _newlines(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
-
-
-def tokenize(text: str, lower: bool = True) -> List[str]:
-    """Split ``text`` into word-level tokens: ``<br>`` tags as spaces, NFKC, lower-cased
-    (``lower``), words with inner apostrophes or hyphens, and every other non-space
-    character on its own (a run of one punctuation character as one token)."""
-    text = unicodedata.normalize("NFKC", _BREAK.sub(" ", text))
-    if lower:
-        text = text.lower()
-    # (group 1: a punctuation run, kept as one character)
-    return [m.group(1) or m.group(0) for m in _TOKEN.finditer(text)]
 
 
 class WordVocabulary:

@@ -13,6 +13,7 @@ from glomo_pyg.graphs import DIRECTION_KEYS as _KEY
 from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
 from glomo_pyg.nn.emitter import GraphEmitter
 from glomo_pyg.sequences import sequence_batch
+from glomo_pyg.tokenizer import tokenize as split_text
 
 # Saving and loading live in glomo_pyg.io (nn does no file I/O), which registers them here.
 _PERSISTENCE: Dict[str, Callable] = {}
@@ -20,14 +21,6 @@ _PERSISTENCE: Dict[str, Callable] = {}
 
 def register_persistence(save: Callable, load: Callable) -> None:
     _PERSISTENCE.update(save=save, load=load)
-
-
-def _persistence(name: str) -> Callable:
-    """``save`` or ``load`` of glomo_pyg.io, imported on first use (``import glomo_pyg``
-    imports its modules lazily, so glomo_pyg.io may not have registered them yet)."""
-    if name not in _PERSISTENCE:
-        import glomo_pyg.io  # noqa: F401 (registers them)
-    return _PERSISTENCE[name]
 
 
 def _shared(name: str) -> property:
@@ -294,9 +287,7 @@ class PretrainedGraphPredictor(torch.nn.Module):
                             "tokenize=True splits a text: give one string, got "
                             f"{type(tokens).__name__}")
         if tokenize:
-            from glomo_pyg.data.text import tokenize as split  # (data imports nn: not at top)
-
-            return split(cast(str, tokens), lower=bool(self.lowercase))
+            return split_text(cast(str, tokens), lower=bool(self.lowercase))
         return tokens
 
     @staticmethod
@@ -306,7 +297,7 @@ class PretrainedGraphPredictor(torch.nn.Module):
     def save_pretrained(self, path, dtype: Optional[torch.dtype] = None) -> None:
         """Write ``config.json`` and ``model.safetensors`` into directory ``path``
         (:func:`glomo_pyg.io.save_pretrained`); ``dtype=torch.float16`` halves the bytes."""
-        _persistence("save")(self, path, dtype=dtype)
+        _PERSISTENCE["save"](self, path, dtype=dtype)
 
     @classmethod
     def from_pretrained(cls, name_or_path, map_location=None,
@@ -326,7 +317,7 @@ class PretrainedGraphPredictor(torch.nn.Module):
             PretrainedFormatError: the folder or its files are missing or invalid, or a
                 bare name is neither a folder nor a released predictor.
         """
-        return _persistence("load")(name_or_path, map_location=map_location,
+        return _PERSISTENCE["load"](name_or_path, map_location=map_location,
                                     vocabulary=vocabulary, allow_unsealed=allow_unsealed)
 
     def __repr__(self) -> str:

@@ -28,7 +28,7 @@ def _check_graph(graph: str) -> None:
         raise ValueError(f"graph must be one of {GRAPHS}, got {graph!r}")
 
 
-def _caller_stacklevel() -> int:
+def caller_stacklevel() -> int:
     """``stacklevel`` of the first frame outside glomo_pyg and torch (the depth varies)."""
     frame: Optional[FrameType]
     level, frame = 2, sys._getframe(2)
@@ -155,7 +155,7 @@ class GlomoTransfer(torch.nn.Module):
         message = self.predictor.extrapolation_warning(units, self.max_distance)
         if message is not None:
             self._warned_length = True
-            warnings.warn(message, RuntimeWarning, stacklevel=_caller_stacklevel())
+            warnings.warn(message, RuntimeWarning, stacklevel=caller_stacklevel())
 
     def _windowed(self, graphs: DirectionalGraphs) -> DirectionalGraphs:
         if self.max_distance is None:

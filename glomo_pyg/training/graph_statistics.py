@@ -13,7 +13,7 @@ from glomo_pyg.analysis.statistics import (
     graph_health,
     graph_statistics,
 )
-from glomo_pyg.graphs.names import layer_name, relation_name
+from glomo_pyg.graph_names import layer_name, relation_name
 from glomo_pyg.settings import Rule
 
 HEALTH_FIELDS = ("density", "empty", "adjacent", "distance", "entropy")

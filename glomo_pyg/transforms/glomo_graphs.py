@@ -12,12 +12,12 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from glomo_pyg import flex, kernels
+from glomo_pyg.graph_names import relation_name
 from glomo_pyg.graphs import LatentGraphs
-from glomo_pyg.graphs.names import relation_name
 from glomo_pyg.graphs.pruning import PrunedEdges, check_pruning, prune_rows
 from glomo_pyg.graphs.score_blocks import pruned_graph_edges
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
-from glomo_pyg.nn.transfer import _caller_stacklevel
+from glomo_pyg.nn.transfer import caller_stacklevel
 from glomo_pyg.sequences import TOKEN_DTYPES
 from glomo_pyg.settings import check_int
 from glomo_pyg.transforms.base import SampleEdges, UnitGraphs, check_directions
@@ -251,7 +251,7 @@ class GlomoGraphs(UnitGraphs):
                                                        owner="GlomoGraphs")
         if message is not None:
             self._warned_length = True
-            warnings.warn(message, RuntimeWarning, stacklevel=_caller_stacklevel())
+            warnings.warn(message, RuntimeWarning, stacklevel=caller_stacklevel())
 
     def _sample_edges(self, samples: List[Data], dense: bool) -> List[SampleEdges]:
         longest = max(d.x.size(0) for d in samples)

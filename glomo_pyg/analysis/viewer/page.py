@@ -16,7 +16,7 @@ from torch import Tensor
 from glomo_pyg.analysis.export import MAX_IMAGE_PIXELS, directions, image_predictor
 from glomo_pyg.analysis.viewer.inputs import valid_text
 from glomo_pyg.graph_conversion import check_sample
-from glomo_pyg.graphs.names import relation_name
+from glomo_pyg.graph_names import relation_name
 from glomo_pyg.graphs.pruning import check_pruning, prune_rows
 from glomo_pyg.io.image_files import pil_pixels, read_image_file
 from glomo_pyg.io.paths import check_output_file
@@ -48,7 +48,7 @@ def prune(dense: Tensor, min_weight: float, top_k: Optional[int]) -> Dict[str, L
 
 def _graph_lists(graphs, min_weight, top_k, products: bool, sample: int = 0) -> Dict[str, Any]:
     """Every layer and head of ``sample``'s graphs (with ``products``: G^1...G^l too), and
-    their names (:func:`~glomo_pyg.graphs.names.relation_name`), which the page shows."""
+    their names (:func:`~glomo_pyg.graph_names.relation_name`), which the page shows."""
     n = int(graphs.lengths[sample])
     dense = graphs.to_dense()[:, sample, :, :n, :n].detach().cpu()  # [L, H, T, T]
     names = lambda chained: [[relation_name(graphs.direction, l, h, chained)  # noqa: E731

@@ -12,7 +12,7 @@
   if (data.kind === "image") state.pixel = Math.floor(data.height / 2) * data.width + Math.floor(data.width / 2);
   const info = () => data.directions[state.direction];
   // every label is a graph's name as the data hold it ("forward/layer0/head3", 0-based:
-  // glomo_pyg.graphs.names), or one of its parts: "layer0", "layers0-2", "head3"
+  // glomo_pyg.graph_names), or one of its parts: "layer0", "layers0-2", "head3"
   const part = (name, k) => name.split("/")[k];
   state.heads = new Set(Array.from({ length: info().heads }, (_, h) => h));
   const NS = "http://www.w3.org/2000/svg";
