@@ -26,7 +26,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import List
 
-# a wheel carries the package (its releases included) and its metadata, and nothing else:
+# a wheel carries the package (its releases included), its metadata and the CLI entry
+# module pyproject.toml names, and nothing else:
 # no tests, data, checkpoints, caches or hidden files
 STRAY = re.compile(r"__pycache__|\.py[cod]$|\.ckpt$|\.npy$|\.npz$|\.pkl$|(^|/)\.")
 
@@ -81,7 +82,9 @@ def check_wheel(wheel: Path, checkout: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
         top = ("glomo_pyg/", f"glomo_pyg-{metadata.version('glomo-pyg')}.dist-info/")
-        stray = [n for n in names if not n.startswith(top) or STRAY.search(n)]
+        modules = {f"{m}.py" for m in top_level_modules(checkout)}
+        stray = [n for n in names
+                 if not (n.startswith(top) or n in modules) or STRAY.search(n)]
         if stray:
             sys.exit(f"{wheel.name} holds files a wheel must not: {stray[:10]}")
         for release in checkout_releases(checkout):
@@ -92,6 +95,14 @@ def check_wheel(wheel: Path, checkout: Path) -> None:
                     sys.exit(f"{wheel.name}: {inside} is missing or differs from the checkout")
     step(f"{wheel.name}: {len(names)} files, {wheel.stat().st_size / 2**20:.2f} MiB, "
          "no tests, data or caches; every release byte for byte")
+
+
+def top_level_modules(checkout: Path) -> List[str]:
+    """The single-file modules pyproject.toml installs beside the package (the CLI's entry)."""
+    # (a regex rather than tomllib, which Python 3.10 lacks)
+    found = re.search(r"^py-modules\s*=\s*\[([^\]]*)\]",
+                      (checkout / "pyproject.toml").read_text(), re.M)
+    return re.findall(r'"([^"]+)"', found.group(1)) if found else []
 
 
 def checkout_releases(checkout: Path) -> List[str]:
