@@ -1296,7 +1296,7 @@ def test_repr_shows_every_option():
     assert repr(GridGraphs(2, 3, relations="offset", symmetric=True)) == (
         "GridGraphs(height=2, width=3, relations='offset', directions=('forward', 'backward'), "
         "self_loops=False, symmetric=True, as_edge_index=False, hetero=False, "
-        "num_relations=8)")
+        "relation_columns=False, num_relations=8)")
 
 
 @pytest.mark.parametrize("options", [dict(renormalize=True), dict(self_loops=True),
@@ -1374,6 +1374,97 @@ def test_pyg_compose_after_the_transform_stays_aligned():
         assert pairs == set(map(tuple, hetero[edge_type].edge_index.t().tolist()))
 
 
+def columns_of(out, num_relations, n):
+    """``[R, T, T]`` of the ``relation_columns`` form (after checking it is that form)."""
+    assert "edge_type" not in out and out.edge_weight.shape == (out.edge_index.size(1),
+                                                               num_relations)
+    a = torch.zeros(num_relations, n, n, dtype=torch.float64)
+    for (i, j), row in zip(out.edge_index.t().tolist(), out.edge_weight.tolist()):
+        assert not a[:, i, j].any(), "one edge per pair"
+        a[:, i, j] = torch.tensor(row, dtype=torch.float64)
+    return a
+
+
+@pytest.mark.parametrize("options", [dict(), dict(renormalize=True, self_loops=True),
+                                     dict(symmetric=True, as_edge_index=True)])
+def test_relation_columns_hold_every_relation_of_each_pair(options):
+    samples = token_samples([6, 4])
+    flat = GlomoGraphs(text_predictor(), top_k=2, **options)
+    t = GlomoGraphs(text_predictor(), top_k=2, relation_columns=True, **options)
+    old = Data(x=samples[0].x, edge_type=torch.zeros(3, dtype=torch.long))
+    for data, base, out in zip([old, samples[1]], flat([old, samples[1]]), t([old, samples[1]])):
+        n, r = data.x.size(0), t.num_relations
+        assert torch.equal(columns_of(out, r, n), dense_of(base, r, n))
+        key = out.edge_index[1] * n + out.edge_index[0]
+        assert bool((key[1:] > key[:-1]).all()), "sorted by (target, source)"
+        assert bool((out.edge_weight != 0).any(1).all()), "every pair has an edge"
+        if options.get("as_edge_index"):
+            assert out.edge_index.sort_order == "col" and out.edge_index.is_undirected
+            out.edge_index.validate()
+        same_edges(t.to_hetero(out).to_homogeneous(), flat.to_hetero(base).to_homogeneous(),
+                   exact=True)
+    assert "edge_type" in old  # (the input is not modified)
+    with pytest.raises(ValueError, match="two output forms"):
+        GlomoGraphs(text_predictor(), hetero=True, relation_columns=True)
+    fixed = ChainGraphs(relation_columns=True)(samples[1])
+    assert fixed.edge_weight.shape == (6, 2) and "relation_columns=True" in repr(ChainGraphs(
+        relation_columns=True))
+
+
+def test_pyg_compose_on_relation_columns_stays_aligned():
+    """The issue's composition on the homogeneous form: each relation gets its own loops
+    and reverse edges, exactly as PyG's transforms give them relation by relation."""
+    import torch_geometric.transforms as T
+    from torch_geometric.utils import add_self_loops, to_undirected
+
+    p = text_predictor()
+    data = token_samples([7])[0]
+    t = GlomoGraphs(p, top_k=3, renormalize=True, relation_columns=True)
+    composed = T.Compose([t, T.AddSelfLoops(attr="edge_weight"), T.ToUndirected()])
+    shown = repr(composed)
+    assert "relation_columns=True" in shown and "top_k=3" in shown
+    out = composed(data)
+    assert out.edge_index.size(1) == out.edge_weight.size(0) and "edge_type" not in out
+    flat = GlomoGraphs(p, top_k=3, renormalize=True)(data)
+    expected = torch.zeros(t.num_relations, 7, 7, dtype=torch.float64)
+    for r in range(t.num_relations):  # PyG's transforms, per relation
+        keep = flat.edge_type == r
+        edge_index, weight = add_self_loops(flat.edge_index[:, keep], flat.edge_weight[keep],
+                                            fill_value=1.0, num_nodes=7)
+        edge_index, weight = to_undirected(edge_index, weight)
+        expected[r].index_put_(tuple(edge_index), weight.double(), accumulate=True)
+    got = torch.zeros_like(expected)
+    for (i, j), row in zip(out.edge_index.t().tolist(), out.edge_weight.tolist()):
+        got[:, i, j] += torch.tensor(row, dtype=torch.float64)
+    assert torch.allclose(got, expected, atol=1e-6)
+    hetero = t.to_hetero(out)  # (PyG's transforms sort by source: to_hetero re-sorts)
+    for r, edge_type in enumerate(t.edge_types):
+        store = hetero[edge_type]
+        assert store.edge_index.size(1) == store.edge_weight.numel() == \
+            int(expected[r].count_nonzero())
+
+
+def test_relation_columns_train_a_gnn_with_edge_features(tmp_path):
+    from torch_geometric.nn import GATConv
+
+    from glomo_pyg.transforms import GraphsDataset
+
+    t = GlomoGraphs(text_predictor(), top_k=3, symmetric=True, relation_columns=True)
+    samples = token_samples([5, 7, 4])
+    dataset = GraphsDataset(str(tmp_path / "columns"), samples, t)
+    for data, direct in zip(dataset, t(samples)):
+        assert torch.equal(data.edge_index, direct.edge_index)
+        assert torch.equal(data.edge_weight, direct.edge_weight)
+    batch = Batch.from_data_list(list(dataset))
+    torch.manual_seed(0)
+    embed = torch.nn.Embedding(VOCAB, 8)
+    conv = GATConv(8, 4, heads=2, edge_dim=t.num_relations)
+    out = conv(embed(batch.x), batch.edge_index, edge_attr=batch.edge_weight)
+    assert out.shape == (16, 8) and bool(torch.isfinite(out).all())
+    out.square().mean().backward()
+    assert conv.lin_edge.weight.grad is not None and conv.lin_edge.weight.grad.abs().sum() > 0
+
+
 def test_edge_index_output_validates_and_claims_only_what_holds():
     from torch_geometric import EdgeIndex
 
@@ -1438,6 +1529,7 @@ def test_hetero_form_trains_a_to_hetero_model():
     (dict(symmetric=None), "symmetric must be True or False"),
     (dict(as_edge_index=0), "as_edge_index must be True or False"),
     (dict(hetero="hetero"), "hetero must be True or False"),
+    (dict(relation_columns=1), "relation_columns must be True or False"),
 ])
 def test_bad_edge_options_are_refused(kwargs, match):
     with pytest.raises(TypeError, match=match):
@@ -1452,16 +1544,25 @@ def test_to_hetero_refuses_what_the_transform_did_not_emit():
     with pytest.raises(ValueError, match="to_hetero takes a Data emitted by this GlomoGraphs"):
         t.to_hetero(token_samples([4])[0])
     wide = GlomoGraphs(text_predictor())(token_samples([4])[0])
-    with pytest.raises(ValueError, match=r"edge types in \[0, 2\)"):
+    with pytest.raises(ValueError, match=r"edge_type \[E\] in \[0, 2\)"):
         GlomoGraphs(text_predictor(), merge="sum").to_hetero(wide)
+    import torch_geometric.transforms as T
+
+    misaligned = T.AddSelfLoops(attr="edge_weight")(wide)  # (edge_type left shorter)
+    with pytest.raises(ValueError, match="relation_columns=True"):
+        t.to_hetero(misaligned)
+    columns = GlomoGraphs(text_predictor(), relation_columns=True)(token_samples([4])[0])
+    with pytest.raises(ValueError, match=r"edge_weight \[E, 2\]"):
+        GlomoGraphs(text_predictor(), merge="sum").to_hetero(columns)
 
 
 def test_edge_options_and_forms_are_in_the_cache_key():
     base = GlomoGraphs(make_text(0))
-    assert not any(k in base.key_parts() for k in ("renormalize", "self_loops", "symmetric",
-                                                   "as_edge_index", "hetero"))
+    options = ("renormalize", "self_loops", "symmetric", "as_edge_index", "hetero",
+               "relation_columns")
+    assert not any(k in base.key_parts() for k in options)
     keys = {base.cache_key}
-    for option in ("renormalize", "self_loops", "symmetric", "as_edge_index", "hetero"):
+    for option in options:
         key = GlomoGraphs(make_text(0), **{option: True}).cache_key
         assert key not in keys, option
         keys.add(key)

@@ -18,7 +18,9 @@ from glomo_pyg.transforms.edge_options import (
     SampleEdges,
     apply_edge_options,
     check_edge_options,
+    coalesced,
     edge_type_names,
+    relation_columns,
 )
 
 Samples = Union[Data, Batch, HeteroData, Sequence[Union[Data, HeteroData]]]
@@ -54,26 +56,38 @@ class UnitGraphs(BaseTransform):
     subclass's pruning, in this order: ``renormalize``, ``self_loops``, ``symmetric``.
     Then the output form: ``as_edge_index=True`` makes ``edge_index`` an
     ``torch_geometric.EdgeIndex`` (``sparse_size`` the units; ``sort_order="col"`` when
-    there is one relation, the only case where the edges are sorted by target;
-    ``is_undirected`` with ``symmetric``). ``hetero=True`` gives :meth:`to_hetero`'s
-    ``HeteroData`` instead (one edge type per relation).
+    the edges are sorted by target: with one relation, or with ``relation_columns``;
+    ``is_undirected`` with ``symmetric``). ``relation_columns=True`` gives one edge per
+    pair of units with any edge and ``edge_weight`` :math:`(E, R)`, one column per
+    relation (0 where that relation has no edge between the two), sorted by (target,
+    source), and no ``edge_type``: multi-dimensional edge features, as ``GATConv`` /
+    ``TransformerConv`` (``edge_dim=R``) read them. ``hetero=True`` gives
+    :meth:`to_hetero`'s ``HeteroData`` instead (one edge type per relation).
 
     PyG's homogeneous ``T.AddSelfLoops`` and ``T.ToUndirected`` do not know
     ``edge_type``: the first appends loops to ``edge_index`` and its ``attr`` only (leaving
     ``edge_type`` shorter), the second merges edges of different relations between the
-    same units. Use ``self_loops`` / ``symmetric``, or the ``HeteroData`` form, on which
-    both act per relation (docs/any_gnn.md).
+    same units. Use ``self_loops`` / ``symmetric``, the ``relation_columns`` form (where
+    ``T.AddSelfLoops(attr="edge_weight")`` gives each relation its loop and
+    ``T.ToUndirected`` adds reverse edges column by column) or the ``HeteroData`` form, on
+    which both act per relation (docs/any_gnn.md).
     """
 
     #: Samples per predictor call (subclasses that batch).
     batch_size: int = 1
 
     def __init__(self, *, renormalize: bool = False, self_loops: bool = False,
-                 symmetric: bool = False, as_edge_index: bool = False, hetero: bool = False):
+                 symmetric: bool = False, as_edge_index: bool = False, hetero: bool = False,
+                 relation_columns: bool = False):
         self.edge_options = check_edge_options(renormalize=renormalize, self_loops=self_loops,
                                                symmetric=symmetric)
-        forms = check_edge_options(as_edge_index=as_edge_index, hetero=hetero)
+        forms = check_edge_options(as_edge_index=as_edge_index, hetero=hetero,
+                                   relation_columns=relation_columns)
+        if hetero and relation_columns:
+            raise ValueError("hetero=True and relation_columns=True are two output forms: "
+                             "choose one")
         self.as_edge_index, self.hetero = forms["as_edge_index"], forms["hetero"]
+        self.relation_columns = relation_columns
 
     @property
     @abstractmethod
@@ -104,12 +118,12 @@ class UnitGraphs(BaseTransform):
     def edge_key_parts(self) -> Dict[str, Any]:
         """The edge options and output form for :meth:`key_parts`: those not at their
         default (so that the defaults' keys are those of the transforms before them)."""
-        chosen = dict(self.edge_options, as_edge_index=self.as_edge_index, hetero=self.hetero)
-        return {k: v for k, v in chosen.items() if v}
+        return {k: v for k, v in UnitGraphs.options(self).items() if v}
 
     def options(self) -> Dict[str, Any]:
         """Every option, as the constructor takes it (what :func:`repr` shows)."""
-        return dict(self.edge_options, as_edge_index=self.as_edge_index, hetero=self.hetero)
+        return dict(self.edge_options, as_edge_index=self.as_edge_index, hetero=self.hetero,
+                    relation_columns=self.relation_columns)
 
     def check_sample(self, data: Data, index: int) -> None:
         """Raise a named error if ``data`` (sample ``index``) is not what this reads."""
@@ -151,9 +165,16 @@ class UnitGraphs(BaseTransform):
 
     def _with_edges(self, data: Data, edges: SampleEdges) -> Data:
         data = copy.copy(data)  # (the caller's samples stay as they were)
+        n = data.x.size(0)
+        if self.relation_columns:
+            edge_index, table = relation_columns(edges, n, self.num_relations)
+            data.edge_index = self._edge_index(edge_index, n, sorted_by_target=True)
+            data.edge_weight = table
+            if "edge_type" in data:
+                del data.edge_type
+            return data
         edge_index, weight, relation = edges
-        data.edge_index = self._edge_index(edge_index, data.x.size(0),
-                                           sorted_by_target=self.num_relations == 1)
+        data.edge_index = self._edge_index(edge_index, n, sorted_by_target=self.num_relations == 1)
         data.edge_weight, data.edge_type = weight, relation
         return data
 
@@ -190,19 +211,45 @@ class UnitGraphs(BaseTransform):
         """The ``HeteroData`` form of what this transform emitted (``data``, or a ``Batch``
         of them: a ``Batch`` of the forms), as ``hetero=True`` emits it: one edge type per
         relation (:attr:`edge_types`), for ``torch_geometric.nn.to_hetero`` or
-        ``HeteroConv``."""
+        ``HeteroConv``. ``data`` holds ``edge_type`` beside ``edge_index`` and
+        ``edge_weight`` [E], or ``edge_weight`` [E, R] (the ``relation_columns`` form: an
+        entry of 0 is no edge), also after PyG's transforms edited them."""
         if isinstance(data, Batch):
             return Batch.from_data_list([self.to_hetero(d) for d in data.to_data_list()])
-        if not isinstance(data, Data) or any(k not in data for k in EDGE_KEYS) or \
-                data.edge_type.numel() != data.edge_index.size(1) or (
-                    data.edge_type.numel() and int(data.edge_type.max()) >= self.num_relations):
-            raise ValueError(f"to_hetero takes a Data emitted by this {type(self).__name__} "
-                             f"(edge_index, edge_weight and edge_type aligned, edge types in "
-                             f"[0, {self.num_relations}))")
+        edges = self._emitted_edges(data)
+        return self._hetero(data, coalesced(edges[0][0], edges[0][1], edges[1], edges[2],
+                                            data.x.size(0)))
+
+    def _emitted_edges(self, data: Data) -> SampleEdges:
+        """``data``'s edges as (edge_index, edge_weight [E], edge_type), refused unless
+        aligned."""
+        r = self.num_relations
+        form = (f"a Data emitted by this {type(self).__name__}: edge_index [2, E] with "
+                f"edge_weight [E] and edge_type [E] in [0, {r}), or edge_weight [E, {r}]")
+        weight = getattr(data, "edge_weight", None) if isinstance(data, Data) else None
+        if not isinstance(weight, Tensor) or not isinstance(data.get("x"), Tensor) or \
+                not isinstance(data.get("edge_index"), Tensor):
+            raise ValueError(f"to_hetero takes {form}")
         edge_index = data.edge_index
         if isinstance(edge_index, EdgeIndex):
             edge_index = edge_index.as_tensor()
-        return self._hetero(data, (edge_index, data.edge_weight, data.edge_type))
+        e = edge_index.size(1)
+        if weight.dim() == 2 and "edge_type" not in data:
+            if weight.shape != (e, r):
+                raise ValueError(f"to_hetero takes {form}; got edge_weight "
+                                 f"{tuple(weight.shape)} for {e} edges")
+            pair, relation = weight.nonzero(as_tuple=True)
+            return edge_index[:, pair], weight[pair, relation], relation
+        relation = data.get("edge_type")
+        if weight.shape != (e,) or not isinstance(relation, Tensor) or \
+                relation.shape != (e,) or (e and not 0 <= int(relation.min()) <=
+                                           int(relation.max()) < r):
+            shapes = {k: tuple(v.shape) for k, v in data.items()
+                      if k in EDGE_KEYS and isinstance(v, Tensor)}
+            raise ValueError(f"to_hetero takes {form}; got {shapes} (PyG's homogeneous "
+                             f"T.AddSelfLoops / T.ToUndirected do not keep edge_type: use "
+                             f"self_loops= / symmetric=, or relation_columns=True)")
+        return edge_index, weight, relation
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{k}={v!r}" for k, v in self.options().items())

@@ -91,6 +91,18 @@ def apply_edge_options(edges: SampleEdges, num_units: int, num_relations: int, *
     return edges
 
 
+def relation_columns(edges: SampleEdges, num_units: int,
+                     num_relations: int) -> Tuple[Tensor, Tensor]:
+    """``edges`` as one edge per connected pair, sorted by (target, source), and their
+    weights ``[E, num_relations]`` (0 where a relation has no edge between the pair)."""
+    edge_index, weight, relation = edges
+    pair = edge_index[1] * num_units + edge_index[0]
+    unique, inverse = torch.unique(pair, sorted=True, return_inverse=True)
+    table = weight.new_zeros(unique.numel(), num_relations)
+    table[inverse, relation] = weight  # (one edge per pair and relation: no collisions)
+    return torch.stack([unique % num_units, unique // num_units]), table
+
+
 def edge_type_names(relations: List[str]) -> List[str]:
     """Each relation's name as a ``HeteroData`` edge type: every character but letters,
     digits and ``_`` becomes ``_`` (``"forward/layer0/head3"`` ->

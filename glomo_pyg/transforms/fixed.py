@@ -25,15 +25,18 @@ class FixedGraphs(UnitGraphs):
 
     Args:
         directions: ``'forward'`` and/or ``'backward'`` (default: both).
-        self_loops, symmetric, as_edge_index, hetero: as :class:`UnitGraphs` (weights
-            are already normalised: there is no ``renormalize``).
+        self_loops, symmetric, as_edge_index, hetero, relation_columns: as
+            :class:`UnitGraphs` (weights are already normalised: there is no
+            ``renormalize``).
     """
 
     def __init__(self, directions: Optional[Sequence[str]] = None, *,
                  self_loops: bool = False, symmetric: bool = False,
-                 as_edge_index: bool = False, hetero: bool = False):
+                 as_edge_index: bool = False, hetero: bool = False,
+                 relation_columns: bool = False):
         super().__init__(self_loops=self_loops, symmetric=symmetric,
-                         as_edge_index=as_edge_index, hetero=hetero)
+                         as_edge_index=as_edge_index, hetero=hetero,
+                         relation_columns=relation_columns)
         self.directions = check_directions(directions, DIRECTIONS)
         self._built: Dict[int, SampleEdges] = {}
 
@@ -132,7 +135,8 @@ class GridGraphs(FixedGraphs):
         height, width: the image size; every sample must have ``height * width`` units.
         directions: as :class:`ChainGraphs`.
         relations: ``'direction'`` or ``'offset'``.
-        self_loops, symmetric, as_edge_index, hetero: as :class:`FixedGraphs`.
+        self_loops, symmetric, as_edge_index, hetero, relation_columns: as
+            :class:`FixedGraphs`.
     """
 
     def __init__(self, height: int, width: int, directions: Optional[Sequence[str]] = None,

@@ -106,12 +106,18 @@ class GlomoGraphs(UnitGraphs):
         as_edge_index: ``edge_index`` as a ``torch_geometric.EdgeIndex``.
         hetero: emit ``HeteroData`` with one edge type per relation
             (:meth:`~UnitGraphs.to_hetero`; node type ``"unit"``).
+        relation_columns: one edge per connected pair of units, ``edge_weight`` with one
+            column per relation (0: no edge in that relation) and no ``edge_type``, the
+            form on which PyG's ``T.AddSelfLoops`` / ``T.ToUndirected`` keep every
+            relation apart.
 
     Shapes:
         - **input:** ``Data`` with ``x`` :math:`(T)` token ids or :math:`(HW, C)` pixels
           (or a list of them, or a ``Batch``)
         - **output:** the same, plus ``edge_index`` :math:`(2, E)`, ``edge_weight``
-          :math:`(E)`, ``edge_type`` :math:`(E)`; with ``hetero``, a ``HeteroData`` with
+          :math:`(E)`, ``edge_type`` :math:`(E)`; with ``relation_columns``,
+          ``edge_weight`` :math:`(E, R)` and no ``edge_type``; with ``hetero``, a
+          ``HeteroData`` with
           ``data["unit"].x`` and, per relation, ``edge_index`` :math:`(2, E_r)` and
           ``edge_weight`` :math:`(E_r)`
 
@@ -131,9 +137,11 @@ class GlomoGraphs(UnitGraphs):
                  image_size: Optional[Tuple[int, int]] = None, batch_size: int = 64,
                  device: Optional[Union[str, torch.device]] = None,
                  renormalize: bool = False, self_loops: bool = False, symmetric: bool = False,
-                 as_edge_index: bool = False, hetero: bool = False):
+                 as_edge_index: bool = False, hetero: bool = False,
+                 relation_columns: bool = False):
         super().__init__(renormalize=renormalize, self_loops=self_loops, symmetric=symmetric,
-                         as_edge_index=as_edge_index, hetero=hetero)
+                         as_edge_index=as_edge_index, hetero=hetero,
+                         relation_columns=relation_columns)
         self._name = os.fspath(predictor) if isinstance(predictor, (str, os.PathLike)) \
             else None  # (for repr)
         if isinstance(predictor, (str, os.PathLike)):
