@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shlex
 import sys
 import warnings
@@ -386,6 +387,10 @@ def _add_export(sub) -> None:
                    help="largest image in pixels (the viewer's limit too)")
     e.add_argument("--min-weight", type=float, default=0.0, help="leave out lighter edges")
     e.add_argument("--top-k", type=int, help="keep the k heaviest edges into each unit")
+    e.add_argument("--max-distance", type=int, metavar="D",
+                   help="cut every graph to sources at most D units (pixels: rows and "
+                   "columns) away; without it, longer inputs than the predictor's distance "
+                   "term learned are warned about")
     e.add_argument("--max-edges", type=int, default=2_000_000,
                    help="refuse a sample with more edges (thin with --min-weight/--top-k)")
     e.add_argument("--batch-size", type=int, default=16)
@@ -427,7 +432,7 @@ def _export_image_items(folder: str, max_samples: int, max_units: int):
 def _export(args: argparse.Namespace) -> int:
     predictor = _load_predictor(args, max_samples=(1, None), batch_size=(1, None),
                                 max_edges=(1, None), max_units=(1, None), top_k=(1, None),
-                                min_weight=(0.0, None),
+                                min_weight=(0.0, None), max_distance=(1, None),
                                 max_tokens=(2, None, "a graph over one token has no edges"))
     _check_reads(predictor, "words" if args.text else "pixels",
                  "--text" if args.text else "--images",
@@ -441,6 +446,7 @@ def _export(args: argparse.Namespace) -> int:
     summary = export_graphs(predictor, items, args.output, formats=args.formats,
                             batch_size=args.batch_size, min_weight=args.min_weight,
                             top_k=args.top_k, max_edges=args.max_edges,
+                            max_distance=args.max_distance,
                             log=print if args.verbose else None)
     edges = sum(s["num_edges"] for s in summary["samples"])
     print(f"{len(summary['samples'])} sample(s), {edges} edges written; statistics in "
@@ -514,6 +520,10 @@ def _add_view(sub) -> None:
     v.add_argument("--min-weight", type=float, default=0.01,
                    help="leave out lighter edges (default 0.01)")
     v.add_argument("--top-k", type=int, help="keep each target's K heaviest sources (images: 8)")
+    v.add_argument("--max-distance", type=int, metavar="D",
+                   help="cut every graph to sources at most D units (pixels: rows and "
+                   "columns) away; without it, longer inputs than the predictor's distance "
+                   "term learned are warned about")
     v.add_argument("--cased", action="store_true", help="do not lower-case words")
     v.add_argument("--output", required=True, help="the page to write (e.g. graphs.html)")
 
@@ -525,7 +535,7 @@ def _view(args: argparse.Namespace) -> int:
     if "\0" in args.predictor:
         raise ValueError("--predictor holds a NUL character: it is not a folder or a name")
     _check_options(args, line=(1, None, "counts from 1"), sentence=(1, None, "counts from 1"),
-                   top_k=(1, None), min_weight=(0.0, None))
+                   top_k=(1, None), min_weight=(0.0, None), max_distance=(1, None))
     if args.text is not None:
         valid_text(args.text, "--text")
     for option in ("text_file", "image", "treebank"):
@@ -548,7 +558,7 @@ def _view(args: argparse.Namespace) -> int:
                     "--sentence", args.treebank, "sentence")
         text = list(gold.words) if args.cased else [w.lower() for w in gold.words]
     page = view(predictor, text, image=args.image, gold=gold, min_weight=args.min_weight,
-                top_k=args.top_k, lower=not args.cased)
+                top_k=args.top_k, lower=not args.cased, max_distance=args.max_distance)
     page.save(args.output)
     print(f"glomo view: {args.output} ({os.path.getsize(args.output) / 2**20:.1f} MB; open it "
           "in a browser, offline)")
@@ -581,13 +591,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The library's keywords a warning may advise, as the flags of the commands that have them.
+_KEYWORD_FLAGS = {"max_distance": ("--max-distance", ("export", "view"))}
+
+
+def _as_flags(message: str, command: str) -> str:
+    """``message`` with each ``keyword=value`` of :data:`_KEYWORD_FLAGS` written as the
+    command's flag (``max_distance=15`` -> ``--max-distance 15``)."""
+    for keyword, (flag, commands) in _KEYWORD_FLAGS.items():
+        if command in commands:
+            message = re.sub(rf"\b{keyword}=(\d+)", rf"{flag} \1", message)
+    return message
+
+
 @contextlib.contextmanager
 def _warnings_as_lines(command: str) -> Iterator[None]:
     """Show each warning once as ``glomo <command>: warning: <message>`` on stderr, through
     tqdm when a progress bar may be drawn (its line then stays outside the bar), instead
     of Python's two lines with the caller's source."""
     def show(message, category, filename, lineno, file=None, line=None) -> None:
-        text = f"glomo {command}: warning: {message}"
+        text = f"glomo {command}: warning: {_as_flags(str(message), command)}"
         try:
             from tqdm import tqdm  # type: ignore[import-untyped]
 

@@ -3,6 +3,7 @@
 :mod:`glomo_pyg.graph_conversion` are importable from here too."""
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -19,6 +20,7 @@ from glomo_pyg.graph_conversion import (
 from glomo_pyg.graph_names import relation_name
 from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
 from glomo_pyg.graphs.pruning import check_pruning, prune_edges
+from glomo_pyg.nn.transfer import caller_stacklevel
 from glomo_pyg.ordering import DIRECTIONS
 
 __all__ = ["MAX_IMAGE_PIXELS", "adjacency", "concat_sequences", "directions", "edge_list",
@@ -40,6 +42,20 @@ def image_predictor(predictor, height: int, width: int):
     if (height, width) == tuple(predictor.image_size):
         return predictor
     return predictor.resized(height, width)
+
+
+def windowed(predictor, graphs: DirectionalGraphs, max_distance: Optional[int], owner: str,
+             warn: bool = True) -> Tuple[DirectionalGraphs, bool]:
+    """``graphs`` (emitted by ``predictor``) cut to ``max_distance`` (``None``: whole), and
+    whether a ``RuntimeWarning`` was given: with ``warn``, when they reach beyond the
+    lengths or image sizes the predictor's learned distance term saw
+    (:meth:`~glomo_pyg.nn.PretrainedGraphPredictor.extrapolation_warning`, the one rule of
+    every path that emits graphs; ``owner`` names this one)."""
+    message = predictor.extrapolation_warning(graphs.extent, max_distance, owner=owner) \
+        if warn else None
+    if message is not None:
+        warnings.warn(message, RuntimeWarning, stacklevel=caller_stacklevel())
+    return graphs.within(max_distance), message is not None
 
 
 def directions(graphs) -> List[Tuple[str, LatentGraphs]]:

@@ -18,9 +18,11 @@ from glomo_pyg.analysis.export import (
     edge_list,
     image_predictor,
     to_graphml_graph,
+    windowed,
 )
 from glomo_pyg.analysis.statistics import GraphStatisticsAccumulator
 from glomo_pyg.atomic_files import atomic_write
+from glomo_pyg.graphs import check_max_distance
 from glomo_pyg.settings import check_int
 
 FORMATS = ("graphml", "json")
@@ -85,7 +87,8 @@ def _batches(items: Sequence[ExportItem], batch_size: int):
 def export_graphs(predictor, items: Sequence[ExportItem], output_dir: str,
                   formats: Sequence[str] = FORMATS, batch_size: int = 16,
                   min_weight: float = 0.0, top_k: Optional[int] = None,
-                  max_edges: int = 2_000_000, log=None) -> Dict:
+                  max_edges: int = 2_000_000, max_distance: Optional[int] = None,
+                  log=None) -> Dict:
     """Emit the graphs of every item with ``predictor`` (a
     :class:`~glomo_pyg.nn.PretrainedGraphPredictor`; each image at its own size,
     :func:`~glomo_pyg.analysis.export.image_predictor`, as the viewer reads it) and write in
@@ -95,12 +98,17 @@ def export_graphs(predictor, items: Sequence[ExportItem], output_dir: str,
     :func:`~glomo_pyg.analysis.edge_list`), ``statistics.md`` / ``.csv`` / ``.json`` (the
     unthinned :class:`~glomo_pyg.analysis.GraphStatisticsTable`) and ``index.json`` (each
     sample's source, units, edges and files; returned). An item of more than
-    ``max_edges`` edges is refused before anything is written for it."""
+    ``max_edges`` edges is refused before anything is written for it. ``max_distance``
+    cuts every graph to that window first
+    (:meth:`~glomo_pyg.LatentGraphs.within`); without it, inputs longer (or images
+    larger) than the predictor's learned distance term saw give one ``RuntimeWarning``
+    saying which window to pass."""
     formats = list(formats)
     if not formats or any(f not in FORMATS for f in formats):
         raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats}")
     check_int("batch_size", batch_size)
     check_int("max_edges", max_edges)
+    check_max_distance(max_distance, optional=True)
     if not items:
         raise ValueError("nothing to export: no items")
     out = ExportDirectory(output_dir)
@@ -108,12 +116,15 @@ def export_graphs(predictor, items: Sequence[ExportItem], output_dir: str,
     index: List[Dict] = []
     width = max(5, len(str(len(items) - 1)))
     resized: Dict = {None: predictor, predictor.image_size: predictor}
+    warned = False
     for group, x, batch in _batches(items, batch_size):
         first = items[group[0]].x
         size = tuple(first.shape[1:]) if first.dim() == 3 else None  # images: (H, W)
         if size not in resized:
             resized[size] = image_predictor(predictor, *cast(Tuple[int, int], size))
-        graphs = resized[size](x, batch)
+        graphs, shown = windowed(predictor, resized[size](x, batch), max_distance,
+                                 "export_graphs", warn=not warned)
+        warned = warned or shown
         stats.update(graphs)
         for b, k in enumerate(group):
             entry = _export_sample(out, graphs, b, items[k], f"sample_{k:0{width}d}", formats,
@@ -126,7 +137,8 @@ def export_graphs(predictor, items: Sequence[ExportItem], output_dir: str,
     out.write("statistics.md", lambda fh: fh.write(table.format() + "\n"))
     out.write("statistics.csv", lambda fh: fh.write(table.to_csv()))
     out.write("statistics.json", lambda fh: json.dump(table.to_dict(), fh))
-    summary = dict(samples=index, min_weight=min_weight, top_k=top_k, formats=formats,
+    summary = dict(samples=index, min_weight=min_weight, top_k=top_k,
+                   max_distance=max_distance, formats=formats,
                    statistics=["statistics.md", "statistics.csv", "statistics.json"])
     out.write("index.json", lambda fh: json.dump(summary, fh, indent=1))
     return summary

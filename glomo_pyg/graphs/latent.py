@@ -464,3 +464,19 @@ class DirectionalGraphs(NamedTuple):
 
     forward: Optional[LatentGraphs]
     backward: Optional[LatentGraphs]
+
+    @property
+    def extent(self) -> Union[int, Tuple[int, int]]:
+        """How far apart their units can be, as a distance term reads it: the longest
+        sequence's length, or ``(height, width)`` for raster-ordered images."""
+        graphs = next(g for g in self if g is not None)
+        order = graphs.order
+        if isinstance(order, RasterOrder):
+            return (order.height, order.width)
+        return graphs.sequences.max_len
+
+    def within(self, max_distance: Optional[int]) -> "DirectionalGraphs":
+        """Each direction's :meth:`LatentGraphs.within` (``None``: these graphs)."""
+        if max_distance is None:
+            return self
+        return DirectionalGraphs(*(None if g is None else g.within(max_distance) for g in self))

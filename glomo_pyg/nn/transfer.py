@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 import warnings
 from types import FrameType
-from typing import List, Optional, Sequence, Tuple, Union, cast
+from typing import List, Optional, Sequence, cast
 
 import torch
 import torch_geometric
@@ -14,7 +14,6 @@ from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs, check_max_distance
 from glomo_pyg.nn.fusion import GatedFusion
 from glomo_pyg.nn.mixer import GraphMixer
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
-from glomo_pyg.ordering import RasterOrder
 from glomo_pyg.sequences import check_dtype, check_features, sequence_batch
 
 GRAPHS = ("learned", "uniform", "adjacent", "none")
@@ -148,20 +147,13 @@ class GlomoTransfer(torch.nn.Module):
         (:meth:`PretrainedGraphPredictor.extrapolation_warning`)."""
         if self._warned_length:
             return
-        order = next(g.order for g in graphs if g is not None)
-        units: Union[int, Tuple[int, int]] = (order.height, order.width) \
-            if isinstance(order, RasterOrder) else \
-            max(g.sequences.max_len for g in graphs if g is not None)  # (host ints)
-        message = self.predictor.extrapolation_warning(units, self.max_distance)
+        message = self.predictor.extrapolation_warning(graphs.extent, self.max_distance)
         if message is not None:
             self._warned_length = True
             warnings.warn(message, RuntimeWarning, stacklevel=caller_stacklevel())
 
     def _windowed(self, graphs: DirectionalGraphs) -> DirectionalGraphs:
-        if self.max_distance is None:
-            return graphs
-        return DirectionalGraphs(*(None if g is None else g.within(self.max_distance)
-                                   for g in graphs))
+        return graphs.within(self.max_distance)
 
     @torch.no_grad()
     def propagations(self, h: Tensor, x: Optional[Tensor] = None,

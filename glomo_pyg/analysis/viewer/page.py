@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from glomo_pyg.analysis.export import MAX_IMAGE_PIXELS, directions, image_predictor
+from glomo_pyg.analysis.export import MAX_IMAGE_PIXELS, directions, image_predictor, windowed
 from glomo_pyg.analysis.viewer.inputs import valid_text
 from glomo_pyg.graph_conversion import check_sample
 from glomo_pyg.graph_names import relation_name
@@ -134,18 +134,21 @@ def _predicted_graphs(predictor, data: Dict[str, Any], pixels: Optional[Tensor])
 
 def view_data(predictor, text: Union[str, Sequence[str], None] = None, *, image=None,
               gold=None, min_weight: Optional[float] = MIN_WEIGHT, top_k: Optional[int] = None,
-              lower: bool = True, sample: int = 0) -> Dict[str, Any]:
+              lower: bool = True, sample: int = 0,
+              max_distance: Optional[int] = None) -> Dict[str, Any]:
     """The data a :class:`GraphView` page embeds (JSON-able): the tokens or the image,
-    and each direction's layers and heads (text: and chained products), pruned by
-    ``min_weight`` and ``top_k``; see :func:`view`."""
-    from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
+    and each direction's layers and heads (text: and chained products), cut to
+    ``max_distance`` and pruned by ``min_weight`` and ``top_k``; see :func:`view`."""
+    from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs, check_max_distance
 
     check_pruning(top_k, min_weight)
+    check_max_distance(max_distance, optional=True)
     if (text is None) == (image is None):
         raise ValueError("give exactly one of text (a sentence or its tokens) and image")
     data, pixels = _units(text, image, lower)
     if isinstance(predictor, (LatentGraphs, DirectionalGraphs)):
-        graphs = dict(directions(predictor))
+        graphs = {d: g if max_distance is None else g.within(max_distance)
+                  for d, g in directions(predictor)}
         n, text = check_sample(next(iter(graphs.values())), sample), data["kind"] == "text"
         units = len(data["tokens"]) if text else data["height"] * data["width"]
         if units != n:
@@ -153,7 +156,9 @@ def view_data(predictor, text: Union[str, Sequence[str], None] = None, *, image=
             raise ValueError(f"{given}, but sequence {sample} of the graphs has {n} units: give "
                              "that sequence's own tokens (or image)")
     else:
-        graphs, sample = dict(directions(_predicted_graphs(predictor, data, pixels))), 0
+        emitted, _ = windowed(predictor, _predicted_graphs(predictor, data, pixels),
+                              max_distance, "view")
+        graphs, sample = dict(directions(emitted)), 0
     if data["kind"] == "image":
         top_k = IMAGE_TOP_K if top_k is None else top_k
     data.update(min_weight=float(min_weight or 0.0), top_k=top_k)
@@ -233,7 +238,8 @@ class GraphView:
 
 def view(predictor, text: Union[str, Sequence[str], None] = None, *, image=None, gold=None,
          min_weight: Optional[float] = MIN_WEIGHT, top_k: Optional[int] = None, lower: bool = True,
-         title: Optional[str] = None, sample: int = 0) -> GraphView:
+         title: Optional[str] = None, sample: int = 0,
+         max_distance: Optional[int] = None) -> GraphView:
     r"""Every graph a pretrained predictor emits for one sentence or one image as an
     interactive, self-contained page (docs/analysis.md; paper Fig. 3 and 4).
 
@@ -251,12 +257,16 @@ def view(predictor, text: Union[str, Sequence[str], None] = None, *, image=None,
             1-based CoNLL heads: gold arcs drawn beside the learned ones.
         min_weight, top_k: edges lighter than ``min_weight`` are left out, and with
             ``top_k`` all but each target's ``top_k`` heaviest (images: 8 by default).
+        max_distance: edges longer than this are cut first
+            (:meth:`~glomo_pyg.LatentGraphs.within`). Without it, a sentence longer (or
+            an image larger) than the predictor's learned distance term saw gives a
+            ``RuntimeWarning`` saying which window to pass.
 
     Strings (``text``, its tokens, ``title``) must be valid UTF-8. Returns a
     :class:`GraphView` (inline in a notebook; ``.save(path)``).
     """
     data = view_data(predictor, text, image=image, gold=gold, min_weight=min_weight,
-                     top_k=top_k, lower=lower, sample=sample)
+                     top_k=top_k, lower=lower, sample=sample, max_distance=max_distance)
     if title is None:
         title = "GLoMo graphs: " + (" ".join(data["tokens"])[:60] if data["kind"] == "text"
                                     else f"{data['width']}x{data['height']} image")
