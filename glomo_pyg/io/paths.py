@@ -84,6 +84,14 @@ def open_regular(path: Union[str, os.PathLike], what: str = "file",
     return fd
 
 
+def descriptor_path(fd: int, path: Union[str, os.PathLike]) -> str:
+    """A name that opens the very file ``fd`` holds (``/dev/fd/N`` where the system has it,
+    else ``path``), for readers that take a file name (safetensors' ``safe_open``): they
+    then read the file :func:`open_regular` checked, not whatever the name points at
+    later."""
+    return f"/dev/fd/{fd}" if os.path.isdir("/dev/fd") else os.fspath(path)
+
+
 def open_input_file(path: Union[str, os.PathLike], name: str) -> BinaryIO:
     """``path`` opened for binary reading if it is a regular file (not a FIFO, device,
     socket or folder, refused at once without blocking, nor a name with a NUL)."""

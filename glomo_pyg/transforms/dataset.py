@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -16,12 +17,13 @@ from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
 from glomo_pyg.atomic_files import atomic_write
-from glomo_pyg.digests import add_tensor, digest
+from glomo_pyg.digests import add_tensor, digest, weights_digest
+from glomo_pyg.io.paths import check_output_folder, descriptor_path, open_regular
 from glomo_pyg.transforms.base import UnitGraphs
 
 _PREFIX = "graphs-"
 #: Enters every key: a change of the file layout never reads files of the old one.
-FORMAT = "glomo-graphs-dataset/2"
+FORMAT = "glomo-graphs-dataset/3"
 _STORED = ("tensors, Python numbers (bool, int, float), strings and lists of numbers and "
            "strings")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -159,12 +161,31 @@ def settings_parts(graphs: UnitGraphs, pre_filter: Hook, pre_transform: Hook
 
 # ----------------------------------------------------------------------------- storage
 
+def content_digest(key: str, tensors: Mapping[str, Tensor]) -> str:
+    """SHA-256 (hex) of ``key`` and every stored tensor (name, dtype, shape, bytes): what a
+    cache file records as ``content`` and is checked against before use, so a changed
+    byte, a changed dtype, or another file's tensors under this key's name are never
+    served."""
+    return weights_digest({"format": FORMAT, "key": key}, tensors)
+
+
+def check_root(root: str) -> None:
+    """Refuse, by name, a dataset ``root`` (or its ``processed`` folder) that is a file."""
+    for folder in (root, os.path.join(root, "processed")):
+        try:
+            check_output_folder(folder)
+        except ValueError as err:
+            raise ValueError(f"root {root!r}: {err} (a dataset's root and its processed/ "
+                             "must be folders)") from None
+
+
 def encode_store(data: Data, slices: Optional[Mapping[str, Tensor]],
-                 metadata: Dict[str, str]) -> bytes:
+                 metadata: Dict[str, str]) -> Tuple[bytes, str]:
     """A collated ``data`` (PyG's ``InMemoryDataset.collate``) and its ``slices`` as
     safetensors bytes: tensors as ``data.<name>``, other values (strings, lists, a single
     sample's numbers) as UTF-8 JSON in a ``uint8`` tensor ``json.<name>`` (no limit on
-    the header's size), slices as ``slices.<name>``."""
+    the header's size), slices as ``slices.<name>``; ``metadata`` (with its ``key``) plus
+    their :func:`content_digest` as ``content``. Returns the bytes and that digest."""
     from safetensors.torch import save
 
     tensors: Dict[str, Tensor] = {}
@@ -176,7 +197,8 @@ def encode_store(data: Data, slices: Optional[Mapping[str, Tensor]],
             tensors[f"json.{key}"] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
     for key, value in (slices or {}).items():
         tensors[f"slices.{key}"] = value.contiguous()
-    return save(tensors, metadata=metadata)
+    content = content_digest(metadata["key"], tensors)
+    return save(tensors, metadata=dict(metadata, content=content)), content
 
 
 def decode_json(tensor: Tensor) -> Any:
@@ -184,17 +206,34 @@ def decode_json(tensor: Tensor) -> Any:
     return json.loads(bytes(tensor.numpy()).decode())
 
 
-def read_store(path: str, key: str) -> Tuple[Data, Optional[Dict[str, Tensor]], Dict[str, str]]:
-    """``(data, slices, metadata)`` of a file :func:`encode_store` wrote under ``key``;
-    ``OSError`` / ``ValueError`` / ``SafetensorError`` if it is missing, damaged or of
-    another key (nothing is unpickled)."""
+def read_tensors(path: str, key: str) -> Tuple[Dict[str, Tensor], Dict[str, str]]:
+    """Every tensor and the metadata of a file :func:`encode_store` wrote under ``key``,
+    opened as a regular file without blocking (a FIFO, device or folder is refused) and
+    checked against its recorded :func:`content_digest`; ``OSError`` / ``ValueError`` /
+    ``SafetensorError`` if it is missing, damaged, changed or of another key (nothing is
+    unpickled)."""
     from safetensors import safe_open
 
-    with safe_open(path, "pt") as f:
-        metadata = f.metadata() or {}
-        if metadata.get("key") != key:
-            raise ValueError("the file was written under another key")
-        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    fd = open_regular(path, "graph cache")
+    try:
+        with safe_open(descriptor_path(fd, path), "pt") as f:
+            metadata = f.metadata() or {}
+            if metadata.get("key") != key:
+                raise ValueError("the file was written under another key")
+            # (copies: safetensors may map the file, and what was checked must be what is
+            # served, whatever later happens to the file)
+            tensors = {name: f.get_tensor(name).clone() for name in f.keys()}
+    finally:
+        os.close(fd)
+    if metadata.get("content") != content_digest(key, tensors):
+        raise ValueError("its content differs from the digest recorded when it was written")
+    return tensors, metadata
+
+
+def read_store(path: str, key: str) -> Tuple[Data, Optional[Dict[str, Tensor]], Dict[str, str]]:
+    """``(data, slices, metadata)`` of a file :func:`encode_store` wrote under ``key``,
+    read and checked by :func:`read_tensors`."""
+    tensors, metadata = read_tensors(path, key)
     parts: Dict[str, Dict[str, Any]] = {"data": {}, "slices": {}, "json": {}}
     for name, t in tensors.items():
         kind, _, attr = name.partition(".")
@@ -220,8 +259,10 @@ class GraphsDataset(InMemoryDataset):
     option), ``pre_filter`` and ``pre_transform`` (:func:`hook_identity`) and every
     attribute of every sample; a later dataset with the same key loads them without
     running the predictor or the hooks, any other key makes its own file. The file is
-    read as safetensors (nothing is unpickled) and its recorded key is compared before
-    use; a damaged or foreign file is rebuilt.
+    read as safetensors (nothing is unpickled), opened as a regular file (a FIFO at its
+    path is refused, never waited on), and its recorded key and the SHA-256 of its whole
+    content (every tensor's dtype, shape and bytes, under the key) are compared before
+    use; a damaged, edited or foreign file is rebuilt.
 
     Samples may hold what a PyG ``InMemoryDataset`` holds: tensors, numbers, strings and
     lists of numbers and strings; they come back as from one (a number of one sample
@@ -243,6 +284,7 @@ class GraphsDataset(InMemoryDataset):
                  transform: Optional[Callable] = None, pre_transform: Hook = None,
                  pre_filter: Hook = None, force_reload: bool = False, log: bool = False):
         check_graphs(graphs)
+        check_root(root)
         if isinstance(samples, (Data, str)) or not isinstance(samples, Iterable):
             raise TypeError(f"samples must be a sequence of torch_geometric Data, got "
                             f"{type(samples).__name__}")
@@ -275,7 +317,7 @@ class GraphsDataset(InMemoryDataset):
             raise ValueError(f"pre_filter kept none of the {len(self.samples)} samples")
         check_samples(samples)
         data, slices = self.collate(self.graphs(samples))
-        payload = encode_store(data, slices, {
+        payload, _ = encode_store(data, slices, {
             "key": self.key, "format": FORMAT, "relations": json.dumps(self.graphs.relations)})
         with atomic_write(self.processed_paths[0], "wb") as fh:
             fh.write(payload)

@@ -20,16 +20,19 @@ from torch_geometric.data.collate import collate
 
 from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.digests import digest
+from glomo_pyg.io.paths import descriptor_path, open_regular
 from glomo_pyg.transforms.base import UnitGraphs
 from glomo_pyg.transforms.dataset import (
     FORMAT,
     Hook,
     check_graphs,
+    check_root,
     check_samples,
     decode_json,
     encode_store,
     feed_samples,
     prepared,
+    read_tensors,
     settings_parts,
 )
 
@@ -39,15 +42,21 @@ _CHUNK = re.compile(r"chunk-([0-9]+)\.safetensors")
 
 class _Chunk:
     """One chunk file opened for reading: its safetensors handle (memory-mapped: a sample
-    reads only its own slice of each tensor), its slices and its JSON values."""
+    reads only its own slice of each tensor), its slices and its JSON values. ``content``
+    is the digest the file held when the dataset checked it whole (on opening)."""
 
-    def __init__(self, path: str, key: str):
+    def __init__(self, path: str, key: str, content: str):
         from safetensors import safe_open
 
-        self.handle = safe_open(path, "pt")
-        if (self.handle.metadata() or {}).get("key") != key:
+        fd = open_regular(path, "graph cache chunk")
+        try:
+            self.handle = safe_open(descriptor_path(fd, path), "pt")
+        finally:
+            os.close(fd)
+        metadata = self.handle.metadata() or {}
+        if metadata.get("key") != key or metadata.get("content") != content:
             raise ValueError(f"{path} was replaced since the dataset was opened (another "
-                             "key); open the dataset again")
+                             "key or content); open the dataset again")
         names = list(self.handle.keys())
         self.slices = {n[7:]: self.handle.get_tensor(n).tolist() for n in names
                        if n.startswith("slices.")}
@@ -88,7 +97,8 @@ class GraphsOnDiskDataset(Dataset):
     and ``chunk_size``, and each chunk records a key of the settings and its samples'
     digest. A chunk whose file holds its key is reused without running the predictor, so
     a build that was interrupted resumes where it stopped, and another sample set never
-    reads old graphs; a missing, damaged or foreign chunk is made again. Nothing is
+    reads old graphs; a missing, damaged, edited or foreign chunk (its key, or the SHA-256
+    of its whole content recorded when written, differs) is made again. Nothing is
     unpickled (PyG's own ``_process`` is never run: this class defines no ``process``).
 
     Samples are read lazily: ``dataset[i]`` opens its chunk (memory-mapped; the
@@ -118,6 +128,7 @@ class GraphsOnDiskDataset(Dataset):
                  pre_transform: Hook = None, pre_filter: Hook = None, cache_chunks: int = 4,
                  force_reload: bool = False, log: bool = False):
         check_graphs(graphs)
+        check_root(root)
         for name, value in (("chunk_size", chunk_size), ("cache_chunks", cache_chunks)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -131,6 +142,7 @@ class GraphsOnDiskDataset(Dataset):
                          force_reload=force_reload)
         self._cache: "collections.OrderedDict[int, _Chunk]" = collections.OrderedDict()
         self._keys: List[str] = []
+        self._contents: List[str] = []  # each chunk file's content digest, checked whole
         self._ends: List[int] = []  # samples up to the end of each chunk
         self._build(stream)
         self.key = digest({"settings": self.settings, "chunks": self._keys})[:32]
@@ -175,7 +187,7 @@ class GraphsOnDiskDataset(Dataset):
     def _chunk(self, c: int) -> _Chunk:
         chunk = self._cache.get(c)
         if chunk is None:
-            chunk = _Chunk(self.chunk_path(c), self._keys[c])
+            chunk = _Chunk(self.chunk_path(c), self._keys[c], self._contents[c])
             self._cache[c] = chunk
             while len(self._cache) > self.cache_chunks:
                 self._cache.popitem(last=False)
@@ -194,11 +206,12 @@ class GraphsOnDiskDataset(Dataset):
             h = hashlib.sha256(f"{self.settings}:{len(self._keys)}".encode())
             feed_samples(h, raw, total)
             key = h.hexdigest()[:32]
-            count = None if self.force_reload else self._reusable(len(self._keys), key)
-            reused = count is not None
-            if count is None:
-                count = self._write(len(self._keys), key, raw, total)
+            found = None if self.force_reload else self._reusable(len(self._keys), key)
+            reused = found is not None
+            count, content = found if found is not None else \
+                self._write(len(self._keys), key, raw, total)
             self._keys.append(key)
+            self._contents.append(content)
             self._ends.append((self._ends[-1] if self._ends else 0) + count)
             total += len(raw)
             if self.log:
@@ -210,30 +223,30 @@ class GraphsOnDiskDataset(Dataset):
             raise ValueError(f"pre_filter kept none of the {total} samples")
         self._remove_stale()
 
-    def _reusable(self, index: int, key: str) -> Optional[int]:
-        """The sample count of chunk ``index``'s file if it holds ``key`` and reads as
-        safetensors (a missing, cut or foreign file: ``None``)."""
-        from safetensors import SafetensorError, safe_open
+    def _reusable(self, index: int, key: str) -> Optional[Tuple[int, str]]:
+        """The sample count and content digest of chunk ``index``'s file if it holds
+        ``key`` and its whole content matches its digest (:func:`read_tensors`; a missing,
+        cut, damaged, edited or foreign file: ``None``)."""
+        from safetensors import SafetensorError
 
         try:
-            with safe_open(self.chunk_path(index), "pt") as f:
-                metadata = f.metadata() or {}
-                if metadata.get("key") != key or metadata.get("format") != FORMAT:
-                    return None
-                return int(metadata["count"])
+            _, metadata = read_tensors(self.chunk_path(index), key)
+            if metadata.get("format") != FORMAT:
+                return None
+            return int(metadata["count"]), metadata["content"]
         except (OSError, ValueError, KeyError, SafetensorError):
             return None
 
-    def _write(self, index: int, key: str, raw: List[Data], start: int) -> int:
+    def _write(self, index: int, key: str, raw: List[Data], start: int) -> Tuple[int, str]:
         samples = prepared(raw, self.pre_filter, self.pre_transform, start)
         check_samples(samples, start)
         data, slices = _collated(self.graphs(samples)) if samples else (Data(), {})
-        payload = encode_store(data, slices, {
+        payload, content = encode_store(data, slices, {
             "key": key, "format": FORMAT, "count": str(len(samples)),
             "relations": json.dumps(self.graphs.relations)})
         with atomic_write(self.chunk_path(index), "wb") as fh:
             fh.write(payload)
-        return len(samples)
+        return len(samples), content
 
     def _remove_stale(self) -> None:
         """Remove chunk files past the last chunk (a longer sample set's)."""
