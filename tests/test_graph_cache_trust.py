@@ -178,3 +178,94 @@ def test_on_disk_a_fifo_chunk_is_made_again_without_waiting(tmp_path):
         pytest.fail("the dataset waited on a FIFO")
     for i in range(4):
         assert_same(done["ds"][i], want[i])
+
+
+# ----------------------------------------------------------------------------- TextGraphCache
+
+def text_cache(**variant):
+    from glomo_pyg.transforms import TextGraphCache
+    from tests.test_text_precompute import classifier, documents
+
+    model = classifier(**variant)
+    return model, TextGraphCache.compute(model, documents(), batch_size=3)
+
+
+def rebuilt(cache, edit):
+    """A cache of ``cache``'s settings whose first forward layer is ``edit``ed."""
+    from glomo_pyg.transforms import TextGraphCache
+
+    layers = {d: [dict(layer) for layer in ls] for d, ls in cache.layers.items()}
+    layer = layers["forward"][0]
+    edit(layer)
+    return TextGraphCache(kind=cache.kind, lengths=cache.lengths, tokens=cache.tokens,
+                          directions=cache.directions, num_layers=cache.num_layers,
+                          heads=cache.heads, include_self=cache.include_self,
+                          orders=cache.orders, max_distance=cache.max_distance,
+                          fingerprint=cache.fingerprint, layers=layers)
+
+
+def raise_count(layer):
+    count = layer["count"].clone()
+    count[0, 5] += 1
+    layer["count"] = count
+
+
+def beyond_document(layer):
+    distance = layer["distance"].clone()
+    distance[int(layer["start"][0, 4])] = 20  # (document 4 has 12 tokens)
+    layer["distance"] = distance
+
+
+def nan_weight(layer):
+    weight = layer["weight"].clone()
+    weight[3] = float("nan")
+    layer["weight"] = weight
+
+
+def shift_start(layer):
+    start = layer["start"].clone()
+    start[1, 4] += 1
+    layer["start"] = start
+
+
+def too_many_edges(layer):
+    """Document 4's first token (no forward sources) given the edges of a later one."""
+    count = layer["count"].clone()
+    first = 5 + 1 + 9 + 3  # (document 4's first token: the lengths before it)
+    later = first + int((count[0, first:first + 12] > 0).nonzero()[0])
+    count[0, first], count[0, later] = count[0, later], 0
+    layer["count"] = count
+
+
+def doubled_weight(layer):
+    weight = layer["weight"].clone()
+    weight[:] = 0.9
+    layer["weight"] = weight
+
+
+def int_weights(layer):
+    layer["weight"] = layer["weight"].to(torch.int64)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (raise_count, "do not tile"), (beyond_document, "leave the document"),
+    (nan_weight, r"outside \[0, 1\]"), (shift_start, "do not tile"),
+    (too_many_edges, "more edges into a token"),
+    (doubled_weight, "summing to more than 1"), (int_weights, "other dtypes")])
+def test_an_edited_text_cache_is_refused_by_name(edit, message):
+    _, cache = text_cache()
+    rebuilt(cache, lambda layer: None)  # (unedited: accepted)
+    with pytest.raises(ValueError, match=rf"graph cache, forward layer 0: .*({message}).*"
+                                         r"compute it again"):
+        rebuilt(cache, edit)
+
+
+def test_a_text_cache_knows_a_predictor_with_permuted_rows():
+    model, cache = text_cache()
+    cache.check_model(model)
+    p = model.transfer.predictor
+    weight = next(w for name, w in p.named_parameters() if w.dim() == 2 and w.size(0) > 1)
+    with torch.no_grad():
+        weight.copy_(weight.flip(0))  # same sums and absolute sums, other graphs
+    with pytest.raises(ValueError, match="another predictor's weights"):
+        cache.check_model(model)

@@ -17,6 +17,8 @@ from glomo_pyg.ordering import DIRECTIONS
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
 CACHE_WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: How far above 1 a stored weight, or a token's total, may be rounded (bfloat16's step).
+WEIGHT_SLACK = 2.0 ** -7
 
 
 def _check_documents(documents, num_tokens: int) -> List[Tensor]:
@@ -68,6 +70,82 @@ class TextGraphCache:
                       torch.device("cpu"))
         self._ptr = torch.cat([self.lengths.new_zeros(1), self.lengths.cumsum(0)]).to(device)
         self._lengths = self.lengths.to(device)
+        for d, layers_of in self.layers.items():
+            for l, layer in enumerate(layers_of):
+                problem = self._layer_problem(d, layer)
+                if problem is not None:
+                    raise ValueError(f"graph cache, {d} layer {l}: {problem}; it is not what "
+                                     "TextGraphCache.compute stores (compute it again)")
+
+    def _layer_problem(self, direction: str, layer: Dict[str, Tensor]) -> Optional[str]:
+        """What makes one stored layer unlike :meth:`compute`'s (``None``: nothing): the
+        tensors' kinds and shapes; each (head, document) run of edges inside the store,
+        the runs tiling it; each (head, token)'s edge count, distances and weights
+        possible for that token (sources inside its document, in the direction and
+        window, weights in [0, 1] summing to at most 1)."""
+        heads, docs, units = self.heads, self.num_documents, int(self.lengths.sum())
+        if set(layer) != {"count", "start", "distance", "weight"}:
+            return f"entries {sorted(layer)}, not count, start, distance and weight"
+        count, start, distance, weight = (layer[k] for k in ("count", "start", "distance",
+                                                              "weight"))
+        edges = distance.numel()
+        if count.shape != (heads, units) or start.shape != (heads, docs) or \
+                distance.shape != (edges,) or weight.shape != (edges,) or \
+                count.is_floating_point() or distance.is_floating_point() or \
+                start.dtype != torch.long or weight.dtype not in CACHE_WEIGHT_DTYPES or \
+                len({t.device for t in (count, start, distance, weight)}) != 1:
+            return "tensors of other dtypes, shapes or devices"
+        # (a window's rescaled weights may round to just above 1)
+        if not bool(torch.isfinite(weight).all()) or bool((weight < 0).any()) or \
+                bool((weight > 1 + WEIGHT_SLACK).any()):
+            return "weights outside [0, 1] (or not finite)"
+        runs = self._runs_problem(count, start, edges)
+        return runs if runs is not None else self._edges_problem(direction, layer)
+
+    def _runs_problem(self, count: Tensor, start: Tensor, edges: int) -> Optional[str]:
+        """Whether the (head, document) runs of edges tile ``[0, edges)`` exactly."""
+        if bool((count < 0).any()):
+            return "negative edge counts"
+        doc = torch.repeat_interleave(torch.arange(self.num_documents, device=count.device),
+                                      self._lengths.to(count.device))
+        sizes = torch.zeros_like(start).index_add_(1, doc, count.long()).flatten()
+        first = start.flatten()
+        order = torch.argsort(sizes, stable=True)
+        order = order[torch.argsort(first[order], stable=True)]  # by start, then size
+        ends = first[order] + sizes[order]
+        if int(sizes.sum()) != edges or (edges and int(first[order[0]]) != 0) or \
+                not torch.equal(first[order[1:]], ends[:-1]):
+            return f"edge counts and run starts that do not tile its {edges} edges"
+        return None
+
+    def _edges_problem(self, direction: str, layer: Dict[str, Tensor]) -> Optional[str]:
+        """Whether every edge's distance is possible for its target, and each target's
+        weights sum to at most 1 (so no edge is stored twice)."""
+        count, start, distance, weight = (layer[k] for k in ("count", "start", "distance",
+                                                              "weight"))
+        device = count.device
+        lengths, ptr = self._lengths.to(device), self._ptr.to(device)
+        order = torch.argsort(start.flatten(), stable=True)  # runs in store order
+        head, doc = order // self.num_documents, order % self.num_documents
+        # each run's tokens, in store order (a run's edges go target by target)
+        within = torch.arange(int(lengths[doc].sum()), device=device) - torch.repeat_interleave(
+            torch.cumsum(lengths[doc], 0) - lengths[doc], lengths[doc])
+        doc_of = torch.repeat_interleave(doc, lengths[doc])
+        token = ptr[doc_of] + within
+        sizes = count[torch.repeat_interleave(head, lengths[doc]), token].long()
+        room = within if direction == "forward" else lengths[doc_of] - 1 - within
+        if self.max_distance is not None:
+            room = room.clamp_max(self.max_distance)
+        low = 0 if self.include_self else 1
+        if bool((sizes > room + 1 - low).any()):
+            return "more edges into a token than it has sources"
+        if bool((distance < low).any()) or bool((distance.long() > torch.repeat_interleave(
+                room, sizes)).any()):
+            return "distances that leave the document, the direction or the window"
+        totals = torch.segment_reduce(weight.float(), "sum", lengths=sizes)
+        if bool((totals > 1 + WEIGHT_SLACK).any()):
+            return "a token's weights summing to more than 1"
+        return None
 
     @property
     def device(self) -> torch.device:
