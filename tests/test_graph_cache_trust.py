@@ -252,7 +252,12 @@ def int_weights(layer):
     (nan_weight, r"outside \[0, 1\]"), (shift_start, "do not tile"),
     (too_many_edges, "more edges into a token"),
     (doubled_weight, "summing to more than 1"), (int_weights, "other dtypes")])
-def test_an_edited_text_cache_is_refused_by_name(edit, message):
+@pytest.mark.parametrize("check_edges", [None, 7])  # (7: the check in many small pieces)
+def test_an_edited_text_cache_is_refused_by_name(edit, message, check_edges, monkeypatch):
+    from glomo_pyg.transforms import text_cache as module
+
+    if check_edges is not None:
+        monkeypatch.setattr(module, "CHECK_EDGES", check_edges)
     _, cache = text_cache()
     rebuilt(cache, lambda layer: None)  # (unedited: accepted)
     with pytest.raises(ValueError, match=rf"graph cache, forward layer 0: .*({message}).*"

@@ -19,6 +19,8 @@ from glomo_pyg.sequences import SequenceBatch, sequence_batch
 CACHE_WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: How far above 1 a stored weight, or a token's total, may be rounded (bfloat16's step).
 WEIGHT_SLACK = 2.0 ** -7
+#: Edges checked at a time when a cache is made (what bounds the check's temporaries).
+CHECK_EDGES = 1 << 22
 
 
 def _check_documents(documents, num_tokens: int) -> List[Tensor]:
@@ -139,12 +141,22 @@ class TextGraphCache:
         low = 0 if self.include_self else 1
         if bool((sizes > room + 1 - low).any()):
             return "more edges into a token than it has sources"
-        if bool((distance < low).any()) or bool((distance.long() > torch.repeat_interleave(
-                room, sizes)).any()):
-            return "distances that leave the document, the direction or the window"
-        totals = torch.segment_reduce(weight.float(), "sum", lengths=sizes)
-        if bool((totals > 1 + WEIGHT_SLACK).any()):
-            return "a token's weights summing to more than 1"
+        ends = sizes.cumsum(0)
+        total = int(ends[-1]) if ends.numel() else 0
+        steps = torch.arange(1, total // CHECK_EDGES + 1, device=device) * CHECK_EDGES
+        bounds = torch.searchsorted(ends, steps, right=True).tolist()
+        for lo, hi in zip([0] + bounds, bounds + [sizes.numel()]):  # (bounded temporaries)
+            first, last = int(ends[lo - 1]) if lo else 0, int(ends[hi - 1]) if hi else 0
+            if last == first:
+                continue
+            part = distance[first:last].long()
+            if bool((part < low).any()) or bool(
+                    (part > torch.repeat_interleave(room[lo:hi], sizes[lo:hi])).any()):
+                return "distances that leave the document, the direction or the window"
+            totals = torch.segment_reduce(weight[first:last].float(), "sum",
+                                          lengths=sizes[lo:hi])
+            if bool((totals > 1 + WEIGHT_SLACK).any()):
+                return "a token's weights summing to more than 1"
         return None
 
     @property
