@@ -177,9 +177,14 @@ def save_pretrained(predictor: PretrainedGraphPredictor, path: PathLike,
     return given
 
 
-def _resolve(given: PathLike) -> Tuple[Path, bool]:
-    """The folder ``given`` names, and whether it is a release (named by a bare name)."""
+def _resolve(given: PathLike) -> Tuple[Path, Optional[str]]:
+    """The folder ``given`` names, and the release name it is found under (``None``: not
+    a release; a bare name is a release's name)."""
     path = _as_path(given, "load_pretrained")
+    if "\0" in os.fspath(path):  # (os.path would fail on it with no word of which input)
+        raise PretrainedFormatError(
+            f"load_pretrained: the predictor's path or release name {os.fspath(given)!r} holds "
+            "a NUL character: it is neither a file name nor a released predictor's name")
     if isinstance(given, str) and not os.path.lexists(given) and \
             releases.RELEASE_NAME.fullmatch(given) and \
             interrupted_backup(Path(os.path.realpath(given))) is None:
@@ -188,8 +193,8 @@ def _resolve(given: PathLike) -> Tuple[Path, bool]:
             raise PretrainedFormatError(f"{given!r} is neither a folder nor the name of a "
                                         "released predictor; "
                                         + releases.available_releases(names))
-        return releases.releases_root() / given, True
-    return path, releases.in_releases_root(path)
+        return releases.releases_root() / given, given
+    return path, releases.release_name_of(path)
 
 
 def _open_error(path: Path, name: Optional[str], err: Exception) -> PretrainedFormatError:
@@ -497,6 +502,17 @@ def _check_vocabulary(given: Sequence[str], saved: Optional[List[str]], file: Pa
                  f"{cast(List[str], saved)[i]!r} saved"))
 
 
+def _check_release(name: str, path: Path, config: Dict[str, Any], modality: str) -> None:
+    """Refuse the release folder ``path`` found under ``name`` unless it is that release
+    (its sealed name, its card: :func:`glomo_pyg.io.releases.release_problem`)."""
+    try:
+        problem = releases.release_problem(name, path, config, modality)
+    except ValueError as err:  # its card is too large or no regular file
+        problem = str(err)
+    if problem is not None:
+        raise PretrainedFormatError(problem)
+
+
 def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None] = None,
                     vocabulary: Optional[Sequence[str]] = None,
                     allow_unsealed: bool = False) -> PretrainedGraphPredictor:
@@ -515,11 +531,14 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
 
     Raises:
         TypeError: ``path`` is not a str or os.PathLike.
-        PretrainedFormatError: a missing folder or release, a missing, corrupt, edited or
-            newer file, a config value of the wrong type or out of range, weights that do
-            not match the config or are not finite, or a vocabulary mismatch.
+        PretrainedFormatError: a missing folder or release, a path or name holding a NUL,
+            a missing, corrupt, edited or newer file, a config value of the wrong type or
+            out of range, weights that do not match the config or are not finite, a
+            vocabulary mismatch, or a release found under a name that is not its own (a
+            renamed copy, or a card not its own).
     """
-    path, is_release = _resolve(path)
+    path, release = _resolve(path)
+    is_release = release is not None
     try:
         cuda = map_location is not None and torch.device(map_location).type == "cuda"
         why = ": CUDA is not available here" if cuda and not torch.cuda.is_available() else None
@@ -554,6 +573,8 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
                                              config.get("lowercase"))
     except (TypeError, ValueError) as err:
         raise PretrainedFormatError(f"{config_file}: {err}") from None
+    if release is not None:
+        _check_release(release, path, config, predictor.modality)
     if map_location is not None:
         predictor = predictor.to(map_location)
     return predictor.eval()

@@ -3,15 +3,20 @@ wheel carries them as ``glomo_pyg/pretrained/NAME/``) and loaded by name
 (docs/pretrained.md)."""
 from __future__ import annotations
 
+import errno
+import hashlib
+import json
 import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Tuple, Union, cast
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union, cast
 
 import torch
 
 from glomo_pyg.atomic_files import replace_folder
+from glomo_pyg.io.paths import open_regular
+from glomo_pyg.io.seal import SEAL_KEY, seal_of
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 
 ENV_VAR = "GLOMO_PRETRAINED_DIR"
@@ -20,6 +25,19 @@ RELEASE_FILES = ("README.md", "config.json", "model.safetensors")
 # the repository carries the releases: each stays small, and so do all of them
 MAX_WEIGHTS_BYTES = 6 << 20
 MAX_RELEASES_BYTES = 16 << 20
+# a card is a few KiB, and `glomo pretrained` reads every one: a larger one is refused unread
+MAX_CARD_BYTES = 256 << 10
+CARD_NAME = "README.md"
+
+# the sealed config.json entry binding a release to its name, modality and card (write_release)
+RELEASE_KEY = "release"
+# The releases written before RELEASE_KEY, by the weights' SHA-256 their sealed config.json
+# records: the name each must be found under (its weights identify it however the config is
+# resealed or the card edited), so that a renamed copy is refused like a newer release.
+UNSEALED_RELEASE_NAMES: Dict[str, str] = {
+    "821e222df4ec8c524f8603a842c6f79e767a0574528eb74c359b8b4e44b7588e": "imdb-text-cpu",
+    "98a9036a8cfa447a8e2bfe722a2c3f99d00cc5f66572eb7cb739a30de2f9ff26": "imagenet32-pixel-cpu",
+    "a964e5e957115fe073cf50aa7002b3ac297e8f7e9449e5ca2b5f07c7309285cc": "imagenet32-pixel"}
 
 # the model card's sections, in order (after ``# name`` and the one-line summary)
 CARD_SECTIONS: Dict[str, str] = {
@@ -67,18 +85,38 @@ def in_releases_root(path: PathLike) -> bool:
     return resolved != root and os.path.commonpath([root, resolved]) == root
 
 
-def _releases(root: Path) -> List[str]:
+def release_name_of(path: PathLike) -> Optional[str]:
+    """The name under which the folder ``path`` is a release, or ``None`` if it is not in
+    :func:`releases_root`: the entry of the releases folder as ``path`` spells it (an alias
+    there is a name of its own), else the name of the folder it resolves to."""
+    root, given = os.path.abspath(releases_root()), os.path.abspath(path)
+    if os.path.dirname(given) == root:
+        return os.path.basename(given)
+    return os.path.basename(os.path.realpath(path)) if in_releases_root(path) else None
+
+
+def _releases(root: Path, origin: str = "") -> List[str]:
+    """The release names in ``root``; ``origin`` (``'$VAR=...: '``) prefixes an error."""
     try:
         entries = os.listdir(root)
     except (FileNotFoundError, NotADirectoryError):
         return []
+    except OSError as err:  # (a bare errno would not say which setting points there)
+        why = "its path runs into a loop of symbolic links" if err.errno == errno.ELOOP \
+            else err.strerror or str(err)
+        hint = f"; point {ENV_VAR} at a folder of release folders, or unset it" if origin else ""
+        raise ValueError(f"{origin}the releases folder {root} cannot be listed: {why}{hint}") \
+            from None
     return sorted(n for n in entries
                   if RELEASE_NAME.fullmatch(n) and (root / n / "config.json").is_file())
 
 
 def released_names() -> List[str]:
-    """Names of the released predictors, sorted (none where the folder does not exist)."""
-    return _releases(releases_root())
+    """Names of the released predictors, sorted (none where the folder does not exist);
+    a :class:`ValueError` naming the folder (and ``$GLOMO_PRETRAINED_DIR`` if it chose
+    it) if it cannot be listed, e.g. a loop of symbolic links."""
+    env = os.environ.get(ENV_VAR)
+    return _releases(releases_root(), f"{ENV_VAR}={env!r}: " if env else "")
 
 
 def available_releases(names: List[str]) -> str:
@@ -141,7 +179,9 @@ def _readme(card: Dict[str, str]) -> str:
 def write_release(predictor: Union[PretrainedGraphPredictor, PathLike], folder: PathLike,
                   card: Mapping[str, str]) -> Path:
     """Write a released predictor (float16 weights, config and ``README.md`` model card)
-    into ``folder``, replacing it as a whole, and return ``folder``.
+    into ``folder``, replacing it as a whole, and return ``folder``. The config seals the
+    release's name, modality and card digest (:data:`RELEASE_KEY`): loading refuses the
+    folder under another name or with another card (:func:`release_problem`).
 
     Args:
         predictor: the predictor, or the folder (or released name) of a saved one.
@@ -155,8 +195,8 @@ def write_release(predictor: Union[PretrainedGraphPredictor, PathLike], folder: 
         TypeError: ``predictor`` or ``card`` has the wrong type.
         ValueError: a card field is missing, unknown or malformed; the folder is not
             named after the release or holds something else; the predictor does not
-            match the card; or the release would exceed :data:`MAX_WEIGHTS_BYTES` or the
-            releases together :data:`MAX_RELEASES_BYTES`.
+            match the card; or the card would exceed :data:`MAX_CARD_BYTES`, the release
+            :data:`MAX_WEIGHTS_BYTES` or the releases together :data:`MAX_RELEASES_BYTES`.
     """
     card, folder = _check_card(card), Path(folder)
     if isinstance(predictor, (str, os.PathLike)):
@@ -169,7 +209,9 @@ def write_release(predictor: Union[PretrainedGraphPredictor, PathLike], folder: 
         predictor.save_pretrained(scratch, dtype=torch.float16)
         files = {n: (Path(scratch) / n).read_bytes()
                  for n in ("model.safetensors", "config.json")}  # (the config last)
-    files["README.md"] = _readme(card).encode("utf-8")
+    files[CARD_NAME] = _readme(card).encode("utf-8")
+    files["config.json"] = _sealed_config(files["config.json"], card["name"], modality,
+                                          files[CARD_NAME])
     size = len(files["model.safetensors"])
     total = sum(map(len, files.values())) + sum(  # (and the other releases beside it)
         f.stat().st_size for n in _releases(folder.parent) if n != folder.name
@@ -185,6 +227,9 @@ def write_release(predictor: Union[PretrainedGraphPredictor, PathLike], folder: 
                                       not set(os.listdir(folder)) <= set(RELEASE_FILES)),
          f"{folder} exists and is not a release folder; write_release only replaces an "
          "earlier release"),
+        (len(files[CARD_NAME]) > MAX_CARD_BYTES, f"the model card would have "
+         f"{len(files[CARD_NAME])} bytes, more than the {MAX_CARD_BYTES >> 10} KiB a card may "
+         "have (glomo pretrained reads no more)"),
         (size > MAX_WEIGHTS_BYTES, f"the release's weights file has {size / 2**20:.2f} MiB, "
          f"more than the {MAX_WEIGHTS_BYTES / 2**20:g} MiB a release may hold"),
         (total > MAX_RELEASES_BYTES, f"the releases in {folder.parent} would take "
@@ -196,6 +241,36 @@ def write_release(predictor: Union[PretrainedGraphPredictor, PathLike], folder: 
     return folder
 
 
+def _sealed_config(config: bytes, name: str, modality: str, card: bytes) -> bytes:
+    """``config`` (save_pretrained's sealed JSON) with :data:`RELEASE_KEY` added and sealed:
+    the release's name, modality and card digest, which loading holds the folder to."""
+    body = {k: v for k, v in json.loads(config).items() if k != SEAL_KEY}
+    body[RELEASE_KEY] = dict(name=name, modality=modality,
+                             card_sha256=hashlib.sha256(card).hexdigest())
+    body[SEAL_KEY] = seal_of(body)  # (last: it covers everything above)
+    return json.dumps(body, indent=2, allow_nan=False).encode()
+
+
+def card_bytes(folder: PathLike) -> Optional[bytes]:
+    """The model card ``folder/README.md`` as bytes, ``None`` if it is missing or cannot
+    be opened: the one place a card is read. It is opened without blocking (a FIFO is
+    refused, :class:`~glomo_pyg.io.paths.NotRegularFileError`) and a card over
+    :data:`MAX_CARD_BYTES` is refused by its size, unread (:class:`ValueError`)."""
+    file = Path(folder) / CARD_NAME
+    try:
+        fd = open_regular(file, "model card")
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        size = os.fstat(fd).st_size
+        data = fh.read(MAX_CARD_BYTES + 1) if size <= MAX_CARD_BYTES else b""
+    if max(size, len(data)) > MAX_CARD_BYTES:  # (it may grow after the fstat)
+        raise ValueError(f"{file} has {max(size, len(data))} bytes, more than the "
+                         f"{MAX_CARD_BYTES >> 10} KiB a model card may have: it is not a card "
+                         "write_release wrote")
+    return data
+
+
 def read_card(folder: PathLike) -> Dict[str, str]:
     """The fields of the model card ``folder/README.md`` as :func:`write_release` lays it
     out: ``name`` (the title), ``summary`` (the first line after it) and each section of
@@ -203,12 +278,16 @@ def read_card(folder: PathLike) -> Dict[str, str]:
 
     The card is each release's one description of itself (docs/pretrained.md): ``glomo
     pretrained`` quotes its summary and data from here. A ``## `` line inside a fenced
-    block (the command) does not start a section; an unreadable card gives ``{}``."""
-    try:
-        lines = (Path(folder) / "README.md").read_text(encoding="utf-8",
-                                                       errors="replace").splitlines()
-    except OSError:
-        return {}
+    block (the command) does not start a section; a missing or unreadable card gives
+    ``{}``; one over :data:`MAX_CARD_BYTES` or no regular file, a :class:`ValueError`
+    (see :func:`card_bytes`)."""
+    data = card_bytes(folder)
+    return {} if data is None else _parse_card(data.decode("utf-8", errors="replace"))
+
+
+def _parse_card(card: str) -> Dict[str, str]:
+    """The fields of the card text ``card`` (see :func:`read_card`)."""
+    lines = card.splitlines()
     titles = {title: field for field, title in CARD_SECTIONS.items()}
     fields: Dict[str, List[str]] = {"summary": []}
     current, fence = "summary", ""
@@ -227,6 +306,70 @@ def read_card(folder: PathLike) -> Dict[str, str]:
     text = {k: "\n".join(v).strip() for k, v in fields.items() if k}
     text["summary"] = next(iter(text["summary"].splitlines()), "")
     return {k: v for k, v in text.items() if v}
+
+
+def _named(name: str, folder: Path, sealed: str, how: str) -> str:
+    return (f"{folder} is the released predictor {sealed!r}, as {how}, but is found under the "
+            f"name {name!r}: a release is loaded by its folder's name, so a renamed or copied "
+            f"release is refused. Rename the folder to {sealed}, or write the predictor as a "
+            "release of the new name (glomo_pyg.io.releases.write_release)")
+
+
+def _sealed_problems(name: str, folder: Path, entry: Any, modality: str) -> List[str]:
+    """What is wrong with a release whose config seals its :data:`RELEASE_KEY` entry."""
+    config, file = folder / "config.json", folder / CARD_NAME
+    if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str) for k in (
+            "name", "modality", "card_sha256")):
+        return [f"{config}: its {RELEASE_KEY!r} entry must be an object of the release's "
+                "name, modality and card_sha256 (strings), as write_release writes it"]
+    if entry["name"] != name:
+        return [_named(name, folder, entry["name"], "its sealed config.json records")]
+    card = card_bytes(folder)
+    return [text for bad, text in (
+        (entry["modality"] != modality, f"{config} seals modality {entry['modality']!r}, the "
+         f"predictor reads {modality}"),
+        (card is None, f"{file} is missing: a release carries the model card it was sealed "
+         "with (write_release)"),
+        (card is not None and hashlib.sha256(card).hexdigest() != entry["card_sha256"],
+         f"{file} is not the model card sealed with the release (its SHA-256 differs from "
+         f"the one {config} records): it was edited or replaced; write the release again "
+         "with write_release")) if bad]
+
+
+def _unsealed_problems(name: str, folder: Path, config: Mapping[str, Any],
+                       modality: str) -> List[str]:
+    """What is wrong with a release whose config seals no name: one of
+    :data:`UNSEALED_RELEASE_NAMES` must have its name, and a card must describe it."""
+    weights = config.get("weights")
+    known = UNSEALED_RELEASE_NAMES.get(weights.get("sha256", "")) \
+        if isinstance(weights, dict) else None
+    if known is not None and known != name:
+        return [_named(name, folder, known, "the weights' SHA-256 its sealed config.json "
+                       "records shows (a release made before names were sealed)")]
+    card, file = read_card(folder), folder / CARD_NAME
+    return [text for bad, text in (
+        (card.get("name", name) != name, f"{file} is the model card of {card.get('name')!r} "
+         f"(its title), but the release is found under the name {name!r}: a card describes "
+         "its own release"),
+        (card.get("modality", modality) != modality, f"{file} says modality "
+         f"{card.get('modality')!r}, the predictor reads {modality}")) if bad]
+
+
+def release_problem(name: str, folder: PathLike, config: Mapping[str, Any],
+                    modality: str) -> Optional[str]:
+    """``None`` if the folder ``folder``, found under the release name ``name``, is that
+    release, else why not; loading a release asks this once its seal has passed.
+
+    A release written by :func:`write_release` seals its name, modality and card's
+    SHA-256 in ``config`` (:data:`RELEASE_KEY`): they must be ``name``, ``modality`` (what
+    the loaded predictor reads) and the card's. An earlier release is held to the name
+    :data:`UNSEALED_RELEASE_NAMES` gives its weights, and to its card's title and
+    modality where it has a card."""
+    folder = Path(folder)
+    entry = config.get(RELEASE_KEY)
+    problems = _unsealed_problems(name, folder, config, modality) if entry is None else \
+        _sealed_problems(name, folder, entry, modality)
+    return "; ".join(problems) if problems else None
 
 
 def describe_release(name: str) -> Dict[str, Any]:
