@@ -219,3 +219,15 @@ def test_a_fifo_card_is_refused_at_once(root, capsys):
             os.close(os.open(folder / "README.md", os.O_WRONLY | os.O_NONBLOCK))
     assert not worker.is_alive() and "is a FIFO, not a regular file" in done["error"]
     assert done["status"] == 1 and "release tiny-text FAILS" in capsys.readouterr().err
+
+
+def test_saving_and_resealing_refuse_a_path_with_a_nul_by_name(tmp_path):
+    from glomo_pyg.io.pretrained import reseal_pretrained
+
+    predictor = PretrainedGraphPredictor.from_pretrained("imdb-text-cpu")
+    bad = str(tmp_path / "a\x00b")
+    with pytest.raises(ValueError, match=r"save_pretrained: .*holds a NUL character"):
+        predictor.save_pretrained(bad)
+    with pytest.raises(ValueError, match=r"reseal_pretrained: .*holds a NUL character"):
+        reseal_pretrained(bad)
+    assert os.listdir(tmp_path) == []

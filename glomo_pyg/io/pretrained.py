@@ -73,6 +73,10 @@ def _as_path(path: Any, function: str) -> Path:
         raise error(f"{function}: path is empty" if error is not TypeError else
                     f"{function}: path must be a str or os.PathLike naming the predictor's "
                     f"directory, got {type(path).__name__}")
+    if "\0" in text:  # (os.path would fail on it with no word of which input)
+        error = PretrainedFormatError if function == "load_pretrained" else ValueError
+        raise error(f"{function}: the predictor's path or release name {text!r} holds a NUL "
+                    "character: it is neither a file name nor a released predictor's name")
     return Path(text)
 
 
@@ -181,10 +185,6 @@ def _resolve(given: PathLike) -> Tuple[Path, Optional[str]]:
     """The folder ``given`` names, and the release name it is found under (``None``: not
     a release; a bare name is a release's name)."""
     path = _as_path(given, "load_pretrained")
-    if "\0" in os.fspath(path):  # (os.path would fail on it with no word of which input)
-        raise PretrainedFormatError(
-            f"load_pretrained: the predictor's path or release name {os.fspath(given)!r} holds "
-            "a NUL character: it is neither a file name nor a released predictor's name")
     if isinstance(given, str) and not os.path.lexists(given) and \
             releases.RELEASE_NAME.fullmatch(given) and \
             interrupted_backup(Path(os.path.realpath(given))) is None:
