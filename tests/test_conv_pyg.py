@@ -131,6 +131,35 @@ def test_edge_index_and_sparse_inputs_give_the_same_numbers():
     torch.testing.assert_close(conv(x, adj_t.to_sparse_csr()), conv(x, adj_t))
 
 
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("heads", [1, HEADS])
+@pytest.mark.parametrize("form", ["plain", "sized", "sorted_by_target", "sorted_by_source"])
+def test_every_edge_index_form_equals_the_plain_tensor_on_every_path(fused, heads, form):
+    """Values and gradients of an ``EdgeIndex`` input equal those of the same edges as a
+    plain tensor, fused or not, with one or several heads, with ``edge_head`` or without."""
+    x, ei, w, head = random_graph(10, heads=heads)
+    if form == "sorted_by_target":
+        order = torch.argsort(ei[1] * N + ei[0])
+    elif form == "sorted_by_source":
+        order = torch.argsort(ei[0] * N + ei[1])
+    else:
+        order = torch.arange(E)
+    ei, w, head = ei[:, order], w[order], head[order]
+    index = EdgeIndex(ei, sparse_size=(N, N) if form != "plain" else None,
+                      sort_order={"sorted_by_target": "col",
+                                  "sorted_by_source": "row"}.get(form))
+    conv = GlomoConv(C, heads=heads, update="gru", fused=fused).double()
+    for given_head in (head, None):
+        grads = []
+        for edges in (ei, index):
+            xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+            out = conv(xs, edges, ws, given_head)
+            out.square().sum().backward()
+            grads.append((out.detach(), xs.grad, ws.grad))
+        for a, b in zip(*grads):
+            torch.testing.assert_close(a, b)
+
+
 @pytest.mark.parametrize("aggr", ["sum", "mean"])
 def test_compiles_without_graph_breaks_for_every_aggr(aggr):
     dynamo = pytest.importorskip("torch._dynamo")

@@ -1444,6 +1444,47 @@ def test_pyg_compose_on_relation_columns_stays_aligned():
             int(expected[r].count_nonzero())
 
 
+def relation_dicts(hetero, edge_types):
+    """Per edge type, ``{(i, j): weight}`` (repeated pairs summed, zeros dropped)."""
+    out = {}
+    for edge_type in edge_types:
+        pairs = {}
+        store = hetero[edge_type]
+        for (i, j), w in zip(store.edge_index.t().tolist(), store.edge_weight.tolist()):
+            pairs[(i, j)] = pairs.get((i, j), 0.0) + w
+        out[edge_type] = {k: round(v, 5) for k, v in pairs.items() if v != 0}
+    return out
+
+
+PYG_EDGE_TRANSFORMS = {
+    "AddSelfLoops": lambda T: T.AddSelfLoops(attr="edge_weight"),
+    "AddRemainingSelfLoops": lambda T: T.AddRemainingSelfLoops(attr="edge_weight"),
+    "ToUndirected": lambda T: T.ToUndirected(),
+    "RemoveDuplicatedEdges": lambda T: T.RemoveDuplicatedEdges(key=["edge_weight"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PYG_EDGE_TRANSFORMS))
+def test_which_pyg_transforms_compose_with_which_form(name):
+    """docs/any_gnn.md's table: on the relation-columns and HeteroData forms, PyG's edge
+    transforms act relation by relation; on the edge_type form they leave edge_type
+    misaligned or mixed, and to_hetero (the library's door) refuses the result."""
+    import torch_geometric.transforms as T
+
+    make = PYG_EDGE_TRANSFORMS[name]
+    p, data = text_predictor(), token_samples([8], seed=4)[0]
+    hetero_t = GlomoGraphs(p, top_k=3, hetero=True)
+    want = relation_dicts(make(T)(hetero_t(data)), hetero_t.edge_types)
+    columns_t = GlomoGraphs(p, top_k=3, relation_columns=True)
+    out = make(T)(columns_t(data))
+    assert out.edge_weight.shape == (out.edge_index.size(1), columns_t.num_relations)
+    assert relation_dicts(columns_t.to_hetero(out), columns_t.edge_types) == want
+    flat_t = GlomoGraphs(p, top_k=3)
+    flat = make(T)(flat_t(data))
+    with pytest.raises(ValueError, match="to_hetero takes a Data emitted by this GlomoGraphs"):
+        flat_t.to_hetero(flat)
+
+
 def test_relation_columns_train_a_gnn_with_edge_features(tmp_path):
     from torch_geometric.nn import GATConv
 
