@@ -1655,3 +1655,16 @@ def test_one_rule_for_transfer_and_transforms():
     assert p.extrapolation_warning(64) is None and p.extrapolation_warning(240, 63) is None
     assert p.extrapolation_warning(240, 64) is not None  # a window wider than learned
     assert text_predictor().extrapolation_warning(10 ** 6) is None  # no trained_length
+
+
+def test_to_hetero_refuses_relations_that_pyg_merged_within_range():
+    """``T.ToUndirected`` on two merged directions adds the edge types of a pair and its
+    reverse (0 + 1 = 1): still in range and aligned, so only the emitted order tells."""
+    import torch_geometric.transforms as T
+
+    t = GlomoGraphs(text_predictor(), merge="mean", top_k=3)
+    out = T.ToUndirected()(t(token_samples([9], seed=5)[0]))
+    assert out.edge_type.numel() == out.edge_index.size(1)
+    assert int(out.edge_type.max()) < t.num_relations  # (nothing out of range)
+    with pytest.raises(ValueError, match="reordered or merged since"):
+        t.to_hetero(out)

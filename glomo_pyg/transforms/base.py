@@ -7,6 +7,7 @@ import copy
 from abc import abstractmethod
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+import torch
 from torch import Tensor
 from torch_geometric import EdgeIndex
 from torch_geometric.data import Batch, Data, HeteroData
@@ -25,6 +26,28 @@ from glomo_pyg.transforms.edge_options import (
 
 Samples = Union[Data, Batch, HeteroData, Sequence[Union[Data, HeteroData]]]
 EDGE_KEYS = ("edge_index", "edge_weight", "edge_type")
+#: The most edges one sample may get (counted before they are made: the transform's
+#: edges, doubled by ``symmetric``, plus ``self_loops``' loops). Making a sample's edges
+#: holds about 90 bytes per edge at its peak (~180 with ``self_loops`` or
+#: ``relation_columns``: UniformGraphs on 1,000 units, measured), so this keeps one sample
+#: under ~400 MiB; raise it (``glomo_pyg.transforms.base.MAX_SAMPLE_EDGES = ...``) where
+#: the memory is there.
+MAX_SAMPLE_EDGES = 1 << 21
+SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr,
+                  torch.sparse_bsc)
+
+
+def plain_number(value: Any) -> Any:
+    """A numpy scalar or 0-dim torch tensor as the Python number it holds (a ``np.int64``
+    top_k, a ``torch.tensor(4)``), anything else as it is: options are stored, digested
+    (JSON) and shown as plain numbers, and the checks that follow refuse what is not one
+    (a bool stays a bool, refused where a number is due)."""
+    if getattr(value, "shape", None) != () or not hasattr(value, "item"):
+        return value
+    try:
+        return value.item()
+    except (RuntimeError, TypeError, ValueError):  # (a meta tensor: no value to read)
+        return value
 
 
 def check_directions(directions: Optional[Sequence[str]],
@@ -41,6 +64,39 @@ def check_directions(directions: Optional[Sequence[str]],
     return tuple(d for d in available if d in chosen)
 
 
+def check_readable(x: Tensor, name: str) -> None:
+    """Refuse, naming ``name``, a tensor whose values the transforms cannot read: a sparse
+    or other non-strided layout, a nested tensor, or one on the meta device (a shape
+    without values), before torch fails somewhere inside with its own words."""
+    if x.layout in SPARSE_LAYOUTS:
+        raise ValueError(f"{name} is a sparse tensor (layout {x.layout}); the graph transforms "
+                         f"read one dense row per unit: pass {name.split()[-1]}.to_dense()")
+    if x.layout != torch.strided or x.is_nested:
+        raise ValueError(f"{name} is a {'nested' if x.is_nested else str(x.layout)} tensor; the "
+                         f"graph transforms read one dense (strided) tensor with one row per "
+                         f"unit: one Data per sample")
+    if x.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device (a shape without values); the graph "
+                         f"transforms read its values: pass a tensor on the CPU or a GPU")
+
+
+def old_edge_keys(data: Data) -> List[str]:
+    """The keys of ``data``'s edge-level attributes besides :data:`EDGE_KEYS` (which the
+    transforms replace): those PyG's naming makes edge-level (``edge_<name>``:
+    ``edge_attr``, ``edge_label``; and ``num_edges``) and, where ``data`` has edges, those
+    PyG counts as one entry per edge (``is_edge_attr``), but a list that also has one entry
+    per unit. Other names holding ``edge`` (``knowledge``, ``pos_edge_label_index``: link
+    labels of other edges) are kept."""
+    probe = copy.copy(data)  # (is_edge_attr caches on the store: not on what is emitted)
+    # with a single old edge a [1] tensor may as well be graph-level (a label ``y``): kept
+    has_edges = probe.num_edges > 1
+    n = data.x.size(0)
+    return [key for key, value in data.items() if key not in EDGE_KEYS and key != "x" and (
+        key.startswith("edge_") or key == "num_edges" or has_edges and
+        probe.is_edge_attr(key) and not (
+            isinstance(value, (list, tuple)) and len(value) == n))]
+
+
 class UnitGraphs(BaseTransform):
     r"""Base of the graph transforms: each sample's units (tokens, pixels: the rows of
     ``data.x``) get relational edges ``edge_index`` (``[2, E]``, row 0 the source),
@@ -50,7 +106,11 @@ class UnitGraphs(BaseTransform):
     Call it on one ``Data``, on a list of them (graphs are made for many samples at
     once: use it so in an ``InMemoryDataset``'s ``process``) or on a ``Batch``. As every
     PyG transform, ``__call__`` copies its input and :meth:`forward` edits the copy: inputs
-    are not modified; edge attributes already present are replaced.
+    are not modified; edge attributes already present are replaced; other edge-level
+    attributes of the old edges are dropped (``edge_attr`` and every ``edge_<name>``,
+    ``num_edges``, and what PyG's ``is_edge_attr`` counts as one entry per old edge): they would no
+    longer line up with the edges. A sample whose edges could exceed
+    :data:`MAX_SAMPLE_EDGES` is refused before any is made.
 
     The edge options (:mod:`glomo_pyg.transforms.edge_options`) come after the
     subclass's pruning, in this order: ``renormalize``, ``self_loops``, ``symmetric``.
@@ -130,11 +190,34 @@ class UnitGraphs(BaseTransform):
         if not isinstance(data, Data):
             raise TypeError(f"sample {index}: expected a torch_geometric Data, got "
                             f"{type(data).__name__}")
+        if isinstance(getattr(data, "x", None), Tensor):
+            check_readable(data.x, f"sample {index}: data.x")
         if not isinstance(getattr(data, "x", None), Tensor) or data.x.dim() not in (1, 2) \
                 or data.x.size(0) < 1:
             raise ValueError(f"sample {index}: data.x must hold one row per unit (token or "
                              f"pixel), at least one, got "
                              f"{tuple(getattr(data.x, 'shape', ())) or type(data.x).__name__}")
+
+    def check_edge_count(self, index: int, num_units: int, edges: int, why: str,
+                         hint: str = "") -> None:
+        """Refuse sample ``index`` (``num_units`` units) before any edge is made when
+        ``edges`` (the transform's own, at most: ``why`` says which), doubled by
+        ``symmetric``, plus the loops of ``self_loops``, exceed :data:`MAX_SAMPLE_EDGES`
+        (read at each call: raising it takes effect at once); ``hint``: another remedy."""
+        total, options = edges, ""
+        if self.edge_options["symmetric"]:  # (a loop is its own reverse: not doubled)
+            total *= 2
+            options += ", doubled by symmetric"
+        if self.edge_options["self_loops"]:
+            total += num_units * self.num_relations
+            options += ", plus self_loops' loops"
+        if total > MAX_SAMPLE_EDGES:
+            raise ValueError(
+                f"sample {index}: {num_units:,} units would get up to {total:,} edges ({why}"
+                f"{options}), more than glomo_pyg.transforms.base.MAX_SAMPLE_EDGES = "
+                f"{MAX_SAMPLE_EDGES:,} per sample (making them holds ~90 to 180 bytes per "
+                f"edge); use fewer units per sample{hint}, or raise MAX_SAMPLE_EDGES where "
+                f"the memory is there")
 
     @abstractmethod
     def sample_edges(self, samples: List[Data]) -> List[SampleEdges]:
@@ -165,6 +248,8 @@ class UnitGraphs(BaseTransform):
 
     def _with_edges(self, data: Data, edges: SampleEdges) -> Data:
         data = copy.copy(data)  # (the caller's samples stay as they were)
+        for key in old_edge_keys(data):  # (one entry per old edge: misaligned with the new)
+            del data[key]
         n = data.x.size(0)
         if self.relation_columns:
             edge_index, table = relation_columns(edges, n, self.num_relations)
@@ -188,11 +273,13 @@ class UnitGraphs(BaseTransform):
     def _hetero(self, data: Data, edges: SampleEdges) -> HeteroData:
         """``data`` with ``edges`` as a ``HeteroData``: node-level attributes (``x``,
         ``pos``, ...) on node type ``"unit"``, the others graph-level, each relation's
-        edges (sorted by target, source) with their ``edge_weight`` under its edge type."""
+        edges (sorted by target, source) with their ``edge_weight`` under its edge type;
+        the other edge-level attributes of ``data`` are dropped (:func:`old_edge_keys`)."""
         out = HeteroData()
         n = data.x.size(0)
+        dropped = set(EDGE_KEYS).union(old_edge_keys(data))
         for key, value in data.items():
-            if key in EDGE_KEYS:
+            if key in dropped:
                 continue
             if data.is_node_attr(key):
                 out[NODE_TYPE][key] = value
@@ -249,6 +336,16 @@ class UnitGraphs(BaseTransform):
             raise ValueError(f"to_hetero takes {form}; got {shapes} (PyG's homogeneous "
                              f"T.AddSelfLoops / T.ToUndirected do not keep edge_type: use "
                              f"self_loops= / symmetric=, or relation_columns=True)")
+        n = data.x.size(0)
+        key = (relation * n + edge_index[1]) * n + edge_index[0]
+        if e > 1 and not bool((key[1:] > key[:-1]).all()):
+            raise ValueError(f"to_hetero takes {form}, its edges in the order it emits them "
+                             f"(by relation, target, source, each once): these were reordered "
+                             f"or merged since (PyG's homogeneous T.ToUndirected / "
+                             f"T.RemoveDuplicatedEdges merge edges of different relations and "
+                             f"add their edge_type values); use symmetric= / self_loops=, or "
+                             f"relation_columns=True, on which PyG's transforms keep relations "
+                             f"apart")
         return edge_index, weight, relation
 
     def __repr__(self) -> str:

@@ -3,6 +3,7 @@ predictor over each sample's units and writes its graphs into the sample's ``Dat
 that any PyG layer (``GATConv``, ``RGCNConv``, ``GCNConv``, ...) reads them."""
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union, cast
@@ -20,7 +21,7 @@ from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 from glomo_pyg.nn.transfer import caller_stacklevel
 from glomo_pyg.sequences import TOKEN_DTYPES
 from glomo_pyg.settings import check_int
-from glomo_pyg.transforms.base import SampleEdges, UnitGraphs, check_directions
+from glomo_pyg.transforms.base import SampleEdges, UnitGraphs, check_directions, plain_number
 from glomo_pyg.version import __version__
 
 MERGES = ("sum", "mean")
@@ -29,6 +30,64 @@ MERGES = ("sum", "mean")
 # memory holds besides the edges; more per call only adds memory traffic
 # (benchmarks/results/image_graphs_cpu.md).
 EMISSION_UNITS = 1 << 13
+#: The most memory emitting one sample may hold besides its edges (which
+#: :data:`~glomo_pyg.transforms.base.MAX_SAMPLE_EDGES` bounds), as :func:`emission_unit_bytes`
+#: counts it per unit: with the edges' few hundred MiB, one sample stays under 1 GiB. A
+#: longer sequence or larger image is refused before anything is allocated; raise it
+#: (``glomo_pyg.transforms.glomo_graphs.MAX_EMISSION_BYTES = ...``) where the memory is there.
+MAX_EMISSION_BYTES = 1 << 29
+# Copies of the keys and queries live at once (the projections, then their rescaled
+# copies), and states of the hidden width per direction (unit encoding, CNN or recurrent
+# layers, their norms). Measured (peak RSS, one image, top_k=2): an imagenet32-pixel-sized
+# predictor (2 x 3 layers x 8 heads, 128 channels; estimate 54 KB per pixel) held 60 to 80
+# KB per pixel with its ~90 edges from 48x48 to 96x96 (702 MiB: glibc's heap fragments as
+# the image grows; the live peak is ~30 KB), the tiny test predictors less than the estimate.
+KQ_COPIES, STATE_COPIES = 2, 16
+
+
+def emission_unit_bytes(predictor: PretrainedGraphPredictor) -> int:
+    """Bytes per unit that emitting a sample holds besides its edges: per direction,
+    :data:`KQ_COPIES` of every layer's augmented keys and queries (heads x (head channels,
+    the bias, the position features) values each: 2 x 48 graphs x 49 values for
+    imagenet32-pixel) and :data:`STATE_COPIES` states of the hidden width, at the
+    predictor's float size."""
+    values = 0
+    for d in predictor.directions:
+        scorer = getattr(predictor.predictor(d), "scorer", None)
+        if scorer is None:  # (every emitter of this package scores with a GraphScorer)
+            continue
+        position = 0 if scorer.position_coef is None else 2 * scorer.position_coef.size(-1)
+        width = scorer.head_channels + 1 + position
+        values += KQ_COPIES * 2 * scorer.num_layers * scorer.heads * width + \
+            STATE_COPIES * scorer.key[0].in_features
+    return values * next(predictor.parameters()).element_size()
+
+
+def check_device(device: Optional[Union[str, torch.device]]) -> torch.device:
+    """``device`` as a ``torch.device`` this machine can run the predictor on (``None``:
+    CUDA when available, else the CPU), else a ``ValueError`` naming ``device``."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        chosen = torch.device(device)
+    except (RuntimeError, TypeError):  # (torch's words list every device type it knows)
+        raise ValueError(f"device must be None, a torch.device or a device name such as "
+                         f"'cpu', 'cuda' or 'cuda:1', got {device!r}") from None
+    if chosen.type == "meta":
+        raise ValueError(f"device={device!r}: the predictor cannot run on the meta device "
+                         f"(shapes without values); pass 'cpu', 'cuda' or None")
+    backend = getattr(torch, chosen.type, None)  # torch.cuda, torch.mps, torch.xpu, ...
+    available = getattr(backend, "is_available", None)
+    if callable(available) and not available():
+        raise ValueError(f"device={device!r} but {chosen.type.upper()} is not available on "
+                         f"this machine (torch {torch.__version__}); pass device='cpu', or "
+                         f"None for CUDA when there is one")
+    if chosen.type == "cuda" and chosen.index is not None and \
+            chosen.index >= torch.cuda.device_count():
+        raise ValueError(f"device={device!r} but this machine has "
+                         f"{torch.cuda.device_count()} CUDA device(s): cuda:0 to "
+                         f"cuda:{torch.cuda.device_count() - 1}")
+    return chosen
 
 
 def _index_list(name: str, values: Optional[Sequence[int]], size: int) -> Tuple[int, ...]:
@@ -77,7 +136,10 @@ class GlomoGraphs(UnitGraphs):
     a pixel predictor, or float features ``[T, F]`` for a feature predictor. A list of
     samples is emitted ``batch_size`` at a time, on ``device``; use the transform on the
     whole list inside an ``InMemoryDataset``'s ``process`` (or :class:`GraphsDataset`,
-    which caches under :attr:`cache_key`: it holds the predictor's digest).
+    which caches under :attr:`cache_key`: it holds the predictor's digest). A sample is
+    refused before anything is allocated when emitting it would hold more than
+    :data:`MAX_EMISSION_BYTES` (keys and queries of its units) or it could get more than
+    :data:`~glomo_pyg.transforms.base.MAX_SAMPLE_EDGES` edges (:meth:`kept_edges`).
 
     Args:
         predictor: a :class:`~glomo_pyg.PretrainedGraphPredictor`, or a released
@@ -93,10 +155,11 @@ class GlomoGraphs(UnitGraphs):
         max_distance: cut every graph to this window before anything else
             (:meth:`LatentGraphs.within`: the far pairs masked before normalising).
         image_size: ``(height, width)`` of the images (pixel predictors; default: the
-            predictor's own).
+            predictor's own); refused here when emitting one image would hold more than
+            :data:`MAX_EMISSION_BYTES`.
         batch_size: samples per predictor call.
-        device: where the predictor runs (default: CUDA when available, else the CPU).
-            Edges come back on the samples' device.
+        device: where the predictor runs (default: CUDA when available, else the CPU);
+            refused unless this machine has it. Edges come back on the samples' device.
         renormalize: after pruning, divide each target's kept weights in each relation
             by their sum.
         self_loops: add a self-loop of weight 1 to every unit in every relation (added
@@ -149,10 +212,14 @@ class GlomoGraphs(UnitGraphs):
         if not isinstance(predictor, PretrainedGraphPredictor):
             raise TypeError(f"predictor must be a PretrainedGraphPredictor or a released "
                             f"predictor's name, got {type(predictor).__name__}")
+        # numpy / torch scalars as Python numbers: they are stored, shown and digested (an
+        # int min_weight stays an int: the cache keys of those given so stay the same)
+        top_k, min_weight = plain_number(top_k), plain_number(min_weight)
         check_pruning(top_k, min_weight)
-        check_int("batch_size", batch_size, 1)
+        batch_size = check_int("batch_size", plain_number(batch_size), 1)
         if max_distance is not None:
-            check_int("max_distance", max_distance, 1)
+            max_distance = check_int("max_distance", plain_number(max_distance), 1)
+        device = check_device(device)
         if merge not in (None,) + MERGES or not isinstance(products, bool):
             raise ValueError(f"merge must be None, 'sum' or 'mean' and products a bool, got "
                              f"merge={merge!r}, products={products!r}")
@@ -168,21 +235,65 @@ class GlomoGraphs(UnitGraphs):
         elif image_size is not None:
             raise ValueError(f"image_size is for pixel predictors; this one reads "
                              f"{self.modality}")
-        self.device = torch.device(device if device is not None else
-                                   "cuda" if torch.cuda.is_available() else "cpu")
+        self.device = device
         self.predictor = predictor.to(self.device).eval()
         self._warned_length = False
 
     def _sized(self, predictor: PretrainedGraphPredictor, image_size) -> PretrainedGraphPredictor:
         own = cast(Tuple[int, int], predictor.image_size)  # (a pixel predictor's)
-        size = own if image_size is None else tuple(image_size) \
+        size = own if image_size is None else tuple(plain_number(v) for v in image_size) \
             if isinstance(image_size, (tuple, list)) else ()
         if len(size) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
                                  for v in size) or size[0] * size[1] < 2:
             raise ValueError(f"image_size must be (height, width), positive integers of at "
                              f"least two pixels in all, got {image_size!r}")
+        self._check_emission(predictor, size[0] * size[1],
+                             f"image_size={size} is {size[0] * size[1]:,} pixels", "image")
         self.image_size = size
         return predictor if size == own else predictor.resized(*size)
+
+    @staticmethod
+    def _check_emission(predictor: PretrainedGraphPredictor, units: int, what: str,
+                        sample: str) -> None:
+        """Refuse, before anything is allocated, a sample of ``units`` units whose emission
+        would hold more than :data:`MAX_EMISSION_BYTES` (read at each call)."""
+        per_unit = emission_unit_bytes(predictor)
+        if units * per_unit <= MAX_EMISSION_BYTES:
+            return
+        most = MAX_EMISSION_BYTES // per_unit
+        side = math.isqrt(most)
+        unit = "pixel" if sample == "image" else "unit"
+        largest = f"{most:,} pixels (e.g. {side}x{side})" if sample == "image" else \
+            f"{most:,} units"
+        remedy = "pass a smaller image_size (crop or downscale the images)" \
+            if sample == "image" else "split longer sequences into chunks of at most that"
+        raise ValueError(
+            f"{what}: emitting its graphs holds about {per_unit:,} bytes per {unit} (the keys and "
+            f"queries of every graph, the predictor's states), {units * per_unit / 2**30:.1f} "
+            f"GiB, more than glomo_pyg.transforms.glomo_graphs.MAX_EMISSION_BYTES = "
+            f"{MAX_EMISSION_BYTES / 2**20:,.0f} MiB; the largest {sample} this predictor takes "
+            f"is {largest}: {remedy}, or raise MAX_EMISSION_BYTES where the memory is there")
+
+    def _kept_rule(self) -> str:
+        """What bounds :meth:`kept_edges`, for the size error."""
+        sources = "every earlier (or later) unit" if self.top_k is None else \
+            f"at most top_k={self.top_k} units"
+        window = "" if self.max_distance is None else \
+            f" within max_distance={self.max_distance}"
+        return f"GlomoGraphs: {self.num_relations} relations, each target's sources " \
+            f"{sources}{window}"
+
+    def kept_edges(self, num_units: int) -> int:
+        """At most how many edges pruning keeps of a sample of ``num_units`` units: per
+        relation, target ``j`` has the ``j`` units before it (and itself) as sources
+        (after it, backward), at most ``top_k`` of them and what the ``max_distance``
+        window holds (``w + 1`` units, ``(w + 1) (2 w + 1)`` pixels; products of ``l``
+        layers reach ``l`` windows)."""
+        cap = num_units if self.top_k is None else min(num_units, self.top_k)
+        if self.max_distance is not None:
+            w = self.max_distance * (max(self.layers) + 1 if self.products else 1)
+            cap = min(cap, (w + 1) * (2 * w + 1) if self.modality == "pixels" else w + 1)
+        return self.num_relations * (cap * (cap + 1) // 2 + (num_units - cap) * cap)
 
     @property
     def relations(self) -> List[str]:
@@ -213,17 +324,28 @@ class GlomoGraphs(UnitGraphs):
         super().check_sample(data, index)
         x = data.x
         where = f"sample {index}: "
+        self._check_sample_type(x, where)
+        n = x.size(0)
+        if self.modality != "pixels":  # (an image's size was checked at construction)
+            self._check_emission(self.predictor, n, f"{where}{n:,} units", "sample")
+        self.check_edge_count(index, n, self.kept_edges(n), self._kept_rule(),
+                              "" if self.top_k is not None or self.max_distance is not None
+                              else ", or pass top_k= or max_distance=")
+        if self.modality == "text":  # (after the size checks: this reads every token)
+            low, high = (int(v) for v in torch.aminmax(x))
+            if low < 0 or high >= self.predictor.num_tokens:
+                raise ValueError(where + f"token ids must lie in [0, "
+                                 f"{self.predictor.num_tokens}) (the predictor's vocabulary), "
+                                 f"got values in [{low}, {high}]")
+
+    def _check_sample_type(self, x: Tensor, where: str) -> None:
+        """Refuse ``x`` unless it is the dtype and shape this predictor reads."""
         if self.modality == "text":
             if x.dtype not in TOKEN_DTYPES or (x.dim() == 2 and x.size(1) != 1):
                 raise TypeError(where + f"this is a text predictor: data.x must hold token ids "
                                 f"(int64 or int32, [T] or [T, 1]), got {x.dtype} "
                                 f"{tuple(x.shape)}" + ("; pixels need a pixel predictor"
                                                        if x.dtype == torch.uint8 else ""))
-            low, high = (int(v) for v in torch.aminmax(x))
-            if low < 0 or high >= self.predictor.num_tokens:
-                raise ValueError(where + f"token ids must lie in [0, "
-                                 f"{self.predictor.num_tokens}) (the predictor's vocabulary), "
-                                 f"got values in [{low}, {high}]")
         elif self.modality == "pixels":
             h, w = self.image_size
             c = self.predictor.in_channels
