@@ -274,3 +274,15 @@ def test_a_text_cache_knows_a_predictor_with_permuted_rows():
         weight.copy_(weight.flip(0))  # same sums and absolute sums, other graphs
     with pytest.raises(ValueError, match="another predictor's weights"):
         cache.check_model(model)
+
+
+def test_a_text_cache_names_a_device_this_machine_lacks():
+    from glomo_pyg.transforms import TextGraphCache
+    from tests.test_text_precompute import classifier, documents
+
+    for device, message in (("cuda:7", "cuda:7"), ("nonsense", "device must be None"),
+                            ("meta", "meta device")):
+        if device == "cuda:7" and torch.cuda.device_count() > 7:
+            continue
+        with pytest.raises(ValueError, match=message):
+            TextGraphCache.compute(classifier(), documents(), device=device)

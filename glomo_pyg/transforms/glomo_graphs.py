@@ -13,6 +13,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from glomo_pyg import flex, kernels
+from glomo_pyg.devices import check_device
 from glomo_pyg.graph_names import relation_name
 from glomo_pyg.graphs import LatentGraphs
 from glomo_pyg.graphs.pruning import PrunedEdges, check_pruning, prune_rows
@@ -61,33 +62,6 @@ def emission_unit_bytes(predictor: PretrainedGraphPredictor) -> int:
         values += KQ_COPIES * 2 * scorer.num_layers * scorer.heads * width + \
             STATE_COPIES * scorer.key[0].in_features
     return values * next(predictor.parameters()).element_size()
-
-
-def check_device(device: Optional[Union[str, torch.device]]) -> torch.device:
-    """``device`` as a ``torch.device`` this machine can run the predictor on (``None``:
-    CUDA when available, else the CPU), else a ``ValueError`` naming ``device``."""
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        chosen = torch.device(device)
-    except (RuntimeError, TypeError):  # (torch's words list every device type it knows)
-        raise ValueError(f"device must be None, a torch.device or a device name such as "
-                         f"'cpu', 'cuda' or 'cuda:1', got {device!r}") from None
-    if chosen.type == "meta":
-        raise ValueError(f"device={device!r}: the predictor cannot run on the meta device "
-                         f"(shapes without values); pass 'cpu', 'cuda' or None")
-    backend = getattr(torch, chosen.type, None)  # torch.cuda, torch.mps, torch.xpu, ...
-    available = getattr(backend, "is_available", None)
-    if callable(available) and not available():
-        raise ValueError(f"device={device!r} but {chosen.type.upper()} is not available on "
-                         f"this machine (torch {torch.__version__}); pass device='cpu', or "
-                         f"None for CUDA when there is one")
-    if chosen.type == "cuda" and chosen.index is not None and \
-            chosen.index >= torch.cuda.device_count():
-        raise ValueError(f"device={device!r} but this machine has "
-                         f"{torch.cuda.device_count()} CUDA device(s): cuda:0 to "
-                         f"cuda:{torch.cuda.device_count() - 1}")
-    return chosen
 
 
 def _index_list(name: str, values: Optional[Sequence[int]], size: int) -> Tuple[int, ...]:

@@ -9,6 +9,7 @@ from typing import Dict, List, Optional, Sequence, Union, cast
 import torch
 from torch import Tensor
 
+from glomo_pyg.devices import check_device
 from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
 from glomo_pyg.graphs.storage import EdgeStorage
 from glomo_pyg.nn.text_classifier import GlomoTextClassifier
@@ -198,7 +199,7 @@ class TextGraphCache:
         p = transfer.predictor
         docs = _check_documents(documents, p.num_tokens)
         source = next(p.parameters()).device
-        device = torch.device(device) if device is not None else source
+        device = check_device(device) if device is not None else source
         lengths = torch.tensor([d.numel() for d in docs])
         tokens = torch.cat([d.cpu() for d in docs]).to(torch.int32)
         meta = dict(kind=transfer.graph, lengths=lengths, tokens=tokens,
