@@ -129,8 +129,8 @@ def report(args, results: List[Dict]) -> List[str]:
     cap = f"the first {args.max_tokens} tokens" if args.max_tokens else "every token"
     lines = [f"## {datetime.date.today()}: {by['build-disk']['samples']} reviews, {cap}",
              "", f"- command: `python -m benchmarks.graphs_dataset {' '.join(args.argv)}`",
-             f"- hardware: {hardware()}; torch {torch.__version__}; the CPU was shared with "
-             "other jobs (timings indicative)", "",
+             f"- hardware: {hardware()}; torch {torch.__version__}; load average "
+             f"{args.load_before:.2f} (1 min) before the run", "",
              "| dataset | phase | samples | s (open) | s (iterate) | s (DataLoader) | "
              "peak RSS MiB | RSS after set-up MiB | on disk MiB |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -169,6 +169,7 @@ def main(argv=None) -> None:
     if args.phase:
         print(json.dumps(run_phase(args)))
         return
+    args.load_before = os.getloadavg()[0]  # (how quiet the machine was)
     phases = PHASES if args.memory_limit != 0 else PHASES[:2]
     for name in ("disk", "memory"):  # (each build starts from nothing)
         shutil.rmtree(os.path.join(args.output_dir, name), ignore_errors=True)

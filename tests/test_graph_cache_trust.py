@@ -60,7 +60,8 @@ def built(tmp_path):
     graphs = GlomoGraphs(p, top_k=2, batch_size=1)
     samples = rich_samples(5)
     ds = GraphsDataset(str(tmp_path), samples, graphs)
-    want = [ds[i] for i in range(len(ds))]
+    # (copies: the dataset maps its file, which these tests then edit in place)
+    want = [ds[i].clone() for i in range(len(ds))]
     counter.calls = 0
     return tmp_path, samples, graphs, counter, ds.processed_paths[0], want
 

@@ -220,9 +220,9 @@ def read_tensors(path: str, key: str) -> Tuple[Dict[str, Tensor], Dict[str, str]
             metadata = f.metadata() or {}
             if metadata.get("key") != key:
                 raise ValueError("the file was written under another key")
-            # (copies: safetensors may map the file, and what was checked must be what is
-            # served, whatever later happens to the file)
-            tensors = {name: f.get_tensor(name).clone() for name in f.keys()}
+            # (memory-mapped, not copied: the library replaces a cache file whole, never
+            # edits one in place, so the pages checked are the pages served)
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
     finally:
         os.close(fd)
     if metadata.get("content") != content_digest(key, tensors):
