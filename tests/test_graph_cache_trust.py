@@ -14,7 +14,7 @@ from torch_geometric.data import Data
 from glomo_pyg.transforms import GlomoGraphs, GraphsDataset, GraphsOnDiskDataset
 from glomo_pyg.transforms.dataset import content_digest
 from tests.test_transforms import Counting, make_text
-from tests.test_transforms_dataset import assert_same, rich_samples
+from tests.test_transforms_dataset import assert_same, flip_byte, rich_samples
 
 
 def stored(path):
@@ -29,28 +29,6 @@ def rewrite(path, tensors, metadata):
 
     with open(path, "wb") as fh:
         fh.write(save(tensors, metadata=metadata))
-
-
-def flip_byte(path, name):
-    """Flip one byte inside the stored bytes of tensor ``name`` (the file stays valid
-    safetensors of the same header)."""
-    from safetensors import safe_open
-
-    with open(path, "rb") as fh:
-        header = int.from_bytes(fh.read(8), "little")
-    import json
-
-    with open(path, "rb") as fh:
-        fh.seek(8)
-        offsets = json.loads(fh.read(header))[name]["data_offsets"]
-    with safe_open(path, "pt") as f:
-        assert name in f.keys()
-    where = 8 + header + (offsets[0] + offsets[1]) // 2
-    with open(path, "r+b") as fh:
-        fh.seek(where)
-        byte = fh.read(1)
-        fh.seek(where)
-        fh.write(bytes([byte[0] ^ 0x5A]))
 
 
 @pytest.fixture
@@ -132,22 +110,6 @@ def test_a_root_or_processed_folder_that_is_a_file_is_named(tmp_path):
     for cls in (GraphsDataset, GraphsOnDiskDataset):
         with pytest.raises(ValueError, match=r"processed is a file, not a folder"):
             cls(str(tmp_path / "r"), samples, graphs)
-
-
-@pytest.mark.parametrize("name", ["data.edge_weight", "slices.edge_index", "json.text"])
-def test_on_disk_a_flipped_byte_in_a_chunk_is_made_again(tmp_path, name):
-    p = make_text(0)
-    counter = Counting(p)
-    graphs = GlomoGraphs(p, batch_size=1)
-    samples = rich_samples(6)
-    ds = GraphsOnDiskDataset(str(tmp_path), samples, graphs, chunk_size=2)
-    want = [ds[i] for i in range(6)]
-    flip_byte(ds.chunk_path(2), name)
-    counter.calls = 0
-    again = GraphsOnDiskDataset(str(tmp_path), samples, graphs, chunk_size=2)
-    assert counter.calls == 2  # chunk 2's two samples, the others reused
-    for i in range(6):
-        assert_same(again[i], want[i])
 
 
 def test_on_disk_a_chunk_replaced_after_opening_is_refused_by_name(tmp_path):

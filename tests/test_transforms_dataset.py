@@ -320,7 +320,22 @@ def test_on_disk_resumes_after_an_interrupted_build(tmp_path):
     assert other.folder != folder
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty", "other_key", "missing"])
+def flip_byte(path, name):
+    """Flip one byte inside the stored bytes of tensor ``name`` (the file stays valid
+    safetensors with the same header)."""
+    import json
+
+    with open(path, "r+b") as fh:
+        header = int.from_bytes(fh.read(8), "little")
+        start, end = json.loads(fh.read(header))[name]["data_offsets"]
+        fh.seek(8 + header + (start + end) // 2)
+        byte = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([byte[0] ^ 0x5A]))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty", "other_key", "missing",
+                                    "data.edge_weight", "slices.edge_index", "json.text"])
 def test_on_disk_rebuilds_a_damaged_chunk(tmp_path, damage):
     from safetensors.torch import save
 
@@ -343,8 +358,10 @@ def test_on_disk_rebuilds_a_damaged_chunk(tmp_path, damage):
     elif damage == "other_key":
         with open(path, "wb") as fh:
             fh.write(save({"data.x": torch.zeros(2)}, metadata={"key": "0" * 32}))
-    else:
+    elif damage == "missing":
         os.unlink(path)
+    else:  # one byte flipped inside a stored tensor: the file still reads as safetensors
+        flip_byte(path, damage)
     counter.calls = 0
     again = GraphsOnDiskDataset(str(tmp_path), samples, graphs, chunk_size=2)
     assert counter.calls == 2  # chunk 1's two samples, the others reused
