@@ -580,9 +580,27 @@ def test_cuda_test_files_are_the_files_of_the_cuda_tests():
         with open(path, encoding="utf-8") as fh:
             if mark in fh.read():
                 marked.add(os.path.relpath(path, ROOT).replace(os.sep, "/"))
-    assert marked and set(profile.CUDA_TEST_FILES) == marked
-    assert len(profile.CUDA_TEST_FILES) == len(marked)
+    later = campaign.slice_module("cuda-tests")
+    listed = [*profile.CUDA_TEST_FILES, *later.FILES]
+    assert marked and set(listed) == marked and len(listed) == len(marked)
     assert profile.recipe(False)["tests"] == ["-m", "cuda", *profile.CUDA_TEST_FILES]
+    assert later.keys(later.recipe(False)) == later.keys(later.recipe(True)) == list(later.FILES)
+
+
+def test_a_newly_marked_file_keeps_the_recorded_cuda_tests():
+    later = campaign.slice_module("cuda-tests")
+    recipe = later.recipe(False)
+    grown = dict(recipe, files=[*recipe["files"], "tests/test_new.py"])
+    assert campaign.recipe_digest("cuda-tests", grown) == \
+        campaign.recipe_digest("cuda-tests", recipe)
+    recorded = set(recipe["files"])
+    assert campaign.pending("cuda-tests", grown, recorded) == ["tests/test_new.py"]
+    # the profile's recorded recipe is the one the ledger holds
+    ledger = [json.loads(l) for l in open(os.path.join(ROOT, "benchmarks", "results", "gpu",
+                                                       "ledger.jsonl"), encoding="utf-8")]
+    digest = campaign.recipe_digest("profile", profile.recipe(False))
+    assert {l["key"] for l in ledger if l["slice"] == "profile" and l["recipe"] == digest} \
+        == set(profile.keys(profile.recipe(False)))
 
 
 def test_recipes_and_digests():
@@ -880,13 +898,20 @@ def _check_slice_results(name, release, recipe, new, manifest, text, releases):
         assert all(0 <= l["metrics"]["test_acc"] <= 1 for l in new)
         assert "glomo − baseline" in text and recipe["predictor"]["release"] in text
         assert set(manifest["carried"]) == {"embedding.npy", "embedding.json"}
+    elif name == "cuda-tests":  # on a CPU each collected test skips; none fails
+        for l in new:
+            m = l["metrics"]
+            assert m["tests"] >= 1 and m["failures"] == m["errors"] == 0
+            assert m["skipped"] == m["tests"] or torch.cuda.is_available()
+        assert "| `tests/test_compile.py` | CPU" in text
     else:  # speed: each section's table, as benchmarks.speed writes it
         assert all(l["metrics"]["lines"][0].startswith("### ") for l in new)
         assert "##### Fused layout" in text
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["pixel-pretrain", "cifar10", "text-pretrain", "imdb", "speed"])
+@pytest.mark.parametrize("name", ["pixel-pretrain", "cifar10", "text-pretrain", "imdb", "speed",
+                                  "cuda-tests"])
 def test_dry_run_of_slice_end_to_end(name, tmp_path):
     mod = campaign.slice_module(name)
     carry = _carry_name("-" + name)

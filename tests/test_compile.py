@@ -365,8 +365,7 @@ def test_inductor_glomo_conv_and_transfer_follow_changing_batches(edges):
         check_transfer_changing_shapes("inductor", None)
 
 
-# (not marked `cuda`: the campaign's cuda-tests list is part of the profile recipe, and a
-# new file there would void its recorded runs)
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dynamic", [True, None])
 @pytest.mark.parametrize("edges", ["tensor", "EdgeIndex"])

@@ -45,10 +45,11 @@ from glomo_pyg.digests import canonical_digest
 
 # The campaign's slices (the order in which they run is the schedule's STAGES)
 ORDER = ("profile", "pixel-pretrain", "cifar10", "text-pretrain", "imdb", "any-gnn-imdb",
-         "any-gnn-cifar10", "speed")
+         "any-gnn-cifar10", "speed", "cuda-tests")
 MODULES = {"profile": "profile", "pixel-pretrain": "pixel_pretrain", "cifar10": "cifar10",
            "text-pretrain": "text_pretrain", "imdb": "imdb", "any-gnn-imdb": "any_gnn",
-           "any-gnn-cifar10": "any_gnn", "speed": "speed"}
+           "any-gnn-cifar10": "any_gnn", "speed": "speed",
+           "cuda-tests": "cuda_tests"}
 # slices of the campaign whose module is not written yet, each with why (plan lists them)
 NOT_BUILT: Dict[str, str] = {}
 

@@ -12,7 +12,7 @@ slice that needs another's product (:data:`NEEDS`: a release) waits while that s
 has pending runs or runs in the same allocation. A slice marked ``WHOLE_CALL`` (it
 trains to its call's deadline) takes a full call alone. Whatever else still fits in a
 call is filled from the stages after, down to the fillers at the end (the profile's
-pending keys, the speed sections).
+pending keys, the speed sections, the CUDA tests of the ``cuda-tests`` slice).
 """
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ STAGES: Tuple[Stage, ...] = (
     Stage("any-gnn-imdb"),                     # after the paper's results: a stock PyG
     Stage("any-gnn-cifar10"),                  # GNN over GLoMo's and fixed graphs
     Stage("profile"),                          # fillers: what is left of the profile,
-    Stage("speed"),                            # the speed sections
+    Stage("speed"),                            # the speed sections, the CUDA tests
+    Stage("cuda-tests"),                       # of files marked after the profile's recipe
 )
 # a slice whose recipe names another's release waits for that slice's pending runs; the
 # any-gnn slices wait for the paper's runs of their task (cifar10's after pixel-pretrain,
