@@ -1,6 +1,6 @@
 """Optional dependencies, installed as extras of ``glomo-pyg`` (``train``, ``text``,
-``analysis``, ``all``; see the README). :func:`require` imports an optional module or
-raises :class:`MissingExtraError` naming the package and the extra to install."""
+``analysis``, ``hub``, ``all``; see the README). :func:`require` imports an optional module
+or raises :class:`MissingExtraError` naming the package and the extra to install."""
 from __future__ import annotations
 
 import importlib
@@ -10,9 +10,10 @@ from typing import Dict
 #: The extra that provides each optional top-level module.
 EXTRAS: Dict[str, str] = {"lightning": "train", "yaml": "train", "gensim": "text",
                           "conllu": "text", "matplotlib": "analysis", "sklearn": "analysis",
-                          "PIL": "analysis"}
+                          "PIL": "analysis", "huggingface_hub": "hub"}
 #: Distribution names where they differ from the module's.
-PACKAGES: Dict[str, str] = {"yaml": "pyyaml", "sklearn": "scikit-learn", "PIL": "pillow"}
+PACKAGES: Dict[str, str] = {"yaml": "pyyaml", "sklearn": "scikit-learn", "PIL": "pillow",
+                             "huggingface_hub": "huggingface_hub"}
 
 
 class MissingExtraError(ImportError):
