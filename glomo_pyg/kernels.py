@@ -617,6 +617,14 @@ def _(x, edge_index, edge_weight, edge_head, num_heads):
     return torch.empty_like(edge_index)
 
 
+def check_dense_graph_values(adj: Tensor) -> None:
+    """Dense graph blocks given by a user hold finite weights (the rule
+    :func:`check_graph_values` applies to edge weights); one device sync."""
+    # a finite sum proves it in one pass; only a non-finite one needs the exact pass
+    if not (math.isfinite(float(adj.detach().sum())) or bool(torch.isfinite(adj).all())):
+        raise ValueError("adj contains NaN or Inf")
+
+
 def _index_dtype(size: int, dtype: torch.dtype) -> torch.dtype:
     """int32 where ids below ``size`` fit (half the memory, a faster sort), else ``dtype``."""
     return torch.int32 if size < 2**31 - 1 else dtype

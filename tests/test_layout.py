@@ -6,6 +6,7 @@ from reference import assert_same_values_and_grads, batch_vector, dense_from_edg
 
 import glomo_pyg.nn.layout as layout_module
 from glomo_pyg import Glomo, GlomoConv, GraphMixer, GraphPredictor, LatentGraphs
+from glomo_pyg.kernels import check_dense_graph_values
 from glomo_pyg.sequences import sequence_batch
 
 LENGTHS = [5, 1, 9, 3]
@@ -187,6 +188,20 @@ def test_dense_layout_rejects_bad_input():
         conv.forward_dense(x, torch.zeros(2, 4), batch)
     with pytest.raises(TypeError, match="forward_dense"):
         conv(x, torch.zeros(2, 2, 4, 4), torch.ones(3))
+    # graph weights are checked in the dense layout as in the edge layout; features are not
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        adj = torch.rand(2, 2, 4, 4)
+        adj[1, 0, 2, 1] = bad
+        with pytest.raises(ValueError, match="adj contains NaN or Inf"):
+            conv.forward_dense(x, adj, batch)
+        with pytest.raises(ValueError, match="adj contains NaN or Inf"):
+            conv.forward_dense(x, adj[:, 0], batch)
+    huge = torch.full((2, 2, 4, 4), 6e4, dtype=torch.float16)  # finite, its sum is not
+    assert not torch.isfinite(huge.sum())
+    check_dense_graph_values(huge)  # (the exact pass decides)
+    nan_features = x.clone()
+    nan_features[0] = float("nan")
+    assert conv.forward_dense(nan_features, torch.rand(2, 2, 4, 4), batch).isnan().any()
     with pytest.raises(ValueError, match="layout must be"):
         GraphPredictor(num_tokens=5, hidden_channels=8, heads=2).set_layout("csr")
     with pytest.raises(TypeError):  # a run-time choice, not a constructor argument

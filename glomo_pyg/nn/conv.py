@@ -15,6 +15,7 @@ from torch_geometric.utils import is_sparse
 
 from glomo_pyg.graphs import LatentGraphs
 from glomo_pyg.kernels import (
+    check_dense_graph_values,
     check_graph_values,
     checked_edge_index,
     dense_head_propagate,
@@ -217,8 +218,12 @@ class GlomoConv(MessagePassing):
 
     def forward_dense(self, x: Tensor, adj: Tensor, batch: OptTensor = None) -> Tensor:
         """The dense layout: blocks ``adj`` ``[B, H, T, T]`` (or ``[B, T, T]``, one graph
-        for all channels) with ``[b, h, i, j] = G_ij``, for the sequences of ``batch``."""
+        for all channels) with ``[b, h, i, j] = G_ij``, for the sequences of ``batch``.
+        ``adj`` must be finite, as edge weights must (``ValueError`` otherwise; one device
+        sync, which ``cached=True`` pays on the first call only, as for edge weights);
+        feature values are not checked."""
         self._check_x(x)
+        trusted = self.cached and self._cached_sequences is not None  # (as edge weights are)
         seqs = self._sequences(x, batch)
         block = adj.unsqueeze(1) if isinstance(adj, Tensor) and adj.dim() == 3 else adj
         heads = 1 if adj.dim() == 3 else self.heads
@@ -229,6 +234,8 @@ class GlomoConv(MessagePassing):
                              f"{list(want)} (or [B, T, T]) for this batch and a "
                              f"floating-point dtype, got "
                              f"{tuple(adj.shape) if isinstance(adj, Tensor) else type(adj)}")
+        if not trusted:  # the rule for edge weights: finite
+            check_dense_graph_values(block)
         n = x.size(0)
         if n == seqs.num_sequences * seqs.max_len:  # no padding: stay in [B, T, H, c]
             xb = x.view(seqs.num_sequences, seqs.max_len, heads, -1).transpose(1, 2)
