@@ -153,25 +153,49 @@ def _swap_in(new: Path, target: Path) -> None:
     fsync_folder(target.parent)
 
 
-def replace_folder(target: Path, files: Mapping[str, bytes]) -> None:
-    """Make ``target`` a folder holding exactly ``files`` (name: bytes, the last written
-    last), staged as a sibling that then takes its place; a kill leaves the old folder, the
-    new one, or a backup the next call puts back. Where ``target`` cannot be renamed, its
-    files are replaced in place, with a warning."""
+@contextlib.contextmanager
+def _stage(target: Path) -> Iterator[Path]:
+    """An empty folder beside ``target`` to fill, under the writers' lock of its parent
+    (what killed writers left is cleaned first); removed afterwards unless swapped in."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    cwd = None
-    with contextlib.suppress(OSError):
-        cwd = os.getcwd()
     with _writers_lock(target.parent, wait=True) as held:
         if held:
             _recover(target)
         new = _staged_path(target, "new")
         try:
             os.mkdir(new)
+            yield new
+        finally:
+            shutil.rmtree(new, ignore_errors=True)  # (once swapped in, there is none)
+
+
+def _publish(new: Path, target: Path) -> None:
+    """Swap the filled ``new`` in for ``target`` (keeping the permissions of the folder it
+    replaces)."""
+    if target.is_dir():
+        os.chmod(new, stat.S_IMODE(os.stat(target).st_mode))
+    _swap_in(new, target)
+
+
+@contextlib.contextmanager
+def _working_folder_kept(target: Path) -> Iterator[None]:
+    cwd = None
+    with contextlib.suppress(OSError):
+        cwd = os.getcwd()
+    yield
+    if cwd == str(target):
+        os.chdir(target)  # our working folder was the replaced one
+
+
+def replace_folder(target: Path, files: Mapping[str, bytes]) -> None:
+    """Make ``target`` a folder holding exactly ``files`` (name: bytes, the last written
+    last), staged as a sibling that then takes its place; a kill leaves the old folder, the
+    new one, or a backup the next call puts back. Where ``target`` cannot be renamed, its
+    files are replaced in place, with a warning."""
+    with _working_folder_kept(target), _stage(target) as new:
+        try:
             _write_files(new, files)
-            if target.is_dir():  # keep the permissions of the folder it replaces
-                os.chmod(new, stat.S_IMODE(os.stat(target).st_mode))
-            _swap_in(new, target)
+            _publish(new, target)
         except OSError as err:
             if err.errno not in _CANNOT_SWAP or not target.is_dir():
                 raise
@@ -182,7 +206,14 @@ def replace_folder(target: Path, files: Mapping[str, bytes]) -> None:
                 with contextlib.suppress(OSError):
                     os.unlink(target / name)
             _write_files(target, files)
-        finally:
-            shutil.rmtree(new, ignore_errors=True)  # (once swapped in, there is none)
-    if cwd == str(target):
-        os.chdir(target)  # our working folder was the replaced one
+
+
+@contextlib.contextmanager
+def staged_folder(target: Path) -> Iterator[Path]:
+    """A new empty folder to write ``target``'s files into, for folders too large to hold
+    in memory (:func:`replace_folder` takes bytes): when the block ends it replaces
+    ``target`` as a whole, with :func:`replace_folder`'s guarantees; if the block raises (or
+    the process is killed) ``target`` is left as it was."""
+    with _working_folder_kept(target), _stage(target) as new:
+        yield new
+        _publish(new, target)

@@ -378,7 +378,8 @@ def _add_export(sub) -> None:
     source.add_argument("--text", help="UTF-8 text file, one document per line")
     source.add_argument("--images", help="folder of PNG/JPEG images (RGB), each read at its "
                         "own size up to --max-units pixels")
-    e.add_argument("--output", required=True, help="directory to write into (created)")
+    e.add_argument("--output", required=True, help="directory to write (new, empty or an earlier "
+                   "export; published as a whole when complete)")
     e.add_argument("--formats", nargs="+", default=["graphml", "json"],
                    choices=("graphml", "json"))
     e.add_argument("--max-samples", type=int, default=100, help="first N lines or images")

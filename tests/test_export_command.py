@@ -269,3 +269,110 @@ def test_glomo_export_refuses_decompression_bombs_and_huge_lines(tmp_path, monke
     with pytest.raises(SystemExit, match=r"long.txt:2: line longer than 64 bytes"):
         main(["export", "--predictor", str(pred_dir), "--text", str(text), "--output",
               str(tmp_path / "o2")])
+
+
+def _items(predictor, n):
+    sentences = ["the cat sat on the mat .", "the mat", "cat sat", "the cat"]
+    return [ExportItem(predictor.encode(sentences[k % 4].split()), f"s{k}",
+                       sentences[k % 4].split()) for k in range(n)]
+
+
+def test_an_export_is_published_as_a_whole(tmp_path, monkeypatch):
+    import glomo_pyg.analysis.export_files as export_files
+
+    predictor, out = text_predictor(), tmp_path / "out"
+    export_graphs(predictor, _items(predictor, 2), str(out), formats=["json"])
+    before = {n: (out / n).read_bytes() for n in os.listdir(out)}
+    written = []
+    real = export_files._export_sample
+
+    def failing(out_dir, *args):
+        if written:
+            raise RuntimeError("killed part-way")
+        written.append(real(out_dir, *args))
+        return written[-1]
+
+    monkeypatch.setattr(export_files, "_export_sample", failing)
+    with pytest.raises(RuntimeError, match="part-way"):
+        export_graphs(predictor, _items(predictor, 3), str(out), batch_size=1)
+    assert {n: (out / n).read_bytes() for n in os.listdir(out)} == before  # the old one
+    assert sorted(os.listdir(tmp_path)) == ["out"]  # and nothing staged is left
+    with pytest.raises(RuntimeError, match="part-way"):
+        export_graphs(predictor, _items(predictor, 3), str(tmp_path / "new"), batch_size=1)
+    assert sorted(os.listdir(tmp_path)) == ["out"]  # a new folder: absent
+    monkeypatch.setattr(export_files, "_export_sample", real)
+    export_graphs(predictor, _items(predictor, 3), str(out), formats=["graphml"])
+    assert "sample_00002.graphml" in os.listdir(out)
+    assert not [n for n in os.listdir(out) if n.endswith(".json") and n.startswith("sample")]
+
+
+def test_an_export_never_replaces_a_folder_of_other_files(tmp_path):
+    predictor = text_predictor()
+    notes = tmp_path / "mine"
+    notes.mkdir()
+    (notes / "notes.txt").write_text("keep me")
+    (notes / "sample_00000.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"holds files an export did not write \(notes.txt\)"):
+        export_graphs(predictor, _items(predictor, 1), str(notes))
+    assert (notes / "notes.txt").read_text() == "keep me"
+    assert sorted(os.listdir(tmp_path)) == ["mine"]
+    (tmp_path / "file").write_text("x")
+    os.symlink(notes, tmp_path / "link")
+    for bad in ("file", "link"):
+        with pytest.raises(ValueError, match="existing file or link"):
+            export_graphs(predictor, _items(predictor, 1), str(tmp_path / bad))
+    for bad in ("", "a\0b"):
+        with pytest.raises(ValueError, match="non-empty path"):
+            export_graphs(predictor, _items(predictor, 1), bad)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    export_graphs(predictor, _items(predictor, 1), str(empty), formats=["json"])
+    assert "index.json" in os.listdir(empty)
+
+
+@pytest.mark.slow
+def test_glomo_export_killed_part_way_leaves_no_partial_folder(tmp_path):
+    """SIGTERM (Python's default: no cleanup runs) while samples are being written: the
+    output folder is absent; the next export cleans what was staged and completes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pred_dir, text = tmp_path / "pred", tmp_path / "t.txt"
+    text_predictor().save_pretrained(str(pred_dir))
+    text.write_text("the cat sat\nthe mat .\ncat sat on the mat\n", encoding="utf-8")
+    marker = tmp_path / "one-written"
+    script = (  # the CLI, its second sample held back until the test has killed it
+        "import os, sys, time\n"
+        "import glomo_pyg.analysis.export_files as f\n"
+        "real = f._export_sample\n"
+        "def slow(*a):\n"
+        "    r = real(*a)\n"
+        f"    open({str(marker)!r}, 'w').close()\n"
+        "    time.sleep(120)\n"
+        "    return r\n"
+        "f._export_sample = slow\n"
+        "from glomo_pyg.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n")
+    out = tmp_path / "out"
+    args = ["export", "--predictor", str(pred_dir), "--text", str(text), "--output", str(out),
+            "--threads", "1", "--batch-size", "1"]
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 120
+        while not marker.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+        staged = [n for n in os.listdir(tmp_path) if n.startswith(".out.glomo-new-")]
+        assert len(staged) == 1 and "sample_00000.graphml" in os.listdir(tmp_path / staged[0])
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not out.exists()  # absent, not a folder of some samples without statistics.md
+    assert main(args) == 0
+    assert "statistics.md" in os.listdir(out)
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".out.glomo-")]

@@ -1,6 +1,7 @@
 """Files written by ``glomo export``: every graph of each input sequence or image as
-GraphML and JSON edge lists, plus the statistics table, all inside one directory. Nothing
-is pickled, and file names are generated here, never taken from the input."""
+GraphML and JSON edge lists, plus the statistics table, all inside one directory, which is
+published as a whole (a reader finds it absent, as it was, or complete). Nothing is
+pickled, and file names are generated here, never taken from the input."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ import os
 import re
 from dataclasses import dataclass
 from itertools import groupby
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, cast
 
 import torch
@@ -21,12 +23,32 @@ from glomo_pyg.analysis.export import (
     windowed,
 )
 from glomo_pyg.analysis.statistics import GraphStatisticsAccumulator
-from glomo_pyg.atomic_files import atomic_write
+from glomo_pyg.atomic_files import atomic_write, staged_folder
 from glomo_pyg.graphs import check_max_distance
 from glomo_pyg.settings import check_int
 
 FORMATS = ("graphml", "json")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+# what export_graphs writes: an output folder holding only these is an earlier export
+_EXPORTED = re.compile(r"sample_\d{5,}\.(graphml|json)|statistics\.(md|csv|json)|index\.json")
+
+
+def check_export_folder(path: str) -> Path:
+    """``path`` as the folder an export may replace as a whole: absent, empty or an
+    earlier export; anything else (a file, a folder with other files) is refused."""
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise ValueError(f"the output directory must be a non-empty path, got {path!r}")
+    target = Path(os.path.abspath(path))
+    if os.path.lexists(target) and (target.is_symlink() or not target.is_dir()):
+        raise ValueError(f"the output directory {path!r} is an existing file or link, not a "
+                         "directory")
+    others = sorted(n for n in (os.listdir(target) if target.is_dir() else [])
+                    if not _EXPORTED.fullmatch(n))
+    if others:
+        raise ValueError(f"the output directory {path!r} holds files an export did not write "
+                         f"({', '.join(others[:3])}{' ...' if len(others) > 3 else ''}); an "
+                         "export replaces its folder as a whole: give a new or empty one")
+    return target
 
 
 class ExportDirectory:
@@ -102,7 +124,11 @@ def export_graphs(predictor, items: Sequence[ExportItem], output_dir: str,
     cuts every graph to that window first
     (:meth:`~glomo_pyg.LatentGraphs.within`); without it, inputs longer (or images
     larger) than the predictor's learned distance term saw give one ``RuntimeWarning``
-    saying which window to pass."""
+    saying which window to pass.
+
+    ``output_dir`` is written as a whole: the files are staged beside it and take its
+    place at the end, so a failure or a kill part-way leaves it as it was. It must be
+    absent, empty or an earlier export (``ValueError`` for a folder holding other files)."""
     formats = list(formats)
     if not formats or any(f not in FORMATS for f in formats):
         raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats}")
@@ -111,7 +137,16 @@ def export_graphs(predictor, items: Sequence[ExportItem], output_dir: str,
     check_max_distance(max_distance, optional=True)
     if not items:
         raise ValueError("nothing to export: no items")
-    out = ExportDirectory(output_dir)
+    with staged_folder(check_export_folder(output_dir)) as stage:
+        return _export_items(predictor, items, ExportDirectory(str(stage)), formats,
+                             batch_size, min_weight, top_k, max_edges, max_distance, log)
+
+
+def _export_items(predictor, items: Sequence[ExportItem], out: "ExportDirectory",
+                  formats: List[str], batch_size: int, min_weight: float,
+                  top_k: Optional[int], max_edges: int, max_distance: Optional[int],
+                  log) -> Dict:
+    """:func:`export_graphs` into ``out`` (its staging folder)."""
     stats = GraphStatisticsAccumulator()
     index: List[Dict] = []
     width = max(5, len(str(len(items) - 1)))
