@@ -87,6 +87,8 @@ def check_wheel(wheel: Path, checkout: Path) -> None:
                  if not (n.startswith(top) or n in modules) or STRAY.search(n)]
         if stray:
             sys.exit(f"{wheel.name} holds files a wheel must not: {stray[:10]}")
+        if "glomo_pyg/py.typed" not in names:  # (PEP 561: else type checkers skip us)
+            sys.exit(f"{wheel.name} lacks glomo_pyg/py.typed")
         for release in checkout_releases(checkout):
             for file in RELEASE_FILES:
                 inside = f"glomo_pyg/pretrained/{release}/{file}"
@@ -94,7 +96,7 @@ def check_wheel(wheel: Path, checkout: Path) -> None:
                         (checkout / "pretrained" / release / file).read_bytes():
                     sys.exit(f"{wheel.name}: {inside} is missing or differs from the checkout")
     step(f"{wheel.name}: {len(names)} files, {wheel.stat().st_size / 2**20:.2f} MiB, "
-         "no tests, data or caches; every release byte for byte")
+         "no tests, data or caches; py.typed; every release byte for byte")
 
 
 def top_level_modules(checkout: Path) -> List[str]:

@@ -10,6 +10,7 @@ from torch import Tensor
 from glomo_pyg.graphs import LatentGraphs
 from glomo_pyg.nn.config import ConfigurableModule
 from glomo_pyg.nn.encoder import UnitEncoder
+from glomo_pyg.nn.resets import reset_children
 from glomo_pyg.nn.scorer import GraphScorer
 from glomo_pyg.nn.settings import check_model_setting
 from glomo_pyg.ordering import SequenceOrder, UnitOrder
@@ -84,9 +85,7 @@ class ScoredEmitter(GraphEmitter, register=False):
     include_self = property(attrgetter("scorer.include_self"), doc="Whether i = j edges exist.")
 
     def reset_parameters(self):
-        for child in self.children():
-            if hasattr(child, "reset_parameters"):
-                child.reset_parameters()
+        reset_children(self)
 
     @abstractmethod
     def states(self, x: Tensor, sequences: SequenceBatch) -> Tuple[Tensor, Tensor]:

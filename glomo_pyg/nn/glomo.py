@@ -28,6 +28,7 @@ from glomo_pyg.nn.encoder import UnitEncoder
 from glomo_pyg.nn.feature_predictor import FeatureGraphEmitter, FeaturePredictor
 from glomo_pyg.nn.graph_predictor import GraphPredictor
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
+from glomo_pyg.nn.resets import reset_children
 from glomo_pyg.nn.scorer import resolve_head_channels
 from glomo_pyg.nn.settings import IMAGE_DEFAULTS as _I
 from glomo_pyg.nn.settings import TEXT_DEFAULTS as _T
@@ -143,6 +144,11 @@ class Glomo(torch.nn.Module):
         self.feature_predictors = torch.nn.ModuleDict({_KEY[d]: feature_predictors[d]
                                                        for d in directions})
         self.decoders = torch.nn.ModuleDict({_KEY[d]: context_heads[d] for d in directions})
+
+    def reset_parameters(self):
+        """Re-initialise every part (graph predictors, feature predictors, context heads);
+        word vectors given with :meth:`set_token_embeddings` must be set again."""
+        reset_children(self)
 
     @classmethod
     def text(cls, num_tokens: int, hidden_channels: int = _T.hidden_channels,

@@ -320,6 +320,12 @@ class PretrainedGraphPredictor(torch.nn.Module):
         return _PERSISTENCE["load"](name_or_path, map_location=map_location,
                                     vocabulary=vocabulary, allow_unsealed=allow_unsealed)
 
+    def reset_parameters(self):
+        """Re-initialise both directions' predictors (an untrained predictor, e.g. the
+        baseline that pretraining is measured against); the vocabulary stays."""
+        for predictor in self.predictors.values():
+            cast(GraphEmitter, predictor).reset_parameters()
+
     def __repr__(self) -> str:
         inner = ", ".join(f"{d}={self.predictors[_KEY[d]]!r}" for d in self.directions)
         vocab = f", vocabulary={len(self.vocabulary)} tokens" if self.vocabulary else ""

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
+from glomo_pyg.nn.resets import reset_children
 from glomo_pyg.nn.transfer import GRAPHS, GlomoTransfer
 from glomo_pyg.ordering import DIRECTIONS
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
@@ -68,6 +69,9 @@ class GlomoTextClassifier(torch.nn.Module):
         self.rnn_kind, self.padding_idx = rnn, padding_idx
         self.embedding = torch.nn.Embedding.from_pretrained(
             embedding.float(), freeze=freeze_embedding, padding_idx=padding_idx)
+        # trainable word vectors are reset to the given ones (not part of the state dict)
+        self.register_buffer("_given_embedding", None if freeze_embedding else
+                             embedding.detach().float().clone(), persistent=False)
         d = embedding.size(1)
         mix: Dict[str, Any] = dict(graph=graph, mixing=mixing, max_distance=max_distance)
         given = cast(PretrainedGraphPredictor, predictor)  # (places is () without one)
@@ -93,6 +97,14 @@ class GlomoTextClassifier(torch.nn.Module):
         self.classifier = torch.nn.Sequential(
             torch.nn.Linear(4 * hidden_channels, hidden_channels), torch.nn.ReLU(),
             torch.nn.Dropout(dropout), torch.nn.Linear(hidden_channels, num_classes))
+
+    def reset_parameters(self):
+        """Re-initialise every trained part; the word vectors return to the given ones and
+        the frozen graph predictor is kept (:meth:`GlomoTransfer.reset_parameters`)."""
+        reset_children(self, keep=[self.embedding])
+        if self._given_embedding is not None:
+            with torch.no_grad():
+                self.embedding.weight.copy_(self._given_embedding)
 
     @staticmethod
     def _check_arguments(embedding: Tensor, num_classes: int,
