@@ -2,6 +2,7 @@
 names the extra to install."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -134,10 +135,32 @@ def test_extras_in_pyproject_match_the_table():
         project = tomllib.load(fh)["project"]
     extras = project["optional-dependencies"]
     core = " ".join(project["dependencies"])
+
+    def expanded(extra: str) -> list:
+        """An extra's requirements, the extras it names (``glomo-pyg[a,b]``) expanded."""
+        out = []
+        for d in extras[extra]:
+            composed = re.fullmatch(r"glomo-pyg\[([a-z,]+)\]", d)
+            out += [r for e in composed.group(1).split(",") for r in expanded(e)] \
+                if composed else [d]
+        return out
+
     for module, extra in EXTRAS.items():
         package = PACKAGES.get(module, module)
         assert any(d.startswith(package) for d in extras[extra]), (module, extra)
         for bundle in ("all", "test"):  # CI installs [test]: every feature is tested
-            assert any(d.startswith(package) for d in extras[bundle]), (module, bundle)
+            assert any(d.startswith(package) for d in expanded(bundle)), (module, bundle)
         assert package not in core
     assert "tqdm" not in core  # unused (PyG brings it for itself)
+    # composed, not repeated: each requirement is listed by one extra only
+    listed = [d.split(">")[0].split("=")[0].split("<")[0] for e in extras for d in extras[e]
+              if not d.startswith("glomo-pyg[")]
+    assert len(listed) == len(set(listed)), sorted(listed)
+    assert set(expanded("all")) == {d for e in ("train", "text", "analysis", "tensorboard",
+                                                "hub") for d in extras[e]}
+    # nothing the library never imports: PyG runs without torch-scatter / torch-sparse
+    assert not [d for e in extras for d in extras[e] if d.startswith(("torch-scatter",
+                                                                       "torch-sparse"))]
+    versions = [c.rsplit(":: ", 1)[1] for c in project["classifiers"]
+                if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)]
+    assert versions == ["3.11"] and project["requires-python"] == ">=3.11"  # what CI runs
