@@ -954,6 +954,18 @@ def test_dry_run_of_slice_end_to_end(name, tmp_path):
     if hasattr(mod, "ingest"):  # a dry run never writes the project's releases
         with pytest.raises(IngestError, match="--releases-root"):
             ingest.ingest(str(tmp_path / "out"), ledger_path, results, None, True, log=quiet)
+        # nor replaces a user's folder that bears the release's name
+        mine = tmp_path / "releases" / mod.RELEASE
+        mine.mkdir(parents=True)
+        (mine / "notes.txt").write_text("keep me")
+        with pytest.raises(IngestError, match="exists and is not a release folder"):
+            ingest.ingest(str(tmp_path / "out"), ledger_path, results, releases, True,
+                          log=quiet, shared_data=shared)
+        assert os.listdir(mine) == ["notes.txt"] and (mine / "notes.txt").read_text() == \
+            "keep me"
+        assert sorted(os.listdir(tmp_path / "releases")) == [mod.RELEASE]  # nothing staged
+        assert not os.path.exists(ledger_path) or ledger.read(ledger_path) == []
+        shutil.rmtree(mine)
     new = ingest.ingest(str(tmp_path / "out"), ledger_path, results, releases, True, log=quiet,
                         shared_data=shared)
     assert [l["key"] for l in new] == ([fail] if fail else mod.keys(recipe))

@@ -84,7 +84,9 @@ def test_write_release_stores_float16_and_loads_as_float32(root):
     assert (folder / "model.safetensors").stat().st_size < \
         0.6 * (root.parent / "f32" / "model.safetensors").stat().st_size
     readme = (folder / "README.md").read_text()
-    assert readme.startswith("# tiny-text\n\nA tiny text predictor for the tests.\n")
+    assert readme.startswith("---\nlibrary_name: glomo-pyg\n")  # (the Hub's front matter)
+    assert releases.card_body(readme).startswith(
+        "# tiny-text\n\nA tiny text predictor for the tests.\n")
     positions = [readme.index(f"\n## {title}\n") for title in CARD_SECTIONS.values()]
     assert positions == sorted(positions)
     # from a saved folder, and again over the earlier release
@@ -255,7 +257,7 @@ def test_repository_release(name, monkeypatch):
     folder = REPOSITORY_RELEASES / name
     assert sorted(os.listdir(folder)) == sorted(RELEASE_FILES)
     readme = (folder / "README.md").read_text(encoding="utf-8")
-    assert readme.startswith(f"# {name}\n")
+    assert readme.startswith("---\n") and releases.card_body(readme).startswith(f"# {name}\n")
     for title in CARD_SECTIONS.values():
         assert f"\n## {title}\n" in readme, f"{name}/README.md lacks the section {title!r}"
     weights = folder / "model.safetensors"

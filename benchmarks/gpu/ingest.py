@@ -286,6 +286,8 @@ def _stage_release(mod, new, private, manifest, root, log, shared_data,
                    stages: List[str]) -> List[Tuple[str, str]]:
     """The slice's release written into a staging folder beside ``root`` (removed by
     the caller, through ``stages``); the moves that put it in place."""
+    from glomo_pyg.io.releases import replaceable_release_folder
+
     _makedirs(os.path.abspath(root), stages)
     stage = tempfile.mkdtemp(prefix=".ingest-", dir=root)
     stages.append(stage)
@@ -296,7 +298,14 @@ def _stage_release(mod, new, private, manifest, root, log, shared_data,
     except ValueError as err:
         raise IngestError(f"{manifest['slice']}: {err}") from None
     _releases_fit(stage, root)
-    return [(os.path.join(stage, n), os.path.join(root, n)) for n in sorted(os.listdir(stage))]
+    moves = [(os.path.join(stage, n), os.path.join(root, n)) for n in sorted(os.listdir(stage))]
+    # the slice wrote into the fresh staging folder: the folders it will replace are checked
+    # here, so a user's folder bearing a release's name is refused, not replaced
+    taken = [target for _, target in moves if not replaceable_release_folder(target)]
+    if taken:
+        raise IngestError(f"{', '.join(taken)} exists and is not a release folder (it holds "
+                          "other files); move it away or give another --releases-root")
+    return moves
 
 
 def _default_releases_root() -> str:

@@ -15,7 +15,19 @@ import re
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Type, Union, cast
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+    cast,
+)
 
 import torch
 
@@ -55,6 +67,18 @@ _CHUNK = 1 << 22                  # weights are read and hashed this much at a t
 # floating weights may be stored in 16 bits (released predictors are), widened on load
 STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _OLD_TEMP_FILE = re.compile(r"^\.(config\.json|model\.safetensors)\..+\.tmp$")
+
+
+# Names with a scheme (``hf://``) are fetched by the module that owns it, which registers
+# here (glomo_pyg.io.hub) and loads the folder it fetched with load_pretrained: such a name
+# is never a local path.
+_SCHEMES: Dict[str, Callable[..., PretrainedGraphPredictor]] = {}
+
+
+def register_scheme(prefix: str, load: Callable[..., PretrainedGraphPredictor]) -> None:
+    """Route the names starting with ``prefix`` (``'hf://'``) to ``load(name, revision=...,
+    **load_pretrained's keywords)``."""
+    _SCHEMES[prefix] = load
 
 
 class UnsealedPredictorWarning(UserWarning):
@@ -515,19 +539,25 @@ def _check_release(name: str, path: Path, config: Dict[str, Any], modality: str)
 
 def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None] = None,
                     vocabulary: Optional[Sequence[str]] = None,
-                    allow_unsealed: bool = False) -> PretrainedGraphPredictor:
+                    allow_unsealed: bool = False,
+                    revision: Optional[str] = None) -> PretrainedGraphPredictor:
     """Load a predictor written by :func:`save_pretrained`, in eval mode.
 
     Both files are untrusted and checked before any module is built at its real size
     (the checks, in order: docs/design.md).
 
     Args:
-        path: the directory given to :func:`save_pretrained`, or the name of a released
-            predictor (a bare name such as ``'imdb-text-cpu'`` that is no existing path).
+        path: the directory given to :func:`save_pretrained`, the name of a released
+            predictor (a bare name such as ``'imdb-text-cpu'`` that is no existing path),
+            or ``'hf://owner/name'``: a Hugging Face Hub model repository, downloaded
+            into the Hugging Face cache (:mod:`glomo_pyg.io.hub`; always the Hub, never
+            a local folder: a folder named ``hf:`` is ``'./hf:/...'``).
         map_location: device to put the weights on (default: CPU).
         vocabulary: if given, it must equal the saved vocabulary.
         allow_unsealed: load a predictor of format 1 or 2 (not sealed), with an
             :class:`UnsealedPredictorWarning` (never a release); without it, refused.
+        revision: ``hf://`` names only: the branch, tag or commit to load (default: the
+            main branch).
 
     Raises:
         TypeError: ``path`` is not a str or os.PathLike.
@@ -535,8 +565,16 @@ def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None]
             a missing, corrupt, edited or newer file, a config value of the wrong type or
             out of range, weights that do not match the config or are not finite, a
             vocabulary mismatch, or a release found under a name that is not its own (a
-            renamed copy, or a card not its own).
+            renamed copy, or a card not its own); for ``hf://`` names, also its subclass
+            :class:`~glomo_pyg.io.hub.HubError` for what the Hub route refuses.
     """
+    scheme = next((p for p in _SCHEMES if isinstance(path, str) and path.startswith(p)), None)
+    if scheme is not None:
+        return _SCHEMES[scheme](path, revision=revision, map_location=map_location,
+                                vocabulary=vocabulary, allow_unsealed=allow_unsealed)
+    if revision is not None:
+        raise ValueError(f"revision={revision!r} picks a commit of a Hugging Face Hub "
+                         f"predictor ('hf://owner/name'); {path!r} is a folder or a release")
     path, release = _resolve(path)
     is_release = release is not None
     try:

@@ -45,7 +45,22 @@ CARD_SECTIONS: Dict[str, str] = {
     "recipe": "Recipe", "command": "Command", "hardware": "Hardware",
     "training_time": "Training time", "commit": "Commit"}
 CARD_FIELDS = ("name", "summary", *CARD_SECTIONS)
+# optional card entries, written only into the card's YAML front matter (Hugging Face's
+# metadata): Hub dataset ids, and measured numbers of the Quality section (model-index)
+CARD_EXTRAS = ("datasets", "metrics")
 MODALITIES = ("text", "pixels")
+# the front matter every card opens with (https://huggingface.co/docs/hub/model-cards)
+LIBRARY_NAME = "glomo-pyg"
+CARD_TAGS = ("graph-machine-learning", "pytorch-geometric", "glomo")
+CARD_LICENSE = "mit"  # the project's (LICENSE)
+METRIC_KEYS = ("name", "type", "value", "dataset", "dataset_type")  # and optional "task"
+DEFAULT_TASK = "graph-ml"  # the Hub's task id for graph machine learning
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+_PLAIN_NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?")
+# huggingface_hub.repocard.REGEX_YAML_BLOCK: what the Hub reads as a card's metadata is
+# never read as a section here (nor the other way round)
+_FRONT_MATTER = re.compile(r"^(\s*---(?:\r\n|\r|\n))([\S\s]*?)"
+                           r"((?:\r\n|\r|\n)---[ \t]*(\r\n|\n|$))")
 _TOP_HEADING = re.compile(r"^#{1,2}(\s|$)", re.MULTILINE)  # would split the card's sections
 
 PathLike = Union[str, os.PathLike]
@@ -135,45 +150,165 @@ def release_path(name: str) -> Path:
     return releases_root() / name
 
 
-def _check_card(card: Mapping) -> Dict[str, str]:
+def _check_card(card: Mapping, complete: bool = True) -> Dict[str, Any]:
+    """``card`` checked: its text fields stripped (``complete``: all of :data:`CARD_FIELDS`,
+    as a release needs; else ``name``, ``summary``, ``modality`` and any others, as a Hub
+    card needs) and its :data:`CARD_EXTRAS` normalised."""
     if not isinstance(card, Mapping):
         raise TypeError(f"card must be a mapping of the fields {list(CARD_FIELDS)}, got "
                         f"{type(card).__name__}")
-    unknown = sorted(str(k) for k in card if k not in CARD_FIELDS)  # (a misspelt field
-    missing = [k for k in CARD_FIELDS  # would silently leave its section out)
-               if not isinstance(card.get(k), str) or not card[k].strip()]
-    out = {k: card[k].strip() for k in CARD_FIELDS if k not in missing}
+    required = CARD_FIELDS if complete else ("name", "summary", "modality")
+    unknown = sorted(str(k) for k in card  # (a misspelt field would silently leave its
+                     if k not in CARD_FIELDS and k not in CARD_EXTRAS)  # section out)
+    missing = [k for k in CARD_FIELDS if (k in required or k in card) and
+               (not isinstance(card.get(k), str) or not card[k].strip())]
+    out: Dict[str, Any] = {k: card[k].strip() for k in CARD_FIELDS
+                           if k in card and k not in missing}
+    name, summary = out.get("name", "x"), out.get("summary", "")
+    modalities = MODALITIES if complete else (*MODALITIES, "features")
     headed = [k for k in CARD_SECTIONS if k in out and k != "command" and
               _TOP_HEADING.search(out[k])]
+    extras, extra_problems = _check_extras(card, out.get("quality", ""))
     problems = [text for bad, text in (
-        (unknown, f"unknown card fields {unknown}; a card has {list(CARD_FIELDS)}"),
+        (unknown, f"unknown card fields {unknown}; a card has {list(CARD_FIELDS)} and "
+         f"optionally {list(CARD_EXTRAS)}"),
         (missing, f"the card lacks the fields {missing} (each must be non-empty text)"),
-        (not RELEASE_NAME.fullmatch(out.get("name", "x")),
-         f"release name {out.get('name')!r} must match {RELEASE_NAME.pattern} (lower-case "
+        (complete and not RELEASE_NAME.fullmatch(name),
+         f"release name {name!r} must match {RELEASE_NAME.pattern} (lower-case "
          "letters, digits, '.' and '-'): it is typed to load it"),
-        ("\n" in out.get("summary", "") or out.get("summary", "").startswith("#"),
-         f"the card's summary must be one line of text, got {out.get('summary')!r}"),
-        (out.get("modality", "text") not in MODALITIES,
-         f"the card's modality must be one of {MODALITIES}, got {out.get('modality')!r}"),
+        (not complete and not _one_line(name), f"the card's name (its title) must be one "
+         f"line of text, got {name!r}"),
+        ("\n" in summary or summary.startswith("#"),
+         f"the card's summary must be one line of text, got {summary!r}"),
+        (out.get("modality", "text") not in modalities,
+         f"the card's modality must be one of {modalities}, got {out.get('modality')!r}"),
         (headed, f"the card fields {headed} hold '#' or '##' headings, which would split the "
-         "README's sections: use '###' or deeper")) if bad]
+         "README's sections: use '###' or deeper")) if bad] + extra_problems
     if problems:
         raise ValueError("; ".join(problems))
-    return out
+    return {**out, **extras}
 
 
-def _readme(card: Dict[str, str]) -> str:
-    lines = [f"# {card['name']}", "", card["summary"], ""]
+def _one_line(text: str) -> bool:
+    return len(text.splitlines()) == 1 and not text.startswith("#")
+
+
+def _check_extras(card: Mapping, quality: str) -> Tuple[Dict[str, Any], List[str]]:
+    """The card's :data:`CARD_EXTRAS`, normalised, and what is wrong with them. A metric
+    must quote a number the Quality section writes: the front matter never adds one."""
+    out: Dict[str, Any] = {}
+    problems = []
+    datasets = card.get("datasets", [])
+    if isinstance(datasets, (list, tuple)) and all(
+            isinstance(d, str) and _HUB_ID.fullmatch(d) and ".." not in d for d in datasets):
+        out["datasets"] = list(datasets)
+    else:
+        problems.append("the card's datasets must be a list of Hugging Face Hub dataset ids "
+                        f"('owner/name' or 'name'), got {datasets!r}")
+    metrics = card.get("metrics", [])
+    if not isinstance(metrics, (list, tuple)):
+        return out, problems + [f"the card's metrics must be a list of mappings of "
+                                f"{list(METRIC_KEYS)}, got {type(metrics).__name__}"]
+    checked = [_check_metric(i, m, quality) for i, m in enumerate(metrics)]
+    problems += [p for _, p in checked if p is not None]
+    out["metrics"] = [m for m, _ in checked if m is not None]
+    return out, problems
+
+
+def _check_metric(i: int, metric: Any, quality: str) -> Tuple[Optional[Dict[str, str]],
+                                                               Optional[str]]:
+    """One entry of ``metrics`` as text ready for the front matter, or what is wrong."""
+    keys = (*METRIC_KEYS, "task")
+    if not isinstance(metric, Mapping) or set(metric) - set(keys) or \
+            not set(METRIC_KEYS) <= set(metric):
+        return None, (f"metrics[{i}] must be a mapping of {list(METRIC_KEYS)} (and optionally "
+                      f"'task', default {DEFAULT_TASK!r}), got {metric!r}")
+    out = {k: metric.get(k, DEFAULT_TASK) for k in keys if k != "value"}
+    ids = ("type", "dataset_type", "task")  # (identifiers: no spaces)
+    bad = [k for k, v in out.items() if not isinstance(v, str) or not v.strip() or len(v) > 200
+           or not (_HUB_ID.fullmatch(v) if k in ids else _one_line(v))]
+    value = metric["value"]
+    number = value if isinstance(value, str) else repr(value) \
+        if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+    if bad:
+        return None, f"metrics[{i}]: {bad} must be one line of text (type, dataset_type and " \
+            f"task: identifiers such as 'uuas' or 'loss'), got {metric!r}"
+    if not _PLAIN_NUMBER.fullmatch(number):
+        return None, f"metrics[{i}] ({out['name']}): the value must be a number written as " \
+            f"a plain decimal (0.429, 12), got {value!r}"
+    if not re.search(rf"(?<![\w.]){re.escape(number)}(?!\d)", quality):
+        return None, f"metrics[{i}] ({out['name']}): {number} is not a number of the card's " \
+            "Quality section: a metric quotes what was measured there"
+    return {**out, "value": number}, None
+
+
+def _quoted(text: str) -> str:
+    """``text`` as a YAML double-quoted scalar: what is not printable, escaped."""
+    return '"' + "".join("\\" + c if c in '"\\' else c if c.isprintable() else
+                         f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}"
+                         for c in text) + '"'
+
+
+def _front_matter(card: Mapping[str, Any]) -> List[str]:
+    """The lines of the card's YAML front matter: library, license, tags, and the
+    datasets and measured metrics (``model-index``) where the card has them."""
+    lines = ["---", f"library_name: {LIBRARY_NAME}", f"license: {CARD_LICENSE}", "tags:",
+             *(f"- {tag}" for tag in CARD_TAGS)]
+    if card.get("datasets"):
+        lines += ["datasets:", *(f"- {_quoted(d)}" for d in card["datasets"])]
+    groups: Dict[Tuple[str, str, str], List[Dict[str, str]]] = {}
+    for m in card.get("metrics", ()):
+        groups.setdefault((m["task"], m["dataset"], m["dataset_type"]), []).append(m)
+    if groups:
+        lines += ["model-index:", f"- name: {_quoted(card['name'])}", "  results:"]
+    for (task, dataset, kind), group in groups.items():
+        lines += ["  - task:", f"      type: {_quoted(task)}", "    dataset:",
+                  f"      name: {_quoted(dataset)}", f"      type: {_quoted(kind)}",
+                  "    metrics:"]
+        for m in group:
+            lines += [f"    - name: {_quoted(m['name'])}", f"      type: {_quoted(m['type'])}",
+                      f"      value: {m['value']}"]
+    return [*lines, "---"]
+
+
+def _readme(card: Dict[str, Any], load_as: Optional[str] = None) -> str:
+    lines = [*_front_matter(card), f"# {card['name']}", "", card["summary"], ""]
     for field, title in CARD_SECTIONS.items():
+        if field not in card:  # (a Hub card may leave sections out)
+            continue
         text = card[field]
         if field == "command":  # a fence longer than any backtick run inside
             fence = "`" * max(3, 1 + max(map(len, re.findall("`+", text)), default=0))
             text = f"{fence}sh\n{text}\n{fence}"
         lines += [f"## {title}", "", text, ""]
     lines += ["## Loading", "", "```python", "from glomo_pyg import PretrainedGraphPredictor",
-              "", f'predictor = PretrainedGraphPredictor.from_pretrained("{card["name"]}")',
-              "```", ""]
+              "", "predictor = PretrainedGraphPredictor.from_pretrained("
+              f'"{load_as or card["name"]}")', "```", ""]
     return "\n".join(lines)
+
+
+def model_card(card: Mapping[str, Any], load_as: Optional[str] = None,
+               complete: bool = True) -> str:
+    """The ``README.md`` text of the model card ``card``, as :func:`write_release` writes
+    it: YAML front matter (``library_name``, ``license``, ``tags``, and ``datasets`` and a
+    ``model-index`` of ``metrics`` where given), the title, the summary, the sections of
+    :data:`CARD_SECTIONS` in order and how to load it (``from_pretrained(load_as)``,
+    default the card's name).
+
+    ``complete=False`` (a card for the Hub) needs only ``name``, ``summary`` and
+    ``modality`` (``'features'`` allowed) and writes the sections it is given.
+    ``metrics`` entries are mappings of :data:`METRIC_KEYS` (and ``task``, default
+    :data:`DEFAULT_TASK`); each ``value`` must be a number the Quality section writes.
+    A :class:`ValueError` names every problem of the card."""
+    return _readme(_check_card(card, complete), load_as)
+
+
+def replaceable_release_folder(folder: PathLike) -> bool:
+    """Whether a release may be written at ``folder``: absent, or a folder holding only a
+    release's files (never a user's folder that happens to bear the release's name)."""
+    folder = Path(folder)
+    return not os.path.lexists(folder) or (folder.is_dir() and not folder.is_symlink() and
+                                          set(os.listdir(folder)) <= set(RELEASE_FILES))
 
 
 def write_release(predictor: Union[PretrainedGraphPredictor, PathLike], folder: PathLike,
@@ -189,7 +324,9 @@ def write_release(predictor: Union[PretrainedGraphPredictor, PathLike], folder: 
             hold only an earlier release.
         card: text for each of :data:`CARD_FIELDS`: ``name`` (``[a-z0-9][a-z0-9.-]*``),
             ``summary`` (one line), ``modality`` (``'text'`` or ``'pixels'``, as the
-            predictor reads) and the markdown sections of :data:`CARD_SECTIONS`.
+            predictor reads) and the markdown sections of :data:`CARD_SECTIONS`; and
+            optionally :data:`CARD_EXTRAS` for the card's YAML front matter (see
+            :func:`model_card`): ``datasets`` (Hub dataset ids) and ``metrics``.
 
     Raises:
         TypeError: ``predictor`` or ``card`` has the wrong type.
@@ -223,10 +360,8 @@ def write_release(predictor: Union[PretrainedGraphPredictor, PathLike], folder: 
          "vocabulary (users encode their text with it): pass one to Glomo.to_pretrained"),
         (folder.name != card["name"], f"the release folder {folder} must be named after the "
          f"release, {card['name']!r}: it is loaded by its folder's name"),
-        (os.path.lexists(folder) and (not folder.is_dir() or folder.is_symlink() or
-                                      not set(os.listdir(folder)) <= set(RELEASE_FILES)),
-         f"{folder} exists and is not a release folder; write_release only replaces an "
-         "earlier release"),
+        (not replaceable_release_folder(folder), f"{folder} exists and is not a release "
+         "folder; write_release only replaces an earlier release"),
         (len(files[CARD_NAME]) > MAX_CARD_BYTES, f"the model card would have "
          f"{len(files[CARD_NAME])} bytes, more than the {MAX_CARD_BYTES >> 10} KiB a card may "
          "have (glomo pretrained reads no more)"),
@@ -249,6 +384,32 @@ def _sealed_config(config: bytes, name: str, modality: str, card: bytes) -> byte
                              card_sha256=hashlib.sha256(card).hexdigest())
     body[SEAL_KEY] = seal_of(body)  # (last: it covers everything above)
     return json.dumps(body, indent=2, allow_nan=False).encode()
+
+
+def rewrite_card(folder: PathLike, changes: Optional[Mapping[str, Any]] = None) -> Path:
+    """Write the model card of the release in ``folder`` again with today's card writer
+    (its fields as :func:`read_card` reads them, updated with ``changes``, e.g. ``metrics``
+    or ``datasets``), and seal it into the release's ``config.json`` (:data:`RELEASE_KEY`);
+    the weights are kept byte for byte. The release must load before (every check) and
+    after; return ``folder``.
+
+    Raises:
+        PretrainedFormatError: the release does not load as it is.
+        ValueError: the card with ``changes`` is not a valid card (see :func:`write_release`).
+    """
+    folder = Path(folder)
+    modality = PretrainedGraphPredictor.from_pretrained(folder).modality
+    card = _check_card({**read_card(folder), **(changes or {})})
+    files = {n: (folder / n).read_bytes() for n in ("model.safetensors", "config.json")}
+    recorded = json.loads(files["config.json"]).get("weights", {}).get("sha256")
+    if hashlib.sha256(files["model.safetensors"]).hexdigest() != recorded:
+        raise ValueError(f"{folder} changed while its card was rewritten: try again")
+    files[CARD_NAME] = _readme(card).encode("utf-8")
+    files["config.json"] = _sealed_config(files["config.json"], card["name"], modality,
+                                          files[CARD_NAME])
+    replace_folder(Path(os.path.abspath(folder)), files)
+    PretrainedGraphPredictor.from_pretrained(folder)
+    return folder
 
 
 def card_bytes(folder: PathLike) -> Optional[bytes]:
@@ -277,17 +438,27 @@ def read_card(folder: PathLike) -> Dict[str, str]:
     :data:`CARD_SECTIONS` the card holds, by field (``{"data": "Tiny ImageNet ..."}``).
 
     The card is each release's one description of itself (docs/pretrained.md): ``glomo
-    pretrained`` quotes its summary and data from here. A ``## `` line inside a fenced
-    block (the command) does not start a section; a missing or unreadable card gives
-    ``{}``; one over :data:`MAX_CARD_BYTES` or no regular file, a :class:`ValueError`
-    (see :func:`card_bytes`)."""
+    pretrained`` quotes its summary and data from here. The YAML front matter is skipped
+    (:func:`card_body`: nothing in it is a field); a ``## `` line inside a fenced block
+    (the command) does not start a section, and the command is given without its fence,
+    as :func:`write_release` was given it; a missing or unreadable card gives ``{}``; one
+    over :data:`MAX_CARD_BYTES` or no regular file, a :class:`ValueError` (see
+    :func:`card_bytes`)."""
     data = card_bytes(folder)
     return {} if data is None else _parse_card(data.decode("utf-8", errors="replace"))
 
 
+def card_body(card: str) -> str:
+    """The card text ``card`` without its YAML front matter (metadata for the Hub: it holds
+    no section, title or summary, however it is written)."""
+    card = card.removeprefix("\ufeff")  # (the Hub reads cards as utf-8-sig)
+    match = _FRONT_MATTER.search(card)
+    return card[match.end():] if match else card
+
+
 def _parse_card(card: str) -> Dict[str, str]:
     """The fields of the card text ``card`` (see :func:`read_card`)."""
-    lines = card.splitlines()
+    lines = card_body(card).splitlines()
     titles = {title: field for field, title in CARD_SECTIONS.items()}
     fields: Dict[str, List[str]] = {"summary": []}
     current, fence = "summary", ""
@@ -305,6 +476,10 @@ def _parse_card(card: str) -> Dict[str, str]:
         fields.setdefault(current, []).append(line)
     text = {k: "\n".join(v).strip() for k, v in fields.items() if k}
     text["summary"] = next(iter(text["summary"].splitlines()), "")
+    command = text.get("command", "").split("\n")  # (as written: inside its fence)
+    opening = re.fullmatch(r"(`{3,})sh", command[0])
+    if len(command) > 1 and opening and command[-1] == opening.group(1):
+        text["command"] = "\n".join(command[1:-1])
     return {k: v for k, v in text.items() if v}
 
 

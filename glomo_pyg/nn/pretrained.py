@@ -15,12 +15,15 @@ from glomo_pyg.nn.emitter import GraphEmitter
 from glomo_pyg.sequences import sequence_batch
 from glomo_pyg.tokenizer import tokenize as split_text
 
-# Saving and loading live in glomo_pyg.io (nn does no file I/O), which registers them here.
+# Saving, loading and pushing to the Hugging Face Hub live in glomo_pyg.io (nn does no
+# file I/O), which registers them here.
 _PERSISTENCE: Dict[str, Callable] = {}
 
 
-def register_persistence(save: Callable, load: Callable) -> None:
-    _PERSISTENCE.update(save=save, load=load)
+def register_persistence(save: Optional[Callable] = None, load: Optional[Callable] = None,
+                         push: Optional[Callable] = None) -> None:
+    _PERSISTENCE.update({k: f for k, f in (("save", save), ("load", load), ("push", push))
+                         if f is not None})
 
 
 def _shared(name: str) -> property:
@@ -302,23 +305,58 @@ class PretrainedGraphPredictor(torch.nn.Module):
     @classmethod
     def from_pretrained(cls, name_or_path, map_location=None,
                         vocabulary: Optional[Sequence[str]] = None,
-                        allow_unsealed: bool = False) -> "PretrainedGraphPredictor":
-        """Load a predictor written by :meth:`save_pretrained` (eval mode, float32), or
-        a released predictor by name; see :func:`glomo_pyg.io.load_pretrained`.
+                        allow_unsealed: bool = False,
+                        revision: Optional[str] = None) -> "PretrainedGraphPredictor":
+        """Load a predictor written by :meth:`save_pretrained` (eval mode, float32), a
+        released predictor by name, or one on the Hugging Face Hub
+        (``'hf://owner/name'``); see :func:`glomo_pyg.io.load_pretrained`.
 
         Args:
-            name_or_path: the predictor's folder, or the bare name of a released
-                predictor (``glomo pretrained`` lists them).
+            name_or_path: the predictor's folder, the bare name of a released predictor
+                (``glomo pretrained`` lists them), or ``'hf://owner/name'``: a Hub model
+                repository (always the Hub; a local folder named ``hf:`` is
+                ``'./hf:/...'``), downloaded into the Hugging Face cache and loaded with
+                the same checks as a folder (needs ``pip install 'glomo-pyg[hub]'``).
             map_location: the device to load onto (default: CPU).
             vocabulary: if given, it must equal the saved vocabulary.
             allow_unsealed: load an unsealed predictor (format 1 or 2) with a warning.
+            revision: ``hf://`` names only: a branch, tag or commit (default: main).
 
         Raises:
             PretrainedFormatError: the folder or its files are missing or invalid, or a
-                bare name is neither a folder nor a released predictor.
+                bare name is neither a folder nor a released predictor; for ``hf://``
+                names, :class:`~glomo_pyg.io.hub.HubError` (a subclass) when the Hub or
+                its cache cannot give the predictor.
         """
         return _PERSISTENCE["load"](name_or_path, map_location=map_location,
-                                    vocabulary=vocabulary, allow_unsealed=allow_unsealed)
+                                    vocabulary=vocabulary, allow_unsealed=allow_unsealed,
+                                    revision=revision)
+
+    def push_to_hub(self, repo_id: str, *, revision: Optional[str] = None,
+                    private: Optional[bool] = None, token: Union[str, bool, None] = None,
+                    commit_message: str = "Upload a GLoMo graph predictor",
+                    card: Optional[Dict[str, Any]] = None) -> Any:
+        """Upload this predictor to the Hugging Face Hub model repository ``repo_id``
+        (``'owner/name'``, created if missing) in one commit: ``config.json`` and
+        ``model.safetensors`` as :meth:`save_pretrained` writes them, and a ``README.md``
+        model card with the Hub's YAML front matter. Load it back with
+        ``from_pretrained('hf://owner/name')``; see :func:`glomo_pyg.io.hub.push_to_hub`.
+
+        Args:
+            repo_id: the repository, ``'owner/name'``.
+            revision: the branch to commit to (default: main).
+            private: make a new repository private (``None``: the Hub's default).
+            token: a Hub token (default: the logged-in one, or ``$HF_TOKEN``).
+            commit_message: the commit's message.
+            card: model card fields (:data:`glomo_pyg.io.releases.CARD_FIELDS`, all
+                optional here, plus ``datasets`` and ``metrics``): the card says only
+                what it is given and what the predictor shows.
+
+        Returns:
+            :class:`~glomo_pyg.io.hub.HubPush`: the repository, revision, commit and URL.
+        """
+        return _PERSISTENCE["push"](self, repo_id, revision=revision, private=private,
+                                    token=token, commit_message=commit_message, card=card)
 
     def reset_parameters(self):
         """Re-initialise both directions' predictors (an untrained predictor, e.g. the
