@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -70,6 +71,7 @@ def stream(texts, vocabulary, max_tokens: Optional[int]) -> Iterator[Data]:
 
 def run_phase(args) -> Dict:
     from glomo_pyg.data import WordVocabulary
+    from glomo_pyg.logs import LineFormatter, logging_to
     from glomo_pyg.transforms import GlomoGraphs, GraphsDataset, GraphsOnDiskDataset
 
     graphs = GlomoGraphs(args.predictor, merge="mean", top_k=8)
@@ -82,8 +84,12 @@ def run_phase(args) -> Dict:
     if memory:
         dataset = GraphsDataset(root, list(stream(texts, vocabulary, args.max_tokens)), graphs)
     else:
-        dataset = GraphsOnDiskDataset(root, stream(texts, vocabulary, args.max_tokens), graphs,
-                                      chunk_size=args.chunk_size, log=args.phase == "build-disk")
+        chunks = logging.StreamHandler(sys.stderr)  # (log: a line per chunk, on stderr)
+        chunks.setFormatter(LineFormatter())
+        with logging_to(chunks):
+            dataset = GraphsOnDiskDataset(root, stream(texts, vocabulary, args.max_tokens),
+                                          graphs, chunk_size=args.chunk_size,
+                                          log=args.phase == "build-disk")
     out["open_s"] = time.perf_counter() - start
     if args.phase.startswith("load"):
         out.update(iterate(dataset))

@@ -335,6 +335,7 @@ def moco_settings(path: str = MOCO_CONFIG):
 def moco_stage(args, setup: Setup) -> Dict:
     """The MoCo encoder in ``OUT/moco`` (pretrained once; resumed when interrupted)."""
     from glomo_pyg.data.images import load_imagenet32
+    from glomo_pyg.logs import lines_to, logging_to
     from glomo_pyg.training.moco import ENCODER_CONFIG, MocoConfig, load_encoder, pretrain_moco
 
     folder = os.path.join(args.output_dir, "moco")
@@ -348,7 +349,8 @@ def moco_stage(args, setup: Setup) -> Dict:
     if summary is None or summary["steps"] < config.max_steps:  # (or stopped by the clock)
         images, _ = load_imagenet32(os.path.join(args.data_dir, "imagenet32"), max_images)
         log(f"moco: {images.size(0)} images, {config.max_steps} steps in {folder}")
-        summary = pretrain_moco(images, config, folder, log=log)
+        with logging_to(lines_to(log), propagate=False):  # (its lines, as log's)
+            summary = pretrain_moco(images, config, folder)
     return summary
 
 

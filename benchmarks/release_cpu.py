@@ -76,6 +76,7 @@ def pixel_quality(predictor, run: str) -> str:
     images = load_pretraining_images(CorpusConfig(**config["corpus"]))
     split = ImagePretrainingData(images, 1, config["corpus"]["validation_fraction"],
                                  config["train"]["seed"])
+    split.setup("fit")  # (the split is drawn there, as in the run)
     sample = images[torch.as_tensor(split.val_ids[:64])]
     predictor = predictor.eval().set_layout("auto")
     untrained = untrained_copy(predictor).eval()

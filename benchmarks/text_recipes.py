@@ -135,6 +135,7 @@ def main(argv=None) -> int:
 
     import torch
 
+    from glomo_pyg.logs import line_handler, logging_to
     from glomo_pyg.training.pretrain.config import CorpusConfig, PretrainConfig
     from glomo_pyg.training.pretrain.corpus import prepare_corpus
     from glomo_pyg.training.pretrain.run import run_pretraining
@@ -142,7 +143,8 @@ def main(argv=None) -> int:
     if not args.report:
         shared = os.path.join(args.output_dir, "corpus")
         corpus = dict(BASE["corpus"], path=os.path.join(args.data_dir, "aclImdb"))
-        prepare_corpus(CorpusConfig(**corpus), shared)
+        with logging_to(line_handler()):  # (what it made, as before)
+            prepare_corpus(CorpusConfig(**corpus), shared)
     for name in args.recipes:
         folder = os.path.join(args.output_dir, name)
         if not args.report:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import re
 import shlex
@@ -33,6 +34,7 @@ from glomo_pyg.data.word_vectors import (
     write_word_vectors,
 )
 from glomo_pyg.extras import MissingExtraError, require
+from glomo_pyg.io.hub import push_folder
 from glomo_pyg.io.image_files import read_image_file
 from glomo_pyg.io.paths import check_input_file, check_output_file, open_input_file
 from glomo_pyg.io.pretrained import reseal_pretrained
@@ -43,6 +45,7 @@ from glomo_pyg.io.releases import (
     releases_origin,
     releases_root,
 )
+from glomo_pyg.logs import line_handler, logging_to
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 from glomo_pyg.settings import THREADS, set_by_path
 from glomo_pyg.version import __version__
@@ -447,8 +450,7 @@ def _export(args: argparse.Namespace) -> int:
     summary = export_graphs(predictor, items, args.output, formats=args.formats,
                             batch_size=args.batch_size, min_weight=args.min_weight,
                             top_k=args.top_k, max_edges=args.max_edges,
-                            max_distance=args.max_distance,
-                            log=print if args.verbose else None)
+                            max_distance=args.max_distance)  # (--verbose: a line each)
     edges = sum(s["num_edges"] for s in summary["samples"])
     print(f"{len(summary['samples'])} sample(s), {edges} edges written; statistics in "
           f"{args.output}/statistics.md")
@@ -462,6 +464,9 @@ def _add_pretrained(sub) -> None:
                              "package, else a source checkout's pretrained/ folder "
                              "(docs/pretrained.md).")
     r.add_argument("--json", action="store_true", help="print the list as JSON")
+    r.add_argument("--push", nargs=2, metavar=("DIR", "REPO"),
+                   help="instead, upload the predictor folder (or release) DIR as it is to "
+                   "the Hugging Face Hub repository REPO ('owner/name'; the [hub] extra)")
 
 
 def _size(size: int) -> str:
@@ -477,6 +482,8 @@ def _release_info(name: str) -> Dict[str, Any]:
 
 def _pretrained(args: argparse.Namespace) -> int:
     """List the releases; one that fails its checks is named (exit status 1), not hidden."""
+    if args.push:
+        return _push(args)
     names = released_names()
     infos = [_release_info(name) for name in names]
     good = [i for i in infos if "error" not in i]
@@ -502,6 +509,17 @@ def _pretrained(args: argparse.Namespace) -> int:
                 print(f"glomo pretrained: release {i['name']} FAILS its checks and will not "
                       f"load: {i['error']}", file=sys.stderr)
     return 1 if len(good) < len(infos) else 0
+
+
+def _push(args: argparse.Namespace) -> int:
+    """``--push DIR REPO``: upload DIR's predictor files in one commit; print where."""
+    if args.json:
+        raise ValueError("--push prints where it pushed to: give it without --json")
+    pushed = push_folder(*args.push)
+    print(f"glomo pretrained: pushed {args.push[0]} ({', '.join(pushed.files)}) to "
+          f"{pushed.url} (commit {pushed.commit}); load it with "
+          f'PretrainedGraphPredictor.from_pretrained("hf://{pushed.repo_id}")')
+    return 0
 
 
 def _add_view(sub) -> None:
@@ -635,7 +653,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     expected = () if os.environ.get("GLOMO_TRACEBACK") else \
         (ValueError, OSError, MissingExtraError)
     try:
-        with _warnings_as_lines(args.command):
+        # the library's log records as the command's lines (--verbose: its DEBUG ones too)
+        level = logging.DEBUG if getattr(args, "verbose", False) else logging.INFO
+        with _warnings_as_lines(args.command), logging_to(line_handler(), level):
             return args.func(args)
     except KeyboardInterrupt:
         print(f"\nglomo {args.command}: interrupted", file=sys.stderr)

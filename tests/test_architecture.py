@@ -90,7 +90,7 @@ def test_no_import_cycle_inside_glomo_pyg():
 # sits above them all.
 LAYERS = [
     ("base", ["version", "extras", "threads", "allocator", "atomic_files", "settings", "digests",
-              "tokenizer", "graph_names", "devices"]),
+              "tokenizer", "graph_names", "devices", "logs"]),
     ("batches and orders", ["sequences", "ordering"]),
     ("kernels", ["kernels", "flex", "pixels", "graph_conversion", "pruning", "score_blocks"]),
     ("graphs", ["graphs"]),

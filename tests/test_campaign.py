@@ -1072,8 +1072,7 @@ def test_pixel_pretraining_stops_cleanly_at_its_time_budget(tmp_path):
                     corpus=dict(r["corpus"], path=str(tmp_path / "data" / "imagenet32")),
                     train=dict(r["train"], accelerator="cpu", threads=1))
     deadline = Deadline(0.0)
-    summary = run_pretraining(PretrainConfig.from_dict(settings), extra_callbacks=[deadline],
-                              log=quiet)
+    summary = run_pretraining(PretrainConfig.from_dict(settings), extra_callbacks=[deadline])
     assert deadline.stopped_at == 1 and summary["steps"] == 1 < r["train"]["max_steps"]
     assert os.path.exists(tmp_path / "run" / "predictor" / "model.safetensors")
 

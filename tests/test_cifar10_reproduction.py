@@ -1,15 +1,13 @@
 """The CIFAR-10 reproduction script end to end on tiny files (seconds): every stage,
-cached stages on a second call, the results file and the figure."""
+cached stages on a second call, the results file and the figure. (Its training loop:
+tests/test_image_classification.py.)"""
 import json
 import os
 
 import pytest
-import torch
 from fake_data import write_image_batches
 
 from benchmarks.reproduce import cifar10
-from glomo_pyg.nn.resnet import GlomoResNet
-from glomo_pyg.training.image_classification import ImageTrainConfig, train_image_classifier
 
 
 def write_data(root):
@@ -94,65 +92,3 @@ def test_cifar10_reproduction_runs_end_to_end_and_resumes(tmp_path):
     with pytest.raises(SystemExit, match="--max-distance must be >= 1"):
         cifar10.main(argv + ["--variants", "glomo-window", "--max-distance", "0"])
 
-
-def test_image_training_resumes_from_its_epoch_checkpoint_exactly(tmp_path):
-    g = torch.Generator().manual_seed(0)
-    images = torch.randint(0, 256, (12, 3, 8, 8), generator=g, dtype=torch.uint8)
-    labels = torch.randint(0, 10, (12,), generator=g)
-    config = ImageTrainConfig(epochs=3, batch_size=4, lr=0.05, crop_padding=1)
-
-    def run(ckpt, log=lambda *a: None):
-        torch.manual_seed(0)
-        model = GlomoResNet(None, width=4)
-        out = train_image_classifier(model, (images, labels), (images[:4], labels[:4]), config,
-                                     device="cpu", checkpoint=ckpt, log=log)
-        return out, model
-
-    def crash(message):
-        if message.startswith("epoch 2/"):
-            raise KeyboardInterrupt("allocation ended")
-
-    straight, a = run(str(tmp_path / "a.pt"))
-    ckpt = str(tmp_path / "b.pt")
-    with pytest.raises(KeyboardInterrupt):
-        run(ckpt, crash)
-    assert torch.load(ckpt, weights_only=True)["epoch"] == 2
-    resumed, b = run(ckpt)
-    assert resumed["val_curve"] == straight["val_curve"]
-    assert resumed["best_epoch"] == straight["best_epoch"]
-    for key, value in a.state_dict().items():
-        assert torch.equal(value, b.state_dict()[key]), key
-    with pytest.raises(ValueError, match="crops"):
-        train_image_classifier(GlomoResNet(None, width=4), (images, labels),
-                               (images, labels), config, train_propagations=(images, images))
-
-
-def test_image_training_refuses_bad_input_and_another_recipe_on_resume(tmp_path):
-    g = torch.Generator().manual_seed(0)
-    images = torch.randint(0, 256, (8, 3, 8, 8), generator=g, dtype=torch.uint8)
-    labels = torch.randint(0, 10, (8,), generator=g)
-    config = ImageTrainConfig(epochs=3, batch_size=4, lr=0.05, crop_padding=1)
-    model = GlomoResNet(None, width=4)
-    cases = [((images, torch.full_like(labels, 10)), (images, labels), config, "model has 10"),
-             ((images, labels), (images, labels), ImageTrainConfig(epochs=1, batch_size=2),
-              "exactly one step"),
-             ((images, labels[:5]), (images, labels), config, "labels"),
-             ((images, labels), (images[:0], labels[:0]), config, "val must be a non-empty split"),
-             ((images, labels), (images, labels), ImageTrainConfig(crop_padding=8), "crop_padding"),
-             ((images, labels), (images, labels), ImageTrainConfig(lr=float("inf")),
-              "lr must be a positive number, got inf"),
-             ((images, labels), (images, labels), ImageTrainConfig(momentum=1),
-              r"momentum must be a number in \[0, 1\), got 1")]
-    for train, val, cfg, message in cases:
-        with pytest.raises(ValueError, match=message):
-            train_image_classifier(model, train, val, cfg, device="cpu", log=lambda *a: None)
-    ckpt = str(tmp_path / "run.pt")
-    train_image_classifier(GlomoResNet(None, width=4), (images, labels), (images, labels),
-                           config, device="cpu", checkpoint=ckpt, log=lambda *a: None)
-    longer = ImageTrainConfig(epochs=5, batch_size=4, lr=0.05, crop_padding=1)
-    with pytest.raises(ValueError, match="another recipe"):
-        train_image_classifier(GlomoResNet(None, width=4), (images, labels), (images, labels),
-                               longer, device="cpu", checkpoint=ckpt, log=lambda *a: None)
-    with pytest.raises(ValueError, match="does not fit this model"):
-        train_image_classifier(GlomoResNet(None, width=8), (images, labels), (images, labels),
-                               config, device="cpu", checkpoint=ckpt, log=lambda *a: None)

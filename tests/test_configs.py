@@ -18,7 +18,7 @@ def test_shipped_configs_validate_and_build_the_model(name):
     data["corpus"]["path"] = "DATA/aclImdb"
     config = PretrainConfig.from_dict(data)
     assert config.corpus.format == "aclimdb"
-    module = GlomoPretraining(dict(num_tokens=50, padding_idx=0, **config.model))
+    module = GlomoPretraining(num_tokens=50, padding_idx=0, **config.model)
     model = module.model  # the layout of the GPU config is a run-time setting
     assert model.emitter("forward").layout == config.model.get("layout", "sparse")
     assert model.keep_alive > 0

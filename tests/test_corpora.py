@@ -92,7 +92,7 @@ def test_a_column_needs_a_table_and_a_missing_path_names_the_setting(tmp_path):
 def test_a_table_corpus_is_prepared_from_its_column(tmp_path):
     (tmp_path / "reviews.csv").write_text(REVIEWS)
     corpus = CorpusConfig(path=str(tmp_path / "reviews.csv"), column="review", min_count=1)
-    vocab, _ = prepare_corpus(corpus, str(tmp_path / "run"), log=lambda *a: None)
+    vocab, _ = prepare_corpus(corpus, str(tmp_path / "run"))
     assert "film" in vocab and "label" not in vocab and "review" not in vocab
 
 
@@ -102,13 +102,13 @@ def test_one_document_and_no_validation_sequence_are_warned_about(tmp_path):
     corpus = CorpusConfig(path=str(tmp_path / "book.txt"), min_count=1)
     with pytest.warns(RuntimeWarning, match=r"book.txt is one file, read as one document .*"
                                             r"corpus.one_per_line=true") as caught:
-        _, shards = prepare_corpus(corpus, str(tmp_path / "one"), log=lambda *a: None)
+        _, shards = prepare_corpus(corpus, str(tmp_path / "one"))
     assert len([w for w in caught if "one document" in str(w.message)]) == 1
     with pytest.warns(RuntimeWarning, match=r"corpus.validation_fraction 0.01 of 4 sequences "
                                             r"holds none: the run reports no validation loss"):
-        TextPretrainingData(shards, 128, 8, 4, 0.01, 0)
+        TextPretrainingData(shards, 128, 8, 4, 0.01, 0).setup("fit")  # (not in __init__)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         lines = CorpusConfig(path=str(tmp_path / "book.txt"), min_count=1, one_per_line=True)
-        prepare_corpus(lines, str(tmp_path / "lines"), log=lambda *a: None)
-        TextPretrainingData(shards, 128, 8, 4, 0.5, 0)
+        prepare_corpus(lines, str(tmp_path / "lines"))
+        TextPretrainingData(shards, 128, 8, 4, 0.5, 0).setup("fit")

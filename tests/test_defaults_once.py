@@ -19,7 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETTINGS = {f.name for f in dataclasses.fields(ModelSettings)}
 # the modules that build models from settings: none may spell a model default itself
 BUILDERS = ("glomo_pyg/nn/glomo.py", "glomo_pyg/training/pretrain/config.py",
-            "glomo_pyg/training/quickstart.py", "glomo_pyg/cli.py")
+            "glomo_pyg/training/pretrain/module.py", "glomo_pyg/training/quickstart.py",
+            "glomo_pyg/cli.py")
 # settings dicts that describe a model of their own, not a default of Glomo.text: the
 # quickstart's small model (minutes on a CPU)
 OWN_MODELS = {("glomo_pyg/training/quickstart.py", "QuickstartConfig")}

@@ -40,16 +40,15 @@ def config(tmp_path, name, **train):
 @pytest.mark.slow
 def test_image_pretraining_runs_resumes_exactly_and_saves_a_pixel_predictor(tmp_path):
     write_cifar(tmp_path / "cifar")
-    quiet = dict(log=lambda *a: None)
-    summary = run_pretraining(config(tmp_path, "straight"), **quiet)
+    summary = run_pretraining(config(tmp_path, "straight"))
     assert summary["steps"] == 4 and summary["images"] == 20
     assert np.isfinite(summary["train_loss"]) and np.isfinite(summary["val_loss"])
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run_pretraining(config(tmp_path, "crashed"), extra_callbacks=[Crash(3)], **quiet)
+        run_pretraining(config(tmp_path, "crashed"), extra_callbacks=[Crash(3)])
     os.rename(tmp_path / "cifar", tmp_path / "moved")  # a moved data set: same content
     moved = config(tmp_path, "crashed")
     moved.corpus.path = str(tmp_path / "moved")
-    run_pretraining(moved, resume=True, **quiet)
+    run_pretraining(moved, resume=True)
     straight, step_a = model_state(tmp_path / "straight")
     resumed, step_b = model_state(tmp_path / "crashed")
     assert step_a == step_b == 4
@@ -72,14 +71,14 @@ def test_image_pretraining_rejects_settings_taken_from_the_images(tmp_path):
         PretrainConfig.from_dict(dict(corpus=dict(format="mnist")))
     cfg = config(tmp_path, "missing")
     with pytest.raises(FileNotFoundError):
-        run_pretraining(cfg, log=lambda *a: None)
+        run_pretraining(cfg)
 
 
 def test_pretraining_on_crops_saves_a_full_size_predictor(tmp_path):
     write_cifar(tmp_path / "cifar")
     cfg = config(tmp_path, "crops", max_steps=2)
     cfg.corpus.crop = 8
-    summary = run_pretraining(cfg, log=lambda *a: None)
+    summary = run_pretraining(cfg)
     assert summary["steps"] == 2 and np.isfinite(summary["val_loss"])
     predictor = PretrainedGraphPredictor.from_pretrained(str(tmp_path / "crops" / "predictor"))
     emitter = predictor.predictor("forward")
@@ -90,4 +89,4 @@ def test_pretraining_on_crops_saves_a_full_size_predictor(tmp_path):
     too_big = config(tmp_path, "big", max_steps=1)
     too_big.corpus.crop = 40
     with pytest.raises(ValueError, match="larger than"):
-        run_pretraining(too_big, log=lambda *a: None)
+        run_pretraining(too_big)

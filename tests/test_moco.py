@@ -2,6 +2,7 @@
 hand, the key encoder as the moving average of the query encoder, the queue as the last K
 keys; the augmentations, the encoder, exact resume, and bad input."""
 import copy
+import logging
 import math
 
 import pytest
@@ -122,18 +123,28 @@ def config(**changes):
     return MocoConfig(**base)
 
 
-def test_pretraining_resumes_exactly_and_saves_a_loadable_encoder(tmp_path):
-    data = images(n=12, size=8, seed=5)
-    straight = pretrain_moco(data, config(), str(tmp_path / "a"), log=lambda *_: None)
+class KilledAtStep3(logging.Handler):
+    """A kill while step 3's progress line is written (after the checkpoint of step 2)."""
 
-    def killed_at_step_3(message):  # after the checkpoint of step 2
-        if "step 3/" in message:
+    def emit(self, record):
+        if "step 3/" in record.getMessage():
             raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
-        pretrain_moco(data, config(), str(tmp_path / "b"), log=killed_at_step_3)
-    messages = []
-    resumed = pretrain_moco(data, config(), str(tmp_path / "b"), log=messages.append)
+
+def test_pretraining_resumes_exactly_and_saves_a_loadable_encoder(tmp_path, caplog):
+    data = images(n=12, size=8, seed=5)
+    straight = pretrain_moco(data, config(), str(tmp_path / "a"))
+    caplog.set_level(logging.INFO, logger="glomo_pyg")
+    moco_logger = logging.getLogger("glomo_pyg.training.moco")
+    moco_logger.addHandler(kill := KilledAtStep3())
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pretrain_moco(data, config(), str(tmp_path / "b"))
+    finally:
+        moco_logger.removeHandler(kill)
+    messages = []  # (the deprecated log= still receives the lines)
+    with pytest.warns(DeprecationWarning, match=r"pretrain_moco\(log=...\) is deprecated"):
+        resumed = pretrain_moco(data, config(), str(tmp_path / "b"), log=messages.append)
     assert "resumed at step 2" in messages[0]
     assert straight["steps"] == resumed["steps"] == 4
     assert straight["final_loss"] == pytest.approx(resumed["final_loss"], rel=1e-6)
@@ -145,8 +156,7 @@ def test_pretraining_resumes_exactly_and_saves_a_loadable_encoder(tmp_path):
     with pytest.raises(ValueError, match="other settings"):
         pretrain_moco(data, config(lr=0.1), str(tmp_path / "b"))
     # settings that do not change what is trained do not stop a resume
-    again = pretrain_moco(data, config(log_every=3, threads=1), str(tmp_path / "b"),
-                          log=lambda *_: None)
+    again = pretrain_moco(data, config(log_every=3, threads=1), str(tmp_path / "b"))
     assert again["steps"] == 4
 
 

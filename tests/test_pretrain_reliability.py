@@ -1,5 +1,6 @@
 """glomo pretrain reliability: damaged, unsafe and foreign checkpoints, damaged run files,
 corpus changes under a resumed run, kills between checkpoint writes, SIGTERM/SIGINT."""
+import logging
 import os
 import shutil
 import signal
@@ -28,10 +29,6 @@ from glomo_pyg.training.interrupts import TrainingInterrupted
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def quiet(*args, **kwargs):
-    pass
-
-
 def config(out, corpus, **train):
     return PretrainConfig.from_dict(settings(out, corpus, **train))
 
@@ -58,7 +55,7 @@ def straight(tmp_path_factory):
     """A finished 6-step run (checkpoints at steps 2, 4, 6 and last.ckpt) and its corpus."""
     base = tmp_path_factory.mktemp("straight")
     write_corpus(base / "corpus")
-    run_pretraining(config(base / "run", base / "corpus"), log=quiet)
+    run_pretraining(config(base / "run", base / "corpus"))
     return base
 
 
@@ -71,8 +68,14 @@ def copy_run(straight, tmp_path, keep=("step2.ckpt", "step4.ckpt", "step6.ckpt",
     return run
 
 
-def resume(straight, run, log=quiet, **train):
-    return run_pretraining(config(run, straight / "corpus", **train), resume=True, log=log)
+def resume(straight, run, **train):
+    return run_pretraining(config(run, straight / "corpus", **train), resume=True)
+
+
+def messages(caplog, level=logging.INFO):
+    """The lines of the records of ``level`` the ``glomo_pyg`` loggers gave so far."""
+    return [r.getMessage() for r in caplog.records
+            if r.name.startswith("glomo_pyg.") and r.levelno == level]
 
 
 def write_yaml(path, data):
@@ -81,29 +84,30 @@ def write_yaml(path, data):
 
 
 # --- checkpoints chosen on resume ---------------------------------------------------------
-def test_kill_between_periodic_and_last_checkpoint_resumes_from_the_newest(straight, tmp_path):
+def test_kill_between_periodic_and_last_checkpoint_resumes_from_the_newest(straight, tmp_path,
+                                                                          caplog):
     """A kill after step4.ckpt was written but before last.ckpt (here: none at all): the
     newest periodic checkpoint is taken, and the run ends where the straight run did."""
     run = copy_run(straight, tmp_path, keep=("step2.ckpt", "step4.ckpt"))
     with pytest.raises(FileExistsError, match="step4.ckpt.*--resume"):
-        run_pretraining(config(run, straight / "corpus"), log=quiet)  # no silent restart
-    messages = []
-    assert resume(straight, run, log=messages.append)["steps"] == 6
-    assert any("step4.ckpt (step 4)" in m and "no last.ckpt" in m for m in messages), messages
+        run_pretraining(config(run, straight / "corpus"))  # no silent restart
+    caplog.set_level(logging.INFO, logger="glomo_pyg")
+    assert resume(straight, run)["steps"] == 6
+    assert any("step4.ckpt (step 4)" in m and "no last.ckpt" in m for m in messages(caplog))
     assert_same_weights(ckpt(run), ckpt(straight / "run"))
 
 
 def test_a_kill_while_last_ckpt_is_rewritten_at_the_end_is_repaired_on_resume(straight,
-                                                                              tmp_path):
+                                                                              tmp_path, caplog):
     """The kill left last.ckpt at the previous checkpoint (step 4) beside the final
     step6.ckpt: resume finds nothing to train, and still makes last.ckpt the newest."""
     run = copy_run(straight, tmp_path)
     shutil.copyfile(ckpt(run, "step4.ckpt"), ckpt(run))
-    messages = []
-    assert resume(straight, run, log=messages.append)["steps"] == 6
+    caplog.set_level(logging.INFO, logger="glomo_pyg")
+    assert resume(straight, run)["steps"] == 6
     assert_same_weights(ckpt(run), ckpt(run, "step6.ckpt"))
-    assert any("last.ckpt is now a copy of" in m and "step6.ckpt" in m for m in messages), \
-        messages
+    assert any("last.ckpt is now a copy of" in m and "step6.ckpt" in m
+               for m in messages(caplog)), messages(caplog)
 
 
 def snapshot(folder):
@@ -129,11 +133,11 @@ def test_a_refused_resume_leaves_the_run_folder_as_it_found_it(straight, tmp_pat
     with open(corpus / "doc000.txt", "a") as fh:
         fh.write(" " + " ".join(WORDS[:5]))
     with pytest.raises(CheckpointMismatchError, match="the corpus changed"):
-        run_pretraining(config(run, corpus), resume=True, log=quiet)
+        run_pretraining(config(run, corpus), resume=True)
     assert snapshot(run) == before
     shutil.rmtree(corpus)
     shutil.copytree(straight / "corpus", corpus)  # the corpus restored
-    assert run_pretraining(config(run, corpus), resume=True, log=quiet)["steps"] == 6
+    assert run_pretraining(config(run, corpus), resume=True)["steps"] == 6
     assert sorted(os.listdir(run / "tokens")) == sorted(os.listdir(straight / "run" / "tokens"))
     assert not [n for n in os.listdir(run) if n.startswith(".corpus-")]  # no staging left
 
@@ -158,14 +162,14 @@ def test_damaged_last_checkpoint_is_named(straight, tmp_path, damage):
     assert str(info.value).startswith("glomo pretrain: cannot resume: ") and path in str(info.value)
 
 
-def test_damaged_last_checkpoint_falls_back_to_an_older_one(straight, tmp_path):
+def test_damaged_last_checkpoint_falls_back_to_an_older_one(straight, tmp_path, caplog):
     run = copy_run(straight, tmp_path, keep=("step2.ckpt", "last.ckpt"))
     damaged = os.urandom(1000)
     with open(ckpt(run), "wb") as fh:
         fh.write(damaged)
-    messages = []
-    assert resume(straight, run, log=messages.append)["steps"] == 6
-    warning = [m for m in messages if m.startswith("warning:")]
+    caplog.set_level(logging.INFO, logger="glomo_pyg")
+    assert resume(straight, run)["steps"] == 6
+    warning = messages(caplog, logging.WARNING)
     assert warning and ckpt(run) in warning[0] and "step2.ckpt (step 2)" in warning[0]
     assert_same_weights(ckpt(run), ckpt(straight / "run"))  # step2 -> 6 as in one go
     # one message for the decision, and it says what happened: the damaged last.ckpt is
@@ -173,21 +177,21 @@ def test_damaged_last_checkpoint_falls_back_to_an_older_one(straight, tmp_path):
     assert len(warning) == 1 and "left untouched" not in warning[0]
     assert f"kept under new names ({ckpt(run)} -> {ckpt(run)}.damaged)" in warning[0]
     assert f"{ckpt(run)} becomes a copy of {ckpt(run, 'step2.ckpt')}" in warning[0]
-    assert not [m for m in messages if "is now a copy of" in m], messages
+    assert not [m for m in messages(caplog) if "is now a copy of" in m], messages(caplog)
     with open(ckpt(run) + ".damaged", "rb") as fh:
         assert fh.read() == damaged
 
 
-def test_damaged_step_checkpoints_are_kept_as_they_are(straight, tmp_path):
+def test_damaged_step_checkpoints_are_kept_as_they_are(straight, tmp_path, caplog):
     run = copy_run(straight, tmp_path, keep=("step2.ckpt", "step4.ckpt", "step6.ckpt"))
     with open(ckpt(run, "step6.ckpt"), "wb") as fh:
         fh.write(b"damaged")
-    messages = []
-    assert resume(straight, run, log=messages.append)["steps"] == 6
-    warning = [m for m in messages if m.startswith("warning:")]
+    caplog.set_level(logging.INFO, logger="glomo_pyg")
+    assert resume(straight, run)["steps"] == 6
+    warning = messages(caplog, logging.WARNING)
     step6 = ckpt(run, "step6.ckpt")
     assert len(warning) == 1 and f"({step6} -> {step6}.damaged)" in warning[0], warning
-    assert not [m for m in messages if "is now a copy of" in m], messages
+    assert not [m for m in messages(caplog) if "is now a copy of" in m], messages(caplog)
     assert open(step6 + ".damaged", "rb").read() == b"damaged"  # not overwritten by training
 
 
@@ -197,7 +201,7 @@ def test_unsafe_checkpoint_is_refused_without_unsafe_advice(straight, tmp_path):
     # a pickle that would run a command when unpickled unsafely
     atomic_save(dict(state_dict={}, global_step=9, payload=Exploit(str(marker))), ckpt(run))
     with pytest.raises(UnsafeCheckpointError) as info:
-        find_resume_checkpoint(str(run / "checkpoints"), quiet)
+        find_resume_checkpoint(str(run / "checkpoints"))
     text = str(info.value)
     assert text.startswith(f"refusing to load {ckpt(run)}: it contains objects other than "
                            "tensors and plain data")
@@ -220,7 +224,7 @@ class Exploit:
 def test_foreign_checkpoint_is_refused_with_the_differences(straight, tmp_path):
     run = copy_run(straight, tmp_path, keep=())
     data = torch.load(ckpt(straight / "run"), weights_only=True)
-    data["hyper_parameters"]["model_kwargs"]["hidden_channels"] = 32
+    data["hyper_parameters"]["hidden_channels"] = 32
     key = next(k for k, v in data["state_dict"].items() if v.dim() == 2)
     data["state_dict"][key] = torch.zeros(data["state_dict"][key].size(0) * 2, 3)
     atomic_save(data, ckpt(run))
@@ -230,6 +234,32 @@ def test_foreign_checkpoint_is_refused_with_the_differences(straight, tmp_path):
     assert f"{ckpt(run)} does not match this run's configuration" in text
     assert "model.hidden_channels: checkpoint 32, this run 16" in text
     assert key in text and "weights of other shapes" in text
+
+
+def test_a_checkpoint_of_0_7_recording_model_kwargs_still_resumes_and_loads(straight, tmp_path):
+    """glomo_pyg 0.7 recorded the model settings as one mapping (``model_kwargs``, what its
+    GlomoPretraining took): such a checkpoint is still checked against the run's settings,
+    resumed from, and loaded by ``load_from_checkpoint``."""
+    from glomo_pyg.training import GlomoPretraining
+    from glomo_pyg.training.pretrain.module import MODEL_ARGUMENTS, model_settings
+
+    run = copy_run(straight, tmp_path, keep=("step4.ckpt",))
+    data = torch.load(ckpt(run, "step4.ckpt"), weights_only=True)
+    flat = data["hyper_parameters"]
+    model = {k: flat.pop(k) for k in list(flat) if k in MODEL_ARGUMENTS}
+    old = dict(settings(run, straight / "corpus")["model"], num_tokens=model["num_tokens"],
+               padding_idx=model["padding_idx"])  # (0.7: the config's model section, and these)
+    atomic_save(dict(data, hyper_parameters=dict(flat, model_kwargs=dict(old, heads=4))),
+                ckpt(run, "step4.ckpt"))
+    with pytest.raises(CheckpointMismatchError, match="model.heads: checkpoint 4, this run 2"):
+        resume(straight, run)
+    atomic_save(dict(data, hyper_parameters=dict(flat, model_kwargs=old)), ckpt(run, "step4.ckpt"))
+    with pytest.warns(DeprecationWarning, match="model_kwargs"):
+        loaded = GlomoPretraining.load_from_checkpoint(ckpt(run, "step4.ckpt"), weights_only=True)
+    assert loaded.hparams["heads"] == 2 and "model_kwargs" not in loaded.hparams
+    assert loaded.model_settings == model_settings(dict(model, modality="text"))
+    assert resume(straight, run)["steps"] == 6
+    assert_same_weights(ckpt(run), ckpt(straight / "run"))
 
 
 # --- run files and the corpus ---------------------------------------------------------------
@@ -262,7 +292,7 @@ def test_resume_is_checked_against_the_checkpoints_own_settings(straight, tmp_pa
     longer = settings(run, straight / "corpus")
     longer["corpus"]["max_length"] = 24
     with pytest.raises(ValueError, match=r"other corpus settings \(.*step4\.ckpt\)"):
-        run_pretraining(PretrainConfig.from_dict(longer), resume=True, log=quiet)
+        run_pretraining(PretrainConfig.from_dict(longer), resume=True)
     with pytest.raises(ValueError, match=r"changed train\.seed 1 -> 2"):
         resume(straight, run, seed=2)
     (run / "config.json").write_text('{"model": {')  # a copy only: not read, rewritten
@@ -286,8 +316,7 @@ def test_resume_may_change_the_layout(straight, tmp_path):
         data = settings(run, straight / "corpus")
         assert "layout" not in data["model"]
         data["model"]["layout"] = layout
-        assert run_pretraining(PretrainConfig.from_dict(data), resume=True,
-                               log=quiet)["steps"] == 6
+        assert run_pretraining(PretrainConfig.from_dict(data), resume=True)["steps"] == 6
 
 
 def test_older_checkpoints_are_checked_against_config_json(straight, tmp_path):
@@ -304,17 +333,16 @@ def test_older_checkpoints_are_checked_against_config_json(straight, tmp_path):
 def test_corpus_change_under_a_resumed_run_is_refused(tmp_path):
     write_corpus(tmp_path / "corpus", documents=20)
     run = tmp_path / "run"
-    run_pretraining(config(run, tmp_path / "corpus", max_steps=2), log=quiet)
+    run_pretraining(config(run, tmp_path / "corpus", max_steps=2))
     recorded = torch.load(ckpt(run), weights_only=True)["glomo"]["corpus"]
     assert recorded["vocabulary"] == len(WORDS) + 5 and recorded["tokens"] > 0
     shutil.rmtree(run / "tokens")  # rebuilt from the same corpus: the same ids
-    assert run_pretraining(config(run, tmp_path / "corpus", max_steps=3), resume=True,
-                           log=quiet)["steps"] == 3
+    assert run_pretraining(config(run, tmp_path / "corpus", max_steps=3), resume=True)["steps"] == 3
     shutil.rmtree(run / "tokens")
     with open(tmp_path / "corpus" / "doc000.txt", "a") as fh:
         fh.write(" zebra zebra zebra giraffe giraffe giraffe")
     with pytest.raises(CheckpointMismatchError) as info:
-        run_pretraining(config(run, tmp_path / "corpus", max_steps=4), resume=True, log=quiet)
+        run_pretraining(config(run, tmp_path / "corpus", max_steps=4), resume=True)
     text = str(info.value)
     assert "the corpus changed since" in text and "vocabulary 22 -> 24" in text
     assert "tokens_sha256 changed" in text
@@ -338,7 +366,7 @@ def test_sigint_writes_a_checkpoint_that_resumes_exactly(straight, tmp_path):
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     run = tmp_path / "run"
     with pytest.raises(TrainingInterrupted) as info:
-        run_pretraining(config(run, straight / "corpus"), log=quiet,
+        run_pretraining(config(run, straight / "corpus"),
                         extra_callbacks=[SendSignal(2, signal.SIGINT)])
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
     err = info.value
@@ -354,7 +382,7 @@ def test_sigint_writes_a_checkpoint_that_resumes_exactly(straight, tmp_path):
 def test_second_signal_stops_at_once(straight, tmp_path):
     run = tmp_path / "run"
     with pytest.raises(TrainingInterrupted) as info:
-        run_pretraining(config(run, straight / "corpus"), log=quiet,
+        run_pretraining(config(run, straight / "corpus"),
                         extra_callbacks=[SendSignal(2, signal.SIGTERM, signal.SIGTERM)])
     assert info.value.exit_code == 143 and info.value.checkpoint is None
     assert "stopped by SIGTERM (sent twice: stop at once) before step 3 was done; no new " \
@@ -388,7 +416,7 @@ def test_sigterm_stops_glomo_pretrain_with_a_checkpoint_and_status_143(straight,
     # resumed, it ends on the weights of an uninterrupted run of the same length
     reference = config(tmp_path / "reference", straight / "corpus", max_steps=step + 2,
                        validate_every=1000)
-    run_pretraining(reference, log=quiet)
+    run_pretraining(reference)
     assert main(["pretrain", "--config", cfg, "--resume", "--set",
                  f"train.max_steps={step + 2}"]) == 0
     assert_same_weights(tmp_path / "killed" / "checkpoints" / "last.ckpt",
@@ -439,14 +467,14 @@ def test_commands_turn_bad_input_into_one_line(tmp_path):
 
 
 # --- what a run reports ---------------------------------------------------------------------
-def test_a_resumed_run_counts_the_seconds_of_every_part(straight, tmp_path):
+def test_a_resumed_run_counts_the_seconds_of_every_part(straight, tmp_path, caplog):
     run = copy_run(straight, tmp_path, keep=("step4.ckpt",))
     earlier = torch.load(ckpt(run, "step4.ckpt"), weights_only=True)["callbacks"]["RunRecord"]
     assert earlier["seconds"] > 0
-    lines = []
-    summary = resume(straight, run, log=lambda *a, **k: lines.append(" ".join(map(str, a))))
+    caplog.set_level(logging.INFO, logger="glomo_pyg")
+    summary = resume(straight, run)
     assert summary["steps"] == 6 and summary["seconds"] >= round(earlier["seconds"], 1)
-    done = [line for line in lines if line.startswith("done: 6 steps in ")]
+    done = [line for line in messages(caplog) if line.startswith("done: 6 steps in ")]
     assert len(done) == 1
     final = torch.load(ckpt(run), weights_only=True)["callbacks"]["RunRecord"]
     assert final["seconds"] >= earlier["seconds"]

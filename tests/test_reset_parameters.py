@@ -89,3 +89,14 @@ def test_reset_module_reaches_attention_input_projections():
     _train(model)
     reset_module(model)
     _check_fresh(model, init)
+
+
+def test_the_plain_resnet_and_its_blocks_reset():
+    from glomo_pyg.nn.resnet import CifarResNet
+
+    torch.manual_seed(0)
+    model = CifarResNet(depth=18, width=4)
+    init = _snapshot(model)
+    _train(model)
+    model.reset_parameters()
+    _check_fresh(model, init)

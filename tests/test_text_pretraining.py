@@ -1,5 +1,6 @@
 """glomo pretrain: corpus preparation, Lightning training, kill and resume, DDP, CLI."""
 import json
+import logging
 import os
 import random
 import warnings
@@ -52,15 +53,14 @@ class Crash(pl.Callback):
 
 def test_pretrain_killed_and_resumed_reaches_the_uninterrupted_state(tmp_path):
     write_corpus(tmp_path / "corpus")
-    summary = run_pretraining(config(tmp_path, "straight"), log=lambda *a: None)
+    summary = run_pretraining(config(tmp_path, "straight"))
     assert summary["steps"] == 6 and summary["vocabulary"] == len(WORDS) + 5  # + "." and 4 specials
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run_pretraining(config(tmp_path, "crashed"), extra_callbacks=[Crash(5)],
-                        log=lambda *a: None)
+        run_pretraining(config(tmp_path, "crashed"), extra_callbacks=[Crash(5)])
     assert model_state(tmp_path / "crashed")[1] == 3  # the last checkpoint before the crash
     with pytest.raises(FileExistsError, match="--resume"):
-        run_pretraining(config(tmp_path, "crashed"), log=lambda *a: None)
-    run_pretraining(config(tmp_path, "crashed"), resume=True, log=lambda *a: None)
+        run_pretraining(config(tmp_path, "crashed"))
+    run_pretraining(config(tmp_path, "crashed"), resume=True)
     straight, step_a = model_state(tmp_path / "straight")
     resumed, step_b = model_state(tmp_path / "crashed")
     assert step_a == step_b == 6
@@ -92,18 +92,18 @@ def edit_checkpoints(run, change):
 def test_pretrain_reuses_the_prepared_corpus_and_rejects_bad_settings(tmp_path):
     write_corpus(tmp_path / "corpus")
     cfg = config(tmp_path, "run", max_steps=2)
-    run_pretraining(cfg, log=lambda *a: None)
+    run_pretraining(cfg)
     shards_mtime = os.path.getmtime(tmp_path / "run" / "tokens" / "index.json")
-    run_pretraining(cfg, resume=True, log=lambda *a: None)  # already at max_steps: no-op
+    run_pretraining(cfg, resume=True)  # already at max_steps: no-op
     assert os.path.getmtime(tmp_path / "run" / "tokens" / "index.json") == shards_mtime
     changed = config(tmp_path, "run", max_steps=2)
     changed.corpus.min_count = 5
     with pytest.raises(ValueError, match="other corpus settings"):
-        run_pretraining(changed, resume=True, log=lambda *a: None)
+        run_pretraining(changed, resume=True)
     wider = config(tmp_path, "run", max_steps=3)
     wider.model["hidden_channels"] = 32  # a checkpoint of another model shape
     with pytest.raises(ValueError, match="other model settings"):
-        run_pretraining(wider, resume=True, log=lambda *a: None)
+        run_pretraining(wider, resume=True)
     # settings saved before a corpus key existed (here: crop) mean what those runs did;
     # any other missing key is a difference. First a run whose checkpoints hold no
     # settings record (glomo_pyg 0.2.0): its config.json is checked
@@ -117,22 +117,21 @@ def test_pretrain_reuses_the_prepared_corpus_and_rejects_bad_settings(tmp_path):
     del prepared["settings"]["crop"]
     built.write_text(json.dumps(prepared))
     longer = config(tmp_path, "run", max_steps=3)  # train settings may change on resume
-    assert run_pretraining(longer, resume=True, log=lambda *a: None)["steps"] == 3
+    assert run_pretraining(longer, resume=True)["steps"] == 3
     # then the checkpoint's own record, which config.json no longer overrides
     os.remove(saved)
     edit_checkpoints(tmp_path / "run", lambda record: record["settings"]["corpus"].pop("crop"))
-    assert run_pretraining(config(tmp_path, "run", max_steps=4), resume=True,
-                           log=lambda *a: None)["steps"] == 4
+    assert run_pretraining(config(tmp_path, "run", max_steps=4), resume=True)["steps"] == 4
     edit_checkpoints(tmp_path / "run",
                      lambda record: record["settings"]["corpus"].pop("min_count"))
     with pytest.raises(ValueError, match="other corpus settings"):
-        run_pretraining(config(tmp_path, "run", max_steps=5), resume=True, log=lambda *a: None)
+        run_pretraining(config(tmp_path, "run", max_steps=5), resume=True)
     edit_checkpoints(tmp_path / "run",
                      lambda record: record["settings"]["corpus"].update(min_count=1))
     del prepared["settings"]["lower"]
     built.write_text(json.dumps(prepared))
     with pytest.raises(ValueError, match="holds a corpus built with other settings"):
-        run_pretraining(config(tmp_path, "run", max_steps=5), resume=True, log=lambda *a: None)
+        run_pretraining(config(tmp_path, "run", max_steps=5), resume=True)
     with pytest.raises(ValueError, match="unknown train settings"):
         PretrainConfig.from_dict(dict(train=dict(learning_rate=1)))
     with pytest.raises(ValueError, match="unknown configuration keys"):
@@ -142,8 +141,7 @@ def test_pretrain_reuses_the_prepared_corpus_and_rejects_bad_settings(tmp_path):
     with pytest.raises(ValueError, match="set from the vocabulary"):
         PretrainConfig.from_dict(dict(model=dict(num_tokens=5)))
     with pytest.raises(ValueError, match="corpus.path is not set"):
-        run_pretraining(PretrainConfig.from_dict(dict(output_dir=str(tmp_path / "x"))),
-                        log=lambda *a: None)
+        run_pretraining(PretrainConfig.from_dict(dict(output_dir=str(tmp_path / "x"))))
 
 
 def test_pretrain_command_line(tmp_path, capsys):
@@ -206,8 +204,7 @@ def test_graph_statistics_are_logged_only_at_their_interval(tmp_path):
     import csv
 
     write_corpus(tmp_path / "corpus")
-    run_pretraining(config(tmp_path, "stats", max_steps=6, graph_stats_every=3, log_every=1),
-                    log=lambda *a: None)
+    run_pretraining(config(tmp_path, "stats", max_steps=6, graph_stats_every=3, log_every=1))
     rows = list(csv.DictReader(open(tmp_path / "stats" / "logs" / "version_0" / "metrics.csv")))
     steps = sorted({int(r["step"]) for r in rows if r.get("graphs/forward/layer0/density")})
     assert steps == [3, 6]  # global_step after the optimiser steps of batches 3 and 6
@@ -223,8 +220,7 @@ def test_health_and_syntax_are_logged_while_training(tmp_path):
     trees.write_text("1\tthe\t_\tDET\t_\t_\t2\tdet\t_\t_\n2\tcat\t_\tNOUN\t_\t_\t3\tnsubj\t_\t_\n"
                      "3\tsat\t_\tVERB\t_\t_\t0\troot\t_\t_\n4\t.\t_\tPUNCT\t_\t_\t3\tpunct\t_\t_\n")
     run_pretraining(config(tmp_path, "health", max_steps=4, graph_stats_every=2,
-                           syntax_treebank=str(trees), syntax_every=2, syntax_sentences=5),
-                    log=lambda *a: None)
+                           syntax_treebank=str(trees), syntax_every=2, syntax_sentences=5))
     rows = list(csv.DictReader(open(tmp_path / "health" / "logs" / "version_0" / "metrics.csv")))
     health = [r for r in rows if r.get("health/forward/layer1/head1/empty")]
     assert sorted({int(r["step"]) for r in health}) == [2, 4]
@@ -308,7 +304,7 @@ def test_bad_train_settings_fail_before_the_corpus_is_prepared(tmp_path, monkeyp
     for k, (train, message) in enumerate(cases):
         cfg = config(tmp_path, f"bad{k}", **train)
         with pytest.raises(ValueError, match=message):
-            run_pretraining(cfg, log=lambda *a: None)
+            run_pretraining(cfg)
         assert not os.path.exists(tmp_path / f"bad{k}" / "tokens")  # nothing was tokenised
     # trees that read but leave nothing to score: refused before any step, not after
     (tmp_path / "punct.conllu").write_text(
@@ -316,23 +312,21 @@ def test_bad_train_settings_fail_before_the_corpus_is_prepared(tmp_path, monkeyp
     with pytest.raises(ValueError, match="train.syntax_treebank: the gold trees cannot be "
                                          "scored: no target to score"):
         run_pretraining(config(tmp_path, "bad-punct",
-                               syntax_treebank=str(tmp_path / "punct.conllu")),
-                        log=lambda *a: None)
+                               syntax_treebank=str(tmp_path / "punct.conllu")))
     assert not os.path.exists(tmp_path / "bad-punct" / "checkpoints") or \
         not os.listdir(tmp_path / "bad-punct" / "checkpoints")
     (tmp_path / "empty.conllu").write_text("# no sentences\n")
     with pytest.raises(ValueError, match="empty.conllu holds no sentences"):
         run_pretraining(config(tmp_path, "bad-empty",
-                               syntax_treebank=str(tmp_path / "empty.conllu")),
-                        log=lambda *a: None)
+                               syntax_treebank=str(tmp_path / "empty.conllu")))
     rare = config(tmp_path, "rare")
     rare.corpus.min_count = 1000
     with pytest.raises(ValueError, match="only the special tokens"):
-        run_pretraining(rare, log=lambda *a: None)
+        run_pretraining(rare)
     (tmp_path / "a-file").write_text("x")
     as_file = config(tmp_path, "a-file")
     with pytest.raises(ValueError, match="is a file, not a folder"):
-        run_pretraining(as_file, log=lambda *a: None)
+        run_pretraining(as_file)
 
 
 def test_model_widths_beyond_memory_fail_before_the_corpus_is_prepared(tmp_path, monkeypatch):
@@ -350,15 +344,15 @@ def test_model_widths_beyond_memory_fail_before_the_corpus_is_prepared(tmp_path,
         cfg = config(tmp_path, f"wide{k}")
         cfg.model["hidden_channels"] = width
         with pytest.raises(ValueError, match=message):
-            run_pretraining(cfg, log=lambda *a: None)
+            run_pretraining(cfg)
         assert not os.path.exists(tmp_path / f"wide{k}" / "tokens")  # nothing was tokenised
     big_vocabulary = config(tmp_path, "big-vocabulary", max_steps=1)
     big_vocabulary.corpus.max_size = 10 ** 7  # only a cap: the corpus has a few words
-    run_pretraining(big_vocabulary, log=lambda *a: None)
+    run_pretraining(big_vocabulary)
     bad = config(tmp_path, "bad-heads")
     bad.model["heads"] = 3  # does not divide hidden_channels: the constructor's own check
     with pytest.raises(ValueError, match="model settings"):
-        run_pretraining(bad, log=lambda *a: None)
+        run_pretraining(bad)
 
 
 def test_a_validation_share_above_half_is_named(tmp_path):
@@ -366,51 +360,49 @@ def test_a_validation_share_above_half_is_named(tmp_path):
     cfg = config(tmp_path, "mostly-validation", max_steps=1)
     cfg.corpus.validation_fraction = 0.9
     with pytest.warns(RuntimeWarning, match="validation_fraction 0.9 keeps only .* for training"):
-        run_pretraining(cfg, log=lambda *a: None)
+        run_pretraining(cfg)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", ".*validation_fraction", RuntimeWarning)
-        run_pretraining(config(tmp_path, "usual", max_steps=1), log=lambda *a: None)
+        run_pretraining(config(tmp_path, "usual", max_steps=1))
 
 
-def test_a_warm_up_as_long_as_the_run_is_named(tmp_path):
+def test_a_warm_up_as_long_as_the_run_is_named(tmp_path, caplog):
     write_corpus(tmp_path / "corpus", documents=10)
-    messages = []
+    caplog.set_level(logging.INFO, logger="glomo_pyg")
     with pytest.warns(RuntimeWarning, match="graph_warmup_steps .3. >= train.max_steps .2."):
-        run_pretraining(config(tmp_path, "frozen", max_steps=2, graph_warmup_steps=3),
-                        log=messages.append)
-    assert not any("random initialisation" in m for m in messages)  # (once: the warning)
+        run_pretraining(config(tmp_path, "frozen", max_steps=2, graph_warmup_steps=3))
+    assert caplog.messages  # (the run's lines, but not the warning's)
+    assert not any("random initialisation" in m for m in caplog.messages)
 
 
 def test_final_steps_are_checkpointed_and_resume_keeps_optimiser_settings(tmp_path):
     import json
 
     write_corpus(tmp_path / "corpus")
-    quiet = dict(log=lambda *a: None)
     # 5 steps with checkpoints every 3: last.ckpt must hold step 5, not 3
-    summary = run_pretraining(config(tmp_path, "odd", max_steps=5, validate_every=10), **quiet)
+    summary = run_pretraining(config(tmp_path, "odd", max_steps=5, validate_every=10))
     assert model_state(tmp_path / "odd")[1] == 5
     with open(tmp_path / "odd" / "pretrain.json") as fh:
         saved = json.load(fh, parse_constant=lambda c: pytest.fail(f"{c} in pretrain.json"))
     assert saved["val_loss"] is None and summary["val_loss"] is None  # no validation ran
     # resuming from the end-of-run checkpoint gives the uninterrupted run's state
-    run_pretraining(config(tmp_path, "odd", max_steps=6, validate_every=10), resume=True, **quiet)
-    run_pretraining(config(tmp_path, "six", max_steps=6, validate_every=10), **quiet)
+    run_pretraining(config(tmp_path, "odd", max_steps=6, validate_every=10), resume=True)
+    run_pretraining(config(tmp_path, "six", max_steps=6, validate_every=10))
     odd, step_a = model_state(tmp_path / "odd")
     six, step_b = model_state(tmp_path / "six")
     assert step_a == step_b == 6
     for key in six:
         assert torch.equal(odd[key], six[key]), key
     # a finished run resumed at the same max_steps trains nothing and keeps its summary
-    assert run_pretraining(config(tmp_path, "six", max_steps=6), resume=True,
-                           **quiet)["steps"] == 6
+    assert run_pretraining(config(tmp_path, "six", max_steps=6), resume=True)["steps"] == 6
     with pytest.raises(ValueError, match="at step 6, past train.max_steps .4."):
-        run_pretraining(config(tmp_path, "six", max_steps=4), resume=True, **quiet)
+        run_pretraining(config(tmp_path, "six", max_steps=4), resume=True)
     for change, message in [(dict(lr=0.5), r"train.lr 0.001 -> 0.5"),
                             (dict(optimizer="sgd"), "train.optimizer 'adam' -> 'sgd'"),
                             (dict(batch_size=8), "train.batch_size 4 -> 8"),
                             (dict(weight_decay=0.1), "train.weight_decay")]:
         with pytest.raises(ValueError, match=message):
-            run_pretraining(config(tmp_path, "six", max_steps=8, **change), resume=True, **quiet)
+            run_pretraining(config(tmp_path, "six", max_steps=8, **change), resume=True)
 
 
 def test_prepare_only_needs_no_cluster_and_a_stale_summary_is_rewritten(tmp_path, monkeypatch):
@@ -418,22 +410,20 @@ def test_prepare_only_needs_no_cluster_and_a_stale_summary_is_rewritten(tmp_path
     for name in ("MASTER_ADDR", "NODE_RANK", "GROUP_RANK", "RANK", "SLURM_NTASKS",
                  "TORCHELASTIC_RUN_ID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "LSB_JOBID"):
         monkeypatch.delenv(name, raising=False)
-    quiet = dict(log=lambda *a: None)
     # the documented multi-node flow: tokenise once, on a machine outside the cluster
-    prepared = run_pretraining(config(tmp_path, "nodes", num_nodes=2), prepare_only=True,
-                               **quiet)
+    prepared = run_pretraining(config(tmp_path, "nodes", num_nodes=2), prepare_only=True)
     assert prepared["tokens"] > 0
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("RANK", "0")  # (Kubeflow sets RANK, not NODE_RANK)
     from glomo_pyg.training.pretrain.trainer import _CLUSTER_ENVIRONMENTS
     assert any(all(k in os.environ for k in keys) for keys in _CLUSTER_ENVIRONMENTS)
     # a checkpoint at max_steps beside the summary of an earlier, shorter end
-    run_pretraining(config(tmp_path, "stale", max_steps=5), **quiet)
+    run_pretraining(config(tmp_path, "stale", max_steps=5))
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_pretraining(config(tmp_path, "stale", max_steps=7), resume=True,
-                        extra_callbacks=[Crash(7)], **quiet)
+                        extra_callbacks=[Crash(7)])
     assert model_state(tmp_path / "stale")[1] == 7
-    summary = run_pretraining(config(tmp_path, "stale", max_steps=7), resume=True, **quiet)
+    summary = run_pretraining(config(tmp_path, "stale", max_steps=7), resume=True)
     assert summary["steps"] == 7
     predictor = PretrainedGraphPredictor.from_pretrained(str(tmp_path / "stale" / "predictor"))
     state = model_state(tmp_path / "stale")[0]
@@ -448,7 +438,7 @@ def _write_vectors(path, rows):
             fh.write(word + " " + " ".join(f"{v:.6g}" for v in vec) + "\n")
 
 
-def test_init_vectors_start_every_token_embedding(tmp_path):
+def test_init_vectors_start_every_token_embedding(tmp_path, caplog):
     from glomo_pyg.training.pretrain.vectors import initial_token_embeddings
 
     write_corpus(tmp_path / "corpus", documents=10)
@@ -460,14 +450,14 @@ def test_init_vectors_start_every_token_embedding(tmp_path):
     # g stays frozen for the whole run, so the saved graph predictor holds the start
     cfg = config(tmp_path, "init", max_steps=2, graph_warmup_steps=3,
                  init_vectors=str(tmp_path / "vec.txt"))
-    messages = []
+    caplog.set_level(logging.INFO, logger="glomo_pyg")
     with pytest.warns(RuntimeWarning, match="graph_warmup_steps"):
-        summary = run_pretraining(cfg, log=messages.append)
+        summary = run_pretraining(cfg)
     predictor = PretrainedGraphPredictor.from_pretrained(str(tmp_path / "init" / "predictor"))
     vocab = predictor.vocabulary
     found = sum(w in rows for w in vocab) / len(vocab)
     assert summary["init_vectors_found"] == pytest.approx(found, abs=1e-4) and 0 < found < 1
-    assert any("token embeddings start from" in m for m in messages)
+    assert any("token embeddings start from" in m for m in caplog.messages)
     weight, share = initial_token_embeddings(str(tmp_path / "vec.txt"), vocab, 16, seed=1)
     assert share == pytest.approx(found)
     for part in predictor.predictors.values():
@@ -489,7 +479,7 @@ def test_init_vectors_start_every_token_embedding(tmp_path):
     assert f_start and all(state[k].shape == weight.shape for k in f_start)
 
 
-def test_init_vectors_parts_start_g_or_f_alone(tmp_path):
+def test_init_vectors_parts_start_g_or_f_alone(tmp_path, caplog):
     from glomo_pyg.training.pretrain.vectors import initial_token_embeddings
 
     write_corpus(tmp_path / "corpus", documents=10)
@@ -497,13 +487,14 @@ def test_init_vectors_parts_start_g_or_f_alone(tmp_path):
     _write_vectors(tmp_path / "vec.txt", {w: [rng.gauss(0, 1.0) for _ in range(16)]
                                           for w in WORDS})
     g_start, f_after = {}, {}
+    caplog.set_level(logging.INFO, logger="glomo_pyg")
     for parts in ("graph", "features"):
-        messages = []
+        caplog.clear()
         cfg = config(tmp_path, parts, max_steps=2, graph_warmup_steps=3,
                      init_vectors=str(tmp_path / "vec.txt"), init_vectors_parts=parts)
         with pytest.warns(RuntimeWarning, match="graph_warmup_steps"):
-            run_pretraining(cfg, log=messages.append)
-        assert any(f"{'g' if parts == 'graph' else 'f'}'s only" in m for m in messages)
+            run_pretraining(cfg)
+        assert any(f"{'g' if parts == 'graph' else 'f'}'s only" in m for m in caplog.messages)
         predictor = PretrainedGraphPredictor.from_pretrained(str(tmp_path / parts / "predictor"))
         g_start[parts] = [p.encoder.embedding for p in predictor.predictors.values()]
         state, _ = model_state(tmp_path / parts)
@@ -541,22 +532,19 @@ def test_init_vectors_that_do_not_fit_are_refused(tmp_path):
     _write_vectors(tmp_path / "foreign.txt", {"xyzzy": [0.5] * 16})
     _write_vectors(tmp_path / "zero.txt", {w: [0.0] * 16 for w in WORDS})
     (tmp_path / "broken.txt").write_text("the" + " 0.1" * 16 + "\ncat 0.3\n")
-    quiet = dict(log=lambda *a: None)
     early = [("missing.txt", "train.init_vectors: .*No such file"),
              ("narrow.txt", "8-d vectors, but the token embeddings are "
                             "model.hidden_channels = 16 wide.*--dim 16")]
     for k, (name, message) in enumerate(early):  # refused before the corpus is prepared
         with pytest.raises(ValueError, match=message):
-            run_pretraining(config(tmp_path, f"early{k}", init_vectors=str(tmp_path / name)),
-                            **quiet)
+            run_pretraining(config(tmp_path, f"early{k}", init_vectors=str(tmp_path / name)))
         assert not os.path.exists(tmp_path / f"early{k}" / "tokens")
     late = [("foreign.txt", "a vector for none of the .* vocabulary words"),
             ("zero.txt", "zero.txt: .*no directions"),
             ("broken.txt", "train.init_vectors: .*broken.txt:2: expected 16 numbers")]
     for k, (name, message) in enumerate(late):
         with pytest.raises(ValueError, match=message):
-            run_pretraining(config(tmp_path, f"late{k}", init_vectors=str(tmp_path / name)),
-                            **quiet)
+            run_pretraining(config(tmp_path, f"late{k}", init_vectors=str(tmp_path / name)))
         assert not os.path.exists(tmp_path / f"late{k}" / "checkpoints") or \
             not os.listdir(tmp_path / f"late{k}" / "checkpoints")
     # read directly (the run reads the same way): vectors that cannot start embeddings
@@ -575,19 +563,20 @@ def test_init_vectors_that_do_not_fit_are_refused(tmp_path):
         PretrainConfig.from_dict(dict(train=dict(init_vectors=3)))
 
 
-def test_init_vectors_word2vec_trains_them_on_the_corpus_first(tmp_path):
+def test_init_vectors_word2vec_trains_them_on_the_corpus_first(tmp_path, caplog):
     from glomo_pyg.data import read_word_vectors
     from glomo_pyg.training.pretrain.vectors import initial_token_embeddings, train_init_vectors
 
     write_corpus(tmp_path / "corpus", documents=10)
     cfg = config(tmp_path, "w2v", max_steps=2, graph_warmup_steps=3, init_vectors="word2vec")
-    messages = []
+    caplog.set_level(logging.INFO, logger="glomo_pyg")
     with pytest.warns(RuntimeWarning, match="graph_warmup_steps"):
-        summary = run_pretraining(cfg, log=messages.append)
+        summary = run_pretraining(cfg)
     path = str(tmp_path / "w2v" / "word_vectors.txt")
     words, vectors = read_word_vectors(path)
     assert vectors.shape[1] == 16 and set(words) <= set(WORDS + ["."])
-    assert any(m.startswith("word vectors: ") and "from 10 documents" in m for m in messages)
+    assert any(m.startswith("word vectors: ") and "from 10 documents" in m
+               for m in caplog.messages)
     predictor = PretrainedGraphPredictor.from_pretrained(str(tmp_path / "w2v" / "predictor"))
     weight, found = initial_token_embeddings(path, predictor.vocabulary, 16, seed=1)
     assert summary["init_vectors_found"] == pytest.approx(found, abs=1e-4)
@@ -598,14 +587,16 @@ def test_init_vectors_word2vec_trains_them_on_the_corpus_first(tmp_path):
     # a resumed run keeps its checkpoint's weights: no vectors trained or read again
     os.remove(path)
     more = config(tmp_path, "w2v", max_steps=3, graph_warmup_steps=3, init_vectors="word2vec")
-    resumed = []
-    run_pretraining(more, resume=True, log=resumed.append)
+    caplog.clear()
+    run_pretraining(more, resume=True)
     assert not os.path.exists(path)
-    assert not any("word vectors" in m or "token embeddings" in m for m in resumed)
+    assert caplog.messages and not any("word vectors" in m or "token embeddings" in m
+                                       for m in caplog.messages)
     # a file of the right width is reused; one of another width is trained again
-    train_init_vectors(cfg.corpus, 16, str(tmp_path / "w2v"), log=lambda *a: None)
-    log = []
-    assert train_init_vectors(cfg.corpus, 16, str(tmp_path / "w2v"), log=log.append) == path
-    assert log == [f"word vectors: reusing {path}"]
-    train_init_vectors(cfg.corpus, 8, str(tmp_path / "w2v"), log=log.append)
-    assert "another width" in log[1] and read_word_vectors(path)[1].shape[1] == 8
+    train_init_vectors(cfg.corpus, 16, str(tmp_path / "w2v"))
+    caplog.clear()
+    assert train_init_vectors(cfg.corpus, 16, str(tmp_path / "w2v")) == path
+    assert caplog.messages == [f"word vectors: reusing {path}"]
+    assert caplog.records[0].name == "glomo_pyg.training.pretrain.vectors"
+    train_init_vectors(cfg.corpus, 8, str(tmp_path / "w2v"))
+    assert "another width" in caplog.messages[1] and read_word_vectors(path)[1].shape[1] == 8

@@ -15,7 +15,7 @@ TINY_MODEL = dict(hidden_channels=16, num_layers=1, heads=2, cnn_layers=1, num_p
 
 
 def test_graph_predictor_is_frozen_during_warmup_then_scaled():
-    module = GlomoPretraining(dict(num_tokens=20, **TINY_MODEL), lr=1e-2, graph_lr_scale=0.5,
+    module = GlomoPretraining(num_tokens=20, **TINY_MODEL, lr=1e-2, graph_lr_scale=0.5,
                               graph_warmup_steps=3)
     config = module.configure_optimizers()
     optimizer, schedule = config["optimizer"], config["lr_scheduler"]["scheduler"]
@@ -32,10 +32,39 @@ def test_graph_predictor_is_frozen_during_warmup_then_scaled():
 
 
 def test_decoupled_ablation_exposes_its_scorer_as_graph_parameters():
-    module = GlomoPretraining(dict(num_tokens=20, decouple=False, **TINY_MODEL))
+    module = GlomoPretraining(num_tokens=20, decouple=False, **TINY_MODEL)
     scorer_params = {id(p) for fp in module.model.feature_predictors.values()
                      for p in fp.scorer.parameters()}
     assert {id(p) for p in module.model.graph_parameters()} == scorer_params
+
+
+def test_typed_arguments_take_each_modality_s_declared_defaults():
+    from glomo_pyg.nn.settings import IMAGE_DEFAULTS, TEXT_DEFAULTS
+
+    text = GlomoPretraining(num_tokens=20, num_layers=1, heads=2)
+    image = GlomoPretraining(modality="image", num_layers=1, heads=2, height=8, width=8)
+    for module, defaults in ((text, TEXT_DEFAULTS), (image, IMAGE_DEFAULTS)):
+        settings = module.model_settings  # (None in the signature: the modality's default)
+        assert settings["hidden_channels"] == defaults.hidden_channels
+        assert settings["num_positions"] == defaults.num_positions
+        assert module.hparams["hidden_channels"] is None  # (as given: what a CLI records)
+    assert image.modality == "image" and image.crop_size == (8, 8)
+    assert GlomoPretraining(num_tokens=20, norm=None, **TINY_MODEL).model_settings["norm"] is None
+    with pytest.raises(TypeError, match="decouple: not a setting of the image model"):
+        GlomoPretraining(modality="image", decouple=False)
+    with pytest.raises(TypeError, match="num_tokens .* is required"):
+        GlomoPretraining(**TINY_MODEL)
+
+
+def test_the_deprecated_model_kwargs_mapping_builds_the_same_module():
+    with pytest.warns(DeprecationWarning, match="model_kwargs. is deprecated"):
+        old = GlomoPretraining(dict(num_tokens=20, **TINY_MODEL), lr=1e-2)
+    new = GlomoPretraining(num_tokens=20, **TINY_MODEL, lr=1e-2)
+    assert dict(old.hparams) == dict(new.hparams) and "model_kwargs" not in old.hparams
+    assert old.model_settings == new.model_settings
+    with pytest.raises(TypeError, match="unknown model settings .'channels'."):
+        with pytest.warns(DeprecationWarning):
+            GlomoPretraining(dict(num_tokens=20, channels=3))
 
 
 def test_quickstart_runs_lowers_the_loss_and_writes_its_results(tmp_path):
@@ -74,7 +103,7 @@ def test_cli_quickstart_saves_a_loadable_predictor(capsys, tmp_path):
 
 def test_bad_settings_are_rejected():
     with pytest.raises(ValueError, match="lr"):
-        GlomoPretraining(dict(num_tokens=20, **TINY_MODEL), lr=0.0)
+        GlomoPretraining(num_tokens=20, **TINY_MODEL, lr=0.0)
     with pytest.raises(ValueError, match="steps"):
         run_quickstart(QuickstartConfig(steps=0))
     with pytest.raises(SystemExit):
@@ -82,7 +111,7 @@ def test_bad_settings_are_rejected():
     for kwargs in (dict(lr=float("nan")), dict(lr=float("inf")),
                    dict(graph_lr_scale=float("inf")), dict(weight_decay=float("nan"))):
         with pytest.raises(ValueError, match=f"{next(iter(kwargs))} must be"):
-            GlomoPretraining(dict(num_tokens=20, **TINY_MODEL), **kwargs)
+            GlomoPretraining(num_tokens=20, **TINY_MODEL, **kwargs)
     for argv, message in [(["--lr", "nan"], "lr must be a positive number, got nan"),
                           (["--steps", str(10 ** 9)], "at most"),
                           (["--accelerator", "gpu"] if not torch.cuda.is_available() else

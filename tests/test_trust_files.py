@@ -197,7 +197,7 @@ def test_glomo_pretrain_refuses_a_fifo_corpus_at_once(tmp_path):
     config = PretrainConfig.from_dict(dict(output_dir=str(tmp_path / "out"),
                                            corpus=dict(path=str(tmp_path / "corpus.txt"))))
     with pytest.raises(NotRegularFileError, match="corpus.path .* is a FIFO"):
-        run_briefly(run_pretraining, config, log=lambda *a, **k: None)
+        run_briefly(run_pretraining, config)
     assert not (tmp_path / "out").exists()  # refused before anything is written
 
 
@@ -261,7 +261,7 @@ def test_glomo_pretrain_refuses_a_locked_output_folder(tmp_path):
                                            corpus=dict(path=str(tmp_path / "none"))))
     with locked_folder(tmp_path / "out"):
         with pytest.raises(FolderLockedError, match="another glomo pretrain run is writing"):
-            run_pretraining(config, log=lambda *a, **k: None)
+            run_pretraining(config)
 
 
 def test_a_fifo_corpus_is_refused_by_the_reader_itself(tmp_path):

@@ -27,9 +27,11 @@ spread over several short GPU allocations) continues where it stopped:
    uniform-window`` adds the same two graph variants cut to the predictor's pretraining
    window (``GlomoTransfer(max_distance=...)``: row and column offsets of at most
    ``--max-distance``, by default the recorded crop side minus 1), for predictors
-   pretrained on crops smaller than the CIFAR images. Per-epoch checkpoints in ``runs/``; the
-   runs are stored with their recipe, image counts and the predictor's digest, and a cache
-   made with others is refused (as is a checkpoint of another recipe);
+   pretrained on crops smaller than the CIFAR images. Lightning checkpoints in ``runs/``
+   (``<run>.ckpt`` after every epoch and on SIGTERM/SIGINT, ``<run>.best.ckpt`` the best
+   validation epoch); the runs are stored with their recipe, image counts and the
+   predictor's digest, and a cache made with others is refused (as is a checkpoint of
+   another recipe, seed or training set);
 5. ``benchmarks/results/cifar10.md``: a table shaped like paper Table 3 (mean +- std over
    seeds beside the paper's numbers), paired differences with 95% confidence intervals,
    epoch times, the pixel-graph check, and ``benchmarks/results/cifar10_graphs.png``: for
@@ -52,6 +54,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import logging
 import math
 import os
 import platform
@@ -213,7 +216,7 @@ def pretrain(args, setup: Setup, out: str) -> str:
         set_by_path(data, "train.threads", args.threads)
     config = PretrainConfig.from_dict(data)
     log(f"pretraining ({setup.config}) in {folder}")
-    run_pretraining(config, resume=last_checkpoint(folder) is not None, log=log)
+    run_pretraining(config, resume=last_checkpoint(folder) is not None)
     return predictor
 
 
@@ -428,8 +431,8 @@ def train_variants(setup: Setup, variants, predictor, data, recipe, window, runs
                 log(f"{key}: training")
                 result = train_image_classifier(
                     model, train, val, recipe, seed=seed, device=device,
-                    checkpoint=os.path.join(out, "runs", key.replace("/", "_") + ".pt"),
-                    train_propagations=train_prop, val_propagations=val_prop, log=log)
+                    checkpoint=os.path.join(out, "runs", key.replace("/", "_") + ".ckpt"),
+                    train_propagations=train_prop, val_propagations=val_prop)
                 test_acc = evaluate(model, test[0], test[1], recipe.eval_batch_size, test_prop,
                                     device)
                 runs[key] = dict(test_acc=test_acc, best_val=result["best_val"],
@@ -445,7 +448,18 @@ def train_variants(setup: Setup, variants, predictor, data, recipe, window, runs
 
 
 def run(args, argv=None) -> None:
-    """The reproduction for parsed ``args`` (see :func:`main`)."""
+    """The reproduction for parsed ``args`` (see :func:`main`); the library's messages
+    (each epoch of a run: ``glomo_pyg`` log records) are printed like :func:`log`'s lines
+    meanwhile."""
+    from glomo_pyg.logs import line_handler, logging_to
+
+    handler = line_handler()
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
+    with logging_to(handler):
+        _run_stages(args, argv)
+
+
+def _run_stages(args, argv) -> None:
     check_arguments(args)
     setup = dataclasses.replace(SMOKE if args.smoke else REDUCED if args.reduced else FULL)
     if args.seeds is not None:

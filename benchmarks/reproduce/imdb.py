@@ -290,6 +290,7 @@ def pretrain_settings(args, setup: Setup, folder: str, name: str) -> Dict:
 
 
 def pretrain(args, setup: Setup, out: str, name: str):
+    from glomo_pyg.logs import lines_to, logging_to
     from glomo_pyg.training import PretrainConfig, run_pretraining
 
     folder = os.path.join(out, "pretrain", name)
@@ -301,7 +302,8 @@ def pretrain(args, setup: Setup, out: str, name: str):
         if summary.get("steps") == steps:
             return os.path.join(folder, "predictor"), summary
     log(f"pretraining predictor '{name}' ({steps} steps) in {folder}")
-    summary = run_pretraining(config, resume=True, log=log)
+    with logging_to(lines_to(log), propagate=False):  # (the library's lines, as log's)
+        summary = run_pretraining(config, resume=True)
     return os.path.join(folder, "predictor"), summary
 
 

@@ -5,6 +5,7 @@ pickled, and file names are generated here, never taken from the input."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from glomo_pyg.analysis.statistics import GraphStatisticsAccumulator
 from glomo_pyg.atomic_files import atomic_write, staged_folder
 from glomo_pyg.graphs import check_max_distance
 from glomo_pyg.settings import check_int
+
+logger = logging.getLogger(__name__)
 
 FORMATS = ("graphml", "json")
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
@@ -109,8 +112,7 @@ def _batches(items: Sequence[ExportItem], batch_size: int):
 def export_graphs(predictor, items: Sequence[ExportItem], output_dir: str,
                   formats: Sequence[str] = FORMATS, batch_size: int = 16,
                   min_weight: float = 0.0, top_k: Optional[int] = None,
-                  max_edges: int = 2_000_000, max_distance: Optional[int] = None,
-                  log=None) -> Dict:
+                  max_edges: int = 2_000_000, max_distance: Optional[int] = None) -> Dict:
     """Emit the graphs of every item with ``predictor`` (a
     :class:`~glomo_pyg.nn.PretrainedGraphPredictor`; each image at its own size,
     :func:`~glomo_pyg.analysis.export.image_predictor`, as the viewer reads it) and write in
@@ -128,7 +130,8 @@ def export_graphs(predictor, items: Sequence[ExportItem], output_dir: str,
 
     ``output_dir`` is written as a whole: the files are staged beside it and take its
     place at the end, so a failure or a kill part-way leaves it as it was. It must be
-    absent, empty or an earlier export (``ValueError`` for a folder holding other files)."""
+    absent, empty or an earlier export (``ValueError`` for a folder holding other files).
+    Each sample written is a DEBUG record of this module's logger."""
     formats = list(formats)
     if not formats or any(f not in FORMATS for f in formats):
         raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {formats}")
@@ -139,13 +142,12 @@ def export_graphs(predictor, items: Sequence[ExportItem], output_dir: str,
         raise ValueError("nothing to export: no items")
     with staged_folder(check_export_folder(output_dir)) as stage:
         return _export_items(predictor, items, ExportDirectory(str(stage)), formats,
-                             batch_size, min_weight, top_k, max_edges, max_distance, log)
+                             batch_size, min_weight, top_k, max_edges, max_distance)
 
 
 def _export_items(predictor, items: Sequence[ExportItem], out: "ExportDirectory",
                   formats: List[str], batch_size: int, min_weight: float,
-                  top_k: Optional[int], max_edges: int, max_distance: Optional[int],
-                  log) -> Dict:
+                  top_k: Optional[int], max_edges: int, max_distance: Optional[int]) -> Dict:
     """:func:`export_graphs` into ``out`` (its staging folder)."""
     stats = GraphStatisticsAccumulator()
     index: List[Dict] = []
@@ -165,9 +167,9 @@ def _export_items(predictor, items: Sequence[ExportItem], out: "ExportDirectory"
             entry = _export_sample(out, graphs, b, items[k], f"sample_{k:0{width}d}", formats,
                                    min_weight, top_k, max_edges)
             index.append(dict(sample=k, **entry))
-            if log is not None:
-                log(f"{entry['source']}: {entry['num_units']} units, {entry['num_edges']} "
-                    f"edges -> " + ", ".join(entry["files"]))
+            # (DEBUG: a line per sample, which `glomo export --verbose` shows)
+            logger.debug(f"{entry['source']}: {entry['num_units']} units, "
+                         f"{entry['num_edges']} edges -> " + ", ".join(entry["files"]))
     table = stats.table()
     out.write("statistics.md", lambda fh: fh.write(table.format() + "\n"))
     out.write("statistics.csv", lambda fh: fh.write(table.to_csv()))

@@ -26,6 +26,10 @@ class MaskedNorm(torch.nn.Module):
         self.module = None if norm is None else \
             (torch.nn.LayerNorm if norm == "layer" else torch.nn.BatchNorm1d)(channels)
 
+    def reset_parameters(self) -> None:
+        if self.module is not None:
+            self.module.reset_parameters()
+
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         if self.norm != "batch":
             return x if self.module is None else self.module(x)

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from glomo_pyg.nn.resets import reset_children
 from glomo_pyg.nn.transfer import GlomoTransfer
 from glomo_pyg.pixels import check_images, check_statistics, image_units, normalize
 
@@ -28,6 +29,9 @@ class BasicBlock(torch.nn.Module):
             torch.nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
             torch.nn.BatchNorm2d(out_channels)) \
             if stride != 1 or in_channels != out_channels else None
+
+    def reset_parameters(self) -> None:
+        reset_children(self)
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
@@ -66,6 +70,9 @@ class CifarResNet(torch.nn.Module):
                 channels = out
         self.blocks = torch.nn.Sequential(*blocks)
         self.fc = torch.nn.Linear(channels, num_classes)
+
+    def reset_parameters(self) -> None:
+        reset_children(self)
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.blocks(self.stem(x))  # torch names a wrong channel count or rank
@@ -110,6 +117,12 @@ class GlomoResNet(torch.nn.Module):
         self.pixel_mean, self.pixel_std = tuple(pixel_mean), tuple(pixel_std)
         channels = transfer.out_channels if transfer is not None else len(pixel_mean)
         self.resnet = CifarResNet(depth, width, channels, num_classes)
+
+    def reset_parameters(self) -> None:
+        """Re-initialise the ResNet (its BatchNorm statistics too) and the input stage's
+        own weights; the stage's frozen pixel-graph predictor is kept
+        (:meth:`GlomoTransfer.reset_parameters`)."""
+        reset_children(self)
 
     @property
     def image_size(self) -> Optional[tuple]:

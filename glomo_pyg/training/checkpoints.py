@@ -1,17 +1,21 @@
 """Checkpoints of ``glomo pretrain``: atomic writes, safe reading, where to resume from."""
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import re
 import zipfile
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.io.paths import NotRegularFileError, open_regular
+from glomo_pyg.training.utils import rank_zero_info, rank_zero_warning
+
+logger = logging.getLogger(__name__)
 
 #: The entry ``glomo pretrain`` adds to its Lightning checkpoints (plain data only).
 CHECKPOINT_KEY = "glomo"
@@ -131,13 +135,12 @@ def _claimed_step(path: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def find_resume_checkpoint(folder: str, log: Callable = print,
-                           damaged: Optional[List[str]] = None
+def find_resume_checkpoint(folder: str, damaged: Optional[List[str]] = None
                            ) -> Optional[Tuple[str, Dict[str, Any]]]:
     """``(path, contents)`` of the newest usable checkpoint in ``folder`` (the largest
     ``global_step``; ``last.ckpt`` on ties), or None when there is no ``*.ckpt`` at all.
-    Unusable files are logged and appended to ``damaged`` when an older usable one is
-    taken instead.
+    Unusable files are logged (a WARNING) and appended to ``damaged`` when an older usable
+    one is taken instead.
 
     Raises:
         CorruptCheckpointError: no file is usable (names them all).
@@ -173,16 +176,16 @@ def find_resume_checkpoint(folder: str, log: Callable = print,
         names = ", ".join(f"{f} -> {f}{DAMAGED_SUFFIX}" for f, _ in bad)
         last = os.path.join(folder, "last.ckpt")
         copy = f", and {last} becomes a copy of {path}" if path != last else ""
-        log(f"warning: {'; '.join(str(err) for _, err in bad)}. Resuming from the newest "
-            f"usable checkpoint instead: {path} (step {step}); once the checks pass, the "
-            f"damaged file(s) are kept under new names ({names}), so that training does not "
-            f"overwrite them{copy}")
+        rank_zero_warning(logger, f"{'; '.join(str(err) for _, err in bad)}. Resuming from the "
+                          f"newest usable checkpoint instead: {path} (step {step}); once the "
+                          f"checks pass, the damaged file(s) are kept under new names ({names}), "
+                          f"so that training does not overwrite them{copy}")
         if damaged is not None:
             damaged.extend(f for f, _ in bad)
     elif os.path.basename(path) != "last.ckpt":
-        log(f"resuming from {path} (step {step}), the newest checkpoint"
-            + (" (last.ckpt is older)" if os.path.join(folder, "last.ckpt") in files else
-               " (there is no last.ckpt)"))
+        rank_zero_info(logger, f"resuming from {path} (step {step}), the newest checkpoint"
+                       + (" (last.ckpt is older)" if os.path.join(folder, "last.ckpt") in files
+                          else " (there is no last.ckpt)"))
     return path, data
 
 
@@ -200,12 +203,13 @@ def _shape(value) -> Optional[Tuple[int, ...]]:
 def check_checkpoint_matches(contents: Mapping[str, Any], path: str,
                              module: torch.nn.Module,
                              model_settings: Optional[Mapping[str, Any]] = None,
-                             limit: int = 5, ignore: Sequence[str] = ()) -> None:
+                             limit: int = 5, ignore: Sequence[str] = (),
+                             saved_settings: Optional[Mapping[str, Any]] = None) -> None:
     """Raise :class:`CheckpointMismatchError` naming the differences when the checkpoint's
-    weights (names and shapes) or recorded model settings (except ``ignore``) differ from
-    ``module``'s and ``model_settings``."""
+    weights (names and shapes) or its model settings ``saved_settings`` (as the caller
+    reads them from its ``hyper_parameters``; except ``ignore``) differ from ``module``'s
+    and ``model_settings``."""
     problems: List[str] = []
-    saved_settings = (contents.get("hyper_parameters") or {}).get("model_kwargs")
     if model_settings is not None and isinstance(saved_settings, Mapping):
         keys = sorted((set(saved_settings) | set(model_settings)) - set(ignore), key=str)
         diff = [f"model.{k}: checkpoint {saved_settings.get(k, '(unset)')!r}, this run "

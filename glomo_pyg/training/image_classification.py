@@ -1,23 +1,47 @@
-"""Training loop for :class:`~glomo_pyg.GlomoResNet` image classifiers (paper Sec. 3.5):
-one recipe for every variant, the best validation epoch kept, an atomic checkpoint per
-epoch (docs/images.md)."""
+"""Training of :class:`~glomo_pyg.GlomoResNet` image classifiers (paper Sec. 3.5) with
+Lightning, as text classification and pretraining train: one recipe for every variant,
+the best validation epoch kept, atomic checkpoints, an exact resume and the library's
+interrupt handling (docs/images.md)."""
 from __future__ import annotations
 
+import hashlib
+import logging
 import math
 import os
+import tempfile
 import time
+import warnings
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, Optional, Tuple, cast
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union, cast
 
+import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from glomo_pyg.data.images import augment
+from glomo_pyg.logs import job_output, warn_log_argument
 from glomo_pyg.nn.resnet import GlomoResNet
 from glomo_pyg.pixels import image_units
 from glomo_pyg.settings import check_settings, setting
-from glomo_pyg.training.checkpoints import atomic_save
+from glomo_pyg.training.checkpoints import (
+    CHECKPOINT_KEY,
+    AtomicCheckpointIO,
+    CheckpointError,
+    CheckpointMismatchError,
+    check_checkpoint_matches,
+    read_checkpoint,
+)
+from glomo_pyg.training.interrupts import GracefulInterrupt, TrainingInterrupted, interruptible
+from glomo_pyg.training.pretrain.callbacks import RandomStateCheckpoint, RunRecord
+from glomo_pyg.training.pretrain.corpus import image_fingerprint
+from glomo_pyg.training.utils import checked_lightning, quiet_lightning
+
+logger = logging.getLogger(__name__)
+
+Split = Tuple[Tensor, Tensor]  # uint8 images [n, C, H, W], labels [n]
+#: The :attr:`RunRecord.settings` version of these checkpoints.
+RECORD_VERSION = 1
 
 
 @dataclass
@@ -63,32 +87,259 @@ def precompute_propagations(model: GlomoResNet, images: Tensor, batch_size: int 
     return torch.cat(out)
 
 
-def _batch_propagations(cache: Tensor, index: Tensor, device) -> Tensor:
-    p = cache[index].to(device, torch.float32)  # [B, D, K, HW, C]
+def _stage_propagations(p: Tensor) -> Tensor:
+    """Per-image propagations ``[B, D, K, HW, C]`` as the stage reads them, float32
+    ``[D, K, B HW, C]``."""
     b, d, k, t, c = p.shape
-    return p.permute(1, 2, 0, 3, 4).reshape(d, k, b * t, c)
+    return p.float().permute(1, 2, 0, 3, 4).reshape(d, k, b * t, c)
 
 
-@torch.no_grad()
-def evaluate(model: GlomoResNet, images: Tensor, labels: Tensor, batch_size: int = 512,
-             propagations: Optional[Tensor] = None, device=None) -> float:
-    """Accuracy of ``model`` (eval mode) on uint8 ``images``."""
-    device = device or next(model.parameters()).device
-    model.eval()
-    correct = 0
-    for start in range(0, len(images), batch_size):
-        index = torch.arange(start, min(start + batch_size, len(images)))
-        x = images[index].to(device)
-        prop = _batch_propagations(propagations, index, device) \
-            if propagations is not None else None
-        with torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda"):
-            logits = model(x, propagated=prop)
-        correct += int((logits.argmax(-1).cpu() == labels[index]).sum())
-    return correct / len(images)
+class ImageBatches:
+    """The batches of a split held in memory, as ``dict(images, labels)`` (plus
+    ``propagated``, ``[B, D, K, HW, C]``, with precomputed propagations).
+
+    With a ``generator`` (training) every epoch draws a random order, then each batch's
+    flips and crops, from that one generator (the draws of glomo_pyg's earlier loop, so
+    a seed gives the same data); :meth:`state` and :meth:`restore` carry it and the
+    position in the epoch across a resume. Without one, the images in order.
+
+    Args:
+        propagations: ``(plain, mirrored)``: :func:`precompute_propagations` of the images
+            and of the flipped images (``mirrored`` may be None without flips).
+    """
+
+    def __init__(self, images: Tensor, labels: Tensor, batch_size: int,
+                 generator: Optional[torch.Generator] = None, flip: bool = False,
+                 crop_padding: int = 0,
+                 propagations: Optional[Tuple[Tensor, Optional[Tensor]]] = None):
+        self.images, self.labels, self.batch_size = images, labels, batch_size
+        self.generator, self.flip, self.crop_padding = generator, flip, crop_padding
+        self.propagations = propagations
+        self._order: Optional[Tensor] = None  # this epoch's, drawn at its first batch
+        self._order_state: Optional[Tensor] = None  # the generator before that draw
+        self._position = 0  # batches of this epoch delivered
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.images) / self.batch_size)
+
+    def __iter__(self) -> Iterator[Dict[str, Tensor]]:
+        # (a generator function: Lightning may create an iterator it never reads, and an
+        # unread one must not draw an epoch's order)
+        if self.generator is None:
+            for start in range(0, len(self.images), self.batch_size):
+                yield self._batch(torch.arange(start, min(start + self.batch_size,
+                                                          len(self.images))))
+            return
+        if self._order is None or self._position >= len(self):  # a new epoch
+            self._order_state = self.generator.get_state()
+            self._order = torch.randperm(len(self.images), generator=self.generator)
+            self._position = 0
+        for index in self._order.split(self.batch_size)[self._position:]:
+            batch = self._augmented(index)
+            self._position += 1
+            yield batch
+
+    def _batch(self, index: Tensor) -> Dict[str, Tensor]:
+        out = dict(images=self.images[index], labels=self.labels[index])
+        if self.propagations is not None:
+            out["propagated"] = self.propagations[0][index]
+        return out
+
+    def _augmented(self, index: Tensor) -> Dict[str, Tensor]:
+        if self.propagations is None:
+            images = augment(self.images[index], self.generator, flip=self.flip,
+                             crop_padding=self.crop_padding)
+            return dict(images=images, labels=self.labels[index])
+        # precomputed: flips only, a flipped image takes the mirrored image's propagations
+        flip = torch.rand(len(index), generator=self.generator) < 0.5 if self.flip else \
+            torch.zeros(len(index), dtype=torch.bool)
+        images = self.images[index]
+        plain, mirrored = self.propagations
+        propagated = plain[index] if mirrored is None or not self.flip else torch.where(
+            flip.view(-1, 1, 1, 1, 1), mirrored[index], plain[index])
+        return dict(images=torch.where(flip.view(-1, 1, 1, 1), images.flip(3), images),
+                    labels=self.labels[index], propagated=propagated)
+
+    def state(self) -> Dict[str, Any]:
+        """The generator and the position in the epoch (empty without a generator)."""
+        if self.generator is None:
+            return {}
+        return dict(generator=self.generator.get_state(), order_generator=self._order_state,
+                    position=self._position)
+
+    def restore(self, state: Dict[str, Any]) -> None:
+        """Continue from a :meth:`state`: mid-epoch, the same order's remaining batches."""
+        if self.generator is None or not state:
+            return
+        self._position = int(state["position"])
+        self._order = None
+        if state["order_generator"] is not None:  # (redrawn: the state is the smaller)
+            self.generator.set_state(state["order_generator"])
+            self._order = torch.randperm(len(self.images), generator=self.generator)
+        self._order_state = state["order_generator"]
+        self.generator.set_state(state["generator"])
 
 
-def _check_inputs(model: GlomoResNet, train: Tuple[Tensor, Tensor], val: Tuple[Tensor, Tensor],
-                  config: ImageTrainConfig, precomputed: bool) -> None:
+class ImageClassification(pl.LightningModule):
+    """Cross-entropy training of a :class:`~glomo_pyg.GlomoResNet` with ``config``'s
+    recipe: SGD with Nesterov momentum on its trainable parameters, the one-cycle
+    learning rate stepped every optimizer step over ``total_steps``; batches are
+    :class:`ImageBatches`'. Logs ``train_loss`` and ``val_acc`` (kept in
+    :attr:`val_acc`, exact, as well)."""
+
+    def __init__(self, model: GlomoResNet, config: ImageTrainConfig, total_steps: int):
+        super().__init__()
+        self.model, self.config, self.total_steps = model, config, total_steps
+        self.val_acc: Optional[float] = None
+        self._correct, self._seen = 0, 0
+
+    def forward(self, images: Tensor, propagated: Optional[Tensor] = None) -> Tensor:
+        return self.model(images, propagated=propagated)
+
+    def _logits(self, batch: Dict[str, Tensor]) -> Tensor:
+        propagated = batch.get("propagated")
+        return self(batch["images"], None if propagated is None else
+                    _stage_propagations(propagated))
+
+    def on_fit_start(self) -> None:
+        if self.device.type == "cuda":  # the fast layout of cuDNN's convolutions
+            self.model.resnet.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+
+    def training_step(self, batch: Dict[str, Tensor], batch_idx: int) -> Tensor:
+        loss = F.cross_entropy(self._logits(batch).float(), batch["labels"],
+                               label_smoothing=self.config.label_smoothing)
+        self.log("train_loss", loss, batch_size=len(batch["labels"]), prog_bar=True)
+        return loss
+
+    def on_validation_epoch_start(self) -> None:
+        self._correct, self._seen = 0, 0
+
+    def validation_step(self, batch: Dict[str, Tensor], batch_idx: int) -> None:
+        # counted, not averaged: the accuracy is exact, whatever the batch sizes
+        self._correct += int((self._logits(batch).argmax(-1) == batch["labels"]).sum())
+        self._seen += len(batch["labels"])
+
+    def on_validation_epoch_end(self) -> None:
+        self.val_acc = self._correct / max(self._seen, 1)
+        self.log("val_acc", self.val_acc, prog_bar=True)
+
+    def configure_optimizers(self) -> Any:
+        c = self.config
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = torch.optim.SGD(params, lr=c.lr, momentum=c.momentum, nesterov=True,
+                                    weight_decay=c.weight_decay)
+        schedule = torch.optim.lr_scheduler.OneCycleLR(  # warm-up, then linear decay
+            optimizer, max_lr=c.lr, pct_start=c.warmup_fraction, anneal_strategy="linear",
+            total_steps=self.total_steps, div_factor=25.0, final_div_factor=1e3)
+        return dict(optimizer=optimizer,
+                    lr_scheduler=dict(scheduler=schedule, interval="step", frequency=1))
+
+
+class EpochHistory(pl.Callback):
+    """Each epoch's validation accuracy, mean training loss and training seconds
+    (validation apart), logged and kept across resumes (its state is checkpointed, that
+    of a part-done epoch too)."""
+
+    def __init__(self, epochs: int):
+        self.epochs = epochs
+        self.val_curve: List[float] = []
+        self.train_loss: List[float] = []
+        self.epoch_seconds: List[float] = []
+        self._loss: Union[float, Tensor] = 0.0  # this epoch's so far, summed over images
+        self._images, self._seconds = 0, 0.0
+        self._started: Optional[float] = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._started = time.time()  # (a run resumed mid-epoch has no epoch start)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._loss, self._images, self._seconds = 0.0, 0, 0.0
+        self._started = time.time()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Dict[str, Tensor], batch_idx: int) -> None:
+        # (a tensor sum: no device synchronisation per step)
+        self._loss = self._loss + outputs["loss"].detach().float() * len(batch["labels"])
+        self._images += len(batch["labels"])
+
+    def _elapsed(self) -> float:
+        return self._seconds + (time.time() - self._started if self._started else 0.0)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        self._seconds, self._started = self._elapsed(), None
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        module = cast(ImageClassification, pl_module)
+        loss = float(self._loss) / max(self._images, 1)
+        self.val_curve.append(cast(float, module.val_acc))
+        self.train_loss.append(loss)
+        self.epoch_seconds.append(self._seconds)
+        logger.info("epoch %d/%d: train loss %.4f, validation %.4f, %.1f s",
+                    len(self.val_curve), self.epochs, loss, module.val_acc, self._seconds)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return dict(val_curve=self.val_curve, train_loss=self.train_loss,
+                    epoch_seconds=self.epoch_seconds, loss=float(self._loss),
+                    images=self._images, seconds=self._elapsed())
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self.val_curve = list(state_dict["val_curve"])
+        self.train_loss = list(state_dict["train_loss"])
+        self.epoch_seconds = list(state_dict["epoch_seconds"])
+        self._loss, self._images = state_dict["loss"], state_dict["images"]
+        self._seconds = state_dict["seconds"]
+
+
+class BatchOrder(pl.Callback):
+    """Checkpoints the training :class:`ImageBatches`' generator and position. (Lightning
+    restores a loader's own state only on a resume mid-epoch; the generator carries over
+    epochs.)"""
+
+    def __init__(self, batches: ImageBatches):
+        self.batches = batches
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self.batches.state()
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self.batches.restore(state_dict)
+
+
+class EpochCheckpoint(pl.Callback):
+    """Writes the run's resume checkpoint ``path`` at the end of every epoch, after its
+    validation (through the trainer's checkpoint IO: atomic)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        trainer.save_checkpoint(self.path)
+
+
+class _Interrupt(GracefulInterrupt):
+    """:class:`~glomo_pyg.training.interrupts.GracefulInterrupt`, which stops at the end
+    of the epoch, its checkpoint written, rather than between the epoch's last batch and
+    its validation (a resume from there would skip that validation); a run without a
+    checkpoint file (nothing could resume) stops writing none."""
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args) -> None:
+        if self.signum is None or trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            return
+        if self.checkpoint_path:
+            super().on_train_batch_end(trainer, *args)  # (writes the checkpoint, raises)
+        raise TrainingInterrupted(self.signum, trainer.global_step, None)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # (a signal in the last batch or the validation: EpochCheckpoint has written it)
+        if self.signum is not None:
+            raise TrainingInterrupted(self.signum, trainer.global_step,
+                                      self.checkpoint_path or None)
+
+
+def _check_inputs(model: GlomoResNet, train: Split, val: Split, config: ImageTrainConfig,
+                  precomputed: bool) -> None:
     config.validate()
     classes = model.resnet.fc.out_features if hasattr(model.resnet, "fc") else None
     for name, (x, y) in (("train", train), ("val", val)):
@@ -116,122 +367,201 @@ def _check_inputs(model: GlomoResNet, train: Tuple[Tensor, Tensor], val: Tuple[T
     raise ValueError(problem)
 
 
-_PROGRESS = ("epoch", "best_val", "best_epoch", "val_curve", "epoch_seconds", "best_state")
+def best_checkpoint_path(checkpoint: str) -> str:
+    """Where a run with the resume ``checkpoint`` keeps its best validation epoch's
+    weights: ``run.ckpt`` -> ``run.best.ckpt``."""
+    return os.path.splitext(checkpoint)[0] + ".best.ckpt"
 
 
-def _resume(checkpoint: str, recipe: Dict, model: GlomoResNet, optimizer, schedule,
-            gen: torch.Generator, state: Dict, log: Callable) -> None:
-    """Continue from an epoch checkpoint written with the same recipe for this model."""
-    saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    if "recipe" not in saved:
-        log(f"warning: {checkpoint} does not record its recipe (an older file); resumed "
-            "unchecked")
-    refusal = None
-    if saved.get("recipe", recipe) != recipe:  # its optimiser schedule and data order differ
-        refusal = (f"was written by a run with another recipe or training set "
-                   f"({saved.get('recipe')}, now {recipe})")
-    else:
-        try:
-            model.load_state_dict(saved["model"])
-        except RuntimeError as err:
-            refusal = f"does not fit this model: {err}"
-    if refusal:
-        raise ValueError(f"{checkpoint} {refusal}; delete it to start this run afresh")
-    optimizer.load_state_dict(saved["optimizer"])
-    schedule.load_state_dict(saved["schedule"])
-    gen.set_state(saved["generator"])
-    state.update({k: saved[k] for k in _PROGRESS})
-    log(f"resumed at epoch {state['epoch']} from {checkpoint}")
+def _data_record(train: Split, val: Split) -> Dict[str, Any]:
+    """What identifies the splits a checkpoint was trained and selected on."""
+    def split(images: Tensor, labels: Tensor) -> Dict[str, Any]:
+        digest = hashlib.sha256(labels.contiguous().numpy().tobytes()).hexdigest()
+        return dict(image_fingerprint(images), labels_sha256=digest)
+
+    return dict(train=split(*train), val=split(*val))
 
 
-def _train_epoch(model: GlomoResNet, train: Tuple[Tensor, Tensor], config: ImageTrainConfig,
-                 optimizer, schedule, gen: torch.Generator, device: torch.device,
-                 train_propagations: Optional[Tuple[Tensor, Tensor]]) -> float:
-    """One epoch in a seeded order; the mean training loss."""
-    images, labels = train
-    model.train()
-    order = torch.randperm(len(images), generator=gen)
-    total = 0.0
-    for index in order.split(config.batch_size):
-        x = images[index]
-        prop = None
-        if train_propagations is not None:
-            flip = (torch.rand(len(index), generator=gen) < 0.5) if config.flip else \
-                torch.zeros(len(index), dtype=torch.bool)
-            x = torch.where(flip.view(-1, 1, 1, 1), x.flip(3), x)
-            plain = _batch_propagations(train_propagations[0], index, device)
-            mirrored = _batch_propagations(train_propagations[1], index, device)
-            units = flip.repeat_interleave(x.size(2) * x.size(3)).to(device)
-            prop = torch.where(units.view(1, 1, -1, 1), mirrored, plain)
-        else:
-            x = augment(x, gen, flip=config.flip, crop_padding=config.crop_padding)
-        x, y = x.to(device, non_blocking=True), labels[index].to(device, non_blocking=True)
-        with torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda"):
-            logits = model(x, propagated=prop)
-            loss = F.cross_entropy(logits.float(), y, label_smoothing=config.label_smoothing)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        total += float(loss.detach()) * len(index)
-    return total / len(images)
+def _run_settings(config: ImageTrainConfig, seed: int, precomputed: bool) -> Dict[str, Any]:
+    settings = dict(asdict(config), seed=seed, precomputed=precomputed,
+                    version=RECORD_VERSION)
+    settings.pop("eval_batch_size")  # (does not change training)
+    return settings
 
 
-def train_image_classifier(model: GlomoResNet, train: Tuple[Tensor, Tensor],
-                           val: Tuple[Tensor, Tensor], config: ImageTrainConfig, *,
-                           seed: int = 0, device=None, checkpoint: Optional[str] = None,
+def _check_resume(path: str, module: ImageClassification, settings: Dict[str, Any],
+                  data: Dict[str, Any]) -> None:
+    """Refuse a checkpoint of another recipe, seed, data or model."""
+    try:
+        contents = read_checkpoint(path)
+    except CheckpointError as err:
+        raise type(err)(f"cannot resume from {path}: {err}; delete it to start this run "
+                        "afresh") from None
+    record = contents.get(CHECKPOINT_KEY) or {}
+    before = dict(record.get("settings") or {}, **(record.get("corpus") or {}))
+    now = dict(settings, **data)
+    changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+    if changed:  # its optimiser schedule, data order or selection differ
+        raise CheckpointMismatchError(
+            f"{path} was written by a run with another recipe or training set (changed: "
+            f"{', '.join(changed)}); delete it to start this run afresh")
+    check_checkpoint_matches(contents, path, module)
+    for state in (contents.get("callbacks") or {}).values():  # the best epoch's weights
+        best = state.get("best_model_path") if isinstance(state, dict) else None
+        if best and not os.path.isfile(best):
+            raise CheckpointError(f"cannot resume from {path}: the best epoch's weights it "
+                                  f"refers to, {best}, are missing; delete it to start this "
+                                  "run afresh")
+
+
+def _accelerator(device, accelerator: str, devices: Any) -> Tuple[str, Any]:
+    """Lightning's ``accelerator`` and ``devices`` for an explicit torch ``device``."""
+    if device is None:
+        return accelerator, devices
+    device = torch.device(device)
+    if device.type == "cpu":
+        return "cpu", 1
+    return device.type, [device.index] if device.index is not None else 1
+
+
+def _precision(precision: Optional[str], accelerator: str) -> str:
+    """``precision``, by default bf16 autocast on a GPU and float32 elsewhere (as
+    pretraining chooses)."""
+    if precision:
+        return precision
+    gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and
+                                             torch.cuda.is_available())
+    return "bf16-mixed" if gpu else "32-true"
+
+
+def _trainer(folder: str, epochs: int, accelerator: str, devices: Any, precision: str,
+             callbacks: Sequence[pl.Callback], progress_bar: bool) -> pl.Trainer:
+    def build() -> pl.Trainer:
+        return pl.Trainer(max_epochs=epochs, accelerator=accelerator, devices=devices,
+                          precision=cast(Any, precision),  # (Lightning checks the name)
+                          logger=False, callbacks=list(callbacks),
+                          enable_progress_bar=progress_bar, enable_model_summary=False,
+                          num_sanity_val_steps=0, default_root_dir=folder,
+                          plugins=[AtomicCheckpointIO()])
+
+    trainer = checked_lightning(f"accelerator {accelerator!r}, devices {devices!r}, "
+                                f"precision {precision!r}", build)
+    if trainer.num_devices * trainer.num_nodes != 1:  # (in-memory batches are not sharded)
+        raise ValueError(f"image classification trains on one device; devices {devices!r} "
+                         f"gives {trainer.num_devices}")
+    return trainer
+
+
+def _fit(trainer: pl.Trainer, module: ImageClassification, batches: Tuple[ImageBatches, ...],
+         ckpt: Optional[str], interrupt: GracefulInterrupt) -> None:
+    """Trains ``module``; a signal's exit becomes :class:`TrainingInterrupted`."""
+    with interruptible(trainer, interrupt), quiet_lightning(), warnings.catch_warnings():
+        # (BatchOrder restores the batches' position: the loader is resumable)
+        warnings.filterwarnings("ignore", ".*your dataloader is not resumable.*")
+        trainer.fit(module, batches[0], batches[1], ckpt_path=ckpt, weights_only=True)
+
+
+def train_image_classifier(model: GlomoResNet, train: Split, val: Split,
+                           config: ImageTrainConfig, *, seed: int = 0, device=None,
+                           checkpoint: Optional[str] = None,
                            train_propagations: Optional[Tuple[Tensor, Tensor]] = None,
                            val_propagations: Optional[Tensor] = None,
-                           log: Callable = print) -> Dict:
+                           accelerator: str = "auto", devices: Any = 1,
+                           precision: Optional[str] = None, progress_bar: bool = False,
+                           extra_callbacks: Optional[List[pl.Callback]] = None,
+                           log: Optional[Callable[[str], None]] = None) -> Dict:
     """Train ``model`` on ``train = (images, labels)`` with ``config``'s recipe, validate
-    after every epoch, and return ``dict(best_val, best_epoch, val_curve, epoch_seconds,
-    state)`` with ``state`` the best epoch's weights (loaded into ``model`` too).
+    after every epoch, and return ``dict(best_val, best_epoch, val_curve, train_loss,
+    epoch_seconds, state)`` with ``state`` the best epoch's weights (loaded into ``model``
+    too, on the device it trained on).
 
     Args:
+        device: a torch device to train on, instead of ``accelerator`` and ``devices``
+            (Lightning's; one device); ``precision`` (Lightning's) is by default
+            ``'bf16-mixed'`` on a GPU, ``'32-true'`` otherwise.
+        checkpoint: the resume file, written atomically after every epoch and on SIGTERM
+            or SIGINT (:class:`~glomo_pyg.training.interrupts.TrainingInterrupted`); an
+            existing one is resumed, exactly. The best epoch's weights go to
+            :func:`best_checkpoint_path` beside it.
         train_propagations: :func:`precompute_propagations` of the training images and of
             ``images.flip(3)`` (needs ``crop_padding=0``).
-        checkpoint: a file for an atomic per-epoch checkpoint; an existing one is resumed.
+        log: deprecated: a callable receiving the progress lines, which are INFO records
+            of this module's logger, printed on standard output where the application set
+            up no logging (:func:`glomo_pyg.logs.job_output`).
+
+    Raises:
+        CheckpointError: ``checkpoint`` is damaged or of another recipe, seed, data or
+            model (a :class:`ValueError`).
     """
+    if log is not None:
+        warn_log_argument("train_image_classifier")
     _check_inputs(model, train, val, config, train_propagations is not None)
+    accelerator, devices = _accelerator(device, accelerator, devices)
+    precision = _precision(precision, accelerator)
+    steps = math.ceil(len(train[0]) / config.batch_size)
+    module = ImageClassification(model, config, total_steps=config.epochs * steps)
+    batches = (ImageBatches(*train, config.batch_size, torch.Generator().manual_seed(seed),
+                            config.flip, config.crop_padding, train_propagations),
+               ImageBatches(*val, config.eval_batch_size, propagations=None
+                            if val_propagations is None else (val_propagations, None)))
+    settings = _run_settings(config, seed, train_propagations is not None)
+    data = _data_record(train, val)
+    resume = checkpoint if checkpoint and os.path.exists(checkpoint) else None
+    if resume:
+        _check_resume(resume, module, settings, data)
+    with job_output(log), tempfile.TemporaryDirectory(prefix="glomo-images-") as tmp:
+        best_file = best_checkpoint_path(checkpoint or os.path.join(tmp, "run.ckpt"))
+        return _train(module, batches, settings, data, best_file, checkpoint, resume,
+                      (accelerator, devices, precision), progress_bar, extra_callbacks)
+
+
+def _train(module: ImageClassification, batches: Tuple[ImageBatches, ImageBatches],
+           settings: Dict[str, Any], data: Dict[str, Any], best_file: str,
+           checkpoint: Optional[str], resume: Optional[str], hardware: Tuple[str, Any, str],
+           progress_bar: bool, extra_callbacks: Optional[List[pl.Callback]]) -> Dict:
+    """:func:`train_image_classifier`'s trainer, training and best epoch."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    folder, name = os.path.split(best_file)
+    best = ModelCheckpoint(dirpath=folder, filename=name[:-len(".ckpt")], monitor="val_acc",
+                           mode="max", save_top_k=1, save_weights_only=True,
+                           auto_insert_metric_name=False, enable_version_counter=False,
+                           save_on_train_epoch_end=False)  # (before EpochCheckpoint's)
+    history = EpochHistory(module.config.epochs)
+    interrupt = _Interrupt(checkpoint or "")
+    callbacks = [*(extra_callbacks or []), history, BatchOrder(batches[0]),
+                 RunRecord(data, settings), RandomStateCheckpoint(),
+                 *([EpochCheckpoint(checkpoint)] if checkpoint else []), interrupt, best]
+    accelerator, devices, precision = hardware
+    trainer = _trainer(folder, module.config.epochs, accelerator, devices, precision,
+                       callbacks, progress_bar)
+    if resume:
+        logger.info("resuming from %s", resume)
+    _fit(trainer, module, batches, resume, interrupt)
+    contents = read_checkpoint(best.best_model_path)
+    module.load_state_dict(contents["state_dict"])
+    best_epoch = int(contents["epoch"])
+    del contents  # (memory-mapped)
+    module.to(trainer.strategy.root_device)  # (Lightning's teardown moved it to the CPU)
+    state = {k: v.detach().cpu().clone() for k, v in module.model.state_dict().items()}
+    return dict(state=state, best_val=history.val_curve[best_epoch], best_epoch=best_epoch,
+                val_curve=history.val_curve, train_loss=history.train_loss,
+                epoch_seconds=history.epoch_seconds)
+
+
+@torch.no_grad()
+def evaluate(model: GlomoResNet, images: Tensor, labels: Tensor, batch_size: int = 512,
+             propagations: Optional[Tensor] = None, device=None) -> float:
+    """Accuracy of ``model`` (eval mode) on uint8 ``images``, whose batches go to ``device``
+    (by default the model's), in bf16 autocast on a GPU."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    model.to(device)
-    if device.type == "cuda":
-        model.resnet.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=config.lr,
-                                momentum=config.momentum, nesterov=True,
-                                weight_decay=config.weight_decay)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(  # one-cycle: warm-up, then linear decay
-        optimizer, max_lr=config.lr, pct_start=config.warmup_fraction, anneal_strategy="linear",
-        total_steps=config.epochs * math.ceil(len(train[0]) / config.batch_size),
-        div_factor=25.0, final_div_factor=1e3)
-    gen = torch.Generator().manual_seed(seed)
-    state: Dict[str, Any] = dict(epoch=0, best_val=-1.0, best_epoch=-1, val_curve=[],
-                                 epoch_seconds=[], best_state=None)
-    recipe = dict(asdict(config), train_images=len(train[0]))
-    recipe.pop("eval_batch_size")  # (does not change training)
-    if checkpoint and os.path.exists(checkpoint):
-        _resume(checkpoint, recipe, model, optimizer, schedule, gen, state, log)
-    for epoch in range(state["epoch"], config.epochs):
-        start = time.time()
-        loss = _train_epoch(model, train, config, optimizer, schedule, gen, device,
-                            train_propagations)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.time() - start
-        acc = evaluate(model, val[0], val[1], config.eval_batch_size, val_propagations, device)
-        state["val_curve"].append(acc)
-        state["epoch_seconds"].append(seconds)
-        if acc > state["best_val"]:
-            state["best_val"], state["best_epoch"] = acc, epoch
-            state["best_state"] = {k: v.detach().cpu().clone() for k, v in
-                                   model.state_dict().items()}
-        state["epoch"] = epoch + 1
-        if checkpoint:
-            atomic_save(dict(recipe=recipe, model=model.state_dict(),
-                             optimizer=optimizer.state_dict(), schedule=schedule.state_dict(),
-                             generator=gen.get_state(), **{k: state[k] for k in _PROGRESS}),
-                        checkpoint)
-        log(f"epoch {epoch + 1}/{config.epochs}: train loss {loss:.4f}, validation "
-            f"{acc:.4f}, {seconds:.1f} s")
-    model.load_state_dict(state["best_state"])
-    return dict(state=state["best_state"], **{k: state[k] for k in _PROGRESS[1:5]})
+    model.eval()
+    correct = 0
+    for start in range(0, len(images), batch_size):
+        index = torch.arange(start, min(start + batch_size, len(images)))
+        prop = _stage_propagations(propagations[index].to(device)) \
+            if propagations is not None else None
+        with torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda"):
+            logits = model(images[index].to(device), propagated=prop)
+        correct += int((logits.argmax(-1).cpu() == labels[index]).sum())
+    return correct / len(images)

@@ -4,11 +4,12 @@ second signal stops at once. (Lightning 2.x's own SIGTERM handling exits with st
 and writes no checkpoint.)"""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 from types import FrameType
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Callable, Dict, Iterator, Optional, Union
 
 import lightning.pytorch as pl
 
@@ -93,3 +94,22 @@ class GracefulInterrupt(pl.Callback):
         trainer.save_checkpoint(self.checkpoint_path)  # every rank takes part; rank 0 writes
         raise TrainingInterrupted(self.signum or signal.SIGTERM, trainer.global_step,
                                   self.checkpoint_path)
+
+
+@contextlib.contextmanager
+def interruptible(trainer: pl.Trainer, interrupt: GracefulInterrupt) -> Iterator[None]:
+    """Runs the block (a ``trainer.fit``) with ``interrupt``'s handlers installed; the
+    ``SystemExit`` Lightning raises after a signal becomes :class:`TrainingInterrupted`."""
+    interrupt.install()
+    try:
+        yield
+    except SystemExit:
+        # Lightning exits after a KeyboardInterrupt (a second signal) and after its
+        # SIGTERMException (a signal during the sanity check)
+        if interrupt.signum is None:
+            raise
+        detail = " (sent twice: stop at once)" if interrupt.count > 1 else ""
+        raise TrainingInterrupted(interrupt.signum, trainer.global_step, None,
+                                  detail) from None
+    finally:
+        interrupt.restore()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import logging
 import math
 import os
 import time
@@ -21,10 +22,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from glomo_pyg.atomic_files import atomic_write, write_json
+from glomo_pyg.logs import job_output, warn_log_argument
 from glomo_pyg.nn.image_encoder import ImageEncoder
 from glomo_pyg.pixels import check_images
 from glomo_pyg.settings import check_int
 from glomo_pyg.training.checkpoints import atomic_save
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINT = "moco.ckpt"
 ENCODER_WEIGHTS = "encoder.safetensors"
@@ -251,8 +255,7 @@ def _batch_indices(n: int, batch_size: int, seed: int, step: int) -> Tensor:
 
 
 def _resume(path: str, config: MocoConfig, model: MoCo, optimizer: torch.optim.Optimizer,
-            augment_generator: torch.Generator, log: Callable[[str], None]
-            ) -> Tuple[int, float, List[float]]:
+            augment_generator: torch.Generator) -> Tuple[int, float, List[float]]:
     """``(step, seconds, losses)`` of the checkpoint ``path``, whose states are loaded."""
     state = torch.load(path, map_location="cpu", weights_only=True)
     saved = {k: v for k, v in state.get("config", {}).items() if k not in RUN_ONLY_SETTINGS}
@@ -263,7 +266,7 @@ def _resume(path: str, config: MocoConfig, model: MoCo, optimizer: torch.optim.O
     optimizer.load_state_dict(state["optimizer"])
     augment_generator.set_state(state["generator"])
     step, seconds, losses = state["step"], state["seconds"], state["losses"]
-    log(f"moco: resumed at step {step} ({seconds:.0f} s)")
+    logger.info(f"moco: resumed at step {step} ({seconds:.0f} s)")
     return step, seconds, losses
 
 
@@ -284,11 +287,22 @@ def _train_step(model: MoCo, optimizer: torch.optim.Optimizer, images: Tensor,
 
 
 def pretrain_moco(images: Tensor, config: MocoConfig, folder: str,
-                  log: Callable[[str], None] = print) -> Dict:
+                  log: Optional[Callable[[str], None]] = None) -> Dict:
     """MoCo on uint8 ``[N, C, H, W]`` ``images``; resumes from ``folder/moco.ckpt``
     (written atomically every ``checkpoint_every`` steps and at the end, loaded with
     ``weights_only=True``). Writes the encoder to ``folder/encoder.safetensors`` and
-    ``encoder.json`` (its config and the run's summary); returns the summary."""
+    ``encoder.json`` (its config and the run's summary); returns the summary.
+
+    Its progress lines are INFO records of this module's logger, printed on standard
+    output where the application set up no logging (:func:`glomo_pyg.logs.job_output`);
+    ``log`` is deprecated: a callable that receives them instead."""
+    if log is not None:
+        warn_log_argument("pretrain_moco")
+    with job_output(log):
+        return _pretrain_moco(images, config, folder)
+
+
+def _pretrain_moco(images: Tensor, config: MocoConfig, folder: str) -> Dict:
     check_images(images)
     if images.size(0) < config.batch_size:
         raise ValueError(f"MoCo needs at least batch_size={config.batch_size} images, got "
@@ -304,7 +318,7 @@ def pretrain_moco(images: Tensor, config: MocoConfig, folder: str,
     losses: List[float] = []
     path = os.path.join(folder, CHECKPOINT)
     if os.path.exists(path):
-        step, seconds, losses = _resume(path, config, model, optimizer, augment_generator, log)
+        step, seconds, losses = _resume(path, config, model, optimizer, augment_generator)
 
     def save() -> None:
         atomic_save(dict(config=config.to_dict(), model=model.state_dict(),
@@ -319,8 +333,9 @@ def pretrain_moco(images: Tensor, config: MocoConfig, folder: str,
         losses.append(loss.item())
         if step % config.log_every == 0:
             recent = losses[-config.log_every:]
-            log(f"moco: step {step}/{config.max_steps} loss {sum(recent) / len(recent):.3f} "
-                f"({seconds:.0f} s, {seconds / step:.2f} s/step)")
+            logger.info(f"moco: step {step}/{config.max_steps} loss "
+                        f"{sum(recent) / len(recent):.3f} ({seconds:.0f} s, "
+                        f"{seconds / step:.2f} s/step)")
         if step % config.checkpoint_every == 0:
             save()
     save()

@@ -140,7 +140,7 @@ def run_quickstart(config: Optional[QuickstartConfig] = None) -> QuickstartResul
                                                      **config.corpus),
                              batch_size=config.test_sequences)))
         for start in (VALID_START, TEST_START))
-    module = GlomoPretraining(dict(num_tokens=train.num_tokens, **config.model), lr=config.lr,
+    module = GlomoPretraining(num_tokens=train.num_tokens, **config.model, lr=config.lr,
                               graph_lr_scale=config.graph_lr_scale,
                               graph_warmup_steps=config.graph_warmup_steps)
     initial_loss, untrained, _ = _evaluate(module.model, test_batch)

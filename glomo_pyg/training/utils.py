@@ -6,7 +6,27 @@ import logging
 import warnings
 from typing import Callable, TypeVar
 
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from glomo_pyg.logs import PACKAGE
+
 T = TypeVar("T")
+
+
+# (stacklevel 3: the record names the caller, past this function and Lightning's wrapper)
+@rank_zero_only
+def rank_zero_info(logger: logging.Logger, message: str) -> None:
+    """``logger.info(message)`` in the process of global rank 0 only, so that a run of
+    several processes reports once (Lightning's rank: from the launcher's environment,
+    then from the strategy of the first trainer built)."""
+    logger.info(message, stacklevel=3)
+
+
+@rank_zero_only
+def rank_zero_warning(logger: logging.Logger, message: str) -> None:
+    """``logger.warning(message)`` in the process of global rank 0 only."""
+    logger.warning(message, stacklevel=3)
+
 
 # Lightning's warnings that do not apply to these jobs (in-memory data needs no loader
 # workers; a resumed run writes into its own checkpoint folder; a frozen predictor is
@@ -19,11 +39,14 @@ _NOT_APPLICABLE = ("does not have many workers", "isinstance.treespec, LeafSpec"
 
 @contextlib.contextmanager
 def quiet_lightning():
-    """Hide Lightning's banners and its warnings that do not apply here."""
+    """Hide Lightning's banners and its warnings that do not apply here. Lightning's
+    loggers are held at WARNING, or at the ``glomo_pyg`` logger's level when that is higher
+    (silencing glomo_pyg silences them too), then restored."""
     loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
     levels = [lg.level for lg in loggers]
+    level = max(logging.WARNING, logging.getLogger(PACKAGE).getEffectiveLevel())
     for lg in loggers:
-        lg.setLevel(logging.WARNING)
+        lg.setLevel(level)
     try:
         with warnings.catch_warnings():
             for text in _NOT_APPLICABLE:

@@ -7,9 +7,9 @@ import bisect
 import collections
 import hashlib
 import json
+import logging
 import os
 import re
-import sys
 from itertools import islice
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
@@ -35,6 +35,8 @@ from glomo_pyg.transforms.dataset import (
     read_tensors,
     settings_parts,
 )
+
+logger = logging.getLogger(__name__)
 
 Samples = Union[Iterable[Data], Callable[[], Iterable[Data]]]
 _CHUNK = re.compile(r"chunk-([0-9]+)\.safetensors")
@@ -120,7 +122,7 @@ class GraphsOnDiskDataset(Dataset):
         pre_filter: keeps the samples for which it is true.
         cache_chunks: chunk files kept open for reading (at least 1).
         force_reload: make every chunk again.
-        log: print one line per chunk to standard error.
+        log: one INFO record per chunk (logger ``glomo_pyg.transforms.disk_dataset``).
     """
 
     def __init__(self, root: str, samples: Samples, graphs: UnitGraphs,
@@ -215,8 +217,8 @@ class GraphsOnDiskDataset(Dataset):
             self._ends.append((self._ends[-1] if self._ends else 0) + count)
             total += len(raw)
             if self.log:
-                print(f"chunk {len(self._keys) - 1}: {count} of {len(raw)} samples kept, "
-                      f"{'reused' if reused else 'made'}", file=sys.stderr)
+                logger.info(f"chunk {len(self._keys) - 1}: {count} of {len(raw)} samples "
+                            f"kept, {'reused' if reused else 'made'}")
         if not total:
             raise ValueError("GraphsOnDiskDataset needs at least one sample")
         if not self.len():

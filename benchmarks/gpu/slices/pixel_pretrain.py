@@ -129,6 +129,7 @@ def graph_check(predictor_dir: str, recipe: Dict, shared_data: str, images: int,
         all_images = load_imagenet32(built)[0]
     split = ImagePretrainingData(all_images, 1, recipe["corpus"]["validation_fraction"],
                                  recipe["seed"])
+    split.setup("fit")  # (the split is drawn there, as in the run)
     sample = all_images[torch.as_tensor(split.val_ids[:images])]
     predictor = PretrainedGraphPredictor.from_pretrained(predictor_dir).eval()
     start = time.time()

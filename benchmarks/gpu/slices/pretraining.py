@@ -77,6 +77,7 @@ def pretrain_to_deadline(settings: Dict, ctx, train_seconds=None) -> Tuple[Dict,
     stopped it (``stopped_by``, ``wall_s``, ``train_budget_s``), with the steady step
     time (:class:`StepTimer`: ``step_ms``, ``step_ms_steps``, ``step_ms_from``)."""
     from glomo_pyg import PretrainedGraphPredictor
+    from glomo_pyg.logs import line_handler, logging_to
     from glomo_pyg.training import PretrainConfig, run_pretraining
 
     end = ctx.deadline - AFTER_TRAINING_S
@@ -86,9 +87,9 @@ def pretrain_to_deadline(settings: Dict, ctx, train_seconds=None) -> Tuple[Dict,
     deadline = Deadline(limit, end)
     timer = StepTimer(settings["train"].get("graph_warmup_steps", 0) + STEADY_AFTER)
     start = time.time()
-    summary = run_pretraining(PretrainConfig.from_dict(settings),
-                              extra_callbacks=[deadline, timer],
-                              log=lambda *a: print(*a, flush=True))
+    with logging_to(line_handler()):  # (the run's lines in the call's console)
+        summary = run_pretraining(PretrainConfig.from_dict(settings),
+                                  extra_callbacks=[deadline, timer])
     wall = time.time() - start
     predictor = PretrainedGraphPredictor.from_pretrained(
         os.path.join(settings["output_dir"], "predictor"))

@@ -109,8 +109,8 @@ def pixel_step(recipe: Dict, ctx) -> Dict:
     r = recipe["pixel"]
     side = recipe["side"]
     images = cifar(ctx.data_dir, side=side)[0]
-    module = GlomoPretraining(dict(r["model"], modality="image", in_channels=3, height=side,
-                                   width=side), lr=r["lr"], graph_warmup_steps=0,
+    module = GlomoPretraining(**dict(r["model"], modality="image", in_channels=3, height=side,
+                                     width=side), lr=r["lr"], graph_warmup_steps=0,
                               optimizer=r["optimizer"], flip=True).to(ctx.device)
     batches = []
     for i in range(4):  # a few real batches, rotated (not one buffer over and over)
@@ -129,7 +129,7 @@ def text_step(recipe: Dict, ctx) -> Dict:
     from glomo_pyg.training import GlomoPretraining
 
     r = recipe["text"]
-    module = GlomoPretraining(dict(r["model"], num_tokens=r["vocabulary"], padding_idx=0),
+    module = GlomoPretraining(**r["model"], num_tokens=r["vocabulary"], padding_idx=0,
                               lr=r["lr"], graph_warmup_steps=0, optimizer=r["optimizer"],
                               momentum=r["momentum"]).to(ctx.device)
     gen = torch.Generator().manual_seed(0)

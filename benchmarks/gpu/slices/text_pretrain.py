@@ -105,6 +105,7 @@ def prepare_extra(folder: str, archives: List[str], recipe: Dict, log) -> None:
     word2vec`` would train them: ``init_vectors.npy`` (float16, one row per word) and
     ``init_vectors.json`` (the words, in the rows' order, and what they came from)."""
     from glomo_pyg.data.word_vectors import read_word_vectors
+    from glomo_pyg.logs import lines_to, logging_to
     from glomo_pyg.training.pretrain.corpus import prepare_corpus
     from glomo_pyg.training.pretrain.vectors import train_init_vectors
 
@@ -114,8 +115,9 @@ def prepare_extra(folder: str, archives: List[str], recipe: Dict, log) -> None:
                            log)[data.IMDB]
         corpus = _corpus(recipe, built)
         start = time.time()
-        vocab, _ = prepare_corpus(corpus, os.path.join(tmp, "corpus"), log)
-        path = train_init_vectors(corpus, dim, tmp, recipe["seed"], workers=2, log=log)
+        with logging_to(lines_to(log)):  # (their lines, as log's)
+            vocab, _ = prepare_corpus(corpus, os.path.join(tmp, "corpus"))
+            path = train_init_vectors(corpus, dim, tmp, recipe["seed"], workers=2)
         words, vectors = read_word_vectors(path, vocabulary=vocab.tokens())
     if not words:
         raise ValueError("the word vectors hold none of the pretraining vocabulary")

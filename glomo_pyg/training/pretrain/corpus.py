@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -23,6 +24,9 @@ from glomo_pyg.io.paths import open_regular_file
 from glomo_pyg.nn.settings import MAX_VOCABULARY
 from glomo_pyg.training.checkpoints import CHECKPOINT_KEY, CheckpointMismatchError
 from glomo_pyg.training.pretrain.config import CorpusConfig
+from glomo_pyg.training.utils import rank_zero_info
+
+logger = logging.getLogger(__name__)
 
 
 def read_json(path: str, advice: str) -> Any:
@@ -80,8 +84,9 @@ def _warn_if_one_document(corpus: CorpusConfig, num_docs: int) -> None:
                       "per line", RuntimeWarning, stacklevel=4)
 
 
-def prepare_corpus(corpus: CorpusConfig, folder: str, log=print):
-    """Vocabulary and token shards in ``folder``, reused if built with the same settings."""
+def prepare_corpus(corpus: CorpusConfig, folder: str):
+    """Vocabulary and token shards in ``folder``, reused if built with the same settings
+    (what it made: INFO records of this module's logger)."""
     os.makedirs(folder, exist_ok=True)
     shards, vocab_path, meta_path = (os.path.join(folder, name) for name in CORPUS_FILES)
     settings = {k: v for k, v in dataclasses.asdict(corpus).items()
@@ -113,9 +118,9 @@ def prepare_corpus(corpus: CorpusConfig, folder: str, log=print):
                              f"than a saved predictor may hold ({MAX_VOCABULARY}); set "
                              "corpus.max_size"))
     _warn_if_one_document(corpus, num_docs)
-    log(f"corpus: {num_docs} document{'s' if num_docs != 1 else ''}, "
-        f"{sum(counts.values())} tokens, {len(counts)} distinct; "
-        f"vocabulary {len(vocab)} (min_count {corpus.min_count}, max_size {corpus.max_size})")
+    rank_zero_info(logger, f"corpus: {num_docs} document{'s' if num_docs != 1 else ''}, "
+                   f"{sum(counts.values())} tokens, {len(counts)} distinct; vocabulary "
+                   f"{len(vocab)} (min_count {corpus.min_count}, max_size {corpus.max_size})")
     if os.path.isdir(shards):
         shutil.rmtree(shards)  # left by an interrupted preparation (no corpus.json yet)
     index = write_token_shards((vocab.encode(tokenize(d, corpus.lower)).numpy()
@@ -127,8 +132,9 @@ def prepare_corpus(corpus: CorpusConfig, folder: str, log=print):
                 unknown_fraction=unknown / max(1, sum(counts.values())),
                 seconds=round(time.time() - start, 1))
     write_json(meta_path, meta)  # written last: marks the corpus complete
-    log(f"token shards: {index['num_tokens']} tokens in {len(index['shards'])} shard(s), "
-        f"{meta['unknown_fraction']:.2%} unknown, {meta['seconds']} s")
+    rank_zero_info(logger, f"token shards: {index['num_tokens']} tokens in "
+                   f"{len(index['shards'])} shard(s), {meta['unknown_fraction']:.2%} unknown, "
+                   f"{meta['seconds']} s")
     return vocab, shards
 
 
@@ -155,11 +161,11 @@ def image_fingerprint(images: torch.Tensor, sample: int = 4096) -> Dict[str, Any
 
 
 def check_fingerprint(contents: Dict[str, Any], path: str, current: Dict[str, Any],
-                       where: str, log) -> None:
+                       where: str) -> None:
     stored = (contents.get(CHECKPOINT_KEY) or {}).get("corpus")
     if stored is None:
-        log(f"note: {path} records no corpus fingerprint (written by an older glomo_pyg); "
-            "the corpus cannot be checked against it")
+        rank_zero_info(logger, f"note: {path} records no corpus fingerprint (written by an "
+                       "older glomo_pyg); the corpus cannot be checked against it")
         return
     if stored == current:
         return

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import List, Optional, Tuple, Union
 
 import lightning.pytorch as pl
 import torch
@@ -25,32 +26,88 @@ def _split(count: int, validation_fraction: float, seed: int, unit: str):
     if n_val == 0 and validation_fraction > 0:
         warnings.warn(f"corpus.validation_fraction {validation_fraction} of {count} {unit} "
                       "holds none: the run reports no validation loss; raise it (or use a "
-                      "larger corpus)", RuntimeWarning, stacklevel=4)
+                      "larger corpus)", RuntimeWarning, stacklevel=3)  # (setup's caller)
     if n_val > count - n_val:
         warnings.warn(f"corpus.validation_fraction {validation_fraction} keeps only "
                       f"{count - n_val} of {count} {unit} for training", RuntimeWarning,
-                      stacklevel=4)
+                      stacklevel=3)
     return order[:n_val], sorted(order[n_val:])
 
 
+# what a data module's setup opens: token windows, or images as pixel units
+Units = Union[TokenWindows, "ImageUnits"]
+
+
 class TextPretrainingData(pl.LightningDataModule):
-    """Training and validation sequences from token shards, resumable and split by rank."""
+    """Training and validation sequences from token shards, resumable and split by rank.
+
+    Lightning's contract: the constructor only records its arguments; :meth:`setup` opens
+    the shards (memory-mapped) and draws the seeded split, once per process. The shards
+    are made beforehand (``glomo pretrain --prepare-only``, or
+    :func:`~glomo_pyg.training.pretrain.prepare_corpus`): there is nothing to download or
+    build in :meth:`prepare_data`.
+
+    Args:
+        shards (str): the token shards' folder (``<output_dir>/tokens`` of a run).
+        max_length (int): the longest training sequence (tokens).
+        min_length (int): the shortest one.
+        batch_size (int): sequences per batch.
+        validation_fraction (float): share of the sequences held out for validation.
+        seed (int): the seed of the split and of the training order.
+        num_workers (int): data-loader worker processes. (default: :obj:`0`)
+    """
+
+    unit = "sequences"  # (what the split's warnings count)
 
     def __init__(self, shards: str, max_length: int, min_length: int, batch_size: int,
                  validation_fraction: float, seed: int, num_workers: int = 0):
-        windows = TokenWindows.from_shards(shards, max_length, min_length)
-        if len(windows) < 2:
-            raise ValueError(f"{shards}: fewer than 2 training sequences of >= {min_length} "
-                             "tokens; use a larger corpus or a smaller corpus.min_length")
-        self._setup(windows, "sequences", batch_size, validation_fraction, seed, num_workers)
+        super().__init__()
+        self.shards, self.max_length, self.min_length = shards, max_length, min_length
+        self._record(batch_size, validation_fraction, seed, num_workers)
 
-    def _setup(self, windows, unit: str, batch_size: int, validation_fraction: float,
-               seed: int, num_workers: int) -> None:
-        pl.LightningDataModule.__init__(self)
-        self.windows, self.batch_size, self.seed, self.num_workers = windows, batch_size, seed, \
-            num_workers
-        self.val_ids, self.train_ids = _split(len(windows), validation_fraction, seed, unit)
+    def _record(self, batch_size: int, validation_fraction: float, seed: int,
+                num_workers: int) -> None:
+        self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
+        self.validation_fraction = validation_fraction
         self._workers = dict(worker_init_fn=_ignore_interrupts) if num_workers else {}
+        self._opened: Optional[Tuple[Units, List[int], List[int]]] = None  # (by setup)
+
+    def _open(self) -> Units:
+        windows = TokenWindows.from_shards(self.shards, self.max_length, self.min_length)
+        if len(windows) < 2:
+            raise ValueError(f"{self.shards}: fewer than 2 training sequences of >= "
+                             f"{self.min_length} tokens; use a larger corpus or a smaller "
+                             "corpus.min_length")
+        return windows
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        """Open the data and draw the seeded split (once: a later call keeps them, so that
+        a caller may set up early to check the data and count it)."""
+        if self._opened is None:
+            windows = self._open()
+            self._opened = (windows, *_split(len(windows), self.validation_fraction,
+                                             self.seed, self.unit))
+
+    def _setup_done(self) -> Tuple[Units, List[int], List[int]]:
+        if self._opened is None:  # (not an empty split: a caller would not notice)
+            raise RuntimeError(f"{type(self).__name__}.setup() has not run yet: the data "
+                               "and its split are read there, not in the constructor")
+        return self._opened
+
+    @property
+    def windows(self) -> Units:
+        """The training units (token windows, or images), once :meth:`setup` ran."""
+        return self._setup_done()[0]
+
+    @property
+    def val_ids(self) -> List[int]:
+        """The validation units' indices (seeded), once :meth:`setup` ran."""
+        return self._setup_done()[1]
+
+    @property
+    def train_ids(self) -> List[int]:
+        """The training units' indices (sorted), once :meth:`setup` ran."""
+        return self._setup_done()[2]
 
     def train_dataloader(self):
         world, rank = (self.trainer.world_size, self.trainer.global_rank) \
@@ -93,9 +150,16 @@ class ImageUnits(torch.utils.data.Dataset):
 
 
 class ImagePretrainingData(TextPretrainingData):
-    """Training and validation images (a seeded split), batched as pixel units."""
+    """Training and validation images (a seeded split, drawn in :meth:`setup`), batched as
+    pixel units."""
+
+    unit = "images"
 
     def __init__(self, images: torch.Tensor, batch_size: int, validation_fraction: float,
                  seed: int, num_workers: int = 0):
-        self._setup(ImageUnits(images), "images", batch_size, validation_fraction, seed,
-                    num_workers)
+        pl.LightningDataModule.__init__(self)
+        self.images = images
+        self._record(batch_size, validation_fraction, seed, num_workers)
+
+    def _open(self) -> Units:
+        return ImageUnits(self.images)

@@ -1,14 +1,58 @@
 """The Lightning module of unsupervised GLoMo pretraining."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+import dataclasses
+import inspect
+import warnings
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, cast
 
 import lightning.pytorch as pl
 import torch
 
 from glomo_pyg.nn.glomo import Glomo
+from glomo_pyg.nn.settings import IMAGE_DEFAULTS, TEXT_DEFAULTS, ModelSettings
 from glomo_pyg.settings import Rule, rules
 from glomo_pyg.training.pretrain.config import TrainConfig
+
+_T, _I = TEXT_DEFAULTS, IMAGE_DEFAULTS
+_FACTORIES: Dict[str, Callable[..., Glomo]] = {"text": Glomo.text, "image": Glomo.image}
+# the model settings each modality's factory takes
+_ARGUMENTS = {m: tuple(inspect.signature(f).parameters) for m, f in _FACTORIES.items()}
+# settings whose declared default depends on the modality: the constructor's None is it
+BY_MODALITY = tuple(f.name for f in dataclasses.fields(ModelSettings)
+                    if getattr(_T, f.name) != getattr(_I, f.name))
+#: The constructor arguments of :class:`GlomoPretraining` that describe its model.
+MODEL_ARGUMENTS = ("modality", *dict.fromkeys(_ARGUMENTS["text"] + _ARGUMENTS["image"]),
+                   "layout")
+
+
+def model_settings(hparams: Mapping[str, Any]) -> Dict[str, Any]:
+    """Every argument of :meth:`Glomo.text <glomo_pyg.Glomo.text>` (or :meth:`Glomo.image
+    <glomo_pyg.Glomo.image>`) that a :class:`GlomoPretraining` module of the
+    hyperparameters ``hparams`` builds its model with: an absent one, and ``None`` for a
+    setting whose default depends on the modality, is the modality's declared default.
+    ``hparams`` may be a checkpoint's ``hyper_parameters``, also one of glomo_pyg 0.7 or
+    earlier (whose model settings are in ``model_kwargs``)."""
+    old = hparams.get("model_kwargs")
+    given = old if isinstance(old, Mapping) else hparams
+    modality = given.get("modality", "text")
+    defaults = IMAGE_DEFAULTS if modality == "image" else TEXT_DEFAULTS
+    out = {}
+    for name in _ARGUMENTS["image" if modality == "image" else "text"]:
+        value = given.get(name)
+        if value is None and (name not in given or name in BY_MODALITY):
+            value = getattr(defaults, name)
+        out[name] = value
+    return out
+
+
+def recorded_model_settings(hparams: Any) -> Optional[Dict[str, Any]]:
+    """:func:`model_settings` of a checkpoint's ``hyper_parameters``, or ``None`` where
+    they record no model (a checkpoint of another module)."""
+    if not isinstance(hparams, Mapping) or not ("modality" in hparams or
+                                                isinstance(hparams.get("model_kwargs"), Mapping)):
+        return None
+    return model_settings(hparams)
 
 
 class GlomoPretraining(pl.LightningModule):
@@ -17,10 +61,25 @@ class GlomoPretraining(pl.LightningModule):
     ``graph_warmup_steps`` steps, then learns at ``graph_lr_scale`` times the learning
     rate (docs/training.md, "Why: squared-ReLU graphs can collapse under Adam").
 
+    Every argument is typed, so that ``LightningCLI(GlomoPretraining, TextPretrainingData)``
+    reads them from its command line or YAML (docs/training.md, "LightningCLI").
+
     Args:
-        model_kwargs: arguments of :meth:`Glomo.text <glomo_pyg.Glomo.text>` (or, with
-            ``modality='image'``, of :meth:`Glomo.image <glomo_pyg.Glomo.image>`: batches
-            of whole images' uint8 pixels), plus optionally ``layout``.
+        model_kwargs (dict, optional): deprecated: the model settings as one mapping (what
+            glomo_pyg 0.7 took, and what its checkpoints record); pass them as the
+            arguments below instead.
+        modality (str): ``'text'`` (:meth:`Glomo.text <glomo_pyg.Glomo.text>`) or
+            ``'image'`` (:meth:`Glomo.image <glomo_pyg.Glomo.image>`: batches of whole
+            images' uint8 pixels). (default: :obj:`'text'`)
+        num_tokens (int, optional): text: the vocabulary's size (required).
+        hidden_channels (int, optional): the width of every layer; ``None`` (the
+            default) is the modality's declared default
+            (:data:`~glomo_pyg.nn.settings.TEXT_DEFAULTS`,
+            :data:`~glomo_pyg.nn.settings.IMAGE_DEFAULTS`), as for ``cnn_layers``,
+            ``num_positions``, ``position_frequencies``, ``position_period``,
+            ``pixel_mean`` and ``pixel_std``.
+        layout (str, optional): the graph layout at run time
+            (:meth:`Glomo.set_layout <glomo_pyg.Glomo.set_layout>`). (default: the model's)
         lr (float): learning rate. (default: :obj:`3e-3`)
         graph_lr_scale (float): the graph predictor's lr factor. (default: :obj:`1.0`)
         graph_warmup_steps (int): steps the graph predictor is frozen. (default: :obj:`200`)
@@ -31,34 +90,65 @@ class GlomoPretraining(pl.LightningModule):
         image_size (tuple, optional): images only: ``(H, W)`` of the batches' images when
             the model is built for smaller crops: random crops while training, centre crops
             otherwise. (default: the model's size)
+
+    The other model settings are the factory's, with their declared defaults
+    (:class:`~glomo_pyg.nn.settings.ModelSettings`); a setting that only the other
+    modality's factory takes must keep its default (:class:`TypeError` otherwise).
     """
 
-    def __init__(self, model_kwargs: Dict[str, Any], lr: float = 3e-3, graph_lr_scale: float = 1.0,
-                 graph_warmup_steps: int = 200, weight_decay: float = 0.0,
-                 optimizer: str = "adam", momentum: float = 0.0, flip: bool = True,
-                 image_size: Optional[Tuple[int, int]] = None):
+    def __init__(self, model_kwargs: Optional[Dict[str, Any]] = None, *,
+                 modality: str = "text", num_tokens: Optional[int] = _T.num_tokens,
+                 padding_idx: Optional[int] = _T.padding_idx, height: int = _I.height,
+                 width: int = _I.width, in_channels: int = cast(int, _I.in_channels),
+                 hidden_channels: Optional[int] = None, num_layers: int = _T.num_layers,
+                 heads: int = _T.heads, head_channels: Optional[int] = _T.head_channels,
+                 cnn_layers: Optional[int] = None, kernel_size: int = _T.kernel_size,
+                 norm: Optional[str] = _T.norm, bias: str = _T.bias,
+                 include_self: bool = _T.include_self, sparse: bool = _T.sparse,
+                 position: Optional[str] = _T.position,
+                 position_frequencies: Optional[int] = None,
+                 position_period: Optional[float] = None, block_size: int = _T.block_size,
+                 dropout: float = _T.dropout, update: str = _T.update,
+                 decouple: bool = _T.decouple, pooled_context: bool = _T.pooled_context,
+                 local_context: int = _T.local_context,
+                 context_length: int = _T.context_length,
+                 num_positions: Optional[int] = None, decoder_layers: int = _T.decoder_layers,
+                 objective: str = _T.objective, bidirectional: bool = _T.bidirectional,
+                 keep_alive: float = _T.keep_alive,
+                 keep_alive_margin: float = _T.keep_alive_margin,
+                 entropy_penalty: float = _T.entropy_penalty,
+                 pixel_mean: Optional[Sequence[float]] = None,
+                 pixel_std: Optional[Sequence[float]] = None, layout: Optional[str] = None,
+                 lr: float = 3e-3, graph_lr_scale: float = 1.0, graph_warmup_steps: int = 200,
+                 weight_decay: float = 0.0, optimizer: str = "adam", momentum: float = 0.0,
+                 flip: bool = True, image_size: Optional[Tuple[int, int]] = None):
         super().__init__()
+        self.save_hyperparameters(ignore=["model_kwargs"])  # (flat: what LightningCLI sets)
+        if model_kwargs is not None:
+            warnings.warn("GlomoPretraining(model_kwargs) is deprecated: pass the model "
+                          "settings as keyword arguments (GlomoPretraining(**model_kwargs, "
+                          "lr=...))", DeprecationWarning, stacklevel=2)
+            self.save_hyperparameters(_with_model_kwargs(dict(self.hparams), model_kwargs))
+        h = self.hparams
         train = rules(TrainConfig)  # the rules glomo pretrain reads these with
-        for name, value in (("lr", lr), ("graph_lr_scale", graph_lr_scale),
-                            ("graph_warmup_steps", graph_warmup_steps),
-                            ("weight_decay", weight_decay), ("optimizer", optimizer),
-                            ("momentum", momentum)):
-            train[name].check(name, value, typed=True)
-        modality = Rule(str, choices=("text", "image")).check(
-            "modality", model_kwargs.get("modality", "text"))
-        self.save_hyperparameters()
-        kwargs = {k: v for k, v in model_kwargs.items() if k not in ("layout", "modality")}
-        self.modality = modality
-        self.model = Glomo.text(**kwargs) if self.modality == "text" else Glomo.image(**kwargs)
-        self.flip = bool(flip) and self.modality == "image"
-        self.crop_size = (kwargs.get("height", 32), kwargs.get("width", 32))
-        self.image_size = tuple(image_size) if image_size is not None else self.crop_size
+        for name in ("lr", "graph_lr_scale", "graph_warmup_steps", "weight_decay", "optimizer",
+                     "momentum"):
+            train[name].check(name, h[name], typed=True)
+        self.modality = Rule(str, choices=("text", "image")).check("modality", h["modality"])
+        _check_modality_settings(h, self.modality)
+        #: The arguments the model was built with, every one spelled out.
+        self.model_settings = model_settings(h)
+        self.model = _FACTORIES[self.modality](**self.model_settings)
+        self.flip = bool(h["flip"]) and self.modality == "image"
+        self.crop_size = (h["height"], h["width"])
+        size = h["image_size"]
+        self.image_size = tuple(size) if size is not None else self.crop_size
         if self.modality == "image" and (self.crop_size[0] > self.image_size[0] or
                                          self.crop_size[1] > self.image_size[1]):
             raise ValueError(f"the crop size {self.crop_size} (the model's height and width, "
                              f"corpus.crop) is larger than the {self.image_size} images")
-        if model_kwargs.get("layout") is not None:
-            self.model.set_layout(model_kwargs["layout"])
+        if h["layout"] is not None:
+            self.model.set_layout(h["layout"])
 
     def forward(self, x: torch.Tensor, batch: Optional[torch.Tensor] = None):
         return self.model(x, batch)
@@ -121,3 +211,26 @@ class GlomoPretraining(pl.LightningModule):
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, [lambda step: 1.0, lambda step: float(step >= warmup)])
         return dict(optimizer=optimizer, lr_scheduler=dict(scheduler=schedule, interval="step"))
+
+
+def _with_model_kwargs(arguments: Dict[str, Any], model_kwargs: Mapping[str, Any]
+                       ) -> Dict[str, Any]:
+    """The constructor's ``arguments`` with the deprecated ``model_kwargs`` mapping's."""
+    unknown = sorted(set(model_kwargs) - set(MODEL_ARGUMENTS), key=str)
+    if unknown:
+        raise TypeError(f"model_kwargs: unknown model settings {unknown}")
+    return {**arguments, **model_kwargs}
+
+
+def _check_modality_settings(arguments: Mapping[str, Any], modality: str) -> None:
+    """Refuse a setting that only the other modality's factory takes, set away from its
+    default (this modality's model has no use for it), and a text model without
+    ``num_tokens``."""
+    defaults = inspect.signature(GlomoPretraining.__init__).parameters
+    foreign = [k for k in MODEL_ARGUMENTS if k not in ("modality", "layout")
+               and k not in _ARGUMENTS[modality] and arguments[k] != defaults[k].default]
+    if foreign:
+        raise TypeError(f"{', '.join(foreign)}: not a setting of the {modality} model "
+                        f"(Glomo.{modality})")
+    if modality == "text" and arguments["num_tokens"] is None:
+        raise TypeError("num_tokens (the vocabulary's size) is required for a text model")

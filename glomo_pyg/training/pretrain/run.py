@@ -1,13 +1,14 @@
 """``glomo pretrain``'s run: corpus, checks, training, resume policy, saved predictor."""
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
 import tempfile
 import warnings
 from types import SimpleNamespace
-from typing import Any, Dict, List, Optional, Tuple, cast
+from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 import lightning.pytorch as pl
 import torch
@@ -20,6 +21,7 @@ from glomo_pyg.io.paths import (
     locked_folder,
     open_regular_file,
 )
+from glomo_pyg.logs import job_output, warn_log_argument
 from glomo_pyg.training.checkpoints import (
     CHECKPOINT_KEY,
     check_checkpoint_matches,
@@ -28,7 +30,7 @@ from glomo_pyg.training.checkpoints import (
     set_aside_damaged,
     stale_temporary_files,
 )
-from glomo_pyg.training.interrupts import GracefulInterrupt, TrainingInterrupted
+from glomo_pyg.training.interrupts import GracefulInterrupt, interruptible
 from glomo_pyg.training.pretrain.callbacks import RunRecord
 from glomo_pyg.training.pretrain.config import (
     IMAGE_FORMATS,
@@ -51,7 +53,7 @@ from glomo_pyg.training.pretrain.data import (
     TextPretrainingData,
     load_pretraining_images,
 )
-from glomo_pyg.training.pretrain.module import GlomoPretraining
+from glomo_pyg.training.pretrain.module import GlomoPretraining, recorded_model_settings
 from glomo_pyg.training.pretrain.trainer import (
     build_trainer,
     check_model_builds,
@@ -65,7 +67,9 @@ from glomo_pyg.training.pretrain.vectors import (
     initial_token_embeddings,
     train_init_vectors,
 )
-from glomo_pyg.training.utils import quiet_lightning
+from glomo_pyg.training.utils import quiet_lightning, rank_zero_info
+
+logger = logging.getLogger(__name__)
 
 # train settings a resumed run must keep: the checkpoint's optimiser state and data
 # position were made with them (Lightning restores the optimiser's own lr)
@@ -106,7 +110,7 @@ def _resume_refusal(config: PretrainConfig, before: Any, source: str,
     return None
 
 
-def _make_last_the_newest(folder: str, ckpt: str, log, damaged: List[str]) -> None:
+def _make_last_the_newest(folder: str, ckpt: str, damaged: List[str]) -> None:
     """Set the ``damaged`` checkpoints aside and make ``last.ckpt`` a copy of ``ckpt``."""
     set_aside_damaged(damaged)
     last = os.path.join(folder, "last.ckpt")
@@ -115,32 +119,44 @@ def _make_last_the_newest(folder: str, ckpt: str, log, damaged: List[str]) -> No
     with open_regular_file(ckpt, "rb", "checkpoint") as src, atomic_write(last, "wb") as dst:
         shutil.copyfileobj(src, dst, 1 << 24)
     if not damaged:  # (with damaged files, the warning said this already)
-        log(f"{last} is now a copy of {ckpt}, the newest complete checkpoint")
+        rank_zero_info(logger, f"{last} is now a copy of {ckpt}, the newest complete checkpoint")
 
 
 def run_pretraining(config: PretrainConfig, resume: bool = False,
-                    extra_callbacks: Optional[List[pl.Callback]] = None, log=print,
+                    extra_callbacks: Optional[List[pl.Callback]] = None,
+                    log: Optional[Callable[[str], None]] = None,
                     prepare_only: bool = False) -> Dict[str, Any]:
     """Prepare the corpus, train, and save the predictor; returns a summary (also written
     to ``<output>/pretrain.json``). ``prepare_only`` stops after the corpus (do that once
     before a multi-node run whose nodes share the folder). ``resume`` continues from the
     newest usable checkpoint once it passed its checks.
 
+    Its messages are INFO records of the ``glomo_pyg.training.pretrain`` loggers, from
+    the process of global rank 0; Lightning's progress bar is drawn (``train.progress_bar``)
+    only when they are enabled, and Lightning's own loggers are held at WARNING or the
+    ``glomo_pyg`` logger's level. Where the application set up no logging, they are
+    printed on standard output for the duration of the call
+    (:func:`glomo_pyg.logs.job_output`; docs/training.md, "Logging"). ``log`` is
+    deprecated: a callable that receives them instead.
+
     Raises:
         TrainingInterrupted: SIGTERM or SIGINT while training (a checkpoint is written).
         FolderLockedError: another run is writing into the output folder.
     """
-    config.validate()
-    if is_launcher_child():  # the launching process checked and holds the lock for all
-        return _run_pretraining(config, resume, extra_callbacks, log, prepare_only)
-    check_output_folder(config.output_dir)
-    if config.corpus.path is not None:
-        check_input_path(config.corpus.path, "corpus.path")
-    with locked_folder(config.output_dir, "glomo pretrain run"):  # (freed at exit, also on a crash)
-        return _run_pretraining(config, resume, extra_callbacks, log, prepare_only)
+    if log is not None:
+        warn_log_argument("run_pretraining")
+    with job_output(log):
+        config.validate()
+        if is_launcher_child():  # the launching process checked and holds the lock for all
+            return _run_pretraining(config, resume, extra_callbacks, prepare_only)
+        check_output_folder(config.output_dir)
+        if config.corpus.path is not None:
+            check_input_path(config.corpus.path, "corpus.path")
+        with locked_folder(config.output_dir, "glomo pretrain run"):  # (freed at exit too)
+            return _run_pretraining(config, resume, extra_callbacks, prepare_only)
 
 
-def _resume_point(config: PretrainConfig, resume: bool, child: bool, log):
+def _resume_point(config: PretrainConfig, resume: bool, child: bool):
     """``(checkpoint, contents, damaged checkpoints, step)`` to resume from, checked."""
     out, max_steps = config.output_dir, config.train.max_steps
     folder, saved_config = os.path.join(out, "checkpoints"), os.path.join(out, "config.json")
@@ -153,11 +169,13 @@ def _resume_point(config: PretrainConfig, resume: bool, child: bool, log):
     found, damaged = None, []  # (checkpoints found damaged, set aside once checks pass)
     if resume:
         for tmp in stale_temporary_files(folder) if not child else []:
-            log(f"removing {tmp}: an unfinished checkpoint write of a killed run")
+            rank_zero_info(logger, f"removing {tmp}: an unfinished checkpoint write of a "
+                           "killed run")
             os.unlink(tmp)
-        found = find_resume_checkpoint(folder, log, damaged)
+        found = find_resume_checkpoint(folder, damaged)
         if found is None:
-            log(f"--resume: no checkpoint in {folder} yet; starting from scratch")
+            rank_zero_info(logger, f"--resume: no checkpoint in {folder} yet; starting from "
+                           "scratch")
     ckpt, contents = found if found is not None else (None, None)
     step = int(contents.get("global_step", 0)) if contents is not None else 0
     recorded = (contents.get(CHECKPOINT_KEY) or {}).get("settings") if contents else None
@@ -177,7 +195,7 @@ def _resume_point(config: PretrainConfig, resume: bool, child: bool, log):
     return ckpt, contents, damaged, step
 
 
-def _check_before_corpus(config: PretrainConfig, fresh: bool, prepare_only: bool, log):
+def _check_before_corpus(config: PretrainConfig, fresh: bool, prepare_only: bool):
     """Fail before the corpus is prepared if the model, trainer or vectors would."""
     check_model_builds(config)
     if not prepare_only:  # (a corpus may be prepared without the cluster/GPU)
@@ -205,21 +223,21 @@ def _check_before_corpus(config: PretrainConfig, fresh: bool, prepare_only: bool
     return trees
 
 
-def _prepare_text(config: PretrainConfig, contents, ckpt, prepare_only: bool, child: bool,
-                  log) -> SimpleNamespace:
+def _prepare_text(config: PretrainConfig, contents, ckpt, prepare_only: bool,
+                  child: bool) -> SimpleNamespace:
     """The token shards and vocabulary (prepared aside and checked first on a resume)."""
     out, c = config.output_dir, config.corpus
     staging = tempfile.mkdtemp(prefix=".corpus-", dir=out) if contents is not None and \
         not prepare_only and not child and not corpus_is_prepared(out) else None
     try:
-        vocab, shards = prepare_corpus(c, staging or out, log)
+        vocab, shards = prepare_corpus(c, staging or out)
         if prepare_only:
             return SimpleNamespace(prepared=dict(
                 vocabulary=len(vocab), tokens=read_shard_index(shards)["num_tokens"]))
         fingerprint = corpus_fingerprint(vocab, shards)
         where = f"the corpus ({c.path}, prepared in {os.path.join(out, 'tokens')})"
         if staging is not None:
-            check_fingerprint(contents, ckpt, fingerprint, where, log)
+            check_fingerprint(contents, ckpt, fingerprint, where)
             install_prepared_corpus(staging, out)
             shards = os.path.join(out, "tokens")
     finally:
@@ -229,10 +247,10 @@ def _prepare_text(config: PretrainConfig, contents, ckpt, prepare_only: bool, ch
                            where=where, prepared=None)
 
 
-def _prepare_images(config: PretrainConfig, prepare_only: bool, log) -> SimpleNamespace:
+def _prepare_images(config: PretrainConfig, prepare_only: bool) -> SimpleNamespace:
     c = config.corpus
     pixels = load_pretraining_images(c)
-    log(f"images: {len(pixels)} of {tuple(pixels.shape[1:])} from {c.path}")
+    rank_zero_info(logger, f"images: {len(pixels)} of {tuple(pixels.shape[1:])} from {c.path}")
     full = tuple(pixels.shape[2:])  # (a crop too large: GlomoPretraining says so)
     return SimpleNamespace(images=True, vocab=None, pixels=pixels, full=full,
                            crop=(c.crop, c.crop) if c.crop is not None else full,
@@ -242,9 +260,9 @@ def _prepare_images(config: PretrainConfig, prepare_only: bool, log) -> SimpleNa
 
 
 def _data_and_module(config: PretrainConfig, corpus: SimpleNamespace
-                     ) -> Tuple[pl.LightningDataModule, GlomoPretraining, Dict[str, Any]]:
+                     ) -> Tuple[TextPretrainingData, GlomoPretraining, Dict[str, Any]]:
     c, t = config.corpus, config.train
-    data: pl.LightningDataModule
+    data: TextPretrainingData
     if corpus.images:
         data = ImagePretrainingData(corpus.pixels, t.batch_size, c.validation_fraction,
                                     t.seed, t.num_workers)
@@ -255,7 +273,8 @@ def _data_and_module(config: PretrainConfig, corpus: SimpleNamespace
                                    c.validation_fraction, t.seed, t.num_workers)
         model_kwargs = dict(config.model, num_tokens=len(corpus.vocab),
                             padding_idx=corpus.vocab.pad_id)
-    module = GlomoPretraining(model_kwargs, lr=t.lr, graph_lr_scale=t.graph_lr_scale,
+    data.setup("fit")  # (now, not in trainer.fit: a corpus too small fails before training)
+    module = GlomoPretraining(**model_kwargs, lr=t.lr, graph_lr_scale=t.graph_lr_scale,
                               graph_warmup_steps=t.graph_warmup_steps,
                               weight_decay=t.weight_decay, optimizer=t.optimizer,
                               momentum=t.momentum, flip=c.flip,
@@ -264,23 +283,24 @@ def _data_and_module(config: PretrainConfig, corpus: SimpleNamespace
 
 
 def _start_token_embeddings(config: PretrainConfig, vocab, module: GlomoPretraining,
-                            model_kwargs: Dict[str, Any], log) -> float:
+                            model_kwargs: Dict[str, Any]) -> float:
     """Set ``train.init_vectors`` into the embeddings; returns the share found."""
     c, t = config.corpus, config.train
     width = embedding_width(model_kwargs)
     source = t.init_vectors if t.init_vectors != TRAIN_VECTORS else train_init_vectors(
-        c, width, config.output_dir, t.seed, max(1, torch.get_num_threads()), log)
+        c, width, config.output_dir, t.seed, max(1, torch.get_num_threads()))
     weight, found = initial_token_embeddings(cast(str, source),  # (set: the caller checks)
                                              vocab.tokens(), width, t.seed)
     module.model.set_token_embeddings(weight, INIT_VECTORS_PARTS[t.init_vectors_parts])
     only = {"graph": "; g's only", "features": "; f's only"}.get(t.init_vectors_parts, "")
-    log(f"token embeddings start from {source} ({found:.1%} of the vocabulary found{only})")
+    rank_zero_info(logger, f"token embeddings start from {source} ({found:.1%} of the "
+                   f"vocabulary found{only})")
     return found
 
 
 def _trainer(config: PretrainConfig, corpus: SimpleNamespace, data, module: GlomoPretraining,
              trees, extra_callbacks: Optional[List[pl.Callback]], ckpt: Optional[str],
-             child: bool, log, start_step: int = 0
+             child: bool, start_step: int = 0
              ) -> Tuple[pl.Trainer, GracefulInterrupt, RunRecord]:
     """The run's trainer with the caller's callbacks and the run's own."""
     t, monitor = config.train, []
@@ -293,23 +313,25 @@ def _trainer(config: PretrainConfig, corpus: SimpleNamespace, data, module: Glom
         except ValueError as err:
             raise ValueError(f"train.syntax_treebank: {err}") from None
     interrupt = GracefulInterrupt(os.path.join(config.output_dir, "checkpoints", "last.ckpt"),
-                                  quiet=child)
+                                  quiet=child or not logger.isEnabledFor(logging.WARNING))
     record = RunRecord(corpus.fingerprint, config.to_dict())
+    # (the bar follows the run's messages: silencing them silences it)
     trainer = build_trainer(config, [*(extra_callbacks or []), *monitor, record, interrupt],
-                            start_step)
-    log(f"trainer: {type(trainer.accelerator).__name__}, {trainer.num_devices} device(s) x "
-        f"{trainer.num_nodes} node(s), {type(trainer.strategy).__name__}, precision "
-        f"{trainer.precision}")
+                            start_step, progress_bar=t.progress_bar and
+                            logger.isEnabledFor(logging.INFO))
+    rank_zero_info(logger, f"trainer: {type(trainer.accelerator).__name__}, "
+                   f"{trainer.num_devices} device(s) x {trainer.num_nodes} node(s), "
+                   f"{type(trainer.strategy).__name__}, precision {trainer.precision}")
     unit = "images" if corpus.images else f"sequences of <= {config.corpus.max_length} tokens"
-    log(f"pretraining: {len(data.train_ids)} training / {len(data.val_ids)} validation "
-        f"{unit}, {t.max_steps} steps of {t.batch_size}"
-        + (f", resuming from {ckpt}" if ckpt else ""))
+    rank_zero_info(logger, f"pretraining: {len(data.train_ids)} training / "
+                   f"{len(data.val_ids)} validation {unit}, {t.max_steps} steps of "
+                   f"{t.batch_size}" + (f", resuming from {ckpt}" if ckpt else ""))
     return trainer, interrupt, record
 
 
 def _save_result(config: PretrainConfig, corpus: SimpleNamespace, trainer: pl.Trainer,
                  module: GlomoPretraining, data, seconds: float,
-                 found_vectors: Optional[float], log) -> Dict[str, Any]:
+                 found_vectors: Optional[float]) -> Dict[str, Any]:
     """The summary; the first process also saves it and the predictor."""
     from glomo_pyg.io.pretrained import save_pretrained
 
@@ -332,32 +354,20 @@ def _save_result(config: PretrainConfig, corpus: SimpleNamespace, trainer: pl.Tr
             predictor = predictor.resized(*corpus.full)
         save_pretrained(predictor, os.path.join(out, "predictor"))
         write_json(os.path.join(out, "pretrain.json"), summary)
-        log(f"done: {summary['steps']} steps in {seconds:.0f} s; predictor saved to "
-            f"{os.path.join(out, 'predictor')}")
+        rank_zero_info(logger, f"done: {summary['steps']} steps in {seconds:.0f} s; predictor "
+                       f"saved to {os.path.join(out, 'predictor')}")
     return summary
 
 
 def _fit(trainer: pl.Trainer, module: GlomoPretraining, data, ckpt: Optional[str],
          interrupt: GracefulInterrupt) -> None:
     """Trains ``module``; a signal's exit becomes :class:`TrainingInterrupted`."""
-    interrupt.install()
-    try:
-        with quiet_lightning():
-            trainer.fit(module, datamodule=data, ckpt_path=ckpt, weights_only=True)
-    except SystemExit:
-        # Lightning exits after a KeyboardInterrupt (a second signal) and after its
-        # SIGTERMException (a signal during the sanity check)
-        if interrupt.signum is None:
-            raise
-        detail = " (sent twice: stop at once)" if interrupt.count > 1 else ""
-        raise TrainingInterrupted(interrupt.signum, trainer.global_step, None,
-                                  detail) from None
-    finally:
-        interrupt.restore()
+    with interruptible(trainer, interrupt), quiet_lightning():
+        trainer.fit(module, datamodule=data, ckpt_path=ckpt, weights_only=True)
 
 
 def _saved_summary(config: PretrainConfig, trainer: pl.Trainer, start_step: int,
-                   ckpt: Optional[str], log) -> Optional[Dict[str, Any]]:
+                   ckpt: Optional[str]) -> Optional[Dict[str, Any]]:
     """The saved summary of a resumed run that had nothing left to train, else ``None``."""
     out = config.output_dir
     summary = os.path.join(out, "pretrain.json")
@@ -366,26 +376,24 @@ def _saved_summary(config: PretrainConfig, trainer: pl.Trainer, start_step: int,
         # nothing left to train: the saved summary and predictor, if of this end
         saved = read_json(summary, "delete it; it is rewritten by a run that trains")
         if isinstance(saved, dict) and saved.get("steps") == trainer.global_step:
-            log(f"{ckpt} is already at train.max_steps ({config.train.max_steps}): "
-                "nothing to train")
+            rank_zero_info(logger, f"{ckpt} is already at train.max_steps "
+                           f"({config.train.max_steps}): nothing to train")
             return saved
     return None
 
 
 def _run_pretraining(config: PretrainConfig, resume: bool,
-                     extra_callbacks: Optional[List[pl.Callback]], log,
+                     extra_callbacks: Optional[List[pl.Callback]],
                      prepare_only: bool) -> Dict[str, Any]:
-    child = is_launcher_child()
-    if child:
-        log = lambda *args, **kwargs: None  # noqa: E731 (the first process reports)
+    child = is_launcher_child()  # (its messages: muted by rank_zero_info)
     out, t = config.output_dir, config.train
     folder = os.path.join(out, "checkpoints")
-    ckpt, contents, damaged, start_step = _resume_point(config, resume, child, log)
+    ckpt, contents, damaged, start_step = _resume_point(config, resume, child)
     if not child and ckpt is None:  # (resumed runs: once the checkpoint passed its checks)
         write_json(os.path.join(out, "config.json"), config.to_dict())
-    trees = _check_before_corpus(config, ckpt is None, prepare_only, log)
-    corpus = _prepare_images(config, prepare_only, log) if config.corpus.format in \
-        IMAGE_FORMATS else _prepare_text(config, contents, ckpt, prepare_only, child, log)
+    trees = _check_before_corpus(config, ckpt is None, prepare_only)
+    corpus = _prepare_images(config, prepare_only) if config.corpus.format in \
+        IMAGE_FORMATS else _prepare_text(config, contents, ckpt, prepare_only, child)
     if prepare_only:
         return corpus.prepared
     threads = torch.get_num_threads()  # restored on return: no lasting side effect
@@ -397,23 +405,24 @@ def _run_pretraining(config: PretrainConfig, resume: bool,
         found_vectors = None
         if t.init_vectors is not None and ckpt is None:  # (a resumed run has its weights)
             found_vectors = _start_token_embeddings(config, corpus.vocab, module,
-                                                    model_kwargs, log)
+                                                    model_kwargs)
         if contents is not None:
-            check_fingerprint(contents, ckpt, corpus.fingerprint, corpus.where, log)
-            check_checkpoint_matches(contents, ckpt, module, model_kwargs,
-                                     ignore=RESUME_FREE_MODEL)
+            check_fingerprint(contents, ckpt, corpus.fingerprint, corpus.where)
+            check_checkpoint_matches(  # (this version's flat hyperparameters, or 0.7's)
+                contents, ckpt, module, module.model_settings, ignore=RESUME_FREE_MODEL,
+                saved_settings=recorded_model_settings(contents.get("hyper_parameters")))
             contents = None  # let go of the memory-mapped file
             if not child:
                 write_json(os.path.join(out, "config.json"), config.to_dict())
-                _make_last_the_newest(folder, ckpt, log, damaged)
+                _make_last_the_newest(folder, ckpt, damaged)
                 ckpt = os.path.join(folder, "last.ckpt")
         trainer, interrupt, record = _trainer(config, corpus, data, module, trees,
-                                              extra_callbacks, ckpt, child, log, start_step)
+                                              extra_callbacks, ckpt, child, start_step)
         _fit(trainer, module, data, ckpt, interrupt)
-        saved = _saved_summary(config, trainer, start_step, ckpt, log)
+        saved = _saved_summary(config, trainer, start_step, ckpt)
         if saved is not None:
             return saved
         return _save_result(config, corpus, trainer, module, data, record.seconds(),
-                            found_vectors, log)
+                            found_vectors)
     finally:
         torch.set_num_threads(threads)

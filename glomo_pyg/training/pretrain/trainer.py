@@ -73,9 +73,10 @@ def _continued_csv_logger(save_dir: str, start_step: int):
 
 
 def build_trainer(config: PretrainConfig, extra_callbacks: Optional[List[pl.Callback]] = None,
-                  start_step: int = 0) -> pl.Trainer:
+                  start_step: int = 0, progress_bar: Optional[bool] = None) -> pl.Trainer:
     """The run's trainer; ``start_step``: the step a resumed run continues from (its logs
-    continue in the same folder, ``<output_dir>/logs/version_0``)."""
+    continue in the same folder, ``<output_dir>/logs/version_0``); ``progress_bar``:
+    whether Lightning draws its bar (default: ``train.progress_bar``)."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     t = config.train
@@ -101,7 +102,8 @@ def build_trainer(config: PretrainConfig, extra_callbacks: Optional[List[pl.Call
                           gradient_clip_val=t.grad_clip or None, logger=logger,
                           callbacks=callbacks, log_every_n_steps=t.log_every,
                           val_check_interval=t.validate_every, check_val_every_n_epoch=None,
-                          enable_progress_bar=t.progress_bar, enable_model_summary=False,
+                          enable_progress_bar=t.progress_bar if progress_bar is None else
+                          progress_bar, enable_model_summary=False,
                           use_distributed_sampler=False, default_root_dir=config.output_dir,
                           plugins=[AtomicCheckpointIO()])
 
@@ -131,7 +133,7 @@ def check_model_builds(config: PretrainConfig) -> None:
     problem: Optional[str]
     try:
         with torch.device("meta"):  # shapes only: no memory, however wide the settings
-            module = GlomoPretraining(kwargs)
+            module = GlomoPretraining(**kwargs)
     except (TypeError, ValueError, RuntimeError) as err:  # (RuntimeError: an overflow)
         first = (str(err).strip() or type(err).__name__).splitlines()[0]  # (not C++ frames)
         problem = f"cannot be built: {first[:300]}"

@@ -1,6 +1,7 @@
 """Initial token embeddings of a pretraining run (``train.init_vectors``)."""
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any, Dict, List, Optional, Tuple, Union, cast
@@ -12,6 +13,9 @@ from glomo_pyg.data.text import TextDataError, tokenize
 from glomo_pyg.nn.settings import TEXT_DEFAULTS
 from glomo_pyg.training.pretrain.config import CorpusConfig, PretrainConfig
 from glomo_pyg.training.pretrain.corpus import iter_documents
+from glomo_pyg.training.utils import rank_zero_info
+
+logger = logging.getLogger(__name__)
 
 
 def embedding_width(model: Dict[str, Any]) -> int:
@@ -65,7 +69,7 @@ TRAIN_VECTORS = "word2vec"  # train.init_vectors: train them on the corpus first
 
 
 def train_init_vectors(corpus: CorpusConfig, dim: int, out: str, seed: int = 0,
-                       workers: int = 1, log=print) -> str:
+                       workers: int = 1) -> str:
     """``train.init_vectors: word2vec``: word2vec vectors ``dim`` wide trained on the
     corpus's documents, written to ``<out>/word_vectors.txt`` (reused when it has that
     width); returns its path."""
@@ -82,16 +86,18 @@ def train_init_vectors(corpus: CorpusConfig, dim: int, out: str, seed: int = 0,
         except (OSError, TextDataError):
             words = []
         if words and vectors.shape[1] == dim:
-            log(f"word vectors: reusing {path}")
+            rank_zero_info(logger, f"word vectors: reusing {path}")
             return path
-        log(f"word vectors: {path} is unreadable or of another width; training them again")
+        rank_zero_info(logger, f"word vectors: {path} is unreadable or of another width; "
+                       "training them again")
     start = time.time()
     docs = [d for d in (tokenize(doc, corpus.lower) for doc in iter_documents(corpus)) if d]
     words, vectors = train_word_vectors(docs, dim=dim, min_count=corpus.min_count,
                                         workers=workers, seed=seed)
     write_word_vectors(path, words, vectors)
-    log(f"word vectors: {len(words)} x {dim} from {len(docs)} documents "
-        f"({sum(map(len, docs))} tokens, {time.time() - start:.0f} s), written to {path}")
+    rank_zero_info(logger, f"word vectors: {len(words)} x {dim} from {len(docs)} documents "
+                   f"({sum(map(len, docs))} tokens, {time.time() - start:.0f} s), written to "
+                   f"{path}")
     return path
 
 
