@@ -35,7 +35,7 @@ from glomo_pyg.training.checkpoints import (
 from glomo_pyg.training.interrupts import GracefulInterrupt, TrainingInterrupted, interruptible
 from glomo_pyg.training.pretrain.callbacks import RandomStateCheckpoint, RunRecord
 from glomo_pyg.training.pretrain.corpus import image_fingerprint
-from glomo_pyg.training.utils import checked_lightning, quiet_lightning
+from glomo_pyg.training.utils import checked_lightning, default_precision, quiet_lightning
 
 logger = logging.getLogger(__name__)
 
@@ -424,16 +424,6 @@ def _accelerator(device, accelerator: str, devices: Any) -> Tuple[str, Any]:
     return device.type, [device.index] if device.index is not None else 1
 
 
-def _precision(precision: Optional[str], accelerator: str) -> str:
-    """``precision``, by default bf16 autocast on a GPU and float32 elsewhere (as
-    pretraining chooses)."""
-    if precision:
-        return precision
-    gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and
-                                             torch.cuda.is_available())
-    return "bf16-mixed" if gpu else "32-true"
-
-
 def _trainer(folder: str, epochs: int, accelerator: str, devices: Any, precision: str,
              callbacks: Sequence[pl.Callback], progress_bar: bool) -> pl.Trainer:
     def build() -> pl.Trainer:
@@ -497,7 +487,7 @@ def train_image_classifier(model: GlomoResNet, train: Split, val: Split,
         warn_log_argument("train_image_classifier")
     _check_inputs(model, train, val, config, train_propagations is not None)
     accelerator, devices = _accelerator(device, accelerator, devices)
-    precision = _precision(precision, accelerator)
+    precision = default_precision(precision, accelerator)
     steps = math.ceil(len(train[0]) / config.batch_size)
     module = ImageClassification(model, config, total_steps=config.epochs * steps)
     batches = (ImageBatches(*train, config.batch_size, torch.Generator().manual_seed(seed),

@@ -4,8 +4,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
-from typing import Callable, TypeVar
+from typing import Callable, Optional, TypeVar
 
+import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from glomo_pyg.logs import PACKAGE
@@ -68,3 +69,14 @@ def checked_lightning(settings: str, build: Callable[[], T]) -> T:
         # (ImportError: a logger, accelerator or precision plugin whose package is missing;
         # TypeError: devices Lightning cannot parse for the accelerator)
         raise ValueError(f"{settings}: {err}") from None
+
+
+def default_precision(precision: Optional[str], accelerator: str) -> str:
+    """``precision`` as given, else the training jobs' default: bf16 autocast on a GPU
+    (``accelerator`` ``'gpu'``/``'cuda'``, or ``'auto'`` with one present), float32
+    elsewhere."""
+    if precision:
+        return precision
+    gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and
+                                             torch.cuda.is_available())
+    return "bf16-mixed" if gpu else "32-true"

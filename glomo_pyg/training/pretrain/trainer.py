@@ -19,15 +19,11 @@ from glomo_pyg.training.pretrain.config import (
     short_repr,
 )
 from glomo_pyg.training.pretrain.module import GlomoPretraining
-from glomo_pyg.training.utils import checked_lightning
+from glomo_pyg.training.utils import checked_lightning, default_precision
 
 
 def _precision(train: TrainConfig) -> str:
-    if train.precision:
-        return train.precision
-    gpu = train.accelerator in ("gpu", "cuda") or (train.accelerator == "auto" and
-                                                   torch.cuda.is_available())
-    return "bf16-mixed" if gpu else "32-true"
+    return default_precision(train.precision, train.accelerator)
 
 
 def _continued_csv_logger(save_dir: str, start_step: int):
