@@ -135,7 +135,8 @@ def check_releases(checkout: Path) -> None:
     import torch
 
     from glomo_pyg import PretrainedGraphPredictor
-    from glomo_pyg.io.releases import RELEASE_FILES, describe_release
+    from glomo_pyg.io.releases import RELEASE_FILES
+    from glomo_pyg.publish import describe_release
 
     listing = glomo("pretrained")
     if "installed with the glomo_pyg package" not in listing:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import statistics
 import sys
 
 import torch
 
 from benchmarks.common import append_results, hardware
+from benchmarks.statistics import mean_sd
 from glomo_pyg.training.quickstart import QuickstartConfig, run_quickstart
 
 RECIPES = {
@@ -66,7 +66,8 @@ def main(argv=None) -> None:
         values = list(values)
         if len(values) == 1:
             return f"{values[0]:.3f}"
-        return f"{statistics.mean(values):.3f} ± {statistics.stdev(values):.3f}"
+        mean, sd = mean_sd(values)
+        return f"{mean:.3f} ± {sd:.3f}"
 
     lines = [
         f"\n## Recipes, preset '{args.preset}', {datetime.date.today().isoformat()}",

@@ -90,7 +90,8 @@ def pixel_quality(predictor, run: str) -> str:
 
 def run(args) -> None:
     from glomo_pyg import PretrainedGraphPredictor
-    from glomo_pyg.io.releases import releases_root, write_release
+    from glomo_pyg.io.releases import releases_root
+    from glomo_pyg.publish import write_release
 
     if args.threads:
         torch.set_num_threads(args.threads)

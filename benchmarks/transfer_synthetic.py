@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import statistics
 import sys
 import time
 
@@ -26,6 +25,7 @@ import torch
 from torch_geometric.loader import DataLoader
 
 from benchmarks.common import append_results, hardware
+from benchmarks.statistics import mean_sd
 from glomo_pyg import GlomoTransfer, PretrainedGraphPredictor
 from glomo_pyg.data import PlantedDependencyCorpus, Vocabulary
 from glomo_pyg.training.quickstart import QuickstartConfig
@@ -113,9 +113,9 @@ def main(argv=None) -> None:
             secs.append(sec)
             print(f"graph={graph} seed {seed}: test accuracy {acc:.3f} over {count} cues, "
                   f"{sec:.0f} s", flush=True)
-        std = statistics.stdev(accs) if len(accs) > 1 else 0.0
-        rows.append(f"| `{graph}` | {statistics.mean(accs):.3f} ± {std:.3f} | "
-                    f"{', '.join(f'{a:.3f}' for a in accs)} | {statistics.mean(secs):.0f} |")
+        mean, std = mean_sd(accs)
+        rows.append(f"| `{graph}` | {mean:.3f} ± {std if len(accs) > 1 else 0.0:.3f} | "
+                    f"{', '.join(f'{a:.3f}' for a in accs)} | {mean_sd(secs)[0]:.0f} |")
     lines = [
         f"\n## {datetime.date.today().isoformat()}: cue -> trigger value, "
         f"{len(args.seeds)} seeds, {args.steps} steps",

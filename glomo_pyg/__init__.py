@@ -6,7 +6,7 @@ import logging
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs  # noqa: E402
-from glomo_pyg.io import PretrainedFormatError, load_pretrained, save_pretrained  # noqa: E402
+from glomo_pyg.io import PretrainedFormatError  # noqa: E402
 from glomo_pyg.nn import (  # noqa: E402
                           ContextDecoder,
                           FeatureGraphEmitter,
@@ -25,6 +25,7 @@ from glomo_pyg.nn import (  # noqa: E402
                           PixelGraphPredictor,
                           PretrainedGraphPredictor,
 )
+from glomo_pyg.nn.pretrained import load_pretrained, save_pretrained  # noqa: E402
 from glomo_pyg.ordering import RasterOrder, SequenceOrder, UnitOrder  # noqa: E402
 from glomo_pyg.version import __version__  # noqa: E402
 

@@ -24,31 +24,30 @@ from glomo_pyg.analysis.viewer import view
 from glomo_pyg.analysis.viewer.inputs import valid_text
 from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.data.text import UNK, binary_lines, decode_utf8, tokenize
-from glomo_pyg.data.word_vectors import (
-    MAX_EPOCHS,
-    MAX_SEED,
-    MAX_TRAIN_DIM,
-    MAX_WINDOW,
-    MAX_WORKERS,
-    train_word_vectors,
-    write_word_vectors,
-)
+from glomo_pyg.data.word_vectors import TRAIN_RULES, train_word_vectors, write_word_vectors
 from glomo_pyg.extras import MissingExtraError, require
-from glomo_pyg.io.hub import push_folder
+from glomo_pyg.graphs.pruning import MIN_WEIGHT, TOP_K
 from glomo_pyg.io.image_files import read_image_file
 from glomo_pyg.io.paths import check_input_file, check_output_file, open_input_file
-from glomo_pyg.io.pretrained import reseal_pretrained
 from glomo_pyg.io.releases import (
     available_releases,
-    describe_release,
     released_names,
     releases_origin,
     releases_root,
 )
 from glomo_pyg.logs import line_handler, logging_to
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
-from glomo_pyg.settings import THREADS, set_by_path
+from glomo_pyg.publish import describe_release, push_folder, reseal_pretrained
+from glomo_pyg.settings import THREADS, Rule, set_by_path
 from glomo_pyg.version import __version__
+
+# The rules of the commands' numeric options: the library's own where it has one (named by
+# the flag here, before any file is read or predictor loaded)
+_COUNT = Rule(int, low=1)
+_FROM_ONE = Rule(int, low=1, note="counts from 1")
+_TOP_K, _MIN_WEIGHT = TOP_K.replace(optional=False), MIN_WEIGHT.replace(optional=False)
+# torch.manual_seed takes any integer that fits in 64 bits, signed or not
+_SEED = Rule(int, low=-(1 << 63), high=(1 << 64) - 1)
 
 
 def _command(sub, name: str, func, help: str, description: Optional[str] = None,
@@ -64,17 +63,16 @@ def _command(sub, name: str, func, help: str, description: Optional[str] = None,
     return parser
 
 
-def _check_options(args: argparse.Namespace, **limits) -> None:
-    """Each set option within its ``(low, high[, why])`` bounds (infinity is beyond any
-    bound given, NaN within none), or a ValueError."""
-    for name, (low, high, *why) in limits.items():
+def _check_options(args: argparse.Namespace, **rules: Rule) -> None:
+    """Each option that is set, as its :class:`~glomo_pyg.settings.Rule` allows (the rule's
+    ``note`` says why a bound is there).
+
+    Raises:
+        ValueError: naming the flag (``--max-tokens``) and the value given."""
+    for name, rule in rules.items():
         value = getattr(args, name)
-        if value is not None and (value != value or (low is not None and value < low) or
-                                  (high is not None and value > high)):  # (NaN: unordered)
-            bounds = " and ".join(f"{op} {bound}" for op, bound in ((">=", low), ("<=", high))
-                                  if bound is not None)
-            raise ValueError(f"--{name.replace('_', '-')} must be {bounds}, got {value}"
-                             + "".join(f" ({reason})" for reason in why))
+        if value is not None:  # (unset: the command's or the library's default)
+            rule.check("--" + name.replace("_", "-"), value)
 
 
 def _set_threads(threads: Optional[int]) -> None:
@@ -83,23 +81,35 @@ def _set_threads(threads: Optional[int]) -> None:
         torch.set_num_threads(cast(int, threads))  # (checked: not None)
 
 
-def _load_predictor(args: argparse.Namespace, **limits):
-    """``--predictor`` loaded once ``--threads`` is set and the options obey ``limits``."""
+def _load_predictor(args: argparse.Namespace, **rules: Rule):
+    """``--predictor`` loaded once ``--threads`` is set and the options obey ``rules``."""
     _set_threads(args.threads)
-    _check_options(args, **limits)
+    _check_options(args, **rules)
     return PretrainedGraphPredictor.from_pretrained(args.predictor)
 
 
-def _check_reads(predictor, wanted: str, needs: str, advice: Optional[dict] = None) -> None:
-    """Refuse a predictor that does not read ``wanted``, which ``needs`` needs."""
-    vocabulary = predictor.vocabulary
-    reads = "pixels" if predictor.modality == "pixels" else \
-        "features" if vocabulary is None else \
-        "words" if UNK in vocabulary else f"words but has no {UNK!r} token"
+def _reads(predictor) -> str:
+    """What ``predictor`` reads, as the commands' errors say it."""
+    if predictor.modality == "pixels":
+        return "pixels"
+    if predictor.vocabulary is None:
+        return "features"
+    if UNK not in predictor.vocabulary:
+        return f"words but has no {UNK!r} token"
+    return "words"
+
+
+def _check_reads(predictor, wanted: str, needs: str,
+                 advice: Optional[Dict[str, str]] = None) -> None:
+    """Refuse a predictor that does not read ``wanted``, which ``needs`` needs.
+
+    Raises:
+        ValueError: naming what it reads instead, with ``advice`` for that where given."""
+    reads = _reads(predictor)
     if reads != wanted:
+        remedy = (advice or {}).get(reads)
         raise ValueError(f"{needs} needs a predictor that reads {wanted}; this one reads "
-                         f"{reads}" + (f"; {cast(dict, advice)[reads]}"
-                                       if reads in (advice or {}) else ""))
+                         f"{reads}" + (f"; {remedy}" if remedy else ""))
 
 
 def _lines(path: str, option: str, limit: int):
@@ -276,9 +286,7 @@ def _word_vectors(args: argparse.Namespace) -> int:
     from glomo_pyg.training.pretrain.corpus import iter_documents
 
     # checked before anything is read or written
-    _check_options(args, dim=(1, MAX_TRAIN_DIM), window=(1, MAX_WINDOW), min_count=(1, None),
-                   epochs=(1, MAX_EPOCHS), workers=(1, MAX_WORKERS), seed=(0, MAX_SEED),
-                   max_documents=(1, None))
+    _check_options(args, **TRAIN_RULES, max_documents=_COUNT)
     check_output_file(args.output)
     corpus = os.path.realpath(args.corpus)
     if os.path.commonpath([corpus, os.path.realpath(args.output)]) == corpus:
@@ -339,10 +347,10 @@ def _syntax(args: argparse.Namespace) -> int:
 
     if args.json:
         check_output_file(args.json)
-    predictor = _load_predictor(args, max_sentences=(1, None), select_sentences=(1, None),
-                                batch_size=(1, None), seed=(-(1 << 63), (1 << 64) - 1),
-                                max_tokens=(2, None, "a sentence of one token has nothing to "
-                                                     "score"))
+    predictor = _load_predictor(args, max_sentences=_COUNT, select_sentences=_COUNT,
+                                batch_size=_COUNT, seed=_SEED,
+                                max_tokens=Rule(int, low=2, note="a sentence of one token has "
+                                                                 "nothing to score"))
     _check_reads(predictor, "words", "scoring against gold trees")
     trees = read_treebank(args.treebank, args.format, args.max_sentences)
     select = read_treebank(args.select_treebank, args.format, args.select_sentences) \
@@ -434,10 +442,11 @@ def _export_image_items(folder: str, max_samples: int, max_units: int):
 
 
 def _export(args: argparse.Namespace) -> int:
-    predictor = _load_predictor(args, max_samples=(1, None), batch_size=(1, None),
-                                max_edges=(1, None), max_units=(1, None), top_k=(1, None),
-                                min_weight=(0.0, None), max_distance=(1, None),
-                                max_tokens=(2, None, "a graph over one token has no edges"))
+    predictor = _load_predictor(args, max_samples=_COUNT, batch_size=_COUNT, max_edges=_COUNT,
+                                max_units=_COUNT, top_k=_TOP_K, min_weight=_MIN_WEIGHT,
+                                max_distance=_COUNT,
+                                max_tokens=Rule(int, low=2, note="a graph over one token has "
+                                                                 "no edges"))
     _check_reads(predictor, "words" if args.text else "pixels",
                  "--text" if args.text else "--images",
                  advice=dict(pixels="use --images", words="use --text"))
@@ -553,8 +562,8 @@ def _view(args: argparse.Namespace) -> int:
     check_output_file(args.output, "--output", example="graphs.html")
     if "\0" in args.predictor:
         raise ValueError("--predictor holds a NUL character: it is not a folder or a name")
-    _check_options(args, line=(1, None, "counts from 1"), sentence=(1, None, "counts from 1"),
-                   top_k=(1, None), min_weight=(0.0, None), max_distance=(1, None))
+    _check_options(args, line=_FROM_ONE, sentence=_FROM_ONE, top_k=_TOP_K,
+                   min_weight=_MIN_WEIGHT, max_distance=_COUNT)
     if args.text is not None:
         valid_text(args.text, "--text")
     for option in ("text_file", "image", "treebank"):

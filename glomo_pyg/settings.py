@@ -193,10 +193,14 @@ _MISSING = dataclasses.MISSING
 
 
 def setting(default: Any = _MISSING, *, factory: Optional[Callable[[], Any]] = None,
-            rule: Optional[Rule] = None, doc: str = "", **rule_args) -> Any:
+            rule: Optional[Rule] = None, doc: str = "", saved: Union[bool, str] = True,
+            **rule_args) -> Any:
     """A dataclass field declaring a setting: default (or ``factory``), :class:`Rule`
-    (given, or from ``rule_args`` and the type hint) and a one-line ``doc``."""
-    metadata = dict(doc=doc, rule=rule, rule_args=rule_args)
+    (given, or from ``rule_args`` and the type hint) and a one-line ``doc``. ``saved``
+    (model settings, :mod:`glomo_pyg.nn.settings`): whether a saved predictor's config
+    holds it (``'optional'``: added after files were first written, which lack it and
+    mean its default; ``False``: a setting of pretraining only, never saved)."""
+    metadata = dict(doc=doc, rule=rule, rule_args=rule_args, saved=saved)
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)

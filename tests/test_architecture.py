@@ -94,8 +94,9 @@ LAYERS = [
     ("batches and orders", ["sequences", "ordering"]),
     ("kernels", ["kernels", "flex", "pixels", "graph_conversion", "pruning", "score_blocks"]),
     ("graphs", ["graphs"]),
-    ("nn", ["nn"]),
     ("io", ["io"]),
+    ("nn", ["nn"]),
+    ("publish", ["publish"]),
     ("transforms", ["transforms"]),
     ("data", ["data"]),
     ("analysis", ["analysis", "evaluation"]),
@@ -230,12 +231,15 @@ def test_no_file_io_in_nn():
         if not name.startswith("glomo_pyg.nn"):
             continue
         tree = ast.parse(open(path, encoding="utf-8").read())
+        skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and
+                _is_type_checking(node) for n in ast.walk(node)}  # (never run)
         for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
+            if id(node) in skip:
+                bad = []
+            elif isinstance(node, ast.Import):
                 bad = [a.name for a in node.names if a.name.split(".")[0] in FILE_MODULES]
             elif isinstance(node, ast.ImportFrom) and node.module:
-                bad = [node.module] if node.module.split(".")[0] in FILE_MODULES or \
-                    node.module.startswith("glomo_pyg.io") else []
+                bad = [node.module] if node.module.split(".")[0] in FILE_MODULES else []
             elif isinstance(node, ast.Call):
                 f = node.func
                 bad = ["open()"] if isinstance(f, ast.Name) and f.id == "open" else \
@@ -248,16 +252,18 @@ def test_no_file_io_in_nn():
     assert not problems, problems
 
 
-def test_io_uses_nothing_private_from_nn():
-    problems = []
-    for name, path in modules().items():
-        if not name.startswith("glomo_pyg.io"):
-            continue
-        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
-            if isinstance(node, ast.ImportFrom) and node.module and \
-                    node.module.startswith("glomo_pyg.nn"):
-                problems += [f"{name}: {a.name}" for a in node.names if a.name.startswith("_")]
-    assert not problems, problems
+def test_persistence_is_reached_through_imports_not_registered():
+    """Saving and loading a predictor reach glomo_pyg.io through imports one can read
+    (nn.pretrained imports the format; io imports nothing of nn), and no module keeps a
+    registry of functions that another module fills at import time."""
+    graph = import_graph()
+    assert "glomo_pyg.io.pretrained" in graph["glomo_pyg.nn.pretrained"]
+    assert not [m for m in graph if m.startswith("glomo_pyg.io") and
+                any(t.startswith("glomo_pyg.nn") for t in graph[m])]
+    registering = [name for name, path in modules().items()
+                   if "def register_persistence" in open(path, encoding="utf-8").read() or
+                   "def register_scheme" in open(path, encoding="utf-8").read()]
+    assert not registering, registering
 
 
 def test_analysis_statistics_do_not_need_lightning():
@@ -280,3 +286,29 @@ def test_the_private_read_check_finds_a_planted_read(tmp_path, monkeypatch):
     monkeypatch.setattr(__import__(__name__), "ROOT", str(pkg))
     assert graph_private_reads() == ["glomo_pyg.nn.use:2: ._helper",
                                      "glomo_pyg.nn.use:3: ._fused"]
+
+
+MAX_FUNCTION_LINES = 60
+
+
+def long_functions(roots: List[str]) -> List[str]:
+    """Functions (and methods) of more than :data:`MAX_FUNCTION_LINES` lines, docstring
+    included, in the Python files under ``roots``."""
+    found = []
+    for root in roots:
+        for folder, _, files in os.walk(root):
+            for name in (f for f in files if f.endswith(".py")):
+                path = os.path.join(folder, name)
+                for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                            node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+                        found.append(f"{path}:{node.lineno} {node.name}")
+    return found
+
+
+def test_no_function_is_longer_than_a_screen(tmp_path):
+    benchmarks = os.path.join(os.path.dirname(ROOT), "benchmarks")
+    assert not long_functions([ROOT, benchmarks]), long_functions([ROOT, benchmarks])
+    planted = tmp_path / "long.py"
+    planted.write_text("def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES)
+    assert long_functions([str(tmp_path)]) == [f"{planted}:1 f"]

@@ -848,6 +848,21 @@ def test_allocation_dry_run_end_to_end(tmp_path):
 
 # -- the other slices' dry runs: prepare, run, ingest (a release, the results) ------------
 
+def _check_cifar10_results(recipe, new, text):
+    """The cifar10 slice's runs: trained and tested by the library, with its history."""
+    for l in new:
+        m = l["metrics"]
+        assert set(m) == {"test_acc", "best_val", "best_epoch", "val_curve", "train_loss",
+                          "epoch_s", "diverged_at_epoch", "seconds", "propagations_s",
+                          "trainable", "images"}
+        assert 0 <= m["test_acc"] <= 1 and m["diverged_at_epoch"] is None
+        assert len(m["val_curve"]) == len(m["epoch_s"]) == recipe["train"]["epochs"]
+        assert m["best_val"] == m["val_curve"][m["best_epoch"]] and m["trainable"] > 0
+    assert recipe["train"]["crop_target"] == "stage" and recipe["train"]["crop_padding"]
+    assert "glomo − baseline" in text and "`ImageTrainConfig` epochs 2, batch_size 8" in text
+    assert any(l["metrics"]["propagations_s"] > 0 for l in new if "/glomo/" in l["key"])
+
+
 def _check_slice_results(name, release, recipe, new, manifest, text, releases):
     """What each slice's dry run must have recorded (``new``: its ledger lines; ``text``:
     its results file)."""
@@ -890,10 +905,7 @@ def _check_slice_results(name, release, recipe, new, manifest, text, releases):
         assert sorted(manifest["files"]) == ["predictor/config.json",
                                              "predictor/model.safetensors", "run.log"]
     elif name == "cifar10":
-        accs = [l["metrics"]["test_acc"] for l in new]
-        assert all(0 <= a <= 1 for a in accs)
-        assert "glomo − baseline" in text
-        assert any(l["metrics"]["propagations_s"] > 0 for l in new if "/glomo/" in l["key"])
+        _check_cifar10_results(recipe, new, text)
     elif name == "imdb":
         assert all(0 <= l["metrics"]["test_acc"] <= 1 for l in new)
         assert "glomo − baseline" in text and recipe["predictor"]["release"] in text
@@ -1040,20 +1052,6 @@ def test_salvage_records_a_pretraining_killed_after_its_predictor_came_back(tmp_
     with pytest.raises(IngestError, match="no failed key"):  # nothing failed
         _ingest(out, tmp_path, salvage=True, shared_data=shared,
                 releases_root=str(tmp_path / "r"))
-
-
-def test_translate_moves_maps_and_fills_with_zeros():
-    from benchmarks.gpu.slices.cifar10 import translate
-
-    maps = torch.arange(2 * 3 * 5 * 5, dtype=torch.float32).view(2, 3, 5, 5) + 1
-    shift = torch.tensor([[1, -2], [0, 0]])
-    out = translate(maps, shift, 2)
-    assert torch.equal(out[1], maps[1])
-    # image 0 moved one row down and two columns left
-    assert torch.equal(out[0, :, 1:, :3], maps[0, :, :4, 2:])
-    assert (out[0, :, 0, :] == 0).all() and (out[0, :, :, 3:] == 0).all()
-    assert torch.equal(translate(maps, torch.zeros(2, 2, dtype=torch.long), 2), maps)
-    assert torch.equal(translate(maps, shift, 0), maps)
 
 
 @pytest.mark.slow

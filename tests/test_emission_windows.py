@@ -123,6 +123,6 @@ def test_the_commands_advise_their_own_flag(tmp_path, capsys):
         assert main([command[0], "--predictor", "imdb-text-cpu", *command[1:],
                      "--max-distance", "63"]) == 0
         assert "warning" not in capsys.readouterr().err
-        with pytest.raises(SystemExit, match="--max-distance must be >= 1"):
+        with pytest.raises(SystemExit, match="--max-distance must be a positive integer"):
             main([command[0], "--predictor", "imdb-text-cpu", *command[1:],
                   "--max-distance", "0"])

@@ -55,7 +55,8 @@ def test_export_names_max_tokens_when_it_would_leave_nothing(tmp_path):
         vocabulary=vocabulary), tmp_path / "p")
     text = tmp_path / "t.txt"
     text.write_text("a b c\nb c a\n")
-    with pytest.raises(SystemExit, match=r"^glomo export: --max-tokens must be >= 2, got 1 \(a "
-                                         r"graph over one token has no edges\)"):
+    with pytest.raises(SystemExit, match=r"^glomo export: --max-tokens must be an integer "
+                                         r">= 2 \(a graph over one token has no edges\), "
+                                         r"got 1"):
         main(["export", "--predictor", str(tmp_path / "p"), "--text", str(text),
               "--max-tokens", "1", "--output", str(tmp_path / "out")])

@@ -17,19 +17,23 @@ yaml = pytest.importorskip("yaml")
 import huggingface_hub.constants as hf_constants  # noqa: E402
 from hub_server import HubServer  # noqa: E402
 
-from glomo_pyg import Glomo, PretrainedFormatError, PretrainedGraphPredictor  # noqa: E402
+from glomo_pyg import (  # noqa: E402
+    Glomo,
+    PretrainedFormatError,
+    PretrainedGraphPredictor,
+    load_pretrained,  # noqa: E402
+)
 from glomo_pyg.cli import main  # noqa: E402
 from glomo_pyg.extras import MissingExtraError  # noqa: E402
 from glomo_pyg.io import hub as hub_route  # noqa: E402
-from glomo_pyg.io import load_pretrained  # noqa: E402
-from glomo_pyg.io.hub import HubError, HubNotFoundError, HubOfflineError, push_folder  # noqa
+from glomo_pyg.io.hub import HubError, HubNotFoundError, HubOfflineError  # noqa: E402
 from glomo_pyg.io.releases import (  # noqa: E402
     CARD_TAGS,
     RELEASE_KEY,
     card_body,
     read_card,
-    write_release,
 )
+from glomo_pyg.publish import push_folder, write_release  # noqa: E402
 
 TOKENS = 12
 VOCAB = [f"w{i}" for i in range(TOKENS)]

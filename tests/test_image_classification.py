@@ -13,11 +13,13 @@ import torch
 from glomo_pyg import Glomo, GlomoTransfer
 from glomo_pyg.data.images import augment
 from glomo_pyg.nn.resnet import GlomoResNet
+from glomo_pyg.pixels import image_units
 from glomo_pyg.training.checkpoints import CheckpointError, read_checkpoint
 from glomo_pyg.training.image_classification import (
     ImageBatches,
     ImageTrainConfig,
     best_checkpoint_path,
+    crop_maps,
     evaluate,
     precompute_propagations,
     train_image_classifier,
@@ -41,17 +43,19 @@ def toy_transfer():
 
 
 def run(checkpoint=None, callbacks=(), config=CONFIG, width=4, seed=0, data=None,
-        precomputed=False):
+        precomputed=False, transfer=False, dtype=torch.float16):
     images, labels = data or toy_data()
-    transfer = toy_transfer() if precomputed else None
+    transfer = toy_transfer() if precomputed or transfer else None
     torch.manual_seed(0)
     model = GlomoResNet(transfer, width=width)
     stage = {}
-    if precomputed:  # (flips only: the propagations of the images and of their mirrors)
-        config = ImageTrainConfig(**dict(vars(config), crop_padding=0))
-        stage = dict(train_propagations=(precompute_propagations(model, images),
-                                         precompute_propagations(model, images.flip(3))),
-                     val_propagations=precompute_propagations(model, images[:4]))
+    if precomputed:  # (the propagations of the images and of their mirrors)
+        if config.crop_target == "pixels":  # (flips only)
+            config = ImageTrainConfig(**dict(vars(config), crop_padding=0))
+        stage = dict(train_propagations=(precompute_propagations(model, images, dtype=dtype),
+                                         precompute_propagations(model, images.flip(3),
+                                                                 dtype=dtype)),
+                     val_propagations=precompute_propagations(model, images[:4], dtype=dtype))
     out = train_image_classifier(model, (images, labels), (images[:4], labels[:4]), config,
                                  seed=seed, device="cpu", checkpoint=checkpoint,
                                  extra_callbacks=list(callbacks), **stage)
@@ -199,6 +203,10 @@ def test_bad_input_is_refused_before_training():
     with pytest.raises(ValueError, match="crops"):
         train_image_classifier(model, (images, labels), (images, labels), CONFIG,
                                train_propagations=(images, images))
+    rows = torch.zeros(5, 2, 1, 64, 3)  # (not one per image)
+    with pytest.raises(ValueError, match=r"val_propagations must be .* the split's 8 images"):
+        train_image_classifier(model, (images, labels), (images, labels),
+                               ImageTrainConfig(crop_padding=0), val_propagations=rows)
     with pytest.raises(ValueError, match="accelerator='abacus'"):
         train_image_classifier(model, (images, labels), (images, labels), CONFIG,
                                accelerator="abacus")
@@ -239,3 +247,95 @@ def test_a_signal_without_a_checkpoint_file_stops_the_run_writing_none(tmp_path,
         run(None, [Kill(2, "signal")])
     assert stop.value.checkpoint is None and os.listdir(tmp_path) == []
     assert signal.getsignal(signal.SIGTERM) is not None  # (the handlers were put back)
+
+
+def test_crop_maps_moves_each_map_with_zero_fill_as_a_crop_of_the_padded_map():
+    maps = torch.arange(2 * 3 * 5 * 5, dtype=torch.float32).view(2, 3, 5, 5) + 1
+    corners = torch.tensor([[1, 4], [2, 2]])
+    out = crop_maps(maps, corners, 2)
+    assert torch.equal(out[1], maps[1])  # the centred crop: unmoved
+    # image 0 moved one row down and two columns left, zeros where it left the frame
+    assert torch.equal(out[0, :, 1:, :3], maps[0, :, :4, 2:])
+    assert (out[0, :, 0, :] == 0).all() and (out[0, :, :, 3:] == 0).all()
+    padded = torch.nn.functional.pad(maps, (2, 2, 2, 2))  # the reference: one crop each
+    for b, (y, x) in enumerate(corners.tolist()):
+        assert torch.equal(out[b], padded[b, :, y:y + 5, x:x + 5])
+    assert torch.equal(crop_maps(maps, corners, 0), maps)
+
+
+def test_precomputed_propagations_of_flipped_images_train_as_the_stage_on_the_fly():
+    """The propagations precomputed in chunks are each image's own, and training with
+    them (flips taking the mirrored images' rows, crops of the stage's output) is
+    training with the stage computed from the flipped images at every step."""
+    images, _ = toy_data()
+    transfer = toy_transfer()
+    model = GlomoResNet(transfer, width=4)
+    chunked = precompute_propagations(model, images.flip(3), batch_size=5, dtype=torch.float32)
+    for i in (0, 7, 11):  # the reference: one flipped image at a time, by the transfer
+        image = images[i:i + 1].flip(3)
+        direct = transfer.propagations(model.stage_input(image), *image_units(image))
+        assert torch.allclose(chunked[i], direct, atol=1e-6)  # [D, K, HW, C]
+    # one epoch (the toy ResNet's training is chaotic: float rounding grows tenfold a step)
+    config = ImageTrainConfig(**dict(vars(CONFIG), epochs=1, crop_target="stage"))
+    marks = (torch.zeros(12, 1, 1, 1, 1), torch.ones(12, 1, 1, 1, 1))  # 1: flipped
+    batches = list(ImageBatches(*toy_data(), 4, torch.Generator().manual_seed(0), flip=True,
+                                crop_padding=1, propagations=marks, crop_target="stage"))
+    flipped = torch.cat([b["propagated"].flatten() for b in batches])
+    assert 0 < int(flipped.sum()) < 12  # (the run below: flips and not)
+    corners = torch.cat([b["crop_corners"] for b in batches])
+    assert corners.shape == (12, 2) and 0 <= int(corners.min()) <= int(corners.max()) <= 2
+    fly, a = run(config=config, transfer=True)
+    pre, b = run(config=config, precomputed=True, dtype=torch.float32)
+    assert fly["val_curve"] == pre["val_curve"]
+    assert fly["train_loss"] == pytest.approx(pre["train_loss"], rel=1e-4)
+    for key, value in a.state_dict().items():
+        assert torch.allclose(value.float(), b.state_dict()[key].float(), atol=1e-4), key
+
+
+class Poison(pl.Callback):
+    """NaN in the classifier's weights after optimizer step ``step``; records the
+    optimizer's momentum at every step."""
+
+    def __init__(self, step):
+        self.step, self.momentum = step, []
+
+    def on_train_batch_end(self, trainer, module, *args):
+        self.momentum.append(trainer.optimizers[0].param_groups[0]["momentum"])
+        if trainer.global_step == self.step:
+            with torch.no_grad():
+                module.model.resnet.fc.weight.fill_(float("nan"))
+
+
+def test_a_diverged_run_stops_and_keeps_the_best_epoch_before_it(tmp_path):
+    ckpt = str(tmp_path / "run.ckpt")
+    poison = Poison(4)  # in epoch 2 (3 steps an epoch)
+    out, model = run(ckpt, [poison])
+    assert out["diverged_at_epoch"] == 2 and len(out["val_curve"]) == 2
+    assert out["best_epoch"] == 0 and out["best_val"] == out["val_curve"][0]
+    assert all(torch.isfinite(v.float()).all() for v in out["state"].values())
+    assert poison.momentum == [CONFIG.momentum] * 6  # constant: the recipe's
+    again, _ = run(ckpt)  # resumed: no further training
+    assert again["diverged_at_epoch"] == 2 and again["val_curve"] == out["val_curve"]
+    assert run()[0]["diverged_at_epoch"] is None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_propagations_kept_on_the_gpu_train_as_those_in_host_memory():
+    """``storage=None`` keeps the propagations beside the model; the batches gather their
+    rows there, with the same training as from host memory (one epoch, float32)."""
+    images, labels = toy_data()
+    config = ImageTrainConfig(**dict(vars(CONFIG), epochs=1, crop_target="stage"))
+    out = []
+    for storage in ("cpu", None):
+        torch.manual_seed(0)
+        model = GlomoResNet(toy_transfer(), width=4).cuda()
+        train = tuple(precompute_propagations(model, x, dtype=torch.float32, storage=storage,
+                                              autocast=False) for x in (images, images.flip(3)))
+        assert train[0].device.type == ("cuda" if storage is None else "cpu")
+        val = precompute_propagations(model, images[:4], storage=storage, autocast=False)
+        out.append(train_image_classifier(model, (images, labels), (images[:4], labels[:4]),
+                                          config, device="cuda", precision="32-true",
+                                          train_propagations=train, val_propagations=val))
+        assert evaluate(model, images[:4], labels[:4], propagations=val) == out[-1]["best_val"]
+    assert out[0]["train_loss"] == pytest.approx(out[1]["train_loss"], rel=1e-4)

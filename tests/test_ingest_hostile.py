@@ -286,13 +286,13 @@ def test_ingest_writes_all_or_none(where, tmp_path, state, monkeypatch):
     """A pixel run into a ledger that holds runs, over an earlier release: killed while
     releasing, regenerating the results, staging the ledger or renaming into place, the
     ledger, results and releases are exactly as before."""
-    from glomo_pyg.io import releases
+    from glomo_pyg import publish
 
     kw = dict(state, ledger_path=state["ledger_path"])
     before = _snapshot(str(tmp_path / "state"))
     folder = _pixel(str(tmp_path / "r"), run="abcdef012345")  # (a new block in the results)
     if where == "release":
-        monkeypatch.setattr(releases, "write_release", _raise)
+        monkeypatch.setattr(publish, "write_release", _raise)
     elif where == "results":
         monkeypatch.setattr(report, "render", _raise)
     elif where == "ledger":

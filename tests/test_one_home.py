@@ -34,6 +34,11 @@ HOMES = {
     "layer_name": "glomo_pyg/graph_names.py",
     "image_predictor": "glomo_pyg/analysis/export.py",
     "MAX_IMAGE_PIXELS": "glomo_pyg/analysis/export.py",
+    "train_image_classifier": "glomo_pyg/training/image_classification.py",
+    "precompute_propagations": "glomo_pyg/training/image_classification.py",
+    "crop_maps": "glomo_pyg/training/image_classification.py",
+    "release_sha256": "benchmarks/gpu/slices/common.py",
+    "release_folder": "benchmarks/gpu/slices/common.py",
 }
 
 
@@ -51,12 +56,16 @@ def sources() -> Dict[str, ast.Module]:
 
 def definitions(trees: Dict[str, ast.Module], name: str) -> List[str]:
     """Where ``name`` is defined: a function, class, method or property, or a module-level
-    assignment (an import is not a definition)."""
+    assignment (an import is not a definition, nor a typing Protocol's declaration of
+    what it reads of an object)."""
     found = []
     for path, tree in trees.items():
+        declared = {id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and
+                    any(getattr(b, "id", None) == "Protocol" for b in c.bases)
+                    for n in ast.walk(c) if n is not c}
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and \
-                    node.name in (name, "_" + name):
+                    node.name in (name, "_" + name) and id(node) not in declared:
                 found.append(f"{path}:{node.lineno}")
         for node in tree.body:
             targets = node.targets if isinstance(node, ast.Assign) else \

@@ -429,9 +429,10 @@ def test_word_vectors_command_checks_its_input(tmp_path):
     out = tmp_path / "vectors.txt"
     base = ["word-vectors", "--corpus", str(tmp_path / "corpus"), "--output", str(out)]
     for flag in ("--dim", "--window", "--min-count", "--epochs", "--workers"):
-        with pytest.raises(SystemExit, match=f"glomo word-vectors: {flag} must be >= 1"):
+        with pytest.raises(SystemExit,
+                           match=f"glomo word-vectors: {flag} must be (a positive|an) integer"):
             main(base + [flag, "0"])
-    with pytest.raises(SystemExit, match="--epochs must be >= 1 and <= 10000, got 10001"):
+    with pytest.raises(SystemExit, match=r"--epochs must be an integer in \[1, 10000\], got 10001"):
         main(base + ["--epochs", "10001"])  # a typo that would train for days
     assert not out.exists()
     (tmp_path / "blank.txt").write_text("  \n\n")
@@ -442,9 +443,9 @@ def test_word_vectors_command_checks_its_input(tmp_path):
     with pytest.raises(SystemExit, match="^glomo word-vectors: "):
         main(["word-vectors", "--corpus", str(tmp_path / "missing"), "--output", str(out)])
     assert not out.exists()
-    with pytest.raises(SystemExit, match="--workers must be >= 1 and <= 1024, got 20000"):
+    with pytest.raises(SystemExit, match=r"--workers must be an integer in \[1, 1024\], got 20000"):
         main(base + ["--workers", "20000"])
-    with pytest.raises(SystemExit, match="--dim must be >= 1 and <= 65536"):
+    with pytest.raises(SystemExit, match=r"--dim must be an integer in \[1, 65536\]"):
         main(base + ["--dim", "524288"])
     # the vectors would replace the corpus, or be read as one of its documents next time
     text = tmp_path / "one.txt"

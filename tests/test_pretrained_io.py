@@ -318,13 +318,13 @@ def test_configs_within_the_bounds_are_compared_with_the_header_before_any_real_
         tmp_path, monkeypatch, values):
     save_pretrained(make(), tmp_path)
     set_forward(tmp_path, **values)
-    real_builds, build = [], io._build
+    import glomo_pyg.nn.pretrained as pretrained
+    real_builds, build = [], pretrained.build_emitter
 
-    def spy(*args, **kwargs):
-        if len(args) < 5 and kwargs.get("budget") is None:  # not on the meta device
-            real_builds.append(args[0])
+    def spy(*args, **kwargs):  # (the loader's builds at real size; meta ones are saved's)
+        real_builds.append(args[0])
         return build(*args, **kwargs)
-    monkeypatch.setattr(io, "_build", spy)
+    monkeypatch.setattr(pretrained, "build_emitter", spy)
     fails_fast(tmp_path, "does not match .*config.json|far more tensors than model.safetensors",
                limit=1.0)
     assert real_builds == []  # only the allocation-free meta build ran
@@ -377,15 +377,26 @@ def test_format_2_config_missing_an_argument_is_refused_not_defaulted(tmp_path, 
     """A format-2 file records every named constructor argument: a missing one (here
     one that no tensor shape reveals) means an edited file and is named, not silently
     replaced by its default. Arguments declared as added since load without it."""
-    from glomo_pyg.io import pretrained as io
-
     save_pretrained(make(kind), tmp_path)
     edit_config(tmp_path, lambda c: c["directions"]["backward"]["config"].pop(key))
     with pytest.raises(PretrainedFormatError,
                        match=rf"the backward {cls} from its config: it lacks arguments "
                              rf"\['{key}'\]"):
         load_pretrained(tmp_path)
-    monkeypatch.setitem(io.ADDED_SINCE_FORMAT_2, cls, (key,))
+    # a setting declared as added later (saved="optional") loads without it, as its default
+    import dataclasses
+    from typing import Optional
+
+    from glomo_pyg.nn.emitter import EMITTERS
+    from glomo_pyg.nn.settings import ModelSettings
+    from glomo_pyg.settings import setting
+
+    @dataclasses.dataclass
+    class Later(ModelSettings):
+        include_self: bool = setting(False, saved="optional")
+        padding_idx: Optional[int] = setting(None, saved="optional")
+
+    monkeypatch.setattr(EMITTERS[cls], "settings", Later)
     assert load_pretrained(tmp_path).predictor("backward") is not None
 
 
@@ -410,7 +421,7 @@ def test_type_rules_cover_every_emitter_argument():
 
     from glomo_pyg.nn.emitter import EMITTERS
     from glomo_pyg.nn.scorer import GraphScorer
-    from glomo_pyg.nn.settings import MODEL_RULES
+    from glomo_pyg.nn.settings import MODEL_RULES, SAVED_SETTINGS
     kinds = {"int": (int, False), "Optional[int]": (int, True), "float": (float, False),
              "bool": (bool, False), "str": (str, False), "Optional[str]": (str, True),
              "Sequence[float]": (list, False), "Optional[Sequence[float]]": (list, True)}
@@ -422,13 +433,13 @@ def test_type_rules_cover_every_emitter_argument():
         for p in params:
             if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
                 continue
-            assert p.name in io.SAVED_SETTINGS, f"{cls.__name__}.{p.name} is not saved"
+            assert p.name in SAVED_SETTINGS, f"{cls.__name__}.{p.name} is not saved"
             rule = MODEL_RULES[p.name]
             kind, optional = kinds[p.annotation]
             assert rule.kind is kind and (rule.optional or not optional), \
                 (cls.__name__, p.name, p.annotation)
             seen.add(p.name)
-    assert seen == set(io.SAVED_SETTINGS)
+    assert seen == set(SAVED_SETTINGS)
 
 
 def test_bad_json_is_named_with_the_file(tmp_path, monkeypatch):

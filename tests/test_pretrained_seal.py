@@ -19,8 +19,9 @@ from glomo_pyg import (
     save_pretrained,
 )
 from glomo_pyg.cli import main
-from glomo_pyg.io.pretrained import UnsealedPredictorWarning, reseal_pretrained
+from glomo_pyg.io.pretrained import UnsealedPredictorWarning
 from glomo_pyg.nn.pixel import PixelGraphPredictor
+from glomo_pyg.publish import reseal_pretrained
 
 VOCAB = [f"w{i}" for i in range(12)]
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from readme_text import ROOT, readme, section, table_rows
 
 from glomo_pyg.cli import main
-from glomo_pyg.io.releases import read_card, write_release
+from glomo_pyg.io.releases import read_card
+from glomo_pyg.publish import write_release
 
 RELEASES = sorted(p.name for p in (ROOT / "pretrained").iterdir()
                   if (p / "config.json").is_file())

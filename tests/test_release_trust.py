@@ -19,7 +19,8 @@ import glomo_pyg.io.releases as releases
 from glomo_pyg import Glomo, PretrainedFormatError, PretrainedGraphPredictor, load_pretrained
 from glomo_pyg.cli import main
 from glomo_pyg.io.paths import NotRegularFileError
-from glomo_pyg.io.releases import read_card, write_release
+from glomo_pyg.io.releases import read_card
+from glomo_pyg.publish import write_release
 
 REPOSITORY_RELEASES = Path(__file__).resolve().parent.parent / "pretrained"
 PIXEL_RELEASE = "imagenet32-pixel-cpu"  # (the smallest repository release: 0.2 MiB)
@@ -222,7 +223,7 @@ def test_a_fifo_card_is_refused_at_once(root, capsys):
 
 
 def test_saving_and_resealing_refuse_a_path_with_a_nul_by_name(tmp_path):
-    from glomo_pyg.io.pretrained import reseal_pretrained
+    from glomo_pyg.publish import reseal_pretrained
 
     predictor = PretrainedGraphPredictor.from_pretrained("imdb-text-cpu")
     bad = str(tmp_path / "a\x00b")

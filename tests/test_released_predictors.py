@@ -21,8 +21,8 @@ from glomo_pyg.io.releases import (
     release_path,
     released_names,
     releases_root,
-    write_release,
 )
+from glomo_pyg.publish import write_release
 
 TOKENS = 40
 VOCAB = [f"tok{i}" for i in range(TOKENS)]
@@ -99,7 +99,6 @@ def test_write_release_stores_float16_and_loads_as_float32(root):
 def test_16_bit_weights_widen_and_nothing_else_does(tmp_path):
     from safetensors.torch import save
 
-    import glomo_pyg.io.pretrained as io
     predictor = text_predictor()
     predictor.save_pretrained(tmp_path / "half", dtype=torch.float16)
     assert set(header_dtypes(tmp_path / "half" / "model.safetensors").values()) <= {"F16", "I64"}
@@ -117,7 +116,7 @@ def test_16_bit_weights_widen_and_nothing_else_does(tmp_path):
     config["weights"].update(bytes=len(payload), sha256=hashlib.sha256(payload).hexdigest())
     write_config(tmp_path / "half", config)  # resealed, as an attacker could
     with pytest.raises(PretrainedFormatError, match="unexpected dtypes"):
-        io.load_pretrained(tmp_path / "half")
+        load_pretrained(tmp_path / "half")
 
 
 @pytest.mark.parametrize("change,match", [

@@ -160,7 +160,7 @@ def test_graph_cache_refuses_bad_input():
         with pytest.raises(ValueError, match=r"token ids must lie in \[0, 20\)"):
             TextGraphCache.compute(model, bad)
     for bad in (0, True, 2.5):
-        with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
             TextGraphCache.compute(model, docs, batch_size=bad)
     with pytest.raises(ValueError, match="weight_dtype must be one of"):
         TextGraphCache.compute(model, docs, weight_dtype=torch.int32)

@@ -113,7 +113,8 @@ def test_refuses_what_it_cannot_give_back(tmp_path):
         GraphsDataset(str(tmp_path), Data(x=torch.arange(3)), graphs)
     with pytest.raises(TypeError, match="pre_transform must be callable"):
         GraphsDataset(str(tmp_path), [Data(x=torch.arange(3))], graphs, pre_transform=3)
-    with pytest.raises(TypeError, match="pre_transform must return a torch_geometric Data"):
+    with pytest.raises(TypeError, match="pre_transform's output for kept sample 0: expected a "
+                                        "torch_geometric Data, got Tensor"):
         GraphsDataset(str(tmp_path), [Data(x=torch.arange(3))], graphs,
                       pre_transform=lambda d: d.x)
     with pytest.raises(ValueError, match="pre_filter kept none of the 1 samples"):

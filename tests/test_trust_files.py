@@ -22,7 +22,8 @@ from glomo_pyg import (
 from glomo_pyg.cli import main
 from glomo_pyg.io import pretrained as io
 from glomo_pyg.io.paths import FolderLockedError, NotRegularFileError, locked_folder, open_regular
-from glomo_pyg.io.pretrained import UnsealedPredictorWarning, reseal_pretrained
+from glomo_pyg.io.pretrained import UnsealedPredictorWarning
+from glomo_pyg.publish import reseal_pretrained
 from glomo_pyg.training.checkpoints import CheckpointError, read_checkpoint
 from glomo_pyg.training.pretrain.corpus import read_json
 from tests.test_pretrained_seal import text_predictor  # noqa: E402

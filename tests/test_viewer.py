@@ -290,8 +290,9 @@ def test_the_command_line_names_its_flags(tmp_path):
                                          "not --image"):
         main(["view", "--predictor", str(tmp_path / "text"), "--image",
               str(tmp_path / "a.png"), "--output", str(tmp_path / "p.html")])
-    for flag, value, message in (("--top-k", "0", "--top-k must be >= 1, got 0"),
-                                 ("--min-weight", "-1", "--min-weight must be >= 0.0")):
+    for flag, value, message in (("--top-k", "0", "--top-k must be a positive integer, got 0"),
+                                 ("--min-weight", "-1",
+                                  "--min-weight must be a non-negative number, got -1.0")):
         with pytest.raises(SystemExit, match=message):  # (view() says top_k=, min_weight=)
             main(["view", "--predictor", str(tmp_path / "text"), "--text", "the cat", flag,
                   value, "--output", str(tmp_path / "p.html")])

@@ -57,7 +57,6 @@ import datetime
 import logging
 import math
 import os
-import platform
 import re
 import sys
 import time
@@ -70,6 +69,7 @@ from benchmarks.common import (
     cached_runs,
     check_common_arguments,
     file_digest,
+    hardware,
     read_cache,
     run_reporting_errors,
     write_runs,
@@ -438,6 +438,7 @@ def train_variants(setup: Setup, variants, predictor, data, recipe, window, runs
                 runs[key] = dict(test_acc=test_acc, best_val=result["best_val"],
                                  best_epoch=result["best_epoch"], val_curve=result["val_curve"],
                                  epoch_seconds=result["epoch_seconds"],
+                                 diverged_at_epoch=result["diverged_at_epoch"],
                                  trainable=sum(p.numel() for p in model.parameters()
                                                if p.requires_grad))
                 if variant.endswith("-window"):
@@ -578,17 +579,11 @@ def _graph_check_lines(check: Dict) -> List[str]:
     return lines
 
 
-def _hardware(device) -> str:
-    """The GPU's name, or the CPU and its torch threads."""
-    return torch.cuda.get_device_name(0) if device.type == "cuda" else \
-        f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} torch threads"
-
-
 def _run_lines(mode: str, command: str, device, seconds: float) -> List[str]:
     """The section's title, the command, the hardware and the time of this invocation."""
     return [f"## {datetime.date.today().isoformat()}: {mode} configuration"
             + (" (reduced CPU run: NOT a reproduction of the paper)" if mode != "full" else ""),
-            "", f"- command: `{command}`", f"- hardware: {_hardware(device)}; torch "
+            "", f"- command: `{command}`", f"- hardware: {hardware(device.type)}; torch "
             f"{torch.__version__}", f"- whole run (this invocation): {seconds / 60:.1f} min"]
 
 

@@ -88,7 +88,7 @@ from benchmarks.common import (
     text_digest,
     write_runs,
 )
-from benchmarks.statistics import paired_difference
+from benchmarks.statistics import mean_sd, paired_difference
 from glomo_pyg.nn.mixer import MIXINGS
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
@@ -1140,11 +1140,10 @@ def _results_table(setup: Setup, runs: Dict, chosen: Dict[str, float], baseline_
         mine = list(final[variant].values())
         if not mine:
             continue
-        acc = torch.tensor([r["test_acc"] for r in mine], dtype=torch.float64) * 100
-        std = float(acc.std()) if len(mine) > 1 else float("nan")
+        mean, std = mean_sd([100 * r["test_acc"] for r in mine])  # (one seed: std NaN)
         paper = PAPER.get(variant) if setup.rnn_layers == 2 else None  # (the paper's model)
         val0 = search_accuracy(runs, setup, variant, chosen[variant])
-        lines.append(f"| {LABELS[variant]} | {float(acc.mean()):.2f} ± {std:.2f} | {len(mine)} | "
+        lines.append(f"| {LABELS[variant]} | {mean:.2f} ± {std:.2f} | {len(mine)} | "
                      f"lr = {chosen[variant]:g} | {100 * val0:.2f} | "
                      f"{paper if paper is not None else '-'} | "
                      f"{sum(r['seconds'] for r in mine) / len(mine):.0f} |")

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from glomo_pyg.io.memory import physical_memory
+from glomo_pyg.settings import Rule, check_int
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
                    "ship", "truck")
@@ -220,9 +221,9 @@ def _read_batches(root: str, names: Sequence[str], shape: Optional[Tuple[int, ..
 
 def load_cifar10(root: str, split: str = "train") -> Tuple[Tensor, Tensor]:
     """CIFAR-10's ``split`` (``'train'`` or ``'test'``) from the python batches in ``root``
-    (``cifar-10-batches-py``): uint8 ``[n, 3, 32, 32]`` images and int64 labels."""
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    (``cifar-10-batches-py``): uint8 ``[n, 3, 32, 32]`` images and int64 labels; another
+    ``split`` is a ``ValueError``."""
+    Rule(str, choices=("train", "test")).check("split", split, typed=True)
     return cast(Tuple[Tensor, Tensor],  # (labels: read by default)
                 _read_batches(root, CIFAR10_TRAIN if split == "train" else CIFAR10_TEST,
                               shape=(3, 32, 32), num_classes=10))
@@ -254,9 +255,9 @@ def load_imagenet32(root: str, max_images: Optional[int] = None,
 
 
 def train_validation_split(n: int, validation: int, seed: int = 0) -> Tuple[Tensor, Tensor]:
-    """Seeded disjoint ``(train, validation)`` index tensors over ``range(n)``, each sorted."""
-    if not 0 < validation < n:
-        raise ValueError(f"validation must lie in (0, {n}), got {validation}")
+    """Seeded disjoint ``(train, validation)`` index tensors over ``range(n)``, each sorted;
+    a ``validation`` size that leaves either empty is a ``ValueError``."""
+    check_int("validation", validation, 1, below=n)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     return order[validation:].sort().values, order[:validation].sort().values
 

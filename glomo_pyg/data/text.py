@@ -13,6 +13,7 @@ import torch
 
 from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.io.paths import check_input_path
+from glomo_pyg.settings import Rule, check_int
 from glomo_pyg.tokenizer import tokenize as tokenize  # (re-exported: its home for users)
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
@@ -94,11 +95,14 @@ class WordVocabulary:
               max_size: Optional[int] = None, specials: Sequence[str] = SPECIALS
               ) -> "WordVocabulary":
         """Words seen at least ``min_count`` times, the ``max_size`` most frequent
-        (specials included in the size)."""
-        if min_count < 1 or (max_size is not None and max_size <= len(specials)):
-            raise ValueError(f"need min_count >= 1 and max_size (when set) above the "
-                             f"{len(specials)} special tokens, got min_count={min_count}, "
-                             f"max_size={max_size}")
+        (specials included in the size).
+
+        Raises:
+            ValueError: ``min_count`` not a positive integer, ``max_size`` neither ``None``
+                nor an integer above the number of ``specials``."""
+        check_int("min_count", min_count)
+        check_int("max_size", max_size, len(specials) + 1, optional=True,
+                  unit=f" (above the {len(specials)} special tokens)")
         counts = documents if isinstance(documents, Counter) else Counter(
             t for doc in documents for t in doc)
         words = sorted((w for w, c in counts.items() if c >= min_count and w not in specials),
@@ -175,9 +179,9 @@ def read_text_documents(path: str, one_per_line: bool = False,
     """Documents of a plain-text file or folder (its files ending in ``suffixes``, sorted,
     recursively): a file each, or each non-empty line with ``one_per_line``. Invalid UTF-8
     (unless ``errors="replace"``) or a document over ``max_bytes`` bytes raises a
-    :class:`TextDataError` naming the file, line and byte offset."""
-    if errors not in ("strict", "replace"):
-        raise ValueError(f"errors must be 'strict' or 'replace', got {errors!r}")
+    :class:`TextDataError` naming the file, line and byte offset; ``errors`` other than
+    those two a ``ValueError``."""
+    Rule(str, choices=("strict", "replace")).check("errors", errors, typed=True)
     check_input_path(path, "corpus")  # a FIFO or device: a named error, never a hang
     files = [path]  # (a missing path: open() raises FileNotFoundError naming it)
     if os.path.isdir(path):

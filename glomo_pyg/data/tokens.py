@@ -15,6 +15,7 @@ import torch
 from torch_geometric.data import Data
 
 from glomo_pyg.data.text import TextDataError, open_text
+from glomo_pyg.settings import check_int
 
 FORMAT, VERSION = "glomo-token-shards", 1
 TOKEN_DTYPE = np.dtype("<i4")
@@ -40,10 +41,14 @@ def write_token_shards(documents: Iterable, out_dir: str, vocab_size: int,
                        shard_tokens: int = 1 << 26) -> dict:
     """Write documents (sequences of token ids) as shards of about ``shard_tokens`` tokens,
     built beside ``out_dir`` and renamed into place at the end; returns the index (also
-    ``out_dir/index.json``). An empty corpus raises a :class:`ValueError`."""
-    if not 1 <= vocab_size <= np.iinfo(TOKEN_DTYPE).max or shard_tokens < 1:
-        raise ValueError(f"need vocab_size in [1, 2^31) and shard_tokens >= 1, got "
-                         f"vocab_size={vocab_size}, shard_tokens={shard_tokens}")
+    ``out_dir/index.json``).
+
+    Raises:
+        ValueError: ``vocab_size`` or ``shard_tokens`` not a positive integer (the ids
+            must fit int32), or an empty corpus (nothing is written).
+        FileExistsError: ``out_dir`` exists."""
+    check_int("vocab_size", vocab_size, 1, int(np.iinfo(TOKEN_DTYPE).max))
+    check_int("shard_tokens", shard_tokens)
     if os.path.exists(out_dir):
         raise FileExistsError(f"{out_dir} exists; remove it or choose another folder")
     tmp = f"{out_dir.rstrip(os.sep)}.partial{os.getpid()}"
@@ -180,7 +185,10 @@ class TokenWindows(torch.utils.data.Dataset):
     the ``[n]`` int64 ids of window ``k``, each document cut into windows of
     ``max_length``, a shorter last one kept if it has ``min_length``. A window holding ids
     outside ``[0, vocab_size)`` raises a :class:`~glomo_pyg.data.TextDataError` naming
-    its source (``sources``: a name per array, e.g. its shard file) when read."""
+    its source (``sources``: a name per array, e.g. its shard file) when read; a
+    ``min_length`` below 2, a ``max_length`` below it or ``ends`` / ``sources`` not one
+    per array raise a ``ValueError``, and end offsets that do not fit their array a
+    :class:`~glomo_pyg.data.TextDataError`."""
 
     def __init__(self, arrays: Sequence[np.ndarray], ends: Sequence[np.ndarray], vocab_size: int,
                  max_length: int = 128, min_length: int = 8,
@@ -188,11 +196,10 @@ class TokenWindows(torch.utils.data.Dataset):
         self.arrays, self.vocab_size = list(arrays), int(vocab_size)
         self.sources = list(sources) if sources is not None else \
             [f"token array {k}" for k in range(len(self.arrays))]
-        if not 2 <= min_length <= max_length or \
-                not len(self.arrays) == len(ends) == len(self.sources):
-            raise ValueError(f"need 2 <= min_length <= max_length (context prediction needs "
-                             f">= 2 units) and one ends array and source per token array, got "
-                             f"min_length={min_length}, max_length={max_length}, "
+        check_int("min_length", min_length, 2, unit=" (context prediction needs two units)")
+        check_int("max_length", max_length, min_length, unit=" (min_length)")
+        if not len(self.arrays) == len(ends) == len(self.sources):
+            raise ValueError(f"need one ends array and source per token array, got "
                              f"{len(self.arrays)} arrays, {len(ends)} ends, "
                              f"{len(self.sources)} sources")
         self.max_length, self.min_length = max_length, min_length

@@ -6,13 +6,14 @@ from __future__ import annotations
 import numbers
 import re
 from collections import Counter
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from glomo_pyg.atomic_files import atomic_write
 from glomo_pyg.data.text import TextDataError, binary_lines, decode_utf8, open_text
+from glomo_pyg.settings import Rule, check_int
 
 MAX_LINE_BYTES = 1 << 20  # a 300-d vector line is about 4 KB
 MAX_DIM = MAX_LINE_BYTES // 2  # no line of the text format could hold more numbers
@@ -24,11 +25,27 @@ MAX_WORKERS = 1024  # gensim starts a Python thread per worker
 MAX_WINDOW = (1 << 31) - 1
 MAX_SEED = (1 << 32) - 1
 MAX_EPOCHS = 10_000  # more is a typo that would train for days instead of failing
+#: The integer settings of :func:`train_word_vectors` (and of ``glomo word-vectors``).
+TRAIN_RULES = dict(dim=Rule(int, low=1, high=MAX_TRAIN_DIM),
+                   window=Rule(int, low=1, high=MAX_WINDOW), min_count=Rule(int, low=1),
+                   epochs=Rule(int, low=1, high=MAX_EPOCHS),
+                   workers=Rule(int, low=1, high=MAX_WORKERS),
+                   seed=Rule(int, low=0, high=MAX_SEED))
 _COUNT = re.compile(r"[0-9]{1,18}")
 
 
-def _integer(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+def _vector(entries: List[str], path: str, number: int) -> np.ndarray:
+    """The float32 vector of line ``number``, refused unless every entry is a number that
+    is finite in float32."""
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            row = np.asarray(entries, dtype=np.float32)
+    except ValueError:
+        row = np.full(1, np.nan)
+    if not np.isfinite(row).all():
+        raise TextDataError(f"{path}:{number}: non-finite or non-numeric vector entries (nan, "
+                            "inf, or beyond float32's range of 3.4e38); fix or delete the line")
+    return row
 
 
 def read_word_vectors(path: str, vocabulary: Optional[Sequence[str]] = None,
@@ -36,10 +53,14 @@ def read_word_vectors(path: str, vocabulary: Optional[Sequence[str]] = None,
     """Words and an ``[n, dim]`` float32 array from a GloVe or word2vec text file (one
     ``dim`` set by the first line or by word2vec's header, whose count must match): only
     the words of ``vocabulary`` when given, at most ``max_words``, the first vector of a
-    repeated word. A malformed line, a number not finite in float32 or text that is not
-    UTF-8 raises a :class:`~glomo_pyg.data.TextDataError` naming the file and line."""
-    if max_words is not None and not (_integer(max_words) and max_words >= 1):
-        raise ValueError(f"max_words must be a positive integer or None, got {max_words!r}")
+    repeated word.
+
+    Raises:
+        ValueError: ``max_words`` neither ``None`` nor a positive integer.
+        TextDataError: a malformed line, a number not finite in float32, text that is not
+            UTF-8 (naming the file and line), no vectors, or a word2vec header whose count
+            the file does not hold."""
+    max_words = check_int("max_words", max_words, optional=True)
     wanted = set(vocabulary) if vocabulary is not None else None
     index: Dict[str, int] = {}  # the words kept, in order
     rows: List[np.ndarray] = []
@@ -71,23 +92,15 @@ def read_word_vectors(path: str, vocabulary: Optional[Sequence[str]] = None,
             word = parts[0]
             if word in index or (wanted is not None and word not in wanted):
                 continue
-            try:
-                with np.errstate(over="ignore", invalid="ignore"):
-                    row = np.asarray(parts[1:], dtype=np.float32)
-            except ValueError:
-                row = np.full(1, np.nan)
-            if not np.isfinite(row).all():
-                raise TextDataError(f"{path}:{number}: non-finite or non-numeric vector "
-                                    "entries (nan, inf, or beyond float32's range of 3.4e38); "
-                                    "fix or delete the line")
             index[word] = len(rows)
-            rows.append(row)
+            rows.append(_vector(parts[1:], path, number))
             if len(rows) == max_words:
                 complete = False
                 break
-    if dim is None or (complete and declared is not None and count != declared):
-        raise TextDataError(f"{path}: no word vectors in the file (empty?)" if dim is None else
-                            f"{path}: the word2vec header (line 1) declares {declared} "
+    if dim is None:
+        raise TextDataError(f"{path}: no word vectors in the file (empty?)")
+    if complete and declared is not None and count != declared:
+        raise TextDataError(f"{path}: the word2vec header (line 1) declares {declared} "
                             f"vectors, the file has {count}; fix the header")
     return list(index), (np.stack(rows) if rows else np.zeros((0, dim), np.float32))
 
@@ -96,14 +109,19 @@ def write_word_vectors(path: str, words: Sequence[str], vectors, header: bool = 
     """Write the GloVe text format (``header=True``: word2vec's, with ``<count> <dim>``
     first), atomically; missing folders on the way are created. Words must not contain
     spaces or newlines, and every line must stay readable by :func:`read_word_vectors`
-    (at most :data:`MAX_LINE_BYTES`)."""
+    (at most :data:`MAX_LINE_BYTES`).
+
+    Raises:
+        ValueError: before anything is written, a word the format cannot hold, vectors
+            that are not one finite row per word; while writing, a line too long to read."""
     vectors = vectors.detach().cpu().numpy() if isinstance(vectors, torch.Tensor) else \
         np.asarray(vectors)
     bad = [w for w in words if not isinstance(w, str) or not w or any(c in w for c in " \n\r")]
-    if bad or vectors.ndim != 2 or vectors.shape[0] != len(words) or vectors.shape[1] < 1 or \
+    if bad:
+        raise ValueError(f"word {bad[0]!r} cannot be written in the text format")
+    if vectors.ndim != 2 or vectors.shape[0] != len(words) or vectors.shape[1] < 1 or \
             not np.isfinite(vectors).all():
-        raise ValueError(f"word {bad[0]!r} cannot be written in the text format" if bad else
-                         f"need one vector per word, with no nan or inf values (they could "
+        raise ValueError(f"need one vector per word, with no nan or inf values (they could "
                          f"not be read back): {len(words)} words, vectors {vectors.shape}")
     with atomic_write(path) as fh:  # a failed write leaves nothing behind
         if header:
@@ -168,18 +186,14 @@ def train_word_vectors(documents: Iterable[Sequence[str]], dim: int = 300, windo
     ``[n, dim]`` vectors.
 
     Raises:
-        ValueError: before gensim runs, settings that are not positive integers up to
-            their ``MAX_*`` (``seed`` in ``[0, 2**32 - 1]``), documents that are not token
-            lists, or no word that occurs ``min_count`` times.
+        ValueError: before gensim runs, settings outside their :data:`TRAIN_RULES`,
+            documents that are not token lists, or no word that occurs ``min_count`` times.
         TypeError: a one-shot iterator of documents."""
-    for name, value, low, high in (
-            ("dim", dim, 1, MAX_TRAIN_DIM), ("window", window, 1, MAX_WINDOW),
-            ("min_count", min_count, 1, None), ("epochs", epochs, 1, MAX_EPOCHS),
-            ("workers", workers, 1, MAX_WORKERS), ("seed", seed, 0, MAX_SEED)):
-        if not _integer(value) or value < low or (high is not None and value > high):
-            kind = f"an integer in [0, {high}]" if low == 0 else \
-                "a positive integer" + (f" <= {high}" if high is not None else "")
-            raise ValueError(f"{name} must be {kind}, got {value!r}")
+    given: Dict[str, Any] = dict(dim=dim, window=window, min_count=min_count, epochs=epochs,
+                                 workers=workers, seed=seed)
+    # (check_int, not Rule.check: a numpy integer is as good as an int here)
+    dim, window, min_count, epochs, workers, seed = (
+        check_int(name, given[name], rule.low, rule.high) for name, rule in TRAIN_RULES.items())
     if iter(documents) is documents:
         raise TypeError("train_word_vectors needs a list or a re-iterable corpus, not a "
                         "one-shot iterator (word2vec passes over it several times)")

@@ -2,9 +2,10 @@
 Hub"). ``hf://owner/name`` names a Hub model repository holding a predictor folder: its
 ``config.json``, ``model.safetensors`` and ``README.md`` (if it has one), and nothing else
 of the repository (never a pickle), are downloaded into the standard Hugging Face cache
-and loaded with every check a local folder passes. :func:`push_to_hub` and
-:func:`push_folder` upload one. huggingface_hub (the ``hub`` extra) is imported only when
-the route is used."""
+and loaded with every check a local folder passes
+(:func:`glomo_pyg.load_pretrained`). :func:`push_to_hub` uploads a predictor,
+:func:`glomo_pyg.publish.push_folder` a saved folder. huggingface_hub (the ``hub`` extra)
+is imported only when the route is used."""
 from __future__ import annotations
 
 import dataclasses
@@ -26,10 +27,8 @@ from glomo_pyg.io.pretrained import (
     MAX_WEIGHTS_BYTES,
     WEIGHTS_NAME,
     PretrainedFormatError,
-    load_pretrained,
-    register_scheme,
+    SavablePredictor,
 )
-from glomo_pyg.nn.pretrained import PretrainedGraphPredictor, register_persistence
 from glomo_pyg.version import __version__
 
 PREFIX = "hf://"
@@ -106,7 +105,7 @@ def check_repo_id(repo_id: Any, what: str = "repo_id") -> str:
     return repo_id
 
 
-def _checked_revision(revision: Any) -> Optional[str]:
+def checked_revision(revision: Any) -> Optional[str]:
     if revision is None:
         return None
     if not isinstance(revision, str):
@@ -122,7 +121,7 @@ def _at(repo_id: str, revision: Optional[str]) -> str:
     return PREFIX + repo_id + (f" (revision {revision!r})" if revision else "")
 
 
-def _hub() -> ModuleType:
+def hub_module() -> ModuleType:
     """huggingface_hub, with the submodules used here imported (it loads them lazily)."""
     for module in ("huggingface_hub.constants", "huggingface_hub.errors"):
         require(module, FEATURE)
@@ -184,12 +183,17 @@ def download(name: str, revision: Optional[str] = None) -> Path:
     (``HF_HUB_OFFLINE=1``), or when the Hub cannot be reached, the cache alone answers.
 
     Raises:
-        HubError: see :func:`load_from_hub`.
+        HubError: ``name`` is not ``hf://owner/name`` (a path-like name such as
+            ``hf://../x``, ``hf://a/b/c``, or one holding a NUL or a backslash), the
+            revision is not a revision name, or a file is over :data:`LIMITS`;
+            :class:`HubNotFoundError` for an unknown repository or revision or one
+            without a predictor; :class:`HubOfflineError` when offline and not cached.
+        MissingExtraError: huggingface_hub is not installed (the ``hub`` extra).
     """
     repo_id = check_repo_id(name[len(PREFIX):] if is_hub_name(name) else name,
                             f"{name!r}: the repository")
-    revision = _checked_revision(revision)
-    hub = _hub()
+    revision = checked_revision(revision)
+    hub = hub_module()
     if _offline(hub):
         return _cached(hub, repo_id, revision, "offline mode is on (HF_HUB_OFFLINE=1)")
     try:
@@ -267,7 +271,7 @@ def _cached(hub: ModuleType, repo_id: str, revision: Optional[str], why: str) ->
     return config.parent
 
 
-def _read(file: Path, limit: int) -> Optional[bytes]:
+def read_file(file: Path, limit: int) -> Optional[bytes]:
     """The bytes of the regular file ``file`` (``None`` if missing), at most ``limit``."""
     try:
         fd = open_regular(file, file.name)
@@ -283,10 +287,10 @@ def _read(file: Path, limit: int) -> Optional[bytes]:
     return data
 
 
-def _card_problem(folder: Path, modality: str) -> Optional[str]:
+def card_problem(folder: Path, modality: str) -> Optional[str]:
     """For a release (its config seals a name, modality and card digest): ``None`` if
     ``folder`` holds the card it was sealed with, else why not. Other predictors: None."""
-    config = json.loads(_read(folder / CONFIG_NAME, MAX_CONFIG_BYTES) or b"{}")
+    config = json.loads(read_file(folder / CONFIG_NAME, MAX_CONFIG_BYTES) or b"{}")
     entry = config.get(releases.RELEASE_KEY)
     if entry is None:
         return None
@@ -298,36 +302,8 @@ def _card_problem(folder: Path, modality: str) -> Optional[str]:
         return str(err)
 
 
-def load_from_hub(name: str, revision: Optional[str] = None,
-                  **load: Any) -> PretrainedGraphPredictor:
-    """The predictor ``name`` (``'hf://owner/name'``) at ``revision``: :func:`download`,
-    then :func:`~glomo_pyg.io.load_pretrained` with every check (seal, weights' digest,
-    settings) and, for a pushed release, its sealed model card. ``load``:
-    ``load_pretrained``'s keywords. :func:`~glomo_pyg.io.load_pretrained` and
-    ``PretrainedGraphPredictor.from_pretrained`` route ``hf://`` names here.
-
-    Raises:
-        HubError: ``name`` is not ``hf://owner/name`` (a path-like name such as
-            ``hf://../x``, ``hf://a/b/c``, or one holding a NUL or a backslash), the
-            revision is not a revision name, or a file is over :data:`LIMITS`;
-            :class:`HubNotFoundError` for an unknown repository or revision or one
-            without a predictor; :class:`HubOfflineError` when offline and not cached.
-        PretrainedFormatError: a file fails the loader's checks (a tampered file).
-        MissingExtraError: huggingface_hub is not installed (the ``hub`` extra).
-    """
-    folder = download(name, revision)
-    try:
-        predictor = load_pretrained(folder, **load)
-        problem = _card_problem(folder, predictor.modality)
-    except PretrainedFormatError as err:  # (today's error, named for the repository)
-        raise PretrainedFormatError(f"{name} (commit {folder.name}): {err}") from None
-    if problem is not None:
-        raise PretrainedFormatError(f"{name} (commit {folder.name}): {problem}")
-    return predictor
-
-
 # --- pushing ------------------------------------------------------------------------------
-def _check_push(private: Any, token: Any, commit_message: Any) -> None:
+def check_push(private: Any, token: Any, commit_message: Any) -> None:
     problems = [text for bad, text in (
         (private is not None and not isinstance(private, bool),
          f"private must be True, False or None, got {private!r}"),
@@ -340,8 +316,8 @@ def _check_push(private: Any, token: Any, commit_message: Any) -> None:
         raise ValueError("; ".join(problems))
 
 
-def _card_fields(predictor: PretrainedGraphPredictor, repo_id: str,
-                 card: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+def card_fields(predictor: SavablePredictor, repo_id: str,
+                card: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
     """The card ``card`` with its name, summary and modality filled in from the predictor
     (what it shows, never a number it does not)."""
     if card is not None and not isinstance(card, Mapping):
@@ -366,7 +342,7 @@ def _card_fields(predictor: PretrainedGraphPredictor, repo_id: str,
     return fields
 
 
-def push_to_hub(predictor: PretrainedGraphPredictor, repo_id: str, *,
+def push_to_hub(predictor: SavablePredictor, repo_id: str, *,
                 revision: Optional[str] = None, private: Optional[bool] = None,
                 token: Union[str, bool, None] = None, commit_message: str = DEFAULT_MESSAGE,
                 card: Optional[Mapping[str, Any]] = None) -> HubPush:
@@ -395,86 +371,22 @@ def push_to_hub(predictor: PretrainedGraphPredictor, repo_id: str, *,
         HubError: the Hub refuses or cannot be reached (:class:`HubOfflineError`: offline).
         MissingExtraError: huggingface_hub is not installed (the ``hub`` extra).
     """
-    if not isinstance(predictor, PretrainedGraphPredictor):
+    if not isinstance(predictor, SavablePredictor):
         raise TypeError(f"expected a PretrainedGraphPredictor, got {type(predictor).__name__}")
-    repo_id, revision = check_repo_id(repo_id), _checked_revision(revision)
-    _check_push(private, token, commit_message)
-    text = releases.model_card(_card_fields(predictor, repo_id, card), PREFIX + repo_id,
+    repo_id, revision = check_repo_id(repo_id), checked_revision(revision)
+    check_push(private, token, commit_message)
+    text = releases.model_card(card_fields(predictor, repo_id, card), PREFIX + repo_id,
                                complete=False)
-    hub = _hub()
+    hub = hub_module()
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch) / "predictor"
         predictor.save_pretrained(folder)
         files = {n: (folder / n).read_bytes() for n in REQUIRED}
     files[releases.CARD_NAME] = text.encode("utf-8")
-    return _upload(hub, repo_id, files, revision, private, token, commit_message)
+    return upload(hub, repo_id, files, revision, private, token, commit_message)
 
 
-def _predictor_folder(folder: Any) -> Path:
-    """The folder ``folder`` names: a path, or the name of a release."""
-    if not isinstance(folder, (str, os.PathLike)):
-        raise TypeError(f"folder must be a str or os.PathLike naming a predictor folder or a "
-                        f"release, got {type(folder).__name__}")
-    if is_hub_name(folder):
-        raise ValueError(f"push_folder pushes a local folder or a release, got {folder!r}")
-    text = os.fspath(folder)
-    if isinstance(folder, str) and not os.path.lexists(text) and "\0" not in text and \
-            releases.RELEASE_NAME.fullmatch(text):
-        return releases.release_path(text)
-    return Path(text)
-
-
-def _verified(files: Dict[str, bytes], path: Path) -> PretrainedGraphPredictor:
-    """The predictor of ``files`` (what will be pushed, byte for byte), loaded from a
-    copy with every check, a release's card included."""
-    with tempfile.TemporaryDirectory() as scratch:
-        for name, data in files.items():
-            (Path(scratch) / name).write_bytes(data)
-        try:
-            predictor = load_pretrained(Path(scratch))
-            problem = _card_problem(Path(scratch), predictor.modality)
-        except PretrainedFormatError as err:
-            problem = str(err)
-        if problem is not None:
-            raise PretrainedFormatError(f"{path} is not pushed: "
-                                        + problem.replace(scratch, str(path)))
-    return predictor
-
-
-def push_folder(folder: Union[str, os.PathLike], repo_id: str, *,
-                revision: Optional[str] = None, private: Optional[bool] = None,
-                token: Union[str, bool, None] = None,
-                commit_message: str = DEFAULT_MESSAGE) -> HubPush:
-    """Upload the predictor folder ``folder`` (a :func:`~glomo_pyg.io.save_pretrained`
-    folder, or a release: its folder or its name) to ``repo_id`` as it is, in one commit:
-    its ``config.json``, ``model.safetensors`` and ``README.md`` byte for byte (a release's
-    sealed card included), nothing else of the folder. The files are loaded first with
-    every check (a release's card against its seal), so a broken predictor is never
-    pushed; a folder without a card gets the one :func:`push_to_hub` writes.
-
-    Raises:
-        PretrainedFormatError: the folder is not a predictor that loads.
-        HubError, ValueError, MissingExtraError: as :func:`push_to_hub`.
-    """
-    repo_id, revision = check_repo_id(repo_id), _checked_revision(revision)
-    _check_push(private, token, commit_message)
-    path = _predictor_folder(folder)
-    hub = _hub()
-    files = {n: data for n, limit in LIMITS.items()
-             if (data := _read(path / n, limit)) is not None}
-    missing = [n for n in REQUIRED if n not in files]
-    if missing:
-        raise PretrainedFormatError(f"{path} holds no {' and no '.join(missing)}: it is not "
-                                    "a predictor folder (save_pretrained writes one)")
-    predictor = _verified(files, path)
-    if releases.CARD_NAME not in files:
-        files[releases.CARD_NAME] = releases.model_card(
-            _card_fields(predictor, repo_id, None), PREFIX + repo_id,
-            complete=False).encode("utf-8")
-    return _upload(hub, repo_id, files, revision, private, token, commit_message)
-
-
-def _upload(hub: ModuleType, repo_id: str, files: Dict[str, bytes], revision: Optional[str],
+def upload(hub: ModuleType, repo_id: str, files: Dict[str, bytes], revision: Optional[str],
             private: Optional[bool], token: Union[str, bool, None],
             commit_message: str) -> HubPush:
     """Create the repository if needed and commit ``files``, the files of one commit."""
@@ -493,6 +405,3 @@ def _upload(hub: ModuleType, repo_id: str, files: Dict[str, bytes], revision: Op
     url = f"{api.endpoint}/{repo_id}" + (f"/tree/{quote(revision, safe='')}" if revision else "")
     return HubPush(repo_id, revision or "main", str(commit.oid), url, tuple(files))
 
-
-register_scheme(PREFIX, load_from_hub)
-register_persistence(push=push_to_hub)

@@ -1,19 +1,20 @@
-"""Saving and loading pretrained graph predictors: a sealed JSON config plus safetensors
-weights in one directory (docs/pretrained.md). Loading treats both files as untrusted
-and never unpickles anything."""
+"""The file format of saved graph predictors: a sealed JSON config plus safetensors
+weights in one directory (docs/pretrained.md). Everything here reads and writes plain
+data (a config and tensors); building modules from it is
+:class:`~glomo_pyg.nn.PretrainedGraphPredictor`'s part, which reaches the files only
+through this module. Both files are untrusted on reading, and nothing is ever
+unpickled."""
 from __future__ import annotations
 
 import contextlib
 import functools
 import hashlib
-import inspect
-import itertools
 import json
 import math
 import os
 import re
-import threading
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import (
     Any,
@@ -22,11 +23,12 @@ from typing import (
     Iterator,
     List,
     Optional,
+    Protocol,
     Sequence,
     Tuple,
-    Type,
     Union,
     cast,
+    runtime_checkable,
 )
 
 import torch
@@ -42,11 +44,6 @@ from glomo_pyg.graphs import DIRECTION_KEYS
 from glomo_pyg.io import releases
 from glomo_pyg.io.paths import NotRegularFileError, open_regular
 from glomo_pyg.io.seal import SEAL_KEY, seal_of, seal_problem
-
-# (importing glomo_pyg.nn registers the emitters)
-from glomo_pyg.nn.emitter import EMITTERS, GraphEmitter
-from glomo_pyg.nn.pretrained import PretrainedGraphPredictor, register_persistence
-from glomo_pyg.nn.settings import MAX_VOCABULARY, SAVED_SETTINGS, check_model_setting
 from glomo_pyg.version import __version__
 
 FORMAT = "glomo_pyg.pretrained_graph_predictor"
@@ -69,16 +66,38 @@ STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _OLD_TEMP_FILE = re.compile(r"^\.(config\.json|model\.safetensors)\..+\.tmp$")
 
 
-# Names with a scheme (``hf://``) are fetched by the module that owns it, which registers
-# here (glomo_pyg.io.hub) and loads the folder it fetched with load_pretrained: such a name
-# is never a local path.
-_SCHEMES: Dict[str, Callable[..., PretrainedGraphPredictor]] = {}
+MAX_VOCABULARY = 1 << 24  # token types a saved vocabulary may hold
 
 
-def register_scheme(prefix: str, load: Callable[..., PretrainedGraphPredictor]) -> None:
-    """Route the names starting with ``prefix`` (``'hf://'``) to ``load(name, revision=...,
-    **load_pretrained's keywords)``."""
-    _SCHEMES[prefix] = load
+@runtime_checkable
+class SavablePredictor(Protocol):
+    """What the files' writers (the Hub route, releases) read of a predictor: a
+    :class:`~glomo_pyg.nn.PretrainedGraphPredictor` is one."""
+
+    vocabulary: Optional[List[str]]
+
+    @property
+    def modality(self) -> str: ...
+
+    @property
+    def image_size(self) -> Optional[Tuple[int, int]]: ...
+
+    @property
+    def directions(self) -> tuple: ...
+
+    @property
+    def num_tokens(self) -> Optional[int]: ...
+
+    @property
+    def in_channels(self) -> Optional[int]: ...
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @property
+    def heads(self) -> int: ...
+
+    def save_pretrained(self, path: Any, dtype: Optional[torch.dtype] = None) -> None: ...
 
 
 class UnsealedPredictorWarning(UserWarning):
@@ -126,7 +145,8 @@ def _depth(value: Any) -> int:  # of an object or a list
     return 1 + max((_depth(c) for c in children if isinstance(c, (dict, list))), default=0)
 
 
-def _show(value: Any) -> str:
+def describe_value(value: Any) -> str:
+    """``value`` for an error message: short, with its JSON kind."""
     kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
             list: "a list", dict: "an object", type(None): "null"}.get(type(value), "?")
     text = kind if isinstance(value, (dict, list)) else json.dumps(value)
@@ -134,11 +154,13 @@ def _show(value: Any) -> str:
     return text if text == kind else f"{text} ({kind})"
 
 
-def _cut(items: Sequence[Any], n: int = 5) -> str:
+def first_items(items: Sequence[Any], n: int = 5) -> str:
+    """The first ``n`` of ``items``, for an error message."""
     return f"{list(items[:n])}{' ...' if len(items) > n else ''}"
 
 
-def _non_finite(tensors: Dict[str, torch.Tensor]) -> str:
+def non_finite(tensors: Dict[str, torch.Tensor]) -> str:
+    """What of ``tensors`` is NaN or infinite (``''``: nothing)."""
     bad = [f"{name} ({int((~torch.isfinite(t)).sum())} of {t.numel()} values)"
            for name, t in tensors.items()
            if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all())]
@@ -146,57 +168,38 @@ def _non_finite(tensors: Dict[str, torch.Tensor]) -> str:
         if bad else ""
 
 
-def save_pretrained(predictor: PretrainedGraphPredictor, path: PathLike,
+def write_predictor(path: PathLike, body: Dict[str, Any], tensors: Dict[str, torch.Tensor],
                     dtype: Optional[torch.dtype] = None) -> Path:
-    """Save ``predictor`` into directory ``path`` (weights ``<fw|bw>.<name>`` in
-    ``model.safetensors``, a sealed ``config.json``), replacing it whole; return ``path``.
+    """Write the predictor ``body`` (its ``directions``, ``vocabulary``, ... as
+    :meth:`~glomo_pyg.nn.PretrainedGraphPredictor.save_pretrained` gives them) and its
+    weights ``tensors`` into directory ``path``, replacing it whole; return ``path``. The
+    config gets the format's header, the weights' size and SHA-256, and its seal.
 
     Args:
-        predictor: the predictor to save.
         path: the directory to write; it may hold only a saved predictor.
+        body: the config's entries beyond the format's own.
+        tensors: the weights by name (``<fw|bw>.<name>``).
         dtype: store every floating-point tensor in this dtype (``torch.float16`` or
-            ``torch.bfloat16`` halve the file; :func:`load_pretrained` widens them back);
-            ``None`` keeps each tensor's own dtype.
+            ``torch.bfloat16`` halve the file; loading widens them back); ``None`` keeps
+            each tensor's own dtype.
 
     Raises:
-        TypeError: ``predictor`` or ``path`` has the wrong type.
+        TypeError: ``path`` has the wrong type.
         ValueError: ``path`` is a file or holds other entries, ``dtype`` is not a storage
             dtype, or a weight is NaN or infinite (after the cast).
     """
     from safetensors.torch import save
 
-    if not isinstance(predictor, PretrainedGraphPredictor):
-        raise TypeError(f"expected a PretrainedGraphPredictor, got {type(predictor).__name__}")
     given = _as_path(path, "save_pretrained")
     target = Path(os.path.realpath(given))
-    cast = dtype if isinstance(dtype, torch.dtype) and dtype in STORAGE_DTYPES else None
-    tensors = {name: t.detach().to("cpu", cast if cast is not None and t.is_floating_point()
-                                   else t.dtype).contiguous()
-               for name, t in predictor.predictors.state_dict().items()}
-    foreign = sorted(n for n in (os.listdir(target) if target.is_dir() else ())
-                     if n not in (CONFIG_NAME, WEIGHTS_NAME) and not _OLD_TEMP_FILE.match(n))
-    whole = "save_pretrained replaces the whole directory, so save into a new or empty directory"
-    non_finite = _non_finite(tensors)  # (after the cast: float16 overflows to infinity)
-    problems = [text for bad, text in (
-        (dtype is not None and cast is None,
-         f"save_pretrained: dtype must be None or one of {STORAGE_DTYPES}, got {dtype!r}"),
-        (foreign, f"{given} holds {_cut(foreign)} besides a saved predictor: {whole}"),
-        (os.path.lexists(target) and not target.is_dir(),
-         f"{given} exists and is not a directory: {whole}"),
-        (non_finite, f"cannot save {given}: {non_finite} (load_pretrained refuses them)"))
-        if bad]
-    if problems:
-        raise ValueError("; ".join(problems))
+    storage = dtype if isinstance(dtype, torch.dtype) and dtype in STORAGE_DTYPES else None
+    tensors = {name: t.detach().to("cpu", storage if storage is not None and
+                                   t.is_floating_point() else t.dtype).contiguous()
+               for name, t in tensors.items()}
+    _check_writable(given, target, dtype, storage, tensors)
     payload = save(tensors)
     config: Dict[str, Any] = dict(
-        format=FORMAT, format_version=FORMAT_VERSION, glomo_pyg_version=__version__,
-        directions={d: dict(cls=type(predictor.predictor(d)).__name__,
-                            config=predictor.predictor(d).config())
-                    for d in predictor.directions},
-        vocabulary=predictor.vocabulary,
-        trained_length=predictor.trained_length,
-        trained_size=None if predictor.trained_size is None else list(predictor.trained_size),
-        lowercase=predictor.lowercase,
+        format=FORMAT, format_version=FORMAT_VERSION, glomo_pyg_version=__version__, **body,
         weights=dict(file=WEIGHTS_NAME, bytes=len(payload),
                      sha256=hashlib.sha256(payload).hexdigest()))
     config[SEAL_KEY] = seal_of(config)  # (last: it covers everything above)
@@ -204,6 +207,24 @@ def save_pretrained(predictor: PretrainedGraphPredictor, path: PathLike,
                             CONFIG_NAME: json.dumps(config, indent=2, allow_nan=False).encode()})
     return given
 
+
+def _check_writable(given: Path, target: Path, dtype: Any, storage: Optional[torch.dtype],
+                    tensors: Dict[str, torch.Tensor]) -> None:
+    """Refuse a save into ``target`` that would replace something else, or lose values."""
+    foreign = sorted(n for n in (os.listdir(target) if target.is_dir() else ())
+                     if n not in (CONFIG_NAME, WEIGHTS_NAME) and not _OLD_TEMP_FILE.match(n))
+    whole = "save_pretrained replaces the whole directory, so save into a new or empty directory"
+    values = non_finite(tensors)  # (after the cast: float16 overflows to infinity)
+    problems = [text for bad, text in (
+        (dtype is not None and storage is None,
+         f"save_pretrained: dtype must be None or one of {STORAGE_DTYPES}, got {dtype!r}"),
+        (foreign, f"{given} holds {first_items(foreign)} besides a saved predictor: {whole}"),
+        (os.path.lexists(target) and not target.is_dir(),
+         f"{given} exists and is not a directory: {whole}"),
+        (values, f"cannot save {given}: {values} (load_pretrained refuses them)"))
+        if bad]
+    if problems:
+        raise ValueError("; ".join(problems))
 
 def _resolve(given: PathLike) -> Tuple[Path, Optional[str]]:
     """The folder ``given`` names, and the release name it is found under (``None``: not
@@ -334,7 +355,7 @@ def _check_entries(config: Dict[str, Any], file: Path) -> None:
         return functools.reduce(lambda value, part: value.get(part) if isinstance(
             value, dict) else None, key.split("."), cast(Any, config))
 
-    bad = [f"{key} must be {what}, got {_show(get(key))}" for key, test, what in _ENTRIES
+    bad = [f"{key} must be {what}, got {describe_value(get(key))}" for key, test, what in _ENTRIES
            if not test(get(key))]
     bad = bad[:1] if config.get("format") != FORMAT else bad  # (not a config at all)
     if bad:
@@ -355,7 +376,7 @@ def _check_version(config: Dict[str, Any], file: Path, path: Path, unsealed_ok: 
            f"glomo_pyg ({__version__}) reads versions up to {FORMAT_VERSION}: upgrade glomo_pyg"
            if version > FORMAT_VERSION else
            f"{file}: {problem}. If the edit was deliberate, seal the predictor again with "
-           f"{reseal} (glomo_pyg.io.pretrained.reseal_pretrained)" if problem else
+           f"{reseal} (glomo_pyg.publish.reseal_pretrained)" if problem else
            # (a lowered version must not step around the seal)
            f"{file} has format version {version}, which is not sealed: edits to its config "
            f"or vocabulary cannot be detected. Seal it with {reseal} (reseal_pretrained); to "
@@ -363,98 +384,6 @@ def _check_version(config: Dict[str, Any], file: Path, path: Path, unsealed_ok: 
            "always be sealed)" if version < SEALED_SINCE else None)
     if why is not None:
         raise PretrainedFormatError(why)
-
-
-def _legacy_entry(entry: Any) -> Any:
-    """A format-1 direction entry (``cls`` + ``kwargs``) as format 2."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("kwargs"), dict):
-        return entry
-    kwargs = {k: v for k, v in entry["kwargs"].items() if k != "layout"}
-    emitter = entry.get("cls") == "FeaturePredictor" and kwargs.get("decouple") is False
-    if emitter:
-        del kwargs["decouple"]
-    return dict(cls="FeatureGraphEmitter" if emitter else entry.get("cls"), config=kwargs)
-
-
-# Emitter arguments added after format 2 appeared, whose defaults reproduce what files
-# saved without them did; any other missing one means an edited or truncated file.
-ADDED_SINCE_FORMAT_2: Dict[str, Tuple[str, ...]] = {
-    "FeatureGraphEmitter": ("pooled_context", "local_context")}
-
-
-def _missing_arguments(cls: Type[GraphEmitter], config: Dict[str, Any]) -> List[str]:
-    """Constructor arguments of ``cls`` that a format-2 ``config`` should hold but lacks."""
-    params = inspect.signature(cls.__init__).parameters
-    added = set(ADDED_SINCE_FORMAT_2.get(cls.__name__, ()))
-    return sorted(name for name, p in params.items() if name != "self" and p.kind in (
-        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        and name not in config and name not in added)
-
-
-def _entry(direction: str, entry: Any, file: Path,
-           version: int) -> Tuple[Type[GraphEmitter], Dict[str, Any]]:
-    """The emitter class and checked config of a direction entry of format ``version``."""
-    entry = _legacy_entry(entry) if version == 1 else entry
-    known = isinstance(entry, dict) and isinstance(entry.get("cls"), str) and \
-        entry["cls"] in EMITTERS and isinstance(entry.get("config"), dict)
-    cls, config = (EMITTERS[entry["cls"]], entry["config"]) if known else (None, {})
-    unknown = sorted(k for k in config if k not in SAVED_SETTINGS)
-    missing = _missing_arguments(cast(Type[GraphEmitter], cls), config) \
-        if known and version >= 2 else []
-    if not known or unknown or missing:
-        raise PretrainedFormatError(
-            f"{file}: the {direction} entry must name one of {sorted(EMITTERS)} with its "
-            "config" if not known else
-            f"{file}: cannot build the {direction} {cast(type, cls).__name__} from its config: "
-            + "; ".join(f"{what} arguments {_cut(names)}" for what, names in (
-                ("unknown", unknown), ("it lacks", missing)) if names)
-            + " (the file was edited or truncated)")
-    assert cls is not None  # (known)
-    for key, value in config.items():
-        check_model_setting(key, value, PretrainedFormatError, show=_show, typed=True,
-                            key=f"{file}: {direction} {cls.__name__} config: {key}")
-    return cls, config
-
-
-class _TooManyTensors(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def _registration_budget(limit: int) -> Iterator[None]:
-    """Raise :class:`_TooManyTensors` past ``limit`` modules and tensors built here."""
-    from torch.nn.modules import module as nn_module
-
-    thread, count = threading.get_ident(), itertools.count(1)
-
-    def hook(*args):
-        if threading.get_ident() == thread and next(count) > limit:
-            raise _TooManyTensors
-
-    handles = [nn_module.register_module_module_registration_hook(hook),
-               nn_module.register_module_parameter_registration_hook(hook),
-               nn_module.register_module_buffer_registration_hook(hook)]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def _build(direction: str, cls: Type[GraphEmitter], config: Dict[str, Any], file: Path,
-           budget: Optional[int] = None) -> GraphEmitter:
-    """The emitter of ``config``; with ``budget``, on the meta device and bounded."""
-    try:
-        if budget is None:
-            return cls.from_config(dict(config))
-        with _registration_budget(budget), torch.device("meta"):
-            return cls.from_config(dict(config))
-    except (_TooManyTensors, TypeError, ValueError, OverflowError, RuntimeError) as err:
-        raise PretrainedFormatError(
-            f"{file}: the {direction} {cls.__name__} config describes far more tensors than "
-            f"{WEIGHTS_NAME} holds" if isinstance(err, _TooManyTensors) else
-            f"{file}: cannot build the {direction} {cls.__name__} from its config ({err})"
-        ) from None
 
 
 @contextlib.contextmanager
@@ -466,29 +395,15 @@ def _safetensors_errors(file: Path) -> Iterator[None]:
         raise PretrainedFormatError(f"{file} is not a valid safetensors file ({err})") from None
 
 
-def _expected(entries: Dict[str, Tuple[Type[GraphEmitter], Dict[str, Any]]],
-              header: Dict[str, Tuple],
-              file: Path, config_file: Path) -> Dict[str, torch.Tensor]:
-    """The tensors the config describes (on the meta device), which must be the header's."""
-    budget = 8 * len(header) + 256  # modules and non-persistent buffers included
-    expected = torch.nn.ModuleDict({DIRECTION_KEYS[d]: _build(d, cls, c, config_file, budget)
-                                    for d, (cls, c) in entries.items()}).state_dict()
-    missing = sorted(set(expected) - set(header))
-    unexpected = sorted(k[:60] for k in set(header) - set(expected))
-    shapes = [f"{k}: file {header[k]} vs config {tuple(expected[k].shape)}"
-              for k in sorted(set(expected) & set(header)) if header[k] != expected[k].shape]
-    parts = [f"{what} {_cut(items)}" for what, items in (
-        ("missing tensors", missing), ("unexpected tensors", unexpected)) if items]
-    parts += ["shape mismatch " + "; ".join(shapes[:5])] if shapes else []
-    if parts:
-        raise PretrainedFormatError(f"{file} does not match {config_file}: " + "; ".join(parts))
-    return expected
+Expected = Callable[[Dict[str, Tuple[int, ...]]], Dict[str, torch.Tensor]]
 
 
-def _read_weights(path: Path, fd: int, config: Dict[str, Any],
-                  entries: Dict[str, Tuple[Type[GraphEmitter], Dict[str, Any]]],
+def _read_weights(path: Path, fd: int, config: Dict[str, Any], expected_tensors: Expected,
                   release: bool) -> Dict[str, torch.Tensor]:
-    """The weights, once the file's size, header, SHA-256, dtypes and values pass."""
+    """The weights, once the file's size, header, SHA-256, dtypes and values pass;
+    ``expected_tensors(header)``: the tensors the config describes (meta tensors are
+    enough), given the file's header (names and shapes), or a
+    :class:`PretrainedFormatError`."""
     from safetensors import safe_open
     from safetensors.torch import load
 
@@ -497,7 +412,7 @@ def _read_weights(path: Path, fd: int, config: Dict[str, Any],
     where = f"/dev/fd/{fd}" if os.path.isdir("/dev/fd") else str(file)  # (the opened file)
     with _safetensors_errors(file), safe_open(where, framework="pt") as opened:  # (no tensor)
         header = {k: tuple(opened.get_slice(k).get_shape()) for k in opened.keys()}
-    expected = _expected(entries, header, file, path / CONFIG_NAME)
+    expected = expected_tensors(header)
     digest = hashlib.sha256()
     data = _read_fd(fd, size, file, digest)  # (filled while hashed)
     if config["weights"]["sha256"] != digest.hexdigest():
@@ -508,14 +423,15 @@ def _read_weights(path: Path, fd: int, config: Dict[str, Any],
     bad = [k for k, t in weights.items() if k not in expected or t.dtype != expected[k].dtype
            and not (t.dtype in STORAGE_DTYPES[1:] and expected[k].is_floating_point()
                     and expected[k].element_size() > 2)]  # 16-bit floats widen, nothing else
-    values = "" if bad else _non_finite(weights)
+    values = "" if bad else non_finite(weights)
     if bad or values:  # (a predictor with NaN weights emits empty or meaningless graphs)
         raise PretrainedFormatError(f"{file}: unexpected dtypes for {bad[:5]}" if bad else
                                     f"{file}: {values}")
     return weights
 
 
-def _check_vocabulary(given: Sequence[str], saved: Optional[List[str]], file: Path) -> None:
+def check_vocabulary(given: Sequence[str], saved: Optional[List[str]], file: Path) -> None:
+    """Refuse a ``given`` vocabulary other than the ``saved`` one of ``file``."""
     given = [str(t) for t in given]
     if given != saved:
         i = next(i for i, (a, b) in enumerate(zip(given, saved)) if a != b) \
@@ -526,7 +442,7 @@ def _check_vocabulary(given: Sequence[str], saved: Optional[List[str]], file: Pa
                  f"{cast(List[str], saved)[i]!r} saved"))
 
 
-def _check_release(name: str, path: Path, config: Dict[str, Any], modality: str) -> None:
+def check_release(name: str, path: Path, config: Dict[str, Any], modality: str) -> None:
     """Refuse the release folder ``path`` found under ``name`` unless it is that release
     (its sealed name, its card: :func:`glomo_pyg.io.releases.release_problem`)."""
     try:
@@ -537,114 +453,77 @@ def _check_release(name: str, path: Path, config: Dict[str, Any], modality: str)
         raise PretrainedFormatError(problem)
 
 
-def load_pretrained(path: PathLike, map_location: Union[str, torch.device, None] = None,
-                    vocabulary: Optional[Sequence[str]] = None,
-                    allow_unsealed: bool = False,
-                    revision: Optional[str] = None) -> PretrainedGraphPredictor:
-    """Load a predictor written by :func:`save_pretrained`, in eval mode.
 
-    Both files are untrusted and checked before any module is built at its real size
-    (the checks, in order: docs/design.md).
 
-    Args:
-        path: the directory given to :func:`save_pretrained`, the name of a released
-            predictor (a bare name such as ``'imdb-text-cpu'`` that is no existing path),
-            or ``'hf://owner/name'``: a Hugging Face Hub model repository, downloaded
-            into the Hugging Face cache (:mod:`glomo_pyg.io.hub`; always the Hub, never
-            a local folder: a folder named ``hf:`` is ``'./hf:/...'``).
-        map_location: device to put the weights on (default: CPU).
-        vocabulary: if given, it must equal the saved vocabulary.
-        allow_unsealed: load a predictor of format 1 or 2 (not sealed), with an
-            :class:`UnsealedPredictorWarning` (never a release); without it, refused.
-        revision: ``hf://`` names only: the branch, tag or commit to load (default: the
-            main branch).
+@dataclass
+class SavedFolder:
+    """An opened predictor folder whose config passed every check of the format (strict
+    JSON, entries, version, seal); :meth:`read_weights` reads and checks the weights
+    through the descriptor opened with the config."""
+
+    path: Path
+    release: Optional[str]  # the release name it was found under, if any
+    config: Dict[str, Any]
+    weights_fd: int
+
+    @property
+    def config_file(self) -> Path:
+        return self.path / CONFIG_NAME
+
+    @property
+    def version(self) -> int:
+        return cast(int, self.config["format_version"])
+
+    def read_weights(self, expected_tensors: Expected) -> Dict[str, torch.Tensor]:
+        """The weights, once their size, header (against ``expected_tensors(header)``),
+        SHA-256, dtypes and values pass."""
+        return _read_weights(self.path, self.weights_fd, self.config, expected_tensors,
+                             self.release is not None)
+
+
+@contextlib.contextmanager
+def open_saved(given: PathLike, allow_unsealed: bool = False) -> Iterator[SavedFolder]:
+    """The predictor folder ``given`` (a path, or a released predictor's bare name),
+    opened and its config checked (docs/design.md lists the checks in order); a
+    release is never loaded unsealed.
 
     Raises:
-        TypeError: ``path`` is not a str or os.PathLike.
+        TypeError: ``given`` is not a str or os.PathLike.
         PretrainedFormatError: a missing folder or release, a path or name holding a NUL,
-            a missing, corrupt, edited or newer file, a config value of the wrong type or
-            out of range, weights that do not match the config or are not finite, a
-            vocabulary mismatch, or a release found under a name that is not its own (a
-            renamed copy, or a card not its own); for ``hf://`` names, also its subclass
-            :class:`~glomo_pyg.io.hub.HubError` for what the Hub route refuses.
+            a missing, corrupt, edited or newer config.
     """
-    scheme = next((p for p in _SCHEMES if isinstance(path, str) and path.startswith(p)), None)
-    if scheme is not None:
-        return _SCHEMES[scheme](path, revision=revision, map_location=map_location,
-                                vocabulary=vocabulary, allow_unsealed=allow_unsealed)
-    if revision is not None:
-        raise ValueError(f"revision={revision!r} picks a commit of a Hugging Face Hub "
-                         f"predictor ('hf://owner/name'); {path!r} is a folder or a release")
-    path, release = _resolve(path)
-    is_release = release is not None
-    try:
-        cuda = map_location is not None and torch.device(map_location).type == "cuda"
-        why = ": CUDA is not available here" if cuda and not torch.cuda.is_available() else None
-    except (RuntimeError, TypeError) as err:
-        why = f" is not a device: {err}"
-    if why is not None:
-        raise ValueError(f"map_location {map_location!r}{why}")
-    if vocabulary is not None and (isinstance(vocabulary, (str, bytes)) or
-                                   not hasattr(vocabulary, "__iter__")):
-        raise TypeError(f"vocabulary must be a sequence of tokens, got "
-                        f"{type(vocabulary).__name__}")
+    path, release = _resolve(given)
     config_file = path / CONFIG_NAME
     remove_stale(Path(os.path.realpath(path)))
     with _opened(path) as (config_fd, weights_fd):
         config = _parse_config(_read_fd(config_fd, _size(config_file, config_fd),
                                         config_file), config_file)
         _check_entries(config, config_file)
-        _check_version(config, config_file, path, allow_unsealed and not is_release)
-        entries = {d: _entry(d, config["directions"][d], config_file, config["format_version"])
-                   for d in DIRECTION_KEYS if d in config["directions"]}
-        weights = _read_weights(path, weights_fd, config, entries, is_release)
-    modules = {d: _build(d, cls, c, config_file) for d, (cls, c) in entries.items()}
-    torch.nn.ModuleDict({DIRECTION_KEYS[d]: m for d, m in modules.items()}).load_state_dict(
-        weights, strict=True)
-    if vocabulary is not None:
-        _check_vocabulary(vocabulary, config.get("vocabulary"), config_file)
-    try:
-        predictor = PretrainedGraphPredictor(modules.get("forward"), modules.get("backward"),
-                                             config.get("vocabulary"),
-                                             config.get("trained_length"),
-                                             config.get("trained_size"),
-                                             config.get("lowercase"))
-    except (TypeError, ValueError) as err:
-        raise PretrainedFormatError(f"{config_file}: {err}") from None
-    if release is not None:
-        _check_release(release, path, config, predictor.modality)
-    if map_location is not None:
-        predictor = predictor.to(map_location)
-    return predictor.eval()
+        _check_version(config, config_file, path, allow_unsealed and release is None)
+        yield SavedFolder(path, release, config, weights_fd)
 
 
-def reseal_pretrained(path: PathLike) -> PathLike:
-    """Seal the saved predictor ``path`` again as it now is (edited on purpose, or of
-    format 1 or 2) and return ``path``. If it then fails :func:`load_pretrained`, the old
-    config is put back and the error raised."""
-    given, path = path, _as_path(path, "reseal_pretrained")
+def read_unsealed(path: PathLike) -> Tuple[bytes, Dict[str, Any]]:
+    """The config of the saved predictor ``path`` as it is (bytes and parsed, not held
+    to its seal), with its ``weights`` entry set to the weights file as it now is."""
+    path = _as_path(path, "reseal_pretrained")
     config_file, weights_file = path / CONFIG_NAME, path / WEIGHTS_NAME
     with _opened(path) as (config_fd, weights_fd):
         old = bytes(_read_fd(config_fd, _size(config_file, config_fd), config_file))
         digest, size = hashlib.sha256(), _size(weights_file, weights_fd, release=False)
         _read_fd(weights_fd, size, weights_file, digest, keep=False)
     config = _parse_config(old, config_file)
-    if config.get("format_version") == 1:  # another layout: migrated by a new save
-        with warnings.catch_warnings():  # (being sealed is what was asked for)
-            warnings.simplefilter("ignore", UnsealedPredictorWarning)
-            predictor = load_pretrained(path, allow_unsealed=True)
-        save_pretrained(predictor, path)
-        return given
-    config.update(format_version=FORMAT_VERSION, weights=dict(
-        file=WEIGHTS_NAME, bytes=size, sha256=digest.hexdigest()))
-    write_json(config_file, {**config, SEAL_KEY: seal_of(config)}, allow_nan=False)
-    try:
-        load_pretrained(path)
-    except Exception:
+    config["weights"] = dict(file=WEIGHTS_NAME, bytes=size, sha256=digest.hexdigest())
+    return old, config
+
+
+def write_config(path: PathLike, config: Union[Dict[str, Any], bytes]) -> None:
+    """Write ``config`` as the config of the saved predictor ``path``: a dict sealed at
+    the current format version, or bytes as they are (an old config put back)."""
+    config_file = Path(path) / CONFIG_NAME
+    if isinstance(config, bytes):
         with atomic_write(config_file, "wb") as fh:
-            fh.write(old)
-        raise
-    return given
-
-
-register_persistence(save_pretrained, load_pretrained)
+            fh.write(config)
+        return
+    body = {**config, "format_version": FORMAT_VERSION}
+    write_json(config_file, {**body, SEAL_KEY: seal_of(body)}, allow_nan=False)

@@ -8,16 +8,11 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union, cast
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-import torch
-
-from glomo_pyg.atomic_files import replace_folder
 from glomo_pyg.io.paths import open_regular
 from glomo_pyg.io.seal import SEAL_KEY, seal_of
-from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 
 ENV_VAR = "GLOMO_PRETRAINED_DIR"
 RELEASE_NAME = re.compile(r"[a-z0-9][a-z0-9.-]*")
@@ -110,7 +105,7 @@ def release_name_of(path: PathLike) -> Optional[str]:
     return os.path.basename(os.path.realpath(path)) if in_releases_root(path) else None
 
 
-def _releases(root: Path, origin: str = "") -> List[str]:
+def releases_in(root: Path, origin: str = "") -> List[str]:
     """The release names in ``root``; ``origin`` (``'$VAR=...: '``) prefixes an error."""
     try:
         entries = os.listdir(root)
@@ -131,7 +126,7 @@ def released_names() -> List[str]:
     a :class:`ValueError` naming the folder (and ``$GLOMO_PRETRAINED_DIR`` if it chose
     it) if it cannot be listed, e.g. a loop of symbolic links."""
     env = os.environ.get(ENV_VAR)
-    return _releases(releases_root(), f"{ENV_VAR}={env!r}: " if env else "")
+    return releases_in(releases_root(), f"{ENV_VAR}={env!r}: " if env else "")
 
 
 def available_releases(names: List[str]) -> str:
@@ -150,7 +145,7 @@ def release_path(name: str) -> Path:
     return releases_root() / name
 
 
-def _check_card(card: Mapping, complete: bool = True) -> Dict[str, Any]:
+def check_card(card: Mapping, complete: bool = True) -> Dict[str, Any]:
     """``card`` checked: its text fields stripped (``complete``: all of :data:`CARD_FIELDS`,
     as a release needs; else ``name``, ``summary``, ``modality`` and any others, as a Hub
     card needs) and its :data:`CARD_EXTRAS` normalised."""
@@ -271,7 +266,8 @@ def _front_matter(card: Mapping[str, Any]) -> List[str]:
     return [*lines, "---"]
 
 
-def _readme(card: Dict[str, Any], load_as: Optional[str] = None) -> str:
+def card_text(card: Dict[str, Any], load_as: Optional[str] = None) -> str:
+    """The ``README.md`` text of the checked card ``card`` (:func:`check_card`)."""
     lines = [*_front_matter(card), f"# {card['name']}", "", card["summary"], ""]
     for field, title in CARD_SECTIONS.items():
         if field not in card:  # (a Hub card may leave sections out)
@@ -300,7 +296,7 @@ def model_card(card: Mapping[str, Any], load_as: Optional[str] = None,
     ``metrics`` entries are mappings of :data:`METRIC_KEYS` (and ``task``, default
     :data:`DEFAULT_TASK`); each ``value`` must be a number the Quality section writes.
     A :class:`ValueError` names every problem of the card."""
-    return _readme(_check_card(card, complete), load_as)
+    return card_text(check_card(card, complete), load_as)
 
 
 def replaceable_release_folder(folder: PathLike) -> bool:
@@ -311,72 +307,7 @@ def replaceable_release_folder(folder: PathLike) -> bool:
                                           set(os.listdir(folder)) <= set(RELEASE_FILES))
 
 
-def write_release(predictor: Union[PretrainedGraphPredictor, PathLike], folder: PathLike,
-                  card: Mapping[str, str]) -> Path:
-    """Write a released predictor (float16 weights, config and ``README.md`` model card)
-    into ``folder``, replacing it as a whole, and return ``folder``. The config seals the
-    release's name, modality and card digest (:data:`RELEASE_KEY`): loading refuses the
-    folder under another name or with another card (:func:`release_problem`).
-
-    Args:
-        predictor: the predictor, or the folder (or released name) of a saved one.
-        folder: the release folder, named after the release (``pretrained/NAME``); it may
-            hold only an earlier release.
-        card: text for each of :data:`CARD_FIELDS`: ``name`` (``[a-z0-9][a-z0-9.-]*``),
-            ``summary`` (one line), ``modality`` (``'text'`` or ``'pixels'``, as the
-            predictor reads) and the markdown sections of :data:`CARD_SECTIONS`; and
-            optionally :data:`CARD_EXTRAS` for the card's YAML front matter (see
-            :func:`model_card`): ``datasets`` (Hub dataset ids) and ``metrics``.
-
-    Raises:
-        TypeError: ``predictor`` or ``card`` has the wrong type.
-        ValueError: a card field is missing, unknown or malformed; the folder is not
-            named after the release or holds something else; the predictor does not
-            match the card; or the card would exceed :data:`MAX_CARD_BYTES`, the release
-            :data:`MAX_WEIGHTS_BYTES` or the releases together :data:`MAX_RELEASES_BYTES`.
-    """
-    card, folder = _check_card(card), Path(folder)
-    if isinstance(predictor, (str, os.PathLike)):
-        predictor = PretrainedGraphPredictor.from_pretrained(predictor)
-    if not isinstance(predictor, PretrainedGraphPredictor):
-        raise TypeError(f"predictor must be a PretrainedGraphPredictor or the folder of a saved "
-                        f"one, got {type(predictor).__name__}")
-    modality = predictor.modality
-    with tempfile.TemporaryDirectory() as scratch:  # (read back: a release is small)
-        predictor.save_pretrained(scratch, dtype=torch.float16)
-        files = {n: (Path(scratch) / n).read_bytes()
-                 for n in ("model.safetensors", "config.json")}  # (the config last)
-    files[CARD_NAME] = _readme(card).encode("utf-8")
-    files["config.json"] = _sealed_config(files["config.json"], card["name"], modality,
-                                          files[CARD_NAME])
-    size = len(files["model.safetensors"])
-    total = sum(map(len, files.values())) + sum(  # (and the other releases beside it)
-        f.stat().st_size for n in _releases(folder.parent) if n != folder.name
-        for f in (folder.parent / n).iterdir() if f.is_file())
-    problems = [text for bad, text in (
-        (modality != card["modality"], f"the card says modality {card['modality']!r}, the "
-         f"predictor reads {modality}"),
-        (modality == "text" and predictor.vocabulary is None, "a text release must carry its "
-         "vocabulary (users encode their text with it): pass one to Glomo.to_pretrained"),
-        (folder.name != card["name"], f"the release folder {folder} must be named after the "
-         f"release, {card['name']!r}: it is loaded by its folder's name"),
-        (not replaceable_release_folder(folder), f"{folder} exists and is not a release "
-         "folder; write_release only replaces an earlier release"),
-        (len(files[CARD_NAME]) > MAX_CARD_BYTES, f"the model card would have "
-         f"{len(files[CARD_NAME])} bytes, more than the {MAX_CARD_BYTES >> 10} KiB a card may "
-         "have (glomo pretrained reads no more)"),
-        (size > MAX_WEIGHTS_BYTES, f"the release's weights file has {size / 2**20:.2f} MiB, "
-         f"more than the {MAX_WEIGHTS_BYTES / 2**20:g} MiB a release may hold"),
-        (total > MAX_RELEASES_BYTES, f"the releases in {folder.parent} would take "
-         f"{total / 2**20:.1f} MiB with this one, more than the "
-         f"{MAX_RELEASES_BYTES / 2**20:g} MiB they may take together")) if bad]
-    if problems:
-        raise ValueError("; ".join(problems))
-    replace_folder(Path(os.path.abspath(folder)), files)
-    return folder
-
-
-def _sealed_config(config: bytes, name: str, modality: str, card: bytes) -> bytes:
+def sealed_release_config(config: bytes, name: str, modality: str, card: bytes) -> bytes:
     """``config`` (save_pretrained's sealed JSON) with :data:`RELEASE_KEY` added and sealed:
     the release's name, modality and card digest, which loading holds the folder to."""
     body = {k: v for k, v in json.loads(config).items() if k != SEAL_KEY}
@@ -384,32 +315,6 @@ def _sealed_config(config: bytes, name: str, modality: str, card: bytes) -> byte
                              card_sha256=hashlib.sha256(card).hexdigest())
     body[SEAL_KEY] = seal_of(body)  # (last: it covers everything above)
     return json.dumps(body, indent=2, allow_nan=False).encode()
-
-
-def rewrite_card(folder: PathLike, changes: Optional[Mapping[str, Any]] = None) -> Path:
-    """Write the model card of the release in ``folder`` again with today's card writer
-    (its fields as :func:`read_card` reads them, updated with ``changes``, e.g. ``metrics``
-    or ``datasets``), and seal it into the release's ``config.json`` (:data:`RELEASE_KEY`);
-    the weights are kept byte for byte. The release must load before (every check) and
-    after; return ``folder``.
-
-    Raises:
-        PretrainedFormatError: the release does not load as it is.
-        ValueError: the card with ``changes`` is not a valid card (see :func:`write_release`).
-    """
-    folder = Path(folder)
-    modality = PretrainedGraphPredictor.from_pretrained(folder).modality
-    card = _check_card({**read_card(folder), **(changes or {})})
-    files = {n: (folder / n).read_bytes() for n in ("model.safetensors", "config.json")}
-    recorded = json.loads(files["config.json"]).get("weights", {}).get("sha256")
-    if hashlib.sha256(files["model.safetensors"]).hexdigest() != recorded:
-        raise ValueError(f"{folder} changed while its card was rewritten: try again")
-    files[CARD_NAME] = _readme(card).encode("utf-8")
-    files["config.json"] = _sealed_config(files["config.json"], card["name"], modality,
-                                          files[CARD_NAME])
-    replace_folder(Path(os.path.abspath(folder)), files)
-    PretrainedGraphPredictor.from_pretrained(folder)
-    return folder
 
 
 def card_bytes(folder: PathLike) -> Optional[bytes]:
@@ -487,7 +392,7 @@ def _named(name: str, folder: Path, sealed: str, how: str) -> str:
     return (f"{folder} is the released predictor {sealed!r}, as {how}, but is found under the "
             f"name {name!r}: a release is loaded by its folder's name, so a renamed or copied "
             f"release is refused. Rename the folder to {sealed}, or write the predictor as a "
-            "release of the new name (glomo_pyg.io.releases.write_release)")
+            "release of the new name (glomo_pyg.publish.write_release)")
 
 
 def _sealed_problems(name: str, folder: Path, entry: Any, modality: str) -> List[str]:
@@ -545,21 +450,3 @@ def release_problem(name: str, folder: PathLike, config: Mapping[str, Any],
     problems = _unsealed_problems(name, folder, config, modality) if entry is None else \
         _sealed_problems(name, folder, entry, modality)
     return "; ".join(problems) if problems else None
-
-
-def describe_release(name: str) -> Dict[str, Any]:
-    """What ``glomo pretrained`` lists about the released predictor ``name``, loaded (a
-    :class:`ValueError` if there is none, or a ``PretrainedFormatError`` if it is broken):
-    its shapes, and its card's ``summary`` and ``data`` (the data it was trained on, the
-    card's "Data" section on one line)."""
-    path = release_path(name)
-    predictor = PretrainedGraphPredictor.from_pretrained(path)
-    modality = predictor.modality
-    card = read_card(path)
-    return dict(name=name, modality=modality, directions=len(predictor.directions),
-                layers=predictor.num_layers, heads=predictor.heads,
-                units=list(cast(Tuple[int, int], predictor.image_size)) if modality == "pixels"
-                else predictor.num_tokens,
-                weights_bytes=(path / "model.safetensors").stat().st_size,
-                summary=card.get("summary", ""), data=" ".join(card.get("data", "").split()),
-                path=str(path), origin=releases_origin())

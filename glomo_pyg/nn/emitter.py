@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
 from operator import attrgetter
-from typing import Dict, List, Optional, Tuple, Type, TypeVar, Union, cast
+from typing import ClassVar, Dict, List, Optional, Tuple, Type, TypeVar, Union, cast
 
 from torch import Tensor
 
@@ -12,7 +12,7 @@ from glomo_pyg.nn.config import ConfigurableModule
 from glomo_pyg.nn.encoder import UnitEncoder
 from glomo_pyg.nn.resets import reset_children
 from glomo_pyg.nn.scorer import GraphScorer
-from glomo_pyg.nn.settings import check_model_setting
+from glomo_pyg.nn.settings import ModelSettings, check_model_setting
 from glomo_pyg.ordering import SequenceOrder, UnitOrder
 from glomo_pyg.sequences import SequenceBatch, sequence_batch
 
@@ -29,9 +29,13 @@ class GraphEmitter(ConfigurableModule, metaclass=ABCMeta):
 
     ``forward(x, batch)`` validates the input with ``encoder``
     (:class:`~glomo_pyg.nn.UnitEncoder`) and calls :meth:`emit`; subclasses register
-    themselves in :data:`EMITTERS`.
+    themselves in :data:`EMITTERS`. :attr:`settings` declares the constructor's settings
+    (their rules, and which a saved config holds): a subclass with a new setting names a
+    :class:`~glomo_pyg.nn.settings.ModelSettings` subclass declaring it, and saving and
+    loading follow (docs/settings.md).
     """
 
+    settings: ClassVar[type] = ModelSettings
     layout: str = "sparse"
     direction: str
     num_layers: int

@@ -3,7 +3,7 @@ vocabulary (paper Sec. 2.2)."""
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, cast
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import torch
 from torch import Tensor
@@ -11,20 +11,24 @@ from torch import Tensor
 from glomo_pyg.digests import weights_digest
 from glomo_pyg.graphs import DIRECTION_KEYS as _KEY
 from glomo_pyg.graphs import DirectionalGraphs, LatentGraphs
+from glomo_pyg.io import hub
+from glomo_pyg.io.pretrained import (
+    WEIGHTS_NAME,
+    PathLike,
+    PretrainedFormatError,
+    SavedFolder,
+    check_release,
+    check_vocabulary,
+    open_saved,
+    write_predictor,
+)
 from glomo_pyg.nn.emitter import GraphEmitter
+from glomo_pyg.nn.saved import build_emitter, expected_tensors, saved_entry
 from glomo_pyg.sequences import sequence_batch
 from glomo_pyg.tokenizer import tokenize as split_text
 
-# Saving, loading and pushing to the Hugging Face Hub live in glomo_pyg.io (nn does no
-# file I/O), which registers them here.
-_PERSISTENCE: Dict[str, Callable] = {}
-
-
-def register_persistence(save: Optional[Callable] = None, load: Optional[Callable] = None,
-                         push: Optional[Callable] = None) -> None:
-    _PERSISTENCE.update({k: f for k, f in (("save", save), ("load", load), ("push", push))
-                         if f is not None})
-
+if TYPE_CHECKING:
+    from pathlib import Path
 
 def _shared(name: str) -> property:
     """A property both directions agree on, read from the first."""
@@ -299,8 +303,8 @@ class PretrainedGraphPredictor(torch.nn.Module):
 
     def save_pretrained(self, path, dtype: Optional[torch.dtype] = None) -> None:
         """Write ``config.json`` and ``model.safetensors`` into directory ``path``
-        (:func:`glomo_pyg.io.save_pretrained`); ``dtype=torch.float16`` halves the bytes."""
-        _PERSISTENCE["save"](self, path, dtype=dtype)
+        (:func:`~glomo_pyg.save_pretrained`); ``dtype=torch.float16`` halves the bytes."""
+        save_pretrained(self, path, dtype=dtype)
 
     @classmethod
     def from_pretrained(cls, name_or_path, map_location=None,
@@ -309,7 +313,7 @@ class PretrainedGraphPredictor(torch.nn.Module):
                         revision: Optional[str] = None) -> "PretrainedGraphPredictor":
         """Load a predictor written by :meth:`save_pretrained` (eval mode, float32), a
         released predictor by name, or one on the Hugging Face Hub
-        (``'hf://owner/name'``); see :func:`glomo_pyg.io.load_pretrained`.
+        (``'hf://owner/name'``); see :func:`~glomo_pyg.load_pretrained`.
 
         Args:
             name_or_path: the predictor's folder, the bare name of a released predictor
@@ -328,9 +332,8 @@ class PretrainedGraphPredictor(torch.nn.Module):
                 names, :class:`~glomo_pyg.io.hub.HubError` (a subclass) when the Hub or
                 its cache cannot give the predictor.
         """
-        return _PERSISTENCE["load"](name_or_path, map_location=map_location,
-                                    vocabulary=vocabulary, allow_unsealed=allow_unsealed,
-                                    revision=revision)
+        return load_pretrained(name_or_path, map_location=map_location, vocabulary=vocabulary,
+                               allow_unsealed=allow_unsealed, revision=revision)
 
     def push_to_hub(self, repo_id: str, *, revision: Optional[str] = None,
                     private: Optional[bool] = None, token: Union[str, bool, None] = None,
@@ -355,8 +358,8 @@ class PretrainedGraphPredictor(torch.nn.Module):
         Returns:
             :class:`~glomo_pyg.io.hub.HubPush`: the repository, revision, commit and URL.
         """
-        return _PERSISTENCE["push"](self, repo_id, revision=revision, private=private,
-                                    token=token, commit_message=commit_message, card=card)
+        return hub.push_to_hub(self, repo_id, revision=revision, private=private, token=token,
+                               commit_message=commit_message, card=card)
 
     def reset_parameters(self):
         """Re-initialise both directions' predictors (an untrained predictor, e.g. the
@@ -371,3 +374,141 @@ class PretrainedGraphPredictor(torch.nn.Module):
         if self.trained_size:
             trained += f", trained_size={self.trained_size}"
         return f"{self.__class__.__name__}({inner}{vocab}{trained})"
+
+
+def _saved_body(predictor: PretrainedGraphPredictor) -> Dict[str, Any]:
+    """The config entries that describe ``predictor`` (the format adds its own)."""
+    return dict(
+        directions={d: dict(cls=type(predictor.predictor(d)).__name__,
+                            config=predictor.predictor(d).config())
+                    for d in predictor.directions},
+        vocabulary=predictor.vocabulary,
+        trained_length=predictor.trained_length,
+        trained_size=None if predictor.trained_size is None else list(predictor.trained_size),
+        lowercase=predictor.lowercase)
+
+
+def save_pretrained(predictor: PretrainedGraphPredictor, path: PathLike,
+                    dtype: Optional[torch.dtype] = None) -> Path:
+    """Save ``predictor`` into directory ``path`` (weights ``<fw|bw>.<name>`` in
+    ``model.safetensors``, a sealed ``config.json``:
+    :func:`glomo_pyg.io.pretrained.write_predictor`), replacing it whole; return ``path``.
+
+    Args:
+        predictor: the predictor to save.
+        path: the directory to write; it may hold only a saved predictor.
+        dtype: store every floating-point tensor in this dtype (``torch.float16`` or
+            ``torch.bfloat16`` halve the file; :func:`load_pretrained` widens them back);
+            ``None`` keeps each tensor's own dtype.
+
+    Raises:
+        TypeError: ``predictor`` or ``path`` has the wrong type.
+        ValueError: ``path`` is a file or holds other entries, ``dtype`` is not a storage
+            dtype, or a weight is NaN or infinite (after the cast).
+    """
+    if not isinstance(predictor, PretrainedGraphPredictor):
+        raise TypeError(f"expected a PretrainedGraphPredictor, got {type(predictor).__name__}")
+    return write_predictor(path, _saved_body(predictor), predictor.predictors.state_dict(),
+                           dtype)
+
+
+def load_pretrained(path: PathLike,
+                    map_location: Union[str, torch.device, None] = None,
+                    vocabulary: Optional[Sequence[str]] = None,
+                    allow_unsealed: bool = False,
+                    revision: Optional[str] = None) -> PretrainedGraphPredictor:
+    """Load a predictor written by :func:`save_pretrained`, in eval mode.
+
+    Both files are untrusted and checked before any module is built at its real size
+    (the checks, in order: docs/design.md).
+
+    Args:
+        path: the directory given to :func:`save_pretrained`, the name of a released
+            predictor (a bare name such as ``'imdb-text-cpu'`` that is no existing path),
+            or ``'hf://owner/name'``: a Hugging Face Hub model repository, downloaded
+            into the Hugging Face cache (:mod:`glomo_pyg.io.hub`; always the Hub, never
+            a local folder: a folder named ``hf:`` is ``'./hf:/...'``).
+        map_location: device to put the weights on (default: CPU).
+        vocabulary: if given, it must equal the saved vocabulary.
+        allow_unsealed: load a predictor of format 1 or 2 (not sealed), with an
+            :class:`~glomo_pyg.io.pretrained.UnsealedPredictorWarning` (never a
+            release); without it, refused.
+        revision: ``hf://`` names only: the branch, tag or commit to load (default: the
+            main branch).
+
+    Raises:
+        TypeError: ``path`` is not a str or os.PathLike.
+        PretrainedFormatError: a missing folder or release, a path or name holding a NUL,
+            a missing, corrupt, edited or newer file, a config value of the wrong type or
+            out of range, weights that do not match the config or are not finite, a
+            vocabulary mismatch, or a release found under a name that is not its own (a
+            renamed copy, or a card not its own); for ``hf://`` names, also its subclass
+            :class:`~glomo_pyg.io.hub.HubError` for what the Hub route refuses.
+    """
+    if hub.is_hub_name(path):
+        return _load_from_hub(cast(str, path), revision, map_location=map_location,
+                              vocabulary=vocabulary, allow_unsealed=allow_unsealed)
+    if revision is not None:
+        raise ValueError(f"revision={revision!r} picks a commit of a Hugging Face Hub "
+                         f"predictor ('hf://owner/name'); {path!r} is a folder or a release")
+    _check_load_options(map_location, vocabulary)
+    with open_saved(path, allow_unsealed) as saved:
+        modules, weights = _saved_modules(saved)
+    torch.nn.ModuleDict({_KEY[d]: m for d, m in modules.items()}).load_state_dict(
+        weights, strict=True)
+    config = saved.config
+    if vocabulary is not None:
+        check_vocabulary(vocabulary, config.get("vocabulary"), saved.config_file)
+    try:
+        predictor = PretrainedGraphPredictor(modules.get("forward"), modules.get("backward"),
+                                             config.get("vocabulary"),
+                                             config.get("trained_length"),
+                                             config.get("trained_size"),
+                                             config.get("lowercase"))
+    except (TypeError, ValueError) as err:
+        raise PretrainedFormatError(f"{saved.config_file}: {err}") from None
+    if saved.release is not None:
+        check_release(saved.release, saved.path, config, predictor.modality)
+    if map_location is not None:
+        predictor = predictor.to(map_location)
+    return predictor.eval()
+
+
+def _check_load_options(map_location: Any, vocabulary: Any) -> None:
+    try:
+        cuda = map_location is not None and torch.device(map_location).type == "cuda"
+        why = ": CUDA is not available here" if cuda and not torch.cuda.is_available() else None
+    except (RuntimeError, TypeError) as err:
+        why = f" is not a device: {err}"
+    if why is not None:
+        raise ValueError(f"map_location {map_location!r}{why}")
+    if vocabulary is not None and (isinstance(vocabulary, (str, bytes)) or
+                                   not hasattr(vocabulary, "__iter__")):
+        raise TypeError(f"vocabulary must be a sequence of tokens, got "
+                        f"{type(vocabulary).__name__}")
+
+
+def _saved_modules(saved: SavedFolder) -> Tuple[Dict[str, GraphEmitter], Dict[str, Tensor]]:
+    """The emitters the config of ``saved`` describes (fresh) and its checked weights."""
+    directions = saved.config["directions"]
+    entries = {d: saved_entry(d, directions[d], saved.config_file, saved.version)
+               for d in _KEY if d in directions}
+    weights = saved.read_weights(lambda header: expected_tensors(
+        entries, header, saved.path / WEIGHTS_NAME, saved.config_file))
+    return ({d: build_emitter(d, cls, c, saved.config_file) for d, (cls, c) in entries.items()},
+            weights)
+
+
+def _load_from_hub(name: str, revision: Optional[str], **load: Any) -> PretrainedGraphPredictor:
+    """The predictor ``name`` (``'hf://owner/name'``) at ``revision``:
+    :func:`glomo_pyg.io.hub.download`, then :func:`load_pretrained` with every check
+    (seal, weights' digest, settings) and, for a pushed release, its sealed model card."""
+    folder = hub.download(name, revision)
+    try:  # (any error is named for the repository and commit)
+        predictor = load_pretrained(folder, **load)
+        problem = hub.card_problem(folder, predictor.modality)
+    except PretrainedFormatError as err:
+        raise PretrainedFormatError(f"{name} (commit {folder.name}): {err}") from None
+    if problem is not None:
+        raise PretrainedFormatError(f"{name} (commit {folder.name}): {problem}")
+    return predictor

@@ -7,11 +7,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple, Type
 
+from glomo_pyg.io.pretrained import MAX_VOCABULARY
 from glomo_pyg.nn.layout import LAYOUTS
 from glomo_pyg.pixels import IMAGENET_MEAN, IMAGENET_STD
 from glomo_pyg.settings import Rule, rules, setting
 
-MAX_VOCABULARY = 1 << 24  # token types a text predictor may hold
 MAX_STRING = 256  # characters of a string setting (a saved config's are read from files)
 MAX_LOCAL_CONTEXT = 64  # nearest units a layer may read directly (local_context)
 MAX_SIDE = 1 << 16  # channels, pixels per side
@@ -66,23 +66,30 @@ class ModelSettings:
     dropout: float = setting(0.0, low=0, high=1, high_open=True, doc="dropout probability")
     # the feature predictor and the pretraining model (paper Sec. 2.1, Eq. 3)
     update: str = setting("gru", max_length=MAX_STRING, doc="the paper's v: 'gru' or 'residual'")
-    decouple: bool = setting(True, doc="separate graph and feature predictors (false: the "
-                                       "'-decouple' ablation)")
-    pooled_context: bool = setting(False, doc="add the mean of each unit's allowed sources")
-    local_context: int = setting(0, low=0, high=MAX_LOCAL_CONTEXT,
+    decouple: bool = setting(True, saved=False,
+                             doc="separate graph and feature predictors (false: the "
+                                 "'-decouple' ablation)")
+    pooled_context: bool = setting(False, saved="optional",
+                                   doc="add the mean of each unit's allowed sources")
+    local_context: int = setting(0, saved="optional", low=0, high=MAX_LOCAL_CONTEXT,
                                  doc="nearest units each layer reads directly")
-    context_length: int = setting(3, low=1, high=MAX_SIDE, doc="future units each position "
-                                                                  "predicts (D)")
-    num_positions: int = setting(20, low=1, high=MAX_SIDE, doc="position embeddings")
-    decoder_layers: int = setting(2, low=1, high=MAX_DEPTH, doc="GRU layers of the decoder")
-    objective: str = setting("unit", choices=("unit", "sequence"),
+    context_length: int = setting(3, saved=False, low=1, high=MAX_SIDE,
+                                  doc="future units each position predicts (D)")
+    num_positions: int = setting(20, saved=False, low=1, high=MAX_SIDE, doc="position embeddings")
+    decoder_layers: int = setting(2, saved=False, low=1, high=MAX_DEPTH,
+                                  doc="GRU layers of the decoder")
+    objective: str = setting("unit", saved=False, choices=("unit", "sequence"),
                              doc="what the decoder predicts from: the unit's own feature or "
                                  "the mean of its prefix (suffix)")
-    bidirectional: bool = setting(True, doc="forward and backward graphs")
-    keep_alive: float = setting(0.0, low=0, doc="weight of the dead-head penalty")
-    keep_alive_margin: float = setting(0.1, low=0, low_open=True, doc="its margin")
-    entropy_penalty: float = setting(0.0, low=0, doc="weight of the column-entropy penalty")
-    layout: str = setting("sparse", choices=LAYOUTS, doc="graph layout at run time (not saved)")
+    bidirectional: bool = setting(True, saved=False, doc="forward and backward graphs")
+    keep_alive: float = setting(0.0, saved=False, low=0,
+                                doc="weight of the dead-head penalty")
+    keep_alive_margin: float = setting(0.1, saved=False, low=0, low_open=True,
+                                       doc="its margin")
+    entropy_penalty: float = setting(0.0, saved=False, low=0,
+                                     doc="weight of the column-entropy penalty")
+    layout: str = setting("sparse", saved=False, choices=LAYOUTS,
+                          doc="graph layout at run time (not saved)")
 
 
 MODEL_RULES: Dict[str, Rule] = rules(ModelSettings)
@@ -93,18 +100,27 @@ TEXT_DEFAULTS = ModelSettings()
 IMAGE_DEFAULTS = ModelSettings(hidden_channels=128, cnn_layers=3, num_positions=64,
                                position_frequencies=8, position_period=64.0,
                                pixel_mean=IMAGENET_MEAN, pixel_std=IMAGENET_STD)
-# Settings of the pretraining model only (Glomo), not of a graph emitter: never saved.
-_PRETRAINING_ONLY = ("decouple", "context_length", "num_positions", "decoder_layers",
-                     "objective", "bidirectional", "keep_alive", "keep_alive_margin",
-                     "entropy_penalty", "layout")
+
+
+def saved_settings(settings: type = ModelSettings,
+                   which: Tuple[Any, ...] = (True, "optional")) -> Tuple[str, ...]:
+    """The settings of the dataclass ``settings`` (:class:`ModelSettings` or a subclass)
+    whose ``saved`` is in ``which``: by default every one a saved emitter config may hold;
+    ``which=("optional",)``: those that files written before they existed lack (loaded
+    with their defaults)."""
+    return tuple(f.name for f in dataclasses.fields(settings)
+                 if f.metadata.get("saved", True) in which)
+
+
 #: The settings a saved emitter config may hold: the constructor arguments of the
 #: registered emitters (tests/test_pretrained_io.py checks that every one is here).
-SAVED_SETTINGS: Tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ModelSettings)
-                                        if f.name not in _PRETRAINING_ONLY)
+SAVED_SETTINGS: Tuple[str, ...] = saved_settings()
 
 
 def check_model_setting(name: str, value: Any, error: Type[Exception] = ValueError,
-                        key: Optional[str] = None, **how) -> Any:
-    """``value`` checked (and normalised) by the rule of setting ``name``; ``error`` names
-    ``key`` (default: ``name``); ``how``: :meth:`~glomo_pyg.settings.Rule.check`'s options."""
-    return MODEL_RULES[name].check(name if key is None else key, value, error, **how)
+                        key: Optional[str] = None, settings: type = ModelSettings,
+                        **how) -> Any:
+    """``value`` checked (and normalised) by the rule of setting ``name`` of ``settings``
+    (:class:`ModelSettings` or a subclass declaring more); ``error`` names ``key``
+    (default: ``name``); ``how``: :meth:`~glomo_pyg.settings.Rule.check`'s options."""
+    return rules(settings)[name].check(name if key is None else key, value, error, **how)

@@ -40,8 +40,9 @@ from glomo_pyg.training.utils import checked_lightning, default_precision, quiet
 logger = logging.getLogger(__name__)
 
 Split = Tuple[Tensor, Tensor]  # uint8 images [n, C, H, W], labels [n]
-#: The :attr:`RunRecord.settings` version of these checkpoints.
-RECORD_VERSION = 1
+#: The :attr:`RunRecord.settings` version of these checkpoints (2: the momentum is the
+#: recipe's, constant; version 1's schedule cycled it, so its checkpoints do not resume).
+RECORD_VERSION = 2
 
 
 @dataclass
@@ -57,6 +58,10 @@ class ImageTrainConfig:
                                      doc="share of the steps spent warming up")
     crop_padding: int = setting(4, low=0, doc="pixels padded before random crops (0: flips "
                                              "only)")
+    crop_target: str = setting("pixels", choices=("pixels", "stage"),
+                               doc="what the crops cut: the pixels (reflection padding) or the "
+                                   "input stage's output H' (zero padding; works with "
+                                   "precomputed propagations)")
     flip: bool = setting(True, doc="random horizontal flips")
     label_smoothing: float = setting(0.0, low=0, high=1, high_open=True)
     eval_batch_size: int = setting(512, low=1)
@@ -69,22 +74,58 @@ class ImageTrainConfig:
 @torch.no_grad()
 def precompute_propagations(model: GlomoResNet, images: Tensor, batch_size: int = 64,
                             dtype: torch.dtype = torch.float16,
-                            device: Optional[torch.device] = None) -> Tensor:
+                            device: Optional[torch.device] = None,
+                            storage: Union[str, torch.device, None] = "cpu",
+                            autocast: bool = True) -> Tensor:
     """The transfer stage's :meth:`~glomo_pyg.GlomoTransfer.propagations` of each image,
-    ``[n, D, K, H W, C]`` in ``dtype`` on the CPU; the same output as computing them in
-    every step when the predictor is frozen and there are no random crops."""
+    ``[n, D, K, H W, C]`` in ``dtype``: the same output as computing them in every step
+    when the predictor is frozen and the pixels do not change (flips: pass those of
+    ``images.flip(3)`` too, as the graphs are directional; crops: ``crop_target='stage'``).
+
+    Args:
+        device: where they are computed (default: the model's).
+        storage: where they are kept: the CPU (default), or ``None`` for ``device``, where
+            training reads a batch's rows without a host-to-device copy per step (they
+            take ``n x D x K x H W x C`` elements: about 590 KB an image for a 3-layer x
+            8-head predictor at 32x32 in float16).
+        autocast: computed in bf16 autocast on a GPU (as :func:`evaluate` and bf16-mixed
+            training run the predictor); ``False``: in float32.
+    """
     if model.transfer is None or model.transfer.graph == "none":
         raise ValueError("precomputed propagations need a transfer stage with graphs")
-    device = device or next(model.parameters()).device
-    out = []
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    out: Optional[Tensor] = None
     for start in range(0, len(images), batch_size):
         chunk = images[start:start + batch_size].to(device)
-        h = model.stage_input(chunk)
-        x, batch = image_units(chunk)
-        p = cast(Tensor, model.transfer.propagations(h, x, batch))  # [D, K, B HW, C]
-        d, k, _, c = p.shape
-        out.append(p.view(d, k, len(chunk), -1, c).permute(2, 0, 1, 3, 4).to("cpu", dtype))
-    return torch.cat(out)
+        with torch.autocast("cuda", torch.bfloat16, enabled=autocast and device.type == "cuda"):
+            x, batch = image_units(chunk)
+            p = cast(Tensor, model.transfer.propagations(model.stage_input(chunk), x, batch))
+        d, k, _, c = p.shape  # [D, K, B HW, C]
+        p = p.view(d, k, len(chunk), -1, c).permute(2, 0, 1, 3, 4)
+        if out is None:  # (one tensor, written chunk by chunk: a cat would hold it twice)
+            out = torch.empty((len(images), *p.shape[1:]), dtype=dtype,
+                              device=device if storage is None else storage)
+        out[start:start + len(chunk)] = p
+    if out is None:
+        raise ValueError("no images to precompute the propagations of")
+    return out
+
+
+def crop_maps(maps: Tensor, corners: Tensor, padding: int) -> Tensor:
+    """Random crops of ``maps`` ``[B, C, H, W]`` zero-padded by ``padding`` on each side:
+    image ``b``'s crop starts at row and column ``corners[b]`` (each in ``[0, 2 padding]``)
+    of its padded map, so it is the map moved by ``padding - corners[b]`` pixels with zero
+    fill (one gather for the batch, no loop over images)."""
+    if padding == 0:
+        return maps
+    b, _, h, w = maps.shape
+    corners = corners.to(maps.device)
+    padded = F.pad(maps, (padding, padding, padding, padding))
+    rows = torch.arange(h, device=maps.device).view(1, h) + corners[:, :1]  # [B, H]
+    cols = torch.arange(w, device=maps.device).view(1, w) + corners[:, 1:]  # [B, W]
+    index = torch.arange(b, device=maps.device).view(b, 1, 1)
+    out = padded.permute(0, 2, 3, 1)[index, rows.view(b, h, 1), cols.view(b, 1, w)]
+    return out.permute(0, 3, 1, 2)
 
 
 def _stage_propagations(p: Tensor) -> Tensor:
@@ -96,7 +137,9 @@ def _stage_propagations(p: Tensor) -> Tensor:
 
 class ImageBatches:
     """The batches of a split held in memory, as ``dict(images, labels)`` (plus
-    ``propagated``, ``[B, D, K, HW, C]``, with precomputed propagations).
+    ``propagated``, ``[B, D, K, HW, C]``, with precomputed propagations, and
+    ``crop_corners``, ``[B, 2]``, with crops of the stage's output for
+    :func:`crop_maps`).
 
     With a ``generator`` (training) every epoch draws a random order, then each batch's
     flips and crops, from that one generator (the draws of glomo_pyg's earlier loop, so
@@ -104,17 +147,22 @@ class ImageBatches:
     position in the epoch across a resume. Without one, the images in order.
 
     Args:
+        crop_target: ``'pixels'``: crops of the images (:func:`~glomo_pyg.data.images.
+            augment`); ``'stage'``: corners of crops of the stage's output, which the
+            training step cuts.
         propagations: ``(plain, mirrored)``: :func:`precompute_propagations` of the images
-            and of the flipped images (``mirrored`` may be None without flips).
+            and of the flipped images (``mirrored`` may be None without flips), on any
+            device (a batch's rows are gathered there).
     """
 
     def __init__(self, images: Tensor, labels: Tensor, batch_size: int,
                  generator: Optional[torch.Generator] = None, flip: bool = False,
                  crop_padding: int = 0,
-                 propagations: Optional[Tuple[Tensor, Optional[Tensor]]] = None):
+                 propagations: Optional[Tuple[Tensor, Optional[Tensor]]] = None,
+                 crop_target: str = "pixels"):
         self.images, self.labels, self.batch_size = images, labels, batch_size
         self.generator, self.flip, self.crop_padding = generator, flip, crop_padding
-        self.propagations = propagations
+        self.propagations, self.crop_target = propagations, crop_target
         self._order: Optional[Tensor] = None  # this epoch's, drawn at its first batch
         self._order_state: Optional[Tensor] = None  # the generator before that draw
         self._position = 0  # batches of this epoch delivered
@@ -139,26 +187,42 @@ class ImageBatches:
             self._position += 1
             yield batch
 
+    @staticmethod
+    def _rows(tensor: Tensor, index: Tensor) -> Tensor:
+        """``tensor[index]`` on the tensor's device, the index sent there without waiting
+        for the device (a blocking copy would stall it every step)."""
+        return tensor[index.to(tensor.device, non_blocking=True)]
+
     def _batch(self, index: Tensor) -> Dict[str, Tensor]:
         out = dict(images=self.images[index], labels=self.labels[index])
         if self.propagations is not None:
-            out["propagated"] = self.propagations[0][index]
+            out["propagated"] = self._rows(self.propagations[0], index)
         return out
 
     def _augmented(self, index: Tensor) -> Dict[str, Tensor]:
-        if self.propagations is None:
+        stage_crops = self.crop_target == "stage" and self.crop_padding > 0
+        if self.propagations is None and not stage_crops:
             images = augment(self.images[index], self.generator, flip=self.flip,
                              crop_padding=self.crop_padding)
             return dict(images=images, labels=self.labels[index])
-        # precomputed: flips only, a flipped image takes the mirrored image's propagations
+        # the pixels stay whole: flips only, a flipped image takes the mirrored image's
+        # propagations; crops (of the stage's output) are drawn as corners
         flip = torch.rand(len(index), generator=self.generator) < 0.5 if self.flip else \
             torch.zeros(len(index), dtype=torch.bool)
         images = self.images[index]
-        plain, mirrored = self.propagations
-        propagated = plain[index] if mirrored is None or not self.flip else torch.where(
-            flip.view(-1, 1, 1, 1, 1), mirrored[index], plain[index])
-        return dict(images=torch.where(flip.view(-1, 1, 1, 1), images.flip(3), images),
-                    labels=self.labels[index], propagated=propagated)
+        out = dict(images=torch.where(flip.view(-1, 1, 1, 1).to(images.device), images.flip(3),
+                                      images), labels=self.labels[index])
+        if self.propagations is not None:
+            plain, mirrored = self.propagations
+            out["propagated"] = self._rows(plain, index)
+            if mirrored is not None and self.flip:
+                flipped = flip.view(-1, 1, 1, 1, 1).to(plain.device, non_blocking=True)
+                out["propagated"] = torch.where(flipped, self._rows(mirrored, index),
+                                                out["propagated"])
+        if stage_crops:
+            out["crop_corners"] = torch.randint(0, 2 * self.crop_padding + 1, (len(index), 2),
+                                                generator=self.generator)
+        return out
 
     def state(self) -> Dict[str, Any]:
         """The generator and the position in the epoch (empty without a generator)."""
@@ -182,32 +246,45 @@ class ImageBatches:
 
 class ImageClassification(pl.LightningModule):
     """Cross-entropy training of a :class:`~glomo_pyg.GlomoResNet` with ``config``'s
-    recipe: SGD with Nesterov momentum on its trainable parameters, the one-cycle
-    learning rate stepped every optimizer step over ``total_steps``; batches are
+    recipe: SGD with constant Nesterov momentum on its trainable parameters, the
+    one-cycle learning rate stepped every optimizer step over ``total_steps``; batches are
     :class:`ImageBatches`'. Logs ``train_loss`` and ``val_acc`` (kept in
-    :attr:`val_acc`, exact, as well)."""
+    :attr:`val_acc`, exact, as well). An epoch whose training loss was not finite sets
+    :attr:`diverged` and logs ``val_acc`` NaN, so its weights are never the best
+    epoch's."""
 
     def __init__(self, model: GlomoResNet, config: ImageTrainConfig, total_steps: int):
         super().__init__()
         self.model, self.config, self.total_steps = model, config, total_steps
         self.val_acc: Optional[float] = None
-        self._correct, self._seen = 0, 0
+        self.diverged = False
+        self._correct: Union[int, Tensor] = 0
+        self._seen = 0
+        self._finite: Union[bool, Tensor] = True  # this epoch's losses so far
 
     def forward(self, images: Tensor, propagated: Optional[Tensor] = None) -> Tensor:
         return self.model(images, propagated=propagated)
 
     def _logits(self, batch: Dict[str, Tensor]) -> Tensor:
         propagated = batch.get("propagated")
-        return self(batch["images"], None if propagated is None else
-                    _stage_propagations(propagated))
+        h = self.model.stage(batch["images"], None if propagated is None else
+                             _stage_propagations(propagated))
+        if "crop_corners" in batch:  # crops of H' (config.crop_target 'stage')
+            h = crop_maps(h, batch["crop_corners"], self.config.crop_padding)
+        return self.model.classify(h)
 
     def on_fit_start(self) -> None:
         if self.device.type == "cuda":  # the fast layout of cuDNN's convolutions
             self.model.resnet.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
 
+    def on_train_epoch_start(self) -> None:
+        self._finite = True
+
     def training_step(self, batch: Dict[str, Tensor], batch_idx: int) -> Tensor:
         loss = F.cross_entropy(self._logits(batch).float(), batch["labels"],
                                label_smoothing=self.config.label_smoothing)
+        # (a tensor: read once an epoch, not a device synchronisation per step)
+        self._finite = torch.isfinite(loss.detach()) & self._finite
         self.log("train_loss", loss, batch_size=len(batch["labels"]), prog_bar=True)
         return loss
 
@@ -215,13 +292,17 @@ class ImageClassification(pl.LightningModule):
         self._correct, self._seen = 0, 0
 
     def validation_step(self, batch: Dict[str, Tensor], batch_idx: int) -> None:
-        # counted, not averaged: the accuracy is exact, whatever the batch sizes
-        self._correct += int((self._logits(batch).argmax(-1) == batch["labels"]).sum())
+        # counted, not averaged: the accuracy is exact, whatever the batch sizes (a tensor
+        # sum, read once at the end: no device synchronisation per batch)
+        self._correct = (self._logits(batch).argmax(-1) == batch["labels"]).sum() + \
+            self._correct
         self._seen += len(batch["labels"])
 
     def on_validation_epoch_end(self) -> None:
-        self.val_acc = self._correct / max(self._seen, 1)
-        self.log("val_acc", self.val_acc, prog_bar=True)
+        self.val_acc = int(self._correct) / max(self._seen, 1)
+        self.diverged = not bool(self._finite)
+        # (ModelCheckpoint never keeps a NaN epoch, save the first one)
+        self.log("val_acc", math.nan if self.diverged else self.val_acc, prog_bar=True)
 
     def configure_optimizers(self) -> Any:
         c = self.config
@@ -230,7 +311,8 @@ class ImageClassification(pl.LightningModule):
                                     weight_decay=c.weight_decay)
         schedule = torch.optim.lr_scheduler.OneCycleLR(  # warm-up, then linear decay
             optimizer, max_lr=c.lr, pct_start=c.warmup_fraction, anneal_strategy="linear",
-            total_steps=self.total_steps, div_factor=25.0, final_div_factor=1e3)
+            total_steps=self.total_steps, div_factor=25.0, final_div_factor=1e3,
+            cycle_momentum=False)  # (cycling would replace the recipe's momentum)
         return dict(optimizer=optimizer,
                     lr_scheduler=dict(scheduler=schedule, interval="step", frequency=1))
 
@@ -238,19 +320,24 @@ class ImageClassification(pl.LightningModule):
 class EpochHistory(pl.Callback):
     """Each epoch's validation accuracy, mean training loss and training seconds
     (validation apart), logged and kept across resumes (its state is checkpointed, that
-    of a part-done epoch too)."""
+    of a part-done epoch too). An epoch whose training loss was not finite
+    (:attr:`ImageClassification.diverged`) ends the training: :attr:`diverged_at_epoch`
+    (1-based) names it, and a resumed run trains no further."""
 
     def __init__(self, epochs: int):
         self.epochs = epochs
         self.val_curve: List[float] = []
         self.train_loss: List[float] = []
         self.epoch_seconds: List[float] = []
+        self.diverged_at_epoch: Optional[int] = None
         self._loss: Union[float, Tensor] = 0.0  # this epoch's so far, summed over images
         self._images, self._seconds = 0, 0.0
         self._started: Optional[float] = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._started = time.time()  # (a run resumed mid-epoch has no epoch start)
+        if self.diverged_at_epoch is not None:
+            trainer.should_stop = True
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._loss, self._images, self._seconds = 0.0, 0, 0.0
@@ -278,11 +365,17 @@ class EpochHistory(pl.Callback):
         self.epoch_seconds.append(self._seconds)
         logger.info("epoch %d/%d: train loss %.4f, validation %.4f, %.1f s",
                     len(self.val_curve), self.epochs, loss, module.val_acc, self._seconds)
+        if module.diverged and self.diverged_at_epoch is None:
+            self.diverged_at_epoch = len(self.val_curve)
+            trainer.should_stop = True  # (the weights are lost: the best epoch is kept)
+            logger.warning("the training loss diverged in epoch %d: training stops, the best "
+                           "validation epoch before it is kept", self.diverged_at_epoch)
 
     def state_dict(self) -> Dict[str, Any]:
         return dict(val_curve=self.val_curve, train_loss=self.train_loss,
                     epoch_seconds=self.epoch_seconds, loss=float(self._loss),
-                    images=self._images, seconds=self._elapsed())
+                    images=self._images, seconds=self._elapsed(),
+                    diverged_at_epoch=self.diverged_at_epoch)
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self.val_curve = list(state_dict["val_curve"])
@@ -290,6 +383,7 @@ class EpochHistory(pl.Callback):
         self.epoch_seconds = list(state_dict["epoch_seconds"])
         self._loss, self._images = state_dict["loss"], state_dict["images"]
         self._seconds = state_dict["seconds"]
+        self.diverged_at_epoch = state_dict.get("diverged_at_epoch")
 
 
 class BatchOrder(pl.Callback):
@@ -352,10 +446,11 @@ def _check_inputs(model: GlomoResNet, train: Split, val: Split, config: ImageTra
                              f"got {x.dtype} {tuple(x.shape)} and labels {tuple(y.shape)}"
                              + (f" in [{low}, {high}]" if shaped else ""))
     side, steps = min(train[0].shape[2:]), math.ceil(len(train[0]) / config.batch_size)
-    if config.crop_padding >= side or (precomputed and config.crop_padding):
+    if config.crop_padding >= side or (precomputed and config.crop_padding and
+                                       config.crop_target == "pixels"):
         problem = (f"crop_padding {config.crop_padding} must be below the image side {side}, "
-                   "and 0 with precomputed propagations (they cannot follow random crops; "
-                   "flips are fine)")
+                   "and 0 with precomputed propagations unless crop_target is 'stage' (they "
+                   "cannot follow random crops of the pixels; flips are fine)")
     elif math.isclose(config.warmup_fraction * config.epochs * steps, 1.0):
         # torch's one-cycle schedule divides by (warm-up steps - 1): zero here
         problem = (f"{config.epochs} epochs x {steps} steps with warmup_fraction "
@@ -365,6 +460,19 @@ def _check_inputs(model: GlomoResNet, train: Split, val: Split, config: ImageTra
     else:
         return
     raise ValueError(problem)
+
+
+def _check_propagations(train: Split, val: Split,
+                        train_propagations: Optional[Tuple[Tensor, Optional[Tensor]]],
+                        val_propagations: Optional[Tensor]) -> None:
+    """One row of precomputed propagations per image (a mismatch would pair images with
+    other images' propagations, or fail mid-epoch)."""
+    given = [("train_propagations", t, len(train[0])) for t in train_propagations or ()] + \
+        [("val_propagations", val_propagations, len(val[0]))]
+    for name, tensor, n in given:
+        if tensor is not None and (tensor.dim() != 5 or len(tensor) != n):
+            raise ValueError(f"{name} must be precompute_propagations' [n, D, K, HW, C] for "
+                             f"the split's {n} images, got {tuple(tensor.shape)}")
 
 
 def best_checkpoint_path(checkpoint: str) -> str:
@@ -454,7 +562,7 @@ def _fit(trainer: pl.Trainer, module: ImageClassification, batches: Tuple[ImageB
 def train_image_classifier(model: GlomoResNet, train: Split, val: Split,
                            config: ImageTrainConfig, *, seed: int = 0, device=None,
                            checkpoint: Optional[str] = None,
-                           train_propagations: Optional[Tuple[Tensor, Tensor]] = None,
+                           train_propagations: Optional[Tuple[Tensor, Optional[Tensor]]] = None,
                            val_propagations: Optional[Tensor] = None,
                            accelerator: str = "auto", devices: Any = 1,
                            precision: Optional[str] = None, progress_bar: bool = False,
@@ -462,8 +570,11 @@ def train_image_classifier(model: GlomoResNet, train: Split, val: Split,
                            log: Optional[Callable[[str], None]] = None) -> Dict:
     """Train ``model`` on ``train = (images, labels)`` with ``config``'s recipe, validate
     after every epoch, and return ``dict(best_val, best_epoch, val_curve, train_loss,
-    epoch_seconds, state)`` with ``state`` the best epoch's weights (loaded into ``model``
-    too, on the device it trained on).
+    epoch_seconds, diverged_at_epoch, state)``: ``best_epoch`` 0-based, the lists one
+    entry per epoch trained (``epoch_seconds``: training alone, validation apart),
+    ``diverged_at_epoch`` the 1-based epoch whose training loss was not finite, where
+    training stopped (else None), and ``state`` the best epoch's weights (loaded into
+    ``model`` too, on the device it trained on).
 
     Args:
         device: a torch device to train on, instead of ``accelerator`` and ``devices``
@@ -474,7 +585,9 @@ def train_image_classifier(model: GlomoResNet, train: Split, val: Split,
             existing one is resumed, exactly. The best epoch's weights go to
             :func:`best_checkpoint_path` beside it.
         train_propagations: :func:`precompute_propagations` of the training images and of
-            ``images.flip(3)`` (needs ``crop_padding=0``).
+            ``images.flip(3)`` (``None`` without flips; needs ``crop_padding=0`` or
+            ``crop_target='stage'``). They, and ``val_propagations``, may be kept on the
+            training device: a batch's rows are gathered there.
         log: deprecated: a callable receiving the progress lines, which are INFO records
             of this module's logger, printed on standard output where the application set
             up no logging (:func:`glomo_pyg.logs.job_output`).
@@ -486,12 +599,14 @@ def train_image_classifier(model: GlomoResNet, train: Split, val: Split,
     if log is not None:
         warn_log_argument("train_image_classifier")
     _check_inputs(model, train, val, config, train_propagations is not None)
+    _check_propagations(train, val, train_propagations, val_propagations)
     accelerator, devices = _accelerator(device, accelerator, devices)
     precision = default_precision(precision, accelerator)
     steps = math.ceil(len(train[0]) / config.batch_size)
     module = ImageClassification(model, config, total_steps=config.epochs * steps)
     batches = (ImageBatches(*train, config.batch_size, torch.Generator().manual_seed(seed),
-                            config.flip, config.crop_padding, train_propagations),
+                            config.flip, config.crop_padding, train_propagations,
+                            config.crop_target),
                ImageBatches(*val, config.eval_batch_size, propagations=None
                             if val_propagations is None else (val_propagations, None)))
     settings = _run_settings(config, seed, train_propagations is not None)
@@ -536,7 +651,8 @@ def _train(module: ImageClassification, batches: Tuple[ImageBatches, ImageBatche
     state = {k: v.detach().cpu().clone() for k, v in module.model.state_dict().items()}
     return dict(state=state, best_val=history.val_curve[best_epoch], best_epoch=best_epoch,
                 val_curve=history.val_curve, train_loss=history.train_loss,
-                epoch_seconds=history.epoch_seconds)
+                epoch_seconds=history.epoch_seconds,
+                diverged_at_epoch=history.diverged_at_epoch)
 
 
 @torch.no_grad()
@@ -553,5 +669,5 @@ def evaluate(model: GlomoResNet, images: Tensor, labels: Tensor, batch_size: int
             if propagations is not None else None
         with torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda"):
             logits = model(images[index].to(device), propagated=prop)
-        correct += int((logits.argmax(-1).cpu() == labels[index]).sum())
+        correct += int((logits.argmax(-1) == labels[index].to(device)).sum())
     return correct / len(images)

@@ -14,8 +14,8 @@ from torch_geometric.loader import DataLoader
 from glomo_pyg.analysis.recovery import RecoveryReport, planted_source_recovery
 from glomo_pyg.atomic_files import write_json
 from glomo_pyg.data.synthetic import PlantedDependencyCorpus
-from glomo_pyg.io.pretrained import save_pretrained
 from glomo_pyg.nn.glomo import Glomo
+from glomo_pyg.nn.pretrained import save_pretrained
 from glomo_pyg.settings import Rule, check_settings, rules, setting
 from glomo_pyg.training.pretrain.config import TrainConfig, check_model_section
 from glomo_pyg.training.pretrain.module import GlomoPretraining

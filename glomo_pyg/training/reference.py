@@ -13,7 +13,7 @@ REFERENCE_COMMAND = ("python -c 'import glomo_pyg.training.reference as r; print
 
 
 def _sections() -> List[Tuple[str, type, str]]:
-    from glomo_pyg.nn.settings import IMAGE_DEFAULTS, TEXT_DEFAULTS, ModelSettings
+    from glomo_pyg.nn.settings import IMAGE_DEFAULTS, TEXT_DEFAULTS, ModelSettings, saved_settings
     from glomo_pyg.training.image_classification import ImageTrainConfig
     from glomo_pyg.training.pretrain.config import CorpusConfig, TrainConfig
     from glomo_pyg.training.quickstart import QuickstartConfig
@@ -21,6 +21,7 @@ def _sections() -> List[Tuple[str, type, str]]:
     image = ", ".join(f"`{f.name}` {_default(getattr(IMAGE_DEFAULTS, f.name))}"
                       for f in dataclasses.fields(ModelSettings)
                       if getattr(IMAGE_DEFAULTS, f.name) != getattr(TEXT_DEFAULTS, f.name))
+    never, optional = saved_settings(which=(False,)), saved_settings(which=("optional",))
     return [
         ("`glomo pretrain`: `corpus`", CorpusConfig,
          "Where the documents (or images) come from and how they become training sequences."),
@@ -31,7 +32,13 @@ def _sections() -> List[Tuple[str, type, str]]:
          "pretrain`'s `model` section (the arguments of `Glomo.text` / `Glomo.image` and "
          "`layout`) and when a saved predictor is loaded (its emitter's arguments). The "
          "defaults are the text model's (`TEXT_DEFAULTS`); the image model's "
-         f"(`IMAGE_DEFAULTS`) differ in {image}."),
+         f"(`IMAGE_DEFAULTS`) differ in {image}. A saved config holds every setting but "
+         f"those of pretraining only ({', '.join(f'`{n}`' for n in never)}); "
+         f"{' and '.join(f'`{n}`' for n in optional)} may be missing from files written "
+         "before they existed, and mean their defaults. Each is declared once, in "
+         "`ModelSettings` (`setting(..., saved=...)`): an emitter of one's own that adds a "
+         "setting names a `ModelSettings` subclass declaring it as its `settings`, and "
+         "saving and loading follow."),
         ("`glomo quickstart` (`QuickstartConfig`)", QuickstartConfig,
          "Its optimisation settings follow the rules of `train` above."),
         ("Image classification (`ImageTrainConfig`)", ImageTrainConfig,

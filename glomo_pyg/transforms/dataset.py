@@ -62,20 +62,26 @@ def attribute_kind(value: Any, where: str) -> str:
 
 
 def check_samples(samples: Sequence[Data], start: int = 0,
-                  kinds: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+                  kinds: Optional[Dict[str, str]] = None, what: str = "sample") -> Dict[str, str]:
     """Check that every sample is a ``Data`` whose attributes the cache stores, each
     sample with the attributes, and of the kinds, of the first (``kinds``, returned, when
-    given: of an earlier chunk). Samples are numbered from ``start`` in messages."""
+    given: of an earlier chunk). Samples are numbered from ``start`` in messages, and
+    called ``what`` (e.g. ``pre_transform``'s outputs).
+
+    Raises:
+        TypeError: a sample that is not a ``Data``, or an attribute the cache cannot store
+            (:func:`attribute_kind`).
+        ValueError: a sample whose attributes differ from the first's."""
     for i, data in enumerate(samples, start):
         if not isinstance(data, Data):
-            raise TypeError(f"sample {i}: expected a torch_geometric Data, got "
+            raise TypeError(f"{what} {i}: expected a torch_geometric Data, got "
                             f"{type(data).__name__}")
-        found = {key: attribute_kind(value, f"sample {i}: attribute {key!r}")
+        found = {key: attribute_kind(value, f"{what} {i}: attribute {key!r}")
                  for key, value in data.to_dict().items()}
         if kinds is None:
             kinds = found
         elif found != kinds:
-            raise ValueError(f"sample {i} has attributes {_described(found)}, the first sample "
+            raise ValueError(f"{what} {i} has attributes {_described(found)}, the first sample "
                              f"{_described(kinds)}; PyG collates samples of one layout")
     return kinds or {}
 
@@ -127,16 +133,17 @@ def hook_identity(hook: Hook, name: str) -> Optional[str]:
 
 def prepared(samples: Sequence[Data], pre_filter: Hook, pre_transform: Hook,
              start: int = 0) -> List[Data]:
-    """``samples`` that ``pre_filter`` keeps, each mapped by ``pre_transform`` (PyG's
-    order), checked to be ``Data``."""
+    """``samples`` (checked by :func:`check_samples`) that ``pre_filter`` keeps, each
+    mapped by ``pre_transform`` (PyG's order); what ``pre_transform`` returns is checked
+    as the samples are, named as its output.
+
+    Raises:
+        TypeError, ValueError: as :func:`check_samples`, for ``pre_transform``'s outputs."""
     kept = [d for d in samples if pre_filter is None or pre_filter(d)]
     if pre_transform is None:
         return kept
     out = [pre_transform(d) for d in kept]
-    for i, data in enumerate(out, start):
-        if not isinstance(data, Data):
-            raise TypeError(f"pre_transform must return a torch_geometric Data, got "
-                            f"{type(data).__name__} (for kept sample {i})")
+    check_samples(out, start, what="pre_transform's output for kept sample")
     return out
 
 
@@ -315,7 +322,7 @@ class GraphsDataset(InMemoryDataset):
         samples = prepared(self.samples, self.pre_filter, self.pre_transform)
         if not samples:
             raise ValueError(f"pre_filter kept none of the {len(self.samples)} samples")
-        check_samples(samples)
+        # (checked: the samples by __init__, pre_transform's outputs by prepared)
         data, slices = self.collate(self.graphs(samples))
         payload, _ = encode_store(data, slices, {
             "key": self.key, "format": FORMAT, "relations": json.dumps(self.graphs.relations)})

@@ -16,16 +16,19 @@ from glomo_pyg import flex, kernels
 from glomo_pyg.devices import check_device
 from glomo_pyg.graph_names import relation_name
 from glomo_pyg.graphs import LatentGraphs
+from glomo_pyg.graphs.checks import check_max_distance
 from glomo_pyg.graphs.pruning import PrunedEdges, check_pruning, prune_rows
 from glomo_pyg.graphs.score_blocks import pruned_graph_edges
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 from glomo_pyg.nn.transfer import caller_stacklevel
 from glomo_pyg.sequences import TOKEN_DTYPES
-from glomo_pyg.settings import check_int
+from glomo_pyg.settings import Rule, check_int
 from glomo_pyg.transforms.base import SampleEdges, UnitGraphs, check_directions, plain_number
 from glomo_pyg.version import __version__
 
 MERGES = ("sum", "mean")
+#: ``merge``: ``None`` (a relation per graph) or one of :data:`MERGES`.
+MERGE = Rule(str, choices=MERGES, optional=True)
 # Padded units per predictor call of the pruned path: its keys and queries (e.g. 2 x 48
 # graphs x 49 values per unit for imagenet32-pixel, 19 MiB per 32x32 image) are what its
 # memory holds besides the edges; more per call only adds memory traffic
@@ -148,6 +151,13 @@ class GlomoGraphs(UnitGraphs):
             form on which PyG's ``T.AddSelfLoops`` / ``T.ToUndirected`` keep every
             relation apart.
 
+    Raises:
+        TypeError: a ``predictor`` that is none, an edge option that is not a bool.
+        ValueError: an option its rule refuses (``merge``, ``products``, ``top_k``,
+            ``min_weight``, ``max_distance``, ``batch_size``, ``directions``, ``layers``,
+            ``heads``, ``image_size``), a ``device`` this machine lacks, or an image too
+            large to emit (:data:`MAX_EMISSION_BYTES`).
+
     Shapes:
         - **input:** ``Data`` with ``x`` :math:`(T)` token ids or :math:`(HW, C)` pixels
           (or a list of them, or a ``Batch``)
@@ -191,12 +201,10 @@ class GlomoGraphs(UnitGraphs):
         top_k, min_weight = plain_number(top_k), plain_number(min_weight)
         check_pruning(top_k, min_weight)
         batch_size = check_int("batch_size", plain_number(batch_size), 1)
-        if max_distance is not None:
-            max_distance = check_int("max_distance", plain_number(max_distance), 1)
+        max_distance = check_max_distance(plain_number(max_distance), optional=True)
         device = check_device(device)
-        if merge not in (None,) + MERGES or not isinstance(products, bool):
-            raise ValueError(f"merge must be None, 'sum' or 'mean' and products a bool, got "
-                             f"merge={merge!r}, products={products!r}")
+        MERGE.check("merge", merge, typed=True)
+        Rule(bool).check("products", products)
         self.directions = check_directions(directions, predictor.directions)
         self.layers = _index_list("layers", layers, predictor.num_layers)
         self.heads = _index_list("heads", heads, predictor.heads)

@@ -15,7 +15,8 @@ from glomo_pyg.graphs.storage import EdgeStorage
 from glomo_pyg.nn.text_classifier import GlomoTextClassifier
 from glomo_pyg.nn.transfer import GlomoTransfer
 from glomo_pyg.ordering import DIRECTIONS
-from glomo_pyg.sequences import SequenceBatch, sequence_batch
+from glomo_pyg.sequences import TOKEN_DTYPES, SequenceBatch, sequence_batch
+from glomo_pyg.settings import check_int
 
 CACHE_WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: How far above 1 a stored weight, or a token's total, may be rounded (bfloat16's step).
@@ -25,23 +26,27 @@ CHECK_EDGES = 1 << 22
 
 
 def _check_documents(documents, num_tokens: int) -> List[Tensor]:
+    """``documents`` as a list of 1-D token-id tensors, every id in ``[0, num_tokens)``.
+
+    Raises:
+        TypeError: ``documents`` not a non-empty sequence.
+        ValueError: naming the first document that is not a non-empty 1-D int64 / int32
+            tensor, or the range of ids beyond the predictor's vocabulary."""
     if isinstance(documents, (Tensor, str, bytes)) or not isinstance(documents, Sequence) or \
             not documents:
         raise TypeError("documents must be a non-empty sequence of 1-D token-id tensors, one "
                         f"per document, got {type(documents).__name__}")
     docs = list(documents)
-    bad = next((k for k, doc in enumerate(docs) if not isinstance(doc, Tensor) or
-                doc.dtype not in (torch.int64, torch.int32) or doc.dim() != 1 or
-                doc.numel() < 1), None)
-    low, high = (0, 0) if bad is not None else \
-        torch.stack(torch.aminmax(torch.cat([d.cpu().long() for d in docs]))).tolist()
-    if bad is not None or low < 0 or high >= num_tokens:
-        doc = docs[bad] if bad is not None else None
-        raise ValueError(
-            f"token ids must lie in [0, {num_tokens}), got [{low}, {high}]" if bad is None else
-            f"document {bad} must be a non-empty 1-D int64 or int32 tensor of token ids, got "
-            + (f"{doc.dtype} of shape {tuple(doc.shape)}" if isinstance(doc, Tensor)
-               else type(doc).__name__))
+    for k, doc in enumerate(docs):
+        if not isinstance(doc, Tensor) or doc.dtype not in TOKEN_DTYPES or doc.dim() != 1 or \
+                doc.numel() < 1:
+            got = f"{doc.dtype} of shape {tuple(doc.shape)}" if isinstance(doc, Tensor) else \
+                type(doc).__name__
+            raise ValueError(f"document {k} must be a non-empty 1-D int64 or int32 tensor of "
+                             f"token ids, got {got}")
+    low, high = torch.stack(torch.aminmax(torch.cat([d.cpu().long() for d in docs]))).tolist()
+    if low < 0 or high >= num_tokens:
+        raise ValueError(f"token ids must lie in [0, {num_tokens}), got [{low}, {high}]")
     return docs
 
 
@@ -189,12 +194,17 @@ class TextGraphCache:
             device (torch.device, optional): where the cache is kept (default: predictor's).
             weight_dtype (torch.dtype): ``torch.float32`` (exact), ``torch.float16``
                 (relative error at most :math:`2^{-11}`) or ``torch.bfloat16``.
+
+        Raises:
+            TypeError: a ``model`` of another kind, ``documents`` not a sequence.
+            ValueError: a model that mixes no graphs over token ids, a ``batch_size`` that
+                is not a positive integer, another ``weight_dtype``, or a document that is
+                not token ids of the predictor's vocabulary (named by its index).
         """
         transfer = cls._transfer(model)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or \
-                batch_size < 1 or weight_dtype not in CACHE_WEIGHT_DTYPES:
-            raise ValueError(f"batch_size must be a positive integer and weight_dtype must be "
-                             f"one of {CACHE_WEIGHT_DTYPES}, got {batch_size!r} and "
+        batch_size = check_int("batch_size", batch_size)
+        if weight_dtype not in CACHE_WEIGHT_DTYPES:
+            raise ValueError(f"weight_dtype must be one of {CACHE_WEIGHT_DTYPES}, got "
                              f"{weight_dtype!r}")
         p = transfer.predictor
         docs = _check_documents(documents, p.num_tokens)

@@ -42,6 +42,7 @@ from typing import Dict, List, Optional, Tuple
 
 from benchmarks.gpu import data
 from benchmarks.gpu.report import md
+from benchmarks.gpu.slices.common import release_folder, release_sha256
 
 RESULTS = "any_gnn.md"
 KEYS_PER_PROCESS = None  # one process per call: data and graphs made once
@@ -73,14 +74,6 @@ GRAPHS_S = {("imdb", "glomo"): 120.0, ("imdb", "chain"): 30.0,
 DATA_S = {"imdb": 60.0, "cifar10": 20.0}  # reading and encoding the samples, once per call
 
 
-def _release_sha(name: str) -> Optional[str]:
-    from benchmarks.gpu.files import sha256
-    from glomo_pyg.io.releases import releases_root
-
-    path = os.path.join(str(releases_root()), name, "model.safetensors")
-    return sha256(path) if os.path.isfile(path) else None
-
-
 def task_recipe(task: str, dry_run: bool) -> Dict:
     """Every setting a run of ``task`` depends on: ``benchmarks.any_gnn.FULL`` (toy sizes
     for the CPU dry run)."""
@@ -92,7 +85,7 @@ def task_recipe(task: str, dry_run: bool) -> Dict:
     sizes = dict(train=FULL.train, validation=FULL.validation, test=FULL.test,
                  length=FULL.review_length) if task == "imdb" else \
         dict(CIFAR_FULL, side=FULL.image_side)
-    r = dict(task=task, predictor=dict(release=release, sha256=_release_sha(release)),
+    r = dict(task=task, predictor=dict(release=release, sha256=release_sha256(release)),
              data=dict(sizes, validation_seed=0, test_seed=1),
              graph=dict(merge="mean", top_k=FULL.top_k),
              model=dict(name="RelationalGNN", layers=2, dropout=0.2, hidden=FULL.hidden),
@@ -177,16 +170,6 @@ def _setup(recipe: Dict):
                  top_k=recipe["graph"]["top_k"])
 
 
-def _release_folder(recipe: Dict) -> str:
-    from benchmarks.gpu.files import sha256
-    from glomo_pyg.io.releases import release_path
-
-    folder = str(release_path(recipe["predictor"]["release"]))
-    if sha256(os.path.join(folder, "model.safetensors")) != recipe["predictor"]["sha256"]:
-        raise ValueError(f"{folder} is not the release the recipe names")
-    return folder
-
-
 def cifar_samples(data_dir: str, recipe: Dict) -> Dict[str, list]:
     """``benchmarks.any_gnn.cifar_splits`` at the recipe's sizes, seeds and side."""
     from benchmarks.any_gnn import cifar_splits
@@ -196,7 +179,7 @@ def cifar_samples(data_dir: str, recipe: Dict) -> Dict[str, list]:
 
 
 def _args(ctx) -> argparse.Namespace:
-    folder = _release_folder(ctx.recipe)
+    folder = release_folder(ctx.recipe["predictor"])
     return argparse.Namespace(device=ctx.device, text_predictor=folder,
                               pixel_predictor=folder, image_graphs=[], data_dir=ctx.data_dir,
                               full=not ctx.dry_run)

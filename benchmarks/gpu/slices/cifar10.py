@@ -4,31 +4,36 @@ off (``baseline``: the same gate and widths, no graphs), with GLoMo graphs (``gl
 and with uniform graphs (``uniform``); the same recipe, data and seeds for every
 variant, keys interleaved by seed so every call adds complete pairs.
 
-The recipe is a fast public-style one, run entirely on the GPU: the uint8 images live in
-GPU memory, bf16 autocast, channels-last, batch 512, Nesterov SGD with a triangular
-(linear up, linear down) schedule, label smoothing, random flips and translations. The
-frozen predictor's work is not redone every epoch: the GLoMo stage's propagations are
-computed once per image and orientation (the graphs are directional, so a mirrored image
-has graphs of its own) and kept in GPU memory in float16 (uniform graphs are running
-means, computed on the fly); the random translation (up to
-4 pixels, zero fill) is applied to the stage's output :math:`H'` rather than to the
-pixels, for every variant alike, so it needs no new graphs. The best validation epoch
-(42,000 / 8,000 seeded split of the training images) is evaluated once on the 10,000
-test images.
+Every run trains and tests through the library
+(:func:`~glomo_pyg.training.image_classification.train_image_classifier`,
+:func:`~glomo_pyg.training.image_classification.evaluate`); the recipe's ``train`` is
+an :class:`~glomo_pyg.training.image_classification.ImageTrainConfig`. It is a fast
+public-style one: bf16-mixed, channels-last, batch 512, Nesterov SGD with a one-cycle
+(linear up, linear down) schedule, label smoothing, random flips and crops. The frozen
+predictor's work is not redone every epoch: the GLoMo stage's propagations are computed
+once per image and orientation (the graphs are directional, so a mirrored image has
+graphs of its own) and kept in GPU memory in float16 (uniform graphs are running means,
+computed on the fly); the random crops (4 pixels of zero padding,
+``crop_target='stage'``) cut the stage's output :math:`H'` rather than the pixels, for
+every variant alike, so they need no new graphs. The best validation epoch (42,000 /
+8,000 seeded split of the training images) is evaluated once on the 10,000 test images.
+
+The ledger's first run (recipe ``d602614c0db1f8f5``) was trained by this slice's own
+loop before it moved to the library (which keeps the momentum constant as that loop
+did, but keeps a last partial batch an epoch); it is reported as a run of an earlier
+recipe.
 """
 from __future__ import annotations
 
-import math
-import os
+import dataclasses
 import time
 from typing import Dict, List, Optional
 
 import torch
-import torch.nn.functional as F
 
 from benchmarks.gpu import data
 from benchmarks.gpu.report import md
-from benchmarks.gpu.slices.common import cifar
+from benchmarks.gpu.slices.common import cifar, release_folder, release_sha256
 
 ARCHIVES = (data.CIFAR,)
 RESULTS = "cifar10.md"
@@ -46,24 +51,25 @@ KEY_FIELDS = ("depths", "seeds")  # more seeds or depths keep the recorded runs
 PRIOR_RUN_S = {18: 60.0, 34: 110.0}
 
 
-def _release_digest() -> Optional[str]:
-    from glomo_pyg.io.releases import releases_root
+def _train_config(**settings) -> Dict:
+    """An :class:`ImageTrainConfig` as the recipe records it: every field, so a setting
+    the library adds changes the recipe's digest."""
+    from glomo_pyg.training.image_classification import ImageTrainConfig
 
-    path = os.path.join(str(releases_root()), RELEASE, "model.safetensors")
-    if not os.path.isfile(path):
-        return None
-    from benchmarks.gpu.files import sha256
-
-    return sha256(path)
+    config = ImageTrainConfig(**settings)
+    config.validate()
+    return dataclasses.asdict(config)
 
 
 def recipe(dry_run: bool) -> Dict:
-    r = dict(predictor=dict(release=RELEASE, sha256=_release_digest()), width=64,
+    r = dict(predictor=dict(release=RELEASE, sha256=release_sha256(RELEASE)), width=64,
              depths=[18, 34], seeds={"18": 10, "34": 5}, side=32,
              split=dict(validation=8000, seed=0),
-             train=dict(epochs=24, batch=512, lr=0.4, momentum=0.9, nesterov=True,
-                        weight_decay=5e-4, warmup_fraction=0.25, label_smoothing=0.1,
-                        flip=True, translate=4, eval_batch=1024),
+             train=_train_config(epochs=24, batch_size=512, lr=0.4, momentum=0.9,
+                                 weight_decay=5e-4, warmup_fraction=0.25,
+                                 label_smoothing=0.1, flip=True, crop_padding=4,
+                                 crop_target="stage", eval_batch_size=1024),
+             precision="bf16-mixed",
              # estimate_s: the propagations of 102,000 images at the profile's
              # transfer-forward rate on an H100 (939 images/s: 109 s)
              stage=dict(precompute=["learned"], dtype="float16", batch=256, estimate_s=120))
@@ -71,8 +77,9 @@ def recipe(dry_run: bool) -> Dict:
         r.update(predictor=dict(toy=dict(hidden_channels=8, num_layers=1, heads=2,
                                          cnn_layers=1, num_positions=4)),
                  width=4, depths=[18], seeds={"18": 2}, side=8,
-                 split=dict(validation=8, seed=0),
-                 train=dict(r["train"], epochs=2, batch=8, eval_batch=16, translate=1),
+                 split=dict(validation=8, seed=0), precision="32-true",
+                 train=_train_config(**dict(r["train"], epochs=2, batch_size=8,
+                                            eval_batch_size=16, crop_padding=1)),
                  stage=dict(r["stage"], batch=8))
     return r
 
@@ -135,204 +142,96 @@ def _predictor(recipe: Dict, device: str):
         p = Glomo.image(in_channels=3, height=recipe["side"], width=recipe["side"],
                         **recipe["predictor"]["toy"]).to_pretrained()
     else:
-        from benchmarks.gpu.files import sha256
-        from glomo_pyg.io.releases import release_path
-
-        folder = release_path(RELEASE)
-        if sha256(os.path.join(folder, "model.safetensors")) != recipe["predictor"]["sha256"]:
-            raise ValueError(f"{folder} is not the release the recipe names")
-        p = PretrainedGraphPredictor.from_pretrained(folder)
+        p = PretrainedGraphPredictor.from_pretrained(release_folder(recipe["predictor"]))
     return p.to(device).eval().set_layout("auto")
 
 
-def translate(maps: torch.Tensor, shift: torch.Tensor, pad: int) -> torch.Tensor:
-    """``maps`` ``[B, C, H, W]`` moved by ``shift`` ``[B, 2]`` (rows, columns; each in
-    ``[-pad, pad]``) pixels each, zero-filled: a random crop of the map padded by ``pad``
-    (given, so the step needs no device-to-host read)."""
-    b, c, h, w = maps.shape
-    p = pad
-    if p == 0:
-        return maps
-    padded = F.pad(maps, (p, p, p, p))
-    rows = (torch.arange(h, device=maps.device) + p).view(1, h) - shift[:, :1]  # [B, H]
-    cols = (torch.arange(w, device=maps.device) + p).view(1, w) - shift[:, 1:]  # [B, W]
-    index = torch.arange(b, device=maps.device).view(b, 1, 1)
-    out = padded.permute(0, 2, 3, 1)[index, rows.view(b, h, 1), cols.view(b, 1, w)]
-    return out.permute(0, 3, 1, 2)
-
-
-class Stage:
-    """A variant's stage propagations for a set of images, computed once (``None`` for
-    the baseline, which has none), and the stage's output for a batch of them."""
-
-    def __init__(self, model, images: torch.Tensor, recipe: Dict, mirrored: bool):
-        self.model = model
-        self.cache, self.mirror = None, None
-        if model.transfer.graph not in recipe["stage"]["precompute"]:
-            return  # computed on the fly (none: no graphs; uniform: running means, cheap)
-        dtype = getattr(torch, recipe["stage"]["dtype"])
-        self.cache = self._compute(images, recipe, dtype)
-        if mirrored:
-            self.mirror = self._compute(images.flip(3), recipe, dtype)
-
-    @torch.no_grad()
-    def _compute(self, images, recipe, dtype) -> torch.Tensor:
-        """``[n, D, K, H W, C]``, written chunk by chunk into one preallocated tensor (a
-        list and a ``cat`` would hold it twice: 56 GiB at the full configuration)."""
-        from glomo_pyg.pixels import image_units
-
-        cache = None
-        for start in range(0, len(images), recipe["stage"]["batch"]):
-            chunk = images[start:start + recipe["stage"]["batch"]]
-            with torch.autocast("cuda", torch.bfloat16, enabled=chunk.is_cuda):
-                x, batch = image_units(chunk)
-                p = self.model.transfer.propagations(self.model.stage_input(chunk), x, batch)
-            d, k, _, c = p.shape
-            p = p.view(d, k, len(chunk), -1, c).permute(2, 0, 1, 3, 4)
-            if cache is None:
-                cache = torch.empty((len(images), *p.shape[1:]), dtype=dtype, device=p.device)
-            cache[start:start + len(chunk)] = p
-        return cache
-
-    def __call__(self, images: torch.Tensor, index: torch.Tensor,
-                 flip: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if self.cache is None:
-            return self.model.stage(images)
-        p = self.cache[index]
-        if flip is not None and self.mirror is not None:
-            p = torch.where(flip.view(-1, 1, 1, 1, 1), self.mirror[index], p)
-        b, d, k, t, c = p.shape
-        return self.model.stage(images, propagated=p.float().permute(1, 2, 0, 3, 4).reshape(
-            d, k, b * t, c))
-
-
-@torch.no_grad()
-def accuracy(model, stage: Stage, images, labels, batch: int) -> float:
-    model.eval()
-    correct = 0
-    for start in range(0, len(images), batch):
-        index = torch.arange(start, min(start + batch, len(images)), device=images.device)
-        with torch.autocast("cuda", torch.bfloat16, enabled=images.is_cuda):
-            logits = model.classify(stage(images[index], index))
-        correct += int((logits.argmax(-1) == labels[index]).sum())
-    return correct / len(images)
-
-
-def train_run(model, splits: Dict, stages: Dict, recipe: Dict, seed: int, log) -> Dict:
-    """One run of the recipe; returns accuracies, curves and times."""
-    t = recipe["train"]
-    (images, labels), device = splits["train"], splits["train"][0].device
-    n = len(images)
-    steps = n // t["batch"]  # (the last partial batch dropped: a new order every epoch)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.SGD(params, lr=t["lr"], momentum=t["momentum"],
-                                nesterov=t["nesterov"], weight_decay=t["weight_decay"])
-    schedule = torch.optim.lr_scheduler.OneCycleLR(
-        optimizer, max_lr=t["lr"], total_steps=t["epochs"] * steps,
-        pct_start=t["warmup_fraction"], anneal_strategy="linear", div_factor=25.0,
-        final_div_factor=1e3, cycle_momentum=False)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    best, best_state, curve, epoch_s = -1.0, None, [], []
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for epoch in range(t["epochs"]):
-        model.train()
-        sync()
-        start = time.time()
-        order = torch.randperm(n, device=device, generator=gen)
-        for step in range(steps):
-            index = order[step * t["batch"]:(step + 1) * t["batch"]]
-            x = images[index]
-            flip = torch.rand(len(index), device=device, generator=gen) < 0.5 if t["flip"] \
-                else torch.zeros(len(index), dtype=torch.bool, device=device)
-            x = torch.where(flip.view(-1, 1, 1, 1), x.flip(3), x)
-            shift = torch.randint(-t["translate"], t["translate"] + 1, (len(index), 2),
-                                  device=device, generator=gen)
-            with torch.autocast("cuda", torch.bfloat16, enabled=device.type == "cuda"):
-                h = translate(stages["train"](x, index, flip), shift, t["translate"])
-                loss = F.cross_entropy(model.classify(h).float(), labels[index],
-                                       label_smoothing=t["label_smoothing"])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-        sync()
-        epoch_s.append(round(time.time() - start, 3))
-        acc = accuracy(model, stages["val"], *splits["val"], t["eval_batch"])
-        curve.append(acc)
-        if acc > best:
-            best, best_epoch = acc, epoch
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        if not math.isfinite(float(loss.detach())):  # a result too: the best epoch before
-            diverged = epoch + 1
-            log(f"  diverged at epoch {diverged}: the best validation epoch is evaluated")
-            break
-    else:
-        diverged = None
-    log(f"  last epoch: loss {float(loss.detach()):.3f}, validation {acc:.4f}; "
-        f"{epoch_s[-1]:.2f} s/epoch")
-    model.load_state_dict(best_state)
-    test = accuracy(model, stages["test"], *splits["test"], t["eval_batch"])
-    return dict(test_acc=test, best_val=best, best_epoch=best_epoch, val_curve=curve,
-                epoch_s=epoch_s, diverged_at_epoch=diverged)
-
-
-_STATE: Dict = {}  # per process: data, predictor and each variant's stage, built once
+_STATE: Dict = {}  # per process: data, predictor and each variant's propagations, built once
 
 
 def _splits(ctx) -> Dict:
+    """The train / validation / test images (uint8, host memory: a batch is 1.5 MB to
+    copy) and labels, and the predictor, read once per process."""
     if "splits" not in _STATE:
         from glomo_pyg.data.images import train_validation_split
 
-        r, device = ctx.recipe, torch.device(ctx.device)
+        r = ctx.recipe
         images, labels = cifar(ctx.data_dir, "train", side=r["side"])
-        test = cifar(ctx.data_dir, "test", side=r["side"])
         train_idx, val_idx = train_validation_split(len(images), r["split"]["validation"],
                                                     r["split"]["seed"])
-        _STATE["splits"] = dict(
-            train=(images[train_idx].to(device), labels[train_idx].to(device)),
-            val=(images[val_idx].to(device), labels[val_idx].to(device)),
-            test=(test[0].to(device), test[1].to(device)))
+        _STATE["splits"] = dict(train=(images[train_idx], labels[train_idx]),
+                                val=(images[val_idx], labels[val_idx]),
+                                test=cifar(ctx.data_dir, "test", side=r["side"]))
         _STATE["predictor"] = _predictor(r, ctx.device)
     return _STATE["splits"]
 
 
+def _propagations(model, variant: str, ctx) -> tuple:
+    """The variant's precomputed propagations (``{}`` where its stage runs on the fly)
+    on the device, computed on its first key in this process and kept (they depend on
+    the frozen predictor and the pixels alone; the stage's gate and mixing weights are
+    each run's own), and the seconds this key spent on them."""
+    from glomo_pyg.training.image_classification import precompute_propagations
+
+    s, stages = ctx.recipe["stage"], _STATE.setdefault("stages", {})
+    if VARIANTS[variant] not in s["precompute"]:
+        return {}, 0.0
+    if variant in stages:
+        return stages[variant], 0.0
+    start, splits = time.time(), _splits(ctx)
+
+    def of(images: torch.Tensor) -> torch.Tensor:
+        return precompute_propagations(model, images, s["batch"], getattr(torch, s["dtype"]),
+                                       storage=None)
+
+    stages[variant] = dict(train=(of(splits["train"][0]), of(splits["train"][0].flip(3))),
+                           val=of(splits["val"][0]), test=of(splits["test"][0]))
+    if ctx.device == "cuda":
+        torch.cuda.synchronize()
+    return stages[variant], round(time.time() - start, 3)
+
+
 def run_key(key: str, ctx) -> Dict:
     from glomo_pyg import GlomoResNet, GlomoTransfer
+    from glomo_pyg.training.image_classification import (
+        ImageTrainConfig,
+        evaluate,
+        train_image_classifier,
+    )
 
-    depth, variant, seed = key.split("/")
-    depth, seed = int(depth[len("resnet"):]), int(seed[len("seed"):])
+    depth, variant, seed = _depth(key), key.split("/")[1], int(key.rsplit("seed", 1)[1])
     r, device = ctx.recipe, torch.device(ctx.device)
     torch.backends.cudnn.benchmark = True  # fixed shapes: the fastest convolutions
     splits = _splits(ctx)
     torch.manual_seed(seed)
     model = GlomoResNet(GlomoTransfer(_STATE["predictor"], 3, graph=VARIANTS[variant]),
                         depth=depth, width=r["width"]).to(device)
-    if device.type == "cuda":
-        model.resnet.to(memory_format=torch.channels_last)
-    stage_s = 0.0
-    stages = _STATE.setdefault("stages", {})
-    if variant not in stages:  # computed once per process and kept (GPU memory)
-        t0 = time.time()
-        stages[variant] = {name: Stage(model, images, r, mirrored=name == "train")
-                           for name, (images, _) in splits.items()}
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        stage_s = round(time.time() - t0, 3)
-    for stage in stages[variant].values():
-        # the propagations depend on the frozen predictor and the pixels alone; the
-        # stage's gate and mixing weights are this run's own parameters
-        stage.model = model
+    propagations, stage_s = _propagations(model, variant, ctx)
+    config = ImageTrainConfig(**r["train"])
     start = time.time()
-    result = train_run(model, splits, stages[variant], r, seed, ctx.log)
-    result.update(seconds=round(time.time() - start, 1), propagations_s=stage_s,
-                  trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
-                  images=[len(splits[k][0]) for k in ("train", "val", "test")])
-    ctx.log(f"{key}: test {result['test_acc']:.4f} (validation {result['best_val']:.4f} at "
-            f"epoch {result['best_epoch'] + 1}); {result['seconds']} s"
+    result = train_image_classifier(
+        model, splits["train"], splits["val"], config, seed=seed, device=device,
+        precision=r["precision"], train_propagations=propagations.get("train"),
+        val_propagations=propagations.get("val"))
+    test = evaluate(model, *splits["test"], config.eval_batch_size, propagations.get("test"),
+                    device)
+    metrics = dict(test_acc=test, best_val=result["best_val"], best_epoch=result["best_epoch"],
+                   val_curve=result["val_curve"], train_loss=result["train_loss"],
+                   epoch_s=[round(s, 3) for s in result["epoch_seconds"]],
+                   diverged_at_epoch=result["diverged_at_epoch"],
+                   seconds=round(time.time() - start, 1), propagations_s=stage_s,
+                   trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
+                   images=[len(splits[k][0]) for k in ("train", "val", "test")])
+    ctx.log(f"{key}: test {test:.4f} (validation {result['best_val']:.4f} at epoch "
+            f"{result['best_epoch'] + 1}); {metrics['seconds']} s"
             + (f" + {stage_s} s of propagations" if stage_s else ""))
-    return result
+    return metrics
 
 
+def _mean(values: List[float]) -> float:
+    from benchmarks.statistics import mean_sd
+
+    return mean_sd(values)[0]
 
 
 def _target_lines(acc: Dict, runs: Dict[str, Dict], lines: List[Dict]) -> List[str]:
@@ -342,25 +241,23 @@ def _target_lines(acc: Dict, runs: Dict[str, Dict], lines: List[Dict]) -> List[s
     base = acc.get((18, "baseline"))
     if not base:
         return []
-    out: List[str] = []
-    m = sum(base.values()) / len(base)
+    m = _mean(list(base.values()))
     per_run = [l["metrics"]["seconds"] for k, l in runs.items()
                if k.startswith("resnet18/baseline/")]
     prop = [l["metrics"]["propagations_s"] for l in lines
             if l["metrics"].get("propagations_s")]
-    out += ["", f"Targets: ResNet-18 baseline >= {TARGETS['baseline_acc']}%: "
-            f"{'met' if m >= TARGETS['baseline_acc'] else 'not met'} ({m:.2f}); within "
-            f"{TARGETS['run_s']:.0f} s per run, its test included: "
-            f"{'met' if max(per_run) <= TARGETS['run_s'] else 'not met'} "
-            f"(at most {max(per_run):.0f} s)"
-            + (f"; the GLoMo stage's propagations within {TARGETS['stage_s']:.0f} s: "
-               f"{'met' if max(prop) <= TARGETS['stage_s'] else 'not met'} (at most "
-               f"{max(prop):.0f} s)" if prop else "") + "."]
+    out = ["", f"Targets: ResNet-18 baseline >= {TARGETS['baseline_acc']}%: "
+           f"{'met' if m >= TARGETS['baseline_acc'] else 'not met'} ({m:.2f}); within "
+           f"{TARGETS['run_s']:.0f} s per run, its test included: "
+           f"{'met' if max(per_run) <= TARGETS['run_s'] else 'not met'} "
+           f"(at most {max(per_run):.0f} s)"
+           + (f"; the GLoMo stage's propagations within {TARGETS['stage_s']:.0f} s: "
+              f"{'met' if max(prop) <= TARGETS['stage_s'] else 'not met'} (at most "
+              f"{max(prop):.0f} s)" if prop else "") + "."]
     epochs = {v: [e for k, l in runs.items() if k.startswith(f"resnet18/{v}/")
                   for e in l["metrics"]["epoch_s"]] for v in ("baseline", "glomo")}
     if epochs["glomo"]:
-        ratio = (sum(epochs["glomo"]) / len(epochs["glomo"])) / \
-            (sum(epochs["baseline"]) / len(epochs["baseline"]))
+        ratio = _mean(epochs["glomo"]) / _mean(epochs["baseline"])
         out.append(f"GLoMo epoch <= {TARGETS['epoch_ratio']}x the baseline's: "
                    f"{'met' if ratio <= TARGETS['epoch_ratio'] else 'not met'} ({ratio:.2f}x, "
                    "propagations apart).")
@@ -377,27 +274,28 @@ def _target_lines(acc: Dict, runs: Dict[str, Dict], lines: List[Dict]) -> List[s
     return out
 
 
-def report(lines: List[Dict], recipe: Dict) -> List[str]:
-    from benchmarks.statistics import mean_sd, paired_difference
+def _recipe_line(lines: List[Dict], recipe: Dict) -> str:
+    """Where the runs ran, the predictor and the recipe every variant trains with."""
+    return (f"Generated from the ledger: {len(lines)} runs on "
+            f"{', '.join(sorted({md(l['device']) for l in lines}))}. Predictor: "
+            + (f"release `{recipe['predictor'].get('release')}` (SHA-256 "
+               f"{str(recipe['predictor'].get('sha256'))[:12]})"
+               if not recipe["predictor"].get("toy") else "an untrained toy predictor (dry run)")
+            + f". Recipe (every variant): ResNet width {recipe['width']}, "
+            f"`train_image_classifier` ({recipe['precision']}, channels-last, Nesterov SGD, "
+            "one-cycle schedule) with `ImageTrainConfig` "
+            + ", ".join(f"{k} {v}" for k, v in recipe["train"].items())
+            + f"; {' / '.join(f'{n:,}' for n in lines[0]['metrics']['images'])} train / "
+            "validation / test images; the best validation epoch evaluated once on test. "
+            "The stage's propagations are computed once per image and orientation (s below, "
+            "apart from the runs).")
 
-    t = recipe["train"]
-    runs = {l["key"]: l for l in lines}
-    devices = sorted({md(l["device"]) for l in lines})
-    out = ["### GPU campaign: Table 3 downstream (CIFAR-10, full configuration)", "",
-           f"Generated from the ledger: {len(lines)} runs on {', '.join(devices)}. Predictor: "
-           + (f"release `{recipe['predictor'].get('release')}` (SHA-256 "
-              f"{str(recipe['predictor'].get('sha256'))[:12]})"
-              if not recipe["predictor"].get("toy")
-              else "an untrained toy predictor (dry run)") + ". Recipe (every variant): ResNet "
-           f"width {recipe['width']}, {t['epochs']} epochs, batch {t['batch']}, Nesterov SGD, "
-           f"triangular schedule to lr {t['lr']}, weight decay {t['weight_decay']}, label "
-           f"smoothing {t['label_smoothing']}, flips and translations of up to "
-           f"{t['translate']} pixels (applied to the stage's output), bf16, channels-last; "
-           f"{' / '.join(f'{n:,}' for n in lines[0]['metrics']['images'])} train / "
-           "validation / test images; the best validation "
-           "epoch evaluated once on test. The stage's propagations are computed once per "
-           "image and orientation (s below, apart from the runs).", "",
-           "| model | paper | test accuracy (mean ± std) | seeds | s per run | epoch s | "
+
+def _table(runs: Dict[str, Dict], recipe: Dict) -> tuple:
+    """The accuracy table's lines and each depth and variant's test accuracy by seed."""
+    from benchmarks.statistics import mean_sd
+
+    out = ["| model | paper | test accuracy (mean ± std) | seeds | s per run | epoch s | "
            "propagations s |", "|---|---|---|---|---|---|---|"]
     acc: Dict = {}
     for depth in recipe["depths"]:
@@ -409,15 +307,22 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
             acc[(depth, variant)] = {int(l["key"].rsplit("seed", 1)[1]): v
                                      for l, v in zip(mine, values)}
             m, sd = mean_sd(values)
-            epochs = [s for l in mine for s in l["metrics"]["epoch_s"]]
             prop = [l["metrics"]["propagations_s"] for l in mine if l["metrics"]["propagations_s"]]
             out.append(f"| ResNet-{depth} {variant} | {PAPER.get((depth, variant), '-')} | "
                        f"{m:.2f}" + (f" ± {sd:.2f}" if len(values) > 1 else "") +
-                       f" | {len(values)} | "
-                       f"{sum(l['metrics']['seconds'] for l in mine) / len(mine):.1f} | "
-                       f"{sum(epochs) / len(epochs):.2f} | "
-                       f"{(sum(prop) / len(prop)) if prop else 0:.1f} |")
-    out.append("")
+                       f" | {len(values)} | {_mean([l['metrics']['seconds'] for l in mine]):.1f}"
+                       f" | {_mean([s for l in mine for s in l['metrics']['epoch_s']]):.2f} | "
+                       f"{_mean(prop) if prop else 0:.1f} |")
+    return out, acc
+
+
+def report(lines: List[Dict], recipe: Dict) -> List[str]:
+    from benchmarks.statistics import paired_difference
+
+    runs = {l["key"]: l for l in lines}
+    table, acc = _table(runs, recipe)
+    out = ["### GPU campaign: Table 3 downstream (CIFAR-10, full configuration)", "",
+           _recipe_line(lines, recipe), "", *table, ""]
     for depth in recipe["depths"]:
         for a, b in (("glomo", "baseline"), ("glomo", "uniform"), ("uniform", "baseline")):
             x, y = acc.get((depth, a), {}), acc.get((depth, b), {})
@@ -429,3 +334,11 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
             out.append(f"- ResNet-{depth}, {a} − {b}: {m:+.2f} points{ci} (paired over "
                        f"{n} seeds, 95% t interval)")
     return out + _target_lines(acc, runs, lines) + [""]
+
+
+def report_earlier(lines: List[Dict]) -> List[str]:
+    """Runs of earlier recipes, one line each with its test accuracy and times."""
+    return [f"- {md(l['key'])}: test {100 * l['metrics']['test_acc']:.2f}%, "
+            f"{l['metrics']['seconds']} s ({_mean(l['metrics']['epoch_s']):.2f} s an epoch); "
+            f"run {md(l['run'])}, recipe {md(l['recipe'])}, {md(l['date'])}, "
+            f"{md(l['device'])}" for l in lines] + [""]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import yaml
@@ -14,6 +14,28 @@ def config(name: str) -> Dict:
     """A YAML config of ``configs/`` as a mapping (part of the recipes that use it)."""
     with open(os.path.join(ROOT, "configs", name), encoding="utf-8") as fh:
         return yaml.safe_load(fh)
+
+
+def release_sha256(name: str) -> Optional[str]:
+    """SHA-256 of the release ``name``'s weights in the releases folder (None: absent),
+    which the recipes that use it record."""
+    from benchmarks.gpu.files import sha256
+    from glomo_pyg.io.releases import releases_root
+
+    path = os.path.join(str(releases_root()), name, "model.safetensors")
+    return sha256(path) if os.path.isfile(path) else None
+
+
+def release_folder(predictor: Dict) -> str:
+    """The folder of the release a recipe's ``predictor`` names, refused unless its
+    weights have the recipe's ``sha256``."""
+    from benchmarks.gpu.files import sha256
+    from glomo_pyg.io.releases import release_path
+
+    folder = str(release_path(predictor["release"]))
+    if sha256(os.path.join(folder, "model.safetensors")) != predictor["sha256"]:
+        raise ValueError(f"{folder} is not the release the recipe names")
+    return folder
 
 
 def cifar(data_dir: str, split: str = "train", side: int = 32) -> Tuple[torch.Tensor, torch.Tensor]:

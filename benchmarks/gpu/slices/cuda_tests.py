@@ -1,9 +1,11 @@
 """``cuda-tests``: the test suite's CUDA-only tests (marked ``cuda``) in the files that
 were marked after the profile's recipe was recorded, one key per file: today
 ``tests/test_compile.py`` (inductor on CUDA over batches of changing size, ``dynamic=True``
-and automatic dynamic shapes, tensors and ``EdgeIndex``). ``files`` only enumerates keys
-(``KEY_FIELDS``), so a newly marked file adds a key and keeps every recorded one; the
-profile's own ``cuda-tests`` key keeps running the files it always ran.
+and automatic dynamic shapes, tensors and ``EdgeIndex``) and
+``tests/test_image_classification.py`` (precomputed propagations kept on the GPU).
+``files`` only enumerates keys (``KEY_FIELDS``), so a newly marked file adds a key and
+keeps every recorded one; the profile's own ``cuda-tests`` key keeps running the files it
+always ran.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from benchmarks.gpu.slices import profile
 ARCHIVES = ()
 RESULTS = "speed.md"
 KEY_FIELDS = ("files",)
-FILES = ("tests/test_compile.py",)
+FILES = ("tests/test_compile.py", "tests/test_image_classification.py")
 
 
 def recipe(dry_run: bool) -> Dict:

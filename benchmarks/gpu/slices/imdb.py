@@ -30,7 +30,6 @@ validation", which also lists every change from the paper's training setup).
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 import time
@@ -143,14 +142,10 @@ def min_seconds(key: str, recipe: Dict) -> float:
 
 
 def _predictor(recipe: Dict):
-    from benchmarks.gpu.files import sha256
+    from benchmarks.gpu.slices.common import release_folder
     from glomo_pyg import PretrainedGraphPredictor
-    from glomo_pyg.io.releases import release_path
 
-    folder = release_path(recipe["predictor"]["release"])
-    if sha256(os.path.join(folder, "model.safetensors")) != recipe["predictor"]["sha256"]:
-        raise ValueError(f"{folder} is not the release the recipe names")
-    return PretrainedGraphPredictor.from_pretrained(folder)
+    return PretrainedGraphPredictor.from_pretrained(release_folder(recipe["predictor"]))
 
 
 def prepare_extra(folder: str, archives: List[str], recipe: Dict, log) -> None:
@@ -271,7 +266,7 @@ def run_key(key: str, ctx) -> Dict:
 
 
 def report(lines: List[Dict], recipe: Dict) -> List[str]:
-    from benchmarks.statistics import paired_difference
+    from benchmarks.statistics import mean_sd, paired_difference
 
     t = recipe["train"]
     acc = {v: {int(l["key"].rsplit("seed", 1)[1]): 100 * l["metrics"]["test_acc"]
@@ -294,9 +289,7 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
         if not by_seed:
             continue
         values = list(by_seed.values())
-        m = sum(values) / len(values)
-        sd = math.sqrt(sum((x - m) ** 2 for x in values) / (len(values) - 1)) \
-            if len(values) > 1 else float("nan")
+        m, sd = mean_sd(values)
         out.append(f"| {v} | {PAPER[v]} | {m:.2f}" + (f" ± {sd:.2f}" if len(values) > 1 else "")
                    + f" | {len(values)} |")
     out.append("")

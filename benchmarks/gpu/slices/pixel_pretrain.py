@@ -210,7 +210,7 @@ def report(lines: List[Dict], recipe: Dict) -> List[str]:
 def ingest(lines: List[Dict], folder: str, manifest: Dict, releases_root, log,
            shared_data: str) -> None:
     from glomo_pyg.io.releases import releases_root as default_root
-    from glomo_pyg.io.releases import write_release
+    from glomo_pyg.publish import write_release
 
     (line,) = lines
     metrics = line["metrics"]

@@ -232,7 +232,7 @@ def ingest(lines: List[Dict], folder: str, manifest: Dict, releases_root, log,
            shared_data: str) -> None:
     from glomo_pyg import PretrainedGraphPredictor
     from glomo_pyg.io.releases import releases_root as default_root
-    from glomo_pyg.io.releases import write_release
+    from glomo_pyg.publish import write_release
 
     (line,) = lines
     metrics = line["metrics"]

@@ -333,7 +333,7 @@ def _save_result(config: PretrainConfig, corpus: SimpleNamespace, trainer: pl.Tr
                  module: GlomoPretraining, data, seconds: float,
                  found_vectors: Optional[float]) -> Dict[str, Any]:
     """The summary; the first process also saves it and the predictor."""
-    from glomo_pyg.io.pretrained import save_pretrained
+    from glomo_pyg.nn.pretrained import save_pretrained
 
     out, images = config.output_dir, corpus.images
     size = dict(images=len(corpus.pixels)) if images else dict(
