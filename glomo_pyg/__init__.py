@@ -19,9 +19,11 @@ from glomo_pyg.nn import (  # noqa: E402
                           GlomoTextClassifier,
                           GlomoTransfer,
                           GraphEmitter,
+                          GraphLearning,
                           GraphMixer,
                           GraphPredictor,
                           GraphScorer,
+                          PickConv,
                           PixelGraphPredictor,
                           PretrainedGraphPredictor,
 )
@@ -32,8 +34,9 @@ from glomo_pyg.version import __version__  # noqa: E402
 __all__ = [
     "ContextDecoder", "DirectionalGraphs", "FeatureGraphEmitter", "FeaturePredictor",
     "GatedFusion", "Glomo", "GlomoConv", "GlomoOutput", "GlomoResNet", "GlomoTextClassifier",
-    "GlomoTransfer", "GraphEmitter", "GraphMixer", "GraphPredictor", "GraphScorer",
-    "LatentGraphs", "PixelGraphPredictor", "PretrainedFormatError", "PretrainedGraphPredictor",
+    "GlomoTransfer", "GraphEmitter", "GraphLearning", "GraphMixer", "GraphPredictor",
+    "GraphScorer", "LatentGraphs", "PickConv", "PixelGraphPredictor", "PretrainedFormatError",
+    "PretrainedGraphPredictor",
     "RasterOrder", "SequenceOrder", "UnitOrder",
     "__version__", "load_pretrained", "save_pretrained",
 ]

@@ -10,9 +10,11 @@ from glomo_pyg.nn.feature_predictor import FeatureGraphEmitter, FeaturePredictor
 from glomo_pyg.nn.functional import head_propagate, latent_graph_edges, weighted_spmm
 from glomo_pyg.nn.fusion import GatedFusion
 from glomo_pyg.nn.glomo import Glomo, GlomoOutput
+from glomo_pyg.nn.graph_learning import GraphLearning, LearnedGraph
 from glomo_pyg.nn.graph_predictor import GraphPredictor
 from glomo_pyg.nn.image_encoder import ImageEncoder
 from glomo_pyg.nn.mixer import GraphMixer
+from glomo_pyg.nn.pick_conv import PickConv, relative_positions
 from glomo_pyg.nn.pixel import MaskedConv2d, PixelCNN, PixelContextHead, PixelGraphPredictor
 from glomo_pyg.nn.pretrained import PretrainedGraphPredictor
 from glomo_pyg.nn.resnet import CifarResNet, GlomoResNet
@@ -24,8 +26,9 @@ __all__ = [
     "CausalCNN", "CifarResNet", "ConfigurableModule", "ContextDecoder", "DirectionalGraphs",
     "EMITTERS", "FeatureGraphEmitter", "FeaturePredictor", "GatedFusion", "Glomo", "GlomoConv",
     "GlomoOutput", "GlomoResNet", "GlomoTextClassifier", "GlomoTransfer", "GraphEmitter",
-    "GraphMixer", "GraphPredictor", "GraphScorer", "ImageEncoder", "MaskedConv2d", "MaskedNorm",
+    "GraphLearning", "GraphMixer", "GraphPredictor", "GraphScorer", "ImageEncoder",
+    "LearnedGraph", "MaskedConv2d", "MaskedNorm", "PickConv",
     "PixelCNN", "PixelContextHead", "PixelGraphPredictor", "PretrainedGraphPredictor",
     "UnitEncoder",
-    "head_propagate", "latent_graph_edges", "weighted_spmm",
+    "head_propagate", "latent_graph_edges", "relative_positions", "weighted_spmm",
 ]
