@@ -40,7 +40,7 @@ import os
 import sys
 import time
 import warnings
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -50,8 +50,10 @@ from torch_geometric.loader import DataLoader
 from torch_geometric.nn import GraphConv, global_max_pool, global_mean_pool
 
 from benchmarks.common import hardware
-from benchmarks.statistics import paired_difference
+from benchmarks.statistics import mean_sd, paired_difference
 from glomo_pyg.atomic_files import atomic_write
+from glomo_pyg.nn import GraphLearning, PickConv, relative_positions
+from glomo_pyg.ordering import DIRECTIONS, RasterOrder, SequenceOrder, UnitOrder
 from glomo_pyg.pixels import IMAGENET_MEAN, IMAGENET_STD, normalize
 from glomo_pyg.transforms import (
     ChainGraphs,
@@ -90,38 +92,108 @@ CIFAR_REDUCED = dict(train=3000, validation=500, test=2000)
 CIFAR_FULL = dict(train=None, validation=5000, test=None)
 
 
+@dataclasses.dataclass(frozen=True)
+class Learning:
+    r"""The task-learned graph (``learned``: ``glomo_pyg.nn.GraphLearning``, PICK's), fixed
+    before the runs: learned from the embedding projected to ``width`` and normalised (so
+    :math:`\lVert v_i - v_j \rVert^2 \le 4` and :math:`L_{GL}` cannot overflow), PICK's
+    ``eta`` and ``gamma``, :math:`L_{GL}` added to the task's loss with ``weight``."""
+
+    width: int = 16
+    eta: float = 1.0
+    gamma: float = 1.0
+    weight: float = 0.01
+
+
+LEARNING = Learning()
+LEARNED = "learned"
+MODELS = ("graphconv", "pick")
+
+
 class RelationalGNN(torch.nn.Module):
     r"""Embedding, ``layers`` residual relational layers
-    :math:`h \leftarrow h + \mathrm{ReLU}(\sum_r \mathrm{GraphConv}_r(h, G_r))`, mean and
-    max pooling, a linear classifier.
+    :math:`h \leftarrow h + \mathrm{ReLU}(\sum_r \mathrm{conv}_r(h, G_r))`, mean and
+    max pooling, a linear classifier. ``conv='graphconv'``: PyG's ``GraphConv``;
+    ``'pick'``: :class:`~glomo_pyg.nn.PickConv`, its first layer's edge embeddings from
+    the units' relative positions (scaled by ``position_scale``), the next layer's from
+    the previous. With ``learn_orders`` the graphs :math:`G_r` are learned from the
+    embedding, one :class:`~glomo_pyg.nn.GraphLearning` per order (the batch's own
+    graphs are not read); otherwise they are the batch's, by ``edge_type``.
 
     Shapes:
-        - **input:** a ``Batch`` with ``x``, ``edge_index``, ``edge_weight``,
-          ``edge_type``, ``batch``
-        - **output:** logits :math:`(B, \text{classes})`
+        - **input:** a ``Batch`` with ``x``, ``batch`` (and ``edge_index``,
+          ``edge_weight``, ``edge_type`` unless learned; ``pos`` for images with ``pick``)
+        - **output:** logits :math:`(B, \text{classes})` and the graph-learning loss
+          (0 unless learned)
     """
 
     def __init__(self, num_relations: int, hidden: int, classes: int,
                  num_tokens: Optional[int] = None, in_channels: Optional[int] = None,
-                 layers: int = 2, dropout: float = 0.2):
+                 layers: int = 2, dropout: float = 0.2, conv: str = "graphconv",
+                 learn_orders: Optional[Sequence[UnitOrder]] = None,
+                 learning: Learning = LEARNING, top_k: int = 8, position_scale: float = 1.0):
         super().__init__()
         self.embed = torch.nn.Embedding(num_tokens, hidden) if num_tokens is not None else \
             torch.nn.Linear(in_channels, hidden)
+        self.conv, self.num_relations, self.position_scale = conv, num_relations, position_scale
+        self.learn_in = self.learners = None
+        if learn_orders is not None:
+            self.learn_in = torch.nn.Linear(hidden, learning.width)
+            self.learners = torch.nn.ModuleList(
+                GraphLearning(learning.width, order, top_k=top_k, eta=learning.eta,
+                              gamma=learning.gamma) for order in learn_orders)
+        position_dim = 2 if num_tokens is not None else 3  # offsets and the distance
+
+        def make(layer: int) -> torch.nn.Module:
+            if conv == "pick":
+                return PickConv(hidden, hidden, edge_dim=position_dim if layer == 0 else None)
+            return GraphConv(hidden, hidden)
+
         self.convs = torch.nn.ModuleList(
-            torch.nn.ModuleList(GraphConv(hidden, hidden) for _ in range(num_relations))
-            for _ in range(layers))
+            torch.nn.ModuleList(make(layer) for _ in range(num_relations))
+            for layer in range(layers))
         self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(hidden) for _ in range(layers))
         self.dropout = dropout
         self.out = torch.nn.Linear(2 * hidden, classes)
 
-    def forward(self, data) -> Tensor:
+    def forward(self, data) -> Tuple[Tensor, Tensor]:
         h = self.embed(data.x)
-        adjacency = [relation_adjacency(data, r) for r in range(len(self.convs[0]))]
+        graphs, graph_loss = self.relations(data, h)
+        attrs = [self.positions(data, g[0]) for g in graphs] if self.conv == "pick" else None
         for convs, norm in zip(self.convs, self.norms):
-            mixed = sum(conv(h, adj) for conv, adj in zip(convs, adjacency))
+            if attrs is not None:
+                outs = [conv(h, *g, a) for conv, g, a in zip(convs, graphs, attrs)]
+                mixed, attrs = sum(o[0] for o in outs), [o[1] for o in outs]
+            else:
+                mixed = sum(conv(h, *g) for conv, g in zip(convs, graphs))
             h = norm(h + F.dropout(F.relu(mixed), self.dropout, self.training))
         pooled = torch.cat([global_mean_pool(h, data.batch), global_max_pool(h, data.batch)], 1)
-        return self.out(F.dropout(pooled, self.dropout, self.training))
+        return self.out(F.dropout(pooled, self.dropout, self.training)), graph_loss
+
+    def relations(self, data, h: Tensor) -> Tuple[List[Tuple[Tensor, ...]], Tensor]:
+        """Each relation's graph as the conv's arguments, and the graph-learning loss."""
+        if self.learners is not None:
+            assert self.learn_in is not None
+            features = F.normalize(self.learn_in(h), dim=-1)
+            learned = [learner(features, data.batch) for learner in self.learners]
+            return [(g.edge_index, g.edge_weight) for g in learned], \
+                torch.stack([g.loss for g in learned]).sum()
+        relations = range(self.num_relations)
+        if self.conv == "graphconv":  # one sparse product per relation
+            return [(relation_adjacency(data, r),) for r in relations], h.new_zeros(())
+        return [relation_edges(data, r) for r in relations], h.new_zeros(())
+
+    def positions(self, data, edge_index: Tensor) -> Tensor:
+        """Relative positions of the edges' units: in the sequence, or (row, column)."""
+        pos = data.pos if getattr(data, "pos", None) is not None else \
+            torch.arange(data.num_nodes, device=edge_index.device) - data.ptr[data.batch]
+        return relative_positions(edge_index, pos, self.position_scale)
+
+
+def relation_edges(data, relation: int) -> Tuple[Tensor, Tensor]:
+    """Relation ``relation``'s ``(edge_index, edge_weight)``."""
+    keep = data.edge_type == relation
+    return data.edge_index[:, keep], data.edge_weight[keep]
 
 
 def relation_adjacency(data, relation: int) -> Tensor:
@@ -137,12 +209,13 @@ def relation_adjacency(data, relation: int) -> Tensor:
 
 
 def pixel_features(data: Data) -> Data:
-    """Model input of an image sample: normalised RGB and the row and column in [0, 1]."""
+    """Model input of an image sample: normalised RGB and the row and column in [0, 1];
+    its graph (if any) and its ``pos`` kept."""
     side = int(data.pos.max()) + 1
     rgb = normalize(data.x, IMAGENET_MEAN, IMAGENET_STD)
+    graph = {k: data[k] for k in ("edge_index", "edge_weight", "edge_type") if k in data}
     return Data(x=torch.cat([rgb, data.pos.float() / max(side - 1, 1)], 1), y=data.y,
-                edge_index=data.edge_index, edge_weight=data.edge_weight,
-                edge_type=data.edge_type)
+                pos=data.pos, **graph)
 
 
 # ----------------------------------------------------------------------------- data
@@ -223,18 +296,49 @@ def graph_variants(task: str, args, setup: Setup) -> Dict[str, UnitGraphs]:
     return variants
 
 
+class TaskLearnedGraphs:
+    """The ``learned`` variant: no graph on the samples, the model learns one per sample
+    and relation (:class:`Learning`) in the orders of GLoMo's two directions."""
+
+    relations = DIRECTIONS
+
+    def __init__(self, task: str, setup: Setup, learning: Learning = LEARNING):
+        self.task, self.side = task, setup.image_side
+        self.cache_key = (f"learned-w{learning.width}-eta{learning.eta:g}-gamma"
+                          f"{learning.gamma:g}-weight{learning.weight:g}-k{setup.top_k}")
+
+    def orders(self) -> List[UnitOrder]:
+        if self.task == "imdb":
+            return [SequenceOrder(d) for d in DIRECTIONS]
+        return [RasterOrder(d, self.side, self.side) for d in DIRECTIONS]
+
+    def edges_per_sample(self, samples: Sequence[Data], top_k: int) -> float:
+        """Mean edges the learner keeps per sample: ``top_k`` sources per target, fewer
+        where the order allows fewer."""
+        total = 0
+        for data in samples:
+            n = data.num_nodes
+            for order in self.orders():
+                pos = torch.arange(n)
+                total += int(order.num_sources(pos, torch.full_like(pos, n)).clamp(
+                    max=top_k).sum())
+        return total / max(len(samples), 1)
+
+
 class FixedGraphSamples(collections.abc.Sequence):
     """Samples whose fixed graph (the same for every sample of a size) is attached on
-    access instead of stored: the uniform graph of 5,500 16x16 images would take 10 GB."""
+    access instead of stored: the uniform graph of 5,500 16x16 images would take 10 GB.
+    ``graphs=None``: none (the model learns its own)."""
 
-    def __init__(self, samples: Sequence[Data], graphs: FixedGraphs, task: str):
+    def __init__(self, samples: Sequence[Data], graphs: Optional[FixedGraphs], task: str):
         self.samples, self.graphs, self.task = samples, graphs, task
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int) -> Data:
-        data = self.graphs(self.samples[index])
+        data = self.samples[index]
+        data = data if self.graphs is None else self.graphs(data)
         return pixel_features(data) if self.task == "cifar10" else data
 
 
@@ -246,18 +350,25 @@ def evaluate(model, loader, device) -> float:
     with torch.no_grad():
         for batch in loader:
             batch = batch.to(device)
-            right += int((model(batch).argmax(-1) == batch.y).sum())
+            right += int((model(batch)[0].argmax(-1) == batch.y).sum())
             total += batch.num_graphs
     return right / total
 
 
 def train_run(task: str, splits: Dict[str, Sequence[Data]], num_relations: int, setup: Setup,
-              seed: int, lr: float, device: str, num_tokens: Optional[int]) -> Dict:
-    """One model trained ``setup.epochs`` epochs; test accuracy at its best validation epoch."""
+              seed: int, lr: float, device: str, num_tokens: Optional[int],
+              conv: str = "graphconv", learn_orders: Optional[Sequence[UnitOrder]] = None,
+              learning: Learning = LEARNING) -> Dict:
+    """One model trained ``setup.epochs`` epochs; test accuracy at its best validation
+    epoch. ``learn_orders``: the model learns its graphs (loss + ``learning.weight``
+    :math:`L_{GL}`)."""
     torch.manual_seed(seed)
     classes = 2 if task == "imdb" else 10
-    model = RelationalGNN(num_relations, setup.hidden, classes,
-                          num_tokens=num_tokens, in_channels=None if num_tokens else 5).to(device)
+    scale = setup.review_length if task == "imdb" else setup.image_side
+    model = RelationalGNN(num_relations, setup.hidden, classes, num_tokens=num_tokens,
+                          in_channels=None if num_tokens else 5, conv=conv,
+                          learn_orders=learn_orders, learning=learning, top_k=setup.top_k,
+                          position_scale=float(scale)).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     generator = torch.Generator().manual_seed(seed)
     loaders = {name: DataLoader(splits[name], batch_size=setup.batch_size, shuffle=name == "train",
@@ -269,7 +380,8 @@ def train_run(task: str, splits: Dict[str, Sequence[Data]], num_relations: int, 
         for batch in loaders["train"]:
             batch = batch.to(device)
             optimizer.zero_grad()
-            F.cross_entropy(model(batch), batch.y).backward()
+            logits, graph_loss = model(batch)
+            (F.cross_entropy(logits, batch.y) + learning.weight * graph_loss).backward()
             optimizer.step()
         val = evaluate(model, loaders["validation"], device)
         if best is None or val > best["validation"]:
@@ -289,50 +401,80 @@ def save_runs(path: str, runs: Dict) -> None:
         json.dump(runs, fh, indent=1, sort_keys=True)
 
 
-def run_task(task: str, args, setup: Setup, runs: Dict, runs_path: str) -> Dict:
-    variants = graph_variants(task, args, setup)
-    glomo = variants["glomo"]
-    raw = imdb_samples(args, setup, glomo.predictor.vocabulary) if task == "imdb" else \
-        cifar_samples(args, setup)
-    if args.limit is not None:
-        raw = {k: v[:args.limit] for k, v in raw.items()}
-    info: Dict = dict(sizes={k: len(v) for k, v in raw.items()}, graphs={})
-    datasets = {}
+def task_datasets(task: str, args, setup: Setup, raw: Dict[str, List[Data]],
+                  variants: Dict) -> Tuple[Dict, Dict]:
+    """Each graph's splits (fixed graphs attached on access, GLoMo's cached, none for the
+    task-learned graph) and what they hold."""
+    graphs_info, datasets = {}, {}
     for name, graphs in variants.items():
         start = time.perf_counter()
-        if isinstance(graphs, FixedGraphs):
-            splits = {k: FixedGraphSamples(v, graphs, task) for k, v in raw.items()}
+        if isinstance(graphs, (FixedGraphs, TaskLearnedGraphs)):
+            fixed = graphs if isinstance(graphs, FixedGraphs) else None
+            splits = {k: FixedGraphSamples(v, fixed, task) for k, v in raw.items()}
         else:
             splits = {split: GraphsDataset(os.path.join(args.work, task, name, split), samples,
                                            graphs) for split, samples in raw.items()}
             if task == "cifar10":
                 splits = {k: [pixel_features(d) for d in v] for k, v in splits.items()}
         datasets[name] = splits
-        edges = sum(int(splits["train"][i].edge_index.size(1))
-                    for i in range(len(splits["train"]))) / len(splits["train"])
-        info["graphs"][name] = dict(relations=graphs.relations, edges_per_sample=round(edges, 1),
-                                    learned=not isinstance(graphs, FixedGraphs),
-                                    key=graphs.cache_key,
-                                    seconds=round(time.perf_counter() - start, 1))
+        train = splits["train"]
+        edges = graphs.edges_per_sample(raw["train"], setup.top_k) \
+            if isinstance(graphs, TaskLearnedGraphs) else \
+            sum(int(train[i].edge_index.size(1)) for i in range(len(train))) / len(train)
+        graphs_info[name] = dict(relations=graphs.relations, edges_per_sample=round(edges, 1),
+                                 learned=not isinstance(graphs, FixedGraphs),
+                                 pretrained=name.startswith("glomo"), key=graphs.cache_key,
+                                 seconds=round(time.perf_counter() - start, 1))
         log(f"{task}/{name}: {edges:.0f} edges per sample, "
             f"{time.perf_counter() - start:.1f} s to make or load")
+    return datasets, graphs_info
+
+
+def model_graphs(task: str, args, variants: Dict) -> Dict[str, List[str]]:
+    """The graphs each model of ``args.models`` runs over: the stock GNN over every
+    graph, ``PickConv`` over ``args.pick_graphs`` (default GLoMo's, the local fixed one
+    and the task-learned one)."""
+    local = "chain" if task == "imdb" else "grid"
+    pick = args.pick_graphs or ["glomo", local, LEARNED]
+    return {m: list(variants) if m == "graphconv" else [g for g in pick if g in variants]
+            for m in args.models}
+
+
+def run_task(task: str, args, setup: Setup, runs: Dict, runs_path: str) -> Dict:
+    variants: Dict = dict(graph_variants(task, args, setup))
+    glomo = variants["glomo"]
+    variants[LEARNED] = TaskLearnedGraphs(task, setup)
+    if args.graphs is not None:  # (GLoMo's predictor is kept: its vocabulary encodes text)
+        variants = {n: g for n, g in variants.items() if n in args.graphs}
+    raw = imdb_samples(args, setup, glomo.predictor.vocabulary) if task == "imdb" else \
+        cifar_samples(args, setup)
+    if args.limit is not None:
+        raw = {k: v[:args.limit] for k, v in raw.items()}
+    datasets, graphs_info = task_datasets(task, args, setup, raw, variants)
+    info: Dict = dict(sizes={k: len(v) for k, v in raw.items()}, graphs=graphs_info)
     num_tokens = glomo.predictor.num_tokens if task == "imdb" else None
 
-    def run(name: str, seed: int, lr: float) -> Dict:
-        key = (f"{task}/{name}/seed={seed}/lr={lr:g}/epochs={setup.epochs}/"
-               f"hidden={setup.hidden}/n={info['sizes']['train']}/{info['graphs'][name]['key']}")
+    def run(model: str, name: str, seed: int, lr: float) -> Dict:
+        prefix = f"{task}/{name}" if model == "graphconv" else f"{task}/{model}/{name}"
+        key = (f"{prefix}/seed={seed}/lr={lr:g}/epochs={setup.epochs}/"
+               f"hidden={setup.hidden}/n={info['sizes']['train']}/{graphs_info[name]['key']}")
         if key not in runs:
-            runs[key] = train_run(task, datasets[name], len(variants[name].relations), setup,
-                                  seed, lr, args.device, num_tokens)
+            learned = variants[name]
+            orders = learned.orders() if isinstance(learned, TaskLearnedGraphs) else None
+            runs[key] = train_run(task, datasets[name], len(learned.relations), setup, seed,
+                                  lr, args.device, num_tokens, conv=model, learn_orders=orders)
             save_runs(runs_path, runs)
             log(f"{key}: {runs[key]}")
         return runs[key]
 
-    search = {lr: sum(run(n, 0, lr)["validation"] for n in variants) / len(variants)
-              for lr in args.lrs}
-    lr = max(args.lrs, key=lambda r: search[r])
-    final = {n: [run(n, seed, lr) for seed in range(args.seeds)] for n in variants}
-    return dict(info, search=search, lr=lr, final=final)
+    models = {}
+    for model, names in model_graphs(task, args, variants).items():
+        search = {lr: sum(run(model, n, 0, lr)["validation"] for n in names) / len(names)
+                  for lr in args.lrs}
+        lr = max(args.lrs, key=lambda r: search[r])
+        models[model] = dict(search=search, lr=lr, final={
+            n: [run(model, n, seed, lr) for seed in range(args.seeds)] for n in names})
+    return dict(info, models=models)
 
 
 def log(*parts) -> None:
@@ -341,49 +483,69 @@ def log(*parts) -> None:
 
 # ----------------------------------------------------------------------------- report
 
+MODEL_NAMES = {"graphconv": "stock GNN (`GraphConv`)", "pick": "`PickConv`"}
+
+
+def intro_lines(args, setup: Setup, command: str, minutes: float) -> List[str]:
+    return [f"## {datetime.date.today()}: {'full' if args.full else 'reduced CPU'} "
+            f"configuration", "",
+            f"`{command}` on {hardware(args.device)}, {minutes:.0f} min in all. Model: "
+            f"`RelationalGNN` (benchmarks/any_gnn.py): 2 residual layers of one conv per "
+            f"relation (`GraphConv`, or `PickConv` with relative-position edge embeddings), "
+            f"hidden {setup.hidden}, mean+max pooling; Adam, batch {setup.batch_size}, "
+            f"{setup.epochs} epochs, the test accuracy of the epoch with the best validation "
+            f"accuracy. `glomo`, `chain`, `uniform`, `grid`: the relations forward and "
+            f"backward, GLoMo's layers and heads merged by their mean, top {setup.top_k} "
+            f"sources per target and direction; `glomo-heads`: one relation per direction, "
+            f"layer and head, top {setup.heads_top_k} each; `grid-offsets`: one relation per "
+            f"neighbour offset; `learned`: PICK's graph learning (`GraphLearning`) per "
+            f"sample, in the two directions' orders, top {setup.top_k} per target, "
+            f"{LEARNING}. Fixed graphs are attached on access, GLoMo's cached.", ""]
+
+
+def graph_table(result: Dict, model: Dict) -> List[str]:
+    lines = ["| graph | relations | edges per sample | validation acc. | "
+             "test acc. (mean ± sd) | seeds |", "|---|---|---|---|---|---|"]
+    for name, rs in model["final"].items():
+        mean, sd = mean_sd([r["test"] * 100 for r in rs])
+        val = sum(r["validation"] for r in rs) / len(rs) * 100
+        graph = result["graphs"][name]
+        lines.append(f"| {name} | {len(graph['relations'])} | {graph['edges_per_sample']:.0f} | "
+                     f"{val:.2f} | {mean:.2f} ± {sd:.2f} | {len(rs)} |")
+    return lines
+
+
+def paired_pairs(result: Dict, names: Sequence[str]) -> List[Tuple[str, str]]:
+    """GLoMo's graphs against every other graph, the task-learned one against the fixed."""
+    graphs = result["graphs"]
+    pretrained = [n for n in names if graphs[n]["pretrained"]]
+    pairs = [(g, n) for g in pretrained for n in names if n not in pretrained]
+    return pairs + [(LEARNED, n) for n in names if LEARNED in names and not graphs[n]["learned"]]
+
+
+def paired_table(result: Dict, model: Dict) -> List[str]:
+    lines = ["| paired difference (test, points) | mean | 95% interval | excludes 0 |",
+             "|---|---|---|---|"]
+    tests = {name: [r["test"] * 100 for r in rs] for name, rs in model["final"].items()}
+    for first, second in paired_pairs(result, list(tests)):
+        mean, low, high, _ = paired_difference(tests[first], tests[second])
+        verdict = f"yes, {first} better" if low > 0 else f"yes, {first} worse" if high < 0 \
+            else "no (not significant)"
+        lines.append(f"| {first} − {second} | {mean:+.2f} | [{low:+.2f}, {high:+.2f}] "
+                     f"| {verdict} |")
+    return lines
+
+
 def report(tasks: Dict[str, Dict], args, setup: Setup, command: str, minutes: float) -> List[str]:
-    lines = [f"## {datetime.date.today()}: {'full' if args.full else 'reduced CPU'} "
-             f"configuration", "",
-             f"`{command}` on {hardware(args.device)}, {minutes:.0f} min in all. Model: "
-             f"`RelationalGNN` (benchmarks/any_gnn.py): 2 residual layers of one `GraphConv` "
-             f"per relation, hidden {setup.hidden}, mean+max pooling; Adam, batch "
-             f"{setup.batch_size}, {setup.epochs} epochs, the test accuracy of the epoch "
-             f"with the best validation accuracy. `glomo`, `chain`, `uniform`, `grid`: the "
-             f"relations forward and backward, GLoMo's layers and heads merged by their mean, "
-             f"top {setup.top_k} sources per target and direction; `glomo-heads`: one relation "
-             f"per direction, layer and head, top {setup.heads_top_k} each; `grid-offsets`: one "
-             f"relation per neighbour offset. Fixed graphs are attached on access, learned ones "
-             f"cached.", ""]
+    lines = intro_lines(args, setup, command, minutes)
     for task, result in tasks.items():
-        lines += [f"### {task}", "",
-                  f"Samples (train / validation / test): "
-                  f"{' / '.join(str(result['sizes'][k]) for k in ('train', 'validation', 'test'))}."
-                  f" Learning rate {result['lr']:g}, chosen on validation (seed 0, mean over "
-                  f"graphs: " + ", ".join(f"{lr:g}: {v:.4f}" for lr, v in result['search'].items())
-                  + ").", "",
-                  "| graph | relations | edges per sample | validation acc. | "
-                  "test acc. (mean ± sd) | seeds |", "|---|---|---|---|---|---|"]
-        for name, rs in result["final"].items():
-            tests = [r["test"] * 100 for r in rs]
-            mean = sum(tests) / len(tests)
-            sd = (sum((t - mean) ** 2 for t in tests) / max(len(tests) - 1, 1)) ** 0.5
-            val = sum(r["validation"] for r in rs) / len(rs) * 100
-            graph = result['graphs'][name]
-            lines.append(f"| {name} | {len(graph['relations'])} | "
-                         f"{graph['edges_per_sample']:.0f} | "
-                         f"{val:.2f} | {mean:.2f} ± {sd:.2f} | {len(rs)} |")
-        lines += ["", "| paired difference (test, points) | mean | 95% interval | excludes 0 |",
-                  "|---|---|---|---|"]
-        tests = {name: [r["test"] * 100 for r in rs] for name, rs in result["final"].items()}
-        learned = [n for n in tests if result["graphs"][n]["learned"]]
-        for glomo in learned:
-            for name in (n for n in tests if n not in learned):
-                mean, low, high, _ = paired_difference(tests[glomo], tests[name])
-                verdict = "yes, GLoMo better" if low > 0 else "yes, GLoMo worse" if high < 0 \
-                    else "no (not significant)"
-                lines.append(f"| {glomo} − {name} | {mean:+.2f} | [{low:+.2f}, {high:+.2f}] "
-                             f"| {verdict} |")
-        lines.append("")
+        sizes = " / ".join(str(result["sizes"][k]) for k in ("train", "validation", "test"))
+        lines += [f"### {task}", "", f"Samples (train / validation / test): {sizes}.", ""]
+        for name, model in result["models"].items():
+            search = ", ".join(f"{lr:g}: {v:.4f}" for lr, v in model["search"].items())
+            lines += [f"**{MODEL_NAMES[name]}**: learning rate {model['lr']:g}, chosen on "
+                      f"validation (seed 0, mean over graphs: {search}).", ""]
+            lines += graph_table(result, model) + [""] + paired_table(result, model) + [""]
     return lines
 
 
@@ -402,6 +564,13 @@ def parse(argv=None):
                         help="more graphs on images: 'uniform' (O(T^2) edges), 'glomo-heads' "
                              "(GLoMo unmerged: one relation per direction, layer and head), "
                              "'grid-offsets' (the grid with one relation per neighbour)")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS,
+                        help="'graphconv' (the stock GNN over every graph), 'pick' (PickConv)")
+    parser.add_argument("--pick-graphs", nargs="+", default=None,
+                        help="the graphs PickConv runs over (default: glomo, the local fixed "
+                             "graph, learned)")
+    parser.add_argument("--graphs", nargs="+", default=None,
+                        help="run only these graphs (default: all of the task's)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--work", default=None, help="cache folder (default runs/any_gnn-...)")
     parser.add_argument("--results", default=RESULTS)

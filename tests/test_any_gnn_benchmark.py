@@ -63,8 +63,9 @@ def test_main_trains_every_image_graph_and_caches_its_runs(monkeypatch, tmp_path
     monkeypatch.setattr(bench, "train_run", lambda *a, **k: calls.append(a[2]) or
                         train_run(*a, **k))
     bench.main(argv)
-    # 6 graphs x 2 seeds, with their own numbers of relations
-    assert sorted(calls) == sorted([2, 16, 2, 2, 8, 2] * 2)
+    # the stock GNN over 6 graphs and the task-learned one, PickConv over glomo, grid and
+    # learned; x 2 seeds, with their own numbers of relations
+    assert sorted(calls) == sorted([2, 16, 2, 2, 8, 2, 2] * 2 + [2, 2, 2] * 2)
     text = results.read_text()
     for name, relations in (("glomo", 2), ("glomo-heads", 16), ("grid", 2), ("chain", 2),
                             ("grid-offsets", 8), ("uniform", 2)):
@@ -73,6 +74,10 @@ def test_main_trains_every_image_graph_and_caches_its_runs(monkeypatch, tmp_path
         for fixed in ("grid", "chain", "grid-offsets", "uniform"):
             assert f"| {learned} − {fixed} | " in text
     assert "| glomo − glomo-heads" not in text
+    for fixed in ("grid", "chain", "grid-offsets", "uniform"):
+        assert f"| learned − {fixed} | " in text
+    assert text.count("| glomo − learned | ") == 2  # for each model
+    assert "**`PickConv`**" in text
     assert text.count("uniform | 2 | 65280 |") == 1  # 16x16: 256 * 255 edges
     # again: every run is found in the cache, the report is the same
     calls.clear()

@@ -137,16 +137,21 @@ def test_recipes_keys_and_digests():
     assert cifar["data"]["validation"] == CIFAR_FULL["validation"]
     assert imdb["train"] == dict(epochs=FULL.epochs, batch=FULL.batch_size, lr=1e-3,
                                  optimizer="adam")
-    assert imdb["graphs"] == ["glomo", "chain"]
-    assert cifar["graphs"] == ["glomo", "grid", "chain"]
+    # the stock GNN's graphs, PickConv's (pick-...) and the task-learned one, by graph
+    assert imdb["graphs"] == ["glomo", "pick-glomo", "chain", "pick-chain", "learned",
+                              "pick-learned"]
+    assert cifar["graphs"] == ["glomo", "pick-glomo", "grid", "pick-grid", "chain", "learned",
+                               "pick-learned"]
+    assert any_gnn.variant("pick-learned") == ("pick", "learned")
+    assert any_gnn.variant("chain") == ("graphconv", "chain")
     if imdb["predictor"]["sha256"]:
         assert _mod("any-gnn-imdb").keys(imdb) == [
-            f"imdb/{g}/seed{s}" for g in ("glomo", "chain") for s in range(5)]
+            f"imdb/{g}/seed{s}" for g in imdb["graphs"] for s in range(5)]
     if cifar["predictor"]["sha256"]:
-        assert len(_mod("any-gnn-cifar10").keys(cifar)) == 15
+        assert len(_mod("any-gnn-cifar10").keys(cifar)) == 35
         assert _mod("any-gnn-cifar10").keys(cifar)[:6] == [
             "cifar10/glomo/seed0", "cifar10/glomo/seed1", "cifar10/glomo/seed2",
-            "cifar10/glomo/seed3", "cifar10/glomo/seed4", "cifar10/grid/seed0"]
+            "cifar10/glomo/seed3", "cifar10/glomo/seed4", "cifar10/pick-glomo/seed0"]
     for name, recipe in zip(NAMES, (imdb, cifar)):
         digest = campaign.recipe_digest(name, recipe)
         assert digest == campaign.recipe_digest(name, _mod(name).recipe(False))  # stable
@@ -239,9 +244,12 @@ def test_dry_run_of_every_key_gives_ledger_lines(name, toy_data, tmp_path, monke
         start = time.time()
         metrics = runner.finite(mod.run_key(key, ctx))
         runs.append(dict(key=key, seconds=round(time.time() - start, 1), metrics=metrics))
-        # one graph's datasets at a time: the earlier graph's cache folder is gone
-        held = os.listdir(os.path.join(str(tmp_path / "work"), "any-gnn", mod.TASK))
-        assert held == [key.split("/")[1]]
+        # one graph's datasets at a time: the earlier graph's cache folder is gone (PickConv
+        # reuses the stock GNN's datasets; the task-learned graph stores none)
+        folder = os.path.join(str(tmp_path / "work"), "any-gnn", mod.TASK)
+        held = os.listdir(folder) if os.path.isdir(folder) else []
+        base = any_gnn.variant(key.split("/")[1])[1]
+        assert held == ([] if base == "learned" else [base])
     for r in runs:
         m = r["metrics"]
         assert 0 <= m["test_acc"] <= 1 and 0 <= m["val_acc"] <= 1 and m["best_epoch"] == 0
@@ -249,7 +257,8 @@ def test_dry_run_of_every_key_gives_ledger_lines(name, toy_data, tmp_path, monke
         assert m["samples"] == ([32, 8, 40] if mod.TASK == "imdb" else [32, 8, 20])
         assert m["graphs_s"] >= 0 and m["train_s"] >= 0
     assert runs[0]["metrics"]["data_s"] > 0 and runs[1]["metrics"]["data_s"] == 0
-    assert runs[0]["metrics"]["graph_key"] != runs[1]["metrics"]["graph_key"]
+    assert runs[0]["metrics"]["graph_key"] == runs[1]["metrics"]["graph_key"]  # pick-glomo
+    assert runs[0]["metrics"]["graph_key"] != runs[2]["metrics"]["graph_key"]
     manifest = dict(slice=name, recipe_digest=campaign.recipe_digest(name, recipe), run="0" * 12,
                     commit="c" * 40, date="2026-11-27T00:00:00+00:00", dry_run=True,
                     environment=runner.environment("cpu"), runs=runs)
@@ -258,7 +267,8 @@ def test_dry_run_of_every_key_gives_ledger_lines(name, toy_data, tmp_path, monke
         ledger.check_line(json.loads(json.dumps(line, allow_nan=False)), f"line {i}")
     body = mod.report(lines, recipe)
     text = "\n".join(body)
-    assert "pending" not in text and "GLoMo − chain" in text
+    assert "pending" not in text and "GLoMo − chain" in text and "GLoMo − learned" in text
+    assert "pick-glomo − pick-learned" in text
     rendered = report.replace_block("# any\n", name, body)
     assert f"<!-- gpu:{name} begin" in rendered and f"<!-- gpu:{name} end -->" in rendered
 

@@ -52,7 +52,13 @@ SLICE_NAMES = {task: f"any-gnn-{task}" for task in TASKS}
 ARCHIVES_OF = {"imdb": (data.IMDB,), "cifar10": (data.CIFAR,)}
 RELEASES = {"imdb": "imdb-text-cpu", "cifar10": "imagenet32-pixel"}
 DRY_RELEASES = {"imdb": "imdb-text-cpu", "cifar10": "imagenet32-pixel-cpu"}  # small, committed
-GRAPHS = {"imdb": ("glomo", "chain"), "cifar10": ("glomo", "grid", "chain")}
+# a graph name is the stock GNN's; ``pick-NAME`` is PickConv over it; ``learned`` is the
+# graph the model learns itself (benchmarks.any_gnn.TaskLearnedGraphs). Grouped by graph,
+# so a call makes each graph's datasets once.
+GRAPHS = {"imdb": ("glomo", "pick-glomo", "chain", "pick-chain", "learned", "pick-learned"),
+          "cifar10": ("glomo", "pick-glomo", "grid", "pick-grid", "chain", "learned",
+                      "pick-learned")}
+PICK = "pick-"
 LEFT_OUT = {"imdb": "uniform (T(T - 1) edges per review: ~100 GB for the 50,000 reviews "
                     "at 400 tokens)",
             "cifar10": "uniform (1M edges per 32x32 image)"}
@@ -117,6 +123,11 @@ def _graph(key: str) -> str:
     return key.split("/")[1]
 
 
+def variant(graph: str) -> Tuple[str, str]:
+    """``(model, graph its datasets hold)`` of a recipe's graph name."""
+    return ("pick", graph[len(PICK):]) if graph.startswith(PICK) else ("graphconv", graph)
+
+
 def _dry(recipe: Dict) -> bool:
     return recipe["train"]["epochs"] < 3
 
@@ -128,7 +139,7 @@ def min_seconds(key: str, recipe: Dict) -> float:
         return 5.0
     task, graph = recipe["task"], _graph(key)
     seconds = RUN_S.get((task, graph), max(RUN_S.values()))
-    if _STATE.get("graph") != graph:
+    if _STATE.get("graph") != variant(graph)[1]:
         seconds += GRAPHS_S.get((task, graph), max(GRAPHS_S.values()))
     if "raw" not in _STATE:
         seconds += DATA_S[task]
@@ -195,7 +206,10 @@ def _samples(ctx) -> Dict:
             raise ValueError("benchmarks.any_gnn splits with seeds 0 (validation) and 1 (test)")
         args, setup = _args(ctx), _setup(r)
         variants = graph_variants(r["task"], args, setup)
-        missing = [g for g in r["graphs"] if g not in variants]
+        from benchmarks.any_gnn import LEARNED
+
+        missing = [g for g in {variant(n)[1] for n in r["graphs"]} - {LEARNED}
+                   if g not in variants]
         if missing:
             raise ValueError(f"benchmarks.any_gnn.graph_variants offers no {missing} for "
                              f"{r['task']} (it has {', '.join(variants)})")
@@ -222,22 +236,28 @@ def _datasets(ctx, graph: str) -> Tuple[Dict, Dict, float]:
     """``graph``'s datasets, made on its first key in this process (the samples and edges
     of ``benchmarks.any_gnn.run_task``'s), what they hold, and the seconds this key spent
     making them."""
-    from benchmarks.any_gnn import pixel_features
+    from benchmarks.any_gnn import LEARNED, FixedGraphSamples, TaskLearnedGraphs, pixel_features
     from glomo_pyg.transforms import GraphsDataset
 
     state = _samples(ctx)
     if state.get("graph") == graph:
         return state["splits"], state["info"], 0.0
     _drop_graph(ctx)
-    task, transform, start = ctx.recipe["task"], state["variants"][graph], time.time()
+    task, start = ctx.recipe["task"], time.time()
     # (what a failed key of another graph left on disk goes too: one graph's cache at a time)
     shutil.rmtree(os.path.join(ctx.work, "any-gnn", task), ignore_errors=True)
     folder = os.path.join(ctx.work, "any-gnn", task, graph)
-    splits = {split: GraphsDataset(os.path.join(folder, split), samples, transform)
-              for split, samples in state["raw"].items()}
-    if task == "cifar10":
-        splits = {k: [pixel_features(d) for d in v] for k, v in splits.items()}
-    edges = sum(int(d.edge_index.size(1)) for d in splits["train"]) / len(splits["train"])
+    if graph == LEARNED:  # no graph on the samples: the model learns its own
+        transform = TaskLearnedGraphs(task, _setup(ctx.recipe))
+        splits = {k: FixedGraphSamples(v, None, task) for k, v in state["raw"].items()}
+        edges = transform.edges_per_sample(state["raw"]["train"], ctx.recipe["graph"]["top_k"])
+    else:
+        transform = state["variants"][graph]
+        splits = {split: GraphsDataset(os.path.join(folder, split), samples, transform)
+                  for split, samples in state["raw"].items()}
+        if task == "cifar10":
+            splits = {k: [pixel_features(d) for d in v] for k, v in splits.items()}
+        edges = sum(int(d.edge_index.size(1)) for d in splits["train"]) / len(splits["train"])
     seconds = round(time.time() - start, 3)
     info = dict(edges_per_sample=round(edges, 1), relations=list(transform.relations),
                 graph_key=transform.cache_key, samples=[len(splits[k]) for k in
@@ -248,7 +268,7 @@ def _datasets(ctx, graph: str) -> Tuple[Dict, Dict, float]:
 
 
 def run_key(key: str, ctx) -> Dict:
-    from benchmarks.any_gnn import train_run
+    from benchmarks.any_gnn import LEARNED, TaskLearnedGraphs, train_run
 
     task, graph, seed = key.split("/")
     if task != ctx.recipe["task"] or graph not in ctx.recipe["graphs"]:
@@ -256,11 +276,14 @@ def run_key(key: str, ctx) -> Dict:
     seed = int(seed[len("seed"):])
     r = ctx.recipe
     data_s = 0.0 if "raw" in _STATE else None
-    splits, info, graphs_s = _datasets(ctx, graph)
+    model, base = variant(graph)
+    splits, info, graphs_s = _datasets(ctx, base)
     if data_s is None:
         data_s = _STATE["data_s"]
+    orders = TaskLearnedGraphs(task, _setup(r)).orders() if base == LEARNED else None
     result = train_run(task, splits, len(info["relations"]), _setup(r), seed,
-                       r["train"]["lr"], ctx.device, _STATE["num_tokens"])
+                       r["train"]["lr"], ctx.device, _STATE["num_tokens"], conv=model,
+                       learn_orders=orders)
     ctx.log(f"{key}: test {result['test']:.4f} (validation {result['validation']:.4f} at "
             f"epoch {result['epoch'] + 1}); {result['seconds']} s")
     return dict(test_acc=result["test"], val_acc=result["validation"],
@@ -300,7 +323,9 @@ def _intro_lines(lines: List[Dict], recipe: Dict) -> List[str]:
             f"{recipe['model']['layers']} residual layers of one `GraphConv` per relation "
             f"(forward, backward), hidden {recipe['model']['hidden']}, mean+max pooling; Adam "
             f"{t['lr']:g} (fixed, no search), batch {t['batch']}, {t['epochs']} epochs, the "
-            f"best validation epoch evaluated once on test. GLoMo's graphs: release "
+            f"best validation epoch evaluated once on test; `pick-GRAPH`: the same with "
+            f"`PickConv` (relative-position edge embeddings); `learned`: the graph the model "
+            f"learns per sample (`GraphLearning`, PICK's). GLoMo's graphs: release "
             f"`{md(recipe['predictor']['release'])}` (SHA-256 "
             f"{md(str(recipe['predictor'].get('sha256'))[:12])}), layers and heads merged by "
             f"their {recipe['graph']['merge']}, top {recipe['graph']['top_k']} sources per "
@@ -338,22 +363,23 @@ def _paired_rows(lines: List[Dict], recipe: Dict) -> List[str]:
     acc = _test_accuracies(lines)
     out = ["| paired difference (test, points) | mean | 95% t interval | seeds | "
            "excludes 0 |", "|---|---|---|---|---|"]
-    glomo = acc.get("glomo", {})
     for graph in recipe["graphs"]:
-        if graph == "glomo":
+        model, base = variant(graph)
+        if base == "glomo":
             continue
-        other = acc.get(graph, {})
+        name = "glomo" if model == "graphconv" else PICK + "glomo"  # the same model's GLoMo
+        glomo, other = acc.get(name, {}), acc.get(graph, {})
+        label = f"{name} − {graph}" if model == "pick" else f"GLoMo − {graph}"
         seeds = sorted(set(glomo) & set(other))
         if not seeds:
-            out.append(f"| GLoMo − {graph} | pending | | 0 | |")
+            out.append(f"| {label} | pending | | 0 | |")
             continue
         m, lo, hi, n = paired_difference([glomo[s] for s in seeds], [other[s] for s in seeds])
         if n < 2:
-            out.append(f"| GLoMo − {graph} | {m:+.2f} | (one pair) | 1 | |")
+            out.append(f"| {label} | {m:+.2f} | (one pair) | 1 | |")
             continue
         verdict = "yes, GLoMo better" if lo > 0 else "yes, GLoMo worse" if hi < 0 else "no"
-        out.append(f"| GLoMo − {graph} | {m:+.2f} | [{lo:+.2f}, {hi:+.2f}] | {n} | "
-                   f"{verdict} |")
+        out.append(f"| {label} | {m:+.2f} | [{lo:+.2f}, {hi:+.2f}] | {n} | {verdict} |")
     return out
 
 
