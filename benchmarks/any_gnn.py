@@ -13,7 +13,11 @@ layers and heads merged by their mean, then the ``top_k`` heaviest sources per t
 kept); on images ``--image-graphs`` adds GLoMo unmerged (``glomo-heads``: one relation per
 direction, layer and head), the grid with one relation per neighbour offset
 (``grid-offsets``) and the uniform graph. Fixed graphs are attached to each batch as it
-is drawn; learned ones are made once and cached (``GraphsDataset``).
+is drawn; GLoMo's are made once and cached (``GraphsDataset``). ``learned``: the graph
+the model learns itself per sample (PICK's ``glomo_pyg.nn.GraphLearning``, in the two
+directions' orders, top ``top_k`` per target, its loss added to the task's); ``--models
+pick`` runs the same comparison with ``glomo_pyg.nn.PickConv`` (pairwise messages and
+relative-position edge embeddings) instead of ``GraphConv``, over ``--pick-graphs``.
 Per task the learning rate is chosen on the validation split: seed 0 at every rate of
 ``--lrs`` over every graph, the rate with the best mean validation accuracy kept; seeds
 0..N-1 then run at it and the epoch with the best validation accuracy is evaluated on
