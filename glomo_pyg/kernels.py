@@ -84,7 +84,10 @@ def _safe_scales(key: Tensor, query: Tensor) -> Tuple[Tensor, Tensor]:
 
 def _within_bound(x: Tensor) -> bool:
     """Every entry of ``x`` below ``2**SAFE_EXPONENT`` in magnitude (no factor to apply)."""
-    return x.numel() == 0 or bool(torch.maximum(x.amax(), -x.amin()) < 2.0 ** SAFE_EXPONENT)
+    if x.numel() == 0:
+        return True
+    low, high = torch.aminmax(x)  # (one pass)
+    return bool(torch.maximum(high, -low) < 2.0 ** SAFE_EXPONENT)
 
 
 def bounded_keys_queries(key: Tensor, query: Tensor) -> Tuple[Tensor, Tensor]:

@@ -303,3 +303,48 @@ def test_what_the_fused_layout_refuses_takes_the_dense_graphs():
             out = GlomoGraphs(p, **config)(samples)
             for i, data in enumerate(out):
                 assert_transform_edges(data, graphs, i, config, exact=True)
+
+
+@pytest.mark.parametrize("scale", ["huge", "tiny queries", "tiny keys", "mixed rows",
+                                   "padding garbage"])
+@pytest.mark.parametrize("window", [None, 4])
+def test_propagation_of_extreme_scores_matches_the_dense_graphs(scale, window):
+    """Propagation squares the scores without dividing by each target's largest: scores
+    near float32's range (bounded keys and queries up to 2**50, or 1e-30) are rescaled by
+    exact powers of two, never overflowing or vanishing; garbage at padded keys does not
+    set the scale."""
+    k, q = keys_queries(b=2, h=2, t=17, d=4, seed=11)
+    lengths = torch.tensor([17, 9])
+    if scale == "huge":
+        k, q = k * 2.0 ** 45, q * 2.0 ** 45  # scores ~2**90: squares overflow float32
+    elif scale == "tiny queries":
+        q = q * 1e-30  # squares underflow float32
+    elif scale == "tiny keys":
+        k = k * 1e-35
+    elif scale == "mixed rows":  # targets of very different scales in one sample
+        q = q * torch.logspace(-30, 30, 17).view(1, 1, -1, 1)
+    else:
+        k = k.clone()
+        k[1, :, 9:] = 2.0 ** 49  # padded units of sample 1
+    k, q = bounded_keys_queries(k, q)
+    v = torch.randn(2, 2, 17, 3, dtype=torch.float64)
+    order = SequenceOrder("forward")
+    rows = dense_rows([(k.double(), q.double())], lengths, order, "relu2", window)[:, 0]
+    want = rows @ v
+    got = propagate_scores(k, q, v.float(), lengths, order=order, window=window,
+                           block_scores=TINY)
+    assert torch.isfinite(got).all()
+    real = (torch.arange(17) < lengths.view(-1, 1)).view(2, 1, 17, 1)
+    torch.testing.assert_close(got.double() * real, want * real, rtol=1e-4, atol=1e-5)
+    assert int((rows.sum(-1) > 0.99).sum()) >= 20  # (the case is there: targets with edges)
+
+
+def test_propagation_returns_head_major_storage_and_takes_strided_values():
+    k, q = keys_queries(b=3, h=2, t=13, seed=12)
+    lengths = torch.tensor([13, 13, 13])
+    head_major = torch.randn(2, 3, 13, 4)  # [H, B, T, C], as the graph storage holds them
+    order = SequenceOrder("backward")
+    got = propagate_scores(k, q, head_major.transpose(0, 1), lengths, order=order)
+    want = propagate_scores(k, q, head_major.transpose(0, 1).contiguous(), lengths, order=order)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert got.transpose(0, 1).is_contiguous()

@@ -62,6 +62,59 @@ def _relu2_terms(scores: Tensor, mask) -> Tuple[Tensor, Tensor]:
     return scores, total.masked_fill_(total <= 0, 1.0)
 
 
+# Propagation needs every target's scores below 2**SQUARE_EXPONENTS[1] so squares and their
+# sums stay finite without dividing each block by its rows' maxima (two passes fewer over
+# every block), and not all below 2**SQUARE_EXPONENTS[0] (the squares would underflow); a
+# target whose bound is outside is rescaled by an exact power of two (the squared-ReLU
+# weights r / sum r do not change).
+SQUARE_EXPONENTS = (-10, 50)
+
+
+def _times_power_of_two(x: Tensor, exponent: Tensor) -> Tensor:
+    """``x * 2**exponent`` exactly, in two factors (one could overflow: 2**190)."""
+    half = torch.div(exponent, 2, rounding_mode="floor")
+    one = torch.ones(exponent.shape, dtype=x.dtype, device=x.device)
+    return x * torch.ldexp(one, half) * torch.ldexp(one, exponent - half)
+
+
+def _square_safe(key: Tensor, query: Tensor, lengths: Tensor) -> Tuple[Tensor, Tensor]:
+    """Keys and queries whose every target's scores have a bound within
+    :data:`SQUARE_EXPONENTS`: ``|q_j| max_i |k_i|`` (Cauchy-Schwarz, ``i`` over the real
+    units) when every one is within; else rescaled (:func:`_rescaled`)."""
+    t = key.size(2)
+    real_keys = key
+    if bool((lengths < t).any()):  # padded keys may be anything: not in the bound
+        real_keys = key * (torch.arange(t, device=key.device).view(1, 1, -1, 1) <
+                           lengths.view(-1, 1, 1, 1)).to(key.dtype)
+    key_max = torch.linalg.vector_norm(real_keys, dim=-1, keepdim=True).amax(2, keepdim=True)
+    bound = torch.linalg.vector_norm(query, dim=-1, keepdim=True) * key_max  # [B, H, T, 1]
+    low, high = (2.0 ** e for e in SQUARE_EXPONENTS)
+    # (a zero bound: a zero row, or one whose squares underflowed in the norm)
+    if not bool(((bound >= high) | (bound < low)).any()):
+        return key, query
+    return _rescaled(real_keys, query)
+
+
+def _rescaled(key: Tensor, query: Tensor) -> Tuple[Tensor, Tensor]:
+    """Keys (padded ones zero) brought to ``max |k| < 1`` per (sample, head), then queries
+    per target to ``D max |q_j| < 2**SQUARE_EXPONENTS[1]``, by exact powers of two; from
+    the largest entries, which cannot underflow as norms can."""
+    _, e = torch.frexp(key.abs().amax((2, 3), keepdim=True))  # max = f * 2**e, f in [.5, 1)
+    key = _times_power_of_two(key, -e)
+    _, e = torch.frexp(query.abs().amax(-1, keepdim=True) * key.size(-1))  # >= every |score|
+    return key, _times_power_of_two(query, SQUARE_EXPONENTS[1] - e)
+
+
+def _relu2_squares(scores: Tensor, mask) -> Tuple[Tensor, Tensor]:
+    """``(r, total)``: the squared-ReLU terms of a fresh block of scores below
+    :data:`SQUARE_EXPONENT` (:func:`_square_safe`), in place, and their row sums (1 for a
+    target without an edge); the weights are ``r / total``."""
+    # (masked before squaring: scores of padded sources may be large, never inf x 0)
+    _BlockScores.apply(scores.clamp_min_(0.0), mask).square_()
+    total = scores.sum(-1, keepdim=True)
+    return scores, total.masked_fill_(total <= 0, 1.0)
+
+
 class _BlockScores:
     """The scores ``q_j . k_i`` of blocks of a layer, from its augmented keys and queries,
     and the allowed pairs of the blocks.
@@ -231,13 +284,30 @@ def _joined_edges(parts: List[PrunedEdges], lengths: Optional[Tensor],
     return sample, relation, target, source, weight
 
 
-def _times_values(weights: Tensor, values: Tensor, shared: bool) -> Tensor:
-    """``[b, H, tj, ti] @ [b, H or 1, ti, C]``; shared values as one product per sample
-    (a broadcast product would copy them once per head)."""
-    if not shared:
-        return weights @ values
+def _times_values(weights: Tensor, values: Tensor) -> Tensor:
+    """``[b, H, tj, ti] @ [b, H or 1, ti, C]``, values in any batch strides (the callers'
+    head-major ones: no copy); shared values as one product per sample (a broadcast
+    product would copy them once per head)."""
     b, h, tj, ti = weights.shape
-    return (weights.reshape(b, h * tj, ti) @ values[:, 0]).view(b, h, tj, -1)
+    if values.size(1) == 1:
+        return torch.bmm(weights.reshape(b, h * tj, ti), values[:, 0]).view(b, h, tj, -1)
+    out = weights.new_empty(b, h, tj, values.size(-1))
+    for i in range(b):  # (one product over [b, H] would copy head-major values)
+        torch.bmm(weights[i], values[i], out=out[i])
+    return out
+
+
+def _propagated_block(scores: Tensor, mask, values: Tensor, normalization: str,
+                      mean_heads: bool) -> Tensor:
+    """``[b, H or 1, tj, C]``: one block's graphs (from its fresh ``scores``) times the
+    values of its sources."""
+    if normalization == "relu2":  # (sum_i r_ij v_i) / sum_i r_ij
+        r, total = _relu2_squares(scores, mask)
+        if mean_heads:
+            return _times_values(r.div_(total).mean(1, keepdim=True), values)
+        return _times_values(r, values).div_(total)
+    g, _ = normalise_scores(scores, mask[1] > 0, normalization)
+    return _times_values(g.mean(1, keepdim=True) if mean_heads else g, values)
 
 
 def propagate_scores(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor, *,
@@ -253,39 +323,29 @@ def propagate_scores(key: Tensor, query: Tensor, values: Tensor, lengths: Tensor
 
     Shapes:
         key, query: ``[B, H, T, D]``; values: ``[B, H, T, C]`` per head or
-        ``[B, 1, T, C]`` shared (``mean_heads``: shared only); lengths: ``[B]``; returns
-        ``[B, H, T, C]`` (``mean_heads``: ``[B, 1, T, C]``) in the dtype of ``values``,
-        zero at padding and at targets without an edge.
+        ``[B, 1, T, C]`` shared (``mean_heads``: shared only), in any strides; lengths:
+        ``[B]``; returns ``[B, H, T, C]`` (``mean_heads``: ``[B, 1, T, C]``) in the dtype
+        of ``values``, zero at padding and at targets without an edge, stored head-major
+        (its ``transpose(0, 1)`` is contiguous).
     """
     b, h, t, _ = key.shape
     dtype = torch.promote_types(key.dtype, torch.float32)
     cut = normalization == "relu2" and window is None
+    if normalization == "relu2":
+        key, query = _square_safe(key.to(dtype), query.to(dtype), lengths)
     scorer = _BlockScores(key, query, dtype, True, lengths, order, cut, window)
-    # contiguous values: block slices are plain batched matrices (no copy per block)
-    v = values.to(dtype).contiguous()
-    shared = v.size(1) == 1 and h > 1
+    v = values.to(dtype)
     if mean_heads and v.size(1) != 1:
         raise ValueError("mean_heads propagates shared values ([B, 1, T, C])")
-    out = v.new_zeros(b, 1 if mean_heads else h, t, v.size(-1))
+    heads = 1 if mean_heads else h
+    # every (sample, target) is written by one block: no zero fill
+    out = v.new_empty(heads, b, t, v.size(-1)).transpose(0, 1)
     with torch.autocast(lengths.device.type, enabled=False):
         for b0, b1, j0, j1, i0, i1 in _walk(b, h, t, order, window,
                                             block_scores or BLOCK_SCORES):
-            mask = scorer.mask(b0, b1, j0, j1, i0, i1)
-            scores = scorer.block(b0, b1, j0, j1, i0, i1)
-            if normalization == "relu2":  # (sum_i r_ij v_i) / sum_i r_ij
-                r, total = _relu2_terms(scores, mask)
-                if mean_heads:
-                    g = r.div_(total).mean(1, keepdim=True)
-                    out[b0:b1, :, j0:j1] = g @ v[b0:b1, :, i0:i1]
-                else:
-                    out[b0:b1, :, j0:j1] = _times_values(r, v[b0:b1, :, i0:i1],
-                                                         shared).div_(total)
-            else:
-                g, _ = normalise_scores(scores, mask[1] > 0, normalization)
-                if mean_heads:
-                    g = g.mean(1, keepdim=True)
-                out[b0:b1, :, j0:j1] = _times_values(g, v[b0:b1, :, i0:i1], shared and
-                                                     not mean_heads)
+            out[b0:b1, :, j0:j1] = _propagated_block(
+                scorer.block(b0, b1, j0, j1, i0, i1), scorer.mask(b0, b1, j0, j1, i0, i1),
+                v[b0:b1, :, i0:i1], normalization, mean_heads)
     if cut and scorer.padded:  # padded targets' rows were scored too: zero them
         real = torch.arange(t, device=out.device) < lengths.view(-1, 1)
         out.mul_(real.view(b, 1, t, 1).to(dtype))

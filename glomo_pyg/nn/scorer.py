@@ -3,7 +3,7 @@ the normalisation that turns scores into sparse graphs, shared by every graph em
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Tuple, cast
+from typing import Any, Dict, List, Optional, Tuple, cast
 
 import torch
 from torch import Tensor
@@ -23,6 +23,21 @@ from glomo_pyg.ordering import DIRECTIONS
 from glomo_pyg.sequences import SequenceBatch
 
 BIASES = ("scalar", "threshold")
+
+
+def _joined(parts: List[Tensor]) -> Tensor:
+    """``torch.cat`` along the last dimension of ``[B, H, T, D_i]`` (the first) and parts
+    broadcast to its leading dimensions (a scalar: one column), written slice by slice
+    into one new tensor: on a CPU about twice as fast as concatenating the expanded parts,
+    and differentiable alike."""
+    first = parts[0]
+    widths = [first.size(-1)] + [p.size(-1) if p.dim() else 1 for p in parts[1:]]
+    out = first.new_empty(*first.shape[:-1], sum(widths))
+    start = 0
+    for part, width in zip(parts, widths):
+        out[..., start:start + width] = part.unsqueeze(-1) if part.dim() == 0 else part
+        start += width
+    return out
 POSITIONS = (None, "relative", "grid")
 
 
@@ -178,13 +193,10 @@ class GraphScorer(torch.nn.Module):
         # and it keeps thresholds exact)
         dtype = torch.promote_types(torch.promote_types(k.dtype, q.dtype), bias.dtype)
         k, q = k.to(dtype), q.to(dtype)
-        ones = k.new_ones(b, self.heads, t, 1)
-        keys, queries = [k, ones], [q, bias.to(dtype).expand_as(ones)]
+        keys, queries = [k, k.new_ones(())], [q, bias.to(dtype).view(-1, 1, 1)]
         if self.position_coef is not None:
-            pk, pq = self._position_features(layer, t, k)
-            keys.append(pk.expand(b, self.heads, -1, -1))
-            queries.append(pq.expand(b, -1, -1, -1))
-        return torch.cat(keys, -1), torch.cat(queries, -1)  # (one copy each)
+            keys[2:], queries[2:] = self._position_features(layer, t, k)
+        return _joined(keys), _joined(queries)
 
     def _edges(self, k: Tensor, q: Tensor, sequences: SequenceBatch):
         return latent_graph_edges(k, q, sequences.lengths, sequences.ptr,
