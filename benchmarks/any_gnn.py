@@ -307,9 +307,14 @@ class TaskLearnedGraphs:
     relations = DIRECTIONS
 
     def __init__(self, task: str, setup: Setup, learning: Learning = LEARNING):
-        self.task, self.side = task, setup.image_side
-        self.cache_key = (f"learned-w{learning.width}-eta{learning.eta:g}-gamma"
-                          f"{learning.gamma:g}-weight{learning.weight:g}-k{setup.top_k}")
+        self.task, self.side, self.top_k, self.learning = task, setup.image_side, \
+            setup.top_k, learning
+        self.cache_key = self.key(learning)
+
+    def key(self, learning: Learning) -> str:
+        """The run cache's name of this graph learned with ``learning``."""
+        return (f"learned-w{learning.width}-eta{learning.eta:g}-gamma"
+                f"{learning.gamma:g}-weight{learning.weight:g}-k{self.top_k}")
 
     def orders(self) -> List[UnitOrder]:
         if self.task == "imdb":
@@ -447,7 +452,8 @@ def model_graphs(task: str, args, variants: Dict) -> Dict[str, List[str]]:
 def run_task(task: str, args, setup: Setup, runs: Dict, runs_path: str) -> Dict:
     variants: Dict = dict(graph_variants(task, args, setup))
     glomo = variants["glomo"]
-    variants[LEARNED] = TaskLearnedGraphs(task, setup)
+    variants[LEARNED] = TaskLearnedGraphs(task, setup, dataclasses.replace(
+        LEARNING, weight=args.learned_weights[0]))
     if args.graphs is not None:  # (GLoMo's predictor is kept: its vocabulary encodes text)
         variants = {n: g for n, g in variants.items() if n in args.graphs}
     raw = imdb_samples(args, setup, glomo.predictor.vocabulary) if task == "imdb" else \
@@ -458,15 +464,23 @@ def run_task(task: str, args, setup: Setup, runs: Dict, runs_path: str) -> Dict:
     info: Dict = dict(sizes={k: len(v) for k, v in raw.items()}, graphs=graphs_info)
     num_tokens = glomo.predictor.num_tokens if task == "imdb" else None
 
-    def run(model: str, name: str, seed: int, lr: float) -> Dict:
+    def run(model: str, name: str, seed: int, lr: float, weight: Optional[float] = None
+            ) -> Dict:
+        """One cached run; ``weight``: the learned graph's L_GL weight, if not the first."""
+        graphs, learning = variants[name], LEARNING
+        graph_key = graphs_info[name]["key"]
+        if isinstance(graphs, TaskLearnedGraphs):
+            learning = graphs.learning if weight is None else \
+                dataclasses.replace(graphs.learning, weight=weight)
+            graph_key = graphs.key(learning)
         prefix = f"{task}/{name}" if model == "graphconv" else f"{task}/{model}/{name}"
         key = (f"{prefix}/seed={seed}/lr={lr:g}/epochs={setup.epochs}/"
-               f"hidden={setup.hidden}/n={info['sizes']['train']}/{graphs_info[name]['key']}")
+               f"hidden={setup.hidden}/n={info['sizes']['train']}/{graph_key}")
         if key not in runs:
-            learned = variants[name]
-            orders = learned.orders() if isinstance(learned, TaskLearnedGraphs) else None
-            runs[key] = train_run(task, datasets[name], len(learned.relations), setup, seed,
-                                  lr, args.device, num_tokens, conv=model, learn_orders=orders)
+            orders = graphs.orders() if isinstance(graphs, TaskLearnedGraphs) else None
+            runs[key] = train_run(task, datasets[name], len(graphs.relations), setup, seed,
+                                  lr, args.device, num_tokens, conv=model, learn_orders=orders,
+                                  learning=learning)
             save_runs(runs_path, runs)
             log(f"{key}: {runs[key]}")
         return runs[key]
@@ -476,8 +490,14 @@ def run_task(task: str, args, setup: Setup, runs: Dict, runs_path: str) -> Dict:
         search = {lr: sum(run(model, n, 0, lr)["validation"] for n in names) / len(names)
                   for lr in args.lrs}
         lr = max(args.lrs, key=lambda r: search[r])
-        models[model] = dict(search=search, lr=lr, final={
-            n: [run(model, n, seed, lr) for seed in range(args.seeds)] for n in names})
+        # the learned graph's L_GL weight, at the rate chosen (seed 0, validation)
+        weights = {w: run(model, LEARNED, 0, lr, w)["validation"]
+                   for w in args.learned_weights} if LEARNED in names else {}
+        weight = max(args.learned_weights, key=lambda w: weights[w]) if weights else None
+        models[model] = dict(search=search, lr=lr, learned_weights=weights,
+                             learned_weight=weight, final={
+                                 n: [run(model, n, seed, lr, weight if n == LEARNED else None)
+                                     for seed in range(args.seeds)] for n in names})
     return dict(info, models=models)
 
 
@@ -504,7 +524,8 @@ def intro_lines(args, setup: Setup, command: str, minutes: float) -> List[str]:
             f"layer and head, top {setup.heads_top_k} each; `grid-offsets`: one relation per "
             f"neighbour offset; `learned`: PICK's graph learning (`GraphLearning`) per "
             f"sample, in the two directions' orders, top {setup.top_k} per target, "
-            f"{LEARNING}. Fixed graphs are attached on access, GLoMo's cached.", ""]
+            f"{LEARNING} (the L_GL weight chosen among {args.learned_weights}). Fixed graphs "
+            f"are attached on access, GLoMo's cached.", ""]
 
 
 def graph_table(result: Dict, model: Dict) -> List[str]:
@@ -549,6 +570,10 @@ def report(tasks: Dict[str, Dict], args, setup: Setup, command: str, minutes: fl
             search = ", ".join(f"{lr:g}: {v:.4f}" for lr, v in model["search"].items())
             lines += [f"**{MODEL_NAMES[name]}**: learning rate {model['lr']:g}, chosen on "
                       f"validation (seed 0, mean over graphs: {search}).", ""]
+            if model.get("learned_weights"):
+                tried = ", ".join(f"{w:g}: {v:.4f}" for w, v in model["learned_weights"].items())
+                lines += [f"`learned`'s L_GL weight {model['learned_weight']:g}, chosen on "
+                          f"validation at that rate (seed 0: {tried}).", ""]
             lines += graph_table(result, model) + [""] + paired_table(result, model) + [""]
     return lines
 
@@ -573,6 +598,9 @@ def parse(argv=None):
     parser.add_argument("--pick-graphs", nargs="+", default=None,
                         help="the graphs PickConv runs over (default: glomo, the local fixed "
                              "graph, learned)")
+    parser.add_argument("--learned-weights", type=float, nargs="+", default=[LEARNING.weight],
+                        help="L_GL weights of the learned graph, chosen on validation (seed 0, "
+                             "at the learning rate chosen with the first)")
     parser.add_argument("--graphs", nargs="+", default=None,
                         help="run only these graphs (default: all of the task's)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -583,6 +611,8 @@ def parse(argv=None):
     args = parser.parse_args(argv)
     if args.seeds < 1 or not args.lrs or (args.epochs is not None and args.epochs < 1):
         parser.error("--seeds and --epochs must be >= 1 and --lrs non-empty")
+    if any(not 0 <= w < float("inf") for w in args.learned_weights):
+        parser.error(f"--learned-weights must be finite and >= 0, got {args.learned_weights}")
     if not os.path.isdir(args.data_dir):
         parser.error(f"--data-dir {args.data_dir} is not a folder")
     args.pixel_predictor = args.pixel_predictor or \

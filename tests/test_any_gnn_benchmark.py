@@ -91,3 +91,47 @@ def test_unknown_image_graph_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.parse(["--data-dir", str(tmp_path), "--image-graphs", "grid-diagonal"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_learned_graph_weight_is_chosen_on_validation(monkeypatch, tmp_path):
+    """``--learned-weights``: the learning rate is chosen with the first weight, then each
+    weight runs seed 0 at that rate and the best validation's weight runs every seed."""
+    fake_cifar(monkeypatch)
+    for split, n in (("train", 16), ("validation", 8), ("test", 8)):
+        monkeypatch.setitem(bench.CIFAR_REDUCED, split, n)
+    score = {0.01: 0.5, 0.1: 0.7, 1.0: 0.6}
+    calls = []
+
+    def fake_run(task, splits, relations, setup, seed, lr, device, tokens, conv="graphconv",
+                 learn_orders=None, learning=bench.LEARNING):
+        learned = learn_orders is not None
+        calls.append((seed, lr, learning.weight if learned else None))
+        return dict(epoch=0, validation=score[learning.weight] if learned else 0.4 + lr,
+                    test=0.3, seconds=0.0)
+
+    monkeypatch.setattr(bench, "train_run", fake_run)
+    results = tmp_path / "any_gnn.md"
+    argv = ["--data-dir", str(tmp_path), "--task", "cifar10", "--seeds", "3", "--epochs", "1",
+            "--lrs", "0.001", "0.003", "--graphs", "grid", "learned", "--models", "graphconv",
+            "--learned-weights", "0.01", "0.1", "1", "--work", str(tmp_path / "work"),
+            "--results", str(results), "--device", "cpu"]
+    bench.main(argv)
+    learned = [c for c in calls if c[2] is not None]
+    # rates with the first weight; then weights 0.1 and 1 at the rate kept; seeds 1, 2 at 0.1
+    assert learned == [(0, 0.001, 0.01), (0, 0.003, 0.01), (0, 0.003, 0.1), (0, 0.003, 1.0),
+                       (1, 0.003, 0.1), (2, 0.003, 0.1)]
+    assert [c for c in calls if c[2] is None] == [(0, 0.001, None), (0, 0.003, None),
+                                                  (1, 0.003, None), (2, 0.003, None)]
+    text = results.read_text()
+    assert "`learned`'s L_GL weight 0.1, chosen on validation at that rate (seed 0: " \
+           "0.01: 0.5000, 0.1: 0.7000, 1: 0.6000)" in text
+    calls.clear()
+    bench.main(argv)
+    assert calls == []   # every run, each weight's included, is cached
+
+
+@pytest.mark.parametrize("weights", [["-0.1"], ["nan"], ["inf"]])
+def test_bad_learned_weights_are_refused(tmp_path, capsys, weights):
+    with pytest.raises(SystemExit):
+        bench.parse(["--data-dir", str(tmp_path), "--learned-weights", *weights])
+    assert "--learned-weights" in capsys.readouterr().err

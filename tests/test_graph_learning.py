@@ -145,6 +145,29 @@ def test_target_without_sources_has_no_edges_and_zero_loss():
     assert float(out.loss.detach()) == 0.0
 
 
+def test_underflowed_weights_stay_edges_without_top_k_only():
+    """A weight that underflows to exactly 0 is an edge of the allowed-pairs graph (the
+    loss sums over every pair, as the paper's), and is not kept by top_k."""
+    gl = GraphLearning(1, eta=0.0, gamma=0.5).double()
+    with torch.no_grad():
+        gl.weight.fill_(1.0)
+    x = torch.tensor([[0.0], [1000.0]], dtype=torch.float64)   # e_01 = e_10 = 1000
+    out = gl(x)
+    assert out.edge_index.tolist() == [[0, 1, 0, 1], [0, 0, 1, 1]]
+    assert out.edge_weight.tolist() == [0.0, 1.0, 1.0, 0.0]
+    e = torch.e
+    torch.testing.assert_close(out.loss, torch.tensor((2 + 2 * e) / 4 + 0.5 * 2,
+                                                      dtype=torch.float64))
+    ref = _reference(x, None, gl.weight.detach(), eta=0.0, gamma=0.5)
+    assert torch.equal(ref[0], out.edge_index) and torch.equal(ref[1], out.edge_weight)
+    kept = GraphLearning(1, top_k=2, eta=0.0, gamma=0.5).double()
+    kept.load_state_dict(gl.state_dict())
+    pruned = kept(x)
+    assert pruned.edge_index.tolist() == [[1, 0], [0, 1]]
+    torch.testing.assert_close(pruned.loss, torch.tensor(2 * e / 4 + 0.5 * 2,
+                                                         dtype=torch.float64))
+
+
 def test_top_k_ties_go_to_the_lower_source():
     # units 1, 2 and 3 are identical: target 0 scores them the same
     v = torch.tensor([[0.0, 0.0, 0.0], [0.5, -0.2, 0.3], [0.5, -0.2, 0.3], [0.5, -0.2, 0.3]],

@@ -156,6 +156,29 @@ def test_float32_and_repr():
     assert repr(conv) == f"PickConv({F_IN}, {F_OUT}, edge_dim={D})"
 
 
+def test_dtype_at_the_door_and_autocast():
+    """Features or edge features of another dtype than the parameters are refused by
+    name; under CPU autocast float32 inputs pass and agree with the float32 layer's."""
+    conv = PickConv(F_IN, F_OUT).double()
+    embed = PickConv(F_IN, F_OUT, edge_dim=D).double()
+    e = EDGES.size(1)
+    x = torch.randn(N, F_IN, dtype=torch.float64)
+    with pytest.raises(TypeError, match="x is torch.float32"):
+        conv(x.float(), EDGES)
+    with pytest.raises(TypeError, match="edge_attr is torch.float32"):
+        conv(x, EDGES, None, torch.randn(e, F_OUT))
+    with pytest.raises(TypeError, match="edge_attr is torch.float32"):
+        embed(x, EDGES, None, torch.randn(e, D))
+    single = PickConv(F_IN, F_OUT, edge_dim=D)
+    xf, attr = torch.randn(N, F_IN), torch.randn(e, D)
+    with torch.no_grad():
+        full = single(xf, EDGES, None, attr)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mixed = single(xf, EDGES, None, attr)
+    for a, b in zip(mixed, full):
+        torch.testing.assert_close(a.float(), b, atol=0.05, rtol=0.05)
+
+
 def test_bad_input():
     conv = PickConv(F_IN, F_OUT).double()
     embed = PickConv(F_IN, F_OUT, edge_dim=D).double()

@@ -62,7 +62,11 @@ class GraphLearning(torch.nn.Module):
         \exp\big(A_{ij} + \eta \lVert \mathbf{v}_i - \mathbf{v}_j \rVert^2\big)
         + \gamma \sum_{(j \to i) \in E_b} A_{ij}^2 \Big)
 
-    (the second term is :math:`\gamma \lVert A \rVert_F^2`). The exponent grows with the
+    (the second term is :math:`\gamma \lVert A \rVert_F^2`). Without ``top_k`` the
+    edges are exactly the allowed pairs, whatever their weights, so a pair whose
+    :math:`A_{ij}` underflows to 0 stays an edge and :math:`L_{GL}` is the paper's sum over
+    all of them; with ``top_k`` a weight of 0 is never kept, as in the transforms' pruning.
+    The exponent grows with the
     squared distance of features: give features of bounded norm (e.g. normalised) or a
     small ``eta``, or the loss overflows.
 

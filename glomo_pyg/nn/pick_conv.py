@@ -11,7 +11,7 @@ from torch_geometric import EdgeIndex
 from torch_geometric.nn.conv import MessagePassing
 
 from glomo_pyg.kernels import check_graph_values
-from glomo_pyg.sequences import check_features
+from glomo_pyg.sequences import check_dtype, check_features
 from glomo_pyg.settings import check_int
 
 
@@ -97,6 +97,8 @@ class PickConv(MessagePassing):
                edge_attr: Optional[Tensor]) -> None:
         """Shapes at the door, then ids and weights in one device sync."""
         check_features(x, self.in_channels)
+        dtype = self.lin_target.weight.dtype
+        check_dtype(x, dtype, owner="PickConv's parameters")
         if not isinstance(edge_index, Tensor) or edge_index.dim() != 2 or \
                 edge_index.size(0) != 2 or edge_index.dtype != torch.long:
             raise ValueError(f"edge_index must be an int64 tensor (or EdgeIndex) of shape "
@@ -111,6 +113,7 @@ class PickConv(MessagePassing):
         width = self.edge_dim or self.out_channels
         if edge_attr is not None:
             check_features(edge_attr, width, name="edge_attr")
+            check_dtype(edge_attr, dtype, name="edge_attr", owner="PickConv's parameters")
             if edge_attr.size(0) != num_edges:
                 raise ValueError(f"edge_attr must have shape [E, {width}] = "
                                  f"[{num_edges}, {width}], got {tuple(edge_attr.shape)}")
