@@ -524,8 +524,10 @@ def intro_lines(args, setup: Setup, command: str, minutes: float) -> List[str]:
             f"layer and head, top {setup.heads_top_k} each; `grid-offsets`: one relation per "
             f"neighbour offset; `learned`: PICK's graph learning (`GraphLearning`) per "
             f"sample, in the two directions' orders, top {setup.top_k} per target, "
-            f"{LEARNING} (the L_GL weight chosen among {args.learned_weights}). Fixed graphs "
-            f"are attached on access, GLoMo's cached.", ""]
+            f"features projected to {LEARNING.width} and normalised, eta {LEARNING.eta:g}, "
+            f"gamma {LEARNING.gamma:g}, the L_GL weight chosen among "
+            f"{', '.join(f'{w:g}' for w in args.learned_weights)}. Fixed graphs are attached "
+            f"on access, GLoMo's cached.", ""]
 
 
 def graph_table(result: Dict, model: Dict) -> List[str]:

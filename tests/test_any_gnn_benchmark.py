@@ -125,6 +125,7 @@ def test_learned_graph_weight_is_chosen_on_validation(monkeypatch, tmp_path):
     text = results.read_text()
     assert "`learned`'s L_GL weight 0.1, chosen on validation at that rate (seed 0: " \
            "0.01: 0.5000, 0.1: 0.7000, 1: 0.6000)" in text
+    assert "the L_GL weight chosen among 0.01, 0.1, 1." in text
     calls.clear()
     bench.main(argv)
     assert calls == []   # every run, each weight's included, is cached
