@@ -66,9 +66,8 @@ class GraphLearning(torch.nn.Module):
     edges are exactly the allowed pairs, whatever their weights, so a pair whose
     :math:`A_{ij}` underflows to 0 stays an edge and :math:`L_{GL}` is the paper's sum over
     all of them; with ``top_k`` a weight of 0 is never kept, as in the transforms' pruning.
-    The exponent grows with the
-    squared distance of features: give features of bounded norm (e.g. normalised) or a
-    small ``eta``, or the loss overflows.
+    The exponent grows with the squared distance of features: give features of bounded
+    norm (e.g. normalised) or a small ``eta``, or the loss overflows.
 
     Targets are taken in chunks of about :data:`CHUNK_ELEMENTS` pairwise differences;
     under autograd each chunk is recomputed in the backward pass, so memory holds the
