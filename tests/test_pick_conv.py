@@ -175,6 +175,7 @@ def test_dtype_at_the_door_and_autocast():
         full = single(xf, EDGES, None, attr)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             mixed = single(xf, EDGES, None, attr)
+    assert all(m.dtype == torch.bfloat16 for m in mixed)   # (autocast ran the products)
     for a, b in zip(mixed, full):
         torch.testing.assert_close(a.float(), b, atol=0.05, rtol=0.05)
 
