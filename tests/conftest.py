@@ -6,6 +6,11 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one intra-op thread per worker (and per process a test starts): `-n auto` starts a
+    # worker per core, and each taking a thread per core would oversubscribe them
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 warnings.filterwarnings("ignore", message=".*Sparse CSR tensor support is in beta.*")
 
 
